@@ -1,0 +1,91 @@
+//! The contract between baton's core and an inference engine.
+//!
+//! The core drives every stage of a load and decides what is checked; a
+//! backend only turns files into something that runs, reports what the model
+//! declares, and lets the core see its weights. That keeps the core free of
+//! any engine, and lets a test run the whole load transaction on a fake one.
+
+use std::path::Path;
+
+use thiserror::Error;
+
+use crate::signature::Signature;
+use crate::spec::ModelSpec;
+use crate::tensor::{DataType, Tensor};
+
+/// An engine that can load model versions.
+pub trait Backend: Send + Sync + 'static {
+    /// The name `model.toml` uses to pick this backend.
+    fn name(&self) -> &'static str;
+
+    /// Creates a runnable model from a verified version directory. Called on
+    /// baton's loader thread, which runs at lower CPU priority than serving;
+    /// whatever threads the backend creates for serving must not inherit it.
+    fn load(&self, dir: &Path, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError>;
+}
+
+/// A loaded model version, ready to run.
+pub trait Model: Send + Sync + 'static {
+    /// The inputs and outputs as the model file declares them.
+    fn signature(&self) -> &Signature;
+
+    /// Calls `visit` once per weight tensor of the model file, reading the
+    /// tensors from the file itself (external data included). Stops at the
+    /// first error `visit` returns.
+    fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError>;
+
+    /// Runs one inference on any free instance.
+    fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
+
+    /// How many independent instances serve requests (sessions in a pool).
+    fn instances(&self) -> usize {
+        1
+    }
+
+    /// Runs one inference on a given instance, so warmup reaches each one.
+    fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        let _ = instance;
+        self.infer(inputs)
+    }
+}
+
+/// One weight tensor, borrowed from the backend while it is checked.
+#[derive(Debug)]
+pub struct Weight<'a> {
+    /// Tensor name in the model file.
+    pub name: &'a str,
+    /// Element datatype, or `None` for a type baton cannot check.
+    pub datatype: Option<DataType>,
+    /// Dimensions.
+    pub shape: &'a [i64],
+    /// Little-endian element bytes.
+    pub data: &'a [u8],
+}
+
+/// An engine failure while loading or running a model.
+#[derive(Debug, Error)]
+#[error("{message}")]
+pub struct BackendError {
+    /// Stable kind string, e.g. `model_invalid`, `runtime_missing`.
+    pub kind: &'static str,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl BackendError {
+    /// A new error.
+    pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        BackendError { kind, message: message.into() }
+    }
+}
+
+/// Failure to read the weights, or a weight refused by the visitor.
+#[derive(Debug, Error)]
+pub enum WeightsError {
+    /// The model file could not be read or parsed.
+    #[error("reading weights: {0}")]
+    Read(String),
+    /// The visitor refused a tensor.
+    #[error("{0}")]
+    Refused(String),
+}

@@ -1,0 +1,154 @@
+//! The errors of the registry's two boundaries: managing versions
+//! ([`LoadError`]) and serving requests ([`InferError`]). Each has a stable
+//! `kind()` string for metric labels and response bodies.
+
+use thiserror::Error;
+
+use crate::backend::BackendError;
+use crate::events::Stage;
+use crate::manifest::VerifyError;
+use crate::pipeline::validate::ValidateError;
+use crate::pipeline::warmup::WarmupError;
+use crate::source::FetchError;
+
+/// Why a load, rollback or unload did not happen. Any error from a stage
+/// before commit leaves the serving version untouched.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// Another load, rollback or unload of this model is running (R4).
+    #[error("a load is already in progress for model '{model}'")]
+    InProgress {
+        /// The model.
+        model: String,
+    },
+    /// The repository has no such model.
+    #[error("unknown model '{model}'")]
+    UnknownModel {
+        /// The model.
+        model: String,
+    },
+    /// The repository has no complete version of the model.
+    #[error("model '{model}' has no complete version (a version directory needs its MANIFEST)")]
+    NoVersion {
+        /// The model.
+        model: String,
+    },
+    /// Rollback was asked for but no previous version is loaded.
+    #[error("model '{model}' has no previous version loaded to roll back to")]
+    NoPrevious {
+        /// The model.
+        model: String,
+    },
+    /// The model is not being served.
+    #[error("model '{model}' is not loaded")]
+    NotLoaded {
+        /// The model.
+        model: String,
+    },
+    /// The registry is shutting down and takes no new work.
+    #[error("the registry is shutting down")]
+    ShuttingDown,
+    /// The fetch stage failed.
+    #[error("fetch failed: {0}")]
+    Fetch(#[from] FetchError),
+    /// The verify stage failed.
+    #[error("verify failed: {0}")]
+    Verify(#[from] VerifyError),
+    /// The engine could not load the model.
+    #[error("load failed: {0}")]
+    Load(#[from] BackendError),
+    /// The validate stage refused the model.
+    #[error("validate failed: {0}")]
+    Validate(#[from] ValidateError),
+    /// The warmup stage failed.
+    #[error("warmup failed: {0}")]
+    Warmup(#[from] WarmupError),
+    /// Code in a stage panicked; the loader survived it.
+    #[error("{stage} failed: internal error: {message}")]
+    Panicked {
+        /// The stage that panicked.
+        stage: Stage,
+        /// The panic message.
+        message: String,
+    },
+}
+
+impl LoadError {
+    /// The stage that failed, for stage errors.
+    pub fn stage(&self) -> Option<Stage> {
+        match self {
+            LoadError::Fetch(_) => Some(Stage::Fetch),
+            LoadError::Verify(_) => Some(Stage::Verify),
+            LoadError::Load(_) => Some(Stage::Load),
+            LoadError::Validate(_) => Some(Stage::Validate),
+            LoadError::Warmup(_) => Some(Stage::Warmup),
+            LoadError::Panicked { stage, .. } => Some(*stage),
+            _ => None,
+        }
+    }
+
+    /// Stable kind string: the stage for stage failures (`verify_failed`),
+    /// else what was refused (`load_in_progress`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LoadError::InProgress { .. } => "load_in_progress",
+            LoadError::UnknownModel { .. } => "unknown_model",
+            LoadError::NoVersion { .. } => "no_version",
+            LoadError::NoPrevious { .. } => "no_previous_version",
+            LoadError::NotLoaded { .. } => "not_loaded",
+            LoadError::ShuttingDown => "shutting_down",
+            LoadError::Fetch(_) => "fetch_failed",
+            LoadError::Verify(_) => "verify_failed",
+            LoadError::Load(_) => "load_failed",
+            LoadError::Validate(_) => "validate_failed",
+            LoadError::Warmup(_) => "warmup_failed",
+            LoadError::Panicked { .. } => "internal",
+        }
+    }
+
+    /// The finer reason inside a stage failure (`digest_mismatch`, `nan`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LoadError::Fetch(e) => e.kind(),
+            LoadError::Verify(e) => e.kind(),
+            LoadError::Load(e) => e.kind,
+            LoadError::Validate(e) => e.kind(),
+            LoadError::Warmup(e) => e.kind(),
+            other => other.kind(),
+        }
+    }
+}
+
+/// Why a request was not answered.
+#[derive(Debug, Error)]
+pub enum InferError {
+    /// No such model is served.
+    #[error("unknown model '{0}'")]
+    ModelNotFound(String),
+    /// The model is served but not at that version.
+    #[error("model '{model}' has no loaded version {version}")]
+    VersionNotFound {
+        /// The model.
+        model: String,
+        /// The version asked for.
+        version: u64,
+    },
+    /// The request does not fit the model's signature; the message says how.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The engine failed while running the request.
+    #[error("inference failed: {0}")]
+    Backend(#[from] BackendError),
+}
+
+impl InferError {
+    /// Stable kind string.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            InferError::ModelNotFound(_) => "model_not_found",
+            InferError::VersionNotFound { .. } => "version_not_found",
+            InferError::InvalidInput(_) => "invalid_input",
+            InferError::Backend(_) => "backend",
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Model states, load stages and the events that report every transition.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+/// The state of a model, as R11 names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum State {
+    /// Nothing loaded, nothing happening.
+    Idle,
+    /// A candidate is being fetched, verified, loaded or validated.
+    Loading,
+    /// A candidate is warming up.
+    Warming,
+    /// The routing table is being switched.
+    Swapping,
+    /// A version serves and nothing is happening.
+    Ready,
+    /// The last operation failed; see the model's status for the stage and reason.
+    Failed,
+    /// Waiting for requests pinned to a replaced version to finish.
+    Draining,
+}
+
+impl State {
+    /// Upper-case name, as in responses and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Idle => "IDLE",
+            State::Loading => "LOADING",
+            State::Warming => "WARMING",
+            State::Swapping => "SWAPPING",
+            State::Ready => "READY",
+            State::Failed => "FAILED",
+            State::Draining => "DRAINING",
+        }
+    }
+}
+
+/// A stage of the load transaction (R6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Bring the version's files to a local directory.
+    Fetch,
+    /// Check every file against the manifest.
+    Verify,
+    /// Create the engine's runnable model.
+    Load,
+    /// Check tensors and the signature.
+    Validate,
+    /// Run representative inputs.
+    Warmup,
+    /// Publish the new routing table with one store.
+    Commit,
+    /// Wait for requests pinned to the previous table.
+    Drain,
+    /// Free a version and measure what came back.
+    Unload,
+}
+
+impl Stage {
+    /// Lower-case name, as in metrics labels and error kinds.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Fetch => "fetch",
+            Stage::Verify => "verify",
+            Stage::Load => "load",
+            Stage::Validate => "validate",
+            Stage::Warmup => "warmup",
+            Stage::Commit => "commit",
+            Stage::Drain => "drain",
+            Stage::Unload => "unload",
+        }
+    }
+
+    /// The model state while this stage runs.
+    pub fn state(self) -> State {
+        match self {
+            Stage::Fetch | Stage::Verify | Stage::Load | Stage::Validate => State::Loading,
+            Stage::Warmup => State::Warming,
+            Stage::Commit => State::Swapping,
+            Stage::Drain | Stage::Unload => State::Draining,
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How long one stage took.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StageTiming {
+    /// The stage.
+    pub stage: Stage,
+    /// Its wall-clock duration.
+    #[serde(serialize_with = "ser_ms")]
+    pub duration: Duration,
+}
+
+pub(crate) fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+/// Something that happened to a model.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event {
+    /// Model name.
+    pub model: String,
+    /// The version concerned, when there is one.
+    pub version: Option<u64>,
+    /// When it happened.
+    #[serde(serialize_with = "ser_time")]
+    pub at: SystemTime,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+fn ser_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    s.serialize_f64(since.as_secs_f64())
+}
+
+/// The kinds of event.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The model moved from one state to another. `stages` holds the stage
+    /// durations of the running operation so far.
+    Transition {
+        /// Previous state.
+        from: State,
+        /// New state.
+        to: State,
+        /// Stages finished so far in this operation.
+        stages: Vec<StageTiming>,
+    },
+    /// A stage failed; the active version is untouched.
+    Failed {
+        /// The stage.
+        stage: Stage,
+        /// Stable error kind.
+        kind: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The drain timed out with requests still pinned to the old state.
+    DrainTimedOut {
+        /// Requests still holding the old routing table.
+        stragglers: usize,
+    },
+    /// A version was freed and the memory returned measured.
+    Unloaded {
+        /// Bytes the version held, as measured when it loaded.
+        held: u64,
+        /// Bytes the process gave back when it was freed.
+        returned: u64,
+        /// `held - returned`, floored at zero.
+        residual: u64,
+    },
+}
+
+/// Receiving end of the event stream.
+pub type EventReceiver = tokio::sync::broadcast::Receiver<Event>;
+/// Sending end of the event stream.
+pub type EventSender = tokio::sync::broadcast::Sender<Event>;

@@ -1,0 +1,39 @@
+//! The hot-swap core of baton: model versions, the routing table requests
+//! pin, and the load transaction that moves a model from one version to the
+//! next while traffic flows.
+//!
+//! The design rests on three decisions:
+//!
+//! - **One pointer for all serving state.** Every model's stable version and
+//!   the versions kept for rollback live in one immutable [`routing::Routing`]
+//!   behind one `ArcSwap`. A request loads it once and keeps that snapshot for
+//!   every model call it makes, so a two-stage request never mixes versions.
+//!   A commit builds a whole new table and publishes it with one store.
+//! - **Versions are immutable and freed by reference count.** The registry
+//!   keeps only weak references for accounting; the last request to let go
+//!   of a version frees it, and the free is handed to a keeper thread that
+//!   measures how much memory came back.
+//! - **Loading happens beside serving, never in its way.** Every stage before
+//!   commit runs on one loader thread at lower CPU priority; a failure at any
+//!   of them leaves the serving version untouched and names the stage.
+//!
+//! The core knows no protocol and no engine: engines plug in through
+//! [`backend::Backend`], model stores through [`source::Source`].
+
+pub mod backend;
+pub mod error;
+pub mod events;
+pub mod manifest;
+mod memory;
+pub mod pipeline;
+pub mod registry;
+pub mod routing;
+pub mod signature;
+pub mod source;
+pub mod spec;
+pub mod sys;
+pub mod tensor;
+pub mod tensor_json;
+pub mod version;
+
+pub use memory::{LiveVersion, Releaser, UnloadRecord};

@@ -1,0 +1,357 @@
+//! `MANIFEST`: the list of every file of a version with its size and
+//! SHA-256, written last so that its presence marks a complete version.
+//!
+//! ```text
+//! baton-manifest 1
+//! 3f1c…e2  1048576  model.onnx
+//! 9a0b…17  4096     warmup/batch1.json
+//! end 2
+//! ```
+//!
+//! The closing `end N` line makes a manifest that was cut short (a partial
+//! copy, a crashed writer) detectable: without it the version is refused.
+
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+/// The file name of a version's manifest.
+pub const MANIFEST: &str = "MANIFEST";
+const HEADER: &str = "baton-manifest 1";
+
+/// One file of a version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Path relative to the version directory, `/`-separated.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Lower-case hex SHA-256.
+    pub sha256: String,
+}
+
+/// A parsed manifest.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Manifest {
+    /// Every file of the version, sorted by path.
+    pub entries: Vec<Entry>,
+}
+
+impl Manifest {
+    /// Total bytes of all files.
+    pub fn total_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.size).sum()
+    }
+}
+
+/// Why a version failed verification.
+#[derive(Debug, Error)]
+pub enum VerifyError {
+    /// No MANIFEST file.
+    #[error("no MANIFEST in {0}")]
+    Missing(PathBuf),
+    /// The manifest lacks its closing line or its count disagrees.
+    #[error("MANIFEST is incomplete: {0}")]
+    Incomplete(String),
+    /// A line that is not `sha256 size path`.
+    #[error("MANIFEST line {line}: {reason}")]
+    Malformed {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A listed file does not exist.
+    #[error("file '{0}' is listed in MANIFEST but missing")]
+    FileMissing(String),
+    /// A file's size differs from the manifest (a truncated copy, usually).
+    #[error("file '{path}' has {actual} bytes, MANIFEST says {expected}")]
+    SizeMismatch {
+        /// The file.
+        path: String,
+        /// Size in the manifest.
+        expected: u64,
+        /// Size on disk.
+        actual: u64,
+    },
+    /// A file's content differs from the manifest.
+    #[error("file '{path}' has SHA-256 {actual}, MANIFEST says {expected}")]
+    DigestMismatch {
+        /// The file.
+        path: String,
+        /// Digest in the manifest.
+        expected: String,
+        /// Digest of the file.
+        actual: String,
+    },
+    /// A file in the version directory that the manifest does not list.
+    #[error("file '{0}' is not listed in MANIFEST")]
+    Unlisted(String),
+    /// Reading failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// What was read.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl VerifyError {
+    /// Stable kind string for metrics and responses.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            VerifyError::Missing(_) => "manifest_missing",
+            VerifyError::Incomplete(_) => "manifest_incomplete",
+            VerifyError::Malformed { .. } => "manifest_malformed",
+            VerifyError::FileMissing(_) => "file_missing",
+            VerifyError::SizeMismatch { .. } => "size_mismatch",
+            VerifyError::DigestMismatch { .. } => "digest_mismatch",
+            VerifyError::Unlisted(_) => "unlisted_file",
+            VerifyError::Io { .. } => "io",
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VerifyError + '_ {
+    move |source| VerifyError::Io { path: path.to_owned(), source }
+}
+
+/// SHA-256 and size of a file, streamed in 1 MiB blocks.
+pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((hex(&hasher.finalize()), size))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every regular file below `dir` except the manifest, as sorted relative paths.
+fn list_files(dir: &Path) -> Result<Vec<String>, VerifyError> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let abs = dir.join(&rel);
+        for entry in std::fs::read_dir(&abs).map_err(io_err(&abs))? {
+            let entry = entry.map_err(io_err(&abs))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let child = rel.join(&name);
+            let kind = entry.file_type().map_err(io_err(&abs))?;
+            if kind.is_dir() {
+                stack.push(child);
+            } else if !(rel.as_os_str().is_empty() && (name == MANIFEST || name.starts_with(".MANIFEST"))) {
+                out.push(child.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Writes `dir/MANIFEST` for every file in `dir`: to a temporary name first,
+/// then renamed, so a reader never sees a partial manifest.
+pub fn write(dir: &Path) -> Result<Manifest, VerifyError> {
+    let mut manifest = Manifest::default();
+    for path in list_files(dir)? {
+        let abs = dir.join(&path);
+        let (sha256, size) = digest_file(&abs).map_err(io_err(&abs))?;
+        manifest.entries.push(Entry { path, size, sha256 });
+    }
+    let tmp = dir.join(".MANIFEST.tmp");
+    let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    file.write_all(render(&manifest).as_bytes()).map_err(io_err(&tmp))?;
+    file.sync_all().map_err(io_err(&tmp))?;
+    let dest = dir.join(MANIFEST);
+    std::fs::rename(&tmp, &dest).map_err(io_err(&dest))?;
+    Ok(manifest)
+}
+
+/// The manifest's text.
+pub fn render(manifest: &Manifest) -> String {
+    let mut text = format!("{HEADER}\n");
+    for e in &manifest.entries {
+        text.push_str(&format!("{}  {}  {}\n", e.sha256, e.size, e.path));
+    }
+    text.push_str(&format!("end {}\n", manifest.entries.len()));
+    text
+}
+
+/// Parses manifest text.
+pub fn parse(text: &str) -> Result<Manifest, VerifyError> {
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, HEADER)) => {}
+        Some((_, other)) => {
+            return Err(VerifyError::Malformed { line: 1, reason: format!("expected '{HEADER}', got '{other}'") });
+        }
+        None => return Err(VerifyError::Incomplete("the file is empty".into())),
+    }
+    let mut manifest = Manifest::default();
+    for (i, line) in lines {
+        let line_no = i + 1;
+        if let Some(count) = line.strip_prefix("end ") {
+            let count: usize = count
+                .trim()
+                .parse()
+                .map_err(|_| VerifyError::Malformed { line: line_no, reason: "bad count after 'end'".into() })?;
+            if count != manifest.entries.len() {
+                return Err(VerifyError::Incomplete(format!(
+                    "'end' says {count} files, {} are listed",
+                    manifest.entries.len()
+                )));
+            }
+            if text.lines().count() != line_no {
+                return Err(VerifyError::Malformed { line: line_no + 1, reason: "text after 'end'".into() });
+            }
+            return Ok(manifest);
+        }
+        manifest.entries.push(parse_entry(line).map_err(|reason| VerifyError::Malformed { line: line_no, reason })?);
+    }
+    Err(VerifyError::Incomplete("no closing 'end' line; the manifest was cut short".into()))
+}
+
+fn parse_entry(line: &str) -> Result<Entry, String> {
+    let mut parts = line.splitn(3, "  ");
+    let (Some(sha256), Some(size), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err("expected 'sha256  size  path'".into());
+    };
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+        return Err(format!("'{sha256}' is not a lower-case hex SHA-256"));
+    }
+    let size = size.trim().parse().map_err(|_| format!("'{size}' is not a size"))?;
+    let path = path.trim().to_owned();
+    let safe = !path.is_empty() && Path::new(&path).components().all(|c| matches!(c, Component::Normal(_)));
+    if !safe {
+        return Err(format!("path '{path}' must be relative and stay inside the version"));
+    }
+    Ok(Entry { path, size, sha256: sha256.to_owned() })
+}
+
+/// Whether `dir` holds a manifest that is complete (parses, with its closing
+/// line). Files are not hashed; this is the cheap test for "is this a
+/// version yet", used when scanning a repository.
+pub fn is_complete(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(MANIFEST)).is_ok_and(|t| parse(&t).is_ok())
+}
+
+/// Verifies every file of `dir` against its manifest: presence, size, then
+/// SHA-256; and that no file is present that the manifest does not list.
+pub fn verify(dir: &Path) -> Result<Manifest, VerifyError> {
+    let path = dir.join(MANIFEST);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(VerifyError::Missing(dir.to_owned()));
+        }
+        Err(e) => return Err(VerifyError::Io { path, source: e }),
+    };
+    let manifest = parse(&text)?;
+    for entry in &manifest.entries {
+        let abs = dir.join(&entry.path);
+        let meta = match std::fs::metadata(&abs) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(VerifyError::FileMissing(entry.path.clone()));
+            }
+            Err(e) => {
+                return Err(VerifyError::Io { path: abs, source: e });
+            }
+        };
+        if meta.len() != entry.size {
+            return Err(VerifyError::SizeMismatch {
+                path: entry.path.clone(),
+                expected: entry.size,
+                actual: meta.len(),
+            });
+        }
+        let (actual, _) = digest_file(&abs).map_err(io_err(&abs))?;
+        if actual != entry.sha256 {
+            return Err(VerifyError::DigestMismatch {
+                path: entry.path.clone(),
+                expected: entry.sha256.clone(),
+                actual,
+            });
+        }
+    }
+    for file in list_files(dir)? {
+        if !manifest.entries.iter().any(|e| e.path == file) {
+            return Err(VerifyError::Unlisted(file));
+        }
+    }
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("model.onnx"), b"model bytes").unwrap();
+        std::fs::create_dir(dir.path().join("warmup")).unwrap();
+        std::fs::write(dir.path().join("warmup/a.json"), b"{}").unwrap();
+        dir
+    }
+
+    #[test]
+    fn written_manifest_verifies_and_lists_every_file() {
+        let dir = version_dir();
+        let written = write(dir.path()).unwrap();
+        let paths: Vec<&str> = written.entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["model.onnx", "warmup/a.json"]);
+        assert_eq!(verify(dir.path()).unwrap(), written);
+        assert!(is_complete(dir.path()));
+    }
+
+    #[test]
+    fn each_kind_of_damage_is_named() {
+        let dir = version_dir();
+        assert!(matches!(verify(dir.path()), Err(VerifyError::Missing(_))));
+        write(dir.path()).unwrap();
+        std::fs::write(dir.path().join("model.onnx"), b"model bytez").unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "digest_mismatch");
+        std::fs::write(dir.path().join("model.onnx"), b"model").unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "size_mismatch");
+        std::fs::remove_file(dir.path().join("model.onnx")).unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "file_missing");
+        std::fs::write(dir.path().join("model.onnx"), b"model bytes").unwrap();
+        std::fs::write(dir.path().join("extra.bin"), b"x").unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "unlisted_file");
+    }
+
+    #[test]
+    fn a_cut_manifest_is_incomplete() {
+        let dir = version_dir();
+        write(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(MANIFEST)).unwrap();
+        let cut = &text[..text.rfind("end").unwrap()];
+        std::fs::write(dir.path().join(MANIFEST), cut).unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "manifest_incomplete");
+        assert!(!is_complete(dir.path()));
+        std::fs::write(dir.path().join(MANIFEST), "").unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "manifest_incomplete");
+    }
+
+    #[test]
+    fn paths_may_not_escape_the_version() {
+        let zero = "0".repeat(64);
+        for path in ["../x", "/etc/passwd", "a/../../b"] {
+            let text = format!("{HEADER}\n{zero}  1  {path}\nend 1\n");
+            assert_eq!(parse(&text).unwrap_err().kind(), "manifest_malformed", "{path}");
+        }
+    }
+}

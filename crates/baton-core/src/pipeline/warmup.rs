@@ -1,0 +1,313 @@
+//! The warmup stage (R9): run representative inputs through every instance
+//! of the candidate before it sees traffic, so the first real request finds
+//! caches warm and memory allocated, and a model that fails or is too slow on
+//! realistic inputs never gets committed.
+//!
+//! Samples come from two places: files the version ships in `warmup/*.json`
+//! (`{"inputs": [{"name", "datatype", "shape", "data"}]}`, the KServe V2 JSON
+//! request body), and inputs generated from the signature at each configured
+//! batch size.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::backend::Model;
+use crate::signature::Signature;
+use crate::spec::ModelSpec;
+use crate::tensor::{DataType, Tensor, TensorData, element_count};
+use crate::tensor_json::tensor_from_json;
+
+/// One warmup request.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Where it came from: the file name, or `generated-b{batch}`.
+    pub name: String,
+    /// Its inputs.
+    pub inputs: Vec<Tensor>,
+}
+
+/// Why warmup failed.
+#[derive(Debug, Error)]
+pub enum WarmupError {
+    /// A shipped sample file could not be read or parsed.
+    #[error("sample {file}: {reason}")]
+    BadSample {
+        /// The file.
+        file: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The model returned an error on a sample.
+    #[error("sample {sample} on instance {instance}: {message}")]
+    Failed {
+        /// The sample.
+        sample: String,
+        /// Which pooled instance.
+        instance: usize,
+        /// The engine's error.
+        message: String,
+    },
+    /// The model returned NaN or Inf.
+    #[error("sample {sample}: output '{output}' holds NaN or Inf")]
+    NonFinite {
+        /// The sample.
+        sample: String,
+        /// The output.
+        output: String,
+    },
+    /// The outputs do not match the signature.
+    #[error("sample {sample}: {message}")]
+    WrongOutputs {
+        /// The sample.
+        sample: String,
+        /// What differs.
+        message: String,
+    },
+    /// A run took longer than the budget.
+    #[error("sample {sample} took {took_ms:.1} ms, over the {budget_ms} ms budget")]
+    TooSlow {
+        /// The sample.
+        sample: String,
+        /// How long it took.
+        took_ms: f64,
+        /// The budget, `warmup.max_latency_ms`.
+        budget_ms: u64,
+    },
+}
+
+impl WarmupError {
+    /// Stable kind string.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WarmupError::BadSample { .. } => "bad_sample",
+            WarmupError::Failed { .. } => "inference_failed",
+            WarmupError::NonFinite { .. } => "non_finite_output",
+            WarmupError::WrongOutputs { .. } => "wrong_outputs",
+            WarmupError::TooSlow { .. } => "too_slow",
+        }
+    }
+}
+
+/// What warmup did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Warmed {
+    /// Inference runs made.
+    pub runs: usize,
+    /// The slowest run.
+    pub slowest: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SampleFile {
+    inputs: Vec<SampleTensor>,
+}
+
+#[derive(Deserialize)]
+struct SampleTensor {
+    name: String,
+    datatype: DataType,
+    shape: Vec<i64>,
+    data: serde_json::Value,
+}
+
+/// The version's shipped samples followed by generated ones.
+pub fn samples(dir: &Path, spec: &ModelSpec, signature: &Signature) -> Result<Vec<Sample>, WarmupError> {
+    let mut out = shipped(&dir.join("warmup"))?;
+    if spec.warmup.generated {
+        out.extend(generated(signature, &spec.warmup.batch_sizes));
+    }
+    Ok(out)
+}
+
+fn shipped(dir: &Path) -> Result<Vec<Sample>, WarmupError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut files: Vec<_> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let file = format!("warmup/{}", path.file_name().unwrap_or_default().to_string_lossy());
+            let bad = |reason: String| WarmupError::BadSample { file: file.clone(), reason };
+            let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
+            let parsed: SampleFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            let inputs = parsed
+                .inputs
+                .into_iter()
+                .map(|t| tensor_from_json(&t.name, t.datatype, t.shape, &t.data))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(bad)?;
+            Ok(Sample { name: file, inputs })
+        })
+        .collect()
+}
+
+/// Inputs generated from the signature: the first variable dimension takes
+/// the batch size, other variable ones 1. Floats are spread over [-1, 1];
+/// integers are 0, a safe index for embedding lookups.
+pub fn generated(signature: &Signature, batch_sizes: &[usize]) -> Vec<Sample> {
+    let batched = signature.inputs.iter().any(|s| s.shape.first().is_some_and(|d| *d < 0));
+    let sizes: Vec<usize> = if batched { batch_sizes.to_vec() } else { vec![1] };
+    sizes
+        .into_iter()
+        .map(|batch| {
+            let inputs = signature
+                .inputs
+                .iter()
+                .map(|spec| {
+                    let shape: Vec<i64> = spec
+                        .shape
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| {
+                            if *d >= 0 {
+                                *d
+                            } else if i == 0 {
+                                batch as i64
+                            } else {
+                                1
+                            }
+                        })
+                        .collect();
+                    let count = element_count(&shape).unwrap_or(0);
+                    let data = fill(spec.datatype, count);
+                    Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }
+                })
+                .collect();
+            Sample { name: format!("generated-b{batch}"), inputs }
+        })
+        .collect()
+}
+
+fn fill(datatype: DataType, count: usize) -> TensorData {
+    let wave = |i: usize| ((i as f64) * 0.618_033_988_75).fract() * 2.0 - 1.0;
+    match datatype {
+        DataType::Bytes => TensorData::Bytes(vec![b"warmup".to_vec(); count]),
+        DataType::Fp32 => TensorData::Raw((0..count).flat_map(|i| (wave(i) as f32).to_le_bytes()).collect()),
+        DataType::Fp64 => TensorData::Raw((0..count).flat_map(|i| wave(i).to_le_bytes()).collect()),
+        DataType::Fp16 => TensorData::Raw(
+            (0..count).flat_map(|i| crate::tensor_json::f32_to_f16(wave(i) as f32).to_le_bytes()).collect(),
+        ),
+        other => TensorData::Raw(vec![0; count * other.size().unwrap_or(1)]),
+    }
+}
+
+/// Runs every sample on every instance; checks outputs and latency.
+pub fn run(model: &dyn Model, samples: &[Sample], spec: &ModelSpec) -> Result<Warmed, WarmupError> {
+    let budget = Duration::from_millis(spec.warmup.max_latency_ms);
+    let signature = model.signature();
+    let mut warmed = Warmed::default();
+    for instance in 0..model.instances() {
+        for sample in samples {
+            let started = Instant::now();
+            let outputs = model.infer_on(instance, &sample.inputs).map_err(|e| WarmupError::Failed {
+                sample: sample.name.clone(),
+                instance,
+                message: e.message,
+            })?;
+            let took = started.elapsed();
+            warmed.runs += 1;
+            warmed.slowest = warmed.slowest.max(took);
+            if took > budget {
+                return Err(WarmupError::TooSlow {
+                    sample: sample.name.clone(),
+                    took_ms: took.as_secs_f64() * 1000.0,
+                    budget_ms: spec.warmup.max_latency_ms,
+                });
+            }
+            check_outputs(signature, sample, &outputs)?;
+        }
+    }
+    Ok(warmed)
+}
+
+fn check_outputs(signature: &Signature, sample: &Sample, outputs: &[Tensor]) -> Result<(), WarmupError> {
+    let wrong = |message: String| WarmupError::WrongOutputs { sample: sample.name.clone(), message };
+    for spec in &signature.outputs {
+        let Some(out) = outputs.iter().find(|o| o.name == spec.name) else {
+            return Err(wrong(format!("output '{}' is missing", spec.name)));
+        };
+        if out.datatype != spec.datatype || !spec.accepts(&out.shape) {
+            return Err(wrong(format!(
+                "output '{}' is {} {:?}, the signature says {} {:?}",
+                out.name, out.datatype, out.shape, spec.datatype, spec.shape
+            )));
+        }
+        out.check_consistent().map_err(wrong)?;
+        if out.datatype.is_float() && !all_finite(out) {
+            return Err(WarmupError::NonFinite { sample: sample.name.clone(), output: out.name.clone() });
+        }
+    }
+    Ok(())
+}
+
+fn all_finite(t: &Tensor) -> bool {
+    let TensorData::Raw(bytes) = &t.data else {
+        return true;
+    };
+    match t.datatype {
+        DataType::Fp32 => bytes.chunks_exact(4).all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+        DataType::Fp64 => {
+            bytes.chunks_exact(8).all(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()).is_finite())
+        }
+        DataType::Fp16 => bytes.chunks_exact(2).all(|c| (u16::from_le_bytes([c[0], c[1]]) & 0x7c00) != 0x7c00),
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signature::TensorSpec;
+
+    #[test]
+    fn generated_samples_follow_the_signature() {
+        let sig = Signature {
+            inputs: vec![
+                TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 3] },
+                TensorSpec { name: "ids".into(), datatype: DataType::Int64, shape: vec![-1, -1] },
+            ],
+            outputs: vec![],
+        };
+        let samples = generated(&sig, &[1, 8]);
+        assert_eq!(samples.len(), 2);
+        assert_eq!(samples[1].inputs[0].shape, vec![8, 3]);
+        assert_eq!(samples[1].inputs[1].shape, vec![8, 1]);
+        for t in &samples[1].inputs {
+            t.check_consistent().unwrap();
+        }
+        let fixed = Signature {
+            inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![2, 3] }],
+            outputs: vec![],
+        };
+        assert_eq!(generated(&fixed, &[1, 8, 32]).len(), 1, "no batch dimension, one sample");
+    }
+
+    #[test]
+    fn shipped_samples_parse_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let warm = dir.path().join("warmup");
+        std::fs::create_dir(&warm).unwrap();
+        std::fs::write(
+            warm.join("a.json"),
+            r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[[0.5,1]]}]}"#,
+        )
+        .unwrap();
+        let got = shipped(&warm).unwrap();
+        assert_eq!(got[0].name, "warmup/a.json");
+        assert_eq!(got[0].inputs[0].to_f32().unwrap(), vec![0.5, 1.0]);
+        std::fs::write(warm.join("b.json"), r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1]}]}"#)
+            .unwrap();
+        let e = shipped(&warm).unwrap_err();
+        assert!(e.to_string().contains("warmup/b.json") && e.to_string().contains("needs 2 elements"), "{e}");
+    }
+}

@@ -1,0 +1,361 @@
+//! The registry: owner of the routing table, the per-model state machine,
+//! the loader thread and the event stream. Front ends (REST, gRPC, the
+//! repository watcher) talk to baton through it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use tokio::sync::{broadcast, oneshot};
+
+use crate::backend::Backend;
+use crate::error::LoadError;
+use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
+use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
+use crate::pipeline;
+use crate::routing::{ModelRoute, Routing, Snapshot};
+use crate::source::Source;
+
+/// Registry settings.
+#[derive(Clone, Debug)]
+pub struct RegistryConfig {
+    /// Nice value of the loader and release threads (serving threads keep 0).
+    pub loader_nice: i32,
+    /// Events buffered per subscriber before a slow one starts missing some.
+    pub event_capacity: usize,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig { loader_nice: 10, event_capacity: 1024 }
+    }
+}
+
+/// What an operation on a model was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// A new version through the whole load transaction.
+    Load,
+    /// Back to the previous version, by pointer store.
+    Rollback,
+    /// The model taken out of service.
+    Unload,
+}
+
+/// How an operation that went through went.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadReport {
+    /// Model name.
+    pub model: String,
+    /// What was done.
+    pub operation: Operation,
+    /// The version serving afterwards (`None` after an unload).
+    pub version: Option<u64>,
+    /// The version serving before.
+    pub replaced: Option<u64>,
+    /// Each stage and its duration, in order.
+    pub stages: Vec<StageTiming>,
+    /// From the request to the end of drain.
+    #[serde(serialize_with = "crate::events::ser_ms")]
+    pub total: Duration,
+    /// Memory the new version holds (measured RSS growth across its load).
+    pub bytes_held: u64,
+    /// Requests still pinned to the old routing table when the drain gave up.
+    pub stragglers: usize,
+    /// Whether the drain timed out.
+    pub drain_timed_out: bool,
+}
+
+impl LoadReport {
+    /// The duration of a stage, if it ran.
+    pub fn stage(&self, stage: Stage) -> Option<Duration> {
+        self.stages.iter().find(|s| s.stage == stage).map(|s| s.duration)
+    }
+}
+
+/// The last failure of an operation on a model.
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    /// What was attempted.
+    pub operation: Operation,
+    /// The version it concerned, when known.
+    pub version: Option<u64>,
+    /// The stage that failed.
+    pub stage: Option<Stage>,
+    /// Stable kind, e.g. `verify_failed`.
+    pub kind: &'static str,
+    /// Finer reason, e.g. `digest_mismatch`.
+    pub reason: &'static str,
+    /// The full message.
+    pub message: String,
+}
+
+/// A model's status.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelStatus {
+    /// Model name.
+    pub name: String,
+    /// State machine position.
+    pub state: State,
+    /// The stable version, if one serves.
+    pub serving: Option<u64>,
+    /// Versions kept for rollback, newest first.
+    pub previous: Vec<u64>,
+    /// Every version still in memory, including ones being drained.
+    pub live: Vec<LiveVersion>,
+    /// Whether a load, rollback or unload is running.
+    pub busy: bool,
+    /// The last operation that went through.
+    pub last: Option<LoadReport>,
+    /// The last failure.
+    pub last_error: Option<Failure>,
+}
+
+/// Resolves when an operation has finished, drain included.
+#[derive(Debug)]
+pub struct LoadHandle {
+    rx: oneshot::Receiver<Result<LoadReport, LoadError>>,
+}
+
+impl LoadHandle {
+    /// Blocks until the operation finishes. Not for use inside an async task.
+    pub fn wait(self) -> Result<LoadReport, LoadError> {
+        self.rx.blocking_recv().unwrap_or(Err(LoadError::ShuttingDown))
+    }
+
+    /// Waits until the operation finishes.
+    pub async fn finished(self) -> Result<LoadReport, LoadError> {
+        self.rx.await.unwrap_or(Err(LoadError::ShuttingDown))
+    }
+}
+
+pub(crate) type Reply = oneshot::Sender<Result<LoadReport, LoadError>>;
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct ModelEntry {
+    state: Option<State>,
+    busy: bool,
+    last: Option<LoadReport>,
+    last_error: Option<Failure>,
+}
+
+/// Shared by the registry handle, the loader and drain threads.
+pub(crate) struct Inner {
+    routing: ArcSwap<Routing>,
+    publish: Mutex<()>,
+    models: Mutex<BTreeMap<String, ModelEntry>>,
+    pub(crate) events: EventSender,
+    pub(crate) source: Arc<dyn Source>,
+    pub(crate) backends: BTreeMap<String, Arc<dyn Backend>>,
+    pub(crate) memory: Arc<Memory>,
+    pub(crate) releaser: Releaser,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The model registry. Cheap to clone; all clones share one state.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Registry {
+    /// A registry over `source`, loading with `backends`. Starts the loader
+    /// and release threads at `config.loader_nice`.
+    pub fn new(source: Arc<dyn Source>, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
+        let (events, _) = broadcast::channel(config.event_capacity.max(1));
+        let (memory, releaser) = Memory::start(events.clone(), config.loader_nice);
+        let inner = Arc::new(Inner {
+            routing: ArcSwap::from_pointee(Routing::new(0, BTreeMap::new())),
+            publish: Mutex::new(()),
+            models: Mutex::new(BTreeMap::new()),
+            events,
+            source,
+            backends: backends.into_iter().map(|b| (b.name().to_owned(), b)).collect(),
+            memory,
+            releaser,
+        });
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let nice = config.loader_nice;
+        std::thread::Builder::new()
+            .name("baton-loader".into())
+            .spawn(move || {
+                if let Err(error) = crate::sys::set_current_thread_nice(nice) {
+                    tracing::warn!(%error, nice, "Could not lower the loader thread's priority; loads will compete with serving.");
+                }
+                for job in rx {
+                    job();
+                }
+            })
+            .expect("spawning the loader thread");
+        Registry { inner, jobs }
+    }
+
+    /// The current routing table. Take it once per request and use it for
+    /// every model call the request makes.
+    pub fn snapshot(&self) -> Snapshot {
+        self.inner.routing.load_full()
+    }
+
+    /// Subscribes to state transitions and other events.
+    pub fn subscribe(&self) -> EventReceiver {
+        self.inner.events.subscribe()
+    }
+
+    /// The source versions are loaded from.
+    pub fn source(&self) -> &Arc<dyn Source> {
+        &self.inner.source
+    }
+
+    /// Starts loading a version (the newest complete one when `None`)
+    /// through the whole transaction. Refused at once with
+    /// [`LoadError::InProgress`] while another operation on the model runs.
+    pub fn load(&self, model: &str, version: Option<u64>) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        let (tx, rx) = oneshot::channel();
+        let inner = Arc::clone(&self.inner);
+        let job: Job = Box::new(move || pipeline::load(inner, busy, version, tx));
+        self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
+        Ok(LoadHandle { rx })
+    }
+
+    /// Makes the newest previous version stable again: one pointer store, no
+    /// reload. The version rolled back from is dropped from the routing table
+    /// and freed once its requests finish. The handle resolves after drain.
+    pub fn rollback(&self, model: &str) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        let (tx, rx) = oneshot::channel();
+        pipeline::rollback(Arc::clone(&self.inner), busy, tx)?;
+        Ok(LoadHandle { rx })
+    }
+
+    /// Takes the model out of service; its versions are freed once the
+    /// requests pinned to them finish.
+    pub fn unload(&self, model: &str) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        let (tx, rx) = oneshot::channel();
+        pipeline::unload(Arc::clone(&self.inner), busy, tx)?;
+        Ok(LoadHandle { rx })
+    }
+
+    /// The status of one model, if the registry or the source knows it.
+    pub fn status(&self, model: &str) -> Option<ModelStatus> {
+        let snapshot = self.snapshot();
+        let route = snapshot.model(model);
+        let models = lock(&self.inner.models);
+        let entry = models.get(model);
+        if route.is_none() && entry.is_none() {
+            return None;
+        }
+        Some(ModelStatus {
+            name: model.to_owned(),
+            state: entry.and_then(|e| e.state).unwrap_or(if route.is_some() { State::Ready } else { State::Idle }),
+            serving: route.map(|r| r.stable.number()),
+            previous: route.map(|r| r.previous.iter().map(|v| v.number()).collect()).unwrap_or_default(),
+            live: self.inner.memory.live(model),
+            busy: entry.is_some_and(|e| e.busy),
+            last: entry.and_then(|e| e.last.clone()),
+            last_error: entry.and_then(|e| e.last_error.clone()),
+        })
+    }
+
+    /// Statuses of every model the registry has touched or serves.
+    pub fn statuses(&self) -> Vec<ModelStatus> {
+        let mut names: Vec<String> = lock(&self.inner.models).keys().cloned().collect();
+        names.extend(self.snapshot().models().keys().cloned());
+        names.sort();
+        names.dedup();
+        names.iter().filter_map(|n| self.status(n)).collect()
+    }
+
+    /// Versions of a model still in memory, including ones being drained.
+    pub fn live_versions(&self, model: &str) -> Vec<LiveVersion> {
+        self.inner.memory.live(model)
+    }
+
+    /// What the most recent frees gave back, oldest first.
+    pub fn unload_records(&self) -> Vec<UnloadRecord> {
+        self.inner.memory.unloads()
+    }
+}
+
+/// The right to run one operation on a model (R4); released on drop, so a
+/// panic or an early return cannot leave a model stuck busy.
+pub(crate) struct Busy {
+    inner: Arc<Inner>,
+    pub(crate) model: String,
+}
+
+impl Busy {
+    fn take(inner: &Arc<Inner>, model: &str) -> Result<Busy, LoadError> {
+        let mut models = lock(&inner.models);
+        let entry = models.entry(model.to_owned()).or_default();
+        if entry.busy {
+            return Err(LoadError::InProgress { model: model.to_owned() });
+        }
+        entry.busy = true;
+        Ok(Busy { inner: Arc::clone(inner), model: model.to_owned() })
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if let Some(entry) = lock(&self.inner.models).get_mut(&self.model) {
+            entry.busy = false;
+        }
+    }
+}
+
+impl Inner {
+    /// The current table.
+    pub(crate) fn current(&self) -> Snapshot {
+        self.routing.load_full()
+    }
+
+    /// Builds the next table from the current one and publishes it with one
+    /// store. Returns the table it replaced. Publishers are serialised so no
+    /// update is lost; building is cheap (the map holds `Arc`s).
+    pub(crate) fn publish(&self, change: impl FnOnce(&mut BTreeMap<String, ModelRoute>)) -> Snapshot {
+        let _serial = lock(&self.publish);
+        let current = self.routing.load_full();
+        let mut models = current.models().clone();
+        change(&mut models);
+        let next = Arc::new(Routing::new(current.generation() + 1, models));
+        self.routing.swap(next)
+    }
+
+    /// Moves a model to a new state and tells subscribers.
+    pub(crate) fn transition(&self, model: &str, version: Option<u64>, to: State, stages: &[StageTiming]) {
+        let from = {
+            let mut models = lock(&self.models);
+            let entry = models.entry(model.to_owned()).or_default();
+            let from = entry.state.unwrap_or(State::Idle);
+            entry.state = Some(to);
+            from
+        };
+        if from == to {
+            return;
+        }
+        tracing::debug!(model, ?version, from = from.as_str(), to = to.as_str(), "Model changed state.");
+        self.emit(model, version, EventKind::Transition { from, to, stages: stages.to_vec() });
+    }
+
+    pub(crate) fn emit(&self, model: &str, version: Option<u64>, kind: EventKind) {
+        let _ = self.events.send(Event { model: model.to_owned(), version, at: SystemTime::now(), kind });
+    }
+
+    pub(crate) fn record_success(&self, report: &LoadReport) {
+        lock(&self.models).entry(report.model.clone()).or_default().last = Some(report.clone());
+    }
+
+    pub(crate) fn record_failure(&self, model: &str, failure: Failure) {
+        lock(&self.models).entry(model.to_owned()).or_default().last_error = Some(failure);
+    }
+}

@@ -1,0 +1,107 @@
+//! The routing table: everything that must change together, behind one
+//! pointer. A request loads the table once and keeps that snapshot for all it
+//! does (R2); a commit builds a whole new table and publishes it with one
+//! store (R1).
+//!
+//! Each table also tells when the last request holding it has finished: it
+//! owns the sending half of a channel whose receiver the registry takes at
+//! commit time, and the channel closes when the table is dropped. The drain
+//! stage waits on that, so requests pay nothing for being counted.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, mpsc};
+
+use crate::error::InferError;
+use crate::tensor::Tensor;
+use crate::version::Version;
+
+/// How one model is routed.
+#[derive(Clone, Debug)]
+pub struct ModelRoute {
+    /// The version that answers requests that name no version.
+    pub stable: Arc<Version>,
+    /// Earlier versions kept loaded for rollback, newest first.
+    pub previous: Vec<Arc<Version>>,
+}
+
+impl ModelRoute {
+    /// Every version of this route, stable first.
+    pub fn versions(&self) -> impl Iterator<Item = &Arc<Version>> {
+        std::iter::once(&self.stable).chain(&self.previous)
+    }
+}
+
+/// One immutable routing table.
+pub struct Routing {
+    generation: u64,
+    models: BTreeMap<String, ModelRoute>,
+    _alive: mpsc::Sender<()>,
+    released: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+/// What a request carries: one routing table, for its whole life.
+pub type Snapshot = Arc<Routing>;
+
+/// An inference answer and the version that produced it.
+#[derive(Clone, Debug)]
+pub struct Inference {
+    /// The version that answered.
+    pub version: u64,
+    /// The outputs.
+    pub outputs: Vec<Tensor>,
+}
+
+impl Routing {
+    /// A table with these routes.
+    pub fn new(generation: u64, models: BTreeMap<String, ModelRoute>) -> Routing {
+        let (alive, released) = mpsc::channel();
+        Routing { generation, models, _alive: alive, released: Mutex::new(Some(released)) }
+    }
+
+    /// Increases by one with every publish.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The route of a model.
+    pub fn model(&self, name: &str) -> Option<&ModelRoute> {
+        self.models.get(name)
+    }
+
+    /// All routes, by model name.
+    pub fn models(&self) -> &BTreeMap<String, ModelRoute> {
+        &self.models
+    }
+
+    /// The version that serves `model` — a named version if it is loaded,
+    /// else the stable one.
+    pub fn resolve(&self, model: &str, version: Option<u64>) -> Result<&Arc<Version>, InferError> {
+        let route = self.models.get(model).ok_or_else(|| InferError::ModelNotFound(model.to_owned()))?;
+        match version {
+            None => Ok(&route.stable),
+            Some(v) => route
+                .versions()
+                .find(|x| x.number() == v)
+                .ok_or_else(|| InferError::VersionNotFound { model: model.to_owned(), version: v }),
+        }
+    }
+
+    /// Runs an inference on the version this snapshot routes to.
+    pub fn infer(&self, model: &str, version: Option<u64>, inputs: &[Tensor]) -> Result<Inference, InferError> {
+        let target = self.resolve(model, version)?;
+        let outputs = target.infer(inputs)?;
+        Ok(Inference { version: target.number(), outputs })
+    }
+
+    /// Takes the receiver that reports when this table is dropped. Only the
+    /// first caller gets it.
+    pub(crate) fn take_released(&self) -> Option<mpsc::Receiver<()>> {
+        self.released.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for Routing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routing").field("generation", &self.generation).field("models", &self.models).finish()
+    }
+}

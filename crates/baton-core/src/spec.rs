@@ -1,0 +1,194 @@
+//! `model.toml`: what a model is and how baton treats its versions.
+//!
+//! The spec is read again at every load, so a changed policy applies from the
+//! next version on, and the version keeps the spec it was loaded with.
+//!
+//! ```toml
+//! backend = "onnx"
+//! inputs  = [{ name = "input",  datatype = "FP32", shape = [-1, 256] }]
+//! outputs = [{ name = "output", datatype = "FP32", shape = [-1, 1] }]
+//!
+//! [policy]
+//! keep_previous = 1          # versions kept loaded for instant rollback
+//! drain_timeout_ms = 30000   # how long a swap waits for in-flight requests
+//!
+//! [validation]
+//! nan = true
+//! inf = true
+//! magnitude = true
+//! max_abs = 1e6
+//! zero_tensors = true        # all-zero weight matrices (rank >= 2)
+//! tensors = [{ name = "fc0.weight", datatype = "FP32", shape = [256, 1024] }]
+//!
+//! [warmup]
+//! batch_sizes = [1, 8, 32, 64]
+//! generated = true           # also warm with generated inputs
+//! max_latency_ms = 2000      # a slower warmup run fails the load
+//!
+//! [engine]                   # passed to the backend as is
+//! sessions = 2
+//! ```
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::signature::{Signature, TensorSpec};
+
+/// A parsed `model.toml`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Which backend loads the model (`onnx`).
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    /// Declared inputs; checked against the model file at validation.
+    #[serde(default)]
+    pub inputs: Vec<TensorSpec>,
+    /// Declared outputs; checked against the model file at validation.
+    #[serde(default)]
+    pub outputs: Vec<TensorSpec>,
+    /// Version-keeping and drain policy.
+    #[serde(default)]
+    pub policy: Policy,
+    /// Tensor-level checks.
+    #[serde(default)]
+    pub validation: ValidationPolicy,
+    /// Warmup before a version sees traffic.
+    #[serde(default)]
+    pub warmup: WarmupPolicy,
+    /// Backend-specific settings, handed to the backend unparsed.
+    #[serde(default)]
+    pub engine: toml::Table,
+}
+
+fn default_backend() -> String {
+    "onnx".to_owned()
+}
+
+/// How many versions stay loaded and how long a swap waits.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// Previous versions kept loaded so rollback is a pointer store.
+    pub keep_previous: usize,
+    /// How long the drain stage waits for requests pinned to the old state.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy { keep_previous: 1, drain_timeout_ms: 30_000 }
+    }
+}
+
+/// Which tensor checks run on a candidate's weights.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationPolicy {
+    /// Refuse NaN in floating-point weights.
+    pub nan: bool,
+    /// Refuse infinities in floating-point weights.
+    pub inf: bool,
+    /// Refuse any element with absolute value above `max_abs`.
+    pub magnitude: bool,
+    /// The bound for `magnitude`.
+    pub max_abs: f64,
+    /// Refuse weight tensors of rank 2 or more that are entirely zero. A zero
+    /// bias vector can be legitimate, so rank-1 tensors are not checked.
+    pub zero_tensors: bool,
+    /// Weights whose datatype and shape are declared; each must exist and match.
+    pub tensors: Vec<TensorSpec>,
+}
+
+impl Default for ValidationPolicy {
+    fn default() -> Self {
+        ValidationPolicy {
+            nan: true,
+            inf: true,
+            magnitude: true,
+            max_abs: 1e6,
+            zero_tensors: true,
+            tensors: Vec::new(),
+        }
+    }
+}
+
+/// How a candidate is warmed before it sees traffic.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmupPolicy {
+    /// Batch sizes of the generated warmup inputs.
+    pub batch_sizes: Vec<usize>,
+    /// Whether generated inputs run besides the version's own `warmup/` samples.
+    pub generated: bool,
+    /// A warmup run slower than this fails the load.
+    pub max_latency_ms: u64,
+}
+
+impl Default for WarmupPolicy {
+    fn default() -> Self {
+        WarmupPolicy { batch_sizes: vec![1, 8, 32, 64], generated: true, max_latency_ms: 2_000 }
+    }
+}
+
+impl ModelSpec {
+    /// Parses `model.toml` text.
+    pub fn parse(text: &str) -> Result<ModelSpec, String> {
+        let spec: ModelSpec = toml::from_str(text).map_err(|e| e.to_string())?;
+        if !spec.validation.max_abs.is_finite() || spec.validation.max_abs <= 0.0 {
+            return Err("validation.max_abs must be a positive finite number".into());
+        }
+        Ok(spec)
+    }
+
+    /// Reads and parses `dir/model.toml`.
+    pub fn read(dir: &Path) -> Result<ModelSpec, String> {
+        let path = dir.join("model.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        ModelSpec::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The signature `model.toml` declares.
+    pub fn declared_signature(&self) -> Signature {
+        Signature { inputs: self.inputs.clone(), outputs: self.outputs.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_a_minimal_spec() {
+        let spec = ModelSpec::parse("").unwrap();
+        assert_eq!(spec.backend, "onnx");
+        assert_eq!(spec.policy.keep_previous, 1);
+        assert_eq!(spec.warmup.batch_sizes, vec![1, 8, 32, 64]);
+        assert_eq!(spec.validation.max_abs, 1e6);
+    }
+
+    #[test]
+    fn full_spec_parses_and_typos_are_refused() {
+        let spec = ModelSpec::parse(
+            r#"
+            inputs = [{ name = "x", datatype = "FP32", shape = [-1, 4] }]
+            [policy]
+            keep_previous = 3
+            [validation]
+            nan = false
+            max_abs = 10.0
+            [engine]
+            sessions = 4
+            "#,
+        )
+        .unwrap();
+        assert_eq!(spec.inputs[0].shape, vec![-1, 4]);
+        assert_eq!(spec.policy.keep_previous, 3);
+        assert!(!spec.validation.nan && spec.validation.inf);
+        assert_eq!(spec.engine.get("sessions").and_then(|v| v.as_integer()), Some(4));
+        let err = ModelSpec::parse("[policy]\nkeep_prevous = 2").unwrap_err();
+        assert!(err.contains("keep_prevous"), "{err}");
+        assert!(ModelSpec::parse("[validation]\nmax_abs = -1.0").is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! The few operating-system calls baton's core needs: process memory, giving
+//! freed heap back to the kernel, and thread CPU priority.
+//!
+//! This is the only module of the core that uses `unsafe`; each block is one
+//! libc call with plain integer arguments.
+#![allow(unsafe_code)]
+
+/// Resident set size of this process in bytes, read from `/proc/self/statm`.
+///
+/// RSS is what the kernel actually backs with memory, so it sees every
+/// allocation — Rust's, and ONNX Runtime's C++ `new`/`malloc` alike, which a
+/// Rust global allocator never sees. Returns `None` where `/proc` is absent.
+pub fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(resident * page_size())
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
+}
+
+/// Asks the C allocator to return free heap pages to the kernel, so that a
+/// following [`rss_bytes`] reflects memory really in use rather than memory
+/// glibc keeps cached for reuse.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// [`trim_heap`] followed by [`rss_bytes`]: the memory this process really holds now.
+pub fn trimmed_rss() -> Option<u64> {
+    trim_heap();
+    rss_bytes()
+}
+
+/// Sets the nice value of the calling thread only (Linux keeps a nice value
+/// per thread). Raising it needs no privilege; lowering it again does, which
+/// is why baton never lowers a thread's priority and back: work that must
+/// run at serving priority is started from threads that never changed theirs.
+pub fn set_current_thread_nice(nice: i32) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers.
+        let tid = unsafe { libc::gettid() };
+        let who = libc::id_t::try_from(tid).map_err(|_| std::io::Error::other("negative thread id"))?;
+        // SAFETY: as above.
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, nice) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
+    Ok(())
+}
+
+/// The nice value of the calling thread.
+pub fn current_thread_nice() -> std::io::Result<i32> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain integer syscalls; errno is reset first because -1 is a valid result.
+        unsafe {
+            let tid = libc::gettid();
+            *libc::__errno_location() = 0;
+            let value = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+            if value == -1 && *libc::__errno_location() != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(value)
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_is_positive_and_grows_with_touched_memory() {
+        let before = trimmed_rss().expect("rss readable on linux");
+        assert!(before > 0);
+        let block = vec![1u8; 64 << 20];
+        let after = rss_bytes().expect("rss readable");
+        assert!(after >= before + (32 << 20), "before {before} after {after}");
+        drop(block);
+    }
+
+    #[test]
+    fn nice_applies_to_the_calling_thread_only() {
+        let main_nice = current_thread_nice().unwrap();
+        let child = std::thread::spawn(|| {
+            set_current_thread_nice(current_thread_nice().unwrap() + 3).unwrap();
+            current_thread_nice().unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(child, main_nice + 3);
+        assert_eq!(current_thread_nice().unwrap(), main_nice);
+    }
+}

@@ -1,0 +1,261 @@
+//! Tensors as they cross baton's boundaries: a name, a datatype, a shape and
+//! the element bytes, little-endian. One representation for every protocol
+//! and engine keeps conversions at the edges and out of the core.
+
+use serde::{Deserialize, Serialize};
+
+/// The tensor datatypes of the KServe V2 / Open Inference Protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DataType {
+    /// Boolean, one byte per element.
+    #[serde(rename = "BOOL")]
+    Bool,
+    /// Unsigned 8-bit integer.
+    #[serde(rename = "UINT8")]
+    Uint8,
+    /// Unsigned 16-bit integer.
+    #[serde(rename = "UINT16")]
+    Uint16,
+    /// Unsigned 32-bit integer.
+    #[serde(rename = "UINT32")]
+    Uint32,
+    /// Unsigned 64-bit integer.
+    #[serde(rename = "UINT64")]
+    Uint64,
+    /// Signed 8-bit integer.
+    #[serde(rename = "INT8")]
+    Int8,
+    /// Signed 16-bit integer.
+    #[serde(rename = "INT16")]
+    Int16,
+    /// Signed 32-bit integer.
+    #[serde(rename = "INT32")]
+    Int32,
+    /// Signed 64-bit integer.
+    #[serde(rename = "INT64")]
+    Int64,
+    /// IEEE 754 half precision.
+    #[serde(rename = "FP16")]
+    Fp16,
+    /// IEEE 754 single precision.
+    #[serde(rename = "FP32")]
+    Fp32,
+    /// IEEE 754 double precision.
+    #[serde(rename = "FP64")]
+    Fp64,
+    /// Variable-length byte strings.
+    #[serde(rename = "BYTES")]
+    Bytes,
+}
+
+impl DataType {
+    /// Every datatype, for exhaustive tests and listings.
+    pub const ALL: [DataType; 13] = [
+        DataType::Bool,
+        DataType::Uint8,
+        DataType::Uint16,
+        DataType::Uint32,
+        DataType::Uint64,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Fp16,
+        DataType::Fp32,
+        DataType::Fp64,
+        DataType::Bytes,
+    ];
+
+    /// The protocol name, e.g. `FP32`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataType::Bool => "BOOL",
+            DataType::Uint8 => "UINT8",
+            DataType::Uint16 => "UINT16",
+            DataType::Uint32 => "UINT32",
+            DataType::Uint64 => "UINT64",
+            DataType::Int8 => "INT8",
+            DataType::Int16 => "INT16",
+            DataType::Int32 => "INT32",
+            DataType::Int64 => "INT64",
+            DataType::Fp16 => "FP16",
+            DataType::Fp32 => "FP32",
+            DataType::Fp64 => "FP64",
+            DataType::Bytes => "BYTES",
+        }
+    }
+
+    /// Parses a protocol name such as `FP32`.
+    pub fn parse(name: &str) -> Option<DataType> {
+        DataType::ALL.into_iter().find(|d| d.as_str() == name)
+    }
+
+    /// Bytes per element, or `None` for variable-length `BYTES`.
+    pub fn size(self) -> Option<usize> {
+        match self {
+            DataType::Bool | DataType::Uint8 | DataType::Int8 => Some(1),
+            DataType::Uint16 | DataType::Int16 | DataType::Fp16 => Some(2),
+            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => Some(4),
+            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => Some(8),
+            DataType::Bytes => None,
+        }
+    }
+
+    /// Whether the type is a floating-point type (NaN and Inf exist).
+    pub fn is_float(self) -> bool {
+        matches!(self, DataType::Fp16 | DataType::Fp32 | DataType::Fp64)
+    }
+}
+
+impl std::fmt::Display for DataType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The elements of a tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    /// Fixed-size elements, little-endian, densely packed in row-major order.
+    Raw(Vec<u8>),
+    /// One byte string per element, for `BYTES`.
+    Bytes(Vec<Vec<u8>>),
+}
+
+/// A named tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    /// Input or output name.
+    pub name: String,
+    /// Element datatype.
+    pub datatype: DataType,
+    /// Dimensions; all non-negative for a concrete tensor.
+    pub shape: Vec<i64>,
+    /// The elements.
+    pub data: TensorData,
+}
+
+/// Number of elements a shape holds, or `None` when a dimension is negative
+/// or the product overflows.
+pub fn element_count(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        let d = usize::try_from(d).ok()?;
+        acc.checked_mul(d)
+    })
+}
+
+impl Tensor {
+    /// An FP32 tensor from values.
+    pub fn from_f32(name: impl Into<String>, shape: Vec<i64>, values: &[f32]) -> Tensor {
+        Tensor {
+            name: name.into(),
+            datatype: DataType::Fp32,
+            shape,
+            data: TensorData::Raw(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        }
+    }
+
+    /// The elements as `f32`, when the tensor is FP32.
+    pub fn to_f32(&self) -> Option<Vec<f32>> {
+        match (&self.data, self.datatype) {
+            (TensorData::Raw(bytes), DataType::Fp32) => {
+                Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            }
+            _ => None,
+        }
+    }
+
+    /// Checks that the data agrees with the datatype and shape, and says
+    /// exactly what disagrees.
+    pub fn check_consistent(&self) -> Result<(), String> {
+        let count = element_count(&self.shape)
+            .ok_or_else(|| format!("tensor '{}': shape {:?} is not a valid concrete shape", self.name, self.shape))?;
+        match (&self.data, self.datatype.size()) {
+            (TensorData::Raw(bytes), Some(size)) => {
+                let expected = count.saturating_mul(size);
+                if bytes.len() != expected {
+                    return Err(format!(
+                        "tensor '{}': shape {:?} of {} needs {} bytes, got {}",
+                        self.name,
+                        self.shape,
+                        self.datatype,
+                        expected,
+                        bytes.len()
+                    ));
+                }
+            }
+            (TensorData::Bytes(items), None) => {
+                if items.len() != count {
+                    return Err(format!(
+                        "tensor '{}': shape {:?} needs {} elements, got {}",
+                        self.name,
+                        self.shape,
+                        count,
+                        items.len()
+                    ));
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "tensor '{}': data representation does not match datatype {}",
+                    self.name, self.datatype
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Converts IEEE half-precision bits to `f32`.
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits >> 15) << 31;
+    let exp = u32::from((bits >> 10) & 0x1f);
+    let frac = u32::from(bits & 0x3ff);
+    let magnitude = match exp {
+        0 => {
+            // Zero or subnormal: value = frac * 2^-24.
+            let value = frac as f32 * 2f32.powi(-24);
+            return if sign == 0 { value } else { -value };
+        }
+        0x1f => 0xff << 23 | frac << 13,
+        _ => (exp + 127 - 15) << 23 | frac << 13,
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datatype_names_round_trip() {
+        for d in DataType::ALL {
+            assert_eq!(DataType::parse(d.as_str()), Some(d));
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(json, format!("\"{}\"", d.as_str()));
+        }
+        assert_eq!(DataType::parse("FLOAT"), None);
+    }
+
+    #[test]
+    fn consistency_names_the_tensor_and_sizes() {
+        let mut t = Tensor::from_f32("x", vec![2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        assert!(t.check_consistent().is_ok());
+        t.shape = vec![2, 3];
+        let err = t.check_consistent().unwrap_err();
+        assert!(err.contains("'x'") && err.contains("24") && err.contains("16"), "{err}");
+        t.shape = vec![-1, 2];
+        assert!(t.check_consistent().is_err());
+    }
+
+    #[test]
+    fn f16_conversion_covers_special_values() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert!(f16_to_f32(0x7c00).is_infinite());
+        assert!(f16_to_f32(0x7e00).is_nan());
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x0000), 0.0);
+    }
+}

@@ -1,0 +1,183 @@
+//! Tensor elements as JSON values, in both forms the KServe V2 protocol
+//! allows: a flat array in row-major order, or arrays nested by dimension.
+//! Used for warmup sample files, and by the REST front end.
+
+use serde_json::Value;
+
+use crate::tensor::{DataType, Tensor, TensorData, element_count};
+
+/// Builds a tensor from JSON `data`, checking every element against the
+/// datatype and the element count against the shape. Messages name the
+/// tensor and say what was expected.
+pub fn tensor_from_json(name: &str, datatype: DataType, shape: Vec<i64>, data: &Value) -> Result<Tensor, String> {
+    let count = element_count(&shape).ok_or_else(|| format!("tensor '{name}': invalid shape {shape:?}"))?;
+    let mut flat = Vec::with_capacity(count);
+    flatten(data, &mut flat);
+    if flat.len() != count {
+        return Err(format!("tensor '{name}': shape {shape:?} needs {count} elements, got {}", flat.len()));
+    }
+    let bad = |i: usize, v: &Value| format!("tensor '{name}': element {i} ({v}) is not a valid {datatype}");
+    let data = if datatype == DataType::Bytes {
+        let mut items = Vec::with_capacity(count);
+        for (i, v) in flat.iter().enumerate() {
+            items.push(v.as_str().ok_or_else(|| bad(i, v))?.as_bytes().to_vec());
+        }
+        TensorData::Bytes(items)
+    } else {
+        let size = datatype.size().unwrap_or(1);
+        let mut bytes = Vec::with_capacity(count * size);
+        for (i, v) in flat.iter().enumerate() {
+            encode(datatype, v, &mut bytes).ok_or_else(|| bad(i, v))?;
+        }
+        TensorData::Raw(bytes)
+    };
+    Ok(Tensor { name: name.to_owned(), datatype, shape, data })
+}
+
+fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
+    match value {
+        Value::Array(items) => items.iter().for_each(|v| flatten(v, out)),
+        other => out.push(other),
+    }
+}
+
+fn int_in<T: TryFrom<i64> + TryFrom<u64>>(v: &Value) -> Option<T> {
+    if let Some(i) = v.as_i64() {
+        return T::try_from(i).ok();
+    }
+    v.as_u64().and_then(|u| T::try_from(u).ok())
+}
+
+fn encode(datatype: DataType, v: &Value, out: &mut Vec<u8>) -> Option<()> {
+    match datatype {
+        DataType::Bool => out.push(u8::from(v.as_bool()?)),
+        DataType::Uint8 => out.push(int_in::<u8>(v)?),
+        DataType::Int8 => out.extend(int_in::<i8>(v)?.to_le_bytes()),
+        DataType::Uint16 => out.extend(int_in::<u16>(v)?.to_le_bytes()),
+        DataType::Int16 => out.extend(int_in::<i16>(v)?.to_le_bytes()),
+        DataType::Uint32 => out.extend(int_in::<u32>(v)?.to_le_bytes()),
+        DataType::Int32 => out.extend(int_in::<i32>(v)?.to_le_bytes()),
+        DataType::Uint64 => out.extend(int_in::<u64>(v)?.to_le_bytes()),
+        DataType::Int64 => out.extend(int_in::<i64>(v)?.to_le_bytes()),
+        DataType::Fp16 => out.extend(f32_to_f16(v.as_f64()? as f32).to_le_bytes()),
+        DataType::Fp32 => out.extend((v.as_f64()? as f32).to_le_bytes()),
+        DataType::Fp64 => out.extend(v.as_f64()?.to_le_bytes()),
+        DataType::Bytes => return None,
+    }
+    Some(())
+}
+
+/// Converts `f32` to IEEE half-precision bits, rounding to nearest even.
+pub fn f32_to_f16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let mut frac = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if frac != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        frac |= 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = frac >> shift;
+        let rest = frac & ((1 << shift) - 1);
+        let midpoint = 1 << (shift - 1);
+        let round = u32::from(rest > midpoint || (rest == midpoint && half & 1 == 1));
+        return sign | (half + round) as u16;
+    }
+    let half = ((e as u32) << 10) | (frac >> 13);
+    let rest = frac & 0x1fff;
+    let round = u32::from(rest > 0x1000 || (rest == 0x1000 && half & 1 == 1));
+    sign | (half + round) as u16
+}
+
+/// The tensor's elements as a flat JSON array.
+pub fn tensor_to_json(tensor: &Tensor) -> Value {
+    match &tensor.data {
+        TensorData::Bytes(items) => {
+            Value::Array(items.iter().map(|b| Value::String(String::from_utf8_lossy(b).into_owned())).collect())
+        }
+        TensorData::Raw(bytes) => {
+            let size = tensor.datatype.size().unwrap_or(1);
+            Value::Array(bytes.chunks_exact(size).map(|c| decode(tensor.datatype, c)).collect())
+        }
+    }
+}
+
+fn decode(datatype: DataType, b: &[u8]) -> Value {
+    let num = |f: f64| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number);
+    match datatype {
+        DataType::Bool => Value::Bool(b[0] != 0),
+        DataType::Uint8 => b[0].into(),
+        DataType::Int8 => (b[0] as i8).into(),
+        DataType::Uint16 => u16::from_le_bytes([b[0], b[1]]).into(),
+        DataType::Int16 => i16::from_le_bytes([b[0], b[1]]).into(),
+        DataType::Uint32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]).into(),
+        DataType::Int32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]).into(),
+        DataType::Uint64 => u64::from_le_bytes(b.try_into().unwrap_or_default()).into(),
+        DataType::Int64 => i64::from_le_bytes(b.try_into().unwrap_or_default()).into(),
+        DataType::Fp16 => num(f64::from(crate::tensor::f16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
+        DataType::Fp32 => num(f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        DataType::Fp64 => num(f64::from_le_bytes(b.try_into().unwrap_or_default())),
+        DataType::Bytes => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn flat_and_nested_forms_agree() {
+        let flat = tensor_from_json("x", DataType::Fp32, vec![2, 2], &json!([1, 2, 3, 4])).unwrap();
+        let nested = tensor_from_json("x", DataType::Fp32, vec![2, 2], &json!([[1, 2], [3, 4]])).unwrap();
+        assert_eq!(flat, nested);
+        assert_eq!(flat.to_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(tensor_to_json(&flat), json!([1.0, 2.0, 3.0, 4.0]));
+    }
+
+    #[test]
+    fn every_datatype_round_trips() {
+        for datatype in DataType::ALL {
+            let data = match datatype {
+                DataType::Bool => json!([true, false]),
+                DataType::Bytes => json!(["a", "bc"]),
+                d if d.is_float() => json!([1.5, -2.0]),
+                DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => {
+                    json!([7, 0])
+                }
+                _ => json!([-7, 5]),
+            };
+            let t = tensor_from_json("t", datatype, vec![2], &data).unwrap();
+            t.check_consistent().unwrap();
+            assert_eq!(tensor_to_json(&t), data, "{datatype}");
+        }
+    }
+
+    #[test]
+    fn bad_elements_and_counts_are_named() {
+        let e = tensor_from_json("x", DataType::Uint8, vec![2], &json!([1, 300])).unwrap_err();
+        assert!(e.contains("element 1 (300) is not a valid UINT8"), "{e}");
+        let e = tensor_from_json("x", DataType::Fp32, vec![3], &json!([1, 2])).unwrap_err();
+        assert!(e.contains("needs 3 elements, got 2"), "{e}");
+        assert!(tensor_from_json("x", DataType::Int32, vec![1], &json!(["a"])).is_err());
+    }
+
+    #[test]
+    fn f16_round_trip_is_exact_for_representable_values() {
+        for v in [0.0f32, 1.0, -2.5, 65504.0, 0.000061035156, 1e-7] {
+            let back = crate::tensor::f16_to_f32(f32_to_f16(v));
+            assert!((back - v).abs() <= v.abs() * 1e-3 + 6e-8, "{v} -> {back}");
+        }
+        assert!(crate::tensor::f16_to_f32(f32_to_f16(1e6)).is_infinite());
+    }
+}

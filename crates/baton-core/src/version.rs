@@ -1,0 +1,136 @@
+//! An immutable, loaded model version.
+//!
+//! A version owns its engine model, and dropping its last `Arc` frees it.
+//! The free itself does not happen on whatever thread let go last — often a
+//! serving thread finishing a request — but is handed to the memory keeper,
+//! which frees the engine off the serving path and measures what came back.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::backend::Model;
+use crate::error::InferError;
+use crate::manifest::Manifest;
+use crate::memory::Releaser;
+use crate::pipeline::warmup::Sample;
+use crate::signature::Signature;
+use crate::spec::ModelSpec;
+use crate::tensor::Tensor;
+
+/// One loaded version of a model.
+pub struct Version {
+    model: String,
+    number: u64,
+    spec: Arc<ModelSpec>,
+    manifest: Manifest,
+    warmup: Vec<Sample>,
+    bytes_held: u64,
+    loaded_at: SystemTime,
+    engine: Option<Box<dyn Model>>,
+    releaser: Option<Releaser>,
+}
+
+/// Everything a version is built from; see [`Version::new`].
+pub struct VersionParts {
+    /// Model name.
+    pub model: String,
+    /// Version number.
+    pub number: u64,
+    /// The `model.toml` it was loaded with.
+    pub spec: Arc<ModelSpec>,
+    /// Its verified manifest.
+    pub manifest: Manifest,
+    /// The warmup samples it passed.
+    pub warmup: Vec<Sample>,
+    /// Memory it holds, as measured while it loaded.
+    pub bytes_held: u64,
+    /// The engine model.
+    pub engine: Box<dyn Model>,
+}
+
+impl Version {
+    /// Builds a version. With a releaser, dropping it hands the engine to the
+    /// memory keeper; without one (tests), the engine is dropped in place.
+    pub fn new(parts: VersionParts, releaser: Option<Releaser>) -> Version {
+        Version {
+            model: parts.model,
+            number: parts.number,
+            spec: parts.spec,
+            manifest: parts.manifest,
+            warmup: parts.warmup,
+            bytes_held: parts.bytes_held,
+            loaded_at: SystemTime::now(),
+            engine: Some(parts.engine),
+            releaser,
+        }
+    }
+
+    /// Model name.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Version number.
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// The `model.toml` this version was loaded with.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// The verified manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The warmup samples this version passed.
+    pub fn warmup(&self) -> &[Sample] {
+        &self.warmup
+    }
+
+    /// Memory held, measured while loading.
+    pub fn bytes_held(&self) -> u64 {
+        self.bytes_held
+    }
+
+    /// When the version was committed to memory.
+    pub fn loaded_at(&self) -> SystemTime {
+        self.loaded_at
+    }
+
+    fn engine(&self) -> &dyn Model {
+        // The engine is only taken out in `drop`.
+        self.engine.as_deref().expect("engine present until drop")
+    }
+
+    /// The signature the model file declares.
+    pub fn signature(&self) -> &Signature {
+        self.engine().signature()
+    }
+
+    /// Runs one inference after checking the inputs against the signature.
+    pub fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
+        self.signature().check_inputs(inputs).map_err(InferError::InvalidInput)?;
+        Ok(self.engine().infer(inputs)?)
+    }
+}
+
+impl Drop for Version {
+    fn drop(&mut self) {
+        if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
+            releaser.release(&self.model, self.number, self.bytes_held, engine);
+        }
+    }
+}
+
+impl std::fmt::Debug for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Version")
+            .field("model", &self.model)
+            .field("number", &self.number)
+            .field("bytes_held", &self.bytes_held)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,3 @@
+//! baton-testkit
+
+pub mod onnx;
