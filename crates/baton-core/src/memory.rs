@@ -137,17 +137,20 @@ impl Memory {
             residual = record.residual,
             "Freed a version and measured the memory that came back."
         );
+        // Recorded before it is announced, so a subscriber that hears of it can read it.
+        {
+            let mut unloads = lock(&self.unloads);
+            if unloads.len() == UNLOAD_HISTORY {
+                unloads.pop_front();
+            }
+            unloads.push_back(record.clone());
+        }
         let _ = events.send(Event {
             model: record.model.clone(),
             version: Some(record.version),
             at: record.at,
             kind: EventKind::Unloaded { held: record.held, returned: record.returned, residual: record.residual },
         });
-        let mut unloads = lock(&self.unloads);
-        if unloads.len() == UNLOAD_HISTORY {
-            unloads.pop_front();
-        }
-        unloads.push_back(record);
     }
 
     /// Holds off frees while a load measures its memory.

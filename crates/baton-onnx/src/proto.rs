@@ -158,12 +158,8 @@ mod tests;
 /// Parses the parts of an ONNX ModelProto that baton needs.
 pub fn parse(bytes: &[u8]) -> Result<OnnxModel> {
     let mut r = Reader::new(bytes);
-    let mut model = OnnxModel {
-        ir_version: 0,
-        graph_inputs: Vec::new(),
-        graph_outputs: Vec::new(),
-        initializers: Vec::new(),
-    };
+    let mut model =
+        OnnxModel { ir_version: 0, graph_inputs: Vec::new(), graph_outputs: Vec::new(), initializers: Vec::new() };
     let mut has_graph = false;
     const CTX: &str = "ModelProto";
     while let Some((f, v)) = r.next(CTX)? {
@@ -179,14 +175,10 @@ pub fn parse(bytes: &[u8]) -> Result<OnnxModel> {
         }
     }
     if !has_graph {
-        return Err(ProtoError::Malformed(
-            "ModelProto has no graph (field 7)".into(),
-        ));
+        return Err(ProtoError::Malformed("ModelProto has no graph (field 7)".into()));
     }
     let names: HashSet<&str> = model.initializers.iter().map(|i| i.name.as_str()).collect();
-    model
-        .graph_inputs
-        .retain(|v| !names.contains(v.name.as_str()));
+    model.graph_inputs.retain(|v| !names.contains(v.name.as_str()));
     Ok(model)
 }
 
@@ -196,9 +188,7 @@ fn parse_graph(mut r: Reader<'_>, model: &mut OnnxModel) -> Result<()> {
         match f {
             5 => {
                 let idx = model.initializers.len();
-                model
-                    .initializers
-                    .push(parse_tensor(r.sub(v.bytes(f, CTX)?), idx)?);
+                model.initializers.push(parse_tensor(r.sub(v.bytes(f, CTX)?), idx)?);
             }
             11 => {
                 let idx = model.graph_inputs.len();
@@ -218,11 +208,7 @@ fn parse_graph(mut r: Reader<'_>, model: &mut OnnxModel) -> Result<()> {
 
 fn parse_value_info(mut r: Reader<'_>, what: &str, idx: usize) -> Result<ValueInfo> {
     let mut ctx = format!("{what} #{idx}");
-    let mut vi = ValueInfo {
-        name: String::new(),
-        elem_type: 0,
-        dims: None,
-    };
+    let mut vi = ValueInfo { name: String::new(), elem_type: 0, dims: None };
     while let Some((f, v)) = r.next(&ctx)? {
         match f {
             1 => {
@@ -330,9 +316,9 @@ fn parse_tensor(mut r: Reader<'_>, idx: usize) -> Result<Initializer> {
         let (mut loc, mut offset, mut length) = (None, 0, None);
         for (k, v) in ext {
             let num = |v: &str| {
-                v.trim().parse::<u64>().map_err(|_| {
-                    ProtoError::Malformed(format!("{ctx}: external data {k} '{v}' is not a number"))
-                })
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| ProtoError::Malformed(format!("{ctx}: external data {k} '{v}' is not a number")))
             };
             match k.as_str() {
                 "offset" => offset = num(&v)?,
@@ -341,14 +327,9 @@ fn parse_tensor(mut r: Reader<'_>, idx: usize) -> Result<Initializer> {
                 _ => {}
             }
         }
-        let location = loc.ok_or_else(|| {
-            ProtoError::Malformed(format!("{ctx}: external data without a 'location' key"))
-        })?;
-        InitData::External {
-            location,
-            offset,
-            length,
-        }
+        let location =
+            loc.ok_or_else(|| ProtoError::Malformed(format!("{ctx}: external data without a 'location' key")))?;
+        InitData::External { location, offset, length }
     } else if let Some(range) = raw {
         InitData::Raw(range)
     } else {
@@ -375,9 +356,7 @@ fn parse_tensor(mut r: Reader<'_>, idx: usize) -> Result<Initializer> {
             return Err(ProtoError::Malformed(msg));
         }
         let le = |vals: Vec<u64>, width: usize| -> Vec<u8> {
-            vals.iter()
-                .flat_map(|v| v.to_le_bytes().into_iter().take(width))
-                .collect()
+            vals.iter().flat_map(|v| v.to_le_bytes().into_iter().take(width)).collect()
         };
         InitData::Inline(match src {
             Src::Float => floats,
@@ -390,12 +369,7 @@ fn parse_tensor(mut r: Reader<'_>, idx: usize) -> Result<Initializer> {
             Src::None => Vec::new(),
         })
     };
-    Ok(Initializer {
-        name,
-        data_type,
-        dims,
-        data,
-    })
+    Ok(Initializer { name, data_type, dims, data })
 }
 
 /// Size in bytes of one element of `data_type`, or `None` for STRING and unnamed types
@@ -416,46 +390,34 @@ pub fn elem_size(data_type: i32) -> Option<usize> {
 /// that are absolute or contain a `..` component are rejected (symlinks are followed).
 /// STRING tensors and element types without an [`elem_size`] return
 /// [`ProtoError::Unsupported`] ("string tensors not supported for validation").
-pub fn initializer_bytes<'a>(
-    init: &Initializer,
-    model_bytes: &'a [u8],
-    model_dir: &Path,
-) -> Result<Cow<'a, [u8]>> {
+pub fn initializer_bytes<'a>(init: &Initializer, model_bytes: &'a [u8], model_dir: &Path) -> Result<Cow<'a, [u8]>> {
     let what = format!("initializer '{}'", init.name);
     let dt = init.data_type;
     if dt == elem::STRING {
         let msg = format!("{what}: string tensors not supported for validation");
         return Err(ProtoError::Unsupported(msg));
     }
-    let size = elem_size(dt).ok_or_else(|| {
-        ProtoError::Unsupported(format!(
-            "{what}: data type {dt} not supported for validation"
-        ))
-    })?;
+    let size = elem_size(dt)
+        .ok_or_else(|| ProtoError::Unsupported(format!("{what}: data type {dt} not supported for validation")))?;
     let expected = init
         .dims
         .iter()
-        .try_fold(size, |acc, &d| {
-            usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-        })
+        .try_fold(size, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
         .ok_or_else(|| ProtoError::Malformed(format!("{what}: invalid dims {:?}", init.dims)))?;
     let bytes = match &init.data {
-        InitData::Raw(r) => Cow::Borrowed(model_bytes.get(r.clone()).ok_or_else(|| {
-            ProtoError::Malformed(format!("{what}: raw_data range {r:?} is outside the model"))
-        })?),
+        InitData::Raw(r) => Cow::Borrowed(
+            model_bytes
+                .get(r.clone())
+                .ok_or_else(|| ProtoError::Malformed(format!("{what}: raw_data range {r:?} is outside the model")))?,
+        ),
         InitData::Inline(v) => Cow::Owned(v.clone()),
-        InitData::External {
-            location,
-            offset,
-            length,
-        } => Cow::Owned(read_external(
-            &what, location, *offset, *length, model_dir, expected,
-        )?),
+        InitData::External { location, offset, length } => {
+            Cow::Owned(read_external(&what, location, *offset, *length, model_dir, expected)?)
+        }
     };
     if bytes.len() != expected {
         let (n, dims) = (bytes.len(), &init.dims);
-        let msg =
-            format!("{what}: has {n} bytes of data, dims {dims:?} of type {dt} need {expected}");
+        let msg = format!("{what}: has {n} bytes of data, dims {dims:?} of type {dt} need {expected}");
         return Err(ProtoError::Malformed(msg));
     }
     Ok(bytes)
@@ -469,9 +431,7 @@ fn location_ok(loc: &str) -> bool {
         || loc.starts_with(['/', '\\'])
         || loc.contains('\0')
         || loc.split(['/', '\\']).any(|s| s == "..");
-    !bad && Path::new(loc)
-        .components()
-        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    !bad && Path::new(loc).components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
 fn read_external(
@@ -483,28 +443,22 @@ fn read_external(
     expected: usize,
 ) -> Result<Vec<u8>> {
     if !location_ok(location) {
-        let msg = format!(
-            "{what}: external data location '{location}' must be a relative path inside the model directory"
-        );
+        let msg =
+            format!("{what}: external data location '{location}' must be a relative path inside the model directory");
         return Err(ProtoError::Malformed(msg));
     }
     let path = model_dir.join(location);
-    let io = |source| ProtoError::Io {
-        path: path.clone(),
-        source,
-    };
+    let io = |source| ProtoError::Io { path: path.clone(), source };
     let mut file = File::open(&path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
     let len = length.unwrap_or(file_len.saturating_sub(offset));
     if offset.checked_add(len).is_none_or(|end| end > file_len) {
-        let msg = format!(
-            "{what}: external data {location} offset {offset} length {len} is past its end ({file_len} bytes)"
-        );
+        let msg =
+            format!("{what}: external data {location} offset {offset} length {len} is past its end ({file_len} bytes)");
         return Err(ProtoError::Malformed(msg));
     }
     if len != expected as u64 {
-        let msg =
-            format!("{what}: external data has {len} bytes, its dims and type need {expected}");
+        let msg = format!("{what}: external data has {len} bytes, its dims and type need {expected}");
         return Err(ProtoError::Malformed(msg));
     }
     let mut buf = vec![0u8; expected];

@@ -13,11 +13,7 @@ fn expected_inits(mlp: &Mlp) -> Vec<(String, Vec<i64>, Vec<u8>)> {
     let mut out = Vec::new();
     for (i, layer) in mlp.layers.iter().enumerate() {
         let (inp, o) = (mlp.sizes[i] as i64, mlp.sizes[i + 1] as i64);
-        out.push((
-            format!("fc{i}.weight"),
-            vec![inp, o],
-            le_bytes(&layer.weight),
-        ));
+        out.push((format!("fc{i}.weight"), vec![inp, o], le_bytes(&layer.weight)));
         out.push((format!("fc{i}.bias"), vec![o], le_bytes(&layer.bias)));
     }
     out
@@ -26,34 +22,19 @@ fn expected_inits(mlp: &Mlp) -> Vec<(String, Vec<i64>, Vec<u8>)> {
 #[test]
 fn inline_raw_data_round_trips() {
     let mlp = Mlp::new(&[16, 32, 8, 1], 42);
-    let opts = OnnxOptions {
-        input_name: "features".into(),
-        output_name: "score".into(),
-        ..Default::default()
-    };
+    let opts = OnnxOptions { input_name: "features".into(), output_name: "score".into(), ..Default::default() };
     let (bytes, ext) = encode_mlp(&mlp, &opts);
     assert!(ext.is_none());
     let model = proto::parse(&bytes).unwrap();
     assert_eq!(model.ir_version, 8);
-    let io = |name: &str, w: i64| ValueInfo {
-        name: name.into(),
-        elem_type: elem::FLOAT,
-        dims: Some(vec![-1, w]),
-    };
+    let io = |name: &str, w: i64| ValueInfo { name: name.into(), elem_type: elem::FLOAT, dims: Some(vec![-1, w]) };
     assert_eq!(model.graph_inputs, vec![io("features", 16)]);
     assert_eq!(model.graph_outputs, vec![io("score", 1)]);
     let want = expected_inits(&mlp);
     assert_eq!(model.initializers.len(), want.len());
     for (init, (name, dims, data)) in model.initializers.iter().zip(&want) {
-        assert_eq!(
-            (&init.name, &init.dims, init.data_type),
-            (name, dims, elem::FLOAT)
-        );
-        assert!(
-            matches!(init.data, InitData::Raw(_)),
-            "{name}: {:?}",
-            init.data
-        );
+        assert_eq!((&init.name, &init.dims, init.data_type), (name, dims, elem::FLOAT));
+        assert!(matches!(init.data, InitData::Raw(_)), "{name}: {:?}", init.data);
         let got = proto::initializer_bytes(init, &bytes, Path::new("/nonexistent")).unwrap();
         assert_eq!(got.as_ref(), &data[..], "{name}");
     }
@@ -62,10 +43,7 @@ fn inline_raw_data_round_trips() {
 #[test]
 fn external_data_round_trips() {
     let mlp = Mlp::new(&[12, 20, 3], 7);
-    let opts = OnnxOptions {
-        external_data: Some("model.onnx.data".into()),
-        ..Default::default()
-    };
+    let opts = OnnxOptions { external_data: Some("model.onnx.data".into()), ..Default::default() };
     let (bytes, ext) = encode_mlp(&mlp, &opts);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("model.onnx"), &bytes).unwrap();
@@ -83,11 +61,7 @@ fn external_data_round_trips() {
         assert_eq!((&init.name, &init.dims), (name, dims));
         let len = data.len() as u64;
         let location = "model.onnx.data".to_string();
-        let ext = InitData::External {
-            location,
-            offset,
-            length: Some(len),
-        };
+        let ext = InitData::External { location, offset, length: Some(len) };
         assert_eq!(init.data, ext, "{name}");
         offset += len;
         let got = proto::initializer_bytes(init, &bytes, dir.path()).unwrap();
@@ -110,13 +84,7 @@ fn external_data_round_trips() {
 #[test]
 fn every_truncation_errors_or_parses() {
     let mlp = Mlp::new(&[4, 6, 2], 3);
-    for opts in [
-        OnnxOptions::default(),
-        OnnxOptions {
-            external_data: Some("w.bin".into()),
-            ..Default::default()
-        },
-    ] {
+    for opts in [OnnxOptions::default(), OnnxOptions { external_data: Some("w.bin".into()), ..Default::default() }] {
         let (bytes, _) = encode_mlp(&mlp, &opts);
         for n in 0..bytes.len() {
             let prefix = &bytes[..n];

@@ -1,3 +1,88 @@
-//! baton-testkit
+//! Test helpers for baton: ONNX models generated in code, model
+//! repositories with every kind of damage, a fake backend whose loads can be
+//! held, and a registry wired to the real ONNX Runtime backend.
+//!
+//! Nothing here is downloaded: every model a test uses is written by
+//! [`onnx::encode_mlp`] from weights generated from a seed.
 
+pub mod fake;
 pub mod onnx;
+pub mod repo;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_core::backend::Backend;
+use baton_core::events::{Event, EventReceiver, State};
+use baton_core::registry::{Registry, RegistryConfig};
+use baton_core::source::LocalRepository;
+
+/// A registry over a local repository with the real ONNX Runtime backend
+/// and the fake one. Panics with the runtime's own instructions when ONNX
+/// Runtime is missing, so a test never silently skips.
+pub fn registry(root: &Path) -> Registry {
+    let onnx = baton_onnx::OnnxBackend::new().unwrap_or_else(|e| panic!("ONNX Runtime is needed for this test: {e}"));
+    registry_with(root, vec![Arc::new(onnx), Arc::new(fake::FakeBackend::new())])
+}
+
+/// A registry over a local repository with the given backends.
+pub fn registry_with(root: &Path, backends: Vec<Arc<dyn Backend>>) -> Registry {
+    Registry::new(Arc::new(LocalRepository::new(root)), backends, RegistryConfig::default())
+}
+
+/// Receives events until one matches, or panics after `limit`. The limit is
+/// a safety net against a hung test, not a timing assertion.
+pub fn wait_for_event(rx: &mut EventReceiver, limit: Duration, mut matches: impl FnMut(&Event) -> bool) -> Event {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a test runtime");
+    runtime.block_on(async {
+        tokio::time::timeout(limit, async {
+            loop {
+                match rx.recv().await {
+                    Ok(event) if matches(&event) => return event,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(e) => panic!("event stream: {e}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no matching event within {limit:?}"))
+    })
+}
+
+/// The states a model went through, read from its transition events.
+pub fn states(events: &[Event]) -> Vec<State> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            baton_core::events::EventKind::Transition { to, .. } => Some(*to),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every event received so far.
+pub fn drain_events(rx: &mut EventReceiver) -> Vec<Event> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+/// Runs one MLP inference (`input` → `output`, FP32) through a snapshot;
+/// returns the version that answered and the outputs.
+pub fn infer_mlp(
+    snapshot: &baton_core::routing::Routing,
+    model: &str,
+    input: &[f32],
+    batch: usize,
+) -> Result<(u64, Vec<f32>), baton_core::error::InferError> {
+    let width = input.len() / batch.max(1);
+    let tensor = baton_core::tensor::Tensor::from_f32("input", vec![batch as i64, width as i64], input);
+    let answer = snapshot.infer(model, None, &[tensor])?;
+    let output = answer.outputs.iter().find(|t| t.name == "output").and_then(|t| t.to_f32()).expect("an FP32 output");
+    Ok((answer.version, output))
+}
+
+/// Largest absolute difference between two equally long slices.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}

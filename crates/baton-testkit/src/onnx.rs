@@ -45,14 +45,8 @@ impl Mlp {
     ///
     /// Panics if `sizes` has fewer than two entries or contains a zero.
     pub fn new(sizes: &[usize], seed: u64) -> Self {
-        assert!(
-            sizes.len() >= 2,
-            "an MLP needs at least an input and an output size"
-        );
-        assert!(
-            sizes.iter().all(|&s| s > 0),
-            "MLP sizes must be nonzero: {sizes:?}"
-        );
+        assert!(sizes.len() >= 2, "an MLP needs at least an input and an output size");
+        assert!(sizes.iter().all(|&s| s > 0), "MLP sizes must be nonzero: {sizes:?}");
         let mut rng = SplitMix(seed ^ 0x6261_746f_6e2d_6d6c);
         let layers = sizes
             .windows(2)
@@ -69,10 +63,7 @@ impl Mlp {
                 Layer { weight, bias }
             })
             .collect();
-        Mlp {
-            sizes: sizes.to_vec(),
-            layers,
-        }
+        Mlp { sizes: sizes.to_vec(), layers }
     }
 
     /// Input width.
@@ -131,12 +122,7 @@ pub struct OnnxOptions {
 
 impl Default for OnnxOptions {
     fn default() -> Self {
-        OnnxOptions {
-            input_name: "input".into(),
-            output_name: "output".into(),
-            external_data: None,
-            opset: 13,
-        }
+        OnnxOptions { input_name: "input".into(), output_name: "output".into(), external_data: None, opset: 13 }
     }
 }
 
@@ -239,11 +225,7 @@ pub fn encode_mlp(mlp: &Mlp, opts: &OnnxOptions) -> (Vec<u8>, Option<Vec<u8>>) {
         let (inp, out) = (mlp.sizes[i], mlp.sizes[i + 1]);
         let (w, b) = (format!("fc{i}.weight"), format!("fc{i}.bias"));
         let (mm, add) = (format!("fc{i}.matmul"), format!("fc{i}.add"));
-        let y = if i == last {
-            opts.output_name.clone()
-        } else {
-            add.clone()
-        };
+        let y = if i == last { opts.output_name.clone() } else { add.clone() };
         graph.msg(1, &node("MatMul", &format!("fc{i}/MatMul"), &[&x, &w], &mm));
         graph.msg(1, &node("Add", &format!("fc{i}/Add"), &[&mm, &b], &y));
         x = y;
@@ -287,14 +269,9 @@ pub fn encode_mlp(mlp: &Mlp, opts: &OnnxOptions) -> (Vec<u8>, Option<Vec<u8>>) {
     graph.msg(12, &value_info(&opts.output_name, mlp.output_width()));
 
     let mut model = Msg::default();
-    model
-        .int(1, 8)
-        .str(2, "baton-testkit")
-        .str(3, env!("CARGO_PKG_VERSION"))
-        .msg(7, &graph)
-        .with(8, |op| {
-            op.str(1, "").int(2, opts.opset);
-        });
+    model.int(1, 8).str(2, "baton-testkit").str(3, env!("CARGO_PKG_VERSION")).msg(7, &graph).with(8, |op| {
+        op.str(1, "").int(2, opts.opset);
+    });
     (model.0, ext)
 }
 
@@ -313,14 +290,8 @@ mod tests {
         let mlp = Mlp {
             sizes: vec![2, 2, 1],
             layers: vec![
-                Layer {
-                    weight: vec![1.0, -1.0, 2.0, 0.5],
-                    bias: vec![0.5, -3.0],
-                },
-                Layer {
-                    weight: vec![2.0, 10.0],
-                    bias: vec![0.25],
-                },
+                Layer { weight: vec![1.0, -1.0, 2.0, 0.5], bias: vec![0.5, -3.0] },
+                Layer { weight: vec![2.0, 10.0], bias: vec![0.25] },
             ],
         };
         // Row [1, 1]: hidden = relu([3.5, -3.5]) = [3.5, 0]; out = 7.25.
@@ -331,19 +302,11 @@ mod tests {
     #[test]
     fn weights_are_deterministic_scaled_and_seed_dependent() {
         let a = Mlp::new(&[16, 8, 3], 1);
-        assert_eq!(
-            a.layers[0].weight,
-            Mlp::new(&[16, 8, 3], 1).layers[0].weight
-        );
+        assert_eq!(a.layers[0].weight, Mlp::new(&[16, 8, 3], 1).layers[0].weight);
         assert_eq!(a.layers.len(), 2);
         assert_eq!((a.layers[0].weight.len(), a.layers[1].bias.len()), (128, 3));
         assert!(a.layers[0].weight.iter().all(|w| w.abs() <= 0.25));
-        assert!(
-            a.layers
-                .iter()
-                .flat_map(|l| &l.bias)
-                .all(|b| (0.01..0.1).contains(&b.abs()))
-        );
+        assert!(a.layers.iter().flat_map(|l| &l.bias).all(|b| (0.01..0.1).contains(&b.abs())));
         let x = sample_input(16, 4, 9);
         assert!(x.iter().all(|v| (-1.0..=1.0).contains(v)));
         assert_eq!(x, sample_input(16, 4, 9));
@@ -354,18 +317,11 @@ mod tests {
     #[test]
     fn external_data_holds_every_weight_in_order() {
         let mlp = Mlp::new(&[3, 4, 2], 5);
-        let opts = OnnxOptions {
-            external_data: Some("w.bin".into()),
-            ..Default::default()
-        };
+        let opts = OnnxOptions { external_data: Some("w.bin".into()), ..Default::default() };
         let (model, ext) = encode_mlp(&mlp, &opts);
         let ext = ext.unwrap();
-        let want: Vec<u8> = mlp
-            .layers
-            .iter()
-            .flat_map(|l| l.weight.iter().chain(&l.bias))
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let want: Vec<u8> =
+            mlp.layers.iter().flat_map(|l| l.weight.iter().chain(&l.bias)).flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(ext, want);
         assert!(model.windows(5).any(|w| w == b"w.bin"));
         let (inline, none) = encode_mlp(&mlp, &OnnxOptions::default());

@@ -98,6 +98,8 @@ impl Run {
         if self.inner.current().model(&model).is_some() {
             self.inner.transition(&model, self.version, State::Ready, &self.stages);
         }
+        // The model is free again before the caller hears of the failure.
+        drop(self);
         let _ = reply.send(Err(error));
     }
 

@@ -28,15 +28,7 @@ fn fb(field: u32, b: &[u8]) -> Vec<u8> {
 
 /// One unknown field of each wire type.
 fn unknown() -> Vec<u8> {
-    [
-        fv(100, 5),
-        key(101, 1),
-        vec![7; 8],
-        fb(102, b"junk"),
-        key(103, 5),
-        vec![9; 4],
-    ]
-    .concat()
+    [fv(100, 5), key(101, 1), vec![7; 8], fb(102, b"junk"), key(103, 5), vec![9; 4]].concat()
 }
 
 fn value_info(name: &str, elem: i32, dims: &[Option<i64>]) -> Vec<u8> {
@@ -46,34 +38,16 @@ fn value_info(name: &str, elem: i32, dims: &[Option<i64>]) -> Vec<u8> {
     };
     let shape: Vec<u8> = dims.iter().flat_map(dim).collect();
     let tensor_type = [fv(1, elem as u64), unknown(), fb(2, &shape)].concat();
-    [
-        fb(1, name.as_bytes()),
-        unknown(),
-        fb(2, &[unknown(), fb(1, &tensor_type)].concat()),
-    ]
-    .concat()
+    [fb(1, name.as_bytes()), unknown(), fb(2, &[unknown(), fb(1, &tensor_type)].concat())].concat()
 }
 
 fn tensor(name: &str, dt: i32, dims: &[i64], body: &[u8]) -> Vec<u8> {
     let dims: Vec<u8> = dims.iter().flat_map(|&d| fv(1, d as u64)).collect();
-    [
-        dims,
-        fv(2, dt as u64),
-        fb(8, name.as_bytes()),
-        unknown(),
-        body.to_vec(),
-    ]
-    .concat()
+    [dims, fv(2, dt as u64), fb(8, name.as_bytes()), unknown(), body.to_vec()].concat()
 }
 
 fn model(graph: &[u8]) -> Vec<u8> {
-    [
-        fv(1, 7),
-        unknown(),
-        fb(8, &[fb(1, b""), fv(2, 13)].concat()),
-        fb(7, graph),
-    ]
-    .concat()
+    [fv(1, 7), unknown(), fb(8, &[fb(1, b""), fv(2, 13)].concat()), fb(7, graph)].concat()
 }
 
 /// A small graph: input x [batch, 3], output y [batch, 2], one raw FLOAT initializer.
@@ -108,33 +82,17 @@ fn varint_edge_cases() {
         assert_eq!(r.varint("t").unwrap(), *want, "{bytes:?}");
         assert_eq!(r.pos, bytes.len());
     }
-    for v in [
-        0,
-        1,
-        127,
-        128,
-        16383,
-        16384,
-        u64::MAX / 3,
-        u64::MAX,
-        -1i64 as u64,
-    ] {
+    for v in [0, 1, 127, 128, 16383, 16384, u64::MAX / 3, u64::MAX, -1i64 as u64] {
         assert_eq!(Reader::new(&vint(v)).varint("t").unwrap(), v);
     }
     let overflow = [vec![0xff; 9], vec![0x02]].concat();
     let too_long = [vec![0x80; 10], vec![0x00]].concat();
     for bad in [&overflow, &too_long] {
-        assert!(matches!(
-            Reader::new(bad).varint("t"),
-            Err(ProtoError::Malformed(_))
-        ));
+        assert!(matches!(Reader::new(bad).varint("t"), Err(ProtoError::Malformed(_))));
     }
     for trunc in [&[][..], &[0x80], &[0xff; 9]] {
         let err = Reader::new(trunc).varint("ctx").unwrap_err();
-        assert!(
-            matches!(err, ProtoError::Truncated { ref context } if context == "ctx"),
-            "{err}"
-        );
+        assert!(matches!(err, ProtoError::Truncated { ref context } if context == "ctx"), "{err}");
     }
 }
 
@@ -143,45 +101,21 @@ fn parses_small_model_skipping_unknown_fields() {
     let m = parse(&model(&small_graph())).unwrap();
     assert_eq!(m.ir_version, 7);
     // "w" is both an input and an initializer (old IR): excluded from inputs.
-    let x = ValueInfo {
-        name: "x".into(),
-        elem_type: elem::FLOAT,
-        dims: Some(vec![-1, 3]),
-    };
-    let y = ValueInfo {
-        name: "y".into(),
-        elem_type: elem::FLOAT,
-        dims: Some(vec![-1, 2]),
-    };
+    let x = ValueInfo { name: "x".into(), elem_type: elem::FLOAT, dims: Some(vec![-1, 3]) };
+    let y = ValueInfo { name: "y".into(), elem_type: elem::FLOAT, dims: Some(vec![-1, 2]) };
     assert_eq!(m.graph_inputs, vec![x]);
     assert_eq!(m.graph_outputs, vec![y]);
     assert_eq!(m.initializers.len(), 1);
     let w = &m.initializers[0];
-    assert_eq!(
-        (w.name.as_str(), w.data_type, &w.dims[..]),
-        ("w", elem::FLOAT, &[3, 2][..])
-    );
-    let InitData::Raw(r) = &w.data else {
-        panic!("{:?}", w.data)
-    };
+    assert_eq!((w.name.as_str(), w.data_type, &w.dims[..]), ("w", elem::FLOAT, &[3, 2][..]));
+    let InitData::Raw(r) = &w.data else { panic!("{:?}", w.data) };
     assert_eq!(r.len(), 24);
-    assert_eq!(
-        initializer_bytes(w, &model(&small_graph()), Path::new("."))
-            .unwrap()
-            .len(),
-        24
-    );
+    assert_eq!(initializer_bytes(w, &model(&small_graph()), Path::new(".")).unwrap().len(), 24);
 }
 
 #[test]
 fn packed_dims_and_missing_shape() {
-    let t = [
-        fb(1, &[vint(2), vint(300)].concat()),
-        fv(1, 4),
-        fv(2, 7),
-        fb(8, b"t"),
-    ]
-    .concat();
+    let t = [fb(1, &[vint(2), vint(300)].concat()), fv(1, 4), fv(2, 7), fb(8, b"t")].concat();
     let no_shape = [fb(1, b"s"), fb(2, &fb(1, &fv(1, 7)))].concat();
     let m = parse(&model(&[fb(5, &t), fb(11, &no_shape)].concat())).unwrap();
     assert_eq!(m.initializers[0].dims, vec![2, 300, 4]);
@@ -194,33 +128,14 @@ fn packed_dims_and_missing_shape() {
 fn groups_bad_wire_types_and_missing_graph_are_rejected() {
     for wire in [3u8, 4, 6, 7] {
         let bytes = [key(20, wire), vec![0; 8]].concat();
-        assert!(
-            matches!(parse(&bytes), Err(ProtoError::Malformed(_))),
-            "wire {wire}"
-        );
+        assert!(matches!(parse(&bytes), Err(ProtoError::Malformed(_))), "wire {wire}");
     }
     let err = parse(&fb(1, b"x")).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ProtoError::BadWireType {
-                field: 1,
-                wire_type: 2,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, ProtoError::BadWireType { field: 1, wire_type: 2, .. }), "{err}");
     assert!(matches!(parse(&fv(1, 8)), Err(ProtoError::Malformed(_))));
-    assert!(
-        matches!(parse(&[0x00, 0x01]), Err(ProtoError::Malformed(_))),
-        "field 0"
-    );
+    assert!(matches!(parse(&[0x00, 0x01]), Err(ProtoError::Malformed(_))), "field 0");
     let bad_utf8 = model(&fb(11, &fb(1, &[0xff, 0xfe])));
-    assert!(matches!(
-        parse(&bad_utf8),
-        Err(ProtoError::InvalidUtf8 { .. })
-    ));
+    assert!(matches!(parse(&bad_utf8), Err(ProtoError::InvalidUtf8 { .. })));
 }
 
 #[test]
@@ -273,81 +188,35 @@ fn one_init(t: &[u8]) -> Result<Initializer> {
 
 #[test]
 fn typed_fields_decode_to_element_width() {
-    let packed =
-        |f: u32, vals: &[u64]| fb(f, &vals.iter().flat_map(|&v| vint(v)).collect::<Vec<_>>());
-    let floats: Vec<u8> = [1.0f32, -2.5]
-        .iter()
-        .flat_map(|f| f.to_le_bytes())
-        .collect();
-    let unpacked_float = [
-        key(4, 5),
-        1.0f32.to_le_bytes().to_vec(),
-        key(4, 5),
-        (-2.5f32).to_le_bytes().to_vec(),
-    ]
-    .concat();
+    let packed = |f: u32, vals: &[u64]| fb(f, &vals.iter().flat_map(|&v| vint(v)).collect::<Vec<_>>());
+    let floats: Vec<u8> = [1.0f32, -2.5].iter().flat_map(|f| f.to_le_bytes()).collect();
+    let unpacked_float =
+        [key(4, 5), 1.0f32.to_le_bytes().to_vec(), key(4, 5), (-2.5f32).to_le_bytes().to_vec()].concat();
     let m1 = -1i64 as u64;
     let cases: Vec<(i32, Vec<u8>, Vec<u8>)> = vec![
         (elem::FLOAT, fb(4, &floats), floats.clone()),
         (elem::FLOAT, unpacked_float, floats.clone()),
         (
             elem::DOUBLE,
-            [
-                key(10, 1),
-                7f64.to_le_bytes().to_vec(),
-                fb(10, &8f64.to_le_bytes()),
-            ]
-            .concat(),
+            [key(10, 1), 7f64.to_le_bytes().to_vec(), fb(10, &8f64.to_le_bytes())].concat(),
             [7f64, 8.0].iter().flat_map(|d| d.to_le_bytes()).collect(),
         ),
-        (
-            elem::INT32,
-            packed(5, &[m1, 2]),
-            [(-1i32).to_le_bytes(), 2i32.to_le_bytes()].concat(),
-        ),
-        (
-            elem::FLOAT16,
-            packed(5, &[0x3c00, 0xc000]),
-            vec![0x00, 0x3c, 0x00, 0xc0],
-        ),
-        (
-            elem::UINT16,
-            [fv(5, 65535), fv(5, 1)].concat(),
-            vec![0xff, 0xff, 1, 0],
-        ),
+        (elem::INT32, packed(5, &[m1, 2]), [(-1i32).to_le_bytes(), 2i32.to_le_bytes()].concat()),
+        (elem::FLOAT16, packed(5, &[0x3c00, 0xc000]), vec![0x00, 0x3c, 0x00, 0xc0]),
+        (elem::UINT16, [fv(5, 65535), fv(5, 1)].concat(), vec![0xff, 0xff, 1, 0]),
         (elem::BOOL, packed(5, &[1, 0]), vec![1, 0]),
         (elem::INT8, packed(5, &[m1, 5]), vec![0xff, 5]),
-        (
-            elem::INT64,
-            packed(7, &[m1, 3]),
-            [(-1i64).to_le_bytes(), 3i64.to_le_bytes()].concat(),
-        ),
-        (
-            elem::UINT32,
-            packed(11, &[u32::MAX as u64, 4]),
-            [u32::MAX.to_le_bytes(), 4u32.to_le_bytes()].concat(),
-        ),
-        (
-            elem::UINT64,
-            packed(11, &[u64::MAX, 6]),
-            [u64::MAX.to_le_bytes(), 6u64.to_le_bytes()].concat(),
-        ),
+        (elem::INT64, packed(7, &[m1, 3]), [(-1i64).to_le_bytes(), 3i64.to_le_bytes()].concat()),
+        (elem::UINT32, packed(11, &[u32::MAX as u64, 4]), [u32::MAX.to_le_bytes(), 4u32.to_le_bytes()].concat()),
+        (elem::UINT64, packed(11, &[u64::MAX, 6]), [u64::MAX.to_le_bytes(), 6u64.to_le_bytes()].concat()),
     ];
     for (dt, body, want) in cases {
         let init = one_init(&tensor("t", dt, &[2], &body)).unwrap();
         assert_eq!(init.data, InitData::Inline(want.clone()), "dtype {dt}");
-        assert_eq!(
-            initializer_bytes(&init, &[], Path::new("."))
-                .unwrap()
-                .as_ref(),
-            &want[..]
-        );
+        assert_eq!(initializer_bytes(&init, &[], Path::new(".")).unwrap().as_ref(), &want[..]);
     }
     let err = one_init(&tensor("mixed", elem::FLOAT, &[1], &packed(7, &[1]))).unwrap_err();
-    assert!(
-        err.to_string().contains("'mixed'") && err.to_string().contains("int64_data"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("'mixed'") && err.to_string().contains("int64_data"), "{err}");
     let err = one_init(&tensor("odd", elem::FLOAT, &[1], &fb(4, &[0; 5]))).unwrap_err();
     assert!(err.to_string().contains("'odd'"), "{err}");
 }
@@ -356,57 +225,22 @@ fn typed_fields_decode_to_element_width() {
 fn initializer_bytes_checks_sizes_and_types() {
     let dir = Path::new(".");
     let short = one_init(&tensor("short", elem::FLOAT, &[2, 3], &fb(9, &[0; 20]))).unwrap();
-    let bytes = model(&fb(
-        5,
-        &tensor("short", elem::FLOAT, &[2, 3], &fb(9, &[0; 20])),
-    ));
+    let bytes = model(&fb(5, &tensor("short", elem::FLOAT, &[2, 3], &fb(9, &[0; 20]))));
     let err = initializer_bytes(&short, &bytes, dir).unwrap_err();
-    assert!(
-        err.to_string().contains("'short'") && err.to_string().contains("24"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("'short'") && err.to_string().contains("24"), "{err}");
     let s = one_init(&tensor("names", elem::STRING, &[1], &fb(6, b"hello"))).unwrap();
-    assert!(matches!(
-        initializer_bytes(&s, &[], dir),
-        Err(ProtoError::Unsupported(_))
-    ));
-    let neg = Initializer {
-        dims: vec![-1],
-        ..short.clone()
-    };
-    assert!(matches!(
-        initializer_bytes(&neg, &bytes, dir),
-        Err(ProtoError::Malformed(_))
-    ));
-    let huge = Initializer {
-        dims: vec![i64::MAX, i64::MAX],
-        ..short.clone()
-    };
-    assert!(matches!(
-        initializer_bytes(&huge, &bytes, dir),
-        Err(ProtoError::Malformed(_))
-    ));
-    let scalar = Initializer {
-        dims: vec![],
-        data: InitData::Inline(vec![0; 4]),
-        ..short
-    };
+    assert!(matches!(initializer_bytes(&s, &[], dir), Err(ProtoError::Unsupported(_))));
+    let neg = Initializer { dims: vec![-1], ..short.clone() };
+    assert!(matches!(initializer_bytes(&neg, &bytes, dir), Err(ProtoError::Malformed(_))));
+    let huge = Initializer { dims: vec![i64::MAX, i64::MAX], ..short.clone() };
+    assert!(matches!(initializer_bytes(&huge, &bytes, dir), Err(ProtoError::Malformed(_))));
+    let scalar = Initializer { dims: vec![], data: InitData::Inline(vec![0; 4]), ..short };
     assert_eq!(initializer_bytes(&scalar, &[], dir).unwrap().len(), 4);
 }
 
 #[test]
 fn external_locations_outside_the_model_dir_are_rejected() {
-    for bad in [
-        "",
-        "/etc/passwd",
-        "../x.bin",
-        "a/../../x.bin",
-        "a/..",
-        "..\\x.bin",
-        "C:\\x.bin",
-        "c:x",
-        "\\\\srv\\x",
-    ] {
+    for bad in ["", "/etc/passwd", "../x.bin", "a/../../x.bin", "a/..", "..\\x.bin", "C:\\x.bin", "c:x", "\\\\srv\\x"] {
         assert!(!location_ok(bad), "{bad:?} accepted");
     }
     for good in ["w.bin", "sub/w.bin", "./w.bin", "a..b.bin"] {
@@ -419,11 +253,7 @@ fn external_locations_outside_the_model_dir_are_rejected() {
         name: "ext".into(),
         data_type: elem::FLOAT,
         dims: vec![2],
-        data: InitData::External {
-            location: location.into(),
-            offset,
-            length,
-        },
+        data: InitData::External { location: location.into(), offset, length },
     };
     let got = initializer_bytes(&ext("w.bin", 4, Some(8)), &[], dir.path()).unwrap();
     assert_eq!(got.as_ref(), &data[4..12]);
@@ -438,10 +268,7 @@ fn external_locations_outside_the_model_dir_are_rejected() {
         (ext("w.bin", 0, None), "need 8"),
     ] {
         let err = initializer_bytes(&init, &[], dir.path()).unwrap_err();
-        assert!(
-            err.to_string().contains(what) && err.to_string().contains("'ext'"),
-            "{err}"
-        );
+        assert!(err.to_string().contains(what) && err.to_string().contains("'ext'"), "{err}");
     }
     let err = initializer_bytes(&ext("missing.bin", 0, None), &[], dir.path()).unwrap_err();
     assert!(matches!(err, ProtoError::Io { .. }), "{err}");
@@ -450,19 +277,9 @@ fn external_locations_outside_the_model_dir_are_rejected() {
 #[test]
 fn external_data_keys_are_parsed() {
     let entry = |k: &str, v: &str| fb(13, &[fb(1, k.as_bytes()), fb(2, v.as_bytes())].concat());
-    let body = [
-        entry("location", "w.bin"),
-        entry("offset", "16"),
-        entry("checksum", "x"),
-        fv(14, 1),
-    ]
-    .concat();
+    let body = [entry("location", "w.bin"), entry("offset", "16"), entry("checksum", "x"), fv(14, 1)].concat();
     let init = one_init(&tensor("e", elem::FLOAT, &[2], &body)).unwrap();
-    let want = InitData::External {
-        location: "w.bin".into(),
-        offset: 16,
-        length: None,
-    };
+    let want = InitData::External { location: "w.bin".into(), offset: 16, length: None };
     assert_eq!(init.data, want);
     let body = [entry("location", "w.bin"), entry("length", "-3"), fv(14, 1)].concat();
     assert!(one_init(&tensor("e", elem::FLOAT, &[2], &body)).is_err());

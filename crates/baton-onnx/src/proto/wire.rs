@@ -25,12 +25,7 @@ impl Val {
 
     fn bad(&self, field: u32, ctx: &str, expected: &'static str) -> ProtoError {
         let (context, wire_type) = (ctx.to_string(), self.wire());
-        ProtoError::BadWireType {
-            context,
-            field,
-            wire_type,
-            expected,
-        }
+        ProtoError::BadWireType { context, field, wire_type, expected }
     }
 
     pub(super) fn varint(self, field: u32, ctx: &str) -> Result<u64> {
@@ -57,27 +52,17 @@ pub(super) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     pub(super) fn new(buf: &'a [u8]) -> Self {
-        Reader {
-            buf,
-            pos: 0,
-            end: buf.len(),
-        }
+        Reader { buf, pos: 0, end: buf.len() }
     }
 
     /// A reader over a sub-range previously returned by this reader.
     pub(super) fn sub(&self, r: Range<usize>) -> Reader<'a> {
         let end = r.end.min(self.buf.len());
-        Reader {
-            buf: self.buf,
-            pos: r.start.min(end),
-            end,
-        }
+        Reader { buf: self.buf, pos: r.start.min(end), end }
     }
 
     fn truncated(ctx: &str) -> ProtoError {
-        ProtoError::Truncated {
-            context: ctx.to_string(),
-        }
+        ProtoError::Truncated { context: ctx.to_string() }
     }
 
     pub(super) fn varint(&mut self, ctx: &str) -> Result<u64> {
@@ -89,18 +74,14 @@ impl<'a> Reader<'a> {
             };
             self.pos += 1;
             if i == 9 && b > 1 {
-                return Err(ProtoError::Malformed(format!(
-                    "varint overflows 64 bits in {ctx}"
-                )));
+                return Err(ProtoError::Malformed(format!("varint overflows 64 bits in {ctx}")));
             }
             v |= u64::from(b & 0x7f) << (7 * i);
             if b & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        Err(ProtoError::Malformed(format!(
-            "varint longer than 10 bytes in {ctx}"
-        )))
+        Err(ProtoError::Malformed(format!("varint longer than 10 bytes in {ctx}")))
     }
 
     fn take(&mut self, n: usize, ctx: &str) -> Result<Range<usize>> {
@@ -113,10 +94,7 @@ impl<'a> Reader<'a> {
 
     fn take_array<const N: usize>(&mut self, ctx: &str) -> Result<[u8; N]> {
         let r = self.take(N, ctx)?;
-        self.buf
-            .get(r)
-            .and_then(|s| s.try_into().ok())
-            .ok_or_else(|| Self::truncated(ctx))
+        self.buf.get(r).and_then(|s| s.try_into().ok()).ok_or_else(|| Self::truncated(ctx))
     }
 
     /// The next field, or `None` at the end of the message. Consumes the value.
@@ -127,10 +105,7 @@ impl<'a> Reader<'a> {
         let key = self.varint(ctx)?;
         let field = u32::try_from(key >> 3).unwrap_or(0);
         if field == 0 || field >= 1 << 29 {
-            return Err(ProtoError::Malformed(format!(
-                "invalid field number {} in {ctx}",
-                key >> 3
-            )));
+            return Err(ProtoError::Malformed(format!("invalid field number {} in {ctx}", key >> 3)));
         }
         let val = match key & 7 {
             0 => Val::Varint(self.varint(ctx)?),
@@ -142,14 +117,8 @@ impl<'a> Reader<'a> {
             }
             5 => Val::Fixed32(self.take_array(ctx)?),
             w => {
-                let what = if w == 3 || w == 4 {
-                    "groups are not supported"
-                } else {
-                    "invalid"
-                };
-                return Err(ProtoError::Malformed(format!(
-                    "wire type {w} ({what}) for field {field} in {ctx}"
-                )));
+                let what = if w == 3 || w == 4 { "groups are not supported" } else { "invalid" };
+                return Err(ProtoError::Malformed(format!("wire type {w} ({what}) for field {field} in {ctx}")));
             }
         };
         Ok(Some((field, val)))
@@ -158,10 +127,7 @@ impl<'a> Reader<'a> {
     pub(super) fn string(&self, v: Val, field: u32, ctx: &str) -> Result<String> {
         let r = v.bytes(field, ctx)?;
         let bytes = self.buf.get(r).ok_or_else(|| Self::truncated(ctx))?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| ProtoError::InvalidUtf8 {
-            context: ctx.to_string(),
-            field,
-        })
+        String::from_utf8(bytes.to_vec()).map_err(|_| ProtoError::InvalidUtf8 { context: ctx.to_string(), field })
     }
 
     /// A repeated varint field, packed or not.
@@ -180,14 +146,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A repeated fixed-width field (float or double), packed or not, as raw LE bytes.
-    pub(super) fn fixed(
-        &self,
-        v: Val,
-        field: u32,
-        ctx: &str,
-        width: usize,
-        out: &mut Vec<u8>,
-    ) -> Result<()> {
+    pub(super) fn fixed(&self, v: Val, field: u32, ctx: &str, width: usize, out: &mut Vec<u8>) -> Result<()> {
         match (v, width) {
             (Val::Fixed32(b), 4) => out.extend_from_slice(&b),
             (Val::Fixed64(b), 8) => out.extend_from_slice(&b),
@@ -195,9 +154,7 @@ impl<'a> Reader<'a> {
                 let bytes = self.buf.get(r).ok_or_else(|| Self::truncated(ctx))?;
                 if bytes.len() % width != 0 {
                     let n = bytes.len();
-                    let msg = format!(
-                        "packed field {field} of {ctx}: {n} bytes is not a multiple of {width}"
-                    );
+                    let msg = format!("packed field {field} of {ctx}: {n} bytes is not a multiple of {width}");
                     return Err(ProtoError::Malformed(msg));
                 }
                 out.extend_from_slice(bytes);

@@ -1,0 +1,192 @@
+//! The `[engine]` table of `model.toml`, as the ONNX backend reads it.
+//!
+//! ```toml
+//! [engine]
+//! sessions = 2             # sessions in the pool; default: CPUs, at most 4
+//! intra_op_threads = 1     # threads per operator; 1 = the caller's thread only
+//! inter_op_threads = 1     # threads running independent operators in parallel
+//! optimization = "all"     # "disable" | "basic" | "extended" | "all"
+//! ```
+//!
+//! Parsing is strict: an unknown key or a value of the wrong type is an
+//! error of kind `invalid_engine_options`, so a typo never silently falls
+//! back to a default.
+
+use baton_core::backend::BackendError;
+use ort::session::builder::GraphOptimizationLevel;
+
+/// Most sessions a pool may have.
+pub const MAX_SESSIONS: usize = 64;
+
+/// Most threads per pool a session may have.
+pub const MAX_THREADS: usize = 256;
+
+/// The default pool size never exceeds this, whatever the CPU count.
+const DEFAULT_SESSIONS_CAP: usize = 4;
+
+const KEYS: [&str; 4] = ["sessions", "intra_op_threads", "inter_op_threads", "optimization"];
+
+/// ONNX Runtime graph optimization level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Optimization {
+    /// No graph optimizations.
+    Disable,
+    /// Semantics-preserving rewrites such as constant folding.
+    Basic,
+    /// Basic plus complex node fusions.
+    Extended,
+    /// Everything, including layout optimizations.
+    All,
+}
+
+impl Optimization {
+    /// The `model.toml` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Optimization::Disable => "disable",
+            Optimization::Basic => "basic",
+            Optimization::Extended => "extended",
+            Optimization::All => "all",
+        }
+    }
+
+    pub(crate) fn level(self) -> GraphOptimizationLevel {
+        match self {
+            Optimization::Disable => GraphOptimizationLevel::Disable,
+            Optimization::Basic => GraphOptimizationLevel::Level1,
+            Optimization::Extended => GraphOptimizationLevel::Level2,
+            Optimization::All => GraphOptimizationLevel::All,
+        }
+    }
+}
+
+/// Parsed `[engine]` options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Number of ORT sessions in the pool; each serves one request at a time.
+    pub sessions: usize,
+    /// Intra-op threads per session. With 1, a request runs entirely on the
+    /// calling thread and ORT creates no threads.
+    pub intra_op_threads: usize,
+    /// Inter-op threads per session; above 1, the session runs independent
+    /// branches of the graph in parallel.
+    pub inter_op_threads: usize,
+    /// Graph optimization level.
+    pub optimization: Optimization,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        EngineOptions {
+            sessions: cpus.clamp(1, DEFAULT_SESSIONS_CAP),
+            intra_op_threads: 1,
+            inter_op_threads: 1,
+            optimization: Optimization::All,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// Parses the `[engine]` table; absent keys take their defaults.
+    pub fn parse(table: &toml::Table) -> Result<EngineOptions, BackendError> {
+        let mut options = EngineOptions::default();
+        for (key, value) in table {
+            match key.as_str() {
+                "sessions" => options.sessions = count(key, value, MAX_SESSIONS)?,
+                "intra_op_threads" => options.intra_op_threads = count(key, value, MAX_THREADS)?,
+                "inter_op_threads" => options.inter_op_threads = count(key, value, MAX_THREADS)?,
+                "optimization" => {
+                    options.optimization = match value.as_str() {
+                        Some("disable") => Optimization::Disable,
+                        Some("basic") => Optimization::Basic,
+                        Some("extended") => Optimization::Extended,
+                        Some("all") => Optimization::All,
+                        _ => {
+                            return Err(invalid(format!(
+                                "engine option 'optimization' must be one of \"disable\", \"basic\", \"extended\", \"all\"; got {value}"
+                            )));
+                        }
+                    }
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown engine option '{key}'; the onnx backend accepts {}",
+                        KEYS.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    /// Whether sessions get worker threads (and so need [`PoolThreads`](crate::PoolThreads)).
+    pub fn has_worker_threads(&self) -> bool {
+        self.intra_op_threads > 1 || self.inter_op_threads > 1
+    }
+}
+
+fn count(key: &str, value: &toml::Value, max: usize) -> Result<usize, BackendError> {
+    value
+        .as_integer()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| invalid(format!("engine option '{key}' must be an integer from 1 to {max}; got {value}")))
+}
+
+fn invalid(message: String) -> BackendError {
+    BackendError::new("invalid_engine_options", message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<EngineOptions, BackendError> {
+        EngineOptions::parse(&text.parse::<toml::Table>().unwrap())
+    }
+
+    #[test]
+    fn defaults_apply_to_an_empty_table() {
+        let options = parse("").unwrap();
+        assert!((1..=4).contains(&options.sessions));
+        assert_eq!((options.intra_op_threads, options.inter_op_threads), (1, 1));
+        assert_eq!(options.optimization, Optimization::All);
+        assert!(!options.has_worker_threads());
+    }
+
+    #[test]
+    fn every_key_parses() {
+        let options =
+            parse("sessions = 3\nintra_op_threads = 2\ninter_op_threads = 4\noptimization = \"basic\"").unwrap();
+        assert_eq!(
+            options,
+            EngineOptions { sessions: 3, intra_op_threads: 2, inter_op_threads: 4, optimization: Optimization::Basic }
+        );
+        assert!(options.has_worker_threads());
+        for level in ["disable", "basic", "extended", "all"] {
+            assert_eq!(parse(&format!("optimization = \"{level}\"")).unwrap().optimization.as_str(), level);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        let e = parse("sesions = 2").unwrap_err();
+        assert_eq!(e.kind, "invalid_engine_options");
+        assert!(e.message.contains("'sesions'") && e.message.contains("sessions"), "{}", e.message);
+        for bad in [
+            "sessions = 0",
+            "sessions = -1",
+            "sessions = 65",
+            "sessions = \"2\"",
+            "sessions = 1.5",
+            "intra_op_threads = 0",
+            "inter_op_threads = 100000",
+            "optimization = \"max\"",
+            "optimization = 3",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.kind, "invalid_engine_options", "{bad}");
+        }
+    }
+}

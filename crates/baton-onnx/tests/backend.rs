@@ -1,0 +1,314 @@
+//! The ONNX backend against the real ONNX Runtime library, on MLP models
+//! written by baton-testkit.
+//!
+//! These tests need the library: run `scripts/fetch-onnxruntime.sh` (or set
+//! `ORT_DYLIB_PATH`). Without it they fail, saying so.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use baton_core::backend::{Backend, Model, WeightsError};
+use baton_core::spec::ModelSpec;
+use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_onnx::OnnxBackend;
+use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
+
+/// The backend; fails the test with the fix when the runtime is missing.
+fn backend() -> OnnxBackend {
+    if let Err(e) = baton_onnx::init() {
+        panic!("ONNX Runtime is required for these tests [{}]: {}", e.kind, e.message);
+    }
+    OnnxBackend::new().expect("backend after a successful init")
+}
+
+fn spec(engine: &str) -> ModelSpec {
+    ModelSpec::parse(&format!("[engine]\n{engine}")).expect("valid model.toml")
+}
+
+/// Writes the MLP as `dir/model.onnx` (plus its external data file, if any).
+fn write_mlp(dir: &Path, mlp: &Mlp, opts: &OnnxOptions) {
+    let (model, external) = encode_mlp(mlp, opts);
+    std::fs::write(dir.join("model.onnx"), model).unwrap();
+    if let (Some(data), Some(name)) = (external, &opts.external_data) {
+        std::fs::write(dir.join(name), data).unwrap();
+    }
+}
+
+fn load(backend: &OnnxBackend, dir: &Path, engine: &str) -> Box<dyn Model> {
+    match backend.load(dir, &spec(engine)) {
+        Ok(model) => model,
+        Err(e) => panic!("load failed [{}]: {}", e.kind, e.message),
+    }
+}
+
+fn assert_close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-4, "element {i}: got {g}, want {w}");
+    }
+}
+
+/// Runs the model on a batch and checks it against the reference forward pass.
+fn check_batch(model: &dyn Model, mlp: &Mlp, batch: usize, seed: u64, instance: Option<usize>) {
+    let x = sample_input(mlp.input_width(), batch, seed);
+    let input = Tensor::from_f32("input", vec![batch as i64, mlp.input_width() as i64], &x);
+    let outputs = match instance {
+        Some(i) => model.infer_on(i, &[input]),
+        None => model.infer(&[input]),
+    }
+    .unwrap_or_else(|e| panic!("inference failed [{}]: {}", e.kind, e.message));
+    assert_eq!(outputs.len(), 1);
+    let out = &outputs[0];
+    assert_eq!(out.name, "output");
+    assert_eq!(out.datatype, DataType::Fp32);
+    assert_eq!(out.shape, vec![batch as i64, mlp.output_width() as i64]);
+    assert_close(&out.to_f32().unwrap(), &mlp.forward(&x, batch));
+}
+
+#[test]
+fn outputs_match_the_reference_at_batch_1_and_32() {
+    let backend = backend();
+    assert_eq!(backend.name(), "onnx");
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = Mlp::new(&[64, 128, 32, 3], 11);
+    write_mlp(dir.path(), &mlp, &OnnxOptions::default());
+    let model = load(&backend, dir.path(), "sessions = 1");
+    let sig = model.signature();
+    assert_eq!(sig.inputs.len(), 1);
+    assert_eq!(sig.inputs[0].name, "input");
+    assert_eq!(sig.inputs[0].datatype, DataType::Fp32);
+    assert_eq!(sig.inputs[0].shape, vec![-1, 64]);
+    assert_eq!(sig.outputs[0].name, "output");
+    assert_eq!(sig.outputs[0].shape, vec![-1, 3]);
+    for batch in [1, 32] {
+        check_batch(model.as_ref(), &mlp, batch, batch as u64, None);
+    }
+}
+
+#[test]
+fn every_optimization_level_gives_the_same_answer() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = Mlp::new(&[16, 32, 4], 5);
+    write_mlp(dir.path(), &mlp, &OnnxOptions::default());
+    for level in ["disable", "basic", "extended", "all"] {
+        let model = load(&backend, dir.path(), &format!("sessions = 1\noptimization = \"{level}\""));
+        check_batch(model.as_ref(), &mlp, 8, 3, None);
+    }
+}
+
+#[test]
+fn infer_on_reaches_each_instance() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = Mlp::new(&[8, 16, 2], 21);
+    write_mlp(dir.path(), &mlp, &OnnxOptions::default());
+    let model = load(&backend, dir.path(), "sessions = 3");
+    assert_eq!(model.instances(), 3);
+    for i in 0..3 {
+        check_batch(model.as_ref(), &mlp, 4, i as u64, Some(i));
+    }
+    let input = Tensor::from_f32("input", vec![1, 8], &[0.0; 8]);
+    let e = model.infer_on(3, &[input]).unwrap_err();
+    assert!(e.message.contains("instance 3"), "{}", e.message);
+}
+
+#[test]
+fn default_pool_size_is_cpus_capped_at_four() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    write_mlp(dir.path(), &Mlp::new(&[4, 2], 1), &OnnxOptions::default());
+    let model = backend.load(dir.path(), &ModelSpec::parse("").unwrap()).unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(model.instances(), cpus.min(4));
+}
+
+#[test]
+fn concurrent_requests_are_all_correct() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = Arc::new(Mlp::new(&[32, 64, 4], 8));
+    write_mlp(dir.path(), &mlp, &OnnxOptions::default());
+    let model: Arc<dyn Model> = Arc::from(load(&backend, dir.path(), "sessions = 4"));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (model, mlp) = (Arc::clone(&model), Arc::clone(&mlp));
+            std::thread::spawn(move || {
+                for r in 0..200u64 {
+                    let batch = 1 + (r % 4) as usize;
+                    check_batch(model.as_ref(), &mlp, batch, t * 1000 + r, None);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a request thread failed");
+    }
+}
+
+#[test]
+fn bad_requests_are_errors_not_panics() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    write_mlp(dir.path(), &Mlp::new(&[4, 3, 2], 2), &OnnxOptions::default());
+    let model = load(&backend, dir.path(), "sessions = 2");
+    let good = Tensor::from_f32("input", vec![2, 4], &[0.5; 8]);
+    assert!(model.infer(std::slice::from_ref(&good)).is_ok());
+
+    let mut cases: Vec<(&str, Vec<Tensor>)> = Vec::new();
+    cases.push(("wrong width", vec![Tensor::from_f32("input", vec![2, 5], &[0.5; 10])]));
+    cases.push(("wrong rank", vec![Tensor::from_f32("input", vec![8], &[0.5; 8])]));
+    cases.push(("scalar", vec![Tensor::from_f32("input", vec![], &[0.5])]));
+    let mut fp64 = good.clone();
+    fp64.datatype = DataType::Fp64;
+    fp64.shape = vec![1, 4];
+    cases.push(("wrong dtype", vec![fp64]));
+    let mut int32 = good.clone();
+    int32.datatype = DataType::Int32;
+    cases.push(("int32 for fp32", vec![int32]));
+    let mut bytes = good.clone();
+    bytes.datatype = DataType::Bytes;
+    bytes.data = TensorData::Bytes(vec![b"x".to_vec(); 8]);
+    cases.push(("bytes for fp32", vec![bytes]));
+    let mut short = good.clone();
+    short.data = TensorData::Raw(vec![0; 7]);
+    cases.push(("short data", vec![short]));
+    let mut negative = good.clone();
+    negative.shape = vec![-2, -4];
+    cases.push(("negative dims", vec![negative]));
+    let mut huge = good.clone();
+    huge.shape = vec![i64::MAX, i64::MAX];
+    cases.push(("overflowing shape", vec![huge]));
+    let mut mismatched = good.clone();
+    mismatched.data = TensorData::Bytes(vec![]);
+    cases.push(("bytes data for fp32", vec![mismatched]));
+    cases.push(("no inputs", vec![]));
+    cases.push(("unknown name", vec![Tensor::from_f32("nope", vec![2, 4], &[0.5; 8])]));
+    cases.push(("duplicate", vec![good.clone(), good.clone()]));
+    let non_utf8 = Tensor {
+        name: "input".into(),
+        datatype: DataType::Bytes,
+        shape: vec![1],
+        data: TensorData::Bytes(vec![vec![0xff, 0x00]]),
+    };
+    cases.push(("non-utf8 bytes", vec![non_utf8]));
+    for (what, inputs) in cases {
+        match model.infer(&inputs) {
+            Ok(out) => panic!("{what}: expected an error, got {out:?}"),
+            Err(e) => {
+                assert!(
+                    ["inference_failed", "invalid_input"].contains(&e.kind),
+                    "{what}: kind {} ({})",
+                    e.kind,
+                    e.message
+                );
+                assert!(!e.message.is_empty(), "{what}");
+            }
+        }
+    }
+    // The pool still serves after all that.
+    for i in 0..model.instances() {
+        assert!(model.infer_on(i, std::slice::from_ref(&good)).is_ok());
+    }
+}
+
+#[test]
+fn an_empty_batch_is_served() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    write_mlp(dir.path(), &Mlp::new(&[4, 3], 2), &OnnxOptions::default());
+    let model = load(&backend, dir.path(), "sessions = 1");
+    let out = model.infer(&[Tensor::from_f32("input", vec![0, 4], &[])]).unwrap();
+    assert_eq!(out[0].shape, vec![0, 3]);
+    assert_eq!(out[0].data, TensorData::Raw(vec![]));
+}
+
+#[test]
+fn garbage_model_files_are_model_invalid() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = backend.load(dir.path(), &spec("")).err().expect("no model.onnx");
+    assert_eq!(missing.kind, "model_invalid");
+    for garbage in
+        [b"this is not an onnx model".to_vec(), vec![], vec![0xff; 4096], (0..=255u8).cycle().take(10_000).collect()]
+    {
+        std::fs::write(dir.path().join("model.onnx"), &garbage).unwrap();
+        let e = backend.load(dir.path(), &spec("sessions = 1")).err().expect("garbage must not load");
+        assert_eq!(e.kind, "model_invalid", "{}", e.message);
+        assert!(!e.message.is_empty());
+    }
+    // A truncated real model.
+    let (model, _) = encode_mlp(&Mlp::new(&[8, 8, 2], 1), &OnnxOptions::default());
+    std::fs::write(dir.path().join("model.onnx"), &model[..model.len() / 2]).unwrap();
+    let e = backend.load(dir.path(), &spec("sessions = 1")).err().expect("truncated model must not load");
+    assert_eq!(e.kind, "model_invalid", "{}", e.message);
+}
+
+#[test]
+fn unknown_or_bad_engine_options_are_refused() {
+    let backend = backend();
+    let dir = tempfile::tempdir().unwrap();
+    write_mlp(dir.path(), &Mlp::new(&[4, 2], 1), &OnnxOptions::default());
+    for engine in ["sesions = 2", "sessions = 0", "optimization = \"fast\"", "intra_op_threads = \"2\""] {
+        let e = backend.load(dir.path(), &spec(engine)).err().expect(engine);
+        assert_eq!(e.kind, "invalid_engine_options", "{engine}: {}", e.message);
+    }
+    let e = backend.load(dir.path(), &spec("gpu = true")).err().unwrap();
+    assert!(e.message.contains("'gpu'"), "{}", e.message);
+}
+
+#[test]
+fn weights_are_visited_inline_and_external() {
+    let backend = backend();
+    let mlp = Mlp::new(&[12, 20, 3], 7);
+    let expected: Vec<(String, Vec<i64>, Vec<u8>)> = mlp
+        .layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, layer)| {
+            let (inp, out) = (mlp.sizes[i] as i64, mlp.sizes[i + 1] as i64);
+            let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            [
+                (format!("fc{i}.weight"), vec![inp, out], le(&layer.weight)),
+                (format!("fc{i}.bias"), vec![out], le(&layer.bias)),
+            ]
+        })
+        .collect();
+    for external in [None, Some("model.onnx.data".to_string())] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = OnnxOptions { external_data: external.clone(), ..Default::default() };
+        write_mlp(dir.path(), &mlp, &opts);
+        let model = load(&backend, dir.path(), "sessions = 2");
+        check_batch(model.as_ref(), &mlp, 5, 9, None);
+
+        let mut seen = Vec::new();
+        model
+            .visit_weights(&mut |w| {
+                assert_eq!(w.datatype, Some(DataType::Fp32), "{}", w.name);
+                seen.push((w.name.to_string(), w.shape.to_vec(), w.data.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, expected, "external: {external:?}");
+
+        // A refusal stops the walk and is reported as such.
+        let mut calls = 0;
+        let e = model
+            .visit_weights(&mut |w| {
+                calls += 1;
+                Err(format!("{} refused", w.name))
+            })
+            .unwrap_err();
+        assert!(matches!(&e, WeightsError::Refused(m) if m == "fc0.weight refused"), "{e}");
+        assert_eq!(calls, 1);
+
+        if external.is_some() {
+            // The weights are read from the files again at each visit.
+            std::fs::remove_file(dir.path().join("model.onnx.data")).unwrap();
+            let e = model.visit_weights(&mut |_| Ok(())).unwrap_err();
+            assert!(matches!(e, WeightsError::Read(_)), "{e}");
+            // The loaded sessions keep serving.
+            check_batch(model.as_ref(), &mlp, 2, 1, None);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! A fake backend for tests of the core's mechanics that need control the
+//! real engine does not give: a load that blocks until the test lets it go,
+//! or a model that fails on demand.
+//!
+//! A fake version directory holds `fake.txt` with one number, the scale. The
+//! model takes `x` FP32 `[-1, 4]` and returns `y = x * scale`; its one weight
+//! is `scale` `[1, 1]`, so the validation checks see it. A version that also
+//! holds a file named `hold` waits at the backend's [`Gate`] while loading.
+
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+
+use baton_core::backend::{Backend, BackendError, Model, Weight, WeightsError};
+use baton_core::signature::{Signature, TensorSpec};
+use baton_core::spec::ModelSpec;
+use baton_core::tensor::{DataType, Tensor};
+
+/// `model.toml` for a fake model.
+pub const FAKE_TOML: &str = "backend = \"fake\"\n\
+    inputs = [{ name = \"x\", datatype = \"FP32\", shape = [-1, 4] }]\n\
+    outputs = [{ name = \"y\", datatype = \"FP32\", shape = [-1, 4] }]\n\
+    [warmup]\nbatch_sizes = [1, 2]\n";
+
+/// Holds loads until opened. Closed gates count the loads waiting at them.
+#[derive(Clone, Default)]
+pub struct Gate {
+    state: Arc<(Mutex<(bool, usize)>, Condvar)>,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn closed() -> Gate {
+        Gate::default()
+    }
+
+    /// Lets every waiting and future load through.
+    pub fn open(&self) {
+        let (lock, cvar) = &*self.state;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).0 = true;
+        cvar.notify_all();
+    }
+
+    /// Blocks until `n` loads are waiting at the gate.
+    pub fn wait_for_waiters(&self, n: usize) {
+        let (lock, cvar) = &*self.state;
+        let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while guard.1 < n {
+            guard = cvar.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn pass(&self) {
+        let (lock, cvar) = &*self.state;
+        let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+        guard.1 += 1;
+        cvar.notify_all();
+        while !guard.0 {
+            guard = cvar.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        guard.1 -= 1;
+    }
+}
+
+/// The fake backend.
+#[derive(Default)]
+pub struct FakeBackend {
+    gate: Option<Gate>,
+}
+
+impl FakeBackend {
+    /// A backend whose loads return at once.
+    pub fn new() -> FakeBackend {
+        FakeBackend { gate: None }
+    }
+
+    /// A backend whose loads of versions holding a `hold` file wait at `gate`.
+    pub fn gated(gate: Gate) -> FakeBackend {
+        FakeBackend { gate: Some(gate) }
+    }
+}
+
+impl Backend for FakeBackend {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn load(&self, dir: &Path, _spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        if let Some(gate) = &self.gate
+            && dir.join("hold").exists()
+        {
+            gate.pass();
+        }
+        let text = std::fs::read_to_string(dir.join("fake.txt"))
+            .map_err(|e| BackendError::new("model_invalid", format!("fake.txt: {e}")))?;
+        let scale: f32 =
+            text.trim().parse().map_err(|_| BackendError::new("model_invalid", format!("'{text}' is not a number")))?;
+        let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, 4] };
+        Ok(Box::new(FakeModel { scale, signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] } }))
+    }
+}
+
+struct FakeModel {
+    scale: f32,
+    signature: Signature,
+}
+
+impl Model for FakeModel {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
+        let data = self.scale.to_le_bytes();
+        visit(&Weight { name: "scale", datatype: Some(DataType::Fp32), shape: &[1, 1], data: &data })
+            .map_err(WeightsError::Refused)
+    }
+
+    fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        let x = inputs
+            .first()
+            .and_then(Tensor::to_f32)
+            .ok_or_else(|| BackendError::new("inference_failed", "input x must be FP32"))?;
+        let y: Vec<f32> = x.iter().map(|v| v * self.scale).collect();
+        Ok(vec![Tensor::from_f32("y", inputs[0].shape.clone(), &y)])
+    }
+}

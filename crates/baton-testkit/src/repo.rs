@@ -1,0 +1,145 @@
+//! Model repositories on disk for tests: `model.toml`, version directories
+//! with generated ONNX models, warmup samples, and a MANIFEST written last —
+//! plus every kind of damage the load transaction must refuse.
+
+use std::path::{Path, PathBuf};
+
+use baton_core::manifest;
+
+use crate::onnx::{Mlp, OnnxOptions, encode_mlp};
+
+/// A model repository in a temporary directory, removed on drop.
+pub struct TestRepo {
+    dir: tempfile::TempDir,
+}
+
+/// `model.toml` for an MLP with the default tensor names.
+pub fn mlp_toml(mlp: &Mlp, extra: &str) -> String {
+    format!(
+        "backend = \"onnx\"\n\
+         inputs = [{{ name = \"input\", datatype = \"FP32\", shape = [-1, {}] }}]\n\
+         outputs = [{{ name = \"output\", datatype = \"FP32\", shape = [-1, {}] }}]\n\
+         {extra}\n",
+        mlp.input_width(),
+        mlp.output_width()
+    )
+}
+
+/// Damage done to a published version, each caught by a different stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Damage {
+    /// `model.onnx` cut to half its size after the manifest was written.
+    Truncate,
+    /// One byte of `model.onnx` changed, size unchanged.
+    FlipByte,
+    /// No MANIFEST at all.
+    RemoveManifest,
+    /// MANIFEST cut before its closing line.
+    CutManifest,
+}
+
+impl Default for TestRepo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestRepo {
+    /// An empty repository.
+    pub fn new() -> TestRepo {
+        TestRepo { dir: tempfile::Builder::new().prefix("baton-repo-").tempdir().expect("creating a temp dir") }
+    }
+
+    /// The repository root.
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `model.toml` for a model.
+    pub fn add_model(&self, name: &str, toml: &str) {
+        let dir = self.root().join(name);
+        std::fs::create_dir_all(&dir).expect("creating the model dir");
+        std::fs::write(dir.join("model.toml"), toml).expect("writing model.toml");
+    }
+
+    /// The directory of a version.
+    pub fn version_dir(&self, name: &str, version: u64) -> PathBuf {
+        self.root().join(name).join(version.to_string())
+    }
+
+    /// Writes files into a version directory without a manifest.
+    pub fn write_files(&self, name: &str, version: u64, files: &[(&str, &[u8])]) -> PathBuf {
+        let dir = self.version_dir(name, version);
+        for (path, bytes) in files {
+            let file = dir.join(path);
+            std::fs::create_dir_all(file.parent().expect("a parent")).expect("creating dirs");
+            std::fs::write(file, bytes).expect("writing a version file");
+        }
+        dir
+    }
+
+    /// Writes the manifest of a version, last, as `baton package` does.
+    pub fn seal(&self, name: &str, version: u64) {
+        manifest::write(&self.version_dir(name, version)).expect("writing MANIFEST");
+    }
+
+    /// Publishes an MLP as a complete version.
+    pub fn publish_mlp(&self, name: &str, version: u64, mlp: &Mlp) -> PathBuf {
+        self.publish_mlp_with(name, version, mlp, &OnnxOptions::default(), &[])
+    }
+
+    /// Publishes an MLP with encoding options and extra files (e.g. warmup
+    /// samples), then seals it.
+    pub fn publish_mlp_with(
+        &self,
+        name: &str,
+        version: u64,
+        mlp: &Mlp,
+        opts: &OnnxOptions,
+        extra: &[(&str, &[u8])],
+    ) -> PathBuf {
+        let (model, external) = encode_mlp(mlp, opts);
+        let mut files: Vec<(&str, &[u8])> = vec![("model.onnx", &model)];
+        if let (Some(location), Some(bytes)) = (opts.external_data.as_deref(), external.as_deref()) {
+            files.push((location, bytes));
+        }
+        files.extend_from_slice(extra);
+        let dir = self.write_files(name, version, &files);
+        self.seal(name, version);
+        dir
+    }
+
+    /// Damages a sealed version.
+    pub fn damage(&self, name: &str, version: u64, damage: Damage) {
+        let dir = self.version_dir(name, version);
+        let model = dir.join("model.onnx");
+        let manifest = dir.join(manifest::MANIFEST);
+        match damage {
+            Damage::Truncate => {
+                let bytes = std::fs::read(&model).expect("reading model");
+                std::fs::write(&model, &bytes[..bytes.len() / 2]).expect("truncating");
+            }
+            Damage::FlipByte => {
+                let mut bytes = std::fs::read(&model).expect("reading model");
+                let middle = bytes.len() / 2;
+                bytes[middle] ^= 0x5a;
+                std::fs::write(&model, bytes).expect("rewriting");
+            }
+            Damage::RemoveManifest => std::fs::remove_file(&manifest).expect("removing MANIFEST"),
+            Damage::CutManifest => {
+                let text = std::fs::read_to_string(&manifest).expect("reading MANIFEST");
+                let cut = text.rfind("end ").expect("a sealed manifest");
+                std::fs::write(&manifest, &text[..cut]).expect("cutting MANIFEST");
+            }
+        }
+    }
+}
+
+/// A KServe V2 JSON request body with one FP32 input, as warmup samples use.
+pub fn sample_json(name: &str, batch: usize, width: usize, values: &[f32]) -> Vec<u8> {
+    serde_json::json!({
+        "inputs": [{ "name": name, "datatype": "FP32", "shape": [batch, width], "data": values }]
+    })
+    .to_string()
+    .into_bytes()
+}

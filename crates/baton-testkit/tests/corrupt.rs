@@ -1,0 +1,134 @@
+//! Every kind of broken version is refused at the stage that should catch
+//! it, with an error naming that stage and the reason, and the serving
+//! version keeps answering as if nothing happened.
+
+use baton_core::events::{Stage, State};
+use baton_testkit::onnx::{Mlp, OnnxOptions, sample_input};
+use baton_testkit::repo::{Damage, TestRepo, mlp_toml, sample_json};
+use baton_testkit::{infer_mlp, max_diff, registry};
+
+const SIZES: [usize; 3] = [8, 16, 2];
+
+/// Publishes version 1, loads it, lets `breaks` publish a broken version 2,
+/// loads version 2 and checks the refusal and that version 1 still serves.
+fn refused(stage: Stage, reason: &str, breaks: impl FnOnce(&TestRepo, &Mlp)) {
+    let repo = TestRepo::new();
+    let good = Mlp::new(&SIZES, 1);
+    repo.add_model("m", &mlp_toml(&good, ""));
+    repo.publish_mlp("m", 1, &good);
+    let registry = registry(repo.root());
+    registry.load("m", None).unwrap().wait().unwrap();
+
+    breaks(&repo, &Mlp::new(&SIZES, 2));
+    let error = registry.load("m", Some(2)).unwrap().wait().unwrap_err();
+    assert_eq!(error.stage(), Some(stage), "{error}");
+    assert_eq!(error.reason(), reason, "{error}");
+    assert!(error.to_string().starts_with(stage.as_str()), "the message names the stage: {error}");
+
+    let input = sample_input(SIZES[0], 1, 4);
+    let (version, output) = infer_mlp(&registry.snapshot(), "m", &input, 1).unwrap();
+    assert_eq!(version, 1, "the active version keeps serving");
+    assert!(max_diff(&output, &good.forward(&input, 1)) < 1e-5);
+    let status = registry.status("m").unwrap();
+    assert_eq!(status.state, State::Ready);
+    let failure = status.last_error.expect("the failure is recorded");
+    assert_eq!((failure.stage, failure.version, failure.reason), (Some(stage), Some(2), reason));
+    assert!(!status.busy, "a failed load does not leave the model locked");
+}
+
+fn with_weight(mut mlp: Mlp, value: f32) -> Mlp {
+    mlp.layers[0].weight[3] = value;
+    mlp
+}
+
+macro_rules! refused {
+    ($name:ident, $stage:ident, $reason:literal, |$repo:ident, $mlp:ident| $body:expr) => {
+        #[test]
+        fn $name() {
+            refused(Stage::$stage, $reason, |$repo: &TestRepo, $mlp: &Mlp| {
+                $body;
+            });
+        }
+    };
+}
+
+refused!(truncated_file, Verify, "size_mismatch", |repo, mlp| {
+    repo.publish_mlp("m", 2, mlp);
+    repo.damage("m", 2, Damage::Truncate)
+});
+refused!(wrong_sha256, Verify, "digest_mismatch", |repo, mlp| {
+    repo.publish_mlp("m", 2, mlp);
+    repo.damage("m", 2, Damage::FlipByte)
+});
+refused!(missing_manifest, Verify, "manifest_missing", |repo, mlp| {
+    repo.publish_mlp("m", 2, mlp);
+    repo.damage("m", 2, Damage::RemoveManifest)
+});
+refused!(partial_manifest, Verify, "manifest_incomplete", |repo, mlp| {
+    repo.publish_mlp("m", 2, mlp);
+    repo.damage("m", 2, Damage::CutManifest)
+});
+refused!(unlisted_file, Verify, "unlisted_file", |repo, mlp| {
+    repo.publish_mlp("m", 2, mlp);
+    repo.write_files("m", 2, &[("sneaked-in.bin", b"x")])
+});
+refused!(unparsable_onnx, Load, "model_invalid", |repo, _mlp| {
+    repo.write_files("m", 2, &[("model.onnx", b"this is not a protobuf model")]);
+    repo.seal("m", 2)
+});
+refused!(unknown_backend, Load, "unknown_backend", |repo, mlp| {
+    repo.add_model("m", &mlp_toml(mlp, "").replace("\"onnx\"", "\"tensorflow\""));
+    repo.publish_mlp("m", 2, mlp)
+});
+refused!(nan_weight, Validate, "nan", |repo, mlp| repo.publish_mlp("m", 2, &with_weight(mlp.clone(), f32::NAN)));
+refused!(inf_weight, Validate, "inf", |repo, mlp| repo.publish_mlp("m", 2, &with_weight(mlp.clone(), f32::INFINITY)));
+refused!(huge_weight, Validate, "magnitude", |repo, mlp| repo.publish_mlp("m", 2, &with_weight(mlp.clone(), 3e7)));
+refused!(all_zero_matrix, Validate, "all_zero", |repo, mlp| {
+    let mut zero = mlp.clone();
+    zero.layers[1].weight.iter_mut().for_each(|w| *w = 0.0);
+    repo.publish_mlp("m", 2, &zero)
+});
+refused!(nan_in_external_data, Validate, "nan", |repo, mlp| {
+    let opts = OnnxOptions { external_data: Some("weights.bin".into()), ..OnnxOptions::default() };
+    repo.publish_mlp_with("m", 2, &with_weight(mlp.clone(), f32::NAN), &opts, &[])
+});
+refused!(input_contradicts_model_toml, Validate, "signature_mismatch", |repo, mlp| {
+    let opts = OnnxOptions { input_name: "features".into(), ..OnnxOptions::default() };
+    repo.publish_mlp_with("m", 2, mlp, &opts, &[])
+});
+refused!(output_shape_contradicts_model_toml, Validate, "signature_mismatch", |repo, _mlp| {
+    repo.publish_mlp("m", 2, &Mlp::new(&[8, 16, 3], 2))
+});
+refused!(declared_weight_shape_differs, Validate, "declared_mismatch", |repo, mlp| {
+    let declared = "[validation]\ntensors = [{ name = \"fc0.weight\", datatype = \"FP32\", shape = [8, 99] }]";
+    repo.add_model("m", &mlp_toml(mlp, declared));
+    repo.publish_mlp("m", 2, mlp)
+});
+refused!(warmup_sample_fails, Warmup, "inference_failed", |repo, mlp| {
+    let wrong_width = sample_json("input", 1, 5, &[0.1; 5]);
+    repo.publish_mlp_with("m", 2, mlp, &OnnxOptions::default(), &[("warmup/bad.json", &wrong_width)])
+});
+refused!(warmup_sample_unparsable, Warmup, "bad_sample", |repo, mlp| {
+    repo.publish_mlp_with("m", 2, mlp, &OnnxOptions::default(), &[("warmup/bad.json", b"{not json")])
+});
+refused!(warmup_too_slow, Warmup, "too_slow", |repo, mlp| {
+    // A zero budget: any real run is over it, whatever the machine's speed.
+    repo.add_model("m", &mlp_toml(mlp, "[warmup]\nmax_latency_ms = 0"));
+    repo.publish_mlp("m", 2, mlp)
+});
+refused!(missing_version, Fetch, "version_not_found", |_repo, _mlp| ());
+
+#[test]
+fn a_shipped_warmup_sample_is_run_and_kept() {
+    let repo = TestRepo::new();
+    let mlp = Mlp::new(&SIZES, 1);
+    repo.add_model("m", &mlp_toml(&mlp, "[warmup]\ngenerated = false"));
+    let sample = sample_json("input", 2, 8, &[0.25; 16]);
+    repo.publish_mlp_with("m", 1, &mlp, &OnnxOptions::default(), &[("warmup/two.json", &sample)]);
+    let registry = registry(repo.root());
+    registry.load("m", None).unwrap().wait().unwrap();
+    let snapshot = registry.snapshot();
+    let version = &snapshot.model("m").unwrap().stable;
+    let names: Vec<&str> = version.warmup().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["warmup/two.json"]);
+}

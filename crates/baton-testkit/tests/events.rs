@@ -1,0 +1,88 @@
+//! The state machine (R11): every transition of a load, a failed load and an
+//! unload arrives as an event, with the durations of the stages so far; and
+//! the loader runs at a lower CPU priority than the threads that serve.
+//!
+//! Transitions are sent before an operation's handle resolves, so once
+//! `wait()` returns, all of them are in the receiver.
+
+use std::sync::Arc;
+
+use baton_core::events::{EventKind, Stage, State};
+use baton_testkit::fake::{FAKE_TOML, FakeBackend};
+use baton_testkit::repo::TestRepo;
+use baton_testkit::{drain_events, registry_with, states};
+
+#[test]
+fn loads_failures_and_unloads_walk_the_state_machine() {
+    let repo = TestRepo::new();
+    repo.add_model("m", FAKE_TOML);
+    repo.write_files("m", 1, &[("fake.txt", b"2")]);
+    repo.seal("m", 1);
+    let registry = registry_with(repo.root(), vec![Arc::new(FakeBackend::new())]);
+    let mut rx = registry.subscribe();
+
+    registry.load("m", None).unwrap().wait().unwrap();
+    let events = drain_events(&mut rx);
+    use State::*;
+    assert_eq!(states(&events), vec![Loading, Warming, Swapping, Draining, Ready]);
+    let EventKind::Transition { from, stages, .. } = &events.last().unwrap().kind else { panic!("not a transition") };
+    assert_eq!(*from, Draining);
+    let order: Vec<Stage> = stages.iter().map(|s| s.stage).collect();
+    use Stage as S;
+    assert_eq!(order, vec![S::Fetch, S::Verify, S::Load, S::Validate, S::Warmup, S::Commit, S::Drain]);
+    assert!(events.iter().all(|e| e.model == "m"));
+    assert!(events.windows(2).all(|w| w[0].at <= w[1].at), "timestamps in order");
+
+    // Version 2 is altered after sealing: refused at verify, READY again on version 1.
+    repo.write_files("m", 2, &[("fake.txt", b"3")]);
+    repo.seal("m", 2);
+    repo.write_files("m", 2, &[("fake.txt", b"4")]);
+    let error = registry.load("m", Some(2)).unwrap().wait().unwrap_err();
+    assert_eq!(error.kind(), "verify_failed");
+    let events = drain_events(&mut rx);
+    assert_eq!(states(&events), vec![Loading, Failed, Ready]);
+    let failed = events.iter().find_map(|e| match &e.kind {
+        EventKind::Failed { stage, kind, .. } => Some((*stage, kind.clone())),
+        _ => None,
+    });
+    assert_eq!(failed, Some((Stage::Verify, "digest_mismatch".to_owned())));
+
+    registry.unload("m").unwrap().wait().unwrap();
+    let events = drain_events(&mut rx);
+    assert_eq!(states(&events), vec![Swapping, Draining, Idle]);
+    assert!(registry.snapshot().model("m").is_none());
+    assert_eq!(registry.status("m").unwrap().state, Idle);
+}
+
+/// The nice value of the threads of this process with this name.
+fn nice_of(thread: &str) -> Vec<i64> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().filter_map(Result::ok) {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != thread {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
+        // Fields after the parenthesised command name; nice is field 19 overall.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        found.push(rest.split_whitespace().nth(16).unwrap().parse().unwrap());
+    }
+    found
+}
+
+#[test]
+fn the_loader_runs_at_lower_priority_than_serving() {
+    let repo = TestRepo::new();
+    repo.add_model("m", FAKE_TOML);
+    repo.write_files("m", 1, &[("fake.txt", b"2")]);
+    repo.seal("m", 1);
+    let registry = registry_with(repo.root(), vec![Arc::new(FakeBackend::new())]);
+    // After one load the loader thread has certainly applied its priority.
+    registry.load("m", None).unwrap().wait().unwrap();
+    let own = baton_core::sys::current_thread_nice().unwrap() as i64;
+    let loaders = nice_of("baton-loader");
+    assert!(!loaders.is_empty(), "no loader thread found");
+    assert!(own < 10, "this test needs to run below nice 10, runs at {own}");
+    assert!(loaders.iter().all(|n| *n == 10), "loader nice {loaders:?}, serving {own}");
+    assert_eq!(baton_core::sys::current_thread_nice().unwrap() as i64, own, "the caller's priority is untouched");
+}

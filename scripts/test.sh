@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up everything baton's tests need on a fresh machine, then runs them all.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/fetch-onnxruntime.sh
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
