@@ -173,7 +173,7 @@ impl Model for OnnxModel {
         let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
         // Take the first free session, starting at a rotating index so that
         // concurrent requests spread out instead of all trying session 0.
-        for k in 0..0 {
+        for k in 0..count {
             match self.sessions[(start + k) % count].try_lock() {
                 Ok(session) => return run(session, values),
                 Err(TryLockError::Poisoned(poisoned)) => return run(poisoned.into_inner(), values),

@@ -7,6 +7,21 @@
 //! (once per process, from a thread at serving priority).
 //!
 //! `model.toml`'s `[engine]` table configures the pool; see [`EngineOptions`].
+//!
+//! # Thread priority
+//!
+//! baton loads models on a loader thread running at lower CPU priority (a
+//! higher nice value) than serving, so a load never slows requests down.
+//! Linux keeps a nice value per thread and a new thread inherits its
+//! creator's, while lowering a nice value again needs privileges. ONNX
+//! Runtime creates a session's worker threads while the session is created,
+//! that is on the loader thread, so they would serve every request at loader
+//! priority. To prevent that, sessions with worker threads create them
+//! through [`PoolThreads`], which asks one dedicated thread,
+//! `baton-ort-spawner`, to spawn them. That thread is started by [`init`],
+//! which therefore must run on a thread at serving priority (normally the
+//! main thread, at startup); the spawner and every worker inherit that
+//! priority.
 
 mod backend;
 mod convert;

@@ -5,20 +5,8 @@
 //! (`libonnxruntime.so`), so building baton needs no C++ toolchain and the
 //! library can be updated without a rebuild.
 //!
-//! # Thread priority
-//!
-//! baton loads models on a loader thread running at lower CPU priority (a
-//! higher nice value) than serving, so a load never slows requests down.
-//! Linux keeps a nice value per thread and a new thread inherits its
-//! creator's, while lowering a nice value again needs privileges. ONNX
-//! Runtime creates a session's worker threads while the session is created,
-//! that is on the loader thread, so they would serve every request at loader
-//! priority. To prevent that, sessions with worker threads create them
-//! through [`PoolThreads`], which asks one dedicated thread,
-//! `baton-ort-spawner`, to spawn them. That thread is started by [`init`],
-//! which therefore must run on a thread at serving priority (normally the
-//! main thread, at startup); the spawner and every worker inherit that
-//! priority.
+//! Why worker threads are spawned the way they are: see the crate's
+//! [thread priority](crate#thread-priority) section.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -109,8 +97,8 @@ static RUNTIME: OnceLock<Result<Runtime, StartError>> = OnceLock::new();
 /// Call it from a thread at serving priority, normally the main thread at
 /// startup, before any thread lowers its priority: the `baton-ort-spawner`
 /// thread started here, and through it every ONNX Runtime worker thread,
-/// inherits the calling thread's priority (see the [module
-/// documentation](self)). [`OnnxBackend::new`](crate::OnnxBackend::new)
+/// inherits the calling thread's priority (see [thread
+/// priority](crate#thread-priority)). [`OnnxBackend::new`](crate::OnnxBackend::new)
 /// calls it.
 ///
 /// Errors: kind `runtime_missing` when the library is not found (see

@@ -116,7 +116,7 @@ refused!(warmup_too_slow, Warmup, "too_slow", |repo, mlp| {
     repo.add_model("m", &mlp_toml(mlp, "[warmup]\nmax_latency_ms = 0"));
     repo.publish_mlp("m", 2, mlp)
 });
-refused!(missing_version, Fetch, "version_not_found", |_repo, _mlp| ());
+refused!(missing_version, Fetch, "version_not_found", |repo, _mlp| assert!(!repo.version_dir("m", 2).exists()));
 
 #[test]
 fn a_shipped_warmup_sample_is_run_and_kept() {
