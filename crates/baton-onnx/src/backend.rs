@@ -252,7 +252,7 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp};
+    use crate::mlp::{Mlp, OnnxOptions, encode_mlp};
 
     use super::*;
 

@@ -25,6 +25,7 @@
 
 mod backend;
 mod convert;
+pub mod mlp;
 mod options;
 pub mod proto;
 mod runtime;

@@ -11,7 +11,7 @@ use baton_core::backend::{Backend, Model, WeightsError};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, Tensor, TensorData};
 use baton_onnx::OnnxBackend;
-use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
+use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};
 
 /// The backend; fails the test with the fix when the runtime is missing.
 fn backend() -> OnnxBackend {

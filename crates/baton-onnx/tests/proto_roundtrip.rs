@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
+use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp};
 use baton_onnx::proto::{self, InitData, ProtoError, ValueInfo, elem};
-use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp};
 
 fn le_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()

@@ -9,8 +9,8 @@ use baton_core::backend::Backend;
 use baton_core::spec::ModelSpec;
 use baton_core::sys::{current_thread_nice, set_current_thread_nice};
 use baton_core::tensor::Tensor;
+use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_onnx::{OnnxBackend, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME};
-use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
 
 /// (thread id, name, nice) of every thread of this process, from
 /// `/proc/self/task/*/stat` (the nice value is field 19).

@@ -6,8 +6,10 @@
 //! [`onnx::encode_mlp`] from weights generated from a seed.
 
 pub mod fake;
-pub mod onnx;
 pub mod repo;
+
+/// The ONNX model generator, re-exported for tests.
+pub use baton_onnx::mlp as onnx;
 
 use std::path::Path;
 use std::sync::Arc;

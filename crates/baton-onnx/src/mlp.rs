@@ -1,5 +1,8 @@
-//! Generates small ONNX models (dense MLPs) with a hand-written protobuf encoder, plus a
-//! reference forward pass to check a backend's output against.
+//! Writes dense MLPs as ONNX models with a hand-written protobuf encoder,
+//! plus a reference forward pass to check a backend's output against.
+//!
+//! baton uses it for its demo repository and its tests: every model they
+//! serve is generated from a seed, never downloaded.
 
 /// A dense MLP: layer sizes e.g. `[256, 1024, 512, 1]`; ReLU between layers, none after the last.
 #[derive(Clone, Debug)]
