@@ -39,6 +39,14 @@ pub enum LoadError {
         /// The model.
         model: String,
     },
+    /// The version is not a kept previous version of the model.
+    #[error("version {version} of model '{model}' is not a kept previous version")]
+    NotRetirable {
+        /// The model.
+        model: String,
+        /// The version.
+        version: u64,
+    },
     /// The model is not being served.
     #[error("model '{model}' is not loaded")]
     NotLoaded {
@@ -96,6 +104,7 @@ impl LoadError {
             LoadError::NoVersion { .. } => "no_version",
             LoadError::NoPrevious { .. } => "no_previous_version",
             LoadError::NotLoaded { .. } => "not_loaded",
+            LoadError::NotRetirable { .. } => "not_retirable",
             LoadError::ShuttingDown => "shutting_down",
             LoadError::Fetch(_) => "fetch_failed",
             LoadError::Verify(_) => "verify_failed",

@@ -107,6 +107,51 @@ pub(crate) fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, 
     s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
+/// What an operation on a model was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// A new version through the whole load transaction.
+    Load,
+    /// Back to the previous version, by pointer store.
+    Rollback,
+    /// The model taken out of service.
+    Unload,
+    /// A kept previous version dropped from the routing table.
+    Retire,
+}
+
+/// How an operation that went through went.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadReport {
+    /// Model name.
+    pub model: String,
+    /// What was done.
+    pub operation: Operation,
+    /// The version serving afterwards (`None` after an unload).
+    pub version: Option<u64>,
+    /// The version serving before.
+    pub replaced: Option<u64>,
+    /// Each stage and its duration, in order.
+    pub stages: Vec<StageTiming>,
+    /// From the request to the end of drain.
+    #[serde(serialize_with = "ser_ms")]
+    pub total: Duration,
+    /// Memory the new version holds (measured RSS growth across its load).
+    pub bytes_held: u64,
+    /// Requests still pinned to the old routing table when the drain gave up.
+    pub stragglers: usize,
+    /// Whether the drain timed out.
+    pub drain_timed_out: bool,
+}
+
+impl LoadReport {
+    /// The duration of a stage, if it ran.
+    pub fn stage(&self, stage: Stage) -> Option<Duration> {
+        self.stages.iter().find(|s| s.stage == stage).map(|s| s.duration)
+    }
+}
+
 /// Something that happened to a model.
 #[derive(Clone, Debug, Serialize)]
 pub struct Event {
@@ -154,6 +199,11 @@ pub enum EventKind {
     DrainTimedOut {
         /// Requests still holding the old routing table.
         stragglers: usize,
+    },
+    /// An operation went through, drain included.
+    Finished {
+        /// Its report.
+        report: LoadReport,
     },
     /// A version was freed and the memory returned measured.
     Unloaded {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
@@ -12,6 +12,7 @@ use tokio::sync::{broadcast, oneshot};
 
 use crate::backend::Backend;
 use crate::error::LoadError;
+pub use crate::events::{LoadReport, Operation};
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
 use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
 use crate::pipeline;
@@ -30,49 +31,6 @@ pub struct RegistryConfig {
 impl Default for RegistryConfig {
     fn default() -> Self {
         RegistryConfig { loader_nice: 10, event_capacity: 1024 }
-    }
-}
-
-/// What an operation on a model was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Operation {
-    /// A new version through the whole load transaction.
-    Load,
-    /// Back to the previous version, by pointer store.
-    Rollback,
-    /// The model taken out of service.
-    Unload,
-}
-
-/// How an operation that went through went.
-#[derive(Clone, Debug, Serialize)]
-pub struct LoadReport {
-    /// Model name.
-    pub model: String,
-    /// What was done.
-    pub operation: Operation,
-    /// The version serving afterwards (`None` after an unload).
-    pub version: Option<u64>,
-    /// The version serving before.
-    pub replaced: Option<u64>,
-    /// Each stage and its duration, in order.
-    pub stages: Vec<StageTiming>,
-    /// From the request to the end of drain.
-    #[serde(serialize_with = "crate::events::ser_ms")]
-    pub total: Duration,
-    /// Memory the new version holds (measured RSS growth across its load).
-    pub bytes_held: u64,
-    /// Requests still pinned to the old routing table when the drain gave up.
-    pub stragglers: usize,
-    /// Whether the drain timed out.
-    pub drain_timed_out: bool,
-}
-
-impl LoadReport {
-    /// The duration of a stage, if it ran.
-    pub fn stage(&self, stage: Stage) -> Option<Duration> {
-        self.stages.iter().find(|s| s.stage == stage).map(|s| s.duration)
     }
 }
 
@@ -112,6 +70,9 @@ pub struct ModelStatus {
     pub last: Option<LoadReport>,
     /// The last failure.
     pub last_error: Option<Failure>,
+    /// Versions whose last load failed, and how; a later successful load of
+    /// a version clears its entry.
+    pub failed_versions: BTreeMap<u64, Failure>,
 }
 
 /// Resolves when an operation has finished, drain included.
@@ -141,6 +102,7 @@ struct ModelEntry {
     busy: bool,
     last: Option<LoadReport>,
     last_error: Option<Failure>,
+    failed_versions: BTreeMap<u64, Failure>,
 }
 
 /// Shared by the registry handle, the loader and drain threads.
@@ -245,6 +207,16 @@ impl Registry {
         Ok(LoadHandle { rx })
     }
 
+    /// Drops a kept previous version from the routing table; it is freed
+    /// once the requests pinned to it finish. The stable version cannot be
+    /// retired (load another version or unload the model instead).
+    pub fn retire(&self, model: &str, version: u64) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        let (tx, rx) = oneshot::channel();
+        pipeline::retire(Arc::clone(&self.inner), busy, version, tx)?;
+        Ok(LoadHandle { rx })
+    }
+
     /// The status of one model, if the registry or the source knows it.
     pub fn status(&self, model: &str) -> Option<ModelStatus> {
         let snapshot = self.snapshot();
@@ -263,6 +235,7 @@ impl Registry {
             busy: entry.is_some_and(|e| e.busy),
             last: entry.and_then(|e| e.last.clone()),
             last_error: entry.and_then(|e| e.last_error.clone()),
+            failed_versions: entry.map(|e| e.failed_versions.clone()).unwrap_or_default(),
         })
     }
 
@@ -352,10 +325,20 @@ impl Inner {
     }
 
     pub(crate) fn record_success(&self, report: &LoadReport) {
-        lock(&self.models).entry(report.model.clone()).or_default().last = Some(report.clone());
+        let mut models = lock(&self.models);
+        let entry = models.entry(report.model.clone()).or_default();
+        if let (Operation::Load, Some(version)) = (report.operation, report.version) {
+            entry.failed_versions.remove(&version);
+        }
+        entry.last = Some(report.clone());
     }
 
     pub(crate) fn record_failure(&self, model: &str, failure: Failure) {
-        lock(&self.models).entry(model.to_owned()).or_default().last_error = Some(failure);
+        let mut models = lock(&self.models);
+        let entry = models.entry(model.to_owned()).or_default();
+        if let (Operation::Load, Some(version)) = (failure.operation, failure.version) {
+            entry.failed_versions.insert(version, failure.clone());
+        }
+        entry.last_error = Some(failure);
     }
 }

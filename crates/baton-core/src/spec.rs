@@ -5,6 +5,8 @@
 //!
 //! ```toml
 //! backend = "onnx"
+//! required = true            # readiness waits for this model
+//! max_batch_size = 64        # largest batch a request may carry
 //! inputs  = [{ name = "input",  datatype = "FP32", shape = [-1, 256] }]
 //! outputs = [{ name = "output", datatype = "FP32", shape = [-1, 1] }]
 //!
@@ -42,6 +44,14 @@ pub struct ModelSpec {
     /// Which backend loads the model (`onnx`).
     #[serde(default = "default_backend")]
     pub backend: String,
+    /// Whether the server is ready only once this model serves (default true).
+    #[serde(default = "yes")]
+    pub required: bool,
+    /// The largest batch a request may carry, for models whose inputs and
+    /// outputs all batch along a variable first dimension. Protocol front
+    /// ends publish it (Triton's `max_batch_size`) and refuse larger batches.
+    #[serde(default)]
+    pub max_batch_size: Option<usize>,
     /// Declared inputs; checked against the model file at validation.
     #[serde(default)]
     pub inputs: Vec<TensorSpec>,
@@ -60,6 +70,10 @@ pub struct ModelSpec {
     /// Backend-specific settings, handed to the backend unparsed.
     #[serde(default)]
     pub engine: toml::Table,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_backend() -> String {

@@ -25,12 +25,18 @@ fn loads_failures_and_unloads_walk_the_state_machine() {
     let events = drain_events(&mut rx);
     use State::*;
     assert_eq!(states(&events), vec![Loading, Warming, Swapping, Draining, Ready]);
-    let EventKind::Transition { from, stages, .. } = &events.last().unwrap().kind else { panic!("not a transition") };
+    let last_transition = events.iter().rev().find(|e| matches!(e.kind, EventKind::Transition { .. })).unwrap();
+    let EventKind::Transition { from, stages, .. } = &last_transition.kind else { unreachable!() };
     assert_eq!(*from, Draining);
     let order: Vec<Stage> = stages.iter().map(|s| s.stage).collect();
     use Stage as S;
     assert_eq!(order, vec![S::Fetch, S::Verify, S::Load, S::Validate, S::Warmup, S::Commit, S::Drain]);
     assert!(events.iter().all(|e| e.model == "m"));
+    let finished = events.iter().find_map(|e| match &e.kind {
+        EventKind::Finished { report } => Some(report.clone()),
+        _ => None,
+    });
+    assert_eq!(finished.expect("a finished event").stages.len(), 7);
     assert!(events.windows(2).all(|w| w[0].at <= w[1].at), "timestamps in order");
 
     // Version 2 is altered after sealing: refused at verify, READY again on version 1.
@@ -46,6 +52,9 @@ fn loads_failures_and_unloads_walk_the_state_machine() {
         _ => None,
     });
     assert_eq!(failed, Some((Stage::Verify, "digest_mismatch".to_owned())));
+    let status = registry.status("m").unwrap();
+    assert_eq!(status.failed_versions.keys().copied().collect::<Vec<_>>(), vec![2]);
+    assert_eq!(status.failed_versions[&2].stage, Some(Stage::Verify));
 
     registry.unload("m").unwrap().wait().unwrap();
     let events = drain_events(&mut rx);

@@ -68,7 +68,18 @@ fn keep_previous_bounds_the_versions_kept() {
     }
     let status = registry.status("m").unwrap();
     assert_eq!((status.serving, status.previous), (Some(4), vec![3, 2]));
+
+    let stable = registry.retire("m", 4).unwrap_err();
+    assert_eq!(stable.kind(), "not_retirable", "the serving version cannot be retired");
+    let report = registry.retire("m", 3).unwrap().wait().unwrap();
+    assert_eq!(report.operation, Operation::Retire);
+    let status = registry.status("m").unwrap();
+    assert_eq!((status.serving, status.previous), (Some(4), vec![2]));
+    registry.load("m", Some(3)).unwrap().wait().unwrap();
+    assert_eq!(registry.status("m").unwrap().previous, vec![4, 2]);
+
     registry.rollback("m").unwrap().wait().unwrap();
     registry.rollback("m").unwrap().wait().unwrap();
     assert_eq!(registry.status("m").unwrap().serving, Some(2));
+    assert!(registry.status("m").unwrap().previous.is_empty());
 }

@@ -129,6 +129,7 @@ impl Run {
             };
             run.inner.record_success(&report);
             run.inner.transition(run.model(), run.version, end, &run.stages);
+            run.inner.emit(run.model(), run.version, EventKind::Finished { report: report.clone() });
             tracing::info!(
                 model = %report.model,
                 operation = ?report.operation,
@@ -272,6 +273,36 @@ pub(crate) fn rollback(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<()
                 }
             });
             run.replaced = replaced;
+            Ok(old)
+        })
+        .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
+    run.drain_then_finish(old, timeout, 0, State::Ready, reply);
+    Ok(())
+}
+
+/// Retire: a kept previous version leaves the routing table by one store.
+pub(crate) fn retire(inner: Arc<Inner>, busy: Busy, version: u64, reply: Reply) -> Result<(), LoadError> {
+    let model = busy.model.clone();
+    let timeout = {
+        let current = inner.current();
+        let route = current.model(&model).ok_or_else(|| LoadError::NotLoaded { model: model.clone() })?;
+        let target = route
+            .previous
+            .iter()
+            .find(|v| v.number() == version)
+            .ok_or_else(|| LoadError::NotRetirable { model: model.clone(), version })?;
+        Duration::from_millis(target.spec().policy.drain_timeout_ms)
+    };
+    let mut run = Run::new(inner, busy, Operation::Retire);
+    run.version = Some(version);
+    let old = run
+        .stage(Stage::Commit, |run| {
+            let old = run.inner.publish(|models| {
+                if let Some(route) = models.get_mut(&model) {
+                    route.previous.retain(|v| v.number() != version);
+                }
+            });
+            run.replaced = Some(version);
             Ok(old)
         })
         .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
