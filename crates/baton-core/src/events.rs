@@ -40,7 +40,7 @@ impl State {
 }
 
 /// A stage of the load transaction (R6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     /// Bring the version's files to a local directory.

@@ -12,8 +12,8 @@ use tokio::sync::{broadcast, oneshot};
 
 use crate::backend::Backend;
 use crate::error::LoadError;
-pub use crate::events::{LoadReport, Operation};
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
+pub use crate::events::{LoadReport, Operation};
 use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
 use crate::pipeline;
 use crate::routing::{ModelRoute, Routing, Snapshot};
@@ -66,6 +66,8 @@ pub struct ModelStatus {
     pub live: Vec<LiveVersion>,
     /// Whether a load, rollback or unload is running.
     pub busy: bool,
+    /// The version a running operation works on, once known.
+    pub working_on: Option<u64>,
     /// The last operation that went through.
     pub last: Option<LoadReport>,
     /// The last failure.
@@ -103,6 +105,7 @@ struct ModelEntry {
     last: Option<LoadReport>,
     last_error: Option<Failure>,
     failed_versions: BTreeMap<u64, Failure>,
+    working_on: Option<u64>,
 }
 
 /// Shared by the registry handle, the loader and drain threads.
@@ -233,6 +236,7 @@ impl Registry {
             previous: route.map(|r| r.previous.iter().map(|v| v.number()).collect()).unwrap_or_default(),
             live: self.inner.memory.live(model),
             busy: entry.is_some_and(|e| e.busy),
+            working_on: entry.and_then(|e| e.working_on),
             last: entry.and_then(|e| e.last.clone()),
             last_error: entry.and_then(|e| e.last_error.clone()),
             failed_versions: entry.map(|e| e.failed_versions.clone()).unwrap_or_default(),
@@ -311,6 +315,10 @@ impl Inner {
             let entry = models.entry(model.to_owned()).or_default();
             let from = entry.state.unwrap_or(State::Idle);
             entry.state = Some(to);
+            entry.working_on = match to {
+                State::Ready | State::Failed | State::Idle => None,
+                _ => version,
+            };
             from
         };
         if from == to {

@@ -1,11 +1,13 @@
-//! The `baton` command.
-//!
-//! `baton package DIR` seals a version directory by writing its MANIFEST —
-//! every file's size and SHA-256, written last so a half-copied version is
-//! never mistaken for a complete one. The server itself (`baton serve`)
-//! builds on the same registry.
+//! The `baton` command: the server and the tools around it.
+
+mod app;
+mod cli;
+mod http;
+mod metrics;
+mod serve;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -20,26 +22,75 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve a model repository over KServe V2 (a generated demo repository without --repo).
+    Serve(serve::ServeArgs),
     /// Write DIR/MANIFEST listing every file of a version with its size and SHA-256.
     Package {
         /// The version directory, e.g. models/ranker/3.
         dir: PathBuf,
     },
+    /// Show every model's state, versions, last load and last error.
+    Status(#[command(flatten)] cli::Target),
+    /// Load a model's newest version (or --version), following each stage.
+    Load {
+        /// The model.
+        name: String,
+        /// A version to load instead of the newest.
+        #[arg(long)]
+        version: Option<u64>,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Switch a model back to its previous version (a pointer store, no reload).
+    Rollback {
+        /// The model.
+        name: String,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Print state transitions and other events as they happen.
+    Events {
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        target: cli::Target,
+    },
 }
 
-fn main() -> anyhow::Result<()> {
+fn package(dir: &std::path::Path) -> anyhow::Result<()> {
+    anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    let manifest = baton_core::manifest::write(dir).with_context(|| format!("packaging {}", dir.display()))?;
+    println!(
+        "Wrote {} listing {} files, {} bytes.",
+        dir.join(baton_core::manifest::MANIFEST).display(),
+        manifest.entries.len(),
+        manifest.total_bytes()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Package { dir } => {
-            anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
-            let manifest = baton_core::manifest::write(&dir).with_context(|| format!("packaging {}", dir.display()))?;
-            println!(
-                "Wrote {} listing {} files, {} bytes.",
-                dir.join(baton_core::manifest::MANIFEST).display(),
-                manifest.entries.len(),
-                manifest.total_bytes()
-            );
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| "info,ort=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Package { dir } => package(&dir),
+        Command::Status(target) => cli::status(&target),
+        Command::Load { name, version, target } => cli::load(&target, &name, version),
+        Command::Rollback { name, target } => cli::rollback(&target, &name),
+        Command::Events { json, target } => cli::events(&target, json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            ExitCode::FAILURE
         }
     }
-    Ok(())
 }

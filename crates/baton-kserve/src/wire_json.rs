@@ -1,0 +1,67 @@
+//! The JSON header as serde structs, for decoding. Typed fields keep the
+//! common path fast; only tensor `data` stays a `serde_json::Value`, because
+//! its element type depends on the datatype next to it. Small fields whose
+//! type a client may get wrong are [`Checked`], so the error can name the
+//! tensor instead of only a line and column.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+
+/// A field that parsed as JSON but may not have the expected type; the
+/// value found is kept for the error message.
+pub(crate) enum Checked<T> {
+    /// The field had the expected type.
+    Valid(T),
+    /// The field had another type; this is what was found.
+    Invalid(Value),
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Checked<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Ok(match T::deserialize(&value) {
+            Ok(typed) => Checked::Valid(typed),
+            Err(_) => Checked::Invalid(value),
+        })
+    }
+}
+
+/// A JSON object of parameters.
+pub(crate) type Parameters = Map<String, Value>;
+
+/// One tensor of a request's `inputs` or a response's `outputs`.
+#[derive(Deserialize)]
+pub(crate) struct TensorJson {
+    pub(crate) name: Option<Checked<String>>,
+    pub(crate) datatype: Option<Checked<String>>,
+    pub(crate) shape: Option<Checked<Vec<i64>>>,
+    pub(crate) data: Option<Value>,
+    pub(crate) parameters: Option<Checked<Parameters>>,
+}
+
+/// One entry of a request's `outputs`.
+#[derive(Deserialize)]
+pub(crate) struct RequestedOutputJson {
+    pub(crate) name: Option<Checked<String>>,
+    pub(crate) parameters: Option<Checked<Parameters>>,
+}
+
+/// An inference request's JSON header.
+#[derive(Deserialize)]
+pub(crate) struct RequestJson {
+    pub(crate) id: Option<Checked<String>>,
+    pub(crate) inputs: Option<Vec<TensorJson>>,
+    pub(crate) outputs: Option<Vec<RequestedOutputJson>>,
+    pub(crate) parameters: Option<Checked<Parameters>>,
+}
+
+/// An inference response's JSON header (or an error object).
+#[derive(Deserialize)]
+pub(crate) struct ResponseJson {
+    pub(crate) model_name: Option<Checked<String>>,
+    pub(crate) model_version: Option<Value>,
+    pub(crate) id: Option<Checked<String>>,
+    pub(crate) outputs: Option<Vec<TensorJson>>,
+    pub(crate) error: Option<Value>,
+}

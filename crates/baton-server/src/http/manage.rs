@@ -1,0 +1,91 @@
+//! baton's own management API, under `/baton/v1`: status with per-stage
+//! durations, load with a report, rollback, retire, unload records, and the
+//! event stream as Server-Sent Events.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use serde_json::{Value, json};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::{BroadcastStream, WatchStream};
+
+use super::error::ApiError;
+use super::models::parse_version;
+use crate::app::App;
+
+/// `GET /baton/v1/status`.
+pub async fn status(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({
+        "ready": app.ready(),
+        "draining": app.draining(),
+        "required": app.required(),
+        "models": app.registry.statuses(),
+    }))
+}
+
+/// `GET /baton/v1/models/{name}/status`.
+pub async fn model_status(State(app): State<Arc<App>>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
+    let status = app.registry.status(&model).ok_or_else(|| ApiError::unknown_model(&model))?;
+    Ok(Json(serde_json::to_value(status).unwrap_or_default()))
+}
+
+/// `POST /baton/v1/models/{name}/load` with an optional `{"version": N}`.
+pub async fn load(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let version = super::repository::version_body(&body)?;
+    let report = app.registry.load(&model, version)?.finished().await?;
+    Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+}
+
+/// `POST /baton/v1/models/{name}/rollback`.
+pub async fn rollback(State(app): State<Arc<App>>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
+    let report = app.registry.rollback(&model)?.finished().await?;
+    Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+}
+
+/// `POST /baton/v1/models/{name}/versions/{v}/retire`.
+pub async fn retire(
+    State(app): State<Arc<App>>,
+    Path((model, version)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let report = app.registry.retire(&model, parse_version(&version)?)?.finished().await?;
+    Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+}
+
+/// `GET /baton/v1/unloads`: what the most recent frees gave back.
+pub async fn unloads(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(serde_json::to_value(app.registry.unload_records()).unwrap_or_default())
+}
+
+/// `GET /baton/v1/events`: every registry event as it happens. Each SSE
+/// event's name is the event kind; its data is the event as JSON. A client
+/// too slow to keep up receives a `lagged` event saying how many it missed.
+pub async fn events(
+    State(app): State<Arc<App>>,
+) -> Sse<impl tokio_stream::Stream<Item = Result<SseEvent, Infallible>>> {
+    // Ends when shutdown begins, so open streams do not hold up a graceful exit.
+    let shutdown = WatchStream::new(app.shutdown_signal()).filter(|stop| *stop).map(|_| None);
+    let events = BroadcastStream::new(app.registry.subscribe()).map(Some);
+    let stream = events.merge(shutdown).take_while(Option::is_some).filter_map(|item| item).map(|item| {
+        Ok(match item {
+            Ok(event) => {
+                let data = serde_json::to_value(&event).unwrap_or_default();
+                let name = data.get("event").and_then(Value::as_str).unwrap_or("event").to_owned();
+                SseEvent::default().event(name).data(data.to_string())
+            }
+            Err(BroadcastStreamRecvError::Lagged(n)) => {
+                SseEvent::default().event("lagged").data(json!({ "missed": n }).to_string())
+            }
+        })
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}

@@ -1,0 +1,138 @@
+//! Health, server metadata, model metadata, model readiness and Triton's
+//! model configuration.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use baton_core::version::Version;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::infer::{not_serving, resolve};
+use crate::app::App;
+
+/// `max_batch_size` when `model.toml` sets none and the model batches.
+pub const DEFAULT_MAX_BATCH_SIZE: usize = 1024;
+
+/// Protocol extensions baton speaks.
+pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_repository", "model_configuration", "baton_management"];
+
+/// Parses a version path segment.
+pub fn parse_version(text: &str) -> Result<u64, ApiError> {
+    text.parse().map_err(|_| ApiError::bad_request("invalid_version", format!("'{text}' is not a version number")))
+}
+
+/// The largest batch a version accepts; 0 when the model does not batch.
+pub fn max_batch_size(version: &Version) -> usize {
+    if baton_kserve::is_batched(version.signature()) {
+        version.spec().max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE)
+    } else {
+        0
+    }
+}
+
+/// The platform name Triton clients expect for a backend.
+pub fn platform(version: &Version) -> (&'static str, String) {
+    match version.spec().backend.as_str() {
+        "onnx" => ("onnxruntime_onnx", "onnxruntime".to_owned()),
+        other => ("baton", other.to_owned()),
+    }
+}
+
+/// `GET /v2/health/live`.
+pub async fn live() -> Json<serde_json::Value> {
+    Json(json!({ "live": true }))
+}
+
+/// `GET /v2/health/ready`: 200 when ready, else 503 with what it waits for.
+pub async fn ready(State(app): State<Arc<App>>) -> Response {
+    if app.ready() {
+        return Json(json!({ "ready": true })).into_response();
+    }
+    let snapshot = app.registry.snapshot();
+    let waiting: Vec<String> = app.required().into_iter().filter(|m| snapshot.model(m).is_none()).collect();
+    let body = json!({ "ready": false, "draining": app.draining(), "waiting_for": waiting });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+}
+
+/// `GET /v2`.
+pub async fn server_metadata() -> Json<serde_json::Value> {
+    Json(json!({ "name": "baton", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }))
+}
+
+fn metadata(app: &App, model: &str, version: Option<u64>) -> Result<Json<serde_json::Value>, ApiError> {
+    let snapshot = app.registry.snapshot();
+    let target = resolve(app, &snapshot, model, version)?;
+    let route = snapshot.model(model).ok_or_else(|| not_serving(app, model))?;
+    let mut versions: Vec<u64> = route.versions().map(|v| v.number()).collect();
+    versions.sort_unstable();
+    let (platform, _) = platform(target);
+    Ok(Json(baton_kserve::model_metadata(model, &versions, platform, target.signature())))
+}
+
+/// `GET /v2/models/{name}`.
+pub async fn model_metadata(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    metadata(&app, &model, None)
+}
+
+/// `GET /v2/models/{name}/versions/{v}`.
+pub async fn version_metadata(
+    State(app): State<Arc<App>>,
+    Path((model, version)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    metadata(&app, &model, Some(parse_version(&version)?))
+}
+
+fn model_ready_at(app: &App, model: &str, version: Option<u64>) -> Result<Response, ApiError> {
+    let snapshot = app.registry.snapshot();
+    let state = app.registry.status(model).map(|s| s.state.as_str()).unwrap_or("IDLE");
+    match resolve(app, &snapshot, model, version) {
+        Ok(v) => Ok(Json(json!({ "name": model, "version": v.number().to_string(), "ready": true, "state": state }))
+            .into_response()),
+        Err(e) if e.status == StatusCode::NOT_FOUND && e.kind == "model_not_found" => Err(e),
+        Err(_) => Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "name": model, "ready": false, "state": state })))
+            .into_response()),
+    }
+}
+
+/// `GET /v2/models/{name}/ready`.
+pub async fn model_ready(State(app): State<Arc<App>>, Path(model): Path<String>) -> Result<Response, ApiError> {
+    model_ready_at(&app, &model, None)
+}
+
+/// `GET /v2/models/{name}/versions/{v}/ready`.
+pub async fn version_ready(
+    State(app): State<Arc<App>>,
+    Path((model, version)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    model_ready_at(&app, &model, Some(parse_version(&version)?))
+}
+
+fn config(app: &App, model: &str, version: Option<u64>) -> Result<Json<serde_json::Value>, ApiError> {
+    let snapshot = app.registry.snapshot();
+    let target = resolve(app, &snapshot, model, version)?;
+    let (platform, backend) = platform(target);
+    Ok(Json(baton_kserve::model_config(model, platform, &backend, max_batch_size(target), target.signature())))
+}
+
+/// `GET /v2/models/{name}/config`.
+pub async fn model_config(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    config(&app, &model, None)
+}
+
+/// `GET /v2/models/{name}/versions/{v}/config`.
+pub async fn version_config(
+    State(app): State<Arc<App>>,
+    Path((model, version)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    config(&app, &model, Some(parse_version(&version)?))
+}

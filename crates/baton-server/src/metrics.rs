@@ -1,0 +1,317 @@
+//! Prometheus metrics, written in the text exposition format by hand: a few
+//! counters and histograms do not need a metrics framework.
+//!
+//! Request metrics are updated on the request path with atomics only (a
+//! read lock finds the series; a write lock is taken once per new model
+//! version). Load, rollback and unload metrics are fed from the registry's
+//! event stream, so loads started by the watcher, the API or the CLI are all
+//! counted the same way. Gauges about versions and memory are read from the
+//! registry when `/metrics` is scraped.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use baton_core::events::{Event, EventKind, Operation, Stage};
+use baton_core::registry::Registry;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 16] =
+    [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0];
+
+/// A latency histogram with fixed buckets.
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (bound, count) in BUCKETS.iter().zip(&self.counts) {
+            cumulative += count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    }
+}
+
+/// Request metrics of one model version.
+#[derive(Default)]
+pub struct VersionMetrics {
+    requests: AtomicU64,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+    latency: Histogram,
+}
+
+impl VersionMetrics {
+    /// Records a request that reached the version.
+    pub fn record(&self, took: Duration, error: Option<&'static str>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.latency.observe(took);
+        if let Some(kind) = error {
+            *self.errors.lock().unwrap_or_else(|e| e.into_inner()).entry(kind).or_default() += 1;
+        }
+    }
+}
+
+#[derive(Default)]
+struct LoadMetrics {
+    durations: BTreeMap<String, Histogram>,
+    stages: BTreeMap<(String, Stage), Histogram>,
+    failures: BTreeMap<(String, Stage), u64>,
+    rollbacks: BTreeMap<String, u64>,
+    unloads: BTreeMap<String, u64>,
+    residual_total: BTreeMap<String, u64>,
+    residual_last: BTreeMap<(String, u64), u64>,
+    events_missed: u64,
+}
+
+/// All of baton's metrics.
+#[derive(Default)]
+pub struct Metrics {
+    versions: RwLock<BTreeMap<(String, u64), Arc<VersionMetrics>>>,
+    rejected: Mutex<BTreeMap<(String, &'static str), u64>>,
+    loads: Mutex<LoadMetrics>,
+    inflight: AtomicI64,
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Counts a request in flight for as long as it lives.
+pub struct InFlight<'a>(&'a AtomicI64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    /// The series of one model version, created on first use.
+    pub fn version(&self, model: &str, version: u64) -> Arc<VersionMetrics> {
+        let key = (model.to_owned(), version);
+        if let Some(found) = self.versions.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Arc::clone(found);
+        }
+        Arc::clone(self.versions.write().unwrap_or_else(|e| e.into_inner()).entry(key).or_default())
+    }
+
+    /// Counts a request refused before it reached a version.
+    pub fn rejected(&self, model: &str, kind: &'static str) {
+        *self.rejected.lock().unwrap_or_else(|e| e.into_inner()).entry((model.to_owned(), kind)).or_default() += 1;
+    }
+
+    /// Marks a request in flight until the guard drops.
+    pub fn in_flight(&self) -> InFlight<'_> {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        InFlight(&self.inflight)
+    }
+
+    /// Feeds one registry event into the load metrics.
+    pub fn on_event(&self, event: &Event) {
+        let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        let model = event.model.clone();
+        match &event.kind {
+            EventKind::Finished { report } => {
+                match report.operation {
+                    Operation::Load => loads.durations.entry(model.clone()).or_default().observe(report.total),
+                    Operation::Rollback => *loads.rollbacks.entry(model.clone()).or_default() += 1,
+                    Operation::Unload | Operation::Retire => {}
+                }
+                for stage in &report.stages {
+                    loads.stages.entry((model.clone(), stage.stage)).or_default().observe(stage.duration);
+                }
+            }
+            EventKind::Failed { stage, .. } => *loads.failures.entry((model, *stage)).or_default() += 1,
+            EventKind::Unloaded { residual, .. } => {
+                *loads.unloads.entry(model.clone()).or_default() += 1;
+                *loads.residual_total.entry(model.clone()).or_default() += residual;
+                if let Some(version) = event.version {
+                    loads.residual_last.insert((model, version), *residual);
+                }
+            }
+            EventKind::Transition { .. } | EventKind::DrainTimedOut { .. } => {}
+        }
+    }
+
+    /// Notes that the event stream lagged and events were missed.
+    pub fn missed_events(&self, n: u64) {
+        self.loads.lock().unwrap_or_else(|e| e.into_inner()).events_missed += n;
+    }
+
+    /// The exposition text.
+    pub fn render(&self, registry: &Registry, ready: bool) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        let help = |out: &mut String, name: &str, kind: &str, text: &str| {
+            let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
+        };
+
+        help(&mut out, "baton_ready", "gauge", "1 when the server is ready for traffic.");
+        let _ = writeln!(out, "baton_ready {}", u8::from(ready));
+        help(&mut out, "baton_inflight_requests", "gauge", "Inference requests being served now.");
+        let _ = writeln!(out, "baton_inflight_requests {}", self.inflight.load(Ordering::Relaxed));
+
+        let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
+        help(&mut out, "baton_inference_requests_total", "counter", "Inference requests that reached a version.");
+        for ((model, version), m) in versions.iter() {
+            let _ = writeln!(
+                out,
+                "baton_inference_requests_total{{model=\"{}\",version=\"{version}\"}} {}",
+                escape(model),
+                m.requests.load(Ordering::Relaxed)
+            );
+        }
+        help(&mut out, "baton_inference_errors_total", "counter", "Failed inference requests by error kind.");
+        for ((model, version), m) in versions.iter() {
+            for (kind, n) in m.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let _ = writeln!(
+                    out,
+                    "baton_inference_errors_total{{model=\"{}\",version=\"{version}\",kind=\"{kind}\"}} {n}",
+                    escape(model)
+                );
+            }
+        }
+        for ((model, kind), n) in self.rejected.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "baton_inference_errors_total{{model=\"{}\",version=\"\",kind=\"{kind}\"}} {n}",
+                escape(model)
+            );
+        }
+        help(&mut out, "baton_inference_duration_seconds", "histogram", "Inference latency inside the server.");
+        for ((model, version), m) in versions.iter() {
+            m.latency.render(
+                &mut out,
+                "baton_inference_duration_seconds",
+                &format!("model=\"{}\",version=\"{version}\"", escape(model)),
+            );
+        }
+        drop(versions);
+
+        let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        help(&mut out, "baton_load_duration_seconds", "histogram", "Whole load transactions, request to end of drain.");
+        for (model, h) in &loads.durations {
+            h.render(&mut out, "baton_load_duration_seconds", &format!("model=\"{}\"", escape(model)));
+        }
+        help(&mut out, "baton_load_stage_duration_seconds", "histogram", "Each stage of loads, rollbacks and unloads.");
+        for ((model, stage), h) in &loads.stages {
+            let labels = format!("model=\"{}\",stage=\"{}\"", escape(model), stage.as_str());
+            h.render(&mut out, "baton_load_stage_duration_seconds", &labels);
+        }
+        help(&mut out, "baton_load_failures_total", "counter", "Loads refused, by the stage that refused them.");
+        for ((model, stage), n) in &loads.failures {
+            let _ = writeln!(
+                out,
+                "baton_load_failures_total{{model=\"{}\",stage=\"{}\"}} {n}",
+                escape(model),
+                stage.as_str()
+            );
+        }
+        help(&mut out, "baton_rollbacks_total", "counter", "Rollbacks to a kept version.");
+        for (model, n) in &loads.rollbacks {
+            let _ = writeln!(out, "baton_rollbacks_total{{model=\"{}\"}} {n}", escape(model));
+        }
+        help(&mut out, "baton_unloads_total", "counter", "Versions freed.");
+        for (model, n) in &loads.unloads {
+            let _ = writeln!(out, "baton_unloads_total{{model=\"{}\"}} {n}", escape(model));
+        }
+        help(&mut out, "baton_unload_residual_bytes_total", "counter", "Memory not given back by freed versions.");
+        for (model, n) in &loads.residual_total {
+            let _ = writeln!(out, "baton_unload_residual_bytes_total{{model=\"{}\"}} {n}", escape(model));
+        }
+        help(&mut out, "baton_unload_residual_bytes", "gauge", "Memory not given back when this version was freed.");
+        for ((model, version), n) in &loads.residual_last {
+            let _ =
+                writeln!(out, "baton_unload_residual_bytes{{model=\"{}\",version=\"{version}\"}} {n}", escape(model));
+        }
+        help(&mut out, "baton_events_missed_total", "counter", "Registry events the metrics missed (stream lagged).");
+        let _ = writeln!(out, "baton_events_missed_total {}", loads.events_missed);
+        drop(loads);
+
+        let statuses = registry.statuses();
+        help(&mut out, "baton_model_active_version", "gauge", "The version serving requests that name none.");
+        for s in statuses.iter() {
+            if let Some(v) = s.serving {
+                let _ = writeln!(out, "baton_model_active_version{{model=\"{}\"}} {v}", escape(&s.name));
+            }
+        }
+        help(
+            &mut out,
+            "baton_model_load_in_progress",
+            "gauge",
+            "1 while a load, rollback or unload of the model runs; mute latency alerts on it.",
+        );
+        for s in statuses.iter() {
+            let _ = writeln!(out, "baton_model_load_in_progress{{model=\"{}\"}} {}", escape(&s.name), u8::from(s.busy));
+        }
+        help(&mut out, "baton_model_state", "gauge", "1 for the state the model is in.");
+        for s in statuses.iter() {
+            let _ =
+                writeln!(out, "baton_model_state{{model=\"{}\",state=\"{}\"}} 1", escape(&s.name), s.state.as_str());
+        }
+        help(&mut out, "baton_model_live_versions", "gauge", "Versions in memory, including ones being drained.");
+        for s in statuses.iter() {
+            let _ = writeln!(out, "baton_model_live_versions{{model=\"{}\"}} {}", escape(&s.name), s.live.len());
+        }
+        help(&mut out, "baton_version_bytes_held", "gauge", "Memory a live version holds, measured as it loaded.");
+        for s in statuses.iter() {
+            for v in &s.live {
+                let _ = writeln!(
+                    out,
+                    "baton_version_bytes_held{{model=\"{}\",version=\"{}\"}} {}",
+                    escape(&s.name),
+                    v.version,
+                    v.bytes_held
+                );
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(30));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(100));
+        let mut out = String::new();
+        h.render(&mut out, "x", "m=\"a\"");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"0.00005\"} 1"), "{out}");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"0.005\"} 2"), "{out}");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"30\"} 2"), "{out}");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"+Inf\"} 3"), "{out}");
+        assert!(out.contains("x_count{m=\"a\"} 3"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}

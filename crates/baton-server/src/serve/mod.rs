@@ -1,0 +1,128 @@
+//! `baton serve`: the registry, the REST front end, the repository watcher
+//! and graceful shutdown.
+
+pub mod demo;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton_core::registry::{Registry, RegistryConfig};
+use baton_core::source::LocalRepository;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::app::App;
+
+/// Options of `baton serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// The model repository. Without it, baton serves a demo repository it
+    /// generates under .baton/demo.
+    #[arg(long)]
+    pub repo: Option<PathBuf>,
+    /// Address of the KServe V2 REST API (Triton's port, so habits carry over).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub http: SocketAddr,
+    /// Do not poll the repository for new and removed versions.
+    #[arg(long)]
+    pub no_watch: bool,
+    /// How often the repository is polled, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub poll_ms: u64,
+    /// How long shutdown waits for requests in flight, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_request_bytes: usize,
+    /// Nice value of the threads that load and free versions.
+    #[arg(long, default_value_t = 10)]
+    pub loader_nice: i32,
+}
+
+/// Runs the server until SIGTERM or SIGINT.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let root = match &args.repo {
+        Some(root) => root.clone(),
+        None => {
+            let root = demo::prepare(std::path::Path::new(".baton/demo")).context("preparing the demo repository")?;
+            tracing::info!(repo = %root.display(), "No --repo given; serving the demo repository.");
+            root
+        }
+    };
+    anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
+    // ONNX Runtime is started here, on the main thread, at serving priority.
+    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let registry = Registry::new(
+        Arc::new(LocalRepository::new(&root)),
+        vec![Arc::new(onnx)],
+        RegistryConfig { loader_nice: args.loader_nice, ..RegistryConfig::default() },
+    );
+    let app = Arc::new(App::new(registry, args.max_request_bytes));
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(serve(app, root, args))
+}
+
+async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
+    let address = listener.local_addr()?;
+    // Subscribed before the first load starts, so every load is counted.
+    tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
+
+    let (stop_watching, stop) = std::sync::mpsc::channel::<()>();
+    let watcher_app = Arc::clone(&app);
+    let poll = Duration::from_millis(args.poll_ms.max(10));
+    let watch = !args.no_watch;
+    let watcher = std::thread::Builder::new().name("baton-watch".into()).spawn(move || {
+        let mut watcher = watch::Watcher::new(watcher_app, root);
+        watcher.scan();
+        if watch {
+            watcher.run(poll, &stop);
+        }
+    })?;
+
+    println!("Listening on http://{address} (KServe V2 REST).");
+    tracing::info!(%address, watch, "baton is serving.");
+    let signal_app = Arc::clone(&app);
+    let mut stopped = app.shutdown_signal();
+    let server = axum::serve(listener, crate::http::router(Arc::clone(&app))).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!("Shutting down: not ready from now on, finishing requests in flight.");
+        signal_app.start_draining();
+    });
+    let grace = Duration::from_secs(args.shutdown_timeout);
+    tokio::select! {
+        result = server => result.context("serving HTTP")?,
+        () = async {
+            let _ = stopped.wait_for(|stop| *stop).await;
+            tokio::time::sleep(grace).await;
+        } => tracing::warn!(timeout_s = grace.as_secs(), "Shutdown timed out with requests still in flight."),
+    }
+    drop(stop_watching);
+    let _ = watcher.join();
+    tracing::info!("baton stopped.");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}
+
+async fn feed_metrics(app: Arc<App>, mut events: baton_core::events::EventReceiver) {
+    loop {
+        match events.recv().await {
+            Ok(event) => app.metrics.on_event(&event),
+            Err(RecvError::Lagged(n)) => app.metrics.missed_events(n),
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
