@@ -74,7 +74,7 @@ fn decode_tensor(
     };
     if shape.iter().any(|&d| d < 0) {
         return Err(bad(format!(
-            "{role} '{name}': shape {shape:?} has a negative dimension; a {role} needs concrete sizes"
+            "{role} '{name}': shape {shape:?} has a negative dimension; every size must be concrete (0 or more)"
         )));
     }
     let count = element_count(&shape)
