@@ -35,7 +35,11 @@ fn invalid_json_reports_line_and_column() {
 #[test]
 fn binary_after_json_without_a_header_length_gets_a_hint() {
     let body = br#"{"inputs":[]}binary"#;
-    says(&decode_request(body, None).unwrap_err(), "invalid_json", &["trailing characters", "Inference-Header-Content-Length"]);
+    says(
+        &decode_request(body, None).unwrap_err(),
+        "invalid_json",
+        &["trailing characters", "Inference-Header-Content-Length"],
+    );
 }
 
 #[test]
@@ -45,18 +49,36 @@ fn missing_inputs() {
 
 #[test]
 fn inputs_without_name_shape_or_datatype() {
-    says(&fails(r#"{"inputs":[{"datatype":"FP32","shape":[1],"data":[1]}]}"#), "invalid_tensor", &["input 0 has no 'name'"]);
-    says(&fails(r#"{"inputs":[{"name":"x","shape":[1],"data":[1]}]}"#), "invalid_tensor", &["input 'x' has no 'datatype'"]);
-    says(&fails(r#"{"inputs":[{"name":"x","datatype":"FP32","data":[1]}]}"#), "invalid_tensor", &["input 'x' has no 'shape'"]);
-    says(&fails(r#"{"inputs":[{"name":7,"datatype":"FP32","shape":[1],"data":[1]}]}"#), "invalid_tensor", &[
-        "input 0: 'name' must be a string, got 7",
-    ]);
-    says(&fails(r#"{"inputs":[{"name":"x","datatype":1,"shape":[1],"data":[1]}]}"#), "invalid_tensor", &[
-        "input 'x': 'datatype' must be a string, got 1",
-    ]);
-    says(&fails(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1.5],"data":[1]}]}"#), "invalid_tensor", &[
-        "input 'x': 'shape' must be an array of integers, got [1.5]",
-    ]);
+    says(
+        &fails(r#"{"inputs":[{"datatype":"FP32","shape":[1],"data":[1]}]}"#),
+        "invalid_tensor",
+        &["input 0 has no 'name'"],
+    );
+    says(
+        &fails(r#"{"inputs":[{"name":"x","shape":[1],"data":[1]}]}"#),
+        "invalid_tensor",
+        &["input 'x' has no 'datatype'"],
+    );
+    says(
+        &fails(r#"{"inputs":[{"name":"x","datatype":"FP32","data":[1]}]}"#),
+        "invalid_tensor",
+        &["input 'x' has no 'shape'"],
+    );
+    says(
+        &fails(r#"{"inputs":[{"name":7,"datatype":"FP32","shape":[1],"data":[1]}]}"#),
+        "invalid_tensor",
+        &["input 0: 'name' must be a string, got 7"],
+    );
+    says(
+        &fails(r#"{"inputs":[{"name":"x","datatype":1,"shape":[1],"data":[1]}]}"#),
+        "invalid_tensor",
+        &["input 'x': 'datatype' must be a string, got 1"],
+    );
+    says(
+        &fails(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1.5],"data":[1]}]}"#),
+        "invalid_tensor",
+        &["input 'x': 'shape' must be an array of integers, got [1.5]"],
+    );
 }
 
 #[test]
@@ -69,15 +91,18 @@ fn unknown_datatype_lists_the_valid_ones() {
 fn negative_and_overflowing_dims() {
     let e = fails(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[-1,3],"data":[1,2,3]}]}"#);
     says(&e, "invalid_tensor", &["input 'x': shape [-1, 3] has a negative dimension"]);
-    let e = fails(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[4294967296,4294967296,4294967296],"data":[1]}]}"#);
+    let e =
+        fails(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[4294967296,4294967296,4294967296],"data":[1]}]}"#);
     says(&e, "invalid_tensor", &["input 'x'", "more elements than can be addressed"]);
 }
 
 #[test]
 fn data_and_binary_data_size_are_exclusive_and_one_is_needed() {
-    let both = r#"{"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"data":[1],"parameters":{"binary_data_size":1}}]}"#;
+    let both =
+        r#"{"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"data":[1],"parameters":{"binary_data_size":1}}]}"#;
     says(&fails_binary(both, &[1]), "invalid_tensor", &["input 'x' has both 'data' and parameters.binary_data_size"]);
-    let neither = r#"{"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"parameters":{"shared_memory_region":"r"}}]}"#;
+    let neither =
+        r#"{"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"parameters":{"shared_memory_region":"r"}}]}"#;
     says(&fails(neither), "invalid_tensor", &["input 'x' has neither 'data' nor parameters.binary_data_size"]);
 }
 
@@ -136,13 +161,23 @@ fn binary_bytes_count_and_framing() {
     let json = r#"{"inputs":[{"name":"s","datatype":"BYTES","shape":[3],"parameters":{"binary_data_size":11}}]}"#;
     let two = bytes_binary(&[b"abc", b""]);
     assert_eq!(two.len(), 11);
-    says(&fails_binary(json, &two), "invalid_binary", &["input 's': binary BYTES data holds 2 elements, shape [3] needs 3"]);
+    says(
+        &fails_binary(json, &two),
+        "invalid_binary",
+        &["input 's': binary BYTES data holds 2 elements, shape [3] needs 3"],
+    );
     let json = r#"{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":6}}]}"#;
-    says(&fails_binary(json, &bytes_binary(&[b"abcd"])[..6]), "invalid_binary", &[
-        "input 's': binary BYTES element 0 says it has 4 bytes but only 2 remain",
-    ]);
+    says(
+        &fails_binary(json, &bytes_binary(&[b"abcd"])[..6]),
+        "invalid_binary",
+        &["input 's': binary BYTES element 0 says it has 4 bytes but only 2 remain"],
+    );
     let json = r#"{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":2}}]}"#;
-    says(&fails_binary(json, &[1, 0]), "invalid_binary", &["input 's': binary BYTES data ends inside the 4-byte length prefix"]);
+    says(
+        &fails_binary(json, &[1, 0]),
+        "invalid_binary",
+        &["input 's': binary BYTES data ends inside the 4-byte length prefix"],
+    );
 }
 
 #[test]
@@ -156,11 +191,16 @@ fn header_length_beyond_the_body() {
 fn leftover_and_missing_binary_data() {
     let json = r#"{"inputs":[{"name":"a","datatype":"UINT8","shape":[2],"parameters":{"binary_data_size":2}},
         {"name":"b","datatype":"UINT8","shape":[1],"data":[1]}]}"#;
-    says(&fails_binary(json, &[1, 2, 3]), "invalid_binary", &[
-        "1 bytes of binary data are left over after the last binary input 'a'",
-        "add up to 2 but 3 bytes follow",
-    ]);
-    says(&fails_binary(json, &[1]), "invalid_binary", &["input 'a': binary_data_size is 2 but only 1 bytes of binary data remain"]);
+    says(
+        &fails_binary(json, &[1, 2, 3]),
+        "invalid_binary",
+        &["1 bytes of binary data are left over after the last binary input 'a'", "add up to 2 but 3 bytes follow"],
+    );
+    says(
+        &fails_binary(json, &[1]),
+        "invalid_binary",
+        &["input 'a': binary_data_size is 2 but only 1 bytes of binary data remain"],
+    );
     let e = decode_request(json.as_bytes(), None).unwrap_err();
     says(&e, "invalid_binary", &["input 'a'", "no Inference-Header-Content-Length was given"]);
 }
@@ -185,14 +225,22 @@ fn duplicate_names() {
 #[test]
 fn request_fields_of_the_wrong_type() {
     says(&fails(r#"{"id":5,"inputs":[]}"#), "invalid_request", &["'id' must be a string, got 5"]);
-    says(&fails(r#"{"inputs":[],"parameters":"fast"}"#), "invalid_request", &["request 'parameters' must be an object"]);
-    says(&fails(r#"{"inputs":[],"parameters":{"binary_data_output":"yes"}}"#), "invalid_request", &[
-        "parameters.binary_data_output must be true or false, got \"yes\"",
-    ]);
+    says(
+        &fails(r#"{"inputs":[],"parameters":"fast"}"#),
+        "invalid_request",
+        &["request 'parameters' must be an object"],
+    );
+    says(
+        &fails(r#"{"inputs":[],"parameters":{"binary_data_output":"yes"}}"#),
+        "invalid_request",
+        &["parameters.binary_data_output must be true or false, got \"yes\""],
+    );
     says(&fails(r#"{"inputs":[],"outputs":[{}]}"#), "invalid_request", &["requested output 0 has no 'name'"]);
-    says(&fails(r#"{"inputs":[],"outputs":[{"name":"y","parameters":{"binary_data":1}}]}"#), "invalid_request", &[
-        "requested output 'y': parameters.binary_data must be true or false, got 1",
-    ]);
+    says(
+        &fails(r#"{"inputs":[],"outputs":[{"name":"y","parameters":{"binary_data":1}}]}"#),
+        "invalid_request",
+        &["requested output 'y': parameters.binary_data must be true or false, got 1"],
+    );
 }
 
 #[test]

@@ -7,6 +7,7 @@
 
 pub mod fake;
 pub mod repo;
+pub mod server;
 
 /// The ONNX model generator, re-exported for tests.
 pub use baton_onnx::mlp as onnx;

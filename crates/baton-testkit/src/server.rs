@@ -1,0 +1,180 @@
+//! Starts the real `baton` binary on a free loopback port and talks HTTP to
+//! it, for black-box tests. The server's log goes to a file that failing
+//! tests print.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a test waits for a condition before failing. A safety net
+/// against a hung test, not a speed requirement.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A running `baton serve`.
+pub struct Server {
+    child: Option<Child>,
+    base: String,
+    log: PathBuf,
+    _logdir: tempfile::TempDir,
+    agent: ureq::Agent,
+}
+
+/// An HTTP answer.
+#[derive(Debug)]
+pub struct Answer {
+    /// Status code.
+    pub status: u16,
+    /// Headers, lower-case names.
+    pub headers: Vec<(String, String)>,
+    /// Body bytes.
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as JSON (panics with the body if it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The `error` message of an error body.
+    pub fn error(&self) -> String {
+        self.json()["error"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after [`PATIENCE`].
+pub fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Server {
+    /// Starts `bin serve --repo repo --http 127.0.0.1:0 --poll-ms 50` plus
+    /// `args`, and waits until it listens.
+    pub fn start(bin: &Path, repo: &Path, args: &[&str]) -> Server {
+        let logdir = tempfile::tempdir().expect("a log dir");
+        let log = logdir.path().join("baton.log");
+        let mut child = Command::new(bin)
+            .args(["serve", "--http", "127.0.0.1:0", "--poll-ms", "50", "--repo"])
+            .arg(repo)
+            .args(args)
+            .env("BATON_LOG", "info,baton=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("a log file"))
+            .spawn()
+            .expect("starting baton");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("reading baton's first line");
+        let Some(address) = line.split("http://").nth(1).and_then(|s| s.split_whitespace().next()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("baton did not start: {line:?}\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        };
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(PATIENCE))
+            .build()
+            .into();
+        Server { child: Some(child), base: format!("http://{address}"), log, _logdir: logdir, agent }
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or_default()
+    }
+
+    /// What the server logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn answer(&self, response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
+        let mut response = response.unwrap_or_else(|e| panic!("request failed: {e}\n{}", self.log()));
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()))
+            .collect();
+        let body = response.body_mut().with_config().limit(1 << 30).read_to_vec().expect("reading a body");
+        Answer { status, headers, body }
+    }
+
+    /// GET a path.
+    pub fn get(&self, path: &str) -> Answer {
+        self.answer(self.agent.get(&format!("{}{path}", self.base)).call())
+    }
+
+    /// POST a JSON body.
+    pub fn post_json(&self, path: &str, body: &Value) -> Answer {
+        let request = self.agent.post(&format!("{}{path}", self.base)).header("content-type", "application/json");
+        self.answer(request.send(body.to_string()))
+    }
+
+    /// POST raw bytes with extra headers.
+    pub fn post_raw(&self, path: &str, body: &[u8], headers: &[(&str, &str)]) -> Answer {
+        let mut request = self.agent.post(&format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.answer(request.send(body))
+    }
+
+    /// Waits until `/v2/health/ready` says 200.
+    pub fn wait_ready(&self) {
+        eventually("the server to become ready", || (self.get("/v2/health/ready").status == 200).then_some(()));
+    }
+
+    /// Waits until the model serves `version`.
+    pub fn wait_serving(&self, model: &str, version: u64) {
+        eventually(&format!("{model} to serve version {version}"), || {
+            let status = self.get(&format!("/baton/v1/models/{model}/status"));
+            (status.status == 200 && status.json()["serving"] == version).then_some(())
+        });
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let pid = self.pid().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        let child = self.child.as_mut().expect("a running server");
+        let status = eventually("baton to exit after SIGTERM", || child.try_wait().expect("waiting for baton"));
+        self.child = None;
+        status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            if std::thread::panicking() {
+                eprintln!("--- baton log ---\n{}", self.log());
+            }
+        }
+    }
+}
