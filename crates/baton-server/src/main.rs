@@ -2,9 +2,11 @@
 
 mod app;
 mod cli;
+mod error;
 mod http;
 mod metrics;
 mod serve;
+mod serving;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -9,7 +9,11 @@ fn ms(v: &Value) -> String {
 fn stage_list(stages: &Value) -> String {
     stages
         .as_array()
-        .map(|s| s.iter().map(|s| format!("{} {}", s["stage"].as_str().unwrap_or("?"), ms(&s["duration"]))).collect::<Vec<_>>())
+        .map(|s| {
+            s.iter()
+                .map(|s| format!("{} {}", s["stage"].as_str().unwrap_or("?"), ms(&s["duration"])))
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default()
         .join(", ")
 }

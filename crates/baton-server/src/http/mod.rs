@@ -56,5 +56,5 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::new(axum::http::StatusCode::NOT_FOUND, "not_found", format!("no such endpoint: {}", uri.path()))
+    ApiError::new(crate::error::Class::NotFound, "not_found", format!("no such endpoint: {}", uri.path()))
 }

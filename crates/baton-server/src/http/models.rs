@@ -7,15 +7,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use baton_core::version::Version;
 use serde_json::json;
 
 use super::error::ApiError;
-use super::infer::{not_serving, resolve};
 use crate::app::App;
-
-/// `max_batch_size` when `model.toml` sets none and the model batches.
-pub const DEFAULT_MAX_BATCH_SIZE: usize = 1024;
+use crate::error::Class;
+use crate::serving::{max_batch_size, not_serving, platform, resolve};
 
 /// Protocol extensions baton speaks.
 pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_repository", "model_configuration", "baton_management"];
@@ -23,23 +20,6 @@ pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_repository", "mo
 /// Parses a version path segment.
 pub fn parse_version(text: &str) -> Result<u64, ApiError> {
     text.parse().map_err(|_| ApiError::bad_request("invalid_version", format!("'{text}' is not a version number")))
-}
-
-/// The largest batch a version accepts; 0 when the model does not batch.
-pub fn max_batch_size(version: &Version) -> usize {
-    if baton_kserve::is_batched(version.signature()) {
-        version.spec().max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE)
-    } else {
-        0
-    }
-}
-
-/// The platform name Triton clients expect for a backend.
-pub fn platform(version: &Version) -> (&'static str, String) {
-    match version.spec().backend.as_str() {
-        "onnx" => ("onnxruntime_onnx", "onnxruntime".to_owned()),
-        other => ("baton", other.to_owned()),
-    }
 }
 
 /// `GET /v2/health/live`.
@@ -95,7 +75,7 @@ fn model_ready_at(app: &App, model: &str, version: Option<u64>) -> Result<Respon
     match resolve(app, &snapshot, model, version) {
         Ok(v) => Ok(Json(json!({ "name": model, "version": v.number().to_string(), "ready": true, "state": state }))
             .into_response()),
-        Err(e) if e.status == StatusCode::NOT_FOUND && e.kind == "model_not_found" => Err(e),
+        Err(e) if e.class == Class::NotFound && e.kind == "model_not_found" => Err(e),
         Err(_) => Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "name": model, "ready": false, "state": state })))
             .into_response()),
     }

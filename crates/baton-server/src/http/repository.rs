@@ -8,7 +8,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use baton_core::error::LoadError;
 use baton_core::events::State as ModelState;
 use serde::Deserialize;
@@ -16,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use crate::app::App;
+use crate::error::Class;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -39,7 +39,7 @@ pub async fn index(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Vec<
     let source = app.registry.source();
     let mut names: BTreeSet<String> = source
         .models()
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "repository_unreadable", e.to_string()))?
+        .map_err(|e| ApiError::new(Class::Internal, "repository_unreadable", e.to_string()))?
         .into_iter()
         .collect();
     names.extend(app.registry.statuses().into_iter().map(|s| s.name));

@@ -1,0 +1,114 @@
+//! Errors on their way to a client, independent of the protocol. Each has a
+//! class that the REST front end maps to an HTTP status and the gRPC front
+//! end to a status code — in one place each — and a stable kind string used
+//! in responses and metrics. Client errors say exactly what was wrong;
+//! internal errors do not leak internals.
+
+use baton_core::error::{InferError, LoadError};
+use baton_core::source::FetchError;
+use baton_kserve::CodecError;
+
+/// Whose fault an error is, and what the client can do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// The request is malformed or does not fit the model.
+    BadRequest,
+    /// No such model, version or endpoint.
+    NotFound,
+    /// Another operation on the model is running, or the state forbids it.
+    Conflict,
+    /// The request is larger than the server accepts.
+    TooLarge,
+    /// The request was fine, but the version it names cannot be loaded.
+    Unprocessable,
+    /// Not ready: the model is not serving, or the server is shutting down.
+    Unavailable,
+    /// The server failed.
+    Internal,
+}
+
+/// An error for a client.
+#[derive(Debug)]
+pub struct ServeError {
+    /// Its class.
+    pub class: Class,
+    /// Stable kind string.
+    pub kind: &'static str,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl ServeError {
+    /// A new error.
+    pub fn new(class: Class, kind: &'static str, message: impl Into<String>) -> ServeError {
+        ServeError { class, kind, message: message.into() }
+    }
+
+    /// A malformed request.
+    pub fn bad_request(kind: &'static str, message: impl Into<String>) -> ServeError {
+        ServeError::new(Class::BadRequest, kind, message)
+    }
+
+    /// An unknown model.
+    pub fn unknown_model(model: &str) -> ServeError {
+        ServeError::new(Class::NotFound, "model_not_found", format!("unknown model '{model}'"))
+    }
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<CodecError> for ServeError {
+    fn from(e: CodecError) -> ServeError {
+        ServeError::bad_request(e.kind(), e.to_string())
+    }
+}
+
+impl From<InferError> for ServeError {
+    fn from(e: InferError) -> ServeError {
+        let class = match &e {
+            InferError::ModelNotFound(_) | InferError::VersionNotFound { .. } => Class::NotFound,
+            InferError::InvalidInput(_) => Class::BadRequest,
+            InferError::Backend(b) if b.kind == "invalid_input" || b.kind == "unsupported_datatype" => {
+                Class::BadRequest
+            }
+            InferError::Backend(_) => Class::Internal,
+        };
+        let kind = match &e {
+            InferError::Backend(b) => b.kind,
+            other => other.kind(),
+        };
+        ServeError::new(class, kind, e.to_string())
+    }
+}
+
+impl From<LoadError> for ServeError {
+    fn from(e: LoadError) -> ServeError {
+        let class = match &e {
+            LoadError::InProgress { .. } | LoadError::NoPrevious { .. } | LoadError::NotRetirable { .. } => {
+                Class::Conflict
+            }
+            LoadError::UnknownModel { .. }
+            | LoadError::NoVersion { .. }
+            | LoadError::NotLoaded { .. }
+            | LoadError::Fetch(FetchError::ModelNotFound { .. } | FetchError::VersionNotFound { .. }) => {
+                Class::NotFound
+            }
+            LoadError::ShuttingDown => Class::Unavailable,
+            LoadError::Panicked { .. } => Class::Internal,
+            LoadError::Fetch(_)
+            | LoadError::Verify(_)
+            | LoadError::Load(_)
+            | LoadError::Validate(_)
+            | LoadError::Warmup(_) => Class::Unprocessable,
+        };
+        let message = match &e {
+            LoadError::Panicked { stage, .. } => format!("{stage} failed: internal error (see the server log)"),
+            other => other.to_string(),
+        };
+        ServeError::new(class, e.kind(), message)
+    }
+}
