@@ -18,6 +18,9 @@
 //! Two things JSON cannot say: NaN and ±Inf are written as `null` (use
 //! binary outputs for exact floats; [`decode_response`] reads `null` back
 //! as NaN), and BYTES elements that are not UTF-8 are written lossily.
+//! Finite numbers are exact both ways: FP32/FP16 are written as the
+//! shortest decimal that reads back to the same value, and serde_json's
+//! `float_roundtrip` parser is enabled so FP64 reads back exactly too.
 //!
 //! Every error is a [`CodecError`] whose message names the tensor at fault
 //! and says what was expected and what was found.

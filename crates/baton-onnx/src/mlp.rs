@@ -186,10 +186,15 @@ use pb::Msg;
 
 /// ValueInfoProto for a FLOAT tensor of shape `[batch, width]`.
 fn value_info(name: &str, width: usize) -> Msg {
+    typed_value_info(name, 1, width)
+}
+
+/// ValueInfoProto for a tensor of ONNX element type `elem_type` and shape `[batch, width]`.
+fn typed_value_info(name: &str, elem_type: i64, width: usize) -> Msg {
     let mut vi = Msg::default();
     vi.str(1, name).with(2, |ty| {
         ty.with(1, |tensor| {
-            tensor.int(1, 1).with(2, |shape| {
+            tensor.int(1, elem_type).with(2, |shape| {
                 shape.with(1, |d| {
                     d.str(2, "batch");
                 });
@@ -276,6 +281,22 @@ pub fn encode_mlp(mlp: &Mlp, opts: &OnnxOptions) -> (Vec<u8>, Option<Vec<u8>>) {
         op.str(1, "").int(2, opts.opset);
     });
     (model.0, ext)
+}
+
+/// Encodes `output = Identity(input)` for `[batch, width]` tensors of an
+/// ONNX element type (see [`crate::proto::elem`]): a model with no weights
+/// that returns its input, for carrying every datatype end to end.
+pub fn encode_identity(elem_type: i32, width: usize) -> Vec<u8> {
+    let mut graph = Msg::default();
+    graph.msg(1, &node("Identity", "identity", &["input"], "output"));
+    graph.str(2, "baton_identity");
+    graph.msg(11, &typed_value_info("input", i64::from(elem_type), width));
+    graph.msg(12, &typed_value_info("output", i64::from(elem_type), width));
+    let mut model = Msg::default();
+    model.int(1, 8).str(2, "baton").str(3, env!("CARGO_PKG_VERSION")).msg(7, &graph).with(8, |op| {
+        op.str(1, "").int(2, 13);
+    });
+    model.0
 }
 
 /// Deterministic input batch of `width * batch` values in [-1, 1] from a seed.

@@ -63,7 +63,9 @@ impl std::fmt::Display for ServeError {
 
 impl From<CodecError> for ServeError {
     fn from(e: CodecError) -> ServeError {
-        ServeError::bad_request(e.kind(), e.to_string())
+        // An output the model produced that cannot be encoded is the server's fault.
+        let class = if e.is_client_error() { Class::BadRequest } else { Class::Internal };
+        ServeError::new(class, e.kind(), e.to_string())
     }
 }
 
