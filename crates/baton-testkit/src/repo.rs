@@ -8,9 +8,15 @@ use baton_core::manifest;
 
 use crate::onnx::{Mlp, OnnxOptions, encode_mlp};
 
-/// A model repository in a temporary directory, removed on drop.
+/// A model repository, in a temporary directory removed on drop, or in a
+/// directory the caller owns.
 pub struct TestRepo {
-    dir: tempfile::TempDir,
+    dir: Dir,
+}
+
+enum Dir {
+    Temp(tempfile::TempDir),
+    Kept(PathBuf),
 }
 
 /// `model.toml` for an MLP with the default tensor names.
@@ -47,12 +53,21 @@ impl Default for TestRepo {
 impl TestRepo {
     /// An empty repository.
     pub fn new() -> TestRepo {
-        TestRepo { dir: tempfile::Builder::new().prefix("baton-repo-").tempdir().expect("creating a temp dir") }
+        let dir = tempfile::Builder::new().prefix("baton-repo-").tempdir().expect("creating a temp dir");
+        TestRepo { dir: Dir::Temp(dir) }
+    }
+
+    /// A repository in an existing directory, which stays when this is dropped.
+    pub fn at(root: &Path) -> TestRepo {
+        TestRepo { dir: Dir::Kept(root.to_owned()) }
     }
 
     /// The repository root.
     pub fn root(&self) -> &Path {
-        self.dir.path()
+        match &self.dir {
+            Dir::Temp(dir) => dir.path(),
+            Dir::Kept(path) => path,
+        }
     }
 
     /// Writes `model.toml` for a model.

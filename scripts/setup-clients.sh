@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the clients baton is tested against into .baton/venv: NVIDIA's
+# tritonclient (HTTP and gRPC) with the perf_analyzer binary inside its
+# wheel, numpy and pytest; plus what perf_analyzer needs to start on a
+# machine without a GPU: libb64 from apt and a libcudart.so.12 from the
+# nvidia-cuda-runtime-cu12 wheel (no GPU is used).
+#
+# Afterwards `.baton/bin/perf_analyzer` runs perf_analyzer with its library
+# path set. Idempotent.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+TRITONCLIENT_VERSION=2.51.0  # the newest whose perf_analyzer runs on Debian 12
+venv=.baton/venv
+stamp="$venv/.baton-clients-$TRITONCLIENT_VERSION"
+
+if [ ! -f "$stamp" ]; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check \
+    "tritonclient[all]==$TRITONCLIENT_VERSION" numpy pytest nvidia-cuda-runtime-cu12
+  touch "$stamp"
+fi
+
+if ! ldconfig -p | grep -q 'libb64\.so\.0d'; then
+  if ! apt-get install -y -q libb64-0d >/dev/null 2>&1; then
+    apt-get update -q >/dev/null
+    apt-get install -y -q libb64-0d >/dev/null
+  fi
+fi
+
+cudart_dir=$("$venv/bin/python" -c 'import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], "lib"))')
+mkdir -p .baton/bin
+cat > .baton/bin/perf_analyzer <<WRAPPER
+#!/usr/bin/env bash
+export LD_LIBRARY_PATH="$cudart_dir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+exec "$PWD/$venv/bin/perf_analyzer" "\$@"
+WRAPPER
+chmod +x .baton/bin/perf_analyzer
+echo "Clients ready: $venv (tritonclient $TRITONCLIENT_VERSION), .baton/bin/perf_analyzer"
