@@ -12,7 +12,7 @@ use crate::backend::Model;
 use crate::error::InferError;
 use crate::manifest::Manifest;
 use crate::memory::Releaser;
-use crate::pipeline::warmup::Sample;
+use crate::pipeline::warmup::{Sample, Warmed};
 use crate::signature::Signature;
 use crate::spec::ModelSpec;
 use crate::tensor::Tensor;
@@ -24,6 +24,7 @@ pub struct Version {
     spec: Arc<ModelSpec>,
     manifest: Manifest,
     warmup: Vec<Sample>,
+    warmed: Warmed,
     bytes_held: u64,
     loaded_at: SystemTime,
     engine: Option<Box<dyn Model>>,
@@ -42,6 +43,8 @@ pub struct VersionParts {
     pub manifest: Manifest,
     /// The warmup samples it passed.
     pub warmup: Vec<Sample>,
+    /// How its warmup went.
+    pub warmed: Warmed,
     /// Memory it holds, as measured while it loaded.
     pub bytes_held: u64,
     /// The engine model.
@@ -58,6 +61,7 @@ impl Version {
             spec: parts.spec,
             manifest: parts.manifest,
             warmup: parts.warmup,
+            warmed: parts.warmed,
             bytes_held: parts.bytes_held,
             loaded_at: SystemTime::now(),
             engine: Some(parts.engine),
@@ -88,6 +92,11 @@ impl Version {
     /// The warmup samples this version passed.
     pub fn warmup(&self) -> &[Sample] {
         &self.warmup
+    }
+
+    /// How its warmup went: runs and the fastest and slowest of them.
+    pub fn warmed(&self) -> Warmed {
+        self.warmed
     }
 
     /// Memory held, measured while loading.

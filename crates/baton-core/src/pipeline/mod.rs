@@ -107,7 +107,11 @@ impl Run {
     fn drain_then_finish(self, old: Snapshot, timeout: Duration, bytes_held: u64, end: State, reply: Reply) {
         let spawned = std::thread::Builder::new().name("baton-drain".into()).spawn(move || {
             let mut run = self;
-            let (stragglers, timed_out) = run.stage(Stage::Drain, |_| Ok(drain(old, timeout))).unwrap_or((0, false));
+            // A model that was not in the replaced table has nothing to drain.
+            let nothing_to_drain = old.model(run.model()).is_none();
+            let (stragglers, timed_out) = run
+                .stage(Stage::Drain, |_| Ok(if nothing_to_drain { (0, false) } else { drain(old, timeout) }))
+                .unwrap_or((0, false));
             if timed_out {
                 tracing::warn!(
                     model = run.model(),
@@ -234,17 +238,17 @@ fn prepare(run: &mut Run, version: Option<u64>) -> Result<Prepared, LoadError> {
         Ok(backend.load(&dir, &spec)?)
     })?;
     run.stage(Stage::Validate, |_| Ok(validate::validate(engine.as_ref(), &spec)?))?;
-    let samples = run.stage(Stage::Warmup, |_| {
+    let (samples, warmed) = run.stage(Stage::Warmup, |_| {
         let samples = warmup::samples(&dir, &spec, engine.signature())?;
-        warmup::run(engine.as_ref(), &samples, &spec)?;
-        Ok(samples)
+        let warmed = warmup::run(engine.as_ref(), &samples, &spec)?;
+        Ok((samples, warmed))
     })?;
     let bytes_held = crate::sys::trimmed_rss().unwrap_or(0).saturating_sub(rss_before);
     drop(window);
     let keep = spec.policy.keep_previous;
     let timeout = Duration::from_millis(spec.policy.drain_timeout_ms);
     let version = Arc::new(Version::new(
-        VersionParts { model, number, spec, manifest, warmup: samples, bytes_held, engine },
+        VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine },
         Some(inner.releaser.clone()),
     ));
     inner.memory.track(&version);

@@ -98,6 +98,8 @@ pub struct Warmed {
     pub runs: usize,
     /// The slowest run.
     pub slowest: Duration,
+    /// The fastest run: about what the smallest request costs.
+    pub fastest: Duration,
 }
 
 #[derive(Deserialize)]
@@ -217,6 +219,7 @@ pub fn run(model: &dyn Model, samples: &[Sample], spec: &ModelSpec) -> Result<Wa
             let took = started.elapsed();
             warmed.runs += 1;
             warmed.slowest = warmed.slowest.max(took);
+            warmed.fastest = if warmed.runs == 1 { took } else { warmed.fastest.min(took) };
             if took > budget {
                 return Err(WarmupError::TooSlow {
                     sample: sample.name.clone(),
