@@ -18,6 +18,8 @@ pub struct App {
     /// Largest request body accepted, in bytes.
     pub max_request_bytes: usize,
     draining: AtomicBool,
+    /// Whether the repository has been listed once, so `required` is known.
+    listed: AtomicBool,
     required: RwLock<BTreeSet<String>>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
@@ -30,15 +32,18 @@ impl App {
             metrics: Metrics::default(),
             max_request_bytes,
             draining: AtomicBool::new(false),
+            listed: AtomicBool::new(false),
             required: RwLock::new(BTreeSet::new()),
             shutdown: tokio::sync::watch::Sender::new(false),
         }
     }
 
-    /// Ready means: not shutting down, and every required model serves.
-    /// This is the contract a load balancer acts on.
+    /// Ready means: not shutting down, the repository has been listed, and
+    /// every required model serves. This is the contract a load balancer
+    /// acts on: before the first listing the required models are not known
+    /// yet, and an empty list must not read as "all of them serve".
     pub fn ready(&self) -> bool {
-        if self.draining() {
+        if self.draining() || !self.listed.load(Ordering::SeqCst) {
             return false;
         }
         let snapshot = self.registry.snapshot();
@@ -65,6 +70,7 @@ impl App {
     /// Sets the models readiness waits for.
     pub fn set_required(&self, models: BTreeSet<String>) {
         *self.required.write().unwrap_or_else(|e| e.into_inner()) = models;
+        self.listed.store(true, Ordering::SeqCst);
     }
 
     /// The models readiness waits for.

@@ -2,9 +2,12 @@
 
 mod app;
 mod cli;
+mod drill;
 mod error;
+mod grpc;
 mod http;
 mod metrics;
+mod repository;
 mod serve;
 mod serving;
 
@@ -50,6 +53,8 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
+    /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
+    Drill(Box<drill::DrillArgs>),
     /// Print state transitions and other events as they happen.
     Events {
         /// One JSON object per line instead of text.
@@ -87,6 +92,7 @@ fn main() -> ExitCode {
         Command::Load { name, version, target } => cli::load(&target, &name, version),
         Command::Rollback { name, target } => cli::rollback(&target, &name),
         Command::Events { json, target } => cli::events(&target, json),
+        Command::Drill(args) => return drill::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

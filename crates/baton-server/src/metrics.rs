@@ -37,7 +37,7 @@ impl Histogram {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.sum_nanos.fetch_add(nanos(d), Ordering::Relaxed);
     }
 
     fn render(&self, out: &mut String, name: &str, labels: &str) {
@@ -61,15 +61,64 @@ pub struct VersionMetrics {
     requests: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
     latency: Histogram,
+    failures: AtomicU64,
+    failure_nanos: AtomicU64,
+    inferences: AtomicU64,
+    last_ms: AtomicU64,
+}
+
+/// One model version's request counters, as Triton's statistics report them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VersionStats {
+    /// Requests that reached the version and succeeded.
+    pub successes: u64,
+    /// Their total time inside the server, in nanoseconds.
+    pub success_nanos: u64,
+    /// Requests that reached the version and failed.
+    pub failures: u64,
+    /// Their total time, in nanoseconds.
+    pub failure_nanos: u64,
+    /// Inferences in successful requests, each element of a batch counted.
+    pub inferences: u64,
+    /// When the last request ended, in milliseconds since the Unix epoch;
+    /// 0 before the first.
+    pub last_ms: u64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl VersionMetrics {
-    /// Records a request that reached the version.
-    pub fn record(&self, took: Duration, error: Option<&'static str>) {
+    /// Records a request that reached the version: how long it took, how
+    /// many inferences it asked for (its batch size), and its error kind if
+    /// it failed.
+    pub fn record(&self, took: Duration, batch: u64, error: Option<&'static str>) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.latency.observe(took);
         if let Some(kind) = error {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            self.failure_nanos.fetch_add(nanos(took), Ordering::Relaxed);
             *self.errors.lock().unwrap_or_else(|e| e.into_inner()).entry(kind).or_default() += 1;
+        } else {
+            self.inferences.fetch_add(batch, Ordering::Relaxed);
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.last_ms.fetch_max(u64::try_from(now.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// The counters as they are now. Each is read on its own, so a request
+    /// finishing meanwhile may show in one and not yet in another.
+    pub fn stats(&self) -> VersionStats {
+        let failures = self.failures.load(Ordering::Relaxed);
+        let failure_nanos = self.failure_nanos.load(Ordering::Relaxed);
+        VersionStats {
+            successes: self.requests.load(Ordering::Relaxed).saturating_sub(failures),
+            success_nanos: self.latency.sum_nanos.load(Ordering::Relaxed).saturating_sub(failure_nanos),
+            failures,
+            failure_nanos,
+            inferences: self.inferences.load(Ordering::Relaxed),
+            last_ms: self.last_ms.load(Ordering::Relaxed),
         }
     }
 }
@@ -116,6 +165,13 @@ impl Metrics {
             return Arc::clone(found);
         }
         Arc::clone(self.versions.write().unwrap_or_else(|e| e.into_inner()).entry(key).or_default())
+    }
+
+    /// The counters of one model version; all zero when it has served no
+    /// request (the series is not created).
+    pub fn version_stats(&self, model: &str, version: u64) -> VersionStats {
+        let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
+        versions.get(&(model.to_owned(), version)).map(|m| m.stats()).unwrap_or_default()
     }
 
     /// Counts a request refused before it reached a version.

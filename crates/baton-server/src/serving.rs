@@ -68,7 +68,12 @@ fn check_batch(target: &Version, inputs: &[Tensor]) -> Result<(), ServeError> {
         return Ok(());
     }
     for input in inputs {
-        if let Some(&batch) = input.shape.first()
+        // Only a tensor that otherwise fits has a batch size to speak of; for
+        // any other (wrong rank, width or name) the signature check says
+        // precisely what is wrong.
+        let fits = target.signature().input(&input.name).is_some_and(|spec| spec.accepts(&input.shape));
+        if fits
+            && let Some(&batch) = input.shape.first()
             && batch > max as i64
         {
             return Err(ServeError::bad_request(
@@ -78,6 +83,32 @@ fn check_batch(target: &Version, inputs: &[Tensor]) -> Result<(), ServeError> {
         }
     }
     Ok(())
+}
+
+/// The number of inferences a request asks for: its batch size when the
+/// model batches, else 1.
+fn batch_size(target: &Version, inputs: &[Tensor]) -> u64 {
+    if max_batch_size(target) == 0 {
+        return 1;
+    }
+    inputs.first().and_then(|t| t.shape.first()).map_or(1, |&b| u64::try_from(b).unwrap_or(0))
+}
+
+/// A request to a model whose smallest warmup run took this long or more
+/// is run with `block_in_place`, so the async worker's other tasks (health
+/// checks, metrics, other models' requests) move to another thread instead
+/// of waiting behind it. Cheaper models run inline: for them the hand-off
+/// would cost more than the inference.
+pub const HEAVY: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn run(target: &Version, inputs: &[Tensor]) -> Result<Vec<Tensor>, baton_core::error::InferError> {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread && target.warmed().fastest >= HEAVY {
+        tokio::task::block_in_place(|| target.infer(inputs))
+    } else {
+        target.infer(inputs)
+    }
 }
 
 /// Runs one inference on the version the snapshot routes `model` (and
@@ -93,7 +124,7 @@ pub fn infer<'a>(
     let target = target.inspect_err(|e| app.metrics.rejected(model, e.kind))?;
     let series = app.metrics.version(model, target.number());
     let started = Instant::now();
-    let outcome = target.infer(inputs).map_err(ServeError::from);
-    series.record(started.elapsed(), outcome.as_ref().err().map(|e| e.kind));
+    let outcome = run(target, inputs).map_err(ServeError::from);
+    series.record(started.elapsed(), batch_size(target, inputs), outcome.as_ref().err().map(|e| e.kind));
     Ok((target, outcome?))
 }

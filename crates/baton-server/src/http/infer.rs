@@ -2,9 +2,8 @@
 //! or with the binary tensor data extension.
 //!
 //! The request takes one routing snapshot and runs on the version it
-//! resolves to. Inference runs inline on the async worker: for the small,
-//! fast models baton is built around, a hand-off to a blocking pool would
-//! cost more than the inference itself.
+//! resolves to. Cheap models run inline on the async worker; expensive ones
+//! are moved off it (see [`crate::serving::HEAVY`]).
 
 use std::sync::Arc;
 

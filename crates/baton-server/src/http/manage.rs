@@ -47,7 +47,15 @@ pub async fn load(
 }
 
 /// `POST /baton/v1/models/{name}/rollback`.
-pub async fn rollback(State(app): State<Arc<App>>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
+///
+/// Like every POST handler, it takes the body (whatever it holds) so the
+/// connection stays usable: hyper closes a keep-alive connection whose
+/// request body was left unread, and the client's next request on it fails.
+pub async fn rollback(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+    _body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let report = app.registry.rollback(&model)?.finished().await?;
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))
 }
@@ -56,6 +64,7 @@ pub async fn rollback(State(app): State<Arc<App>>, Path(model): Path<String>) ->
 pub async fn retire(
     State(app): State<Arc<App>>,
     Path((model, version)): Path<(String, String)>,
+    _body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let report = app.registry.retire(&model, parse_version(&version)?)?.finished().await?;
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))

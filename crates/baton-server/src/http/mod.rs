@@ -10,6 +10,7 @@ mod repository;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -55,6 +56,8 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
-async fn not_found(uri: axum::http::Uri) -> ApiError {
+/// Reads the body even here, so a request to a wrong path does not cost the
+/// client its keep-alive connection.
+async fn not_found(uri: axum::http::Uri, _body: Result<axum::body::Bytes, BytesRejection>) -> ApiError {
     ApiError::new(crate::error::Class::NotFound, "not_found", format!("no such endpoint: {}", uri.path()))
 }

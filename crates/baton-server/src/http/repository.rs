@@ -2,20 +2,17 @@
 //! answer once the operation has finished, drain included, as Triton's
 //! clients expect.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use baton_core::error::LoadError;
-use baton_core::events::State as ModelState;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
 use crate::app::App;
-use crate::error::Class;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -36,50 +33,12 @@ fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T,
 /// the reason.
 pub async fn index(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Vec<Value>>, ApiError> {
     let request: IndexRequest = parse_body(&body)?;
-    let source = app.registry.source();
-    let mut names: BTreeSet<String> = source
-        .models()
-        .map_err(|e| ApiError::new(Class::Internal, "repository_unreadable", e.to_string()))?
-        .into_iter()
-        .collect();
-    names.extend(app.registry.statuses().into_iter().map(|s| s.name));
-    let snapshot = app.registry.snapshot();
-    let mut rows = Vec::new();
-    for name in names {
-        let status = app.registry.status(&name);
-        let route = snapshot.model(&name);
-        let mut versions: BTreeSet<u64> = source.versions(&name).unwrap_or_default().into_iter().collect();
-        if let Some(route) = route {
-            versions.extend(route.versions().map(|v| v.number()));
-        }
-        if let Some(s) = &status {
-            versions.extend(s.failed_versions.keys().copied());
-            versions.extend(s.working_on);
-        }
-        for version in versions {
-            let loaded = route.is_some_and(|r| r.versions().any(|v| v.number() == version));
-            let working = status.as_ref().filter(|s| s.working_on == Some(version));
-            let failed = status.as_ref().and_then(|s| s.failed_versions.get(&version));
-            let (state, reason) = if loaded {
-                ("READY", String::new())
-            } else if let Some(s) = working {
-                let state = if s.state == ModelState::Draining { "UNLOADING" } else { "LOADING" };
-                (state, s.state.as_str().to_owned())
-            } else if let Some(f) = failed {
-                ("FAILED", f.message.clone())
-            } else {
-                ("UNAVAILABLE", "not loaded".to_owned())
-            };
-            if request.ready && state != "READY" {
-                continue;
-            }
-            rows.push(json!({ "name": name, "version": version.to_string(), "state": state, "reason": reason }));
-        }
-        if route.is_none() && request.ready {
-            continue;
-        }
-    }
-    Ok(Json(rows))
+    let rows = crate::repository::index(&app, request.ready)?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| json!({ "name": r.name, "version": r.version.to_string(), "state": r.state, "reason": r.reason }))
+            .collect(),
+    ))
 }
 
 #[derive(Deserialize, Default)]
@@ -124,7 +83,14 @@ pub async fn load(
 
 /// `POST /v2/repository/models/{name}/unload`: the model leaves service;
 /// unloading a model that is not loaded is not an error.
-pub async fn unload(State(app): State<Arc<App>>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
+///
+/// The body (Triton's clients send `{"parameters": {...}}`) is read and
+/// ignored, so the connection stays usable.
+pub async fn unload(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+    _body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     match app.registry.unload(&model) {
         Ok(handle) => Ok(Json(serde_json::to_value(handle.finished().await?).unwrap_or_default())),
         Err(LoadError::NotLoaded { .. }) if app.registry.source().spec(&model).is_ok() => Ok(Json(json!({}))),

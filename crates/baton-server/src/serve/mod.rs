@@ -1,5 +1,5 @@
-//! `baton serve`: the registry, the REST front end, the repository watcher
-//! and graceful shutdown.
+//! `baton serve`: the registry, the REST and gRPC front ends, the
+//! repository watcher and graceful shutdown.
 
 pub mod demo;
 pub mod watch;
@@ -16,8 +16,10 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::app::App;
 
-/// Options of `baton serve`.
+/// Options of `baton serve`. An option given twice takes its last value, so
+/// wrappers can set defaults that their callers override.
 #[derive(clap::Args, Debug)]
+#[command(args_override_self = true)]
 pub struct ServeArgs {
     /// The model repository. Without it, baton serves a demo repository it
     /// generates under .baton/demo.
@@ -26,6 +28,9 @@ pub struct ServeArgs {
     /// Address of the KServe V2 REST API (Triton's port, so habits carry over).
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub http: SocketAddr,
+    /// Address of the KServe V2 gRPC API (Triton's port).
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    pub grpc: SocketAddr,
     /// Do not poll the repository for new and removed versions.
     #[arg(long)]
     pub no_watch: bool,
@@ -69,6 +74,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let address = listener.local_addr()?;
+    let grpc_listener =
+        tokio::net::TcpListener::bind(args.grpc).await.with_context(|| format!("binding {}", args.grpc))?;
+    let grpc_address = grpc_listener.local_addr()?;
     // Subscribed before the first load starts, so every load is counted.
     tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
 
@@ -84,18 +92,33 @@ async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<
         }
     })?;
 
-    println!("Listening on http://{address} (KServe V2 REST).");
-    tracing::info!(%address, watch, "baton is serving.");
+    {
+        // Both lines at once, REST first: scripts and tests read them. A
+        // closed stdout is no reason to stop serving.
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "Listening on http://{address} (KServe V2 REST).");
+        let _ = writeln!(out, "Listening on grpc://{grpc_address} (KServe V2 gRPC).");
+        let _ = out.flush();
+    }
+    tracing::info!(%address, %grpc_address, watch, "baton is serving.");
     let signal_app = Arc::clone(&app);
     let mut stopped = app.shutdown_signal();
     let server = axum::serve(listener, crate::http::router(Arc::clone(&app))).with_graceful_shutdown(async move {
         shutdown_signal().await;
-        tracing::info!("Shutting down: not ready from now on, finishing requests in flight.");
+        // Not ready first, then say so: whoever reads the line can rely on it.
         signal_app.start_draining();
+        tracing::info!("Shutting down: not ready from now on, finishing requests in flight.");
     });
+    // Stops accepting when the app starts draining (the REST side's signal
+    // handler starts it), then finishes the RPCs in flight.
+    let grpc = crate::grpc::serve(Arc::clone(&app), grpc_listener);
+    let both = async {
+        tokio::try_join!(async { server.await.context("serving HTTP") }, async { grpc.await.context("serving gRPC") })
+    };
     let grace = Duration::from_secs(args.shutdown_timeout);
     tokio::select! {
-        result = server => result.context("serving HTTP")?,
+        result = both => { result?; }
         () = async {
             let _ = stopped.wait_for(|stop| *stop).await;
             tokio::time::sleep(grace).await;

@@ -1,0 +1,117 @@
+//! `baton.v1.Management`: the registry's event stream, status, load and
+//! rollback over gRPC. Payloads are the JSON the REST management API
+//! writes, so there is one format for both.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use baton_core::events::{Event as CoreEvent, LoadReport};
+use serde_json::{Value, json};
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::{BroadcastStream, WatchStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::pb_baton::management_server;
+use super::pb_baton::{
+    Event, EventsRequest, LoadRequest, OperationReport, RollbackRequest, StatusRequest, StatusResponse,
+};
+use crate::app::App;
+use crate::error::ServeError;
+
+/// The service, sharing the app with every other front end.
+pub struct Management {
+    app: Arc<App>,
+}
+
+impl Management {
+    /// The service over `app`.
+    pub fn new(app: Arc<App>) -> Management {
+        Management { app }
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or_default()
+}
+
+/// A registry event as a message: its kind is the JSON's `event` field.
+pub fn event_message(event: &CoreEvent) -> Event {
+    let json = to_json(event);
+    Event {
+        model: event.model.clone(),
+        version: event.version,
+        at: event.at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64(),
+        kind: json.get("event").and_then(Value::as_str).unwrap_or("event").to_owned(),
+        json: json.to_string(),
+    }
+}
+
+fn report_message(report: &LoadReport) -> OperationReport {
+    let json = to_json(report);
+    OperationReport {
+        model: report.model.clone(),
+        operation: json.get("operation").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        version: report.version,
+        replaced: report.replaced,
+        json: json.to_string(),
+    }
+}
+
+#[tonic::async_trait]
+impl management_server::Management for Management {
+    type EventsStream = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
+
+    /// Every event from the moment of the call (the subscription is in place
+    /// before the response headers go out), filtered to one model if asked.
+    /// A client too slow to keep up gets a `lagged` event saying how many it
+    /// missed. Ends when the server starts shutting down.
+    async fn events(&self, request: Request<EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
+        let model = request.into_inner().model;
+        let shutdown = WatchStream::new(self.app.shutdown_signal()).filter(|stop| *stop).map(|_| None);
+        let events = BroadcastStream::new(self.app.registry.subscribe()).map(Some);
+        let stream = events.merge(shutdown).take_while(Option::is_some).filter_map(move |item| match item? {
+            Ok(event) if model.is_empty() || event.model == model => Some(Ok(event_message(&event))),
+            Ok(_) => None,
+            Err(BroadcastStreamRecvError::Lagged(missed)) => Some(Ok(Event {
+                kind: "lagged".to_owned(),
+                json: json!({ "event": "lagged", "missed": missed }).to_string(),
+                ..Event::default()
+            })),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let model = request.into_inner().model;
+        let json = if model.is_empty() {
+            json!({
+                "ready": self.app.ready(),
+                "draining": self.app.draining(),
+                "required": self.app.required(),
+                "models": self.app.registry.statuses(),
+            })
+        } else {
+            to_json(&self.app.registry.status(&model).ok_or_else(|| ServeError::unknown_model(&model))?)
+        };
+        Ok(Response::new(StatusResponse {
+            ready: self.app.ready(),
+            draining: self.app.draining(),
+            json: json.to_string(),
+        }))
+    }
+
+    async fn load(&self, request: Request<LoadRequest>) -> Result<Response<OperationReport>, Status> {
+        let request = request.into_inner();
+        let report = super::repository::load(&self.app, &request.model, request.version).await?;
+        Ok(Response::new(report_message(&report)))
+    }
+
+    async fn rollback(&self, request: Request<RollbackRequest>) -> Result<Response<OperationReport>, Status> {
+        let model = request.into_inner().model;
+        let report =
+            self.app.registry.rollback(&model).map_err(ServeError::from)?.finished().await.map_err(ServeError::from)?;
+        Ok(Response::new(report_message(&report)))
+    }
+}
