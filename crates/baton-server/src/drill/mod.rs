@@ -1,0 +1,212 @@
+//! `baton drill`: a swap-under-fire drill. It drives load at a KServe V2
+//! server (baton, Triton, MLServer, KServe's Python server) over HTTP or
+//! gRPC, makes swaps while the load runs, and reports what the clients saw:
+//! failures, latency in steady windows against swap windows, how long each
+//! new version took to answer, answers from unexpected versions, and the
+//! server's memory. See docs/drill.md.
+//!
+//! Exit status: 0 when the verdict is clean, 1 when the drill ran and found
+//! problems (failed requests, a failed or unserved swap, unexpected
+//! versions), 2 when it could not run (bad options, an unreachable
+//! metadata endpoint, a repository that is not there).
+
+pub mod analyze;
+pub mod args;
+pub mod caller;
+pub mod grpc;
+pub mod http1;
+pub mod load;
+pub mod payload;
+pub mod progress;
+pub mod record;
+pub mod report;
+pub mod rss;
+pub mod swap;
+pub mod target;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use anyhow::Context;
+pub use args::DrillArgs;
+use args::Protocol;
+use caller::{Caller, HttpCaller};
+use load::{Mode, Plan};
+use record::Live;
+use serde_json::json;
+use target::Endpoint;
+
+/// Runs the drill; the exit status says what it found.
+pub fn run(args: DrillArgs) -> ExitCode {
+    match drill(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("baton drill: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
+    args.check()?;
+    target::check_path_segment("the model name", &args.model)?;
+    if let Some(v) = &args.model_version {
+        target::check_path_segment("--model-version", v)?;
+    }
+    let http = Endpoint::parse(&args.url, 80, args.allow_remote)?;
+    let grpc = match args.protocol {
+        Protocol::Grpc => Some(Endpoint::parse(&args.grpc_url, 8001, args.allow_remote)?),
+        _ => None,
+    };
+    if let Some(pid) = args.pid {
+        rss::read_rss(pid).with_context(|| format!("--pid {pid}: cannot read the process's memory"))?;
+    }
+    let inputs = payload::tensors(&http, args)?;
+    let action = match args.swaps {
+        0 => None,
+        _ => Some(swap::action::Action::from_args(args, &http)?),
+    };
+    let mode = match args.rate {
+        Some(rate) => Mode::Open { rate, connections: args.connections },
+        None => Mode::Closed { workers: args.concurrency.unwrap_or(4) },
+    };
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("drill-load")
+        .enable_all()
+        .build()
+        .context("starting the load generator's runtime")?;
+
+    let request: Arc<[u8]> = payload::http_request(&http, args, &inputs).into();
+    let mut callers: Vec<Caller> = Vec::new();
+    for _ in 0..mode.workers() {
+        callers.push(match &grpc {
+            Some(endpoint) => Caller::Grpc(Box::new(grpc::GrpcCaller::new(endpoint, args, &inputs)?)),
+            None => Caller::Http(HttpCaller::new(http.addr, Arc::clone(&request))),
+        });
+    }
+    runtime.block_on(async {
+        for caller in &mut callers {
+            caller.connect().await;
+        }
+    });
+
+    let title = title(args, &mode);
+    eprintln!("{title}");
+    let live = Arc::new(Live::new(mode.workers()));
+    let started_unix_s = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let phase: swap::Phase = Arc::new(Mutex::new(String::new()));
+    let sampler = args.pid.map(|pid| rss::spawn(pid, args.rss_interval, Arc::clone(&live)));
+    let driver = action.map(|action| {
+        let schedule = swap::Schedule::from_args(args);
+        swap::spawn(action, schedule, args.versions.clone(), Arc::clone(&live), Arc::clone(&phase))
+    });
+    let progress = (!args.quiet).then(|| progress::spawn(Arc::clone(&live), Arc::clone(&phase)));
+
+    let plan = Plan { mode, duration: args.duration, max_requests: args.max_requests, timeout: args.timeout };
+    let logs = runtime.block_on(load::run(callers, plan, Arc::clone(&live)));
+    let stopped_at = live.now();
+    live.stop.store(true, Ordering::Relaxed);
+    if let Some(p) = progress {
+        let _ = p.join();
+    }
+    let swaps = driver.map(|d| d.join().unwrap_or_default()).unwrap_or_default();
+    let samples = sampler.map(|s| s.join().unwrap_or_default());
+    drop(runtime);
+
+    let (records, versions, errors) = analyze::merge(&logs);
+    let end = records.iter().map(record::Record::end).max().unwrap_or(stopped_at);
+    let run = analyze::Run {
+        records,
+        versions,
+        errors,
+        end,
+        swaps,
+        planned_swaps: args.swaps,
+        window: args.window.as_nanos() as u64,
+        rss: args.pid.zip(samples),
+        allow: args.allow_versions.clone(),
+    };
+    let analysis = analyze::analyze(&run);
+    let report = report::Report {
+        tool: "baton drill",
+        tool_version: env!("CARGO_PKG_VERSION"),
+        started_unix_s,
+        config: config(args, &mode, threads, &inputs),
+        client: json!({
+            "workers": mode.workers(),
+            "threads": threads,
+            "queued_sends": logs.iter().map(|l| l.queued).sum::<u64>(),
+            "late_sends": logs.iter().map(|l| l.late).sum::<u64>(),
+            "max_schedule_lag_ms": logs.iter().map(|l| l.max_lag).max().unwrap_or(0) as f64 / 1e6,
+        }),
+        analysis: &analysis,
+        records: args.records.then(|| report::Records::of(&run)),
+    };
+    let json = serde_json::to_string_pretty(&report).context("encoding the report")?;
+    report::write(&args.json, &json)?;
+    report::write(&args.svg, &report::svg::render(&title, &analysis))?;
+    // A closed stdout (e.g. piped into `head`) is not an error of the drill.
+    let mut out = std::io::stdout().lock();
+    let _ = write!(out, "{}", report::table::render(&title, &analysis));
+    let _ = writeln!(out, "report: {}  chart: {}", args.json.display(), args.svg.display());
+    Ok(analysis.verdict.clean)
+}
+
+fn title(args: &DrillArgs, mode: &Mode) -> String {
+    let target = match args.protocol {
+        Protocol::Grpc => args.grpc_url.as_str(),
+        _ => args.url.as_str(),
+    };
+    let load = match *mode {
+        Mode::Closed { workers } => format!("closed loop ×{workers}"),
+        Mode::Open { rate, connections } => format!("open loop {rate}/s over ≤{connections} connections"),
+    };
+    let swaps = match args.swaps {
+        0 => "no swaps".to_owned(),
+        1 => format!("1 swap by {}", value_name(args.swap)),
+        n => format!("{n} swaps by {}", value_name(args.swap)),
+    };
+    let protocol = value_name(args.protocol);
+    format!("baton drill: {} @ {target} ({protocol}, {load}, {swaps})", args.model)
+}
+
+/// The command-line spelling of an option's value.
+fn value_name(value: impl clap::ValueEnum) -> String {
+    value.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+}
+
+fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::tensor::Tensor]) -> serde_json::Value {
+    json!({
+        "model": args.model,
+        "url": args.url,
+        "grpc_url": (args.protocol == Protocol::Grpc).then_some(&args.grpc_url),
+        "protocol": args.protocol,
+        "model_version": args.model_version,
+        "inputs": payload::specs_of(inputs),
+        "mode": mode,
+        "threads": threads,
+        "duration_limit_s": args.duration.as_secs_f64(),
+        "max_requests": args.max_requests,
+        "timeout_s": args.timeout.as_secs_f64(),
+        "warmup_s": args.warmup.as_secs_f64(),
+        "swaps": args.swaps,
+        "swap": args.swap,
+        "swap_interval_s": args.swap_interval.as_secs_f64(),
+        "swap_timeout_s": args.swap_timeout.as_secs_f64(),
+        "versions": args.versions,
+        "repo": args.repo,
+        "template": args.template,
+        "command": args.command,
+        "window_ms": args.window.as_secs_f64() * 1e3,
+        "tail_s": args.tail.as_secs_f64(),
+        "allow_versions": args.allow_versions,
+        "pid": args.pid,
+        "rss_interval_ms": args.rss_interval.as_secs_f64() * 1e3,
+    })
+}
