@@ -126,26 +126,50 @@ impl TestRepo {
 
     /// Damages a sealed version.
     pub fn damage(&self, name: &str, version: u64, damage: Damage) {
+        damage_dir(&self.version_dir(name, version), damage);
+    }
+
+    /// Publishes an MLP as a sealed version that is damaged, built in a
+    /// staging directory and moved into the repository with one rename, so
+    /// a watcher polling the repository never sees it intact.
+    pub fn publish_damaged(&self, name: &str, version: u64, mlp: &Mlp, damage: Damage) -> PathBuf {
+        let staging = self.root().join(".staging").join(format!("{name}-{version}"));
+        std::fs::create_dir_all(&staging).expect("creating the staging dir");
+        let (model, _) = encode_mlp(mlp, &OnnxOptions::default());
+        std::fs::write(staging.join("model.onnx"), model).expect("writing model.onnx");
+        manifest::write(&staging).expect("writing MANIFEST");
+        damage_dir(&staging, damage);
         let dir = self.version_dir(name, version);
-        let model = dir.join("model.onnx");
-        let manifest = dir.join(manifest::MANIFEST);
-        match damage {
-            Damage::Truncate => {
-                let bytes = std::fs::read(&model).expect("reading model");
-                std::fs::write(&model, &bytes[..bytes.len() / 2]).expect("truncating");
-            }
-            Damage::FlipByte => {
-                let mut bytes = std::fs::read(&model).expect("reading model");
-                let middle = bytes.len() / 2;
-                bytes[middle] ^= 0x5a;
-                std::fs::write(&model, bytes).expect("rewriting");
-            }
-            Damage::RemoveManifest => std::fs::remove_file(&manifest).expect("removing MANIFEST"),
-            Damage::CutManifest => {
-                let text = std::fs::read_to_string(&manifest).expect("reading MANIFEST");
-                let cut = text.rfind("end ").expect("a sealed manifest");
-                std::fs::write(&manifest, &text[..cut]).expect("cutting MANIFEST");
-            }
+        std::fs::rename(&staging, &dir).expect("moving the version into the repository");
+        dir
+    }
+
+    /// Removes a version's directory, as an operator deleting it would.
+    pub fn remove_version(&self, name: &str, version: u64) {
+        std::fs::remove_dir_all(self.version_dir(name, version)).expect("removing a version directory");
+    }
+}
+
+/// Applies `damage` to the sealed version in `dir`.
+fn damage_dir(dir: &Path, damage: Damage) {
+    let model = dir.join("model.onnx");
+    let manifest = dir.join(manifest::MANIFEST);
+    match damage {
+        Damage::Truncate => {
+            let bytes = std::fs::read(&model).expect("reading model");
+            std::fs::write(&model, &bytes[..bytes.len() / 2]).expect("truncating");
+        }
+        Damage::FlipByte => {
+            let mut bytes = std::fs::read(&model).expect("reading model");
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x5a;
+            std::fs::write(&model, bytes).expect("rewriting");
+        }
+        Damage::RemoveManifest => std::fs::remove_file(&manifest).expect("removing MANIFEST"),
+        Damage::CutManifest => {
+            let text = std::fs::read_to_string(&manifest).expect("reading MANIFEST");
+            let cut = text.rfind("end ").expect("a sealed manifest");
+            std::fs::write(&manifest, &text[..cut]).expect("cutting MANIFEST");
         }
     }
 }

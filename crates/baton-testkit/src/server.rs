@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -17,6 +17,9 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 pub struct Server {
     child: Option<Child>,
     base: String,
+    grpc: Option<String>,
+    // Kept open so the server never writes to a closed pipe.
+    _stdout: BufReader<ChildStdout>,
     log: PathBuf,
     _logdir: tempfile::TempDir,
     agent: ureq::Agent,
@@ -64,13 +67,16 @@ pub fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 }
 
 impl Server {
-    /// Starts `bin serve --repo repo --http 127.0.0.1:0 --poll-ms 50` plus
-    /// `args`, and waits until it listens.
+    /// Starts `bin serve --repo repo --http 127.0.0.1:0 --grpc 127.0.0.1:0
+    /// --poll-ms 50` plus `args` (which may repeat any of these options to
+    /// override them), and waits until it listens. The first line baton
+    /// prints gives the REST address ([`Server::base`]), the second the gRPC
+    /// one ([`Server::grpc_address`]).
     pub fn start(bin: &Path, repo: &Path, args: &[&str]) -> Server {
         let logdir = tempfile::tempdir().expect("a log dir");
         let log = logdir.path().join("baton.log");
         let mut child = Command::new(bin)
-            .args(["serve", "--http", "127.0.0.1:0", "--poll-ms", "50", "--repo"])
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--poll-ms", "50", "--repo"])
             .arg(repo)
             .args(args)
             .env("BATON_LOG", "info,baton=debug")
@@ -79,20 +85,40 @@ impl Server {
             .stderr(std::fs::File::create(&log).expect("a log file"))
             .spawn()
             .expect("starting baton");
-        let stdout = child.stdout.take().expect("piped stdout");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("reading baton's first line");
+        stdout.read_line(&mut line).expect("reading baton's first line");
         let Some(address) = line.split("http://").nth(1).and_then(|s| s.split_whitespace().next()) else {
             let _ = child.kill();
             let _ = child.wait();
             panic!("baton did not start: {line:?}\n{}", std::fs::read_to_string(&log).unwrap_or_default());
         };
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(PATIENCE))
-            .build()
-            .into();
-        Server { child: Some(child), base: format!("http://{address}"), log, _logdir: logdir, agent }
+        // baton prints the gRPC line together with the REST one.
+        let mut second = String::new();
+        stdout.read_line(&mut second).expect("reading baton's second line");
+        let grpc = second.split("grpc://").nth(1).and_then(|s| s.split_whitespace().next()).map(str::to_owned);
+        let agent =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(PATIENCE)).build().into();
+        Server {
+            child: Some(child),
+            base: format!("http://{address}"),
+            grpc,
+            _stdout: stdout,
+            log,
+            _logdir: logdir,
+            agent,
+        }
+    }
+
+    /// The gRPC address, e.g. `127.0.0.1:41235` (panics if baton printed
+    /// none).
+    pub fn grpc_address(&self) -> &str {
+        self.grpc.as_deref().expect("baton printed no gRPC address on its second line")
+    }
+
+    /// The gRPC endpoint URL, e.g. `http://127.0.0.1:41235`.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc_address())
     }
 
     /// The base URL, e.g. `http://127.0.0.1:41234`.
@@ -162,6 +188,130 @@ impl Server {
         assert!(sent.success(), "kill -TERM {pid} failed");
         let child = self.child.as_mut().expect("a running server");
         let status = eventually("baton to exit after SIGTERM", || child.try_wait().expect("waiting for baton"));
+        self.child = None;
+        status
+    }
+}
+
+/// A cheap, cloneable handle that sends requests to a server from any
+/// thread, independent of the [`Server`] that owns the process (so one
+/// thread can keep a request open while another stops the server).
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client of the server at `base`, e.g. `http://127.0.0.1:41234`.
+    pub fn new(base: &str) -> Client {
+        let agent =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(PATIENCE)).build().into();
+        Client { base: base.trim_end_matches('/').to_owned(), agent }
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<Answer, String> {
+        let mut response = response.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()))
+            .collect();
+        let body = response.body_mut().with_config().limit(1 << 30).read_to_vec().map_err(|e| e.to_string())?;
+        Ok(Answer { status, headers, body })
+    }
+
+    /// GET a path; `Err` when no answer came (connection refused, reset).
+    pub fn try_get(&self, path: &str) -> Result<Answer, String> {
+        Client::answer(self.agent.get(&format!("{}{path}", self.base)).call())
+    }
+
+    /// POST raw bytes with extra headers; `Err` when no answer came.
+    pub fn try_post_raw(&self, path: &str, body: &[u8], headers: &[(&str, &str)]) -> Result<Answer, String> {
+        let mut request = self.agent.post(&format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        Client::answer(request.send(body))
+    }
+
+    /// GET a path (panics when no answer came).
+    pub fn get(&self, path: &str) -> Answer {
+        self.try_get(path).unwrap_or_else(|e| panic!("GET {path} failed: {e}"))
+    }
+
+    /// POST a JSON body (panics when no answer came).
+    pub fn post_json(&self, path: &str, body: &Value) -> Answer {
+        let headers = [("content-type", "application/json")];
+        self.try_post_raw(path, body.to_string().as_bytes(), &headers)
+            .unwrap_or_else(|e| panic!("POST {path} failed: {e}"))
+    }
+
+    /// POST raw bytes with extra headers (panics when no answer came).
+    pub fn post_raw(&self, path: &str, body: &[u8], headers: &[(&str, &str)]) -> Answer {
+        self.try_post_raw(path, body, headers).unwrap_or_else(|e| panic!("POST {path} failed: {e}"))
+    }
+}
+
+/// The value of one series in a Prometheus text exposition, e.g.
+/// `metric(text, "baton_ready")` or
+/// `metric(text, r#"baton_load_failures_total{model="m",stage="verify"}"#)`:
+/// the line must start with exactly `series` followed by a space.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+impl Server {
+    /// A handle that sends requests from other threads.
+    pub fn client(&self) -> Client {
+        Client { base: self.base.clone(), agent: self.agent.clone() }
+    }
+
+    /// The text of `/metrics`.
+    pub fn metrics(&self) -> String {
+        let answer = self.get("/metrics");
+        assert_eq!(answer.status, 200, "GET /metrics");
+        String::from_utf8(answer.body).expect("UTF-8 metrics")
+    }
+
+    /// `/baton/v1/models/{model}/status` as JSON (panics unless 200).
+    pub fn status(&self, model: &str) -> Value {
+        let answer = self.get(&format!("/baton/v1/models/{model}/status"));
+        assert_eq!(answer.status, 200, "status of {model}: {}", String::from_utf8_lossy(&answer.body));
+        answer.json()
+    }
+
+    /// Waits until the model serves `version` and nothing runs on it any
+    /// more: a load is busy until its drain ends, after the new version
+    /// already serves, and another load, rollback or unload started before
+    /// then is refused with 409.
+    pub fn wait_settled(&self, model: &str, version: u64) {
+        eventually(&format!("{model} to serve version {version} with nothing running"), || {
+            let status = self.get(&format!("/baton/v1/models/{model}/status"));
+            let status = (status.status == 200).then(|| status.json())?;
+            (status["serving"] == version && status["busy"] == false).then_some(())
+        });
+    }
+
+    /// Sends SIGTERM without waiting; see [`Server::wait_exit`].
+    pub fn signal_terminate(&self) {
+        let pid = self.pid().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Waits for the process to exit (after [`Server::signal_terminate`]).
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let child = self.child.as_mut().expect("a running server");
+        let status = eventually("baton to exit", || child.try_wait().expect("waiting for baton"));
         self.child = None;
         status
     }

@@ -1,0 +1,258 @@
+//! Black-box tests of `baton drill`: the real binary drives load at a real
+//! `baton serve` while swapping its model, and the tests read the JSON
+//! report and the chart it writes. No assertion is about speed.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use baton_onnx::mlp::Mlp;
+use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
+use baton_testkit::server::{PATIENCE, Server};
+use serde_json::Value;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_baton"))
+}
+
+fn mlp(version: u64) -> Mlp {
+    Mlp::new(&[8, 16, 2], 500 + version)
+}
+
+/// A repository with model `m` and the given versions published.
+fn repo(versions: &[u64]) -> TestRepo {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    for &v in versions {
+        repo.publish_mlp("m", v, &mlp(v));
+    }
+    repo
+}
+
+/// What a drill left behind.
+struct Outcome {
+    status: ExitStatus,
+    report: Value,
+    svg: String,
+    stdout: String,
+    stderr: String,
+}
+
+/// Closed loop, two workers.
+const TWO: [&str; 2] = ["--concurrency", "2"];
+
+/// Runs `baton drill m` with short timings plus `args`; the run is bounded
+/// (a safety net, not a speed requirement).
+fn drill(url: &str, args: &[&str]) -> Outcome {
+    let out = tempfile::tempdir().expect("a temp dir");
+    let (json, svg) = (out.path().join("drill.json"), out.path().join("drill.svg"));
+    let mut child = Command::new(bin())
+        .args([
+            "drill",
+            "m",
+            "--url",
+            url,
+            "--warmup",
+            "500ms",
+            "--swap-interval",
+            "600ms",
+            "--tail",
+            "500ms",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting baton drill");
+    let started = Instant::now();
+    while child.try_wait().expect("waiting for the drill").is_none() {
+        if started.elapsed() > PATIENCE {
+            let _ = child.kill();
+            panic!("baton drill did not stop by itself");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("the drill's output");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let read = |path: &PathBuf| {
+        std::fs::read_to_string(path).unwrap_or_else(|e| {
+            panic!("{} was not written ({e})\nstdout:\n{stdout}\nstderr:\n{stderr}", path.display())
+        })
+    };
+    let report: Value = serde_json::from_str(&read(&json)).expect("the report is JSON");
+    let svg = read(&svg);
+    Outcome { status: output.status, report, svg, stdout, stderr }
+}
+
+impl Outcome {
+    fn context(&self) -> String {
+        format!("stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
+    }
+
+    /// The versions that answered, as strings.
+    fn versions(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.report["versions"]
+            .as_array()
+            .expect("a versions list")
+            .iter()
+            .map(|v| v["version"].as_str().expect("a version").to_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Asserts the verdict is clean: no failure, `swaps` swaps each served
+    /// with a time to serve, the versions they name, nothing unexpected.
+    fn assert_clean(&self, swaps: usize, expected: &[&str]) {
+        let r = &self.report;
+        let ctx = self.context();
+        assert!(self.status.success(), "exit {:?}\n{ctx}", self.status);
+        assert_eq!(r["failed"], 0, "{ctx}");
+        assert!(r["requests"].as_u64().unwrap() > 0, "{ctx}");
+        let made = r["swaps"].as_array().expect("a swaps list");
+        assert_eq!(made.len(), swaps, "{ctx}");
+        for (i, s) in made.iter().enumerate() {
+            assert_eq!(s["action_ok"], true, "swap {i}: {s}");
+            assert_eq!(s["served"], true, "swap {i}: {s}");
+            assert!(s["time_to_serve_ms"].as_f64().is_some_and(|t| t >= 0.0), "swap {i}: {s}");
+            assert!(s["window_end_s"].as_f64() > s["trigger_s"].as_f64(), "swap {i}: {s}");
+        }
+        assert_eq!(r["unexpected"]["total"], 0, "{ctx}");
+        assert_eq!(r["verdict"]["clean"], true, "{ctx}");
+        assert_eq!(self.versions(), expected, "{ctx}");
+        assert!(r["series"]["points"].as_array().is_some_and(|p| !p.is_empty()), "{ctx}");
+        let windows = r["windows"].as_array().expect("windows");
+        assert_eq!(windows.iter().filter(|w| w["kind"] == "swap").count(), swaps, "{ctx}");
+        self.assert_chart(swaps);
+    }
+
+    /// The chart is one SVG element with a band per swap.
+    fn assert_chart(&self, swaps: usize) {
+        let svg = self.svg.trim();
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"), "not an SVG document");
+        assert_eq!(svg.matches("<svg").count(), 1);
+        for i in 1..=swaps {
+            assert!(svg.contains(&format!("class=\"swap-window\" data-swap=\"{i}\"")), "no band for swap {i}");
+        }
+        assert_eq!(svg.matches("class=\"swap-window\"").count(), swaps);
+        assert!(svg.contains("latency (ms, log scale)") && svg.contains("time since the load started (s)"));
+    }
+}
+
+#[test]
+fn swaps_through_the_load_api_alternating_versions_fail_nothing() {
+    let repo = repo(&[1, 2]);
+    let server = Server::start(bin(), repo.root(), &[]);
+    server.wait_serving("m", 2);
+    let pid = server.pid().to_string();
+    let outcome = drill(
+        server.base(),
+        &[&TWO[..], &["--swaps", "3", "--swap", "load-api", "--versions", "1,2,1", "--pid", &pid]].concat(),
+    );
+    outcome.assert_clean(3, &["1", "2"]);
+    let swaps = outcome.report["swaps"].as_array().unwrap();
+    let went: Vec<(&str, &str)> =
+        swaps.iter().map(|s| (s["previous"].as_str().unwrap(), s["version"].as_str().unwrap())).collect();
+    assert_eq!(went, [("2", "1"), ("1", "2"), ("2", "1")]);
+    let rss = &outcome.report["rss"];
+    assert!(rss["samples"].as_array().is_some_and(|s| s.len() > 2), "{rss}");
+    assert_eq!(rss["before_swaps"].as_array().map(Vec::len), Some(3), "{rss}");
+    assert!(rss["growth_per_swap_bytes"].is_number(), "{rss}");
+    assert!(outcome.svg.contains("server RSS (MiB)"));
+    assert!(outcome.stdout.contains("verdict: clean"), "{}", outcome.stdout);
+    assert!(outcome.stderr.contains("baton drill: m @"), "{}", outcome.stderr);
+}
+
+#[test]
+fn publishing_version_directories_fails_nothing() {
+    let repo = repo(&[1]);
+    let server = Server::start(bin(), repo.root(), &[]);
+    server.wait_serving("m", 1);
+    let root = repo.root().to_str().expect("a UTF-8 path");
+    let outcome = drill(server.base(), &[&TWO[..], &["--swaps", "3", "--swap", "publish", "--repo", root]].concat());
+    outcome.assert_clean(3, &["1", "2", "3", "4"]);
+    let brought: Vec<&str> =
+        outcome.report["swaps"].as_array().unwrap().iter().map(|s| s["version"].as_str().unwrap()).collect();
+    assert_eq!(brought, ["2", "3", "4"]);
+    for v in 2..=4 {
+        assert!(baton_core::manifest::verify(&repo.version_dir("m", v)).is_ok(), "version {v} is not sealed");
+    }
+    assert!(outcome.report["rss"].is_null(), "no --pid, no RSS");
+}
+
+#[test]
+fn a_shell_command_per_swap_over_grpc_json_fails_nothing() {
+    let repo = repo(&[1, 2]);
+    let server = Server::start(bin(), repo.root(), &[]);
+    server.wait_serving("m", 2);
+    let command =
+        format!("'{}' load {{model}} --version {{version}} --url {{url}} && echo swap {{n}}", bin().display());
+    let grpc_url = server.grpc_url();
+    let args = ["--swaps", "2", "--swap", "command", "--command", &command, "--versions", "1,2"];
+    let outcome = drill(server.base(), &[&args[..], &TWO, &["--protocol", "grpc", "--grpc-url", &grpc_url]].concat());
+    outcome.assert_clean(2, &["1", "2"]);
+    let said = outcome.report["swaps"][1]["action_detail"].as_str().unwrap_or_default();
+    assert!(said.contains("version 2 serving") && said.ends_with("swap 2"), "{said}");
+    let json = drill(server.base(), &[&args[..], &["--protocol", "http-json", "--rate", "200"]].concat());
+    json.assert_clean(2, &["1", "2"]);
+    assert_eq!(json.report["config"]["mode"]["loop"], "open");
+}
+
+#[test]
+fn a_drill_against_nothing_reports_the_failures_and_exits_1() {
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let url = format!("http://127.0.0.1:{port}");
+    let outcome = drill(&url, &[&TWO[..], &["--input", "input:FP32:1,8", "--swaps", "1", "--duration", "2s"]].concat());
+    let r = &outcome.report;
+    assert_eq!(outcome.status.code(), Some(1), "{}", outcome.context());
+    assert!(r["requests"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["failed"], r["requests"]);
+    assert_eq!(r["errors"][0]["kind"], "connect", "{}", r["errors"]);
+    assert_eq!(r["swaps"][0]["action_ok"], false);
+    assert_eq!(r["verdict"]["clean"], false);
+    assert!(outcome.stdout.contains("verdict: NOT clean"), "{}", outcome.stdout);
+    outcome.assert_chart(1);
+}
+
+#[test]
+fn a_drill_that_cannot_start_says_why_and_exits_2() {
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let run = |args: &[&str]| {
+        let output = Command::new(bin()).arg("drill").args(args).output().expect("running baton drill");
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let (code, err) = run(&["m", "--url", &format!("http://127.0.0.1:{port}"), "--quiet"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("metadata") && err.contains("--input"), "{err}");
+    let (code, err) = run(&["m", "--url", "http://192.0.2.1:8000", "--input", "x:FP32:1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--allow-remote"), "{err}");
+    let (code, err) = run(&["m", "--swap", "publish", "--input", "x:FP32:1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--repo"), "{err}");
+}
+
+#[test]
+fn a_refused_version_is_a_failed_swap_while_the_old_one_keeps_serving() {
+    let repo = repo(&[1, 2]);
+    repo.publish_damaged("m", 3, &mlp(3), Damage::FlipByte);
+    let server = Server::start(bin(), repo.root(), &[]);
+    server.wait_serving("m", 2);
+    let outcome = drill(server.base(), &[&TWO[..], &["--swaps", "1", "--versions", "3"]].concat());
+    let r = &outcome.report;
+    assert_eq!(outcome.status.code(), Some(1), "{}", outcome.context());
+    assert_eq!(r["failed"], 0, "{}", outcome.context());
+    assert_eq!(outcome.versions(), ["2"]);
+    let swap = &r["swaps"][0];
+    assert_eq!(swap["action_ok"], false, "{swap}");
+    assert!(swap["action_detail"].as_str().is_some_and(|d| d.contains("HTTP 422")), "{swap}");
+    let problems = r["verdict"]["problems"].to_string();
+    assert!(problems.contains("swap 1: the action failed"), "{problems}");
+}
