@@ -47,7 +47,7 @@ for protocol in http grpc; do
   url=$([ "$protocol" = http ] && echo "$http" || echo "$grpc")
   echo "perf_analyzer -i $protocol against baton:"
   .baton/bin/perf_analyzer -m mlp -u "$url" -i "$protocol" -b 1 --concurrency-range 2 \
-    --measurement-mode count_windows --measurement-request-count 100 > "$work/perf-$protocol.txt" 2>&1 \
+    --measurement-mode count_windows --measurement-request-count 100 -s 100 -r 5 > "$work/perf-$protocol.txt" 2>&1 \
     || { cat "$work/perf-$protocol.txt"; exit 1; }
   grep -E 'Throughput|p99 latency' "$work/perf-$protocol.txt" | head -2
 done
