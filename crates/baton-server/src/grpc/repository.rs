@@ -121,6 +121,7 @@ pub fn statistics(app: &App, name: &str, version: Option<u64>) -> Result<Vec<Mod
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Class;
 
     fn param(choice: ParameterChoice) -> HashMap<String, ModelRepositoryParameter> {
         HashMap::from([("version".to_owned(), ModelRepositoryParameter { parameter_choice: Some(choice) })])
