@@ -21,6 +21,7 @@
 //! [`backend::Backend`], model stores through [`source::Source`].
 
 pub mod backend;
+pub mod batcher;
 pub mod error;
 pub mod events;
 pub mod manifest;

@@ -55,7 +55,7 @@ struct Released {
     model: String,
     version: u64,
     held: u64,
-    engine: Box<dyn Model>,
+    engine: Arc<dyn Model>,
 }
 
 /// Hands a dropped version's engine to the memory keeper thread.
@@ -67,7 +67,7 @@ pub struct Releaser {
 impl Releaser {
     /// Queues the engine to be freed and measured; frees it in place if the
     /// keeper is gone.
-    pub(crate) fn release(&self, model: &str, version: u64, held: u64, engine: Box<dyn Model>) {
+    pub(crate) fn release(&self, model: &str, version: u64, held: u64, engine: Arc<dyn Model>) {
         let job = Released { model: model.to_owned(), version, held, engine };
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
             drop(job.engine);
@@ -116,6 +116,12 @@ impl Memory {
     }
 
     fn free(&self, job: Released, events: &EventSender) {
+        // A batch task may hold the engine for a moment after its last
+        // answer went out; wait for it so the free happens here.
+        let waited = std::time::Instant::now();
+        while Arc::strong_count(&job.engine) > 1 && waited.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let _window = self.measure();
         let before = crate::sys::trimmed_rss().unwrap_or(0);
         drop(job.engine);

@@ -27,6 +27,11 @@
 //! generated = true           # also warm with generated inputs
 //! max_latency_ms = 2000      # a slower warmup run fails the load
 //!
+//! [batching]                 # join concurrent requests into one inference
+//! enabled = false
+//! max_batch = 32
+//! max_queue_delay_us = 0
+//!
 //! [engine]                   # passed to the backend as is
 //! sessions = 2
 //! ```
@@ -67,6 +72,9 @@ pub struct ModelSpec {
     /// Warmup before a version sees traffic.
     #[serde(default)]
     pub warmup: WarmupPolicy,
+    /// Dynamic batching of concurrent requests.
+    #[serde(default)]
+    pub batching: BatchingPolicy,
     /// Backend-specific settings, handed to the backend unparsed.
     #[serde(default)]
     pub engine: toml::Table,
@@ -143,6 +151,29 @@ pub struct WarmupPolicy {
 impl Default for WarmupPolicy {
     fn default() -> Self {
         WarmupPolicy { batch_sizes: vec![1, 8, 32, 64], generated: true, max_latency_ms: 2_000 }
+    }
+}
+
+/// Dynamic batching: concurrent requests joined along the batch dimension.
+///
+/// Off by default: a row computed in a batch can differ from the same row
+/// computed alone in the last bits of a float, because the engine may pick
+/// a different kernel for a different batch size.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchingPolicy {
+    /// Whether requests are batched.
+    pub enabled: bool,
+    /// The most rows one batch holds.
+    pub max_batch: usize,
+    /// How long the oldest queued request may wait for others to join it,
+    /// in microseconds. 0: batch only what is already waiting.
+    pub max_queue_delay_us: u64,
+}
+
+impl Default for BatchingPolicy {
+    fn default() -> Self {
+        BatchingPolicy { enabled: false, max_batch: 32, max_queue_delay_us: 0 }
     }
 }
 

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::backend::Model;
+use crate::backend::{BackendError, Model};
+use crate::batcher::Batcher;
 use crate::error::InferError;
 use crate::manifest::Manifest;
 use crate::memory::Releaser;
@@ -27,7 +28,8 @@ pub struct Version {
     warmed: Warmed,
     bytes_held: u64,
     loaded_at: SystemTime,
-    engine: Option<Box<dyn Model>>,
+    engine: Option<Arc<dyn Model>>,
+    batcher: Option<Batcher>,
     releaser: Option<Releaser>,
 }
 
@@ -55,6 +57,16 @@ impl Version {
     /// Builds a version. With a releaser, dropping it hands the engine to the
     /// memory keeper; without one (tests), the engine is dropped in place.
     pub fn new(parts: VersionParts, releaser: Option<Releaser>) -> Version {
+        let engine: Arc<dyn Model> = Arc::from(parts.engine);
+        let batched = engine
+            .signature()
+            .inputs
+            .iter()
+            .chain(&engine.signature().outputs)
+            .all(|s| s.shape.first().is_some_and(|d| *d < 0));
+        let heavy = parts.warmed.fastest >= crate::batcher::HEAVY_INFERENCE;
+        let batcher = (parts.spec.batching.enabled && batched)
+            .then(|| Batcher::new(Arc::clone(&engine), &parts.spec.batching, heavy));
         Version {
             model: parts.model,
             number: parts.number,
@@ -64,7 +76,8 @@ impl Version {
             warmed: parts.warmed,
             bytes_held: parts.bytes_held,
             loaded_at: SystemTime::now(),
-            engine: Some(parts.engine),
+            engine: Some(engine),
+            batcher,
             releaser,
         }
     }
@@ -94,6 +107,13 @@ impl Version {
         &self.warmup
     }
 
+    /// Whether an inference is expected to take long enough to move it off
+    /// an async worker (its fastest warmup run took at least
+    /// [`crate::batcher::HEAVY_INFERENCE`]).
+    pub fn heavy(&self) -> bool {
+        self.warmed.fastest >= crate::batcher::HEAVY_INFERENCE
+    }
+
     /// How its warmup went: runs and the fastest and slowest of them.
     pub fn warmed(&self) -> Warmed {
         self.warmed
@@ -120,14 +140,60 @@ impl Version {
     }
 
     /// Runs one inference after checking the inputs against the signature.
+    /// Bypasses dynamic batching; see [`Version::submit`].
     pub fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
         self.signature().check_inputs(inputs).map_err(InferError::InvalidInput)?;
         Ok(self.engine().infer(inputs)?)
+    }
+
+    /// Whether requests to this version are batched dynamically.
+    pub fn batches(&self) -> bool {
+        self.batcher.is_some()
+    }
+
+    /// Checks the inputs, then queues them for dynamic batching; the future
+    /// resolves to this request's own outputs. Without batching, runs the
+    /// inference now and returns a future that is already resolved.
+    pub fn submit(&self, inputs: Vec<Tensor>) -> Result<Pending, InferError> {
+        self.signature().check_inputs(&inputs).map_err(InferError::InvalidInput)?;
+        Ok(match &self.batcher {
+            Some(batcher) => Pending::Queued(batcher.submit(inputs)),
+            None => Pending::Done(Some(self.engine().infer(&inputs).map_err(InferError::from))),
+        })
+    }
+}
+
+/// The outputs of a request given to [`Version::submit`].
+pub enum Pending {
+    /// Waiting in the batcher's queue.
+    Queued(tokio::sync::oneshot::Receiver<crate::batcher::Answer>),
+    /// Already answered.
+    Done(Option<Result<Vec<Tensor>, InferError>>),
+}
+
+impl std::future::Future for Pending {
+    type Output = Result<Vec<Tensor>, InferError>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        match self.get_mut() {
+            Pending::Done(answer) => std::task::Poll::Ready(
+                answer
+                    .take()
+                    .unwrap_or_else(|| Err(InferError::Backend(BackendError::new("internal", "polled twice")))),
+            ),
+            Pending::Queued(rx) => std::pin::Pin::new(rx).poll(cx).map(|answer| match answer {
+                Ok(result) => result.map_err(InferError::from),
+                Err(_) => Err(InferError::Backend(BackendError::new("internal", "the batcher stopped"))),
+            }),
+        }
     }
 }
 
 impl Drop for Version {
     fn drop(&mut self) {
+        // The batcher's threads share the engine; they are joined first so
+        // the engine's last reference goes to the releaser.
+        drop(self.batcher.take());
         if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
             releaser.release(&self.model, self.number, self.bytes_held, engine);
         }

@@ -94,17 +94,12 @@ fn batch_size(target: &Version, inputs: &[Tensor]) -> u64 {
     inputs.first().and_then(|t| t.shape.first()).map_or(1, |&b| u64::try_from(b).unwrap_or(0))
 }
 
-/// A request to a model whose smallest warmup run took this long or more
-/// is run with `block_in_place`, so the async worker's other tasks (health
-/// checks, metrics, other models' requests) move to another thread instead
-/// of waiting behind it. Cheaper models run inline: for them the hand-off
-/// would cost more than the inference.
-pub const HEAVY: std::time::Duration = std::time::Duration::from_millis(1);
-
+/// Runs an unbatched inference: inline, or with `block_in_place` for a heavy
+/// model (see [`baton_core::batcher::HEAVY_INFERENCE`]).
 fn run(target: &Version, inputs: &[Tensor]) -> Result<Vec<Tensor>, baton_core::error::InferError> {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_thread && target.warmed().fastest >= HEAVY {
+    if multi_thread && target.heavy() {
         tokio::task::block_in_place(|| target.infer(inputs))
     } else {
         target.infer(inputs)
@@ -112,19 +107,29 @@ fn run(target: &Version, inputs: &[Tensor]) -> Result<Vec<Tensor>, baton_core::e
 }
 
 /// Runs one inference on the version the snapshot routes `model` (and
-/// `version`, if named) to. Counts it in the metrics either way.
-pub fn infer<'a>(
+/// `version`, if named) to — through the version's batcher when it batches
+/// — and counts it in the metrics either way.
+pub async fn infer<'a>(
     app: &App,
     snapshot: &'a Routing,
     model: &str,
     version: Option<u64>,
-    inputs: &[Tensor],
+    inputs: Vec<Tensor>,
 ) -> Result<(&'a Arc<Version>, Vec<Tensor>), ServeError> {
-    let target = resolve(app, snapshot, model, version).and_then(|t| check_batch(t, inputs).map(|()| t));
+    let target = resolve(app, snapshot, model, version).and_then(|t| check_batch(t, &inputs).map(|()| t));
     let target = target.inspect_err(|e| app.metrics.rejected(model, e.kind))?;
     let series = app.metrics.version(model, target.number());
+    let rows = batch_size(target, &inputs);
     let started = Instant::now();
-    let outcome = run(target, inputs).map_err(ServeError::from);
-    series.record(started.elapsed(), batch_size(target, inputs), outcome.as_ref().err().map(|e| e.kind));
+    let outcome = if target.batches() {
+        match target.submit(inputs) {
+            Ok(pending) => pending.await,
+            Err(e) => Err(e),
+        }
+    } else {
+        run(target, &inputs)
+    };
+    let outcome = outcome.map_err(ServeError::from);
+    series.record(started.elapsed(), rows, outcome.as_ref().err().map(|e| e.kind));
     Ok((target, outcome?))
 }

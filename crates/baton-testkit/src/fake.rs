@@ -5,7 +5,9 @@
 //! A fake version directory holds `fake.txt` with one number, the scale. The
 //! model takes `x` FP32 `[-1, 4]` and returns `y = x * scale`; its one weight
 //! is `scale` `[1, 1]`, so the validation checks see it. A version that also
-//! holds a file named `hold` waits at the backend's [`Gate`] while loading.
+//! holds a file named `hold` waits at the backend's [`Gate`] while loading;
+//! one holding `hold-first-infer` waits there in its first inference. The
+//! backend records the rows of every inference, so tests can see batches.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
@@ -65,17 +67,23 @@ impl Gate {
 #[derive(Default)]
 pub struct FakeBackend {
     gate: Option<Gate>,
+    calls: Arc<Mutex<Vec<usize>>>,
 }
 
 impl FakeBackend {
     /// A backend whose loads return at once.
     pub fn new() -> FakeBackend {
-        FakeBackend { gate: None }
+        FakeBackend::default()
     }
 
     /// A backend whose loads of versions holding a `hold` file wait at `gate`.
     pub fn gated(gate: Gate) -> FakeBackend {
-        FakeBackend { gate: Some(gate) }
+        FakeBackend { gate: Some(gate), calls: Arc::default() }
+    }
+
+    /// The rows of every inference run so far, in order.
+    pub fn calls(&self) -> Arc<Mutex<Vec<usize>>> {
+        Arc::clone(&self.calls)
     }
 }
 
@@ -95,13 +103,21 @@ impl Backend for FakeBackend {
         let scale: f32 =
             text.trim().parse().map_err(|_| BackendError::new("model_invalid", format!("'{text}' is not a number")))?;
         let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, 4] };
-        Ok(Box::new(FakeModel { scale, signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] } }))
+        let hold = dir.join("hold-first-infer").exists().then(|| self.gate.clone()).flatten();
+        Ok(Box::new(FakeModel {
+            scale,
+            signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
+            hold: Mutex::new(hold),
+            calls: Arc::clone(&self.calls),
+        }))
     }
 }
 
 struct FakeModel {
     scale: f32,
     signature: Signature,
+    hold: Mutex<Option<Gate>>,
+    calls: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Model for FakeModel {
@@ -116,6 +132,12 @@ impl Model for FakeModel {
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        let hold = self.hold.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(gate) = hold {
+            gate.pass();
+        }
+        let rows = inputs.first().and_then(|t| t.shape.first()).copied().unwrap_or(0);
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
         let x = inputs
             .first()
             .and_then(Tensor::to_f32)

@@ -37,7 +37,7 @@ impl Inference {
 
 /// Runs one inference request on the routing snapshot taken when it
 /// arrived, through the serving path REST uses.
-fn infer(app: &App, request: ModelInferRequest) -> Result<ModelInferResponse, ServeError> {
+async fn infer(app: &App, request: ModelInferRequest) -> Result<ModelInferResponse, ServeError> {
     let snapshot = app.registry.snapshot();
     let _in_flight = app.metrics.in_flight();
     let model = request.model_name.clone();
@@ -46,16 +46,17 @@ fn infer(app: &App, request: ModelInferRequest) -> Result<ModelInferResponse, Se
         e
     };
     let version = parse_version(&request.model_version).map_err(refused)?;
-    let decoded = convert::decode_request(request).map_err(refused)?;
-    let (target, outputs) = serving::infer(app, &snapshot, &model, version, &decoded.inputs)?;
+    let mut decoded = convert::decode_request(request).map_err(refused)?;
+    let inputs = std::mem::take(&mut decoded.inputs);
+    let (target, outputs) = serving::infer(app, &snapshot, &model, version, inputs).await?;
     convert::encode_response(&model, target.number(), decoded.id, outputs, &decoded.outputs, decoded.raw)
 }
 
 /// One answer on an inference stream: the response, or the error's message
 /// with the request's model and id so the client can tell which failed.
-fn stream_answer(app: &App, request: ModelInferRequest) -> ModelStreamInferResponse {
+async fn stream_answer(app: &App, request: ModelInferRequest) -> ModelStreamInferResponse {
     let (model_name, id) = (request.model_name.clone(), request.id.clone());
-    match infer(app, request) {
+    match infer(app, request).await {
         Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
         Err(e) => ModelStreamInferResponse {
             error_message: e.message,
@@ -132,7 +133,7 @@ impl GrpcInferenceService for Inference {
     }
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
-        Ok(Response::new(infer(&self.app, request.into_inner())?))
+        Ok(Response::new(infer(&self.app, request.into_inner()).await?))
     }
 
     type ModelStreamInferStream = ReceiverStream<Result<ModelStreamInferResponse, Status>>;
@@ -165,7 +166,7 @@ impl GrpcInferenceService for Inference {
                     next = inbound.message() => next,
                 };
                 let answer = match next {
-                    Ok(Some(request)) => stream_answer(&app, request),
+                    Ok(Some(request)) => stream_answer(&app, request).await,
                     Ok(None) => return,
                     Err(status) => {
                         let _ = tx.send(Err(inbound_error(status))).await;

@@ -3,7 +3,7 @@
 //!
 //! The request takes one routing snapshot and runs on the version it
 //! resolves to. Cheap models run inline on the async worker; expensive ones
-//! are moved off it (see [`crate::serving::HEAVY`]).
+//! are moved off it (see [`baton_core::batcher::HEAVY_INFERENCE`]).
 
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ pub async fn infer(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    run(&app, &model, None, &headers, body)
+    run(&app, &model, None, &headers, body).await
 }
 
 /// Inference on a named version.
@@ -40,10 +40,10 @@ pub async fn infer_version(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let version = parse_version(&version)?;
-    run(&app, &model, Some(version), &headers, body)
+    run(&app, &model, Some(version), &headers, body).await
 }
 
-fn run(
+async fn run(
     app: &App,
     model: &str,
     version: Option<u64>,
@@ -57,9 +57,9 @@ fn run(
     };
     let body = body.map_err(|e| refused(e.into()))?;
     let header_length = header_length(headers).map_err(refused)?;
-    let request = decode_request(&body, header_length).map_err(|e| refused(e.into()))?;
+    let mut request = decode_request(&body, header_length).map_err(|e| refused(e.into()))?;
     let snapshot = app.registry.snapshot();
-    let (target, outputs) = serving::infer(app, &snapshot, model, version, &request.inputs)?;
+    let (target, outputs) = serving::infer(app, &snapshot, model, version, std::mem::take(&mut request.inputs)).await?;
     let encoded = encode_response(model, target.number(), request.id.as_deref(), outputs, &request)?;
     let mut response = encoded.body.into_response();
     let headers = response.headers_mut();
