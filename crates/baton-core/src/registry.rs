@@ -30,7 +30,7 @@ pub struct RegistryConfig {
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { loader_nice: 10, event_capacity: 1024 }
+        RegistryConfig { loader_nice: 19, event_capacity: 1024 }
     }
 }
 

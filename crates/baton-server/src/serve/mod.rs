@@ -44,7 +44,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64 << 20)]
     pub max_request_bytes: usize,
     /// Nice value of the threads that load and free versions.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 19)]
     pub loader_nice: i32,
 }
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Loading must not slow serving: `baton drill` measures the MLP (open loop,
+# RATE requests/s, default 2000, JSON) while the 480 MiB `big` model is
+# loaded beside it SWAPS times (default 3: versions 1, 2, 1). Each load's
+# window runs from its trigger to 1 s after the load call returned; the
+# drill compares the MLP's latency there with its steady latency.
+#
+#   baton     POST /v2/repository/models/big/load {"parameters":{"version":N}}:
+#             fetch, verify (SHA-256 of 480 MiB), load, validate every
+#             weight, warm up — on its low-priority loader thread
+#   mlserver  POST /v2/repository/models/big/load
+#   kserve    POST /v2/repository/models/big/load
+#
+#   bash bench/load-isolation.sh [baton|mlserver|kserve ...]     (default: all three)
+#
+# Reports go to .baton/bench/results/isolation-<server>.*.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+swaps="${SWAPS:-3}"
+rate="${RATE:-2000}"
+out=.baton/bench/models
+results=.baton/bench/results
+mkdir -p "$results"
+baton=target/release/baton
+[ -x "$baton" ] || { echo "load-isolation: build baton first: cargo build --release -p baton-server" >&2; exit 1; }
+
+pid=""
+cleanup() { if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi; }
+trap cleanup EXIT
+
+drill() { # $1 = server label, $2 = port
+  local label=$1 port=$2
+  local load="curl -sf -o /dev/null -X POST http://127.0.0.1:$port/v2/repository/models/big/load"
+  [ "$label" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
+  echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
+    --rate "$rate" --connections 32 --warmup 5s --swaps "$swaps" --swap-interval 8s --window 1s \
+    --duration "$((swaps * 25 + 30))s" --swap-timeout 120s --pid "$pid" \
+    --swap command --command "$load" \
+    --json "$results/isolation-$label.json" --svg "$results/isolation-$label.svg" | tee "$results/isolation-$label.txt" || true
+}
+
+run_server() {
+  local server=$1 d=".baton/bench/isolation/$1"
+  rm -rf "$d"
+  mkdir -p "$d"
+  case "$server" in
+    baton)
+      cp -r "$out/baton/mlp" "$d/"
+      mkdir -p "$d/big" && cp "$out/baton/big/model.toml" "$d/big/"
+      for v in 1 2; do ln -s "$root/$out/baton/big/$v" "$d/big/$v"; done
+      # big is not required for readiness and is not loaded at start: the drill loads it.
+      sed -i '1i required = false' "$d/big/model.toml"
+      setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" "$baton" serve --repo "$d" \
+        --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch ${BATON_SERVE_ARGS:-} >"$d/server.log" 2>&1 </dev/null &
+      for _ in $(seq 600); do [ -s "$d/pid" ] && curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done
+      pid="$(cat "$d/pid")"
+      # The watcher's first scan loads every model; unload big so each drill swap is a full load.
+      curl -sf -o /dev/null -X POST http://127.0.0.1:8300/v2/repository/models/big/unload
+      drill baton 8300
+      ;;
+    mlserver)
+      mkdir -p "$d/mlserver" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
+      pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
+      cp -r "$out/mlserver/big" "$d/mlserver/"
+      drill mlserver 8100
+      ;;
+    kserve)
+      pid="$(bash bench/run-kserve.sh "$out/baton" 8200 --models mlp)"
+      drill kserve 8200
+      ;;
+    *) echo "load-isolation: unknown server $server" >&2; return 2 ;;
+  esac
+  bash bench/stop.sh "$pid" >/dev/null 2>&1 || true
+  pid=""
+}
+
+servers=("$@")
+[ ${#servers[@]} -gt 0 ] || servers=(baton mlserver kserve)
+for s in "${servers[@]}"; do run_server "$s"; done

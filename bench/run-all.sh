@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every benchmark of docs/BENCHMARKS.md, side by side in one run, on one
+# machine: set-up, throughput (perf_analyzer and the raw engine), swap under
+# fire, loading beside serving, and memory over many swaps. Results go to
+# .baton/bench/results/ (one file per measurement) and a summary to
+# .baton/bench/results/run-all.txt.
+#
+#   bash bench/run-all.sh
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+results=.baton/bench/results
+mkdir -p "$results"
+exec > >(tee "$results/run-all.txt") 2>&1
+
+echo "# run-all $(date -u +%FT%TZ) on $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB; $(uname -r)"
+bash scripts/fetch-onnxruntime.sh
+bash scripts/setup-clients.sh
+bash bench/setup-peers.sh
+cargo build --release --locked -p baton-server -p baton-onnx --example raw_engine --quiet
+cargo build --release --locked -p baton-server --quiet
+.baton/bench-venv-tools/bin/python bench/models.py
+
+echo "## raw engine (ONNX Runtime, no server), MLP 256-1024-512-1, batch 1"
+for threads in 1 2; do
+  for i in 1 2 3; do target/release/examples/raw_engine .baton/bench/models/baton/mlp/1/model.onnx 5 1 "$threads"; done
+done
+.baton/bench-venv-tools/bin/python bench/raw_engine.py --model .baton/bench/models/baton/mlp/1/model.onnx --seconds 5 --json || true
+
+echo "## throughput: perf_analyzer, concurrency 4, batch 1"
+RUNS=3 bash bench/perf-peers.sh baton mlserver kserve
+
+echo "## swap under fire"
+bash bench/swap-drill.sh baton mlserver kserve
+
+echo "## loading beside serving"
+bash bench/load-isolation.sh baton mlserver kserve
+
+echo "## memory over many swaps"
+bash bench/memory-drill.sh baton mlserver kserve
+echo "# done $(date -u +%FT%TZ)"

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Swap under fire, side by side: `baton drill` drives the MLP (closed loop,
+# 4 workers, KServe V2 REST with JSON tensors — the one format all three
+# servers speak) while the model is swapped SWAPS times (default 100), one
+# swap a second, against each server in turn:
+#
+#   baton     its repository load API, alternating versions 1 and 2 — a full
+#             load transaction (verify, load, validate, warm, commit, drain)
+#             to different weights every time
+#   mlserver  its repository load API (MLServer reloads the model)
+#   kserve    its repository load API (bench/kserve_onnx builds the new model
+#             and swaps it in)
+#
+#   bash bench/swap-drill.sh [baton|mlserver|kserve ...]     (default: all three)
+#
+# Each server is started here on a scratch copy of the benchmark repository
+# and stopped by its pid. Reports (JSON, SVG, terminal table) go to
+# .baton/bench/results/swap-<server>.*. Needs bench/setup-peers.sh,
+# bench/models.py and a release build of baton.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+swaps="${SWAPS:-100}"
+out=.baton/bench/models
+results=.baton/bench/results
+mkdir -p "$results"
+baton=target/release/baton
+[ -x "$baton" ] || { echo "swap-drill: build baton first: cargo build --release -p baton-server" >&2; exit 1; }
+
+pid=""
+cleanup() { if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi; }
+trap cleanup EXIT
+
+drill() { # $1 = server label, $2 = port, $3.. = extra drill options
+  local label=$1 port=$2
+  shift 2
+  echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
+    --concurrency 4 --warmup 3s --swaps "$swaps" --swap-interval 1s --window 250ms \
+    --duration "$((swaps + 15))s" --pid "$pid" \
+    --json "$results/swap-$label.json" --svg "$results/swap-$label.svg" "$@" | tee "$results/swap-$label.txt" || true
+}
+
+run_server() {
+  local server=$1 d=".baton/bench/swap/$1"
+  rm -rf "$d"
+  mkdir -p "$d"
+  case "$server" in
+    baton)
+      cp -r "$out/baton/mlp" "$d/"
+      setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" "$baton" serve --repo "$d" \
+        --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch ${BATON_SERVE_ARGS:-} >"$d/server.log" 2>&1 </dev/null &
+      for _ in $(seq 300); do [ -s "$d/pid" ] && curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done
+      pid="$(cat "$d/pid")"
+      drill baton 8300 --swap load-api --versions 1,2
+      ;;
+    mlserver)
+      mkdir -p "$d/mlserver" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
+      pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
+      drill mlserver 8100 --swap load-api
+      ;;
+    kserve)
+      pid="$(bash bench/run-kserve.sh "$out/baton" 8200 --models mlp)"
+      drill kserve 8200 --swap load-api
+      ;;
+    *) echo "swap-drill: unknown server $server" >&2; return 2 ;;
+  esac
+  bash bench/stop.sh "$pid" >/dev/null 2>&1 || true
+  pid=""
+}
+
+servers=("$@")
+[ ${#servers[@]} -gt 0 ] || servers=(baton mlserver kserve)
+for s in "${servers[@]}"; do run_server "$s"; done
