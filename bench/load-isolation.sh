@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Loading must not slow serving: `baton drill` measures the MLP (open loop,
-# RATE requests/s, default 2000, JSON) while the 480 MiB `big` model is
+# RATE requests/s, default 300 — below every server's capacity, so no queue builds up, JSON) while the 480 MiB `big` model is
 # loaded beside it SWAPS times (default 3: versions 1, 2, 1). Each load's
 # window runs from its trigger to 1 s after the load call returned; the
 # drill compares the MLP's latency there with its steady latency.
@@ -18,7 +18,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 swaps="${SWAPS:-3}"
-rate="${RATE:-2000}"
+rate="${RATE:-300}"
 out=.baton/bench/models
 results=.baton/bench/results
 mkdir -p "$results"
@@ -61,9 +61,12 @@ run_server() {
       drill baton 8300
       ;;
     mlserver)
-      mkdir -p "$d/mlserver" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
+      mkdir -p "$d/mlserver" "$d/baton" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
+      # model-settings.json points at ../../../baton/<model>/<v>/model.onnx
+      ln -s "$root/$out/baton/mlp" "$d/baton/mlp"
       pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
       cp -r "$out/mlserver/big" "$d/mlserver/"
+      ln -s "$root/$out/baton/big" "$d/baton/big"
       drill mlserver 8100
       ;;
     kserve)

@@ -50,7 +50,9 @@ run_server() {
       curl -sf http://127.0.0.1:8300/baton/v1/unloads >"$results/memory-baton-unloads.json" || true
       ;;
     mlserver)
-      mkdir -p "$d/mlserver" && cp -r "$out/mlserver/encoder" "$d/mlserver/"
+      mkdir -p "$d/mlserver" "$d/baton" && cp -r "$out/mlserver/encoder" "$d/mlserver/"
+      # model-settings.json points at ../../../baton/<model>/<v>/model.onnx
+      ln -s "$root/$out/baton/encoder" "$d/baton/encoder"
       pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
       drill mlserver 8100 --swap load-api
       ;;

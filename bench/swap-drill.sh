@@ -55,7 +55,9 @@ run_server() {
       drill baton 8300 --swap load-api --versions 1,2
       ;;
     mlserver)
-      mkdir -p "$d/mlserver" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
+      mkdir -p "$d/mlserver" "$d/baton" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
+      # model-settings.json points at ../../../baton/<model>/<v>/model.onnx
+      ln -s "$root/$out/baton/mlp" "$d/baton/mlp"
       pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
       drill mlserver 8100 --swap load-api
       ;;

@@ -89,7 +89,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Memory {
     /// Starts the keeper thread; returns the book and the releaser versions use.
-    pub(crate) fn start(events: EventSender, nice: i32) -> (Arc<Memory>, Releaser) {
+    pub(crate) fn start(events: EventSender, nice: i32, idle: bool) -> (Arc<Memory>, Releaser) {
         let memory = Arc::new(Memory {
             live: Mutex::new(Vec::new()),
             unloads: Mutex::new(VecDeque::new()),
@@ -100,9 +100,7 @@ impl Memory {
         std::thread::Builder::new()
             .name("baton-release".into())
             .spawn(move || {
-                if let Err(error) = crate::sys::set_current_thread_nice(nice) {
-                    tracing::warn!(%error, "Could not lower the priority of the release thread.");
-                }
+                crate::sys::lower_current_thread(nice, idle);
                 for job in rx {
                     let Some(memory) = book.upgrade() else {
                         drop(job.engine);

@@ -24,13 +24,17 @@ use crate::source::Source;
 pub struct RegistryConfig {
     /// Nice value of the loader and release threads (serving threads keep 0).
     pub loader_nice: i32,
+    /// Whether the loader and release threads also run under `SCHED_IDLE`,
+    /// so they only use CPU time serving does not want. Under sustained
+    /// full load, loads then wait for idle moments.
+    pub loader_idle: bool,
     /// Events buffered per subscriber before a slow one starts missing some.
     pub event_capacity: usize,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { loader_nice: 19, event_capacity: 1024 }
+        RegistryConfig { loader_nice: 19, loader_idle: false, event_capacity: 1024 }
     }
 }
 
@@ -136,7 +140,7 @@ impl Registry {
     /// and release threads at `config.loader_nice`.
     pub fn new(source: Arc<dyn Source>, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
         let (events, _) = broadcast::channel(config.event_capacity.max(1));
-        let (memory, releaser) = Memory::start(events.clone(), config.loader_nice);
+        let (memory, releaser) = Memory::start(events.clone(), config.loader_nice, config.loader_idle);
         let inner = Arc::new(Inner {
             routing: ArcSwap::from_pointee(Routing::new(0, BTreeMap::new())),
             publish: Mutex::new(()),
@@ -148,13 +152,11 @@ impl Registry {
             releaser,
         });
         let (jobs, rx) = mpsc::channel::<Job>();
-        let nice = config.loader_nice;
+        let (nice, idle) = (config.loader_nice, config.loader_idle);
         std::thread::Builder::new()
             .name("baton-loader".into())
             .spawn(move || {
-                if let Err(error) = crate::sys::set_current_thread_nice(nice) {
-                    tracing::warn!(%error, nice, "Could not lower the loader thread's priority; loads will compete with serving.");
-                }
+                crate::sys::lower_current_thread(nice, idle);
                 for job in rx {
                     job();
                 }

@@ -33,6 +33,19 @@ pub fn trim_heap() {
     }
 }
 
+/// Makes glibc serve every allocation of 256 KiB or more with its own
+/// `mmap`, returned to the kernel the moment it is freed. By default glibc
+/// raises that threshold after large blocks are freed (up to 32 MiB), after
+/// which a model's tensors come from the heap, where they fragment it and
+/// stay resident across swaps. Call once, early, before threads start.
+pub fn keep_large_allocations_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a glibc tuning parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
+
 /// [`trim_heap`] followed by [`rss_bytes`]: the memory this process really holds now.
 pub fn trimmed_rss() -> Option<u64> {
     trim_heap();
@@ -58,6 +71,34 @@ pub fn set_current_thread_nice(nice: i32) -> std::io::Result<()> {
     #[cfg(not(target_os = "linux"))]
     let _ = nice;
     Ok(())
+}
+
+/// Puts the calling thread under `SCHED_IDLE`: it runs only on CPU time no
+/// other thread wants, and a waking normal thread preempts it at once
+/// rather than after the scheduler's wake-up granularity. Needs no
+/// privilege; like the nice value, threads it creates inherit it.
+pub fn set_current_thread_idle() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Lowers the calling thread to the loader's priority: `nice`, and
+/// `SCHED_IDLE` when `idle` is set. Failures are logged, not fatal.
+pub fn lower_current_thread(nice: i32, idle: bool) {
+    if let Err(error) = set_current_thread_nice(nice) {
+        tracing::warn!(%error, nice, "Could not lower a thread's priority; loading will compete with serving.");
+    }
+    if idle && let Err(error) = set_current_thread_idle() {
+        tracing::warn!(%error, "Could not put a thread under SCHED_IDLE; it keeps its nice value only.");
+    }
 }
 
 /// The nice value of the calling thread.

@@ -63,8 +63,8 @@ fn loads_failures_and_unloads_walk_the_state_machine() {
     assert_eq!(registry.status("m").unwrap().state, Idle);
 }
 
-/// The nice value of the threads of this process with this name.
-fn nice_of(thread: &str) -> Vec<i64> {
+/// The (nice value, scheduling policy) of the threads of this process with this name.
+fn nice_of(thread: &str) -> Vec<(i64, i64)> {
     let mut found = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").unwrap().filter_map(Result::ok) {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
@@ -72,11 +72,26 @@ fn nice_of(thread: &str) -> Vec<i64> {
             continue;
         }
         let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
-        // Fields after the parenthesised command name; nice is field 19 overall.
+        // Fields after the parenthesised command name: nice is field 19 overall, policy field 41.
         let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        found.push(rest.split_whitespace().nth(16).unwrap().parse().unwrap());
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        found.push((fields[16].parse().unwrap(), fields[38].parse().unwrap()));
     }
     found
+}
+
+#[test]
+fn a_loader_under_sched_idle_says_so() {
+    let repo = TestRepo::new();
+    repo.add_model("m", FAKE_TOML);
+    repo.write_files("m", 1, &[("fake.txt", b"2")]);
+    repo.seal("m", 1);
+    let config = baton_core::registry::RegistryConfig { loader_idle: true, ..Default::default() };
+    let source = Arc::new(baton_core::source::LocalRepository::new(repo.root()));
+    let registry = baton_core::registry::Registry::new(source, vec![Arc::new(FakeBackend::new())], config);
+    registry.load("m", None).unwrap().wait().unwrap();
+    // Other tests' registries may run loaders at the same time; at least one is idle.
+    assert!(nice_of("baton-loader").iter().any(|(_, policy)| *policy == 5), "no loader under SCHED_IDLE");
 }
 
 #[test]
@@ -93,6 +108,9 @@ fn the_loader_runs_at_lower_priority_than_serving() {
     assert!(!loaders.is_empty(), "no loader thread found");
     let wanted = i64::from(baton_core::registry::RegistryConfig::default().loader_nice);
     assert!(own < wanted, "this test needs to run below nice {wanted}, runs at {own}");
-    assert!(loaders.iter().all(|n| *n == wanted), "loader nice {loaders:?}, serving {own}");
+    assert!(loaders.iter().all(|(n, _)| *n == wanted), "loader nice {loaders:?}, serving {own}");
+    let policy = if baton_core::registry::RegistryConfig::default().loader_idle { 5 } else { 0 }; // SCHED_IDLE, SCHED_OTHER
+    // Another test of this file runs a loader under SCHED_IDLE meanwhile.
+    assert!(loaders.iter().any(|(_, p)| *p == policy), "loader policy {loaders:?}");
     assert_eq!(baton_core::sys::current_thread_nice().unwrap() as i64, own, "the caller's priority is untouched");
 }

@@ -46,6 +46,11 @@ pub struct ServeArgs {
     /// Nice value of the threads that load and free versions.
     #[arg(long, default_value_t = 19)]
     pub loader_nice: i32,
+    /// Also run the loading threads under SCHED_IDLE: they then use only CPU
+    /// time serving does not want, and under sustained full load a load
+    /// waits for idle moments (seconds, measured here).
+    #[arg(long)]
+    pub loader_idle: bool,
 }
 
 /// Runs the server until SIGTERM or SIGINT.
@@ -59,12 +64,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
+    baton_core::sys::keep_large_allocations_mapped();
     // ONNX Runtime is started here, on the main thread, at serving priority.
     let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
     let registry = Registry::new(
         Arc::new(LocalRepository::new(&root)),
         vec![Arc::new(onnx)],
-        RegistryConfig { loader_nice: args.loader_nice, ..RegistryConfig::default() },
+        RegistryConfig { loader_nice: args.loader_nice, loader_idle: args.loader_idle, ..RegistryConfig::default() },
     );
     let app = Arc::new(App::new(registry, args.max_request_bytes));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
