@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Summarises a bench/run-all.sh run (.baton/bench/results) as the Markdown
+tables of docs/BENCHMARKS.md: medians of repeated runs, and ratios between
+numbers of the same run.
+
+    python3 bench/summarize.py [RESULTS_DIR]
+"""
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+results = Path(sys.argv[1] if len(sys.argv) > 1 else ".baton/bench/results")
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def throughput():
+    text = (results / "run-all.txt").read_text()
+    raw = {1: [], 2: []}
+    for line in text.splitlines():
+        if line.startswith('{"batch":1'):
+            r = json.loads(line)
+            raw[r["threads"]].append(r["calls_per_s"])
+    py = [json.loads(l)["calls_per_s"] for l in text.splitlines() if l.startswith('{"model"')]
+    perf = {}
+    for line in text.splitlines():
+        m = re.match(r"(\S+)\s+([\d.]+) infer/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms", line)
+        if m:
+            perf.setdefault(m[1], []).append((float(m[2]), float(m[4])))
+    print("| server | infer/s (median of 3) | p99 ms (median) |")
+    print("|---|---|---|")
+    for name, runs in perf.items():
+        print(f"| {name} | {median([r[0] for r in runs]):,.0f} | {median([r[1] for r in runs]):.2f} |")
+    print(f"| raw engine, Rust, 1 session | {median(raw[1]):,.0f} | |")
+    print(f"| raw engine, Rust, 2 sessions on 2 threads | {median(raw[2]):,.0f} | |")
+    if py:
+        print(f"| raw engine, Python onnxruntime, 1 session | {median(py):,.0f} | |")
+    b = median([r[0] for r in perf.get("baton-binary", [])])
+    for peer in ("mlserver", "kserve"):
+        if peer in perf:
+            print(f"\nbaton-binary / {peer}: {b / median([r[0] for r in perf[peer]]):.1f}x infer/s")
+    print(f"baton-binary / raw engine (1 session): {b / median(raw[1]):.2f}; / raw (2 sessions): {b / median(raw[2]):.2f}")
+
+
+def drill_table(prefix, title):
+    print(f"\n{title}\n")
+    print("| server | requests | failed | steady p99 ms | swap-window p99 ms | ratio | steady max ms | swap-window max ms | load call ms (median) | time to serve ms (median / max) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for server in ("baton", "mlserver", "kserve"):
+        path = results / f"{prefix}-{server}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        s, w = r["steady"], r["in_swaps"]
+        actions = [x["action_ms"] for x in r["swaps"] if x.get("action_ms") is not None]
+        served = sorted(x["time_to_serve_ms"] for x in r["swaps"] if x.get("time_to_serve_ms"))
+        tts = f"{median(served):.0f} / {served[-1]:.0f}" if served else "not observable"
+        ratio = w["p99_ms"] / s["p99_ms"] if s["p99_ms"] else float("nan")
+        print(f"| {server} | {r['requests']:,} | {r['failed']} | {s['p99_ms']:.3g} | {w['p99_ms']:.3g} | {ratio:.2f} | "
+              f"{s['max_ms']:.3g} | {w['max_ms']:.3g} | {median(actions):.0f} | {tts} |")
+
+
+def memory():
+    print("\nMemory over many swaps\n")
+    print("| server | swaps | RSS before swap 1 MiB | before swap 2 | at the end | growth from swap 2 on (slope) | end − swap 2 |")
+    print("|---|---|---|---|---|---|---|")
+    for server in ("baton", "mlserver", "kserve"):
+        path = results / f"memory-{server}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        b = r["rss"]["before_swaps"] + [r["rss"]["last_bytes"]]
+        mib = [x / 2**20 for x in b]
+        ys = mib[1:]
+        xs = list(range(len(ys)))
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        print(f"| {server} | {len(b) - 1} | {mib[0]:.1f} | {ys[0]:.1f} | {ys[-1]:.1f} | {slope:+.3f} MiB/swap ({slope * (len(ys) - 1):+.1f} MiB) | {ys[-1] - ys[0]:+.1f} MiB |")
+    unloads = results / "memory-baton-unloads.json"
+    if unloads.exists():
+        u = json.loads(unloads.read_text())
+        held = median([x["held"] for x in u]) / 2**20
+        residual = [x["residual"] / 2**20 for x in u]
+        print(f"\nbaton's own unload records: {len(u)} frees, median held {held:.1f} MiB, "
+              f"median residual {median(residual):.2f} MiB, total residual {sum(residual):.1f} MiB")
+
+
+throughput()
+drill_table("swap", "Swap under fire (MLP, closed loop x4, JSON)")
+drill_table("isolation", "Loading the 480 MiB model beside the MLP (MLP at a fixed rate, JSON)")
+memory()
