@@ -14,20 +14,9 @@
 #   bash bench/load-isolation.sh [baton|mlserver|kserve ...]     (default: all three)
 #
 # Reports go to .baton/bench/results/isolation-<server>.*.
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-3}"
 rate="${RATE:-300}"
-out=.baton/bench/models
-results=.baton/bench/results
-mkdir -p "$results"
-baton=target/release/baton
-[ -x "$baton" ] || { echo "load-isolation: build baton first: cargo build --release -p baton-server" >&2; exit 1; }
-
-pid=""
-cleanup() { if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi; }
-trap cleanup EXIT
 
 drill() { # $1 = server label, $2 = port
   local label=$1 port=$2
@@ -52,19 +41,13 @@ run_server() {
       for v in 1 2; do ln -s "$root/$out/baton/big/$v" "$d/big/$v"; done
       # big is not required for readiness and is not loaded at start: the drill loads it.
       sed -i '1i required = false' "$d/big/model.toml"
-      setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" "$baton" serve --repo "$d" \
-        --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch ${BATON_SERVE_ARGS:-} >"$d/server.log" 2>&1 </dev/null &
-      for _ in $(seq 600); do [ -s "$d/pid" ] && curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done
-      pid="$(cat "$d/pid")"
+      start_baton "$d"
       # The watcher's first scan loads every model; unload big so each drill swap is a full load.
       curl -sf -o /dev/null -X POST http://127.0.0.1:8300/v2/repository/models/big/unload
       drill baton 8300
       ;;
     mlserver)
-      mkdir -p "$d/mlserver" "$d/baton" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
-      # model-settings.json points at ../../../baton/<model>/<v>/model.onnx
-      ln -s "$root/$out/baton/mlp" "$d/baton/mlp"
-      pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
+      start_mlserver "$d" mlp
       cp -r "$out/mlserver/big" "$d/mlserver/"
       ln -s "$root/$out/baton/big" "$d/baton/big"
       drill mlserver 8100
@@ -75,10 +58,7 @@ run_server() {
       ;;
     *) echo "load-isolation: unknown server $server" >&2; return 2 ;;
   esac
-  bash bench/stop.sh "$pid" >/dev/null 2>&1 || true
-  pid=""
+  stop_server
 }
 
-servers=("$@")
-[ ${#servers[@]} -gt 0 ] || servers=(baton mlserver kserve)
-for s in "${servers[@]}"; do run_server "$s"; done
+each_server run_server "$@"

@@ -11,19 +11,8 @@
 # The drill reports RSS growth per swap; for baton, compare it with the
 # server's own residual metric (GET /baton/v1/unloads), saved beside the
 # report. Reports go to .baton/bench/results/memory-<server>.*.
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-100}"
-out=.baton/bench/models
-results=.baton/bench/results
-mkdir -p "$results"
-baton=target/release/baton
-[ -x "$baton" ] || { echo "memory-drill: build baton first: cargo build --release -p baton-server" >&2; exit 1; }
-
-pid=""
-cleanup() { if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi; }
-trap cleanup EXIT
 
 drill() { # $1 = server label, $2 = port, $3.. = extra drill options
   local label=$1 port=$2
@@ -42,18 +31,12 @@ run_server() {
   case "$server" in
     baton)
       cp -r "$out/baton/encoder" "$d/"
-      setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" "$baton" serve --repo "$d" \
-        --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch >"$d/server.log" 2>&1 </dev/null &
-      for _ in $(seq 600); do [ -s "$d/pid" ] && curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done
-      pid="$(cat "$d/pid")"
+      start_baton "$d"
       drill baton 8300 --swap load-api --versions 1,2
       curl -sf http://127.0.0.1:8300/baton/v1/unloads >"$results/memory-baton-unloads.json" || true
       ;;
     mlserver)
-      mkdir -p "$d/mlserver" "$d/baton" && cp -r "$out/mlserver/encoder" "$d/mlserver/"
-      # model-settings.json points at ../../../baton/<model>/<v>/model.onnx
-      ln -s "$root/$out/baton/encoder" "$d/baton/encoder"
-      pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
+      start_mlserver "$d" encoder
       drill mlserver 8100 --swap load-api
       ;;
     kserve)
@@ -62,10 +45,7 @@ run_server() {
       ;;
     *) echo "memory-drill: unknown server $server" >&2; return 2 ;;
   esac
-  bash bench/stop.sh "$pid" >/dev/null 2>&1 || true
-  pid=""
+  stop_server
 }
 
-servers=("$@")
-[ ${#servers[@]} -gt 0 ] || servers=(baton mlserver kserve)
-for s in "${servers[@]}"; do run_server "$s"; done
+each_server run_server "$@"

@@ -17,19 +17,8 @@
 # and stopped by its pid. Reports (JSON, SVG, terminal table) go to
 # .baton/bench/results/swap-<server>.*. Needs bench/setup-peers.sh,
 # bench/models.py and a release build of baton.
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-100}"
-out=.baton/bench/models
-results=.baton/bench/results
-mkdir -p "$results"
-baton=target/release/baton
-[ -x "$baton" ] || { echo "swap-drill: build baton first: cargo build --release -p baton-server" >&2; exit 1; }
-
-pid=""
-cleanup() { if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi; }
-trap cleanup EXIT
 
 drill() { # $1 = server label, $2 = port, $3.. = extra drill options
   local label=$1 port=$2
@@ -48,17 +37,11 @@ run_server() {
   case "$server" in
     baton)
       cp -r "$out/baton/mlp" "$d/"
-      setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" "$baton" serve --repo "$d" \
-        --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch ${BATON_SERVE_ARGS:-} >"$d/server.log" 2>&1 </dev/null &
-      for _ in $(seq 300); do [ -s "$d/pid" ] && curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done
-      pid="$(cat "$d/pid")"
+      start_baton "$d"
       drill baton 8300 --swap load-api --versions 1,2
       ;;
     mlserver)
-      mkdir -p "$d/mlserver" "$d/baton" && cp -r "$out/mlserver/mlp" "$d/mlserver/"
-      # model-settings.json points at ../../../baton/<model>/<v>/model.onnx
-      ln -s "$root/$out/baton/mlp" "$d/baton/mlp"
-      pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
+      start_mlserver "$d" mlp
       drill mlserver 8100 --swap load-api
       ;;
     kserve)
@@ -67,10 +50,7 @@ run_server() {
       ;;
     *) echo "swap-drill: unknown server $server" >&2; return 2 ;;
   esac
-  bash bench/stop.sh "$pid" >/dev/null 2>&1 || true
-  pid=""
+  stop_server
 }
 
-servers=("$@")
-[ ${#servers[@]} -gt 0 ] || servers=(baton mlserver kserve)
-for s in "${servers[@]}"; do run_server "$s"; done
+each_server run_server "$@"

@@ -1,0 +1,57 @@
+# Shared by the drill benchmarks (swap-drill.sh, load-isolation.sh,
+# memory-drill.sh); sourced, not run. Sets root, out, results and baton,
+# stops the server in $pid on exit, and starts servers the same way for
+# every benchmark.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[1]}")/.." && pwd)"
+cd "$root"
+out=.baton/bench/models
+results=.baton/bench/results
+mkdir -p "$results"
+baton=target/release/baton
+[ -x "$baton" ] || { echo "$(basename "$0"): build baton first: cargo build --release -p baton-server" >&2; exit 1; }
+
+pid=""
+cleanup() { if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi; }
+trap cleanup EXIT
+
+# start_baton DIR: serves the repository DIR on 8300 (gRPC 8301), waits for
+# readiness and sets pid. BATON_SERVE_ARGS adds options.
+start_baton() {
+  local d=$1
+  # shellcheck disable=SC2086 # BATON_SERVE_ARGS is a list of options
+  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" "$baton" serve --repo "$d" \
+    --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch ${BATON_SERVE_ARGS:-} >"$d/server.log" 2>&1 </dev/null &
+  for _ in $(seq 600); do [ -s "$d/pid" ] && curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done
+  pid="$(cat "$d/pid")"
+}
+
+# start_mlserver DIR MODEL...: serves the MODELs from a scratch MLServer
+# layout under DIR on 8100 and sets pid.
+start_mlserver() {
+  local d=$1
+  shift
+  mkdir -p "$d/mlserver" "$d/baton"
+  for m in "$@"; do
+    cp -r "$out/mlserver/$m" "$d/mlserver/"
+    # model-settings.json points at ../../../baton/<model>/<v>/model.onnx
+    ln -s "$root/$out/baton/$m" "$d/baton/$m"
+  done
+  pid="$(bash bench/run-mlserver.sh "$d/mlserver" 8100)"
+}
+
+# stop_server: stops the server in $pid.
+stop_server() {
+  bash bench/stop.sh "$pid" >/dev/null 2>&1 || true
+  pid=""
+}
+
+# each_server FUNCTION [SERVER...]: calls FUNCTION for each server named
+# (default: baton mlserver kserve).
+each_server() {
+  local run=$1
+  shift
+  local servers=("$@")
+  [ ${#servers[@]} -gt 0 ] || servers=(baton mlserver kserve)
+  for s in "${servers[@]}"; do "$run" "$s"; done
+}
