@@ -207,14 +207,17 @@ fn run(shared: &Shared, instance: usize, batch: Vec<Job>) {
     if batch.is_empty() {
         return;
     }
+    run_inference(shared.heavy, || run_batch(shared.engine.as_ref(), instance, batch));
+}
+
+/// Runs inference work on the calling thread: inline, or — when `heavy`
+/// and on a multi-threaded tokio runtime — inside `block_in_place`, so the
+/// async worker's other tasks move elsewhere meanwhile (see
+/// [`HEAVY_INFERENCE`]).
+pub fn run_inference<T>(heavy: bool, work: impl FnOnce() -> T) -> T {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    let work = || run_batch(shared.engine.as_ref(), instance, batch);
-    if shared.heavy && multi_thread {
-        tokio::task::block_in_place(work);
-    } else {
-        work();
-    }
+    if heavy && multi_thread { tokio::task::block_in_place(work) } else { work() }
 }
 
 fn run_batch(engine: &dyn Model, instance: usize, batch: Vec<Job>) {

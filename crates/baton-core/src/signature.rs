@@ -44,6 +44,14 @@ impl Signature {
         self.outputs.iter().find(|s| s.name == name)
     }
 
+    /// Whether the model batches along the first dimension: it has inputs,
+    /// and every input and output has a variable first dimension. Dynamic
+    /// batching and Triton's `max_batch_size` convention both need this.
+    pub fn is_batched(&self) -> bool {
+        !self.inputs.is_empty()
+            && self.inputs.iter().chain(&self.outputs).all(|s| s.shape.first().is_some_and(|&d| d < 0))
+    }
+
     /// Checks request tensors against the inputs; the message says which
     /// tensor is wrong and what was expected.
     pub fn check_inputs(&self, inputs: &[Tensor]) -> Result<(), String> {

@@ -58,14 +58,8 @@ impl Version {
     /// memory keeper; without one (tests), the engine is dropped in place.
     pub fn new(parts: VersionParts, releaser: Option<Releaser>) -> Version {
         let engine: Arc<dyn Model> = Arc::from(parts.engine);
-        let batched = engine
-            .signature()
-            .inputs
-            .iter()
-            .chain(&engine.signature().outputs)
-            .all(|s| s.shape.first().is_some_and(|d| *d < 0));
         let heavy = parts.warmed.fastest >= crate::batcher::HEAVY_INFERENCE;
-        let batcher = (parts.spec.batching.enabled && batched)
+        let batcher = (parts.spec.batching.enabled && engine.signature().is_batched())
             .then(|| Batcher::new(Arc::clone(&engine), &parts.spec.batching, heavy));
         Version {
             model: parts.model,

@@ -67,8 +67,7 @@ pub fn triton_data_type(dt: DataType) -> &'static str {
 /// model batches along it (Triton's `max_batch_size > 0` convention). A
 /// model without inputs is not batched.
 pub fn is_batched(signature: &Signature) -> bool {
-    !signature.inputs.is_empty()
-        && signature.inputs.iter().chain(&signature.outputs).all(|s| s.shape.first().is_some_and(|&d| d < 0))
+    signature.is_batched()
 }
 
 /// Triton's model configuration JSON (`GET /v2/models/{name}/config`),

@@ -18,11 +18,7 @@ pub const DEFAULT_MAX_BATCH_SIZE: usize = 1024;
 
 /// The largest batch a version accepts; 0 when the model does not batch.
 pub fn max_batch_size(version: &Version) -> usize {
-    if baton_kserve::is_batched(version.signature()) {
-        version.spec().max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE)
-    } else {
-        0
-    }
+    if version.signature().is_batched() { version.spec().max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE) } else { 0 }
 }
 
 /// The platform and backend names Triton clients expect.
@@ -97,13 +93,7 @@ fn batch_size(target: &Version, inputs: &[Tensor]) -> u64 {
 /// Runs an unbatched inference: inline, or with `block_in_place` for a heavy
 /// model (see [`baton_core::batcher::HEAVY_INFERENCE`]).
 fn run(target: &Version, inputs: &[Tensor]) -> Result<Vec<Tensor>, baton_core::error::InferError> {
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_thread && target.heavy() {
-        tokio::task::block_in_place(|| target.infer(inputs))
-    } else {
-        target.infer(inputs)
-    }
+    baton_core::batcher::run_inference(target.heavy(), || target.infer(inputs))
 }
 
 /// Runs one inference on the version the snapshot routes `model` (and
