@@ -82,12 +82,17 @@ def memory():
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
         print(f"| {server} | {len(b) - 1} | {mib[0]:.1f} | {ys[0]:.1f} | {ys[-1]:.1f} | {slope:+.3f} MiB/swap ({slope * (len(ys) - 1):+.1f} MiB) | {ys[-1] - ys[0]:+.1f} MiB |")
     unloads = results / "memory-baton-unloads.json"
-    if unloads.exists():
+    path = results / "memory-baton.json"
+    if unloads.exists() and path.exists():
         u = json.loads(unloads.read_text())
+        r = json.loads(path.read_text())
+        b = r["rss"]["before_swaps"] + [r["rss"]["last_bytes"]]
         held = median([x["held"] for x in u]) / 2**20
-        residual = [x["residual"] / 2**20 for x in u]
-        print(f"\nbaton's own unload records: {len(u)} frees, median held {held:.1f} MiB, "
-              f"median residual {median(residual):.2f} MiB, total residual {sum(residual):.1f} MiB")
+        residual = sum(x["residual"] for x in u) / 2**20
+        print(f"\nbaton's own unload records: {len(u)} frees, median held {held:.1f} MiB; "
+              f"residual summed over the frees {residual:+.1f} MiB, unaccounted memory "
+              f"{u[0]['unaccounted'] / 2**20:.1f} → {u[-1]['unaccounted'] / 2**20:.1f} MiB; "
+              f"RSS from before swap 2 to the end {(b[-1] - b[1]) / 2**20:+.1f} MiB")
 
 
 throughput()

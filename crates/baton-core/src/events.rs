@@ -211,8 +211,12 @@ pub enum EventKind {
         held: u64,
         /// Bytes the process gave back when it was freed.
         returned: u64,
-        /// `held - returned`, floored at zero.
-        residual: u64,
+        /// Growth of the memory no live version accounts for since the
+        /// previous free: what this swap cycle left behind (see
+        /// [`crate::UnloadRecord::residual`]).
+        residual: i64,
+        /// RSS after the free minus what every live version holds.
+        unaccounted: u64,
     },
 }
 

@@ -6,12 +6,23 @@
 //! `new`/`malloc`, invisible to any Rust global allocator, so only the
 //! kernel's view sees all of a version's memory. A version's `held` is the
 //! RSS growth across its load (fetch to end of warmup), and `returned` is the
-//! RSS drop across its free. The loader and the keeper take one measurement
-//! lock so a free never lands inside a load's window; serving traffic still
-//! adds noise of a few pages either way, which is why residuals are reported
-//! per unload rather than asserted to the byte.
+//! RSS drop across its free.
+//!
+//! A free's `residual` is not `held - returned`: memory a free does not give
+//! back at once is mostly reused by the next load, so that difference
+//! overstates what stays behind. What a leak looks like from outside is RSS
+//! that grows swap after swap while the versions alive stay the same size.
+//! So after every free the keeper computes the *unaccounted* memory — RSS
+//! minus what every live version holds, minus what versions still waiting
+//! to be freed hold — and a free's residual is how much that grew since the
+//! previous free. Residuals are signed and add up: their sum over any run of
+//! frees is the growth of unaccounted RSS over it, the number an outside
+//! RSS graph shows. The loader and the keeper take one measurement lock so
+//! a free never lands inside a load's window; serving traffic still moves
+//! RSS by a few pages either way.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
 use std::time::SystemTime;
 
@@ -35,8 +46,13 @@ pub struct UnloadRecord {
     pub held: u64,
     /// Bytes RSS dropped by when it was freed.
     pub returned: u64,
-    /// `held - returned`, floored at zero: memory that did not come back.
-    pub residual: u64,
+    /// How much the unaccounted memory grew from the previous free to the
+    /// end of this one (for the first free, from just before it): what this
+    /// swap cycle left behind. Negative when memory was given back.
+    pub residual: i64,
+    /// RSS after this free minus what every live version holds: the
+    /// server's own memory plus anything left behind.
+    pub unaccounted: u64,
     /// When it was freed.
     #[serde(skip)]
     pub at: SystemTime,
@@ -62,6 +78,8 @@ struct Released {
 #[derive(Clone)]
 pub struct Releaser {
     tx: mpsc::Sender<Released>,
+    /// Bytes held by engines queued but not yet freed.
+    queued: Arc<AtomicU64>,
 }
 
 impl Releaser {
@@ -69,7 +87,9 @@ impl Releaser {
     /// keeper is gone.
     pub(crate) fn release(&self, model: &str, version: u64, held: u64, engine: Arc<dyn Model>) {
         let job = Released { model: model.to_owned(), version, held, engine };
+        self.queued.fetch_add(held, Ordering::Relaxed);
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
+            self.queued.fetch_sub(job.held, Ordering::Relaxed);
             drop(job.engine);
         }
     }
@@ -81,6 +101,14 @@ pub(crate) struct Memory {
     live: Mutex<Vec<(String, Weak<Version>)>>,
     unloads: Mutex<VecDeque<UnloadRecord>>,
     measuring: Mutex<()>,
+    /// Shared with the releaser: bytes of engines queued for freeing.
+    queued: Arc<AtomicU64>,
+    /// Unaccounted memory after the last free; `None` before the first.
+    settled: Mutex<Option<u64>>,
+}
+
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,10 +118,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Memory {
     /// Starts the keeper thread; returns the book and the releaser versions use.
     pub(crate) fn start(events: EventSender, nice: i32, idle: bool) -> (Arc<Memory>, Releaser) {
+        let queued = Arc::new(AtomicU64::new(0));
         let memory = Arc::new(Memory {
             live: Mutex::new(Vec::new()),
             unloads: Mutex::new(VecDeque::new()),
             measuring: Mutex::new(()),
+            queued: Arc::clone(&queued),
+            settled: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel::<Released>();
         let book = Arc::downgrade(&memory);
@@ -110,7 +141,7 @@ impl Memory {
                 }
             })
             .expect("spawning the release thread");
-        (memory, Releaser { tx })
+        (memory, Releaser { tx, queued })
     }
 
     fn free(&self, job: Released, events: &EventSender) {
@@ -122,15 +153,19 @@ impl Memory {
         }
         let _window = self.measure();
         let before = crate::sys::trimmed_rss().unwrap_or(0);
+        let unaccounted_before = self.unaccounted(before);
         drop(job.engine);
+        self.queued.fetch_sub(job.held, Ordering::Relaxed);
         let after = crate::sys::trimmed_rss().unwrap_or(0);
-        let returned = before.saturating_sub(after);
+        let unaccounted = self.unaccounted(after);
+        let previous = lock(&self.settled).replace(unaccounted).unwrap_or(unaccounted_before);
         let record = UnloadRecord {
             model: job.model,
             version: job.version,
             held: job.held,
-            returned,
-            residual: job.held.saturating_sub(returned),
+            returned: before.saturating_sub(after),
+            residual: signed(unaccounted) - signed(previous),
+            unaccounted,
             at: SystemTime::now(),
         };
         tracing::info!(
@@ -139,6 +174,7 @@ impl Memory {
             held = record.held,
             returned = record.returned,
             residual = record.residual,
+            unaccounted = record.unaccounted,
             "Freed a version and measured the memory that came back."
         );
         // Recorded before it is announced, so a subscriber that hears of it can read it.
@@ -153,8 +189,20 @@ impl Memory {
             model: record.model.clone(),
             version: Some(record.version),
             at: record.at,
-            kind: EventKind::Unloaded { held: record.held, returned: record.returned, residual: record.residual },
+            kind: EventKind::Unloaded {
+                held: record.held,
+                returned: record.returned,
+                residual: record.residual,
+                unaccounted: record.unaccounted,
+            },
         });
+    }
+
+    /// `rss` minus the bytes held by live versions and by engines queued
+    /// for freeing.
+    fn unaccounted(&self, rss: u64) -> u64 {
+        let live: u64 = lock(&self.live).iter().filter_map(|(_, w)| w.upgrade()).map(|v| v.bytes_held()).sum();
+        rss.saturating_sub(live).saturating_sub(self.queued.load(Ordering::Relaxed))
     }
 
     /// Holds off frees while a load measures its memory.

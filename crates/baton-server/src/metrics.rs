@@ -130,8 +130,12 @@ struct LoadMetrics {
     failures: BTreeMap<(String, Stage), u64>,
     rollbacks: BTreeMap<String, u64>,
     unloads: BTreeMap<String, u64>,
-    residual_total: BTreeMap<String, u64>,
-    residual_last: BTreeMap<(String, u64), u64>,
+    /// Sum of every free's residual: growth of unaccounted memory since
+    /// just before the first free.
+    residual_sum: i64,
+    /// Unaccounted memory after the last free.
+    unaccounted: Option<u64>,
+    residual_last: BTreeMap<(String, u64), i64>,
     events_missed: u64,
 }
 
@@ -201,9 +205,10 @@ impl Metrics {
                 }
             }
             EventKind::Failed { stage, .. } => *loads.failures.entry((model, *stage)).or_default() += 1,
-            EventKind::Unloaded { residual, .. } => {
+            EventKind::Unloaded { residual, unaccounted, .. } => {
                 *loads.unloads.entry(model.clone()).or_default() += 1;
-                *loads.residual_total.entry(model.clone()).or_default() += residual;
+                loads.residual_sum += residual;
+                loads.unaccounted = Some(*unaccounted);
                 if let Some(version) = event.version {
                     loads.residual_last.insert((model, version), *residual);
                 }
@@ -293,11 +298,28 @@ impl Metrics {
         for (model, n) in &loads.unloads {
             let _ = writeln!(out, "baton_unloads_total{{model=\"{}\"}} {n}", escape(model));
         }
-        help(&mut out, "baton_unload_residual_bytes_total", "counter", "Memory not given back by freed versions.");
-        for (model, n) in &loads.residual_total {
-            let _ = writeln!(out, "baton_unload_residual_bytes_total{{model=\"{}\"}} {n}", escape(model));
+        help(
+            &mut out,
+            "baton_memory_residual_bytes",
+            "gauge",
+            "Growth of the memory no live version accounts for, summed over every free since the first.",
+        );
+        let _ = writeln!(out, "baton_memory_residual_bytes {}", loads.residual_sum);
+        if let Some(unaccounted) = loads.unaccounted {
+            help(
+                &mut out,
+                "baton_memory_unaccounted_bytes",
+                "gauge",
+                "RSS after the last free minus what live versions hold.",
+            );
+            let _ = writeln!(out, "baton_memory_unaccounted_bytes {unaccounted}");
         }
-        help(&mut out, "baton_unload_residual_bytes", "gauge", "Memory not given back when this version was freed.");
+        help(
+            &mut out,
+            "baton_unload_residual_bytes",
+            "gauge",
+            "What the swap cycle ending in this version's free left behind.",
+        );
         for ((model, version), n) in &loads.residual_last {
             let _ =
                 writeln!(out, "baton_unload_residual_bytes{{model=\"{}\",version=\"{version}\"}} {n}", escape(model));

@@ -168,7 +168,7 @@ fn metrics_expose_every_family_with_its_labels() {
         "baton_load_failures_total",
         "baton_rollbacks_total",
         "baton_unloads_total",
-        "baton_unload_residual_bytes_total",
+        "baton_memory_residual_bytes",
         "baton_unload_residual_bytes",
         "baton_events_missed_total",
         "baton_model_active_version",
@@ -225,7 +225,8 @@ fn metrics_expose_every_family_with_its_labels() {
     });
     assert_eq!(metric(&text, &m("baton_model_active_version")), Some(1.0));
     assert_eq!(metric(&text, &m("baton_model_live_versions")), Some(1.0));
-    assert!(metric(&text, &m("baton_unload_residual_bytes_total")).is_some());
+    assert!(metric(&text, "baton_memory_residual_bytes").is_some());
+    assert!(metric(&text, "baton_memory_unaccounted_bytes").is_some_and(|b| b > 0.0), "the server itself takes memory");
     assert!(metric(&text, "baton_unload_residual_bytes{model=\"m\",version=\"2\"}").is_some());
     assert!(metric(&text, "baton_version_bytes_held{model=\"m\",version=\"2\"}").is_none(), "2 is gone");
     for stage in ["commit", "drain"] {

@@ -8,6 +8,10 @@
 //! holds a file named `hold` waits at the backend's [`Gate`] while loading;
 //! one holding `hold-first-infer` waits there in its first inference. The
 //! backend records the rows of every inference, so tests can see batches.
+//!
+//! For memory accounting: a version holding `ballast` (a number of MiB)
+//! keeps that much memory resident while loaded, and one also holding
+//! `leak` never gives it back — its ballast is leaked when it is freed.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
@@ -104,7 +108,17 @@ impl Backend for FakeBackend {
             text.trim().parse().map_err(|_| BackendError::new("model_invalid", format!("'{text}' is not a number")))?;
         let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, 4] };
         let hold = dir.join("hold-first-infer").exists().then(|| self.gate.clone()).flatten();
+        let ballast = match std::fs::read_to_string(dir.join("ballast")) {
+            Ok(mib) => {
+                let mib: usize = mib.trim().parse().map_err(|_| BackendError::new("model_invalid", "bad ballast"))?;
+                // Non-zero bytes, so every page is really resident.
+                vec![0xA5u8; mib << 20]
+            }
+            Err(_) => Vec::new(),
+        };
         Ok(Box::new(FakeModel {
+            ballast,
+            leak: dir.join("leak").exists(),
             scale,
             signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
             hold: Mutex::new(hold),
@@ -114,10 +128,21 @@ impl Backend for FakeBackend {
 }
 
 struct FakeModel {
+    ballast: Vec<u8>,
+    leak: bool,
     scale: f32,
     signature: Signature,
     hold: Mutex<Option<Gate>>,
     calls: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Drop for FakeModel {
+    fn drop(&mut self) {
+        if self.leak {
+            // A leak on purpose: the memory stays resident and unreachable.
+            let _: &'static mut [u8] = std::mem::take(&mut self.ballast).leak();
+        }
+    }
 }
 
 impl Model for FakeModel {

@@ -244,14 +244,16 @@ fn prepare(run: &mut Run, version: Option<u64>) -> Result<Prepared, LoadError> {
         Ok((samples, warmed))
     })?;
     let bytes_held = crate::sys::trimmed_rss().unwrap_or(0).saturating_sub(rss_before);
-    drop(window);
     let keep = spec.policy.keep_previous;
     let timeout = Duration::from_millis(spec.policy.drain_timeout_ms);
     let version = Arc::new(Version::new(
         VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine },
         Some(inner.releaser.clone()),
     ));
+    // Tracked before the window closes, so that no free counts this
+    // version's memory as unaccounted.
     inner.memory.track(&version);
+    drop(window);
     Ok((version, keep, timeout))
 }
 

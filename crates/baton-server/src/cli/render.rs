@@ -125,8 +125,8 @@ pub fn event_line(event: &Value) -> String {
         ),
         "finished" => format!("finished: {}", report(&event["report"])),
         "unloaded" => format!(
-            "freed: held {} B, returned {} B, residual {} B",
-            event["held"], event["returned"], event["residual"]
+            "freed: held {} B, returned {} B, residual {} B, unaccounted {} B",
+            event["held"], event["returned"], event["residual"], event["unaccounted"]
         ),
         "drain_timed_out" => format!("drain timed out, {} stragglers", event["stragglers"]),
         other => other.to_owned(),
