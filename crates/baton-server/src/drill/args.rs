@@ -119,7 +119,7 @@ pub struct DrillArgs {
     /// first swap, plus each swap's expected version).
     #[arg(long, value_delimiter = ',')]
     pub allow_versions: Vec<String>,
-    /// The server's process id: sample its resident set size (VmRSS) during the drill.
+    /// The server's process id: sample its resident set size (VmRSS, its child processes included) during the drill.
     #[arg(long)]
     pub pid: Option<u32>,
     /// How often RSS is sampled.

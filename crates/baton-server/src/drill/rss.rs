@@ -1,5 +1,12 @@
 //! The server's resident set size over time: `VmRSS` from
-//! `/proc/PID/status`, sampled on a thread of its own.
+//! `/proc/PID/status` of the process and of every process it started,
+//! sampled on a thread of its own.
+//!
+//! Children count because some servers run their models in worker
+//! processes (MLServer's inference pool): the main process's RSS alone
+//! would miss every model. Pages a forked child still shares with its
+//! parent count once per process, so the sum overstates absolute memory;
+//! what the drill reports is its growth.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +24,37 @@ pub struct Samples {
     pub stopped: Option<String>,
 }
 
-/// The `VmRSS` of `pid`, in bytes.
+/// The `VmRSS` of `pid` plus that of all its descendants, in bytes.
 pub fn read_rss(pid: u32) -> anyhow::Result<u64> {
+    let own = process_rss(pid)?;
+    // A child may exit between listing and reading: it no longer counts.
+    Ok(own + descendants(pid).into_iter().filter_map(|child| process_rss(child).ok()).sum::<u64>())
+}
+
+fn process_rss(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     parse_vm_rss(&text).with_context(|| format!("{path} has no VmRSS line"))
+}
+
+/// Every process below `pid`, from `/proc/PID/task/TID/children` (each
+/// thread lists the children it started).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(parent) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else { continue };
+        for task in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(task.path().join("children")) else { continue };
+            for child in text.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+                if !found.contains(&child) {
+                    found.push(child);
+                    queue.push(child);
+                }
+            }
+        }
+    }
+    found
 }
 
 fn parse_vm_rss(status: &str) -> Option<u64> {
@@ -72,5 +105,18 @@ mod tests {
         assert_eq!(parse_vm_rss(status), Some(51234 * 1024));
         assert_eq!(parse_vm_rss("Name: x\n"), None);
         assert!(read_rss(std::process::id()).unwrap() > 0);
+    }
+
+    #[test]
+    fn counts_child_processes() {
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("starting sleep");
+        let found = descendants(me);
+        let alone = process_rss(me).unwrap();
+        let with_children = read_rss(me).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found.contains(&child.id()), "{found:?} misses the child {}", child.id());
+        assert!(with_children > alone, "the child's memory is not counted");
     }
 }
