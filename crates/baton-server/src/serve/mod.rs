@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use baton_core::registry::{Registry, RegistryConfig};
 use baton_core::source::LocalRepository;
 use tokio::sync::broadcast::error::RecvError;
@@ -110,6 +111,13 @@ async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<
     tracing::info!(%address, %grpc_address, watch, "baton is serving.");
     let signal_app = Arc::clone(&app);
     let mut stopped = app.shutdown_signal();
+    // Answers go out the moment they are written, not after Nagle's wait
+    // for the previous segment's ACK (up to 40 ms with delayed ACKs).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "Could not set TCP_NODELAY on a connection.");
+        }
+    });
     let server = axum::serve(listener, crate::http::router(Arc::clone(&app))).with_graceful_shutdown(async move {
         shutdown_signal().await;
         // Not ready first, then say so: whoever reads the line can rely on it.
