@@ -93,6 +93,15 @@ def memory():
               f"residual summed over the frees {residual:+.1f} MiB, unaccounted memory "
               f"{u[0]['unaccounted'] / 2**20:.1f} → {u[-1]['unaccounted'] / 2**20:.1f} MiB; "
               f"RSS from before swap 2 to the end {(b[-1] - b[1]) / 2**20:+.1f} MiB")
+        # The allocator settles over the first swaps; compare the two
+        # periods apart. Free k (from 1) ends swap k + 1.
+        settle = 30
+        if len(u) > settle and len(b) > settle + 2:
+            early = sum(x["residual"] for x in u[:settle]) / 2**20
+            late = sum(x["residual"] for x in u[settle:]) / 2**20
+            print(f"  frees 1-{settle}: residual {early:+.1f} MiB, RSS swap 2 to {settle + 2} "
+                  f"{(b[settle + 1] - b[1]) / 2**20:+.1f} MiB; frees {settle + 1}-{len(u)}: residual "
+                  f"{late:+.1f} MiB, RSS swap {settle + 2} to the end {(b[-1] - b[settle + 1]) / 2**20:+.1f} MiB")
 
 
 throughput()
