@@ -13,15 +13,23 @@
 //! overstates what stays behind. What a leak looks like from outside is RSS
 //! that grows swap after swap while the versions alive stay the same size.
 //! So after every free the keeper computes the *unaccounted* memory — RSS
-//! minus what every live version holds, minus what versions still waiting
-//! to be freed hold — and a free's residual is how much that grew since the
-//! previous free. Residuals are signed and add up: their sum over any run of
+//! minus the footprint of every live version and of every version still
+//! waiting to be freed — and a free's residual is how much that grew since
+//! the previous free.
+//!
+//! A version's footprint is the largest `held` measured for a version of
+//! the same model whose files add up to the same number of bytes (its own
+//! included). `held` is RSS growth, and a load that reuses memory an
+//! earlier free left resident grows RSS by less than it takes; without this,
+//! every such load would show up once more as unaccounted memory. Versions
+//! of one model with files of one size — the same architecture with new
+//! weights — take the same memory. Residuals are signed and add up: their sum over any run of
 //! frees is the growth of unaccounted RSS over it, the number an outside
 //! RSS graph shows. The loader and the keeper take one measurement lock so
 //! a free never lands inside a load's window; serving traffic still moves
 //! RSS by a few pages either way.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
 use std::time::SystemTime;
@@ -71,25 +79,43 @@ struct Released {
     model: String,
     version: u64,
     held: u64,
+    /// Its footprint when it was queued, counted in `queued` until freed.
+    footprint: u64,
     engine: Arc<dyn Model>,
+}
+
+/// The largest `held` measured per (model, bytes of the version's files).
+#[derive(Default)]
+struct Footprints(Mutex<HashMap<(String, u64), u64>>);
+
+impl Footprints {
+    /// Records a measurement and returns the footprint for its size.
+    fn note(&self, model: &str, files: u64, held: u64) -> u64 {
+        let mut map = lock(&self.0);
+        let entry = map.entry((model.to_owned(), files)).or_default();
+        *entry = (*entry).max(held);
+        *entry
+    }
 }
 
 /// Hands a dropped version's engine to the memory keeper thread.
 #[derive(Clone)]
 pub struct Releaser {
     tx: mpsc::Sender<Released>,
-    /// Bytes held by engines queued but not yet freed.
+    /// Footprint of the engines queued but not yet freed.
     queued: Arc<AtomicU64>,
+    footprints: Arc<Footprints>,
 }
 
 impl Releaser {
     /// Queues the engine to be freed and measured; frees it in place if the
     /// keeper is gone.
-    pub(crate) fn release(&self, model: &str, version: u64, held: u64, engine: Arc<dyn Model>) {
-        let job = Released { model: model.to_owned(), version, held, engine };
-        self.queued.fetch_add(held, Ordering::Relaxed);
+    pub(crate) fn release(&self, model: &str, version: u64, files: u64, held: u64, engine: Arc<dyn Model>) {
+        let footprint = self.footprints.note(model, files, held);
+        let job = Released { model: model.to_owned(), version, held, footprint, engine };
+        self.queued.fetch_add(footprint, Ordering::Relaxed);
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
-            self.queued.fetch_sub(job.held, Ordering::Relaxed);
+            self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
             drop(job.engine);
         }
     }
@@ -101,8 +127,9 @@ pub(crate) struct Memory {
     live: Mutex<Vec<(String, Weak<Version>)>>,
     unloads: Mutex<VecDeque<UnloadRecord>>,
     measuring: Mutex<()>,
-    /// Shared with the releaser: bytes of engines queued for freeing.
+    /// Shared with the releaser: footprint of engines queued for freeing.
     queued: Arc<AtomicU64>,
+    footprints: Arc<Footprints>,
     /// Unaccounted memory after the last free; `None` before the first.
     settled: Mutex<Option<u64>>,
 }
@@ -119,11 +146,13 @@ impl Memory {
     /// Starts the keeper thread; returns the book and the releaser versions use.
     pub(crate) fn start(events: EventSender, nice: i32, idle: bool) -> (Arc<Memory>, Releaser) {
         let queued = Arc::new(AtomicU64::new(0));
+        let footprints = Arc::new(Footprints::default());
         let memory = Arc::new(Memory {
             live: Mutex::new(Vec::new()),
             unloads: Mutex::new(VecDeque::new()),
             measuring: Mutex::new(()),
             queued: Arc::clone(&queued),
+            footprints: Arc::clone(&footprints),
             settled: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel::<Released>();
@@ -141,7 +170,7 @@ impl Memory {
                 }
             })
             .expect("spawning the release thread");
-        (memory, Releaser { tx, queued })
+        (memory, Releaser { tx, queued, footprints })
     }
 
     fn free(&self, job: Released, events: &EventSender) {
@@ -155,7 +184,7 @@ impl Memory {
         let before = crate::sys::trimmed_rss().unwrap_or(0);
         let unaccounted_before = self.unaccounted(before);
         drop(job.engine);
-        self.queued.fetch_sub(job.held, Ordering::Relaxed);
+        self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
         let after = crate::sys::trimmed_rss().unwrap_or(0);
         let unaccounted = self.unaccounted(after);
         let previous = lock(&self.settled).replace(unaccounted).unwrap_or(unaccounted_before);
@@ -198,10 +227,12 @@ impl Memory {
         });
     }
 
-    /// `rss` minus the bytes held by live versions and by engines queued
+    /// `rss` minus the footprint of live versions and of engines queued
     /// for freeing.
     fn unaccounted(&self, rss: u64) -> u64 {
-        let live: u64 = lock(&self.live).iter().filter_map(|(_, w)| w.upgrade()).map(|v| v.bytes_held()).sum();
+        let live: Vec<Arc<Version>> = lock(&self.live).iter().filter_map(|(_, w)| w.upgrade()).collect();
+        let live: u64 =
+            live.iter().map(|v| self.footprints.note(v.model(), v.manifest().total_bytes(), v.bytes_held())).sum();
         rss.saturating_sub(live).saturating_sub(self.queued.load(Ordering::Relaxed))
     }
 
@@ -212,6 +243,7 @@ impl Memory {
 
     /// Starts tracking a new version (by a weak reference only).
     pub(crate) fn track(&self, version: &Arc<Version>) {
+        self.footprints.note(version.model(), version.manifest().total_bytes(), version.bytes_held());
         let mut live = lock(&self.live);
         live.retain(|(_, w)| w.strong_count() > 0);
         live.push((version.model().to_owned(), Arc::downgrade(version)));

@@ -189,7 +189,7 @@ impl Drop for Version {
         // the engine's last reference goes to the releaser.
         drop(self.batcher.take());
         if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
-            releaser.release(&self.model, self.number, self.bytes_held, engine);
+            releaser.release(&self.model, self.number, self.manifest.total_bytes(), self.bytes_held, engine);
         }
     }
 }
