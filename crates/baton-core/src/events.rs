@@ -215,7 +215,7 @@ pub enum EventKind {
         /// previous free: what this swap cycle left behind (see
         /// [`crate::UnloadRecord::residual`]).
         residual: i64,
-        /// RSS after the free minus what every live version holds.
+        /// RSS after the free minus the footprint of every live version.
         unaccounted: u64,
     },
 }

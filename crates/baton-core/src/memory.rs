@@ -23,11 +23,13 @@
 //! earlier free left resident grows RSS by less than it takes; without this,
 //! every such load would show up once more as unaccounted memory. Versions
 //! of one model with files of one size — the same architecture with new
-//! weights — take the same memory. Residuals are signed and add up: their sum over any run of
-//! frees is the growth of unaccounted RSS over it, the number an outside
-//! RSS graph shows. The loader and the keeper take one measurement lock so
-//! a free never lands inside a load's window; serving traffic still moves
-//! RSS by a few pages either way.
+//! weights — take the same memory.
+//!
+//! Residuals are signed and add up: their sum over any run of frees is the
+//! growth of unaccounted RSS over it, the number an outside RSS graph
+//! shows. The loader and the keeper take one measurement lock so a free
+//! never lands inside a load's window; serving traffic still moves RSS by a
+//! few pages either way.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,7 +60,7 @@ pub struct UnloadRecord {
     /// end of this one (for the first free, from just before it): what this
     /// swap cycle left behind. Negative when memory was given back.
     pub residual: i64,
-    /// RSS after this free minus what every live version holds: the
+    /// RSS after this free minus the footprint of every live version: the
     /// server's own memory plus anything left behind.
     pub unaccounted: u64,
     /// When it was freed.

@@ -310,7 +310,7 @@ impl Metrics {
                 &mut out,
                 "baton_memory_unaccounted_bytes",
                 "gauge",
-                "RSS after the last free minus what live versions hold.",
+                "RSS after the last free minus the footprint of live versions.",
             );
             let _ = writeln!(out, "baton_memory_unaccounted_bytes {unaccounted}");
         }
