@@ -11,6 +11,7 @@
 # .baton/bench/run/kserve-PORT/server.log.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/bench/launch.sh"
 
 if [ $# -lt 2 ]; then
   echo "usage: $0 REPO_DIR PORT [server.py options]" >&2
@@ -26,26 +27,4 @@ run="$root/.baton/bench/run/kserve-$port"
 rm -rf "$run"
 mkdir -p "$run"
 cd "$run"
-# setsid may fork (when the caller has job control), so the server's pid is
-# written by the process itself, which then execs the server.
-setsid bash -c 'echo $$ >"$0"; exec "$@"' "$run/pid" \
-  "$venv/bin/python" "$root/bench/kserve_onnx/server.py" --repo "$repo" --http-port "$port" "$@" \
-  >"$run/server.log" 2>&1 </dev/null &
-for _ in $(seq 50); do [ -s "$run/pid" ] && break; sleep 0.1; done
-pid="$(cat "$run/pid")"
-
-deadline=$((SECONDS + ${READY_TIMEOUT:-180}))
-until curl -sf -o /dev/null "http://127.0.0.1:$port/v2/health/ready"; do
-  if ! kill -0 "$pid" 2>/dev/null; then
-    echo "run-kserve: the server exited; log $run/server.log:" >&2
-    tail -n 30 "$run/server.log" >&2
-    exit 1
-  fi
-  if ((SECONDS > deadline)); then
-    echo "run-kserve: not ready after ${READY_TIMEOUT:-180}s; stopping pid $pid; log $run/server.log" >&2
-    bash "$root/bench/stop.sh" "$pid" >&2 || true
-    exit 1
-  fi
-  sleep 0.2
-done
-echo "$pid"
+launch run-kserve "$run" "$port" "$venv/bin/python" "$root/bench/kserve_onnx/server.py" --repo "$repo" --http-port "$port" "$@"

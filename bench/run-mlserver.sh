@@ -18,6 +18,7 @@
 # .baton/bench/run/mlserver-PORT/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/bench/launch.sh"
 
 if [ $# -ne 2 ]; then
   echo "usage: $0 MODEL_DIR PORT" >&2
@@ -47,26 +48,5 @@ cat > "$model_dir/settings.json" <<JSON
 JSON
 
 cd "$run"
-# setsid may fork (when the caller has job control), so the server's pid is
-# written by the process itself, which then execs the server.
-PYTHONPATH="$root/bench/mlserver_onnx:$root/bench${PYTHONPATH:+:$PYTHONPATH}" \
-  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$run/pid" "$venv/bin/mlserver" start "$model_dir" \
-  >"$run/server.log" 2>&1 </dev/null &
-for _ in $(seq 50); do [ -s "$run/pid" ] && break; sleep 0.1; done
-pid="$(cat "$run/pid")"
-
-deadline=$((SECONDS + ${READY_TIMEOUT:-180}))
-until curl -sf -o /dev/null "http://127.0.0.1:$port/v2/health/ready"; do
-  if ! kill -0 "$pid" 2>/dev/null; then
-    echo "run-mlserver: MLServer exited; log $run/server.log:" >&2
-    tail -n 30 "$run/server.log" >&2
-    exit 1
-  fi
-  if ((SECONDS > deadline)); then
-    echo "run-mlserver: not ready after ${READY_TIMEOUT:-180}s; stopping pid $pid; log $run/server.log" >&2
-    bash "$root/bench/stop.sh" "$pid" >&2 || true
-    exit 1
-  fi
-  sleep 0.2
-done
-echo "$pid"
+export PYTHONPATH="$root/bench/mlserver_onnx:$root/bench${PYTHONPATH:+:$PYTHONPATH}"
+launch run-mlserver "$run" "$port" "$venv/bin/mlserver" start "$model_dir"

@@ -91,6 +91,11 @@ struct Released {
 struct Footprints(Mutex<HashMap<(String, u64), u64>>);
 
 impl Footprints {
+    /// Records a version's measurement and returns its footprint.
+    fn of(&self, version: &Version) -> u64 {
+        self.note(version.model(), version.manifest().total_bytes(), version.bytes_held())
+    }
+
     /// Records a measurement and returns the footprint for its size.
     fn note(&self, model: &str, files: u64, held: u64) -> u64 {
         let mut map = lock(&self.0);
@@ -233,8 +238,7 @@ impl Memory {
     /// for freeing.
     fn unaccounted(&self, rss: u64) -> u64 {
         let live: Vec<Arc<Version>> = lock(&self.live).iter().filter_map(|(_, w)| w.upgrade()).collect();
-        let live: u64 =
-            live.iter().map(|v| self.footprints.note(v.model(), v.manifest().total_bytes(), v.bytes_held())).sum();
+        let live: u64 = live.iter().map(|v| self.footprints.of(v)).sum();
         rss.saturating_sub(live).saturating_sub(self.queued.load(Ordering::Relaxed))
     }
 
@@ -245,7 +249,7 @@ impl Memory {
 
     /// Starts tracking a new version (by a weak reference only).
     pub(crate) fn track(&self, version: &Arc<Version>) {
-        self.footprints.note(version.model(), version.manifest().total_bytes(), version.bytes_held());
+        self.footprints.of(version);
         let mut live = lock(&self.live);
         live.retain(|(_, w)| w.strong_count() > 0);
         live.push((version.model().to_owned(), Arc::downgrade(version)));

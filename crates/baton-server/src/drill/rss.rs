@@ -109,14 +109,22 @@ mod tests {
 
     #[test]
     fn counts_child_processes() {
-        let me = std::process::id();
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("starting sleep");
-        let found = descendants(me);
-        let alone = process_rss(me).unwrap();
-        let with_children = read_rss(me).unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(found.contains(&child.id()), "{found:?} misses the child {}", child.id());
-        assert!(with_children > alone, "the child's memory is not counted");
+        // A shell that starts a child and waits: neither allocates while measured.
+        let mut shell = std::process::Command::new("sh").args(["-c", "sleep 30 & wait"]).spawn().expect("starting sh");
+        let pid = shell.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut found = descendants(pid);
+        while found.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+            found = descendants(pid);
+        }
+        let (alone, with_child) = (process_rss(pid), read_rss(pid));
+        for child in &found {
+            let _ = std::process::Command::new("kill").arg(child.to_string()).status();
+        }
+        let _ = shell.kill();
+        let _ = shell.wait();
+        assert_eq!(found.len(), 1, "sh should have one child, found {found:?}");
+        assert!(with_child.unwrap() > alone.unwrap(), "the child's memory is not counted");
     }
 }
