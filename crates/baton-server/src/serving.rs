@@ -58,8 +58,7 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
     }
 }
 
-fn check_batch(target: &Version, inputs: &[Tensor]) -> Result<(), ServeError> {
-    let max = max_batch_size(target);
+fn check_batch(target: &Version, max: usize, inputs: &[Tensor]) -> Result<(), ServeError> {
     if max == 0 {
         return Ok(());
     }
@@ -82,9 +81,9 @@ fn check_batch(target: &Version, inputs: &[Tensor]) -> Result<(), ServeError> {
 }
 
 /// The number of inferences a request asks for: its batch size when the
-/// model batches, else 1.
-fn batch_size(target: &Version, inputs: &[Tensor]) -> u64 {
-    if max_batch_size(target) == 0 {
+/// model batches (`max` > 0), else 1.
+fn batch_size(max: usize, inputs: &[Tensor]) -> u64 {
+    if max == 0 {
         return 1;
     }
     inputs.first().and_then(|t| t.shape.first()).map_or(1, |&b| u64::try_from(b).unwrap_or(0))
@@ -106,10 +105,13 @@ pub async fn infer<'a>(
     version: Option<u64>,
     inputs: Vec<Tensor>,
 ) -> Result<(&'a Arc<Version>, Vec<Tensor>), ServeError> {
-    let target = resolve(app, snapshot, model, version).and_then(|t| check_batch(t, &inputs).map(|()| t));
-    let target = target.inspect_err(|e| app.metrics.rejected(model, e.kind))?;
+    let resolved = resolve(app, snapshot, model, version).and_then(|t| {
+        let max = max_batch_size(t);
+        check_batch(t, max, &inputs).map(|()| (t, max))
+    });
+    let (target, max) = resolved.inspect_err(|e| app.metrics.rejected(model, e.kind))?;
     let series = app.metrics.version(model, target.number());
-    let rows = batch_size(target, &inputs);
+    let rows = batch_size(max, &inputs);
     let started = Instant::now();
     let outcome = if target.batches() {
         match target.submit(inputs) {
