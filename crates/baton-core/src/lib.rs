@@ -14,8 +14,10 @@
 //!   of a version frees it, and the free is handed to a keeper thread that
 //!   measures how much memory came back.
 //! - **Loading happens beside serving, never in its way.** Every stage before
-//!   commit runs on one loader thread at lower CPU priority; a failure at any
-//!   of them leaves the serving version untouched and names the stage.
+//!   commit runs at lower CPU priority, one load at a time, each on a thread
+//!   of its own whose allocator arena holds that version alone
+//!   ([`heap`]); a failure at any stage leaves the serving version untouched
+//!   and names the stage.
 //!
 //! The core knows no protocol and no engine: engines plug in through
 //! [`backend::Backend`], model stores through [`source::Source`].
@@ -24,6 +26,7 @@ pub mod backend;
 pub mod batcher;
 pub mod error;
 pub mod events;
+pub mod heap;
 pub mod manifest;
 mod memory;
 pub mod pipeline;

@@ -40,6 +40,7 @@ use serde::Serialize;
 
 use crate::backend::Model;
 use crate::events::{Event, EventKind, EventSender};
+use crate::heap::HeapLease;
 use crate::version::Version;
 
 /// How many unload records are kept.
@@ -84,6 +85,8 @@ struct Released {
     /// Its footprint when it was queued, counted in `queued` until freed.
     footprint: u64,
     engine: Arc<dyn Model>,
+    /// Dropped once the engine is freed and measured, ending its build thread.
+    heap: Option<HeapLease>,
 }
 
 /// The largest `held` measured per (model, bytes of the version's files).
@@ -117,9 +120,17 @@ pub struct Releaser {
 impl Releaser {
     /// Queues the engine to be freed and measured; frees it in place if the
     /// keeper is gone.
-    pub(crate) fn release(&self, model: &str, version: u64, files: u64, held: u64, engine: Arc<dyn Model>) {
+    pub(crate) fn release(
+        &self,
+        model: &str,
+        version: u64,
+        files: u64,
+        held: u64,
+        engine: Arc<dyn Model>,
+        heap: Option<HeapLease>,
+    ) {
         let footprint = self.footprints.note(model, files, held);
-        let job = Released { model: model.to_owned(), version, held, footprint, engine };
+        let job = Released { model: model.to_owned(), version, held, footprint, engine, heap };
         self.queued.fetch_add(footprint, Ordering::Relaxed);
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
             self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
@@ -193,6 +204,7 @@ impl Memory {
         drop(job.engine);
         self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
         let after = crate::sys::trimmed_rss().unwrap_or(0);
+        drop(job.heap);
         let unaccounted = self.unaccounted(after);
         let previous = lock(&self.settled).replace(unaccounted).unwrap_or(unaccounted_before);
         let record = UnloadRecord {

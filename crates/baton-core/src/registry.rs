@@ -188,7 +188,9 @@ impl Registry {
         let busy = Busy::take(&self.inner, model)?;
         let (tx, rx) = oneshot::channel();
         let inner = Arc::clone(&self.inner);
-        let job: Job = Box::new(move || pipeline::load(inner, busy, version, tx));
+        let job: Job = Box::new(move || {
+            crate::heap::build_on_own_heap(move |heap| pipeline::load(inner, busy, version, tx, heap))
+        });
         self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
         Ok(LoadHandle { rx })
     }

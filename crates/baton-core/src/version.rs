@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use crate::backend::{BackendError, Model};
 use crate::batcher::Batcher;
 use crate::error::InferError;
+use crate::heap::HeapLease;
 use crate::manifest::Manifest;
 use crate::memory::Releaser;
 use crate::pipeline::warmup::{Sample, Warmed};
@@ -31,6 +32,8 @@ pub struct Version {
     engine: Option<Arc<dyn Model>>,
     batcher: Option<Batcher>,
     releaser: Option<Releaser>,
+    /// Declared last, so that without a releaser it is dropped after the engine.
+    heap: Option<HeapLease>,
 }
 
 /// Everything a version is built from; see [`Version::new`].
@@ -51,6 +54,9 @@ pub struct VersionParts {
     pub bytes_held: u64,
     /// The engine model.
     pub engine: Box<dyn Model>,
+    /// The lease on the thread whose arena holds the engine's memory; see
+    /// [`crate::heap`]. Released after the engine is freed.
+    pub heap: Option<HeapLease>,
 }
 
 impl Version {
@@ -73,6 +79,7 @@ impl Version {
             engine: Some(engine),
             batcher,
             releaser,
+            heap: parts.heap,
         }
     }
 
@@ -189,7 +196,8 @@ impl Drop for Version {
         // the engine's last reference goes to the releaser.
         drop(self.batcher.take());
         if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
-            releaser.release(&self.model, self.number, self.manifest.total_bytes(), self.bytes_held, engine);
+            let (files, heap) = (self.manifest.total_bytes(), self.heap.take());
+            releaser.release(&self.model, self.number, files, self.bytes_held, engine, heap);
         }
     }
 }

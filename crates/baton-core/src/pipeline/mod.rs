@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
+use crate::heap::HeapLease;
 use crate::manifest;
 use crate::registry::{Busy, Failure, Inner, LoadReport, Operation, Reply};
 use crate::routing::{ModelRoute, Snapshot};
@@ -171,10 +172,11 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
-/// The whole transaction for one model; runs on the loader thread.
-pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: Reply) {
+/// The whole transaction for one model; runs on a build thread (see
+/// [`crate::heap`]) at the loader's priority. `heap` goes into the version.
+pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: Reply, heap: HeapLease) {
     let mut run = Run::new(inner, busy, Operation::Load);
-    let outcome = catch_unwind(AssertUnwindSafe(|| prepare(&mut run, version)));
+    let outcome = catch_unwind(AssertUnwindSafe(|| prepare(&mut run, version, heap)));
     let prepared = match outcome {
         Ok(Ok(prepared)) => prepared,
         Ok(Err(error)) => return run.fail(error, reply),
@@ -209,7 +211,7 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
 type Prepared = (Arc<Version>, usize, Duration);
 
 /// Every stage before commit. Nothing here touches the routing table.
-fn prepare(run: &mut Run, version: Option<u64>) -> Result<Prepared, LoadError> {
+fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepared, LoadError> {
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
     let (spec, number, dir) = run.stage(Stage::Fetch, |run| {
@@ -247,7 +249,7 @@ fn prepare(run: &mut Run, version: Option<u64>) -> Result<Prepared, LoadError> {
     let keep = spec.policy.keep_previous;
     let timeout = Duration::from_millis(spec.policy.drain_timeout_ms);
     let version = Arc::new(Version::new(
-        VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine },
+        VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine, heap: Some(heap) },
         Some(inner.releaser.clone()),
     ));
     // Tracked before the window closes, so that no free counts this
