@@ -85,7 +85,7 @@ struct Released {
     /// Its footprint when it was queued, counted in `queued` until freed.
     footprint: u64,
     engine: Arc<dyn Model>,
-    /// Dropped once the engine is freed and measured, ending its build thread.
+    /// The version's build thread, where the engine is dropped.
     heap: Option<HeapLease>,
 }
 
@@ -201,10 +201,13 @@ impl Memory {
         let _window = self.measure();
         let before = crate::sys::trimmed_rss().unwrap_or(0);
         let unaccounted_before = self.unaccounted(before);
-        drop(job.engine);
+        // Freed on the version's build thread, which then ends; see `HeapLease::free_there`.
+        match job.heap {
+            Some(heap) => heap.free_there(Box::new(job.engine)),
+            None => drop(job.engine),
+        }
         self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
         let after = crate::sys::trimmed_rss().unwrap_or(0);
-        drop(job.heap);
         let unaccounted = self.unaccounted(after);
         let previous = lock(&self.settled).replace(unaccounted).unwrap_or(unaccounted_before);
         let record = UnloadRecord {
