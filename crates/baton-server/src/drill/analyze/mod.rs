@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 use series::{RssReport, Series};
-use stats::{Collector, Stats};
+use stats::{Collector, EqualWorst, Stats};
 use swaps::{Span, SwapReport};
 
 use super::record::{Record, WorkerLog};
@@ -162,6 +162,8 @@ pub struct Analysis {
     pub steady: Stats,
     /// Requests inside swap windows.
     pub in_swaps: Stats,
+    /// The worst latency of both, at the same number of requests.
+    pub worst_at_equal_size: EqualWorst,
     /// Every window in time order.
     pub windows: Vec<Window>,
     /// Each swap.
@@ -206,13 +208,16 @@ pub fn analyze(run: &Run) -> Analysis {
     let failed = records.iter().filter(|r| !r.ok()).count() as u64;
     let triggers: Vec<u64> = run.swaps.iter().map(|s| s.trigger).collect();
     let rss = run.rss.as_ref().and_then(|(pid, samples)| series::rss(*pid, samples, &triggers));
+    let (steady_stats, in_swaps_stats) = (steady.stats(), in_swaps.stats());
+    let worst_at_equal_size = EqualWorst::of(&steady, &in_swaps);
     let mut analysis = Analysis {
         requests: records.len() as u64,
         failed,
         duration_s: secs(run.end),
         rate_per_s: if run.end > 0 { records.len() as f64 / secs(run.end) } else { 0.0 },
-        steady: steady.stats(),
-        in_swaps: in_swaps.stats(),
+        steady: steady_stats,
+        in_swaps: in_swaps_stats,
+        worst_at_equal_size,
         windows,
         swaps: swap_reports,
         planned_swaps: run.planned_swaps,

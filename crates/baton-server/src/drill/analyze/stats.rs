@@ -13,6 +13,8 @@ pub struct Stats {
     pub p50_ms: Option<f64>,
     /// 99th percentile, ms.
     pub p99_ms: Option<f64>,
+    /// 99.9th percentile, ms.
+    pub p999_ms: Option<f64>,
     /// Maximum, ms.
     pub max_ms: Option<f64>,
     /// Mean, ms.
@@ -58,9 +60,50 @@ impl Collector {
             failed: self.failed,
             p50_ms: percentile(l, 0.5).map(ms),
             p99_ms: percentile(l, 0.99).map(ms),
+            p999_ms: percentile(l, 0.999).map(ms),
             max_ms: l.last().copied().map(ms),
             mean_ms: mean,
         }
+    }
+}
+
+impl Collector {
+    /// Successful requests (those with a latency).
+    pub fn successes(&self) -> u64 {
+        self.latencies.len() as u64
+    }
+
+    /// The worst latency, in ms, that `n` of these requests would be
+    /// expected to show: the nearest-rank quantile n/(n+1) of all of them,
+    /// which is the maximum when `n` is at least their number. Call after
+    /// [`Collector::stats`], which sorts.
+    pub fn worst_of(&self, n: u64) -> Option<f64> {
+        let p = n as f64 / (n as f64 + 1.0);
+        percentile(&self.latencies, p).map(|ns| ns as f64 / 1e6)
+    }
+}
+
+/// The worst latency of steady time and of swap windows compared at the
+/// same number of requests. Swap windows usually hold far more requests
+/// than steady time (a loading version stretches them), and the maximum of
+/// more samples is larger even when nothing is worse; this compares like
+/// with like.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EqualWorst {
+    /// Requests each side is taken at: the smaller side's successful requests.
+    pub requests: u64,
+    /// Steady time's worst latency at that many requests, ms.
+    pub steady_ms: Option<f64>,
+    /// Swap windows' worst latency at that many requests, ms.
+    pub in_swaps_ms: Option<f64>,
+}
+
+impl EqualWorst {
+    /// Compares `steady` and `in_swaps` (both sorted by `stats`) at the
+    /// smaller side's number of successful requests.
+    pub fn of(steady: &Collector, in_swaps: &Collector) -> EqualWorst {
+        let requests = steady.successes().min(in_swaps.successes());
+        EqualWorst { requests, steady_ms: steady.worst_of(requests), in_swaps_ms: in_swaps.worst_of(requests) }
     }
 }
 
@@ -76,6 +119,22 @@ mod tests {
         assert_eq!(percentile(&v, 1.0), Some(100));
         assert_eq!(percentile(&[7], 0.99), Some(7));
         assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn worst_at_equal_size_takes_the_larger_side_down_to_the_smaller() {
+        let (mut steady, mut swaps) = (Collector::default(), Collector::default());
+        // 9 steady requests of 1..=9 ms; 99 in swap windows of 1..=99 ms.
+        (1..=9u64).for_each(|v| steady.add(v * 1_000_000, true));
+        (1..=99u64).for_each(|v| swaps.add(v * 1_000_000, true));
+        swaps.add(500_000_000, false);
+        let _ = (steady.stats(), swaps.stats());
+        let worst = EqualWorst::of(&steady, &swaps);
+        assert_eq!(worst.requests, 9);
+        // The smaller side keeps its maximum; the larger is read at 9/10.
+        assert_eq!(worst.steady_ms, Some(9.0));
+        assert_eq!(worst.in_swaps_ms, Some(90.0));
+        assert_eq!(swaps.worst_of(1_000), Some(99.0));
     }
 
     #[test]

@@ -34,11 +34,12 @@ fn mib(bytes: f64) -> String {
 fn stats_row(out: &mut String, label: &str, s: &Stats) {
     let _ = writeln!(
         out,
-        "  {label:<22} {:>10} {:>7} {:>9} {:>9} {:>9}",
+        "  {label:<22} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9}",
         count(s.requests),
         count(s.failed),
         ms(s.p50_ms),
         ms(s.p99_ms),
+        ms(s.p999_ms),
         ms(s.max_ms)
     );
 }
@@ -63,11 +64,21 @@ pub fn render(title: &str, a: &Analysis) -> String {
     );
     let _ = writeln!(
         out,
-        "  {:<22} {:>10} {:>7} {:>9} {:>9} {:>9}",
-        "latency (ms)", "requests", "failed", "p50", "p99", "max"
+        "  {:<22} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "latency (ms)", "requests", "failed", "p50", "p99", "p99.9", "max"
     );
     stats_row(&mut out, "steady", &a.steady);
     stats_row(&mut out, "swap windows", &a.in_swaps);
+    let w = &a.worst_at_equal_size;
+    if w.requests > 0 && a.steady.requests != a.in_swaps.requests {
+        let _ = writeln!(
+            out,
+            "  worst at equal size ({} requests each): steady {} ms, swap windows {} ms",
+            count(w.requests),
+            ms(w.steady_ms),
+            ms(w.in_swaps_ms)
+        );
+    }
     if !a.swaps.is_empty() {
         let _ = writeln!(
             out,
