@@ -209,7 +209,7 @@ pub fn analyze(run: &Run) -> Analysis {
     let triggers: Vec<u64> = run.swaps.iter().map(|s| s.trigger).collect();
     let rss = run.rss.as_ref().and_then(|(pid, samples)| series::rss(*pid, samples, &triggers));
     let (steady_stats, in_swaps_stats) = (steady.stats(), in_swaps.stats());
-    let worst_at_equal_size = EqualWorst::of(&steady, &in_swaps);
+    let worst_at_equal_size = EqualWorst::of(&mut steady, &mut in_swaps);
     let mut analysis = Analysis {
         requests: records.len() as u64,
         failed,

@@ -65,9 +65,7 @@ impl Collector {
             mean_ms: mean,
         }
     }
-}
 
-impl Collector {
     /// Successful requests (those with a latency).
     pub fn successes(&self) -> u64 {
         self.latencies.len() as u64
@@ -75,9 +73,10 @@ impl Collector {
 
     /// The worst latency, in ms, that `n` of these requests would be
     /// expected to show: the nearest-rank quantile n/(n+1) of all of them,
-    /// which is the maximum when `n` is at least their number. Call after
-    /// [`Collector::stats`], which sorts.
-    pub fn worst_of(&self, n: u64) -> Option<f64> {
+    /// which is the maximum when `n` is at least their number.
+    pub fn worst_of(&mut self, n: u64) -> Option<f64> {
+        // Cheap when `stats` has sorted them already.
+        self.latencies.sort_unstable();
         let p = n as f64 / (n as f64 + 1.0);
         percentile(&self.latencies, p).map(|ns| ns as f64 / 1e6)
     }
@@ -99,9 +98,9 @@ pub struct EqualWorst {
 }
 
 impl EqualWorst {
-    /// Compares `steady` and `in_swaps` (both sorted by `stats`) at the
-    /// smaller side's number of successful requests.
-    pub fn of(steady: &Collector, in_swaps: &Collector) -> EqualWorst {
+    /// Compares `steady` and `in_swaps` at the smaller side's number of
+    /// successful requests.
+    pub fn of(steady: &mut Collector, in_swaps: &mut Collector) -> EqualWorst {
         let requests = steady.successes().min(in_swaps.successes());
         EqualWorst { requests, steady_ms: steady.worst_of(requests), in_swaps_ms: in_swaps.worst_of(requests) }
     }
@@ -124,12 +123,11 @@ mod tests {
     #[test]
     fn worst_at_equal_size_takes_the_larger_side_down_to_the_smaller() {
         let (mut steady, mut swaps) = (Collector::default(), Collector::default());
-        // 9 steady requests of 1..=9 ms; 99 in swap windows of 1..=99 ms.
+        // 9 steady requests of 1..=9 ms; 99 in swap windows of 99..=1 ms, unsorted.
         (1..=9u64).for_each(|v| steady.add(v * 1_000_000, true));
-        (1..=99u64).for_each(|v| swaps.add(v * 1_000_000, true));
+        (1..=99u64).rev().for_each(|v| swaps.add(v * 1_000_000, true));
         swaps.add(500_000_000, false);
-        let _ = (steady.stats(), swaps.stats());
-        let worst = EqualWorst::of(&steady, &swaps);
+        let worst = EqualWorst::of(&mut steady, &mut swaps);
         assert_eq!(worst.requests, 9);
         // The smaller side keeps its maximum; the larger is read at 9/10.
         assert_eq!(worst.steady_ms, Some(9.0));
