@@ -94,17 +94,24 @@ struct Released {
 struct Footprints(Mutex<HashMap<(String, u64), u64>>);
 
 impl Footprints {
-    /// Records a version's measurement and returns its footprint.
-    fn of(&self, version: &Version) -> u64 {
-        self.note(version.model(), version.manifest().total_bytes(), version.bytes_held())
+    /// Records a version's measurement; every version is recorded when it
+    /// starts to be tracked.
+    fn record(&self, version: &Version) {
+        let key = (version.model().to_owned(), version.manifest().total_bytes());
+        let mut map = lock(&self.0);
+        let entry = map.entry(key).or_default();
+        *entry = (*entry).max(version.bytes_held());
     }
 
-    /// Records a measurement and returns the footprint for its size.
-    fn note(&self, model: &str, files: u64, held: u64) -> u64 {
-        let mut map = lock(&self.0);
-        let entry = map.entry((model.to_owned(), files)).or_default();
-        *entry = (*entry).max(held);
-        *entry
+    /// The footprint of a version of `model` whose files add up to `files`
+    /// bytes and which measured `held`.
+    fn lookup(&self, model: &str, files: u64, held: u64) -> u64 {
+        let recorded = lock(&self.0).get(&(model.to_owned(), files)).copied();
+        recorded.unwrap_or(0).max(held)
+    }
+
+    fn of(&self, version: &Version) -> u64 {
+        self.lookup(version.model(), version.manifest().total_bytes(), version.bytes_held())
     }
 }
 
@@ -129,7 +136,7 @@ impl Releaser {
         engine: Arc<dyn Model>,
         heap: Option<HeapLease>,
     ) {
-        let footprint = self.footprints.note(model, files, held);
+        let footprint = self.footprints.lookup(model, files, held);
         let job = Released { model: model.to_owned(), version, held, footprint, engine, heap };
         self.queued.fetch_add(footprint, Ordering::Relaxed);
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
@@ -264,7 +271,7 @@ impl Memory {
 
     /// Starts tracking a new version (by a weak reference only).
     pub(crate) fn track(&self, version: &Arc<Version>) {
-        self.footprints.of(version);
+        self.footprints.record(version);
         let mut live = lock(&self.live);
         live.retain(|(_, w)| w.strong_count() > 0);
         live.push((version.model().to_owned(), Arc::downgrade(version)));

@@ -122,13 +122,12 @@ fn check_tensor(w: &Weight<'_>, spec: &ModelSpec) -> Result<u64, ValidateError> 
     let count = w.data.len() / size;
     let rank_two = w.shape.len() >= 2;
     let zero_matters = policy.zero_tensors && rank_two && count > 0;
-    // Most weights are FP32 and pass: one pass that vectorises decides
-    // that, and only a tensor it flags goes through the loop below, which
-    // names the element.
+    // Most weights are FP32 and pass: one branch-free pass decides that,
+    // and only a tensor it flags goes through `scan`, which names the element.
     if datatype == DataType::Fp32 && fp32_passes(w.data, policy, zero_matters) {
         return Ok(count as u64);
     }
-    scan(w, datatype, policy, zero_matters)?;
+    scan(w, datatype, size, policy, zero_matters)?;
     Ok(count as u64)
 }
 
@@ -136,10 +135,10 @@ fn check_tensor(w: &Weight<'_>, spec: &ModelSpec) -> Result<u64, ValidateError> 
 fn scan(
     w: &Weight<'_>,
     datatype: DataType,
+    size: usize,
     policy: &ValidationPolicy,
     zero_matters: bool,
 ) -> Result<(), ValidateError> {
-    let size = datatype.size().unwrap_or(1);
     let mut all_zero = true;
     for (index, chunk) in w.data.chunks_exact(size).enumerate() {
         let value = decode(datatype, chunk);
@@ -269,7 +268,7 @@ mod tests {
                     let zero_matters = spec.validation.zero_tensors;
                     assert_eq!(
                         fp32_passes(&data, &spec.validation, zero_matters),
-                        scan(&w, DataType::Fp32, &spec.validation, zero_matters).is_ok(),
+                        scan(&w, DataType::Fp32, 4, &spec.validation, zero_matters).is_ok(),
                         "values [{a}, {b}, 0] under {toml:?}"
                     );
                 }
