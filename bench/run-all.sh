@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every benchmark of docs/BENCHMARKS.md, side by side in one run, on one
-# machine: set-up, throughput (perf_analyzer and the raw engine), swap under
-# fire, loading beside serving, and memory over many swaps. Results go to
+# machine: set-up, throughput of the MLP and the encoder (perf_analyzer and
+# the raw engine), swap under fire, loading beside serving, and memory over
+# many swaps. Results go to
 # .baton/bench/results/ (one file per measurement) and a summary to
 # .baton/bench/results/run-all.txt.
 #
@@ -29,6 +30,16 @@ done
 
 echo "## throughput: perf_analyzer, concurrency 4, batch 1"
 RUNS=3 bash bench/perf-peers.sh baton mlserver kserve
+
+echo "## raw engine (ONNX Runtime, no server), encoder, batch 1"
+for threads in 1 2; do
+  for i in 1 2 3; do target/release/examples/raw_engine .baton/bench/models/baton/encoder/1/model.onnx 5 1 "$threads"; done
+done
+
+echo "## throughput: encoder, perf_analyzer, concurrency 1 and 4, batch 1"
+for c in 1 4; do
+  MODEL=encoder CONCURRENCY=$c COUNT=100 INPUT_DATA=zero RUNS=3 bash bench/perf-peers.sh baton baton-t2 mlserver mlserver-t2 kserve kserve-t2
+done
 
 echo "## swap under fire"
 bash bench/swap-drill.sh baton mlserver kserve

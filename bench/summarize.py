@@ -19,19 +19,46 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def throughput():
-    text = (results / "run-all.txt").read_text()
+def sections():
+    """run-all.txt split at its "## " headings: a list of (heading, lines)."""
+    out = [("", [])]
+    for line in (results / "run-all.txt").read_text().splitlines():
+        if line.startswith("## "):
+            out.append((line[3:], []))
+        else:
+            out[-1][1].append(line)
+    return out
+
+
+PERF_LINE = re.compile(r"(\S+)\s+([\d.]+) infer/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms")
+
+
+def perf_runs(lines):
+    """perf_analyzer lines by label: [(infer/s, p99 ms), ...]."""
+    perf = {}
+    for line in lines:
+        m = PERF_LINE.match(line)
+        if m:
+            perf.setdefault(m[1], []).append((float(m[2]), float(m[4])))
+    return perf
+
+
+def raw_rates(lines):
+    """The Rust raw engine's calls/s by thread count, from its JSON lines."""
     raw = {1: [], 2: []}
-    for line in text.splitlines():
+    for line in lines:
         if line.startswith('{"batch":1'):
             r = json.loads(line)
             raw[r["threads"]].append(r["calls_per_s"])
-    py = [json.loads(l)["calls_per_s"] for l in text.splitlines() if l.startswith('{"model"')]
-    perf = {}
-    for line in text.splitlines():
-        m = re.match(r"(\S+)\s+([\d.]+) infer/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms", line)
-        if m:
-            perf.setdefault(m[1], []).append((float(m[2]), float(m[4])))
+    return raw
+
+
+def throughput():
+    parts = sections()
+    raw_lines = [l for h, ls in parts if h.startswith("raw engine") and "MLP" in h for l in ls]
+    raw = raw_rates(raw_lines)
+    py = [json.loads(l)["calls_per_s"] for l in raw_lines if l.startswith('{"model"')]
+    perf = {k: v for k, v in perf_runs(l for _, ls in parts for l in ls).items() if "/" not in k}
     print("| server | infer/s (median of 3) | p99 ms (median) |")
     print("|---|---|---|")
     for name, runs in perf.items():
@@ -45,6 +72,33 @@ def throughput():
         if peer in perf:
             print(f"\nbaton-binary / {peer}: {b / median([r[0] for r in perf[peer]]):.1f}x infer/s")
     print(f"baton-binary / raw engine (1 session): {b / median(raw[1]):.2f}; / raw (2 sessions): {b / median(raw[2]):.2f}")
+
+
+def encoder_throughput():
+    parts = sections()
+    raw = raw_rates(l for h, ls in parts if h.startswith("raw engine") and "encoder" in h for l in ls)
+    perf = {k: v for k, v in perf_runs(l for _, ls in parts for l in ls).items() if k.startswith("encoder-c")}
+    if not perf:
+        return
+    levels = sorted({k.split("/")[0] for k in perf}, key=lambda c: int(c.split("-c")[1]))
+    configs = list(dict.fromkeys(k.split("/")[1] for k in perf))
+    print("\nThroughput, encoder, batch 1 (perf_analyzer; infer/s and p99 ms, medians of 3)\n")
+    print("| server | " + " | ".join(f"c={c.split('-c')[1]}" for c in levels) + " |")
+    print("|---|" + "---|" * len(levels))
+    for cfg in configs:
+        cells = []
+        for level in levels:
+            runs = perf.get(f"{level}/{cfg}", [])
+            cells.append(f"{median([r[0] for r in runs]):,.1f} ({median([r[1] for r in runs]):.1f} ms)" if runs else "")
+        print(f"| {cfg} | " + " | ".join(cells) + " |")
+    print(f"| raw engine, Rust, 1 session | {median(raw[1]):,.1f} | |")
+    print(f"| raw engine, Rust, 2 sessions on 2 threads | {median(raw[2]):,.1f} | |")
+    for level in levels:
+        b = median([r[0] for r in perf.get(f"{level}/baton-binary", [])])
+        peers = [f"{cfg} {b / median([r[0] for r in perf[f'{level}/{cfg}']]):.2f}x"
+                 for cfg in configs if cfg.startswith(("mlserver", "kserve")) and f"{level}/{cfg}" in perf]
+        print(f"\nc={level.split('-c')[1]}: baton-binary / " + ", / ".join(peers)
+              + f"; / raw engine (1 session) {b / median(raw[1]):.2f}, (2 sessions) {b / median(raw[2]):.2f}")
 
 
 def drill_table(prefix, title):
@@ -114,6 +168,7 @@ def memory():
 
 
 throughput()
+encoder_throughput()
 drill_table("swap", "Swap under fire (MLP, closed loop x4, JSON)")
 drill_table("isolation", "Loading the 480 MiB model beside the MLP (MLP at a fixed rate, JSON)")
 memory()
