@@ -1,10 +1,9 @@
 //! [`OnnxBackend`]: loads `model.onnx` into a pool of ONNX Runtime sessions.
 
 use std::borrow::Cow;
+use std::ops::DerefMut;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use baton_core::backend::{Backend, BackendError, Model, Weight, WeightsError};
 use baton_core::signature::{Signature, TensorSpec};
@@ -16,6 +15,7 @@ use ort::value::{Outlet, ValueType};
 
 use crate::convert::{datatype_of, datatype_of_onnx, from_ort, to_ort};
 use crate::options::EngineOptions;
+use crate::pool::Pool;
 use crate::runtime::{PoolThreads, runtime};
 
 /// The model file a version directory must hold.
@@ -61,10 +61,10 @@ impl OnnxModel {
         for _ in 0..options.sessions {
             let session =
                 guarded(|| create_session(&path, &options), "model_invalid", "creating an ONNX Runtime session")?;
-            sessions.push(Mutex::new(session));
+            sessions.push(session);
         }
         let signature = match sessions.first() {
-            Some(first) => signature_of(&lock(first))?,
+            Some(first) => signature_of(first)?,
             None => return Err(BackendError::new("invalid_engine_options", "a pool needs at least one session")),
         };
         tracing::debug!(
@@ -75,12 +75,7 @@ impl OnnxModel {
             optimization = options.optimization.as_str(),
             "ONNX model loaded"
         );
-        Ok(OnnxModel {
-            dir: dir.to_path_buf(),
-            signature,
-            sessions: sessions.into_boxed_slice(),
-            next: AtomicUsize::new(0),
-        })
+        Ok(OnnxModel { dir: dir.to_path_buf(), signature, sessions: Pool::new(sessions) })
     }
 }
 
@@ -153,14 +148,13 @@ fn signature_of(session: &Session) -> Result<Signature, BackendError> {
     })
 }
 
-/// A loaded model: a pool of sessions, each serving one request at a time.
+/// A loaded model: a pool of sessions, each serving one request at a time,
+/// lent to requests first come first served (see [`Pool`]).
 struct OnnxModel {
     /// The version directory, to read the weights from again.
     dir: PathBuf,
     signature: Signature,
-    sessions: Box<[Mutex<Session>]>,
-    /// Where the next request starts looking for a free session.
-    next: AtomicUsize,
+    sessions: Pool<Session>,
 }
 
 impl Model for OnnxModel {
@@ -190,19 +184,7 @@ impl Model for OnnxModel {
         // Converted before a session is taken, so a session is held only
         // for the run itself.
         let values = prepare(inputs)?;
-        let count = self.sessions.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
-        // Take the first free session, starting at a rotating index so that
-        // concurrent requests spread out instead of all trying session 0.
-        for k in 0..count {
-            match self.sessions[(start + k) % count].try_lock() {
-                Ok(session) => return run(session, values),
-                Err(TryLockError::Poisoned(poisoned)) => return run(poisoned.into_inner(), values),
-                Err(TryLockError::WouldBlock) => {}
-            }
-        }
-        // Every session is busy: wait for one.
-        run(lock(&self.sessions[start]), values)
+        run(self.sessions.take(), values)
     }
 
     fn instances(&self) -> usize {
@@ -210,21 +192,15 @@ impl Model for OnnxModel {
     }
 
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-        let session = self.sessions.get(instance).ok_or_else(|| {
+        let session = self.sessions.item(instance).ok_or_else(|| {
             BackendError::new(
                 "invalid_input",
                 format!("instance {instance} does not exist; the model has {} sessions", self.sessions.len()),
             )
         })?;
         let values = prepare(inputs)?;
-        run(lock(session), values)
+        run(session, values)
     }
-}
-
-/// Locks a session. A session whose lock is poisoned is still usable: runs
-/// are wrapped in [`guarded`], so no panic escapes while one is locked.
-fn lock(session: &Mutex<Session>) -> MutexGuard<'_, Session> {
-    session.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Named ORT input values.
@@ -244,8 +220,10 @@ fn prepare(inputs: &[Tensor]) -> Result<Inputs<'_>, BackendError> {
     )
 }
 
-/// Runs one inference on a locked session.
-fn run(mut session: MutexGuard<'_, Session>, values: Inputs<'_>) -> Result<Vec<Tensor>, BackendError> {
+/// Runs one inference on a session held for it. A session whose lock was
+/// poisoned is still usable: runs are wrapped in [`guarded`], so no panic
+/// escapes while one is held.
+fn run(mut session: impl DerefMut<Target = Session>, values: Inputs<'_>) -> Result<Vec<Tensor>, BackendError> {
     guarded(
         || {
             let outputs = session.run(values).map_err(|e| BackendError::new("inference_failed", e.to_string()))?;
@@ -288,7 +266,7 @@ mod tests {
         let spec = ModelSpec::parse("[engine]\nsessions = 3").unwrap();
         let model = std::sync::Arc::new(OnnxModel::load(dir.path(), &spec).unwrap());
         // Two of the three sessions are busy for the whole test.
-        let busy = (model.sessions[0].lock().unwrap(), model.sessions[1].lock().unwrap());
+        let busy = (model.sessions.take(), model.sessions.take());
         let (done, finished) = mpsc::channel();
         let requester = std::sync::Arc::clone(&model);
         std::thread::spawn(move || {

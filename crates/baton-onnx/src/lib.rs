@@ -1,7 +1,8 @@
 //! The ONNX Runtime backend of baton.
 //!
 //! [`OnnxBackend`] loads a version directory's `model.onnx` into a pool of
-//! ONNX Runtime sessions and serves requests on whichever session is free.
+//! ONNX Runtime sessions and serves requests on whichever session is free,
+//! queueing them in arrival order when none is.
 //! ONNX Runtime itself is a shared library loaded at run time; see
 //! [`runtime_path`] for where it is looked for, and [`init`] for starting it
 //! (once per process, from a thread at serving priority).
@@ -27,6 +28,7 @@ mod backend;
 mod convert;
 pub mod mlp;
 mod options;
+mod pool;
 pub mod proto;
 mod runtime;
 
