@@ -91,8 +91,8 @@ def encoder_throughput():
             runs = perf.get(f"{level}/{cfg}", [])
             cells.append(f"{median([r[0] for r in runs]):,.1f} ({median([r[1] for r in runs]):.1f} ms)" if runs else "")
         print(f"| {cfg} | " + " | ".join(cells) + " |")
-    print(f"| raw engine, Rust, 1 session | {median(raw[1]):,.1f} | |")
-    print(f"| raw engine, Rust, 2 sessions on 2 threads | {median(raw[2]):,.1f} | |")
+    print(f"\nraw engine (Rust, no server): 1 session {median(raw[1]):,.1f} calls/s, "
+          f"2 sessions on 2 threads {median(raw[2]):,.1f} calls/s")
     for level in levels:
         b = median([r[0] for r in perf.get(f"{level}/baton-binary", [])])
         peers = [f"{cfg} {b / median([r[0] for r in perf[f'{level}/{cfg}']]):.2f}x"
