@@ -1,6 +1,6 @@
 //! How late a thread at serving priority wakes up while low-priority threads
-//! keep every core busy with one kind of work — the probe behind "What a
-//! load costs serving" in docs/BENCHMARKS.md §2.
+//! keep every core busy with one kind of work — the probe behind "Fresh
+//! memory" in docs/BENCHMARKS.md §2.
 //!
 //! `cargo run --release -p baton-core --example wake_probe -- WORK [FILE] [SECONDS]`
 //!
@@ -10,7 +10,8 @@
 //! - `compute`: arithmetic only, no memory;
 //! - `touch-fresh`: allocate a new 3 MiB block and write one byte per page;
 //! - `read-fresh`: read FILE into a newly allocated buffer (`std::fs::read`);
-//! - `read-reused`: read FILE into one buffer allocated once.
+//! - `read-reused`: read FILE into one buffer, allocated in the first round
+//!   and reused after.
 //!
 //! glibc's mmap threshold is set to 256 KiB first, as `baton serve` does, so
 //! a new block of 256 KiB or more is a fresh mapping each time. Meanwhile a
@@ -83,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// Does `work` at nice 19 until `stop`; returns how many rounds it did.
 fn low_priority(work: &str, file: &str, stop: &AtomicBool) -> Result<u64, String> {
     baton_core::sys::set_current_thread_nice(19).map_err(|e| format!("setting nice 19: {e}"))?;
-    let mut reused = vec![0u8; BLOCK + PAGE];
+    let mut reused = Vec::new();
     let mut sink = 0u64;
     let mut rounds = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -105,8 +106,10 @@ fn low_priority(work: &str, file: &str, stop: &AtomicBool) -> Result<u64, String
                 sink += bytes.len() as u64;
             }
             _ => {
+                // Keeps its capacity: only the first round allocates.
+                reused.clear();
                 let n = std::fs::File::open(file)
-                    .and_then(|mut f| f.read(&mut reused))
+                    .and_then(|mut f| f.read_to_end(&mut reused))
                     .map_err(|e| format!("{file}: {e}"))?;
                 sink += n as u64;
             }

@@ -50,9 +50,9 @@ impl<T> Pool<T> {
         self.items.len()
     }
 
-    /// Item `index`, bypassing the queue. For callers that already know no
-    /// one else uses that item (a batcher lending out instances itself, a
-    /// load inspecting its first session); anyone else waits on its lock.
+    /// Item `index`, bypassing the queue. For callers that choose the item
+    /// themselves (a batcher lending out instances, warmup running on each
+    /// one); a request holding that item is waited for on its lock.
     pub(crate) fn item(&self, index: usize) -> Option<MutexGuard<'_, T>> {
         self.items.get(index).map(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
     }
@@ -69,11 +69,15 @@ impl<T> Pool<T> {
                 }
                 let ticket = state.issued;
                 state.issued += 1;
-                while state.served != ticket || state.free.is_empty() {
+                let index = loop {
+                    if state.served == ticket
+                        && let Some(index) = state.free.pop()
+                    {
+                        break index;
+                    }
                     state = self.returned.wait(state).unwrap_or_else(PoisonError::into_inner);
-                }
+                };
                 state.served += 1;
-                let index = state.free.pop().expect("a free item, checked above");
                 if !state.free.is_empty() && state.issued != state.served {
                     // More than one came back: the next ticket can go too.
                     self.returned.notify_all();
