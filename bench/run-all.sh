@@ -22,19 +22,21 @@ cargo build --release --locked -p baton-server -p baton-onnx --example raw_engin
 cargo build --release --locked -p baton-server --quiet
 .baton/bench-venv-tools/bin/python bench/models.py
 
+raw_engine() { # $1 = model: three 5 s runs each with 1 and 2 threads
+  for threads in 1 2; do
+    for i in 1 2 3; do target/release/examples/raw_engine ".baton/bench/models/baton/$1/1/model.onnx" 5 1 "$threads"; done
+  done
+}
+
 echo "## raw engine (ONNX Runtime, no server), MLP 256-1024-512-1, batch 1"
-for threads in 1 2; do
-  for i in 1 2 3; do target/release/examples/raw_engine .baton/bench/models/baton/mlp/1/model.onnx 5 1 "$threads"; done
-done
+raw_engine mlp
 .baton/bench-venv-tools/bin/python bench/raw_engine.py --model .baton/bench/models/baton/mlp/1/model.onnx --seconds 5 --json || true
 
 echo "## throughput: perf_analyzer, concurrency 4, batch 1"
 RUNS=3 bash bench/perf-peers.sh baton mlserver kserve
 
 echo "## raw engine (ONNX Runtime, no server), encoder, batch 1"
-for threads in 1 2; do
-  for i in 1 2 3; do target/release/examples/raw_engine .baton/bench/models/baton/encoder/1/model.onnx 5 1 "$threads"; done
-done
+raw_engine encoder
 
 echo "## throughput: encoder, perf_analyzer, concurrency 1 and 4, batch 1"
 for c in 1 4; do

@@ -53,8 +53,7 @@ def raw_rates(lines):
     return raw
 
 
-def throughput():
-    parts = sections()
+def throughput(parts):
     raw_lines = [l for h, ls in parts if h.startswith("raw engine") and "MLP" in h for l in ls]
     raw = raw_rates(raw_lines)
     py = [json.loads(l)["calls_per_s"] for l in raw_lines if l.startswith('{"model"')]
@@ -74,8 +73,7 @@ def throughput():
     print(f"baton-binary / raw engine (1 session): {b / median(raw[1]):.2f}; / raw (2 sessions): {b / median(raw[2]):.2f}")
 
 
-def encoder_throughput():
-    parts = sections()
+def encoder_throughput(parts):
     raw = raw_rates(l for h, ls in parts if h.startswith("raw engine") and "encoder" in h for l in ls)
     perf = {k: v for k, v in perf_runs(l for _, ls in parts for l in ls).items() if k.startswith("encoder-c")}
     if not perf:
@@ -167,8 +165,9 @@ def memory():
                   f"{late:+.1f} MiB, RSS swap {settle + 2} to the end {(b[-1] - b[settle + 1]) / 2**20:+.1f} MiB")
 
 
-throughput()
-encoder_throughput()
+parts = sections()
+throughput(parts)
+encoder_throughput(parts)
 drill_table("swap", "Swap under fire (MLP, closed loop x4, JSON)")
 drill_table("isolation", "Loading the 480 MiB model beside the MLP (MLP at a fixed rate, JSON)")
 memory()

@@ -60,31 +60,22 @@ impl<T> Pool<T> {
     /// A free item, waiting behind earlier requests if none is free.
     pub(crate) fn take(&self) -> Lease<'_, T> {
         let mut state = self.state();
-        let index = match state.free.pop() {
-            Some(index) if state.issued == state.served => index,
-            taken => {
-                // Someone is already waiting (or nothing is free): queue.
-                if let Some(index) = taken {
-                    state.free.push(index);
-                }
-                let ticket = state.issued;
-                state.issued += 1;
-                let index = loop {
-                    if state.served == ticket
-                        && let Some(index) = state.free.pop()
-                    {
-                        break index;
-                    }
-                    state = self.returned.wait(state).unwrap_or_else(PoisonError::into_inner);
-                };
-                state.served += 1;
-                if !state.free.is_empty() && state.issued != state.served {
-                    // More than one came back: the next ticket can go too.
-                    self.returned.notify_all();
-                }
-                index
+        // Every request takes a ticket; with no one ahead it is served at once.
+        let ticket = state.issued;
+        state.issued += 1;
+        let index = loop {
+            if state.served == ticket
+                && let Some(index) = state.free.pop()
+            {
+                break index;
             }
+            state = self.returned.wait(state).unwrap_or_else(PoisonError::into_inner);
         };
+        state.served += 1;
+        if !state.free.is_empty() && state.issued != state.served {
+            // More than one came back: the next ticket can go too.
+            self.returned.notify_all();
+        }
         drop(state);
         let guard = self.items[index].lock().unwrap_or_else(PoisonError::into_inner);
         Lease { pool: self, index, guard }
