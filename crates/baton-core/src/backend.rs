@@ -30,8 +30,10 @@ pub trait Model: Send + Sync + 'static {
     fn signature(&self) -> &Signature;
 
     /// Calls `visit` once per weight tensor of the model file, reading the
-    /// tensors from the file itself (external data included). Stops at the
-    /// first error `visit` returns.
+    /// tensors from the file itself (external data included), not from the
+    /// engine's copy of them; a backend may hand over the bytes it built the
+    /// engine from instead of reading the file again. Stops at the first
+    /// error `visit` returns.
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError>;
 
     /// Runs one inference on any free instance.

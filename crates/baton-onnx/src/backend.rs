@@ -14,6 +14,7 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, ValueType};
 
 use crate::convert::{datatype_of, datatype_of_onnx, from_ort, to_ort};
+use crate::model_file::{KeptFile, ModelFile, SessionSource};
 use crate::options::EngineOptions;
 use crate::pool::Pool;
 use crate::runtime::{PoolThreads, runtime};
@@ -57,10 +58,11 @@ impl OnnxModel {
         if !path.is_file() {
             return Err(BackendError::new("model_invalid", format!("{} does not exist", path.display())));
         }
+        let file = ModelFile::read(&path)?;
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
             let session =
-                guarded(|| create_session(&path, &options), "model_invalid", "creating an ONNX Runtime session")?;
+                guarded(|| create_session(&file, &options), "model_invalid", "creating an ONNX Runtime session")?;
             sessions.push(session);
         }
         let signature = match sessions.first() {
@@ -70,12 +72,13 @@ impl OnnxModel {
         tracing::debug!(
             path = %path.display(),
             sessions = options.sessions,
+            from_memory = matches!(file.source(), SessionSource::Bytes(_)),
             intra_op_threads = options.intra_op_threads,
             inter_op_threads = options.inter_op_threads,
             optimization = options.optimization.as_str(),
             "ONNX model loaded"
         );
-        Ok(OnnxModel { dir: dir.to_path_buf(), signature, sessions: Pool::new(sessions) })
+        Ok(OnnxModel { dir: dir.to_path_buf(), file: file.keep(), signature, sessions: Pool::new(sessions) })
     }
 }
 
@@ -99,7 +102,7 @@ fn prime() -> Result<(), BackendError> {
     Ok(())
 }
 
-fn create_session(path: &Path, options: &EngineOptions) -> Result<Session, BackendError> {
+fn create_session(file: &ModelFile, options: &EngineOptions) -> Result<Session, BackendError> {
     let env = &runtime()?.env;
     let setup = |e: ort::Error<SessionBuilder>| {
         BackendError::new("invalid_engine_options", format!("configuring the ONNX Runtime session: {e}"))
@@ -123,7 +126,11 @@ fn create_session(path: &Path, options: &EngineOptions) -> Result<Session, Backe
         // inherit its priority; PoolThreads has them spawned elsewhere.
         builder = builder.with_thread_manager(PoolThreads).map_err(setup)?;
     }
-    builder.commit_from_file(path).map_err(|e| BackendError::new("model_invalid", format!("{}: {e}", path.display())))
+    match file.source() {
+        SessionSource::Bytes(bytes) => builder.commit_from_memory(bytes),
+        SessionSource::File(path) => builder.commit_from_file(path),
+    }
+    .map_err(|e| BackendError::new("model_invalid", format!("{}: {e}", file.path().display())))
 }
 
 /// The signature the session declares.
@@ -151,8 +158,11 @@ fn signature_of(session: &Session) -> Result<Signature, BackendError> {
 /// A loaded model: a pool of sessions, each serving one request at a time,
 /// lent to requests first come first served (see [`Pool`]).
 struct OnnxModel {
-    /// The version directory, to read the weights from again.
+    /// The version directory, where external data is read from.
     dir: PathBuf,
+    /// The model file's bytes as the sessions were built from them, kept
+    /// for validation.
+    file: KeptFile,
     signature: Signature,
     sessions: Pool<Session>,
 }
@@ -163,8 +173,8 @@ impl Model for OnnxModel {
     }
 
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
-        let path = self.dir.join(MODEL_FILE);
-        let bytes = std::fs::read(&path).map_err(|e| WeightsError::Read(format!("{}: {e}", path.display())))?;
+        let path = self.file.path();
+        let bytes = self.file.take().map_err(|e| WeightsError::Read(format!("{}: {e}", path.display())))?;
         let model = crate::proto::parse(&bytes).map_err(|e| WeightsError::Read(format!("{}: {e}", path.display())))?;
         for init in &model.initializers {
             let datatype = datatype_of_onnx(init.data_type).filter(|d| d.size().is_some());

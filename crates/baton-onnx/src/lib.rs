@@ -27,6 +27,7 @@
 mod backend;
 mod convert;
 pub mod mlp;
+mod model_file;
 mod options;
 mod pool;
 pub mod proto;
