@@ -174,17 +174,19 @@ impl Model for OnnxModel {
 
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
         let path = self.file.path();
-        let bytes = self.file.take().map_err(|e| WeightsError::Read(format!("{}: {e}", path.display())))?;
-        let model = crate::proto::parse(&bytes).map_err(|e| WeightsError::Read(format!("{}: {e}", path.display())))?;
+        let unreadable = |e: &dyn std::fmt::Display| WeightsError::Read(format!("{}: {e}", path.display()));
+        let weights = self.file.take().map_err(|e| unreadable(&e))?;
+        let model = crate::proto::parse(weights.bytes()).map_err(|e| unreadable(&e))?;
+        let mut scratch = weights.scratch(&model);
         for init in &model.initializers {
             let datatype = datatype_of_onnx(init.data_type).filter(|d| d.size().is_some());
-            let data: Cow<'_, [u8]> = match datatype {
-                Some(_) => crate::proto::initializer_bytes(init, &bytes, &self.dir)
-                    .map_err(|e| WeightsError::Read(format!("{}: {e}", path.display())))?,
+            let data: &[u8] = match datatype {
+                Some(_) => crate::proto::initializer_bytes(init, weights.raw(), &self.dir, &mut scratch)
+                    .map_err(|e| unreadable(&e))?,
                 // STRING, bfloat16 and types baton has no datatype for.
-                None => Cow::Borrowed(&[]),
+                None => &[],
             };
-            let weight = Weight { name: &init.name, datatype, shape: &init.dims, data: &data };
+            let weight = Weight { name: &init.name, datatype, shape: &init.dims, data };
             visit(&weight).map_err(WeightsError::Refused)?;
         }
         Ok(())

@@ -11,21 +11,24 @@
 //! sessions were built from. (Measured on the 3 MiB MLP: 5,740 page faults
 //! per load instead of 7,285.)
 //!
-//! A larger file is left to ONNX Runtime to read, and validation reads it
-//! again once the sessions exist, as before: holding the whole file while
-//! the sessions were created raised the peak memory of loading a 480 MiB
-//! model by 262 MiB, and saved only ONNX Runtime's two 4 MiB buffers.
+//! A larger file is left to ONNX Runtime to read: holding the whole file
+//! while the sessions were created raised the peak memory of loading a
+//! 480 MiB model by 262 MiB, and saved only ONNX Runtime's two 4 MiB
+//! buffers. Validation then reads it once the sessions exist, without its
+//! weights' payloads, and each payload into one reused buffer when its
+//! tensor is visited ([`proto::read_skeleton`]).
 //! A model with external data is also created from the file, because ONNX
 //! Runtime finds external files relative to the model's path and a model
 //! given as bytes has none; so is a file baton's own reader cannot parse, so
 //! that ONNX Runtime's error is the one reported.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use baton_core::backend::BackendError;
 
-use crate::proto::{self, InitData};
+use crate::proto::{self, InitData, OnnxModel, RawData};
 
 /// The largest model file read once for all sessions and validation: the
 /// size of the buffer ONNX Runtime reads a file through.
@@ -85,6 +88,51 @@ fn self_contained(bytes: &[u8]) -> bool {
         .is_ok_and(|model| !model.initializers.iter().any(|i| matches!(i.data, InitData::External { .. })))
 }
 
+/// The model file as validation reads it.
+#[derive(Debug)]
+pub(crate) enum Weights {
+    /// All of it.
+    Whole(Vec<u8>),
+    /// All but the initializers' payloads, which are read from `file` one
+    /// tensor at a time (see [`proto::read_skeleton`]).
+    Skeleton {
+        /// The file's bytes with the payloads left out.
+        bytes: Vec<u8>,
+        /// The file, to read the payloads from.
+        file: File,
+    },
+}
+
+impl Weights {
+    /// The bytes to parse.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Weights::Whole(bytes) | Weights::Skeleton { bytes, .. } => bytes,
+        }
+    }
+
+    /// Where the parsed model's payloads are.
+    pub(crate) fn raw(&self) -> RawData<'_> {
+        match self {
+            Weights::Whole(bytes) => RawData::InBytes(bytes),
+            Weights::Skeleton { file, .. } => RawData::InFile(file),
+        }
+    }
+
+    /// A buffer with room for the largest payload read from the file, so
+    /// that one allocation serves every tensor.
+    pub(crate) fn scratch(&self, model: &OnnxModel) -> Vec<u8> {
+        let largest = match self {
+            Weights::Whole(_) => 0,
+            Weights::Skeleton { .. } => {
+                let len = |i: &proto::Initializer| if let InitData::Raw(r) = &i.data { r.len() } else { 0 };
+                model.initializers.iter().map(len).max().unwrap_or(0)
+            }
+        };
+        Vec::with_capacity(largest)
+    }
+}
+
 /// The bytes a version was built from, until validation has taken them.
 #[derive(Debug)]
 pub(crate) struct KeptFile {
@@ -99,13 +147,18 @@ impl KeptFile {
     }
 
     /// The bytes the sessions were built from, the first time; otherwise
-    /// the file, read now (a version's weights are visited once, by
-    /// validation, so later reads are rare).
-    pub(crate) fn take(&self) -> std::io::Result<Vec<u8>> {
+    /// the file, read now without its weights' payloads (a version's weights
+    /// are visited once, by validation, so later reads are rare).
+    pub(crate) fn take(&self) -> std::io::Result<Weights> {
         let kept = self.bytes.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-        match kept {
-            Some(bytes) => Ok(bytes),
-            None => std::fs::read(&self.path),
+        if let Some(bytes) = kept {
+            return Ok(Weights::Whole(bytes));
+        }
+        let file = File::open(&self.path)?;
+        match proto::read_skeleton(&file, &self.path) {
+            Ok(bytes) => Ok(Weights::Skeleton { bytes, file }),
+            // Malformed: read whole, so that parsing reports what is wrong.
+            Err(_) => std::fs::read(&self.path).map(Weights::Whole),
         }
     }
 
@@ -171,7 +224,13 @@ mod tests {
         assert!(matches!(file.source(), SessionSource::File(p) if p == path));
         let kept = file.keep();
         assert!(!kept.holds_bytes(), "a large file is held from the load to validation");
-        assert_eq!(kept.take().unwrap(), model);
+        match kept.take().unwrap() {
+            Weights::Skeleton { bytes, .. } => {
+                assert_eq!(bytes.len(), model.len());
+                assert_eq!(proto::parse(&bytes).unwrap(), proto::parse(&model).unwrap());
+            }
+            Weights::Whole(_) => panic!("validation read the whole file"),
+        }
     }
 
     #[test]
@@ -183,8 +242,9 @@ mod tests {
         // sees what the sessions were built from.
         let first = std::fs::read(&path).unwrap();
         std::fs::write(&path, b"changed").unwrap();
-        assert_eq!(kept.take().unwrap(), first);
+        assert_eq!(kept.take().unwrap().bytes(), first);
         assert!(!kept.holds_bytes(), "the bytes outlive validation");
-        assert_eq!(kept.take().unwrap(), b"changed");
+        // Not a model: read whole, so that parsing it names the problem.
+        assert_eq!(kept.take().unwrap().bytes(), b"changed");
     }
 }

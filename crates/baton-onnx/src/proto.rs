@@ -4,10 +4,8 @@
 //! The reader never panics on malformed input: every length is checked against the bytes
 //! that remain, and unknown fields of every wire type are skipped.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
 
@@ -136,6 +134,14 @@ pub enum ProtoError {
     /// Valid, but something baton does not handle.
     #[error("unsupported ONNX content: {0}")]
     Unsupported(String),
+    /// Reading the model file, or a tensor's data from it, failed.
+    #[error("cannot read {what}: {source}")]
+    Read {
+        /// What was being read.
+        what: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// Reading an external data file failed.
     #[error("cannot read external data file {}: {source}", path.display())]
     Io {
@@ -148,7 +154,10 @@ pub enum ProtoError {
 
 type Result<T> = std::result::Result<T, ProtoError>;
 
+mod skeleton;
 mod wire;
+
+pub use skeleton::read_skeleton;
 
 use wire::Reader;
 
@@ -385,12 +394,29 @@ pub fn elem_size(data_type: i32) -> Option<usize> {
     })
 }
 
+/// Where the `raw_data` payloads of a parsed model are.
+#[derive(Clone, Copy, Debug)]
+pub enum RawData<'a> {
+    /// In the bytes given to [`parse`]: the whole model file.
+    InBytes(&'a [u8]),
+    /// In the model file, at the ranges [`parse`] reported: the bytes given
+    /// to it came from [`read_skeleton`].
+    InFile(&'a File),
+}
+
 /// Returns the tensor's little-endian element bytes, checking that the length equals
-/// product(dims) × element size. External data is read relative to `model_dir`; locations
-/// that are absolute or contain a `..` component are rejected (symlinks are followed).
-/// STRING tensors and element types without an [`elem_size`] return
-/// [`ProtoError::Unsupported`] ("string tensors not supported for validation").
-pub fn initializer_bytes<'a>(init: &Initializer, model_bytes: &'a [u8], model_dir: &Path) -> Result<Cow<'a, [u8]>> {
+/// product(dims) × element size. Data read from a file (`raw` in a file, external data)
+/// goes into `scratch`, which can be reused for the next tensor. External data is read
+/// relative to `model_dir`; locations that are absolute or contain a `..` component are
+/// rejected (symlinks are followed). STRING tensors and element types without an
+/// [`elem_size`] return [`ProtoError::Unsupported`] ("string tensors not supported for
+/// validation").
+pub fn initializer_bytes<'a>(
+    init: &'a Initializer,
+    raw: RawData<'a>,
+    model_dir: &Path,
+    scratch: &'a mut Vec<u8>,
+) -> Result<&'a [u8]> {
     let what = format!("initializer '{}'", init.name);
     let dt = init.data_type;
     if dt == elem::STRING {
@@ -404,21 +430,31 @@ pub fn initializer_bytes<'a>(init: &Initializer, model_bytes: &'a [u8], model_di
         .iter()
         .try_fold(size, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
         .ok_or_else(|| ProtoError::Malformed(format!("{what}: invalid dims {:?}", init.dims)))?;
-    let bytes = match &init.data {
-        InitData::Raw(r) => Cow::Borrowed(
-            model_bytes
-                .get(r.clone())
-                .ok_or_else(|| ProtoError::Malformed(format!("{what}: raw_data range {r:?} is outside the model")))?,
-        ),
-        InitData::Inline(v) => Cow::Owned(v.clone()),
-        InitData::External { location, offset, length } => {
-            Cow::Owned(read_external(&what, location, *offset, *length, model_dir, expected)?)
+    let outside =
+        |r: &Range<usize>| ProtoError::Malformed(format!("{what}: raw_data range {r:?} is outside the model"));
+    let size_error = |n: usize| {
+        let dims = &init.dims;
+        ProtoError::Malformed(format!("{what}: has {n} bytes of data, dims {dims:?} of type {dt} need {expected}"))
+    };
+    let bytes: &[u8] = match (&init.data, raw) {
+        (InitData::Raw(r), RawData::InBytes(model_bytes)) => model_bytes.get(r.clone()).ok_or_else(|| outside(r))?,
+        (InitData::Raw(r), RawData::InFile(file)) => {
+            if r.len() != expected {
+                return Err(size_error(r.len()));
+            }
+            let offset = u64::try_from(r.start).map_err(|_| outside(r))?;
+            let what = format!("the data of {what} from the model file");
+            read_at(file, offset, expected, scratch).map_err(|source| ProtoError::Read { what, source })?;
+            scratch
+        }
+        (InitData::Inline(v), _) => v,
+        (InitData::External { location, offset, length }, _) => {
+            read_external(&what, location, *offset, *length, model_dir, expected, scratch)?;
+            scratch
         }
     };
     if bytes.len() != expected {
-        let (n, dims) = (bytes.len(), &init.dims);
-        let msg = format!("{what}: has {n} bytes of data, dims {dims:?} of type {dt} need {expected}");
-        return Err(ProtoError::Malformed(msg));
+        return Err(size_error(bytes.len()));
     }
     Ok(bytes)
 }
@@ -441,7 +477,8 @@ fn read_external(
     length: Option<u64>,
     model_dir: &Path,
     expected: usize,
-) -> Result<Vec<u8>> {
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
     if !location_ok(location) {
         let msg =
             format!("{what}: external data location '{location}' must be a relative path inside the model directory");
@@ -449,7 +486,7 @@ fn read_external(
     }
     let path = model_dir.join(location);
     let io = |source| ProtoError::Io { path: path.clone(), source };
-    let mut file = File::open(&path).map_err(io)?;
+    let file = File::open(&path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
     let len = length.unwrap_or(file_len.saturating_sub(offset));
     if offset.checked_add(len).is_none_or(|end| end > file_len) {
@@ -461,8 +498,12 @@ fn read_external(
         let msg = format!("{what}: external data has {len} bytes, its dims and type need {expected}");
         return Err(ProtoError::Malformed(msg));
     }
-    let mut buf = vec![0u8; expected];
-    file.seek(SeekFrom::Start(offset)).map_err(io)?;
-    file.read_exact(&mut buf).map_err(io)?;
-    Ok(buf)
+    read_at(&file, offset, expected, scratch).map_err(io)
+}
+
+/// Reads `len` bytes of `file` at `offset` into `scratch`, replacing what it held.
+fn read_at(file: &File, offset: u64, len: usize, scratch: &mut Vec<u8>) -> std::io::Result<()> {
+    scratch.clear();
+    scratch.resize(len, 0);
+    std::os::unix::fs::FileExt::read_exact_at(file, scratch, offset)
 }

@@ -3,7 +3,13 @@
 use std::path::Path;
 
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp};
-use baton_onnx::proto::{self, InitData, ProtoError, ValueInfo, elem};
+use baton_onnx::proto::{self, InitData, Initializer, ProtoError, RawData, ValueInfo, elem};
+
+/// [`proto::initializer_bytes`] of a whole model file.
+fn bytes_of(init: &Initializer, model: &[u8], dir: &Path) -> Result<Vec<u8>, ProtoError> {
+    let mut scratch = Vec::new();
+    proto::initializer_bytes(init, RawData::InBytes(model), dir, &mut scratch).map(<[u8]>::to_vec)
+}
 
 fn le_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -35,8 +41,20 @@ fn inline_raw_data_round_trips() {
     for (init, (name, dims, data)) in model.initializers.iter().zip(&want) {
         assert_eq!((&init.name, &init.dims, init.data_type), (name, dims, elem::FLOAT));
         assert!(matches!(init.data, InitData::Raw(_)), "{name}: {:?}", init.data);
-        let got = proto::initializer_bytes(init, &bytes, Path::new("/nonexistent")).unwrap();
-        assert_eq!(got.as_ref(), &data[..], "{name}");
+        let got = bytes_of(init, &bytes, Path::new("/nonexistent")).unwrap();
+        assert_eq!(&got[..], &data[..], "{name}");
+    }
+    // Read without its payloads, then each payload from the file: the same.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let skeleton = proto::read_skeleton(&file, &path).unwrap();
+    assert_eq!(proto::parse(&skeleton).unwrap(), model);
+    let mut scratch = Vec::new();
+    for (init, (name, _, data)) in model.initializers.iter().zip(&want) {
+        let got = proto::initializer_bytes(init, RawData::InFile(&file), dir.path(), &mut scratch).unwrap();
+        assert_eq!(got, &data[..], "{name}");
     }
 }
 
@@ -64,8 +82,8 @@ fn external_data_round_trips() {
         let ext = InitData::External { location, offset, length: Some(len) };
         assert_eq!(init.data, ext, "{name}");
         offset += len;
-        let got = proto::initializer_bytes(init, &bytes, dir.path()).unwrap();
-        assert_eq!(got.as_ref(), &data[..], "{name}");
+        let got = bytes_of(init, &bytes, dir.path()).unwrap();
+        assert_eq!(&got[..], &data[..], "{name}");
     }
 
     // A short external file is reported, naming the tensor.
@@ -73,11 +91,11 @@ fn external_data_round_trips() {
     let full = std::fs::read(&data_path).unwrap();
     std::fs::write(&data_path, &full[..full.len() - 4]).unwrap();
     let last = model.initializers.last().unwrap();
-    let err = proto::initializer_bytes(last, &bytes, dir.path()).unwrap_err();
+    let err = bytes_of(last, &bytes, dir.path()).unwrap_err();
     assert!(err.to_string().contains("fc1.bias"), "{err}");
     // A missing file is an I/O error.
     std::fs::remove_file(&data_path).unwrap();
-    let err = proto::initializer_bytes(last, &bytes, dir.path()).unwrap_err();
+    let err = bytes_of(last, &bytes, dir.path()).unwrap_err();
     assert!(matches!(err, ProtoError::Io { .. }), "{err}");
 }
 
@@ -90,7 +108,7 @@ fn every_truncation_errors_or_parses() {
             let prefix = &bytes[..n];
             if let Ok(model) = proto::parse(prefix) {
                 for init in &model.initializers {
-                    let _ = proto::initializer_bytes(init, prefix, Path::new("/nonexistent"));
+                    let _ = bytes_of(init, prefix, Path::new("/nonexistent"));
                 }
             }
         }

@@ -110,7 +110,7 @@ fn parses_small_model_skipping_unknown_fields() {
     assert_eq!((w.name.as_str(), w.data_type, &w.dims[..]), ("w", elem::FLOAT, &[3, 2][..]));
     let InitData::Raw(r) = &w.data else { panic!("{:?}", w.data) };
     assert_eq!(r.len(), 24);
-    assert_eq!(initializer_bytes(w, &model(&small_graph()), Path::new(".")).unwrap().len(), 24);
+    assert_eq!(bytes_of(w, &model(&small_graph()), Path::new(".")).unwrap().len(), 24);
 }
 
 #[test]
@@ -175,11 +175,17 @@ fn garbage_and_mutations_never_panic() {
             m[i] = v;
             if let Ok(model) = parse(&m) {
                 for init in &model.initializers {
-                    let _ = initializer_bytes(init, &m, Path::new("/nonexistent"));
+                    let _ = bytes_of(init, &m, Path::new("/nonexistent"));
                 }
             }
         }
     }
+}
+
+/// [`initializer_bytes`] of a whole model file.
+fn bytes_of(init: &Initializer, model: &[u8], dir: &Path) -> Result<Vec<u8>> {
+    let mut scratch = Vec::new();
+    initializer_bytes(init, RawData::InBytes(model), dir, &mut scratch).map(<[u8]>::to_vec)
 }
 
 fn one_init(t: &[u8]) -> Result<Initializer> {
@@ -213,7 +219,7 @@ fn typed_fields_decode_to_element_width() {
     for (dt, body, want) in cases {
         let init = one_init(&tensor("t", dt, &[2], &body)).unwrap();
         assert_eq!(init.data, InitData::Inline(want.clone()), "dtype {dt}");
-        assert_eq!(initializer_bytes(&init, &[], Path::new(".")).unwrap().as_ref(), &want[..]);
+        assert_eq!(&bytes_of(&init, &[], Path::new(".")).unwrap()[..], &want[..]);
     }
     let err = one_init(&tensor("mixed", elem::FLOAT, &[1], &packed(7, &[1]))).unwrap_err();
     assert!(err.to_string().contains("'mixed'") && err.to_string().contains("int64_data"), "{err}");
@@ -226,16 +232,16 @@ fn initializer_bytes_checks_sizes_and_types() {
     let dir = Path::new(".");
     let short = one_init(&tensor("short", elem::FLOAT, &[2, 3], &fb(9, &[0; 20]))).unwrap();
     let bytes = model(&fb(5, &tensor("short", elem::FLOAT, &[2, 3], &fb(9, &[0; 20]))));
-    let err = initializer_bytes(&short, &bytes, dir).unwrap_err();
+    let err = bytes_of(&short, &bytes, dir).unwrap_err();
     assert!(err.to_string().contains("'short'") && err.to_string().contains("24"), "{err}");
     let s = one_init(&tensor("names", elem::STRING, &[1], &fb(6, b"hello"))).unwrap();
-    assert!(matches!(initializer_bytes(&s, &[], dir), Err(ProtoError::Unsupported(_))));
+    assert!(matches!(bytes_of(&s, &[], dir), Err(ProtoError::Unsupported(_))));
     let neg = Initializer { dims: vec![-1], ..short.clone() };
-    assert!(matches!(initializer_bytes(&neg, &bytes, dir), Err(ProtoError::Malformed(_))));
+    assert!(matches!(bytes_of(&neg, &bytes, dir), Err(ProtoError::Malformed(_))));
     let huge = Initializer { dims: vec![i64::MAX, i64::MAX], ..short.clone() };
-    assert!(matches!(initializer_bytes(&huge, &bytes, dir), Err(ProtoError::Malformed(_))));
+    assert!(matches!(bytes_of(&huge, &bytes, dir), Err(ProtoError::Malformed(_))));
     let scalar = Initializer { dims: vec![], data: InitData::Inline(vec![0; 4]), ..short };
-    assert_eq!(initializer_bytes(&scalar, &[], dir).unwrap().len(), 4);
+    assert_eq!(bytes_of(&scalar, &[], dir).unwrap().len(), 4);
 }
 
 #[test]
@@ -255,10 +261,10 @@ fn external_locations_outside_the_model_dir_are_rejected() {
         dims: vec![2],
         data: InitData::External { location: location.into(), offset, length },
     };
-    let got = initializer_bytes(&ext("w.bin", 4, Some(8)), &[], dir.path()).unwrap();
-    assert_eq!(got.as_ref(), &data[4..12]);
-    let got = initializer_bytes(&ext("./w.bin", 24, None), &[], dir.path()).unwrap();
-    assert_eq!(got.as_ref(), &data[24..]);
+    let got = bytes_of(&ext("w.bin", 4, Some(8)), &[], dir.path()).unwrap();
+    assert_eq!(&got[..], &data[4..12]);
+    let got = bytes_of(&ext("./w.bin", 24, None), &[], dir.path()).unwrap();
+    assert_eq!(&got[..], &data[24..]);
     for (init, what) in [
         (ext("../w.bin", 0, Some(8)), "relative path"),
         (ext("/w.bin", 0, Some(8)), "relative path"),
@@ -267,10 +273,10 @@ fn external_locations_outside_the_model_dir_are_rejected() {
         (ext("w.bin", u64::MAX, Some(8)), "past its end"),
         (ext("w.bin", 0, None), "need 8"),
     ] {
-        let err = initializer_bytes(&init, &[], dir.path()).unwrap_err();
+        let err = bytes_of(&init, &[], dir.path()).unwrap_err();
         assert!(err.to_string().contains(what) && err.to_string().contains("'ext'"), "{err}");
     }
-    let err = initializer_bytes(&ext("missing.bin", 0, None), &[], dir.path()).unwrap_err();
+    let err = bytes_of(&ext("missing.bin", 0, None), &[], dir.path()).unwrap_err();
     assert!(matches!(err, ProtoError::Io { .. }), "{err}");
 }
 
@@ -285,4 +291,76 @@ fn external_data_keys_are_parsed() {
     assert!(one_init(&tensor("e", elem::FLOAT, &[2], &body)).is_err());
     let err = one_init(&tensor("e", elem::FLOAT, &[2], &fv(14, 1))).unwrap_err();
     assert!(err.to_string().contains("location"), "{err}");
+}
+
+/// A model whose initializers come in every order and shape the skeleton
+/// reader must follow: raw data before the name, an unknown field after it,
+/// an inline tensor, and nodes with bytes of their own.
+fn varied_model() -> Vec<u8> {
+    let payload =
+        |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
+    let raw_first = [fb(9, &payload(4000 * 4, 7)), fv(2, elem::FLOAT as u64), fv(1, 4000), fb(8, b"first")].concat();
+    let graph = [
+        fb(1, &fb(1, b"a node, skipped whole")),
+        fb(5, &raw_first),
+        fb(5, &[tensor("second", elem::INT8, &[3, 5], &fb(9, &payload(15, 1))), unknown()].concat()),
+        fb(5, &tensor("inline", elem::FLOAT, &[1], &fb(4, &2.5f32.to_le_bytes()))),
+        small_graph(),
+    ]
+    .concat();
+    model(&graph)
+}
+
+#[test]
+fn a_skeleton_parses_as_the_whole_file_and_its_payloads_are_read_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = varied_model();
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, &whole).unwrap();
+    let file = File::open(&path).unwrap();
+    let skeleton = read_skeleton(&file, &path).unwrap();
+    assert_eq!(skeleton.len(), whole.len());
+    let (from_whole, from_skeleton) = (parse(&whole).unwrap(), parse(&skeleton).unwrap());
+    assert_eq!(from_skeleton, from_whole);
+    let mut left_out = 0;
+    let mut scratch = Vec::new();
+    for init in &from_whole.initializers {
+        if let InitData::Raw(r) = &init.data {
+            assert!(skeleton[r.clone()].iter().all(|&b| b == 0), "payload of {} was read", init.name);
+            left_out += r.len();
+        }
+        let want = bytes_of(init, &whole, dir.path()).unwrap();
+        assert_eq!(initializer_bytes(init, RawData::InFile(&file), dir.path(), &mut scratch).unwrap(), &want[..]);
+    }
+    assert_eq!(left_out, 4000 * 4 + 15 + 24);
+    // Everything but the payloads is as in the file.
+    let differs = whole.iter().zip(&skeleton).filter(|(a, b)| a != b).count();
+    assert!(differs > 0 && differs <= left_out);
+}
+
+#[test]
+fn a_skeleton_fails_only_where_parsing_fails_and_parses_the_same_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.onnx");
+    let check = |m: &[u8], what: &str| {
+        std::fs::write(&path, m).unwrap();
+        let file = File::open(&path).unwrap();
+        match read_skeleton(&file, &path) {
+            Ok(skeleton) => assert_eq!(format!("{:?}", parse(&skeleton)), format!("{:?}", parse(m)), "{what}"),
+            Err(e) => assert!(parse(m).is_err(), "{what}: the skeleton failed ({e}), parsing did not"),
+        }
+    };
+    let full = varied_model();
+    // Every byte but those of the first, large payload.
+    let InitData::Raw(first) = parse(&full).unwrap().initializers.remove(0).data else { panic!("no raw data") };
+    for i in (0..full.len()).filter(|i| !first.contains(i)) {
+        for v in [0x00, 0xff, 0x80, full[i] ^ 1] {
+            let mut m = full.clone();
+            m[i] = v;
+            check(&m, &format!("byte {i} = {v:#x}"));
+        }
+    }
+    for cut in [1, 10, 100, full.len() / 2, full.len() - 1] {
+        check(&full[..cut], &format!("cut at {cut}"));
+    }
 }
