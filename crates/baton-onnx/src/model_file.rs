@@ -13,7 +13,7 @@
 //!
 //! A larger file is left to ONNX Runtime to read: holding the whole file
 //! while the sessions were created raised the peak memory of loading a
-//! 480 MiB model by 262 MiB, and saved only ONNX Runtime's two 4 MiB
+//! 480 MiB model by 256 MiB, and saved only ONNX Runtime's two 4 MiB
 //! buffers. Validation then reads it once the sessions exist, without its
 //! weights' payloads, and each payload into one reused buffer when its
 //! tensor is visited ([`proto::read_skeleton`]).

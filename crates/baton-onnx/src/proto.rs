@@ -432,19 +432,13 @@ pub fn initializer_bytes<'a>(
         .ok_or_else(|| ProtoError::Malformed(format!("{what}: invalid dims {:?}", init.dims)))?;
     let outside =
         |r: &Range<usize>| ProtoError::Malformed(format!("{what}: raw_data range {r:?} is outside the model"));
-    let size_error = |n: usize| {
-        let dims = &init.dims;
-        ProtoError::Malformed(format!("{what}: has {n} bytes of data, dims {dims:?} of type {dt} need {expected}"))
-    };
     let bytes: &[u8] = match (&init.data, raw) {
         (InitData::Raw(r), RawData::InBytes(model_bytes)) => model_bytes.get(r.clone()).ok_or_else(|| outside(r))?,
         (InitData::Raw(r), RawData::InFile(file)) => {
-            if r.len() != expected {
-                return Err(size_error(r.len()));
-            }
+            // [`parse`] checked the range against the file's length.
             let offset = u64::try_from(r.start).map_err(|_| outside(r))?;
             let what = format!("the data of {what} from the model file");
-            read_at(file, offset, expected, scratch).map_err(|source| ProtoError::Read { what, source })?;
+            read_at(file, offset, r.len(), scratch).map_err(|source| ProtoError::Read { what, source })?;
             scratch
         }
         (InitData::Inline(v), _) => v,
@@ -454,7 +448,9 @@ pub fn initializer_bytes<'a>(
         }
     };
     if bytes.len() != expected {
-        return Err(size_error(bytes.len()));
+        let (n, dims) = (bytes.len(), &init.dims);
+        let msg = format!("{what}: has {n} bytes of data, dims {dims:?} of type {dt} need {expected}");
+        return Err(ProtoError::Malformed(msg));
     }
     Ok(bytes)
 }

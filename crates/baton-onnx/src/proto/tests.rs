@@ -234,6 +234,14 @@ fn initializer_bytes_checks_sizes_and_types() {
     let bytes = model(&fb(5, &tensor("short", elem::FLOAT, &[2, 3], &fb(9, &[0; 20]))));
     let err = bytes_of(&short, &bytes, dir).unwrap_err();
     assert!(err.to_string().contains("'short'") && err.to_string().contains("24"), "{err}");
+    // The same from the file, through a skeleton.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("model.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    let file = File::open(&path).unwrap();
+    let from_file = parse(&read_skeleton(&file, &path).unwrap()).unwrap().initializers.remove(0);
+    let err = initializer_bytes(&from_file, RawData::InFile(&file), dir, &mut Vec::new()).unwrap_err();
+    assert!(err.to_string().contains("'short'") && err.to_string().contains("24"), "{err}");
     let s = one_init(&tensor("names", elem::STRING, &[1], &fb(6, b"hello"))).unwrap();
     assert!(matches!(bytes_of(&s, &[], dir), Err(ProtoError::Unsupported(_))));
     let neg = Initializer { dims: vec![-1], ..short.clone() };
