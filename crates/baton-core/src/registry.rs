@@ -24,9 +24,11 @@ use crate::source::Source;
 pub struct RegistryConfig {
     /// Nice value of the loader and release threads (serving threads keep 0).
     pub loader_nice: i32,
-    /// Whether the loader and release threads also run under `SCHED_IDLE`,
-    /// so they only use CPU time serving does not want. Under sustained
-    /// full load, loads then wait for idle moments.
+    /// Whether the loader and release threads also run under `SCHED_IDLE`
+    /// (the default). A serving thread that wakes on a core where the
+    /// loader runs then gets the core at once; at nice 19 alone it waited
+    /// for the loader's time slice to end, up to a scheduler tick (4 ms
+    /// here). Under sustained full load, loads wait for idle moments.
     pub loader_idle: bool,
     /// Events buffered per subscriber before a slow one starts missing some.
     pub event_capacity: usize,
@@ -34,7 +36,7 @@ pub struct RegistryConfig {
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { loader_nice: 19, loader_idle: false, event_capacity: 1024 }
+        RegistryConfig { loader_nice: 19, loader_idle: true, event_capacity: 1024 }
     }
 }
 

@@ -47,10 +47,11 @@ pub struct ServeArgs {
     /// Nice value of the threads that load and free versions.
     #[arg(long, default_value_t = 19)]
     pub loader_nice: i32,
-    /// Also run the loading threads under SCHED_IDLE: they then use only CPU
-    /// time serving does not want, and under sustained full load a load
-    /// waits for idle moments (seconds, measured here).
-    #[arg(long)]
+    /// Also run the loading threads under SCHED_IDLE (the default;
+    /// `--loader-idle=false` keeps them at their nice value only): a serving
+    /// thread that wakes where the loader runs gets the core at once, and
+    /// under sustained full load a load waits for idle moments.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub loader_idle: bool,
 }
 
@@ -161,5 +162,30 @@ async fn feed_metrics(app: Arc<App>, mut events: baton_core::events::EventReceiv
             Err(RecvError::Lagged(n)) => app.metrics.missed_events(n),
             Err(RecvError::Closed) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ServeArgs;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn loader_idle(args: &[&str]) -> bool {
+        Cli::try_parse_from(std::iter::once("baton").chain(args.iter().copied())).unwrap().serve.loader_idle
+    }
+
+    #[test]
+    fn the_loader_runs_under_sched_idle_unless_told_otherwise() {
+        assert!(loader_idle(&[]));
+        assert!(loader_idle(&["--loader-idle"]));
+        assert!(loader_idle(&["--loader-idle=true"]));
+        assert!(!loader_idle(&["--loader-idle=false"]));
     }
 }
