@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if work.starts_with("read") && std::fs::metadata(&file).is_err() {
         return Err(format!("{work} needs a readable FILE; {usage}").into());
     }
-    assert!(baton_core::sys::tune_allocator(), "glibc refused an allocator setting");
+    baton_core::sys::keep_large_allocations_mapped();
 
     let stop = Arc::new(AtomicBool::new(false));
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());

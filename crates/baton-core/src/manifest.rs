@@ -121,7 +121,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VerifyError + '_ {
 
 /// Size of the block [`digest_file`] reads at a time. Below the 256 KiB
 /// above which the server has glibc map every allocation afresh
-/// ([`tune_allocator`](crate::sys::tune_allocator)),
+/// ([`keep_large_allocations_mapped`](crate::sys::keep_large_allocations_mapped)),
 /// so the buffer comes from the loading thread's heap and reuses its pages
 /// instead of faulting in new ones for every file of every load.
 const DIGEST_BLOCK: usize = 128 << 10;

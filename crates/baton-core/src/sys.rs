@@ -22,61 +22,28 @@ fn page_size() -> u64 {
     u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
 }
 
-/// What the main heap keeps above its last allocation when it is trimmed
-/// or grown, so that serving threads allocating from it seldom move its end
-/// (see [`tune_allocator`]). At most this much stays resident for reuse.
-const HEAP_TOP_KEPT: usize = 4 << 20;
-
-/// Frees below this size never shrink a heap on their own (see
-/// [`tune_allocator`]); only [`trim_heap`] does.
-const NO_AUTOMATIC_TRIM: usize = 1 << 30;
-
 /// Asks the C allocator to return free heap pages to the kernel, so that a
 /// following [`rss_bytes`] reflects memory really in use rather than memory
-/// glibc keeps cached for reuse. The main heap keeps [`HEAP_TOP_KEPT`] above
-/// its last allocation: a constant, the same before and after any load or
-/// free this measures.
+/// glibc keeps cached for reuse.
 pub fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas.
     unsafe {
-        libc::malloc_trim(HEAP_TOP_KEPT);
+        libc::malloc_trim(0);
     }
 }
 
-/// Sets glibc's allocator up for a server that loads and frees models
-/// beside serving. Call once, early, before threads start.
-///
-/// - Every allocation of 256 KiB or more gets its own `mmap`, returned to
-///   the kernel the moment it is freed. By default glibc raises that
-///   threshold after large blocks are freed (up to 32 MiB), after which a
-///   model's tensors come from the heap, where they fragment it and stay
-///   resident across swaps.
-/// - A `free` never shrinks a heap by itself, and the main heap grows in
-///   steps of [`HEAP_TOP_KEPT`]: moving a heap's end takes the process's
-///   memory-map lock for writing. A serving thread that did so waited
-///   behind the loader, which takes the same lock for its page faults and
-///   mappings and, running at the lowest priority, may be preempted while
-///   holding it (traced: a request stalled for as long as the loader waited
-///   for a core). Heaps are trimmed by [`trim_heap`] instead, on the loader
-///   and release threads, after each load and free.
-///
-/// Returns whether glibc took every setting (always true elsewhere, where
-/// there is nothing to set).
-pub fn tune_allocator() -> bool {
+/// Makes glibc serve every allocation of 256 KiB or more with its own
+/// `mmap`, returned to the kernel the moment it is freed. By default glibc
+/// raises that threshold after large blocks are freed (up to 32 MiB), after
+/// which a model's tensors come from the heap, where they fragment it and
+/// stay resident across swaps. Call once, early, before threads start.
+pub fn keep_large_allocations_mapped() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets glibc tuning parameters; it returns 1 when it takes one.
+    // SAFETY: mallopt only sets a glibc tuning parameter.
     unsafe {
-        [
-            (libc::M_MMAP_THRESHOLD, 256 * 1024),
-            (libc::M_TRIM_THRESHOLD, NO_AUTOMATIC_TRIM),
-            (libc::M_TOP_PAD, HEAP_TOP_KEPT),
-        ]
-        .into_iter()
-        .all(|(param, value)| libc::c_int::try_from(value).is_ok_and(|v| libc::mallopt(param, v) == 1))
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    true
 }
 
 /// [`trim_heap`] followed by [`rss_bytes`]: the memory this process really holds now.
@@ -156,11 +123,6 @@ pub fn current_thread_nice() -> std::io::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_allocator_takes_every_setting() {
-        assert!(tune_allocator());
-    }
 
     #[test]
     fn rss_is_positive_and_grows_with_touched_memory() {

@@ -66,11 +66,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
-    if !baton_core::sys::tune_allocator() {
-        tracing::warn!(
-            "The C allocator refused a setting; serving threads may wait behind loads to move a heap's end."
-        );
-    }
+    baton_core::sys::keep_large_allocations_mapped();
     // ONNX Runtime is started here, on the main thread, at serving priority.
     let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
     let registry = Registry::new(
