@@ -16,7 +16,7 @@
 # The drill stops once the last swap's window and its tail are over; the
 # duration (3 s a swap) is only a bound, there so that a server whose swaps
 # hang cannot keep it running. Under this load baton's loader runs on idle
-# moments only (SCHED_IDLE), and its swaps took up to 4.4 s.
+# moments only (SCHED_IDLE), and its swaps took up to 4.9 s (00:18 run).
 #
 # Each server is started here on a scratch copy of the benchmark repository
 # and stopped by its pid. Reports (JSON, SVG, terminal table) go to
