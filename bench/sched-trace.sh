@@ -6,8 +6,17 @@
 # (drill-load) longer than 1 ms to the task that ran on that CPU just
 # before — in swap windows and in steady time apart.
 #
-#   bash bench/sched-trace.sh                       # loader at nice 19 (the default)
-#   BATON_SERVE_ARGS=--loader-idle bash bench/sched-trace.sh
+#   bash bench/sched-trace.sh                       # loader under SCHED_IDLE (the default)
+#   BATON_SERVE_ARGS=--loader-idle=false bash bench/sched-trace.sh   # nice 19 alone
+#
+# What it shows depends on autogroup (/proc/sys/kernel/sched_autogroup_enabled):
+# docs/BENCHMARKS.md §2, "Autogroup", has traces with it on and off.
+#
+# STACKS=1 records instead every switch of baton's loader threads with its
+# call stack, and bench/switch_stacks.py tells how the build thread's long
+# runs ended (a timer tick, a page fault's return, a read...):
+#
+#   STACKS=1 bash bench/sched-trace.sh
 #
 # Needs `perf` (Debian: linux-perf) and root or perf_event_paranoid <= 0.
 # The trace (about 200 MB) and the drill report go to
@@ -31,6 +40,16 @@ sleep 1
 # perf stamps events with CLOCK_MONOTONIC; the drill's records count from a
 # wall-clock start. The difference between the two clocks maps one to the other.
 python3 -c 'import time; print(time.time() - time.clock_gettime(time.CLOCK_MONOTONIC))' >"$results/sched-clock-offset"
+if [ "${STACKS:-0}" = 1 ]; then
+  perf record -a -g -e sched:sched_switch --filter 'prev_comm ~ "baton-*" || next_comm ~ "baton-*"' \
+    -o "$results/sched-stacks.data" -- sleep "$((swaps + 5))" 2>&1 | tail -n1
+  wait "$drill_pid" || true
+  stop_server
+  sed -n 1,6p "$results/sched-drill.txt"
+  perf script -i "$results/sched-stacks.data" -F comm,tid,cpu,time,event,trace,ip,sym 2>/dev/null \
+    | python3 bench/switch_stacks.py | tee "$results/sched-stacks.txt"
+  exit 0
+fi
 perf sched record -k CLOCK_MONOTONIC -o "$results/sched.data" -- sleep "$((swaps + 5))" 2>&1 | tail -n1
 wait "$drill_pid" || true
 stop_server
