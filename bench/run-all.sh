@@ -44,7 +44,8 @@ for c in 1 4; do
 done
 
 echo "## swap under fire"
-bash bench/swap-drill.sh baton mlserver kserve
+# baton-noautogroup: baton once more with autogroup off (needs root; skipped otherwise).
+bash bench/swap-drill.sh baton mlserver kserve baton-noautogroup
 
 echo "## loading beside serving"
 bash bench/load-isolation.sh baton mlserver kserve

@@ -106,7 +106,8 @@ def drill_table(prefix, title):
     # The maximum of more requests is larger even when nothing is worse;
     # swap windows usually hold more. The worst at equal size goes below.
     tails = []
-    for server in ("baton", "mlserver", "kserve"):
+    # baton-noautogroup: the swap drill again with autogroup off (bench/swap-drill.sh).
+    for server in ("baton", "mlserver", "kserve", "baton-noautogroup"):
         path = results / f"{prefix}-{server}.json"
         if not path.exists():
             continue

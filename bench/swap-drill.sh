@@ -11,7 +11,17 @@
 #   kserve    its repository load API (bench/kserve_onnx builds the new model
 #             and swaps it in)
 #
-#   bash bench/swap-drill.sh [baton|mlserver|kserve ...]     (default: all three)
+#   bash bench/swap-drill.sh [baton|mlserver|kserve|baton-noautogroup ...]
+#                                                   (default: the first three)
+#
+#   baton-noautogroup  baton again with the kernel's autogroup switched off
+#             for the drill (/proc/sys/kernel/sched_autogroup_enabled, needs
+#             root; restored right after, and on exit). Autogroup shares the
+#             CPU between sessions before priorities count, and it applies
+#             only to processes in the root CPU cgroup: a server in a
+#             container of its own is not under it. Without it a swap costs
+#             serving more and takes less time (docs/BENCHMARKS.md §2,
+#             "Autogroup"), so this is the drill closer to production.
 #
 # The drill stops once the last swap's window and its tail are over; the
 # duration (3 s a swap) is only a bound, there so that a server whose swaps
@@ -24,6 +34,14 @@
 # bench/models.py and a release build of baton.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-100}"
+autogroup=/proc/sys/kernel/sched_autogroup_enabled
+autogroup_was=""
+restore_autogroup() {
+  if [ -n "$autogroup_was" ]; then echo "$autogroup_was" >"$autogroup"; fi
+  autogroup_was=""
+}
+# common.sh stops the server on exit; the setting is restored as well.
+trap 'restore_autogroup; cleanup' EXIT
 
 drill() { # $1 = server label, $2 = port, $3.. = extra drill options
   local label=$1 port=$2
@@ -44,6 +62,18 @@ run_server() {
       cp -r "$out/baton/mlp" "$d/"
       start_baton "$d"
       drill baton 8300 --swap load-api --versions 1,2
+      ;;
+    baton-noautogroup)
+      if ! [ -w "$autogroup" ]; then
+        echo "swap-drill: $server needs root (it writes $autogroup); skipped" >&2
+        return 0
+      fi
+      cp -r "$out/baton/mlp" "$d/"
+      start_baton "$d"
+      autogroup_was="$(cat "$autogroup")"
+      echo 0 >"$autogroup"
+      drill baton-noautogroup 8300 --swap load-api --versions 1,2
+      restore_autogroup
       ;;
     mlserver)
       start_mlserver "$d" mlp
