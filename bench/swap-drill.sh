@@ -58,26 +58,21 @@ run_server() {
   rm -rf "$d"
   mkdir -p "$d"
   case "$server" in
-    baton)
-      cp -r "$out/baton/mlp" "$d/"
-      start_baton "$d"
-      drill baton 8300 --swap load-api --versions 1,2
-      ;;
-    baton-noautogroup)
-      if ! [ -w "$autogroup" ]; then
-        echo "swap-drill: $server needs root (it writes $autogroup); skipped" >&2
-        return 0
+    baton | baton-noautogroup)
+      if [ "$server" = baton-noautogroup ]; then
+        if ! [ -w "$autogroup" ]; then
+          echo "swap-drill: $server needs root (it writes $autogroup); skipped" >&2
+          return 0
+        fi
+        # Before the server starts: the kernel places a thread in an
+        # autogroup when it is created, and a change of the setting does
+        # not move threads that already run.
+        autogroup_was="$(cat "$autogroup")"
+        echo 0 >"$autogroup"
       fi
-      # Before the server starts: the kernel places a thread in an
-      # autogroup when it is created, and a change of the setting does not
-      # move threads that already run.
-      autogroup_was="$(cat "$autogroup")"
-      echo 0 >"$autogroup"
       cp -r "$out/baton/mlp" "$d/"
       start_baton "$d"
-      drill baton-noautogroup 8300 --swap load-api --versions 1,2
-      stop_server
-      restore_autogroup
+      drill "$server" 8300 --swap load-api --versions 1,2
       ;;
     mlserver)
       start_mlserver "$d" mlp
@@ -90,6 +85,7 @@ run_server() {
     *) echo "swap-drill: unknown server $server" >&2; return 2 ;;
   esac
   stop_server
+  restore_autogroup
 }
 
 each_server run_server "$@"
