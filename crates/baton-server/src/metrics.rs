@@ -142,7 +142,9 @@ struct LoadMetrics {
 /// All of baton's metrics.
 #[derive(Default)]
 pub struct Metrics {
-    versions: RwLock<BTreeMap<(String, u64), Arc<VersionMetrics>>>,
+    /// By model, then version: a request's lookup borrows the model name
+    /// instead of allocating a key.
+    versions: RwLock<BTreeMap<String, BTreeMap<u64, Arc<VersionMetrics>>>>,
     rejected: Mutex<BTreeMap<(String, &'static str), u64>>,
     loads: Mutex<LoadMetrics>,
     inflight: AtomicI64,
@@ -164,18 +166,20 @@ impl Drop for InFlight<'_> {
 impl Metrics {
     /// The series of one model version, created on first use.
     pub fn version(&self, model: &str, version: u64) -> Arc<VersionMetrics> {
-        let key = (model.to_owned(), version);
-        if let Some(found) = self.versions.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = versions.get(model).and_then(|v| v.get(&version)) {
             return Arc::clone(found);
         }
-        Arc::clone(self.versions.write().unwrap_or_else(|e| e.into_inner()).entry(key).or_default())
+        drop(versions);
+        let mut versions = self.versions.write().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(versions.entry(model.to_owned()).or_default().entry(version).or_default())
     }
 
     /// The counters of one model version; all zero when it has served no
     /// request (the series is not created).
     pub fn version_stats(&self, model: &str, version: u64) -> VersionStats {
         let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
-        versions.get(&(model.to_owned(), version)).map(|m| m.stats()).unwrap_or_default()
+        versions.get(model).and_then(|v| v.get(&version)).map(|m| m.stats()).unwrap_or_default()
     }
 
     /// Counts a request refused before it reached a version.
@@ -235,8 +239,9 @@ impl Metrics {
         let _ = writeln!(out, "baton_inflight_requests {}", self.inflight.load(Ordering::Relaxed));
 
         let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
+        let series = || versions.iter().flat_map(|(model, v)| v.iter().map(move |(version, m)| (model, version, m)));
         help(&mut out, "baton_inference_requests_total", "counter", "Inference requests that reached a version.");
-        for ((model, version), m) in versions.iter() {
+        for (model, version, m) in series() {
             let _ = writeln!(
                 out,
                 "baton_inference_requests_total{{model=\"{}\",version=\"{version}\"}} {}",
@@ -245,7 +250,7 @@ impl Metrics {
             );
         }
         help(&mut out, "baton_inference_errors_total", "counter", "Failed inference requests by error kind.");
-        for ((model, version), m) in versions.iter() {
+        for (model, version, m) in series() {
             for (kind, n) in m.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
                 let _ = writeln!(
                     out,
@@ -262,7 +267,7 @@ impl Metrics {
             );
         }
         help(&mut out, "baton_inference_duration_seconds", "histogram", "Inference latency inside the server.");
-        for ((model, version), m) in versions.iter() {
+        for (model, version, m) in series() {
             m.latency.render(
                 &mut out,
                 "baton_inference_duration_seconds",
@@ -386,6 +391,22 @@ mod tests {
         assert!(out.contains("x_bucket{m=\"a\",le=\"30\"} 2"), "{out}");
         assert!(out.contains("x_bucket{m=\"a\",le=\"+Inf\"} 3"), "{out}");
         assert!(out.contains("x_count{m=\"a\"} 3"), "{out}");
+    }
+
+    #[test]
+    fn each_model_version_has_one_series() {
+        let metrics = Metrics::default();
+        let a1 = metrics.version("a", 1);
+        assert!(Arc::ptr_eq(&a1, &metrics.version("a", 1)));
+        assert!(!Arc::ptr_eq(&a1, &metrics.version("a", 2)));
+        assert!(!Arc::ptr_eq(&a1, &metrics.version("b", 1)));
+        a1.record(Duration::from_millis(2), 3, None);
+        metrics.version("b", 1).record(Duration::from_millis(1), 1, Some("invalid_input"));
+        assert_eq!(metrics.version_stats("a", 1).inferences, 3);
+        assert_eq!(metrics.version_stats("a", 1).failures, 0);
+        assert_eq!(metrics.version_stats("b", 1).failures, 1);
+        assert_eq!(metrics.version_stats("a", 2).successes, 0);
+        assert_eq!(metrics.version_stats("c", 1).successes, 0);
     }
 
     #[test]
