@@ -124,6 +124,11 @@ def drill_table(prefix, title):
             tails.append(f"{server}: p99.9 steady {s['p999_ms']:.3g} ms, swap windows {w['p999_ms']:.3g} ms; "
                          f"worst at equal size ({eq['requests']:,} requests each): steady {eq['steady_ms']:.3g} ms, "
                          f"swap windows {eq['in_swaps_ms']:.3g} ms")
+        load, after = r.get("in_swaps_loading"), r.get("in_swaps_after_commit")
+        if load and after and load["requests"] and after["requests"]:
+            tails.append(f"{server}: swap windows split at the commit: trigger to commit {load['requests']:,} requests, "
+                         f"p99 {load['p99_ms']:.3g} ms, p99.9 {load['p999_ms']:.3g} ms; after commit "
+                         f"{after['requests']:,} requests, p99 {after['p99_ms']:.3g} ms, p99.9 {after['p999_ms']:.3g} ms")
     for line in tails:
         print(f"\n{line}")
 

@@ -124,6 +124,11 @@ impl Outcome {
             assert!(s["time_to_serve_ms"].as_f64().is_some_and(|t| t >= 0.0), "swap {i}: {s}");
             assert!(s["window_end_s"].as_f64() > s["trigger_s"].as_f64(), "swap {i}: {s}");
         }
+        // The window splits at each commit, and the two parts add up.
+        let parts = ["in_swaps_loading", "in_swaps_after_commit"].map(|k| r[k]["requests"].as_u64().unwrap());
+        assert_eq!(parts[0] + parts[1], r["in_swaps"]["requests"].as_u64().unwrap(), "{ctx}");
+        assert!(parts[1] > 0, "no request after a commit: {ctx}");
+        assert!(self.stdout.contains("trigger to commit") && self.stdout.contains("after commit"), "{ctx}");
         assert_eq!(r["unexpected"]["total"], 0, "{ctx}");
         assert_eq!(r["verdict"]["clean"], true, "{ctx}");
         assert_eq!(self.versions(), expected, "{ctx}");

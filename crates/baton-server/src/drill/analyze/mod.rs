@@ -162,6 +162,11 @@ pub struct Analysis {
     pub steady: Stats,
     /// Requests inside swap windows.
     pub in_swaps: Stats,
+    /// Of those, the ones started between a trigger and its commit, while
+    /// the new version was being made ready.
+    pub in_swaps_loading: Stats,
+    /// The rest of them: started after a commit, before the window's end.
+    pub in_swaps_after_commit: Stats,
     /// The worst latency of both, at the same number of requests.
     pub worst_at_equal_size: EqualWorst,
     /// Every window in time order.
@@ -196,13 +201,19 @@ pub fn analyze(run: &Run) -> Analysis {
         swaps::measure(&run.swaps, records, &run.versions, run.end, run.window, &mut flagged);
     let windows = windows(records, &spans, &mut swap_reports, run.end);
     let (mut steady, mut in_swaps) = (Collector::default(), Collector::default());
+    let (mut loading, mut after_commit) = (Collector::default(), Collector::default());
     let mut in_span = spans.iter().peekable();
     for r in records {
         while in_span.peek().is_some_and(|s| r.start >= s.to) {
             in_span.next();
         }
-        let inside = in_span.peek().is_some_and(|s| r.start >= s.from);
-        if inside { &mut in_swaps } else { &mut steady }.add(r.latency, r.ok());
+        match in_span.peek() {
+            Some(s) if r.start >= s.from => {
+                in_swaps.add(r.latency, r.ok());
+                if r.start < s.commit { &mut loading } else { &mut after_commit }.add(r.latency, r.ok());
+            }
+            _ => steady.add(r.latency, r.ok()),
+        }
     }
     let unexpected = unexpected(run, &swap_reports, &mut flagged);
     let failed = records.iter().filter(|r| !r.ok()).count() as u64;
@@ -217,6 +228,8 @@ pub fn analyze(run: &Run) -> Analysis {
         rate_per_s: if run.end > 0 { records.len() as f64 / secs(run.end) } else { 0.0 },
         steady: steady_stats,
         in_swaps: in_swaps_stats,
+        in_swaps_loading: loading.stats(),
+        in_swaps_after_commit: after_commit.stats(),
         worst_at_equal_size,
         windows,
         swaps: swap_reports,

@@ -66,6 +66,9 @@ pub struct SwapReport {
 pub struct Span {
     /// Trigger.
     pub from: u64,
+    /// Commit (the window's end when there was none): where the loading
+    /// part of the window ends and the part after commit begins.
+    pub commit: u64,
     /// Window end.
     pub to: u64,
 }
@@ -159,7 +162,7 @@ pub fn measure(
                     .to_owned()
             }),
         });
-        spans.push(Span { from: swap.trigger, to });
+        spans.push(Span { from: swap.trigger, commit: commit.map_or(to, |c| c.clamp(swap.trigger, to)), to });
     }
     (reports, spans)
 }

@@ -69,6 +69,10 @@ pub fn render(title: &str, a: &Analysis) -> String {
     );
     stats_row(&mut out, "steady", &a.steady);
     stats_row(&mut out, "swap windows", &a.in_swaps);
+    if a.in_swaps.requests > 0 {
+        stats_row(&mut out, "  trigger to commit", &a.in_swaps_loading);
+        stats_row(&mut out, "  after commit", &a.in_swaps_after_commit);
+    }
     let w = &a.worst_at_equal_size;
     if w.requests > 0 && a.steady.requests != a.in_swaps.requests {
         let _ = writeln!(
