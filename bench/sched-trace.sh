@@ -4,7 +4,9 @@
 # `perf sched record`, then bench/sched_blame.py attributes every wait of a
 # serving thread (tokio-rt-worker) or of the drill's own threads
 # (drill-load) longer than 1 ms to the task that ran on that CPU just
-# before — in swap windows and in steady time apart.
+# before — in swap windows and in steady time apart; bench/wake_order.py
+# then tells, for each wait behind the loader, whether the serving thread
+# was woken before the loader was picked, while it ran, or elsewhere.
 #
 #   bash bench/sched-trace.sh                       # loader under SCHED_IDLE (the default)
 #   BATON_SERVE_ARGS=--loader-idle=false bash bench/sched-trace.sh   # nice 19 alone
@@ -58,3 +60,4 @@ sed -n 1,6p "$results/sched-drill.txt"
 perf sched timehist -i "$results/sched.data" 2>/dev/null >"$results/sched-timehist.txt"
 python3 bench/sched_blame.py "$results/sched-timehist.txt" "$results/sched-drill.json" "$results/sched-clock-offset" \
   | tee "$results/sched-blame.txt"
+python3 bench/wake_order.py "$results/sched-timehist.txt" "$results/sched.data" | tee -a "$results/sched-blame.txt"
