@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Why did a serving thread wait behind baton's loader?
 
-For every wait of a serving thread (tokio-rt-worker) longer than 1 ms that
-ended when baton's build thread left the CPU, this reads the scheduler
+For every wait of a serving thread (tokio-rt-worker) longer than 1 ms
+behind one of baton's loader threads (the waits bench/sched_blame.py counts
+as "behind the loader"), this reads the scheduler
 events before it from the `perf sched record` trace and tells which of
 three things happened:
 
@@ -23,37 +24,35 @@ import re
 import subprocess
 import sys
 
-ROW = re.compile(r"\s*([\d.]+)\s+\[(\d+)\]\s+(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+from sched_blame import LOADER, THRESHOLD_MS, events
+
 EVENT = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:(\w+):(.*)")
 
 
 def waits_behind_loader(timehist):
-    """(switch-in time, cpu, tid, wait ms, loader's start) for each wait."""
-    last = {}
+    """(switch-in time, cpu, tid, wait ms, loader's start) for each wait of
+    a serving thread behind a loader thread, found as bench/sched_blame.py
+    finds them."""
+    held = {}  # cpu -> (task, run start) of the last task switched in there
     found = []
-    for line in open(timehist).read().splitlines()[3:]:
-        m = ROW.match(line)
-        if not m:
-            continue
-        end, cpu, task, run_ms = float(m[1]), int(m[2]), m[3], float(m[6])
-        delay_ms = float(m[5])
-        start = end - run_ms / 1000
-        held = last.get(cpu)
-        if task.startswith("tokio-rt-worker") and delay_ms > 1 and held and held[0].startswith("baton-build"):
+    for end, cpu, task, delay, run in events(timehist):
+        start = end - run / 1000
+        holder = held.get(cpu)
+        if task.startswith("tokio-rt-worker") and delay > THRESHOLD_MS and holder and holder[0].startswith(LOADER):
             tid = re.search(r"\[(\d+)/", task)[1]
-            found.append((start, cpu, tid, delay_ms, held[1]))
-        last[cpu] = (task, start)
+            found.append((start, int(cpu.strip("[]")), tid, delay, holder[1]))
+        held[cpu] = (task, start)
     return found
 
 
 def classify(data, start, cpu, tid, loader_start):
-    events = subprocess.run(
+    trace = subprocess.run(
         ["perf", "script", "-i", data, "--time", f"{loader_start - 0.01:.6f},{start + 0.0001:.6f}",
          "-F", "cpu,time,event,trace"],
         capture_output=True, text=True, check=False,
     ).stdout
     waking, migrated = None, False
-    for line in events.splitlines():
+    for line in trace.splitlines():
         m = EVENT.search(line)
         if not m or f"pid={tid} " not in m[4]:
             continue
