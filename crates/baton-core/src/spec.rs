@@ -144,7 +144,8 @@ pub struct WarmupPolicy {
     pub batch_sizes: Vec<usize>,
     /// Whether generated inputs run besides the version's own `warmup/` samples.
     pub generated: bool,
-    /// A warmup run slower than this fails the load.
+    /// A warmup run slower than this fails the load. A run's time leaves
+    /// out what the low-priority loader thread spent waiting for a CPU.
     pub max_latency_ms: u64,
 }
 

@@ -1,5 +1,6 @@
 //! The few operating-system calls baton's core needs: process memory, giving
-//! freed heap back to the kernel, and thread CPU priority.
+//! freed heap back to the kernel, thread CPU priority, and how long a thread
+//! has waited for a CPU.
 //!
 //! This is the only module of the core that uses `unsafe`; each block is one
 //! libc call with plain integer arguments.
@@ -120,9 +121,29 @@ pub fn current_thread_nice() -> std::io::Result<i32> {
     Ok(0)
 }
 
+/// How long the calling thread has waited for a CPU while runnable, in all,
+/// since it started: the second field of `/proc/thread-self/schedstat`.
+/// `None` where the kernel does not keep it.
+///
+/// The loader runs at the lowest priority, so on a busy machine most of its
+/// wall time can be this wait; subtracting it tells how long its work took.
+pub fn thread_run_delay() -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos: u64 = stat.split_whitespace().nth(1)?.parse().ok()?;
+    Some(std::time::Duration::from_nanos(nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_threads_wait_for_a_cpu_is_read_and_never_shrinks() {
+        let first = thread_run_delay().expect("/proc/thread-self/schedstat readable on linux");
+        std::thread::yield_now();
+        let second = thread_run_delay().expect("readable again");
+        assert!(second >= first, "{second:?} < {first:?}");
+    }
 
     #[test]
     fn rss_is_positive_and_grows_with_touched_memory() {
