@@ -24,9 +24,11 @@
 #             "Autogroup"), so this is the drill closer to production.
 #
 # The drill stops once the last swap's window and its tail are over; the
-# duration (3 s a swap) is only a bound, there so that a server whose swaps
+# duration (10 s a swap) is only a bound, there so that a server whose swaps
 # hang cannot keep it running. Under this load baton's loader runs on idle
-# moments only (SCHED_IDLE), and its swaps took up to 4.9 s (00:18 run).
+# moments only (SCHED_IDLE, and it steps off the CPU while other threads
+# wait for one), so its swaps are slow: up to 13 s with autogroup on, on
+# the 1 December machine (an MLP load takes 40 ms when the server is idle).
 #
 # Each server is started here on a scratch copy of the benchmark repository
 # and stopped by its pid. Reports (JSON, SVG, terminal table) go to
@@ -49,7 +51,7 @@ drill() { # $1 = server label, $2 = port, $3.. = extra drill options
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
     --concurrency 4 --warmup 3s --swaps "$swaps" --swap-interval 1s --window 250ms \
-    --duration "$((swaps * 3 + 15))s" --pid "$pid" \
+    --duration "$((swaps * 10 + 15))s" --pid "$pid" \
     --json "$results/swap-$label.json" --svg "$results/swap-$label.svg" "$@" | tee "$results/swap-$label.txt" || true
 }
 

@@ -26,6 +26,8 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
+use crate::step_aside::StepAside;
+
 /// Something to be dropped on a version's build thread.
 type Doomed = Box<dyn Send>;
 
@@ -80,18 +82,22 @@ type Build = Box<dyn FnOnce(HeapLease) + Send>;
 
 /// Runs `build` on a new thread named `baton-build` and returns when `build`
 /// has returned. The thread then waits until the [`HeapLease`] handed to
-/// `build` is dropped. It inherits the caller's CPU priority. When no thread
-/// can be started, `build` runs on the calling thread, sharing its arena,
-/// and a warning says so.
-pub fn build_on_own_heap(build: impl FnOnce(HeapLease) + Send + 'static) {
+/// `build` is dropped. It inherits the caller's CPU priority, and steps
+/// aside as `step_aside` says while it builds and while it frees, never
+/// while it waits. When no thread can be started, `build` runs on the
+/// calling thread, sharing its arena, and a warning says so.
+pub fn build_on_own_heap(step_aside: StepAside, build: impl FnOnce(HeapLease) + Send + 'static) {
     let (work_tx, work_rx) = mpsc::channel::<(Build, HeapLease, mpsc::Receiver<Doomed>)>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let spawned = std::thread::Builder::new().name("baton-build".into()).spawn(move || {
         let Ok((build, lease, parked)) = work_rx.recv() else { return };
+        let armed = step_aside.arm();
         build(lease);
+        drop(armed);
         let _ = done_tx.send(());
         // Drops what the lease sends (the version's engine) until the lease is gone.
         for doomed in parked {
+            let _armed = step_aside.arm();
             drop(doomed);
         }
     });
@@ -115,6 +121,7 @@ pub fn build_on_own_heap(build: impl FnOnce(HeapLease) + Send + 'static) {
                 %error,
                 "Could not start a build thread; the version is built on the loader thread and shares its memory arena."
             );
+            let _armed = step_aside.arm();
             run_here(build);
         }
     }
@@ -141,7 +148,7 @@ mod tests {
         let slot = Arc::clone(&kept);
         let builder = Arc::new(Mutex::new(None));
         let seen = Arc::clone(&builder);
-        build_on_own_heap(move |lease| {
+        build_on_own_heap(StepAside::OFF, move |lease| {
             let name = std::thread::current().name().map(str::to_owned);
             *seen.lock().unwrap() = Some((name, own_task()));
             *slot.lock().unwrap() = Some(lease);
@@ -160,6 +167,40 @@ mod tests {
         }
     }
 
+    /// Records whether the thread that drops it is armed to step aside.
+    struct ArmedWitness(Arc<Mutex<Option<bool>>>);
+
+    impl Drop for ArmedWitness {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(crate::step_aside::armed_here());
+        }
+    }
+
+    #[test]
+    fn the_build_thread_steps_aside_while_it_builds_and_frees_and_not_while_it_waits() {
+        let kept: Arc<Mutex<Option<HeapLease>>> = Arc::default();
+        let slot = Arc::clone(&kept);
+        let armed_in_build = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&armed_in_build);
+        build_on_own_heap(StepAside::DEFAULT, move |lease| {
+            *seen.lock().unwrap() = Some(crate::step_aside::armed_here());
+            *slot.lock().unwrap() = Some(lease);
+        });
+        assert_eq!(*armed_in_build.lock().unwrap(), Some(true), "not armed while building");
+        let lease = kept.lock().unwrap().take().unwrap();
+        let armed_in_free = Arc::new(Mutex::new(None));
+        lease.free_there(Box::new(ArmedWitness(Arc::clone(&armed_in_free))));
+        assert_eq!(*armed_in_free.lock().unwrap(), Some(true), "not armed while freeing");
+
+        // Off arms nothing.
+        let seen = Arc::new(Mutex::new(None));
+        let inside = Arc::clone(&seen);
+        build_on_own_heap(StepAside::OFF, move |_lease| {
+            *inside.lock().unwrap() = Some(crate::step_aside::armed_here())
+        });
+        assert_eq!(*seen.lock().unwrap(), Some(false));
+    }
+
     /// Records the task it was dropped on.
     struct Witness(Arc<Mutex<Option<std::path::PathBuf>>>);
 
@@ -173,7 +214,7 @@ mod tests {
     fn free_there_drops_on_the_build_thread_and_waits_for_it() {
         let kept: Arc<Mutex<Option<(HeapLease, std::path::PathBuf)>>> = Arc::default();
         let slot = Arc::clone(&kept);
-        build_on_own_heap(move |lease| *slot.lock().unwrap() = Some((lease, own_task())));
+        build_on_own_heap(StepAside::OFF, move |lease| *slot.lock().unwrap() = Some((lease, own_task())));
         let (lease, builder) = kept.lock().unwrap().take().expect("the build ran");
         let dropped_on = Arc::new(Mutex::new(None));
         lease.free_there(Box::new(Witness(Arc::clone(&dropped_on))));

@@ -35,6 +35,7 @@ pub mod routing;
 pub mod signature;
 pub mod source;
 pub mod spec;
+pub mod step_aside;
 pub mod sys;
 pub mod tensor;
 pub mod tensor_json;

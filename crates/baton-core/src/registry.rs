@@ -18,6 +18,7 @@ use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
 use crate::pipeline;
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
+use crate::step_aside::StepAside;
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -31,13 +32,17 @@ pub struct RegistryConfig {
     /// scheduler tick being 4 ms). Under sustained full load, loads wait
     /// for idle moments, and take longer.
     pub loader_idle: bool,
+    /// When a thread that builds or frees a version steps off the CPU for
+    /// threads waiting for one ([`StepAside`]; the default looks every
+    /// 250 µs of its CPU time and steps aside for 200 µs).
+    pub step_aside: StepAside,
     /// Events buffered per subscriber before a slow one starts missing some.
     pub event_capacity: usize,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { loader_nice: 19, loader_idle: true, event_capacity: 1024 }
+        RegistryConfig { loader_nice: 19, loader_idle: true, step_aside: StepAside::DEFAULT, event_capacity: 1024 }
     }
 }
 
@@ -125,6 +130,7 @@ pub(crate) struct Inner {
     pub(crate) backends: BTreeMap<String, Arc<dyn Backend>>,
     pub(crate) memory: Arc<Memory>,
     pub(crate) releaser: Releaser,
+    step_aside: StepAside,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -153,6 +159,7 @@ impl Registry {
             backends: backends.into_iter().map(|b| (b.name().to_owned(), b)).collect(),
             memory,
             releaser,
+            step_aside: config.step_aside,
         });
         let (jobs, rx) = mpsc::channel::<Job>();
         let (nice, idle) = (config.loader_nice, config.loader_idle);
@@ -192,7 +199,8 @@ impl Registry {
         let (tx, rx) = oneshot::channel();
         let inner = Arc::clone(&self.inner);
         let job: Job = Box::new(move || {
-            crate::heap::build_on_own_heap(move |heap| pipeline::load(inner, busy, version, tx, heap))
+            let step_aside = inner.step_aside;
+            crate::heap::build_on_own_heap(step_aside, move |heap| pipeline::load(inner, busy, version, tx, heap))
         });
         self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
         Ok(LoadHandle { rx })

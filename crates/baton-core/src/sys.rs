@@ -2,8 +2,8 @@
 //! freed heap back to the kernel, thread CPU priority, and how long a thread
 //! has waited for a CPU.
 //!
-//! This is the only module of the core that uses `unsafe`; each block is one
-//! libc call with plain integer arguments.
+//! With [`crate::step_aside`], this is the only module of the core that uses
+//! `unsafe`; each block is one libc call with plain integer arguments.
 #![allow(unsafe_code)]
 
 /// Resident set size of this process in bytes, read from `/proc/self/statm`.
@@ -26,7 +26,12 @@ fn page_size() -> u64 {
 /// Asks the C allocator to return free heap pages to the kernel, so that a
 /// following [`rss_bytes`] reflects memory really in use rather than memory
 /// glibc keeps cached for reuse.
+///
+/// `malloc_trim` locks every arena in turn, serving threads' own among
+/// them, so it runs with stepping aside held off: a loading thread never
+/// pauses while a serving thread waits for an arena it holds.
 pub fn trim_heap() {
+    let _held = crate::step_aside::hold();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas.
     unsafe {

@@ -333,6 +333,17 @@ impl Metrics {
         let _ = writeln!(out, "baton_events_missed_total {}", loads.events_missed);
         drop(loads);
 
+        let stepped = baton_core::step_aside::counts();
+        help(
+            &mut out,
+            "baton_loader_step_asides_total",
+            "counter",
+            "Times a thread building or freeing a version stepped off the CPU for waiting threads.",
+        );
+        let _ = writeln!(out, "baton_loader_step_asides_total {}", stepped.steps);
+        help(&mut out, "baton_loader_step_aside_seconds_total", "counter", "Time those threads spent stepped aside.");
+        let _ = writeln!(out, "baton_loader_step_aside_seconds_total {:.6}", stepped.paused.as_secs_f64());
+
         let statuses = registry.statuses();
         help(&mut out, "baton_model_active_version", "gauge", "The version serving requests that name none.");
         for s in statuses.iter() {

@@ -176,6 +176,8 @@ fn metrics_expose_every_family_with_its_labels() {
         "baton_model_state",
         "baton_model_live_versions",
         "baton_version_bytes_held",
+        "baton_loader_step_asides_total",
+        "baton_loader_step_aside_seconds_total",
     ] {
         assert!(text.contains(&format!("# HELP {family} ")), "no HELP for {family}");
         assert!(text.contains(&format!("# TYPE {family} ")), "no TYPE for {family}");
@@ -234,4 +236,8 @@ fn metrics_expose_every_family_with_its_labels() {
         assert_eq!(metric(&text, &series), Some(3.0), "two loads and a rollback: {series}");
     }
     assert_eq!(metric(&text, "baton_events_missed_total"), Some(0.0));
+    // Whether the loads stepped aside depends on the machine; the counters exist and are counts.
+    let steps = metric(&text, "baton_loader_step_asides_total").expect("step-aside counter");
+    let paused = metric(&text, "baton_loader_step_aside_seconds_total").expect("step-aside time");
+    assert!(steps >= 0.0 && steps.fract() == 0.0 && paused >= 0.0, "{steps} {paused}");
 }

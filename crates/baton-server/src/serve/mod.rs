@@ -13,6 +13,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use baton_core::registry::{Registry, RegistryConfig};
 use baton_core::source::LocalRepository;
+use baton_core::step_aside::StepAside;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::app::App;
@@ -53,6 +54,25 @@ pub struct ServeArgs {
     /// under sustained full load a load waits for idle moments.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub loader_idle: bool,
+    /// CPU time, in microseconds, a thread building or freeing a version
+    /// uses before it looks whether other threads wait for a CPU, and how
+    /// often it is interrupted to look (at least 100). 0 never looks.
+    #[arg(long, default_value_t = 250)]
+    pub loader_quantum_us: u64,
+    /// How long, in microseconds, it then steps off the CPU when more
+    /// threads are runnable than there are CPUs.
+    #[arg(long, default_value_t = 200)]
+    pub loader_pause_us: u64,
+}
+
+impl ServeArgs {
+    /// The loading threads' step-aside policy the flags ask for.
+    pub fn step_aside(&self) -> StepAside {
+        StepAside {
+            quantum: Duration::from_micros(self.loader_quantum_us),
+            pause: Duration::from_micros(self.loader_pause_us),
+        }
+    }
 }
 
 /// Runs the server until SIGTERM or SIGINT.
@@ -72,7 +92,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let registry = Registry::new(
         Arc::new(LocalRepository::new(&root)),
         vec![Arc::new(onnx)],
-        RegistryConfig { loader_nice: args.loader_nice, loader_idle: args.loader_idle, ..RegistryConfig::default() },
+        RegistryConfig {
+            loader_nice: args.loader_nice,
+            loader_idle: args.loader_idle,
+            step_aside: args.step_aside(),
+            ..RegistryConfig::default()
+        },
     );
     let app = Arc::new(App::new(registry, args.max_request_bytes));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
@@ -167,6 +192,9 @@ async fn feed_metrics(app: Arc<App>, mut events: baton_core::events::EventReceiv
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use baton_core::step_aside::StepAside;
     use clap::Parser;
 
     use super::ServeArgs;
@@ -177,8 +205,20 @@ mod tests {
         serve: ServeArgs,
     }
 
+    fn parse(args: &[&str]) -> ServeArgs {
+        Cli::try_parse_from(std::iter::once("baton").chain(args.iter().copied())).unwrap().serve
+    }
+
     fn loader_idle(args: &[&str]) -> bool {
-        Cli::try_parse_from(std::iter::once("baton").chain(args.iter().copied())).unwrap().serve.loader_idle
+        parse(args).loader_idle
+    }
+
+    #[test]
+    fn loading_threads_step_aside_by_default_and_zero_turns_it_off() {
+        assert_eq!(parse(&[]).step_aside(), StepAside::DEFAULT);
+        assert!(!parse(&["--loader-quantum-us", "0"]).step_aside().is_on());
+        let custom = parse(&["--loader-quantum-us", "500", "--loader-pause-us", "100"]).step_aside();
+        assert_eq!(custom, StepAside { quantum: Duration::from_micros(500), pause: Duration::from_micros(100) });
     }
 
     #[test]

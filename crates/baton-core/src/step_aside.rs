@@ -1,0 +1,658 @@
+//! Loader threads that step off the CPU while another thread waits for one.
+//!
+//! `SCHED_IDLE` (and nice 19) tell the kernel that the loader's work
+//! matters least, but on the kernels baton runs on they do not stop a
+//! loader that has been picked from keeping its core until the next
+//! scheduler tick. Traces of swap drills on a saturated two-core machine
+//! (docs/BENCHMARKS.md §2, "Why a serving thread still waits") showed
+//! serving threads queued beside a running loader for up to 4.1 ms, a
+//! tick, and no loader priority the kernel offers avoided it. The
+//! explanation that fits, not checked in the kernel's source: the EEVDF
+//! scheduler picks only among threads that are *eligible*, that have not
+//! had more than their share, whatever their weight; a serving thread back
+//! from a short sleep after a busy stretch often is not, and a loader that
+//! has waited is.
+//!
+//! So the loader gets off the run queue by itself. While a thread does
+//! loading work it holds an [`Armed`] timer: a POSIX timer
+//! (`CLOCK_MONOTONIC`, delivered to that one thread) raises a real-time
+//! signal on it every `quantum`. The handler looks at how much CPU the
+//! thread has used since it last stepped aside; once that is a whole
+//! quantum, it reads how many threads are runnable on the machine
+//! (`/proc/loadavg`), and when there are more than CPUs, someone is
+//! waiting: the thread sleeps for `pause`. Asleep, it is off the run
+//! queue, and the scheduler gives its core to a waiting thread (an idle
+//! core also pulls a waiting thread over from a busy one). Under sustained
+//! load a serving thread so waits behind the loader for about a quantum,
+//! not a tick.
+//!
+//! While nobody waits, the looks are spaced four quanta apart: each
+//! interruption costs the thread 25–40 µs on the virtual machines baton
+//! is benchmarked on, and a look every quantum made an idle server's MLP
+//! loads 17 % slower (33.5 against 28.5 ms, median of 10 each); spaced
+//! out, 44 against 42 ms, within the noise. The first look after the
+//! machine fills up can so come four quanta late.
+//!
+//! What it buys and costs is measured in docs/BENCHMARKS.md §2 ("Stepping
+//! aside"): on a saturated machine the p99.9 of requests served while a
+//! version loads about halves, and the load takes several times longer,
+//! since the loader now runs only when nobody else wants the CPU.
+//!
+//! The handler makes only async-signal-safe calls (`clock_gettime`,
+//! `pread`, `nanosleep`, `timer_settime`), allocates nothing, takes no
+//! lock and keeps `errno`; the signal is installed with `SA_RESTART`, so
+//! interrupted system calls resume. What it cannot know is which
+//! user-space locks the interrupted code holds: code that holds a lock
+//! serving threads take (`malloc_trim`, which locks every allocator arena)
+//! runs inside [`hold`], which keeps the signal blocked. Any other lock
+//! shared with serving is held for one pause longer, and for as long as
+//! the paused thread then waits for a CPU.
+//!
+//! The count of runnable threads is the whole machine's. In a container
+//! limited to fewer CPUs than the machine has, a saturated container on an
+//! idle host is not seen as saturated, and the loader keeps the
+//! `SCHED_IDLE` behaviour alone.
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// When a loading thread steps aside, and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepAside {
+    /// CPU time the thread may use before it looks whether others wait;
+    /// also how often it is interrupted to look. Zero turns stepping aside off.
+    pub quantum: Duration,
+    /// How long it sleeps when others wait.
+    pub pause: Duration,
+}
+
+impl StepAside {
+    /// The default: look every 250 µs, step aside for 200 µs. A quantum is
+    /// about the serving thread's own work on a small model's request, and
+    /// under half the MLP's steady p99 on the benchmark machine.
+    pub const DEFAULT: StepAside = StepAside { quantum: Duration::from_micros(250), pause: Duration::from_micros(200) };
+
+    /// The shortest quantum [`StepAside::arm`] uses. A thread in a relative
+    /// sleep (`nanosleep`) that a signal interrupts sleeps again for the time
+    /// left, which the kernel counts to the sleep's latest end, its timer
+    /// slack (50 µs by default) after the requested one; interrupted more
+    /// often than that, the sleep never ends (seen in this module's tests
+    /// at 50 µs). Armed threads also get a timer slack of 1 ns, so their
+    /// sleeps, the pause among them, end when asked.
+    pub const MIN_QUANTUM: Duration = Duration::from_micros(100);
+
+    /// Never step aside.
+    pub const OFF: StepAside = StepAside { quantum: Duration::ZERO, pause: Duration::ZERO };
+
+    /// Whether this policy steps aside at all.
+    pub fn is_on(&self) -> bool {
+        !self.quantum.is_zero() && !self.pause.is_zero()
+    }
+
+    /// Starts stepping aside on the calling thread until the returned guard
+    /// is dropped. Arm it only around work: the timer interrupts the thread
+    /// every quantum, working or blocked. Where the timer or the signal is
+    /// not available, a warning says so once and the guard does nothing.
+    ///
+    /// A quantum shorter than [`StepAside::MIN_QUANTUM`] is raised to it.
+    ///
+    /// Arming a thread that is already armed does nothing: the outer guard
+    /// keeps the thread armed until it is dropped.
+    pub fn arm(self) -> Armed {
+        if !self.is_on() || armed_here() {
+            return Armed::none();
+        }
+        let Some(signal) = installed() else { return Armed::none() };
+        let quantum = self.quantum.max(StepAside::MIN_QUANTUM);
+        let slack = Slack::exact();
+        match Timer::start(signal, quantum) {
+            Ok(timer) => {
+                TIMER.set(Some(timer.0));
+                SPACING_NS.set(nanos(quantum));
+                QUANTUM_NS.set(nanos(quantum));
+                PAUSE_NS.set(nanos(self.pause));
+                RAN_FROM_NS.set(thread_cpu_ns());
+                Armed { timer: Some(timer), _slack: slack, _this_thread: PhantomData }
+            }
+            Err(error) => {
+                warn_once(&format!("cannot create the step-aside timer: {error}"));
+                Armed::none()
+            }
+        }
+    }
+}
+
+impl Default for StepAside {
+    fn default() -> Self {
+        StepAside::DEFAULT
+    }
+}
+
+/// Stepping aside, armed on the thread that created it; dropping it stops.
+#[derive(Debug)]
+pub struct Armed {
+    timer: Option<Timer>,
+    /// Dropped after the timer, restoring the thread's own slack.
+    _slack: Slack,
+    /// The timer signals the thread that armed it, and the handler's state
+    /// is that thread's: the guard must be dropped there.
+    _this_thread: PhantomData<*const ()>,
+}
+
+impl Armed {
+    fn none() -> Armed {
+        Armed { timer: None, _slack: Slack(None), _this_thread: PhantomData }
+    }
+
+    /// Whether the timer really runs.
+    pub fn is_active(&self) -> bool {
+        self.timer.is_some()
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        if self.timer.is_some() {
+            // A signal still pending finds a zero quantum and returns; the
+            // handler never touches the timer once it is cleared here.
+            QUANTUM_NS.set(0);
+            TIMER.set(None);
+            self.timer = None;
+        }
+    }
+}
+
+/// Whether the calling thread is armed now (for tests of where baton arms).
+pub fn armed_here() -> bool {
+    TIMER.get().is_some()
+}
+
+/// How often loading threads have stepped aside, since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Times a thread had used a whole quantum and looked whether others waited.
+    pub looks: u64,
+    /// Times others waited and it stepped aside.
+    pub steps: u64,
+    /// Wall time spent stepped aside.
+    pub paused: Duration,
+}
+
+/// The process-wide counts.
+pub fn counts() -> Counts {
+    Counts {
+        looks: LOOKS.load(Ordering::Relaxed),
+        steps: STEPS.load(Ordering::Relaxed),
+        paused: Duration::from_nanos(PAUSED_NS.load(Ordering::Relaxed)),
+    }
+}
+
+/// Keeps the step-aside signal blocked on the calling thread until the
+/// guard is dropped: for code that holds a lock serving threads need, so
+/// that it is never paused while it holds it. A signal that arrives
+/// meanwhile is handled when the guard drops.
+pub fn hold() -> Hold {
+    let Some(signal) = SIGNAL.get().copied().flatten() else { return Hold { previous: None } };
+    // SAFETY: sigset_t is plain data, filled by sigemptyset/sigaddset
+    // before use; pthread_sigmask changes only the calling thread's mask.
+    unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, signal);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut previous) != 0 {
+            return Hold { previous: None };
+        }
+        Hold { previous: Some(previous) }
+    }
+}
+
+/// The guard of [`hold`].
+pub struct Hold {
+    previous: Option<libc::sigset_t>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            // SAFETY: restores the mask saved by `hold` on this same thread.
+            unsafe {
+                libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+// The handler's state, per thread. `const` thread-locals without a
+// destructor are plain thread-local storage: reading them in a signal
+// handler runs no initialiser and takes no lock.
+thread_local! {
+    static QUANTUM_NS: Cell<u64> = const { Cell::new(0) };
+    static PAUSE_NS: Cell<u64> = const { Cell::new(0) };
+    static RAN_FROM_NS: Cell<u64> = const { Cell::new(0) };
+    /// The armed timer and the period it runs at. (Not a null pointer for
+    /// none: glibc's id of the kernel's first timer is 0.)
+    static TIMER: Cell<Option<libc::timer_t>> = const { Cell::new(None) };
+    static SPACING_NS: Cell<u64> = const { Cell::new(0) };
+    /// This thread's looks and steps, for tests that share the process.
+    static LOOKS_HERE: Cell<u64> = const { Cell::new(0) };
+    static STEPS_HERE: Cell<u64> = const { Cell::new(0) };
+}
+
+static LOOKS: AtomicU64 = AtomicU64::new(0);
+static STEPS: AtomicU64 = AtomicU64::new(0);
+static PAUSED_NS: AtomicU64 = AtomicU64::new(0);
+/// `/proc/loadavg`, kept open; -1 until installed or if it could not be opened.
+static LOADAVG: AtomicI32 = AtomicI32::new(-1);
+/// CPUs online when the handler was installed.
+static CPUS: AtomicU64 = AtomicU64::new(1);
+/// The signal the handler is installed for, or `None` if it could not be.
+static SIGNAL: OnceLock<Option<libc::c_int>> = OnceLock::new();
+
+/// Which real-time signal, counted from the first one glibc leaves free.
+const SIGNAL_OFFSET: libc::c_int = 7;
+
+/// Installs the handler once for the process; `None` when it cannot be.
+fn installed() -> Option<libc::c_int> {
+    *SIGNAL.get_or_init(|| match install() {
+        Ok(signal) => Some(signal),
+        Err(error) => {
+            warn_once(&error);
+            None
+        }
+    })
+}
+
+fn install() -> Result<libc::c_int, String> {
+    let signal = libc::SIGRTMIN() + SIGNAL_OFFSET;
+    if signal > libc::SIGRTMAX() {
+        return Err(format!("real-time signal {signal} does not exist"));
+    }
+    let path = c"/proc/loadavg";
+    // SAFETY: a NUL-terminated path and plain flags.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("cannot open /proc/loadavg: {}", std::io::Error::last_os_error()));
+    }
+    LOADAVG.store(fd, Ordering::Relaxed);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    CPUS.store(u64::try_from(cpus).unwrap_or(1).max(1), Ordering::Relaxed);
+    // SAFETY: `action` is zeroed plain data with the handler and flags set;
+    // the previous action is read first so another user of the signal is
+    // never overridden.
+    unsafe {
+        let mut previous: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signal, std::ptr::null(), &mut previous) != 0 {
+            return Err(format!("cannot read signal {signal}'s action: {}", std::io::Error::last_os_error()));
+        }
+        if previous.sa_sigaction != libc::SIG_DFL {
+            return Err(format!("signal {signal} is already handled by other code"));
+        }
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
+            return Err(format!("cannot install the handler of signal {signal}: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(signal)
+}
+
+fn warn_once(reason: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            reason,
+            "Loading threads cannot step aside for waiting threads; they keep their priority alone."
+        );
+    });
+}
+
+/// The calling thread's timer slack set to 1 ns until dropped; `None` when
+/// it could not be read.
+#[derive(Debug)]
+struct Slack(Option<libc::c_ulong>);
+
+impl Slack {
+    fn exact() -> Slack {
+        // SAFETY: PR_GET_TIMERSLACK and PR_SET_TIMERSLACK take and return
+        // plain integers and concern the calling thread only.
+        unsafe {
+            let previous = libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0);
+            if previous <= 0 || libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) != 0 {
+                return Slack(None);
+            }
+            Slack(libc::c_ulong::try_from(previous).ok())
+        }
+    }
+}
+
+impl Drop for Slack {
+    fn drop(&mut self) {
+        if let Some(previous) = self.0.take() {
+            // SAFETY: as in `exact`.
+            unsafe {
+                libc::prctl(libc::PR_SET_TIMERSLACK, previous, 0, 0, 0);
+            }
+        }
+    }
+}
+
+/// A POSIX timer that signals the calling thread every `period`.
+#[derive(Debug)]
+struct Timer(libc::timer_t);
+
+impl Timer {
+    fn start(signal: libc::c_int, period: Duration) -> std::io::Result<Timer> {
+        // SAFETY: `event` is zeroed plain data with the fields the kernel
+        // reads set; `timer` is written by timer_create before it is used.
+        unsafe {
+            let mut event: libc::sigevent = std::mem::zeroed();
+            event.sigev_notify = libc::SIGEV_THREAD_ID;
+            event.sigev_signo = signal;
+            event.sigev_notify_thread_id = libc::gettid();
+            let mut timer: libc::timer_t = std::mem::zeroed();
+            if libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Err(error) = Timer::set(timer, period) {
+                libc::timer_delete(timer);
+                return Err(error);
+            }
+            Ok(Timer(timer))
+        }
+    }
+
+    /// Makes `timer` fire `period` from now, then every `period`. Async-signal-safe.
+    fn set(timer: libc::timer_t, period: Duration) -> std::io::Result<()> {
+        let every = timespec(period);
+        let spec = libc::itimerspec { it_interval: every, it_value: every };
+        // SAFETY: `timer` is a live timer id of this thread; `spec` is plain data.
+        if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: the id came from timer_create and is deleted once.
+        unsafe {
+            libc::timer_delete(self.0);
+        }
+    }
+}
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // SAFETY: errno is this thread's; saved and restored around the handler
+    // so the interrupted code never sees it change.
+    let errno = unsafe { *libc::__errno_location() };
+    on_tick();
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// One interruption of an armed thread.
+fn on_tick() {
+    let quantum = QUANTUM_NS.get();
+    if quantum == 0 {
+        return;
+    }
+    // Only time the thread really ran counts: signals that queued while it
+    // waited for a core would otherwise send it away the moment it got one.
+    if thread_cpu_ns().saturating_sub(RAN_FROM_NS.get()) < quantum {
+        return;
+    }
+    LOOKS.fetch_add(1, Ordering::Relaxed);
+    LOOKS_HERE.set(LOOKS_HERE.get() + 1);
+    let waiting = runnable_threads().is_some_and(|runnable| runnable > CPUS.load(Ordering::Relaxed));
+    if waiting {
+        let started = monotonic_ns();
+        sleep_ns(PAUSE_NS.get());
+        STEPS.fetch_add(1, Ordering::Relaxed);
+        STEPS_HERE.set(STEPS_HERE.get() + 1);
+        PAUSED_NS.fetch_add(monotonic_ns().saturating_sub(started), Ordering::Relaxed);
+    }
+    // Every interruption costs the thread tens of microseconds on a
+    // virtual machine (measured here: 25-40 µs, timer exits included), so
+    // while nobody waits it is interrupted only every few quanta.
+    respace(if waiting { quantum } else { quantum * IDLE_SPACING });
+    RAN_FROM_NS.set(thread_cpu_ns());
+}
+
+/// How many quanta apart the looks are while nobody waits.
+const IDLE_SPACING: u64 = 4;
+
+/// Sets the armed thread's timer to fire every `every` ns, if it does not already.
+fn respace(every: u64) {
+    let Some(timer) = TIMER.get() else { return };
+    if SPACING_NS.get() == every {
+        return;
+    }
+    if Timer::set(timer, Duration::from_nanos(every)).is_ok() {
+        SPACING_NS.set(every);
+    }
+}
+
+/// Threads runnable on the machine now, the calling one included: the
+/// numerator of `/proc/loadavg`'s fourth field ("3/456").
+fn runnable_threads() -> Option<u64> {
+    let fd = LOADAVG.load(Ordering::Relaxed);
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 128];
+    // SAFETY: reads at most buf.len() bytes into buf.
+    let read = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    let read = usize::try_from(read).ok()?;
+    parse_runnable(&buf[..read])
+}
+
+fn parse_runnable(loadavg: &[u8]) -> Option<u64> {
+    let field = loadavg.split(|b| *b == b' ').nth(3)?;
+    let running = field.split(|b| *b == b'/').next()?;
+    if running.is_empty() {
+        return None;
+    }
+    running.iter().try_fold(0u64, |n, b| b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0')))
+}
+
+fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(clock, &mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
+}
+
+fn sleep_ns(nanos: u64) {
+    let span = timespec(Duration::from_nanos(nanos));
+    // SAFETY: nanosleep reads one timespec; an early wake-up only shortens the pause.
+    unsafe { libc::nanosleep(&span, std::ptr::null_mut()) };
+}
+
+fn timespec(span: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: libc::time_t::try_from(span.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(span.subsec_nanos() as i32),
+    }
+}
+
+fn nanos(span: Duration) -> u64 {
+    u64::try_from(span.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loadavg_gives_the_runnable_count() {
+        assert_eq!(parse_runnable(b"0.52 0.58 0.59 3/456 12345\n"), Some(3));
+        assert_eq!(parse_runnable(b"1.00 1.00 1.00 12/80 7"), Some(12));
+        assert_eq!(parse_runnable(b"0.52 0.58 0.59 /456 12345"), None);
+        assert_eq!(parse_runnable(b"0.52 0.58"), None);
+        assert_eq!(parse_runnable(b"0.52 0.58 0.59 x/456 1"), None);
+        installed().expect("the step-aside signal installs on linux");
+        let live = runnable_threads().expect("/proc/loadavg readable");
+        assert!(live >= 1, "the reading thread itself is runnable, read {live}");
+    }
+
+    #[test]
+    fn off_arms_nothing() {
+        assert!(!StepAside::OFF.is_on());
+        assert!(!StepAside::OFF.arm().is_active());
+        assert!(!StepAside { quantum: Duration::from_micros(100), pause: Duration::ZERO }.is_on());
+    }
+
+    /// Spins until this thread has used `cpu` of CPU time.
+    fn spin_for(cpu: Duration) {
+        let until = thread_cpu_ns() + nanos(cpu);
+        while thread_cpu_ns() < until {
+            std::hint::spin_loop();
+        }
+    }
+
+    const SHORT: StepAside = StepAside { quantum: StepAside::MIN_QUANTUM, pause: Duration::from_micros(50) };
+
+    #[test]
+    fn an_armed_thread_steps_aside_while_the_cpus_are_full_and_stops_when_disarmed() {
+        // More threads spinning than there are CPUs, for as long as the armed thread runs.
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hogs: Vec<_> = (0..=cpus)
+            .map(|_| {
+                let stop = std::sync::Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let (steps, stepped_after) = std::thread::spawn(|| {
+            let armed = StepAside::DEFAULT.arm();
+            assert!(armed.is_active());
+            // 200 quanta of CPU time: with every CPU wanted, the looks
+            // find others waiting.
+            spin_for(StepAside::DEFAULT.quantum * 200);
+            let steps = STEPS_HERE.get();
+            drop(armed);
+            spin_for(StepAside::DEFAULT.quantum * 40);
+            (steps, STEPS_HERE.get() - steps)
+        })
+        .join()
+        .unwrap();
+        stop.store(true, Ordering::Relaxed);
+        hogs.into_iter().for_each(|h| h.join().unwrap());
+        assert!(steps > 0, "an armed thread never stepped aside while {} threads spun", cpus + 1);
+        assert_eq!(stepped_after, 0, "stepped aside after the guard was dropped");
+        assert!(counts().steps >= steps && counts().paused > Duration::ZERO);
+    }
+
+    #[test]
+    fn an_armed_threads_system_calls_complete() {
+        let (looks, data, sleeping_cpu) = std::thread::spawn(|| {
+            let file = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(file.path(), vec![7u8; 1 << 20]).unwrap();
+            let armed = SHORT.arm();
+            let mut data = Vec::new();
+            let mut sleeping_cpu = 0;
+            for _ in 0..100 {
+                data = std::fs::read(file.path()).unwrap();
+                let before = thread_cpu_ns();
+                std::thread::sleep(Duration::from_micros(100));
+                sleeping_cpu += thread_cpu_ns() - before;
+            }
+            spin_for(Duration::from_millis(5));
+            drop(armed);
+            (LOOKS_HERE.get(), data, Duration::from_nanos(sleeping_cpu))
+        })
+        .join()
+        .unwrap();
+        assert!(looks > 0, "the timer never interrupted the armed thread");
+        // A sleep that each signal restarts with its slack added never
+        // ends and burns CPU meanwhile (26 s of it for these 100 sleeps
+        // with a 50 µs quantum and the default slack).
+        assert!(sleeping_cpu < Duration::from_secs(2), "100 sleeps of 100 µs used {sleeping_cpu:?} of CPU");
+        assert_eq!(data.len(), 1 << 20);
+        assert!(data.iter().all(|b| *b == 7));
+    }
+
+    /// The period the calling thread's armed timer runs at.
+    fn period_of_timer() -> Duration {
+        let mut spec: libc::itimerspec = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::timer_gettime(TIMER.get().expect("armed"), &mut spec) }, 0);
+        Duration::new(spec.it_interval.tv_sec as u64, spec.it_interval.tv_nsec as u32)
+    }
+
+    #[test]
+    fn looks_are_spaced_out_while_nobody_waits_and_back_to_a_quantum_when_someone_does() {
+        std::thread::spawn(|| {
+            let armed = StepAside::DEFAULT.arm();
+            let quantum = StepAside::DEFAULT.quantum;
+            assert_eq!(period_of_timer(), quantum);
+            let _held = hold();
+            respace(nanos(quantum) * IDLE_SPACING);
+            assert_eq!(period_of_timer(), quantum * IDLE_SPACING as u32);
+            respace(nanos(quantum));
+            assert_eq!(period_of_timer(), quantum);
+            drop(armed);
+            assert!(!armed_here());
+            // Without a timer there is nothing to respace.
+            respace(1);
+            assert_eq!(SPACING_NS.get(), nanos(quantum));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn arming_an_armed_thread_leaves_it_armed_by_the_outer_guard() {
+        std::thread::spawn(|| {
+            let outer = StepAside::DEFAULT.arm();
+            let inner = SHORT.arm();
+            assert!(outer.is_active() && !inner.is_active());
+            drop(inner);
+            assert!(armed_here());
+            assert_eq!(QUANTUM_NS.get(), nanos(StepAside::DEFAULT.quantum));
+            drop(outer);
+            assert!(!armed_here());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_held_signal_waits_until_the_hold_ends() {
+        let (during, after) = std::thread::spawn(|| {
+            let armed = SHORT.arm();
+            let held = hold();
+            spin_for(Duration::from_millis(5));
+            let during = LOOKS_HERE.get();
+            drop(held);
+            // The pending signal is handled as the mask is restored.
+            let after = LOOKS_HERE.get();
+            drop(armed);
+            (during, after)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(during, 0, "the handler ran while the signal was held");
+        assert_eq!(after, 1, "the signal that came during the hold was lost");
+    }
+}
