@@ -33,6 +33,11 @@
 //! out, 44 against 42 ms, within the noise. The first look after the
 //! machine fills up can so come four quanta late.
 //!
+//! Time stepped aside runs until the thread is back on a CPU, and an armed
+//! thread spends at most [`MAX_PAUSED_PER_CPU`] times its own CPU time so:
+//! on a machine that stays full, a load still progresses instead of
+//! waiting for an idle moment that may not come.
+//!
 //! What it buys and costs is measured in docs/BENCHMARKS.md §2 ("Stepping
 //! aside"): on a saturated machine the p99.9 of requests served while a
 //! version loads about halves, and the load takes several times longer,
@@ -116,6 +121,8 @@ impl StepAside {
                 QUANTUM_NS.set(nanos(quantum));
                 PAUSE_NS.set(nanos(self.pause));
                 RAN_FROM_NS.set(thread_cpu_ns());
+                ARMED_CPU_NS.set(RAN_FROM_NS.get());
+                ARMED_PAUSED_NS.set(PAUSED_HERE_NS.get());
                 Armed { timer: Some(timer), _slack: slack, _this_thread: PhantomData }
             }
             Err(error) => {
@@ -171,6 +178,13 @@ pub fn armed_here() -> bool {
     TIMER.get().is_some()
 }
 
+/// How long the calling thread has been stepped aside, in all, since it
+/// started: time it was neither running nor waiting for a CPU on its own
+/// account, which timings of its work leave out.
+pub fn paused_here() -> Duration {
+    Duration::from_nanos(PAUSED_HERE_NS.get())
+}
+
 /// How often loading threads have stepped aside, since the process started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -178,8 +192,11 @@ pub struct Counts {
     pub looks: u64,
     /// Times others waited and it stepped aside.
     pub steps: u64,
-    /// Wall time spent stepped aside.
+    /// Wall time spent stepped aside, to the return to a CPU.
     pub paused: Duration,
+    /// Times others waited but the thread had used up what it may spend
+    /// stepped aside ([`MAX_PAUSED_PER_CPU`]) and kept running.
+    pub declined: u64,
 }
 
 /// The process-wide counts.
@@ -188,6 +205,7 @@ pub fn counts() -> Counts {
         looks: LOOKS.load(Ordering::Relaxed),
         steps: STEPS.load(Ordering::Relaxed),
         paused: Duration::from_nanos(PAUSED_NS.load(Ordering::Relaxed)),
+        declined: DECLINED.load(Ordering::Relaxed),
     }
 }
 
@@ -234,6 +252,9 @@ thread_local! {
     static QUANTUM_NS: Cell<u64> = const { Cell::new(0) };
     static PAUSE_NS: Cell<u64> = const { Cell::new(0) };
     static RAN_FROM_NS: Cell<u64> = const { Cell::new(0) };
+    /// CPU time and time stepped aside when the thread was armed.
+    static ARMED_CPU_NS: Cell<u64> = const { Cell::new(0) };
+    static ARMED_PAUSED_NS: Cell<u64> = const { Cell::new(0) };
     /// The armed timer and the period it runs at. (Not a null pointer for
     /// none: glibc's id of the kernel's first timer is 0.)
     static TIMER: Cell<Option<libc::timer_t>> = const { Cell::new(None) };
@@ -241,11 +262,14 @@ thread_local! {
     /// This thread's looks and steps, for tests that share the process.
     static LOOKS_HERE: Cell<u64> = const { Cell::new(0) };
     static STEPS_HERE: Cell<u64> = const { Cell::new(0) };
+    /// This thread's time stepped aside, in all.
+    static PAUSED_HERE_NS: Cell<u64> = const { Cell::new(0) };
 }
 
 static LOOKS: AtomicU64 = AtomicU64::new(0);
 static STEPS: AtomicU64 = AtomicU64::new(0);
 static PAUSED_NS: AtomicU64 = AtomicU64::new(0);
+static DECLINED: AtomicU64 = AtomicU64::new(0);
 /// `/proc/loadavg`, kept open; -1 until installed or if it could not be opened.
 static LOADAVG: AtomicI32 = AtomicI32::new(-1);
 /// CPUs online when the handler was installed.
@@ -413,12 +437,16 @@ fn on_tick() {
     LOOKS.fetch_add(1, Ordering::Relaxed);
     LOOKS_HERE.set(LOOKS_HERE.get() + 1);
     let waiting = runnable_threads().is_some_and(|runnable| runnable > CPUS.load(Ordering::Relaxed));
-    if waiting {
+    if waiting && !within_budget() {
+        DECLINED.fetch_add(1, Ordering::Relaxed);
+    } else if waiting {
         let started = monotonic_ns();
         sleep_ns(PAUSE_NS.get());
         STEPS.fetch_add(1, Ordering::Relaxed);
         STEPS_HERE.set(STEPS_HERE.get() + 1);
-        PAUSED_NS.fetch_add(monotonic_ns().saturating_sub(started), Ordering::Relaxed);
+        let paused = monotonic_ns().saturating_sub(started);
+        PAUSED_NS.fetch_add(paused, Ordering::Relaxed);
+        PAUSED_HERE_NS.set(PAUSED_HERE_NS.get() + paused);
     }
     // Every interruption costs the thread tens of microseconds on a
     // virtual machine (measured here: 25-40 µs, timer exits included), so
@@ -429,6 +457,21 @@ fn on_tick() {
 
 /// How many quanta apart the looks are while nobody waits.
 const IDLE_SPACING: u64 = 4;
+
+/// Time stepped aside, counted from the return to the CPU, that an armed
+/// thread may spend per unit of CPU time it has used since it was armed.
+pub const MAX_PAUSED_PER_CPU: u64 = 10;
+
+/// Whether the armed thread may step aside once more. Time stepped aside
+/// runs to when the thread is back on a CPU, and a `SCHED_IDLE` thread
+/// that left a machine where others wait may wait long to get a CPU back
+/// (150 ms per step on average beside three busy loops): without a cap a
+/// load could starve for as long as the machine stays full.
+fn within_budget() -> bool {
+    let used = thread_cpu_ns().saturating_sub(ARMED_CPU_NS.get());
+    let paused = PAUSED_HERE_NS.get().saturating_sub(ARMED_PAUSED_NS.get());
+    paused < used.saturating_mul(MAX_PAUSED_PER_CPU)
+}
 
 /// Sets the armed thread's timer to fire every `every` ns, if it does not already.
 fn respace(every: u64) {
@@ -544,7 +587,7 @@ mod tests {
                 })
             })
             .collect();
-        let (steps, stepped_after) = std::thread::spawn(|| {
+        let (steps, stepped_after, paused) = std::thread::spawn(|| {
             let armed = StepAside::DEFAULT.arm();
             assert!(armed.is_active());
             // 200 quanta of CPU time: with every CPU wanted, the looks
@@ -553,13 +596,14 @@ mod tests {
             let steps = STEPS_HERE.get();
             drop(armed);
             spin_for(StepAside::DEFAULT.quantum * 40);
-            (steps, STEPS_HERE.get() - steps)
+            (steps, STEPS_HERE.get() - steps, paused_here())
         })
         .join()
         .unwrap();
         stop.store(true, Ordering::Relaxed);
         hogs.into_iter().for_each(|h| h.join().unwrap());
         assert!(steps > 0, "an armed thread never stepped aside while {} threads spun", cpus + 1);
+        assert!(paused > Duration::ZERO, "stepped aside {steps} times for no time");
         assert_eq!(stepped_after, 0, "stepped aside after the guard was dropped");
         assert!(counts().steps >= steps && counts().paused > Duration::ZERO);
     }
@@ -616,6 +660,24 @@ mod tests {
             // Without a timer there is nothing to respace.
             respace(1);
             assert_eq!(SPACING_NS.get(), nanos(quantum));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn time_stepped_aside_is_capped_by_the_cpu_time_used() {
+        std::thread::spawn(|| {
+            let _armed = StepAside::DEFAULT.arm();
+            let _held = hold();
+            spin_for(Duration::from_millis(1));
+            assert!(within_budget(), "1 ms of CPU and nothing stepped aside yet");
+            // As if it had stepped aside for 20 ms since arming: more than
+            // ten times the little over 1 ms it ran.
+            PAUSED_HERE_NS.set(PAUSED_HERE_NS.get() + 20_000_000);
+            assert!(!within_budget(), "20 ms stepped aside for about 1 ms of CPU");
+            spin_for(Duration::from_millis(2));
+            assert!(within_budget(), "3 ms of CPU allow 30 ms stepped aside");
         })
         .join()
         .unwrap();

@@ -343,6 +343,13 @@ impl Metrics {
         let _ = writeln!(out, "baton_loader_step_asides_total {}", stepped.steps);
         help(&mut out, "baton_loader_step_aside_seconds_total", "counter", "Time those threads spent stepped aside.");
         let _ = writeln!(out, "baton_loader_step_aside_seconds_total {:.6}", stepped.paused.as_secs_f64());
+        help(
+            &mut out,
+            "baton_loader_step_asides_declined_total",
+            "counter",
+            "Times others waited but the thread had stepped aside ten times its CPU time already, and kept running.",
+        );
+        let _ = writeln!(out, "baton_loader_step_asides_declined_total {}", stepped.declined);
 
         let statuses = registry.statuses();
         help(&mut out, "baton_model_active_version", "gauge", "The version serving requests that name none.");

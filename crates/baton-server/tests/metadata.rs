@@ -178,6 +178,7 @@ fn metrics_expose_every_family_with_its_labels() {
         "baton_version_bytes_held",
         "baton_loader_step_asides_total",
         "baton_loader_step_aside_seconds_total",
+        "baton_loader_step_asides_declined_total",
     ] {
         assert!(text.contains(&format!("# HELP {family} ")), "no HELP for {family}");
         assert!(text.contains(&format!("# TYPE {family} ")), "no TYPE for {family}");

@@ -210,13 +210,13 @@ pub fn run(model: &dyn Model, samples: &[Sample], spec: &ModelSpec) -> Result<Wa
     let mut warmed = Warmed::default();
     for instance in 0..model.instances() {
         for sample in samples {
-            let (started, waited) = (Instant::now(), crate::sys::thread_run_delay());
+            let (started, waited) = (Instant::now(), off_cpu());
             let outputs = model.infer_on(instance, &sample.inputs).map_err(|e| WarmupError::Failed {
                 sample: sample.name.clone(),
                 instance,
                 message: e.message,
             })?;
-            let took = without_waits(started.elapsed(), waited, crate::sys::thread_run_delay());
+            let took = without_waits(started.elapsed(), waited, off_cpu());
             warmed.runs += 1;
             warmed.slowest = warmed.slowest.max(took);
             warmed.fastest = if warmed.runs == 1 { took } else { warmed.fastest.min(took) };
@@ -233,11 +233,19 @@ pub fn run(model: &dyn Model, samples: &[Sample], spec: &ModelSpec) -> Result<Wa
     Ok(warmed)
 }
 
-/// A warmup run's wall time less the time its thread waited for a CPU
-/// (`before` and `after`: [`crate::sys::thread_run_delay`] around the run).
-/// Warmup runs on the loader thread at the lowest priority: under full load
-/// it can wait seconds for a core, which says nothing about the model and
-/// must neither fail the budget nor make a light model look heavy.
+/// How long the calling thread has been off the CPU on others' account:
+/// waiting for a CPU ([`crate::sys::thread_run_delay`]) and stepped aside
+/// for threads that wait for one ([`crate::step_aside::paused_here`]).
+fn off_cpu() -> Option<Duration> {
+    crate::sys::thread_run_delay().map(|waited| waited + crate::step_aside::paused_here())
+}
+
+/// A warmup run's wall time less the time its thread was off the CPU on
+/// others' account (`before` and `after`: [`off_cpu`] around the run).
+/// Warmup runs on the loader thread at the lowest priority, stepping aside
+/// for waiting threads: under full load it can wait seconds for a core,
+/// which says nothing about the model and must neither fail the budget nor
+/// make a light model look heavy.
 fn without_waits(elapsed: Duration, before: Option<Duration>, after: Option<Duration>) -> Duration {
     match (before, after) {
         (Some(before), Some(after)) => elapsed.saturating_sub(after.saturating_sub(before)),
