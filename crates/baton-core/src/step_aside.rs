@@ -214,7 +214,9 @@ pub fn counts() -> Counts {
 /// that it is never paused while it holds it. A signal that arrives
 /// meanwhile is handled when the guard drops.
 pub fn hold() -> Hold {
-    let Some(signal) = SIGNAL.get().copied().flatten() else { return Hold { previous: None } };
+    let Some(signal) = SIGNAL.get().copied().flatten() else {
+        return Hold { previous: None, _this_thread: PhantomData };
+    };
     // SAFETY: sigset_t is plain data, filled by sigemptyset/sigaddset
     // before use; pthread_sigmask changes only the calling thread's mask.
     unsafe {
@@ -223,15 +225,17 @@ pub fn hold() -> Hold {
         libc::sigemptyset(&mut block);
         libc::sigaddset(&mut block, signal);
         if libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut previous) != 0 {
-            return Hold { previous: None };
+            return Hold { previous: None, _this_thread: PhantomData };
         }
-        Hold { previous: Some(previous) }
+        Hold { previous: Some(previous), _this_thread: PhantomData }
     }
 }
 
-/// The guard of [`hold`].
+/// The guard of [`hold`]. It restores the mask of the thread that made it,
+/// so it is dropped there.
 pub struct Hold {
     previous: Option<libc::sigset_t>,
+    _this_thread: PhantomData<*const ()>,
 }
 
 impl Drop for Hold {
