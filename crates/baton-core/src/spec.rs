@@ -145,7 +145,8 @@ pub struct WarmupPolicy {
     /// Whether generated inputs run besides the version's own `warmup/` samples.
     pub generated: bool,
     /// A warmup run slower than this fails the load. A run's time leaves
-    /// out what the low-priority loader thread spent waiting for a CPU.
+    /// out what the low-priority loader thread spent waiting for a CPU or
+    /// stepped aside for threads that wait for one.
     pub max_latency_ms: u64,
 }
 

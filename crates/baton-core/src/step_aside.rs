@@ -39,8 +39,9 @@
 //! waiting for an idle moment that may not come.
 //!
 //! What it buys and costs is measured in docs/BENCHMARKS.md §2 ("Stepping
-//! aside"): on a saturated machine the p99.9 of requests served while a
-//! version loads about halves, and the load takes several times longer,
+//! aside"): on a saturated machine without autogroup the p99.9 of requests
+//! served while a version loads fell by a third to a half in paired
+//! drills, and the load took several times longer,
 //! since the loader now runs only when nobody else wants the CPU.
 //!
 //! The handler makes only async-signal-safe calls (`clock_gettime`,
@@ -188,8 +189,6 @@ pub fn paused_here() -> Duration {
 /// How often loading threads have stepped aside, since the process started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
-    /// Times a thread had used a whole quantum and looked whether others waited.
-    pub looks: u64,
     /// Times others waited and it stepped aside.
     pub steps: u64,
     /// Wall time spent stepped aside, to the return to a CPU.
@@ -202,7 +201,6 @@ pub struct Counts {
 /// The process-wide counts.
 pub fn counts() -> Counts {
     Counts {
-        looks: LOOKS.load(Ordering::Relaxed),
         steps: STEPS.load(Ordering::Relaxed),
         paused: Duration::from_nanos(PAUSED_NS.load(Ordering::Relaxed)),
         declined: DECLINED.load(Ordering::Relaxed),
@@ -270,7 +268,6 @@ thread_local! {
     static PAUSED_HERE_NS: Cell<u64> = const { Cell::new(0) };
 }
 
-static LOOKS: AtomicU64 = AtomicU64::new(0);
 static STEPS: AtomicU64 = AtomicU64::new(0);
 static PAUSED_NS: AtomicU64 = AtomicU64::new(0);
 static DECLINED: AtomicU64 = AtomicU64::new(0);
@@ -438,7 +435,6 @@ fn on_tick() {
     if thread_cpu_ns().saturating_sub(RAN_FROM_NS.get()) < quantum {
         return;
     }
-    LOOKS.fetch_add(1, Ordering::Relaxed);
     LOOKS_HERE.set(LOOKS_HERE.get() + 1);
     let waiting = runnable_threads().is_some_and(|runnable| runnable > CPUS.load(Ordering::Relaxed));
     if waiting && !within_budget() {
@@ -547,6 +543,11 @@ fn nanos(span: Duration) -> u64 {
 mod tests {
     use super::*;
 
+    /// Runs `test` on a thread of its own: arming and the handler's state are per thread.
+    fn on_own_thread<T: Send + 'static>(test: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::spawn(test).join().unwrap()
+    }
+
     #[test]
     fn loadavg_gives_the_runnable_count() {
         assert_eq!(parse_runnable(b"0.52 0.58 0.59 3/456 12345\n"), Some(3));
@@ -591,7 +592,7 @@ mod tests {
                 })
             })
             .collect();
-        let (steps, stepped_after, paused) = std::thread::spawn(|| {
+        let (steps, stepped_after, paused) = on_own_thread(|| {
             let armed = StepAside::DEFAULT.arm();
             assert!(armed.is_active());
             // 200 quanta of CPU time: with every CPU wanted, the looks
@@ -601,9 +602,7 @@ mod tests {
             drop(armed);
             spin_for(StepAside::DEFAULT.quantum * 40);
             (steps, STEPS_HERE.get() - steps, paused_here())
-        })
-        .join()
-        .unwrap();
+        });
         stop.store(true, Ordering::Relaxed);
         hogs.into_iter().for_each(|h| h.join().unwrap());
         assert!(steps > 0, "an armed thread never stepped aside while {} threads spun", cpus + 1);
@@ -614,7 +613,7 @@ mod tests {
 
     #[test]
     fn an_armed_threads_system_calls_complete() {
-        let (looks, data, sleeping_cpu) = std::thread::spawn(|| {
+        let (looks, data, sleeping_cpu) = on_own_thread(|| {
             let file = tempfile::NamedTempFile::new().unwrap();
             std::fs::write(file.path(), vec![7u8; 1 << 20]).unwrap();
             let armed = SHORT.arm();
@@ -629,9 +628,7 @@ mod tests {
             spin_for(Duration::from_millis(5));
             drop(armed);
             (LOOKS_HERE.get(), data, Duration::from_nanos(sleeping_cpu))
-        })
-        .join()
-        .unwrap();
+        });
         assert!(looks > 0, "the timer never interrupted the armed thread");
         // A sleep that each signal restarts with its slack added never
         // ends and burns CPU meanwhile (26 s of it for these 100 sleeps
@@ -650,7 +647,7 @@ mod tests {
 
     #[test]
     fn looks_are_spaced_out_while_nobody_waits_and_back_to_a_quantum_when_someone_does() {
-        std::thread::spawn(|| {
+        on_own_thread(|| {
             let armed = StepAside::DEFAULT.arm();
             let quantum = StepAside::DEFAULT.quantum;
             assert_eq!(period_of_timer(), quantum);
@@ -664,14 +661,12 @@ mod tests {
             // Without a timer there is nothing to respace.
             respace(1);
             assert_eq!(SPACING_NS.get(), nanos(quantum));
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn time_stepped_aside_is_capped_by_the_cpu_time_used() {
-        std::thread::spawn(|| {
+        on_own_thread(|| {
             let _armed = StepAside::DEFAULT.arm();
             let _held = hold();
             spin_for(Duration::from_millis(1));
@@ -682,14 +677,12 @@ mod tests {
             assert!(!within_budget(), "20 ms stepped aside for about 1 ms of CPU");
             spin_for(Duration::from_millis(2));
             assert!(within_budget(), "3 ms of CPU allow 30 ms stepped aside");
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn arming_an_armed_thread_leaves_it_armed_by_the_outer_guard() {
-        std::thread::spawn(|| {
+        on_own_thread(|| {
             let outer = StepAside::DEFAULT.arm();
             let inner = SHORT.arm();
             assert!(outer.is_active() && !inner.is_active());
@@ -698,14 +691,12 @@ mod tests {
             assert_eq!(QUANTUM_NS.get(), nanos(StepAside::DEFAULT.quantum));
             drop(outer);
             assert!(!armed_here());
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn a_held_signal_waits_until_the_hold_ends() {
-        let (during, after) = std::thread::spawn(|| {
+        let (during, after) = on_own_thread(|| {
             let armed = SHORT.arm();
             let held = hold();
             spin_for(Duration::from_millis(5));
@@ -715,9 +706,7 @@ mod tests {
             let after = LOOKS_HERE.get();
             drop(armed);
             (during, after)
-        })
-        .join()
-        .unwrap();
+        });
         assert_eq!(during, 0, "the handler ran while the signal was held");
         assert_eq!(after, 1, "the signal that came during the hold was lost");
     }
