@@ -34,6 +34,7 @@ impl OnnxBackend {
     pub fn new() -> Result<OnnxBackend, BackendError> {
         crate::init()?;
         prime()?;
+        crate::staged::remove_stale(&std::env::temp_dir());
         Ok(OnnxBackend { _private: () })
     }
 }
@@ -58,7 +59,9 @@ impl OnnxModel {
         if !path.is_file() {
             return Err(BackendError::new("model_invalid", format!("{} does not exist", path.display())));
         }
-        let file = ModelFile::read(&path)?;
+        // Staged under the temporary directory ($TMPDIR, else /tmp).
+        let stage_in = options.stage_weights.then(std::env::temp_dir);
+        let file = ModelFile::read(&path, stage_in.as_deref())?;
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
             let session =
@@ -73,6 +76,7 @@ impl OnnxModel {
             path = %path.display(),
             sessions = options.sessions,
             from_memory = matches!(file.source(), SessionSource::Bytes(_)),
+            staged = file.is_staged(),
             intra_op_threads = options.intra_op_threads,
             inter_op_threads = options.inter_op_threads,
             optimization = options.optimization.as_str(),

@@ -32,6 +32,7 @@ mod options;
 mod pool;
 pub mod proto;
 mod runtime;
+mod staged;
 
 pub use backend::{MODEL_FILE, OnnxBackend};
 pub use options::{EngineOptions, MAX_SESSIONS, MAX_THREADS, Optimization};

@@ -129,6 +129,20 @@ impl Default for OnnxOptions {
     }
 }
 
+/// Writes `mlp` as `dir/model.onnx`, with its weights in `dir/<external>`
+/// when given, and returns the model file's path.
+#[cfg(test)]
+pub(crate) fn write_model(dir: &std::path::Path, mlp: &Mlp, external: Option<&str>) -> std::path::PathBuf {
+    let options = OnnxOptions { external_data: external.map(str::to_owned), ..OnnxOptions::default() };
+    let (model, data) = encode_mlp(mlp, &options);
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, model).unwrap();
+    if let (Some(name), Some(data)) = (external, data) {
+        std::fs::write(dir.join(name), data).unwrap();
+    }
+    path
+}
+
 /// A minimal protobuf encoder: enough of the wire format to write ONNX models.
 mod pb {
     /// A message being encoded.

@@ -11,12 +11,13 @@
 //! sessions were built from. (Measured on the 3 MiB MLP: 5,740 page faults
 //! per load instead of 7,285.)
 //!
-//! A larger file is left to ONNX Runtime to read: holding the whole file
-//! while the sessions were created raised the peak memory of loading a
-//! 480 MiB model by 256 MiB, and saved only ONNX Runtime's two 4 MiB
-//! buffers. Validation then reads it once the sessions exist, without its
-//! weights' payloads, and each payload into one reused buffer when its
-//! tensor is visited ([`proto::read_skeleton`]).
+//! A larger file is not held: holding the whole file while the sessions
+//! were created raised the peak memory of loading a 480 MiB model by
+//! 256 MiB, and saved only ONNX Runtime's two 4 MiB buffers. Its weights are
+//! staged for ONNX Runtime to map ([`Staged`]), or, when that is off or
+//! fails, ONNX Runtime reads the file. Validation then reads it once the
+//! sessions exist, without its weights' payloads, and each payload into one
+//! reused buffer when its tensor is visited ([`proto::read_skeleton`]).
 //! A model with external data is also created from the file, because ONNX
 //! Runtime finds external files relative to the model's path and a model
 //! given as bytes has none; so is a file baton's own reader cannot parse, so
@@ -29,6 +30,7 @@ use std::sync::Mutex;
 use baton_core::backend::BackendError;
 
 use crate::proto::{self, InitData, OnnxModel, RawData};
+use crate::staged::Staged;
 
 /// The largest model file read once for all sessions and validation: the
 /// size of the buffer ONNX Runtime reads a file through.
@@ -49,18 +51,31 @@ pub(crate) struct ModelFile {
     path: PathBuf,
     /// The file's bytes, when the sessions are created from them.
     bytes: Option<Vec<u8>>,
+    /// The model staged with its weights as external data, when the
+    /// sessions are created from that.
+    staged: Option<Staged>,
 }
 
 impl ModelFile {
-    /// Reads the file at `path` if it is small and self-contained.
-    pub(crate) fn read(path: &Path) -> Result<ModelFile, BackendError> {
+    /// Reads the file at `path` if it is small and self-contained; stages a
+    /// larger one under `stage_in`, when given.
+    pub(crate) fn read(path: &Path, stage_in: Option<&Path>) -> Result<ModelFile, BackendError> {
         let unreadable = |e: std::io::Error| BackendError::new("model_invalid", format!("{}: {e}", path.display()));
         let size = std::fs::metadata(path).map_err(unreadable)?.len();
-        let bytes = match size <= READ_ONCE_LIMIT {
-            true => Some(std::fs::read(path).map_err(unreadable)?).filter(|bytes| self_contained(bytes)),
-            false => None,
-        };
-        Ok(ModelFile { path: path.to_path_buf(), bytes })
+        let (mut bytes, mut staged) = (None, None);
+        if size <= READ_ONCE_LIMIT {
+            bytes = Some(std::fs::read(path).map_err(unreadable)?).filter(|bytes| self_contained(bytes));
+        } else if let Some(parent) = stage_in {
+            staged = Staged::create(path, parent).unwrap_or_else(|reason| {
+                tracing::warn!(
+                    path = %path.display(),
+                    reason,
+                    "Staging the model's weights failed; ONNX Runtime reads the model file itself."
+                );
+                None
+            });
+        }
+        Ok(ModelFile { path: path.to_path_buf(), bytes, staged })
     }
 
     /// The model file's path.
@@ -70,13 +85,21 @@ impl ModelFile {
 
     /// What ONNX Runtime should create each session from.
     pub(crate) fn source(&self) -> SessionSource<'_> {
-        match &self.bytes {
-            Some(bytes) => SessionSource::Bytes(bytes),
-            None => SessionSource::File(&self.path),
+        match (&self.bytes, &self.staged) {
+            (Some(bytes), _) => SessionSource::Bytes(bytes),
+            (None, Some(staged)) => SessionSource::File(staged.model()),
+            (None, None) => SessionSource::File(&self.path),
         }
     }
 
-    /// Keeps the bytes, if any, for the validation that follows the load.
+    /// Whether the sessions are created from a staged copy.
+    pub(crate) fn is_staged(&self) -> bool {
+        self.staged.is_some()
+    }
+
+    /// Keeps the bytes, if any, for the validation that follows the load,
+    /// and removes the staged copy, if any: the sessions exist, and map what
+    /// they still use of it.
     pub(crate) fn keep(self) -> KeptFile {
         KeptFile { path: self.path, bytes: Mutex::new(self.bytes) }
     }
@@ -172,24 +195,17 @@ impl KeptFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mlp::{Mlp, OnnxOptions, encode_mlp};
+    use crate::mlp::{Mlp, OnnxOptions, encode_mlp, write_model};
 
     fn write(dir: &Path, external: Option<&str>) -> PathBuf {
-        let options = OnnxOptions { external_data: external.map(str::to_owned), ..OnnxOptions::default() };
-        let (model, data) = encode_mlp(&Mlp::new(&[4, 2], 1), &options);
-        let path = dir.join("model.onnx");
-        std::fs::write(&path, model).unwrap();
-        if let (Some(name), Some(data)) = (external, data) {
-            std::fs::write(dir.join(name), data).unwrap();
-        }
-        path
+        write_model(dir, &Mlp::new(&[4, 2], 1), external)
     }
 
     #[test]
     fn a_self_contained_model_is_given_to_sessions_as_the_bytes_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), None);
-        let file = ModelFile::read(&path).unwrap();
+        let file = ModelFile::read(&path, None).unwrap();
         match file.source() {
             SessionSource::Bytes(bytes) => assert_eq!(bytes, std::fs::read(&path).unwrap()),
             SessionSource::File(p) => panic!("created from the file {}", p.display()),
@@ -200,7 +216,7 @@ mod tests {
     fn a_model_with_external_data_is_given_to_sessions_as_its_path() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), Some("weights.bin"));
-        let file = ModelFile::read(&path).unwrap();
+        let file = ModelFile::read(&path, None).unwrap();
         assert!(matches!(file.source(), SessionSource::File(p) if p == path));
     }
 
@@ -209,7 +225,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.onnx");
         std::fs::write(&path, b"\xff\xff\xff not a model").unwrap();
-        assert!(matches!(ModelFile::read(&path).unwrap().source(), SessionSource::File(_)));
+        assert!(matches!(ModelFile::read(&path, None).unwrap().source(), SessionSource::File(_)));
     }
 
     #[test]
@@ -220,7 +236,7 @@ mod tests {
         assert!(model.len() as u64 > READ_ONCE_LIMIT);
         let path = dir.path().join("model.onnx");
         std::fs::write(&path, &model).unwrap();
-        let file = ModelFile::read(&path).unwrap();
+        let file = ModelFile::read(&path, None).unwrap();
         assert!(matches!(file.source(), SessionSource::File(p) if p == path));
         let kept = file.keep();
         assert!(!kept.holds_bytes(), "a large file is held from the load to validation");
@@ -234,10 +250,28 @@ mod tests {
     }
 
     #[test]
+    fn a_large_model_is_staged_when_asked_and_read_by_the_engine_when_staging_fails() {
+        let (dir, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (model, _) = encode_mlp(&Mlp::new(&[1100, 1100], 1), &OnnxOptions::default());
+        let path = dir.path().join("model.onnx");
+        std::fs::write(&path, &model).unwrap();
+        let file = ModelFile::read(&path, Some(tmp.path())).unwrap();
+        assert!(file.is_staged());
+        assert!(matches!(file.source(), SessionSource::File(p) if p.starts_with(tmp.path())));
+        let kept = file.keep();
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "the staged copy outlives the load");
+        assert_eq!(kept.path(), path);
+        // Nowhere to stage: the engine reads the model file itself.
+        let file = ModelFile::read(&path, Some(&dir.path().join("missing"))).unwrap();
+        assert!(!file.is_staged());
+        assert!(matches!(file.source(), SessionSource::File(p) if p == path));
+    }
+
+    #[test]
     fn validation_gets_the_bytes_read_then_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), None);
-        let kept = ModelFile::read(&path).unwrap().keep();
+        let kept = ModelFile::read(&path, None).unwrap().keep();
         // The file changes after the load read it: the first visit still
         // sees what the sessions were built from.
         let first = std::fs::read(&path).unwrap();

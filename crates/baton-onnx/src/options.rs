@@ -6,6 +6,7 @@
 //! intra_op_threads = 1     # threads per operator; 1 = the caller's thread only
 //! inter_op_threads = 1     # threads running independent operators in parallel
 //! optimization = "all"     # "disable" | "basic" | "extended" | "all"
+//! stage_weights = true     # map a large model's weights instead of copying them
 //! ```
 //!
 //! Parsing is strict: an unknown key or a value of the wrong type is an
@@ -24,7 +25,7 @@ pub const MAX_THREADS: usize = 256;
 /// The default pool size never exceeds this, whatever the CPU count.
 const DEFAULT_SESSIONS_CAP: usize = 4;
 
-const KEYS: [&str; 4] = ["sessions", "intra_op_threads", "inter_op_threads", "optimization"];
+const KEYS: [&str; 5] = ["sessions", "intra_op_threads", "inter_op_threads", "optimization", "stage_weights"];
 
 /// ONNX Runtime graph optimization level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +74,11 @@ pub struct EngineOptions {
     pub inter_op_threads: usize,
     /// Graph optimization level.
     pub optimization: Optimization,
+    /// Whether a large model that keeps its weights inline is first staged
+    /// with them as external data, so that ONNX Runtime maps them instead
+    /// of copying them into every session (see `staged.rs`). On by default;
+    /// off, ONNX Runtime reads the model file itself.
+    pub stage_weights: bool,
 }
 
 impl Default for EngineOptions {
@@ -83,6 +89,7 @@ impl Default for EngineOptions {
             intra_op_threads: 1,
             inter_op_threads: 1,
             optimization: Optimization::All,
+            stage_weights: true,
         }
     }
 }
@@ -96,6 +103,11 @@ impl EngineOptions {
                 "sessions" => options.sessions = count(key, value, MAX_SESSIONS)?,
                 "intra_op_threads" => options.intra_op_threads = count(key, value, MAX_THREADS)?,
                 "inter_op_threads" => options.inter_op_threads = count(key, value, MAX_THREADS)?,
+                "stage_weights" => {
+                    options.stage_weights = value.as_bool().ok_or_else(|| {
+                        invalid(format!("engine option 'stage_weights' must be true or false; got {value}"))
+                    })?
+                }
                 "optimization" => {
                     options.optimization = match value.as_str() {
                         Some("disable") => Optimization::Disable,
@@ -152,16 +164,25 @@ mod tests {
         assert!((1..=4).contains(&options.sessions));
         assert_eq!((options.intra_op_threads, options.inter_op_threads), (1, 1));
         assert_eq!(options.optimization, Optimization::All);
+        assert!(options.stage_weights);
         assert!(!options.has_worker_threads());
     }
 
     #[test]
     fn every_key_parses() {
-        let options =
-            parse("sessions = 3\nintra_op_threads = 2\ninter_op_threads = 4\noptimization = \"basic\"").unwrap();
+        let options = parse(
+            "sessions = 3\nintra_op_threads = 2\ninter_op_threads = 4\noptimization = \"basic\"\nstage_weights = false",
+        )
+        .unwrap();
         assert_eq!(
             options,
-            EngineOptions { sessions: 3, intra_op_threads: 2, inter_op_threads: 4, optimization: Optimization::Basic }
+            EngineOptions {
+                sessions: 3,
+                intra_op_threads: 2,
+                inter_op_threads: 4,
+                optimization: Optimization::Basic,
+                stage_weights: false,
+            }
         );
         assert!(options.has_worker_threads());
         for level in ["disable", "basic", "extended", "all"] {
@@ -184,6 +205,8 @@ mod tests {
             "inter_op_threads = 100000",
             "optimization = \"max\"",
             "optimization = 3",
+            "stage_weights = 1",
+            "stage_weights = \"yes\"",
         ] {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.kind, "invalid_engine_options", "{bad}");

@@ -154,9 +154,11 @@ pub enum ProtoError {
 
 type Result<T> = std::result::Result<T, ProtoError>;
 
+mod externalize;
 mod skeleton;
 mod wire;
 
+pub use externalize::{Externalized, Move, externalize};
 pub use skeleton::read_skeleton;
 
 use wire::Reader;

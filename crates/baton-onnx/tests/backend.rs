@@ -312,3 +312,38 @@ fn weights_are_visited_inline_and_external() {
         }
     }
 }
+
+/// The staged directories this process has left in the temporary directory.
+fn staged_dirs_left() -> Vec<String> {
+    let prefix = format!("baton-staged-{}-", std::process::id());
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with(&prefix))
+        .collect()
+}
+
+#[test]
+fn a_large_model_serves_the_same_answers_staged_or_not_and_leaves_no_files() {
+    let backend = backend();
+    // 1100 × 1100 floats: a 4.8 MB file, over the size read once, so staged.
+    let mlp = Mlp::new(&[1100, 1100, 3], 5);
+    let dir = tempfile::tempdir().unwrap();
+    write_mlp(dir.path(), &mlp, &OnnxOptions::default());
+    for staging in ["true", "false"] {
+        let model = load(&backend, dir.path(), &format!("sessions = 2\nstage_weights = {staging}"));
+        assert_eq!(staged_dirs_left(), Vec::<String>::new(), "staging {staging}: files left after the load");
+        for instance in 0..2 {
+            check_batch(model.as_ref(), &mlp, 1, 3, Some(instance));
+            check_batch(model.as_ref(), &mlp, 8, 4, Some(instance));
+        }
+        let mut weights = 0;
+        model
+            .visit_weights(&mut |w| {
+                weights += w.data.len();
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(weights, 4 * (1100 * 1100 + 1100 + 1100 * 3 + 3), "staging {staging}");
+    }
+}

@@ -1,4 +1,5 @@
-//! Protobuf wire-format primitives: a bounds-checked cursor and decoded field values.
+//! Protobuf wire-format primitives: a bounds-checked cursor, decoded field values,
+//! and the two writers the rewrite in `externalize` needs.
 
 use std::ops::Range;
 
@@ -163,4 +164,20 @@ impl<'a> Reader<'a> {
         }
         Ok(())
     }
+}
+
+/// Appends `v` as a varint.
+pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends a length-delimited field.
+pub(super) fn put_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+    put_varint(out, u64::from(field) << 3 | 2);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
 }
