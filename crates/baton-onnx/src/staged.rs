@@ -16,16 +16,20 @@
 //! cache), and the sessions are created from the rewritten model. The staged
 //! directory is deleted as soon as the sessions exist: ONNX Runtime's
 //! mappings keep the data alive for as long as a session uses it, and no file
-//! is left behind. Staging is skipped (and ONNX Runtime reads the file
+//! is left behind (a server killed while staging leaves its directory; the
+//! next start removes those of processes no longer running, once they are
+//! an hour old). Staging is skipped (and ONNX Runtime reads the file
 //! itself) for a model that already has external data, one baton cannot
 //! parse, and when it fails, for example for lack of space in the temporary
 //! directory, which is logged.
 
+use std::collections::HashSet;
 use std::fs::{DirBuilder, File};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::proto::{self, InitData};
 
@@ -68,20 +72,24 @@ impl Staged {
         if model.initializers.iter().any(|i| matches!(i.data, InitData::External { .. })) {
             return Ok(None);
         }
-        // The skeleton lacks every payload; those that stay inline are read in.
+        let rewrite = |skeleton: &[u8]| proto::externalize(skeleton, DATA_FILE, MIN_MOVED, ALIGN);
+        let Some(plan) = rewrite(&skeleton).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        // The skeleton lacks every payload, and the rewrite keeps the ones it
+        // does not move as they are: read those in, then rewrite again.
+        let moved: HashSet<usize> = plan.moves.iter().map(|m| m.from.start).collect();
         for init in &model.initializers {
             if let InitData::Raw(range) = &init.data
-                && range.len() < MIN_MOVED
+                && !moved.contains(&range.start)
             {
                 let at = range.start as u64;
                 file.read_exact_at(&mut skeleton[range.clone()], at)
                     .map_err(|e| format!("reading {} from {}: {e}", init.name, path.display()))?;
             }
         }
-        let Some(layout) = proto::externalize(&skeleton, DATA_FILE, MIN_MOVED, ALIGN).map_err(|e| e.to_string())?
-        else {
-            return Ok(None);
-        };
+        let layout =
+            rewrite(&skeleton).map_err(|e| e.to_string())?.ok_or("the rewrite moved nothing the second time")?;
         drop(skeleton);
         let name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let dir = parent.join(name);
@@ -116,10 +124,20 @@ impl Drop for Staged {
     }
 }
 
+/// A staged directory is left alone for this long after it was last
+/// changed, even when its process seems gone: a server in another pid
+/// namespace sharing the directory may be loading from it.
+const STALE_AFTER: Duration = Duration::from_secs(3600);
+
 /// Removes staged directories under `parent` left by processes that no
-/// longer run (a server killed while loading). Errors are ignored: a
-/// directory that cannot be listed or removed is left for the next start.
+/// longer run (a server killed while loading) and unchanged for
+/// [`STALE_AFTER`]. Errors are ignored: a directory that cannot be listed or
+/// removed is left for the next start.
 pub(crate) fn remove_stale(parent: &Path) {
+    remove_stale_after(parent, STALE_AFTER);
+}
+
+fn remove_stale_after(parent: &Path, age: Duration) {
     let Ok(entries) = std::fs::read_dir(parent) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -128,7 +146,8 @@ pub(crate) fn remove_stale(parent: &Path) {
             continue;
         };
         let alive = pid.parse::<u32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
-        if !alive && std::fs::remove_dir_all(entry.path()).is_ok() {
+        let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|e| e >= age));
+        if !alive && old && std::fs::remove_dir_all(entry.path()).is_ok() {
             tracing::info!(dir = %entry.path().display(), "A staged model directory left by a stopped server was removed.");
         }
     }
@@ -207,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn directories_of_stopped_servers_are_removed_and_live_ones_kept() {
+    fn old_directories_of_stopped_servers_are_removed_and_others_kept() {
         let tmp = tempfile::tempdir().unwrap();
         let mine = tmp.path().join(format!("{PREFIX}{}-0", std::process::id()));
         // Pid numbers stop well below this.
@@ -216,7 +235,10 @@ mod tests {
         for dir in [&mine, &stale, &other] {
             std::fs::create_dir(dir).unwrap();
         }
+        // Too recent: another server may be loading from it.
         remove_stale(tmp.path());
+        assert!(mine.exists() && other.exists() && stale.exists());
+        remove_stale_after(tmp.path(), Duration::ZERO);
         assert!(mine.exists() && other.exists());
         assert!(!stale.exists());
     }

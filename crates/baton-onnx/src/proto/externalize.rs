@@ -65,7 +65,7 @@ impl Plan<'_> {
     /// ModelProto: the graph (field 7) rewritten, every other field copied.
     fn model(&mut self, mut r: Reader<'_>) -> Result<Vec<u8>> {
         const CTX: &str = "ModelProto";
-        let mut out = Vec::with_capacity(r.end);
+        let mut out = Vec::new();
         let mut start = r.pos;
         while let Some((f, v)) = r.next(CTX)? {
             match f {
@@ -83,7 +83,7 @@ impl Plan<'_> {
     /// GraphProto: each initializer (field 5) rewritten, the rest copied.
     fn graph(&mut self, mut r: Reader<'_>) -> Result<Vec<u8>> {
         const CTX: &str = "GraphProto";
-        let mut out = Vec::with_capacity(r.end - r.pos);
+        let mut out = Vec::new();
         let mut start = r.pos;
         while let Some((f, v)) = r.next(CTX)? {
             match f {
@@ -121,7 +121,7 @@ impl Plan<'_> {
         };
         let to = self.data_len.next_multiple_of(self.align);
         let len = payload.len() as u64;
-        let mut out = Vec::with_capacity(r.end - r.pos);
+        let mut out = Vec::new();
         let mut fields = r;
         let mut start = fields.pos;
         while let Some((f, _)) = fields.next(CTX)? {

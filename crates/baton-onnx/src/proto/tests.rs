@@ -372,3 +372,70 @@ fn a_skeleton_fails_only_where_parsing_fails_and_parses_the_same_otherwise() {
         check(&full[..cut], &format!("cut at {cut}"));
     }
 }
+
+#[test]
+fn externalize_moves_only_large_inline_payloads_and_keeps_everything_else() {
+    let payload =
+        |seed: u8, n: usize| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
+    let (big, odd, small) = (payload(1, 8192), payload(2, 8192), payload(3, 24));
+    let entry = fb(13, &[fb(1, b"note"), fb(2, b"kept")].concat());
+    let graph = [
+        fb(1, b"node-kept"),
+        fb(5, &tensor("big", elem::FLOAT, &[2048], &fb(9, &big))),
+        // Any external_data entry means "leave it alone", even with raw_data.
+        fb(5, &tensor("odd", elem::FLOAT, &[2048], &[entry, fb(9, &odd)].concat())),
+        fb(5, &tensor("small", elem::FLOAT, &[6], &fb(9, &small))),
+        fb(
+            5,
+            &tensor(
+                "ext",
+                elem::FLOAT,
+                &[4],
+                &[fb(13, &[fb(1, b"location"), fb(2, b"w.bin")].concat()), fv(14, 1)].concat(),
+            ),
+        ),
+        unknown(),
+        fb(11, &value_info("x", elem::FLOAT, &[None, Some(3)])),
+        fb(12, &value_info("y", elem::FLOAT, &[None, Some(2)])),
+    ]
+    .concat();
+    let bytes = model(&graph);
+    let before = parse(&bytes).unwrap();
+    let out = externalize(&bytes, "data.bin", 4096, 4096).unwrap().expect("one payload is large enough");
+    let after = parse(&out.model).unwrap();
+    assert_eq!(
+        (after.ir_version, &after.graph_inputs, &after.graph_outputs),
+        (7, &before.graph_inputs, &before.graph_outputs)
+    );
+    let InitData::Raw(big_range) = &before.initializers[0].data else { panic!() };
+    assert_eq!(out.moves, vec![Move { from: big_range.clone(), to: 0 }]);
+    assert_eq!(out.data_len, 8192);
+    assert_eq!(
+        after.initializers[0].data,
+        InitData::External { location: "data.bin".into(), offset: 0, length: Some(8192) }
+    );
+    for (i, want) in [(1, &odd), (2, &small)] {
+        let got = bytes_of(&after.initializers[i], &out.model, Path::new(".")).unwrap();
+        assert_eq!(&got, want, "{}", after.initializers[i].name);
+    }
+    assert_eq!(after.initializers[3], before.initializers[3]);
+    for (b, a) in before.initializers.iter().zip(&after.initializers) {
+        assert_eq!((&b.name, b.data_type, &b.dims), (&a.name, a.data_type, &a.dims));
+    }
+    // The graph's other fields, and the model's, are kept byte for byte.
+    for kept in [&b"node-kept"[..], &unknown()] {
+        assert!(out.model.windows(kept.len()).any(|w| w == kept));
+    }
+    // Offsets are aligned; with nothing large enough, nothing is rewritten.
+    let two = model(
+        &[
+            fb(5, &tensor("a", elem::FLOAT, &[1025], &fb(9, &payload(4, 4100)))),
+            fb(5, &tensor("b", elem::FLOAT, &[1024], &fb(9, &big[..4096]))),
+        ]
+        .concat(),
+    );
+    let out = externalize(&two, "d", 4096, 4096).unwrap().unwrap();
+    assert_eq!(out.moves.iter().map(|m| m.to).collect::<Vec<_>>(), vec![0, 8192]);
+    assert_eq!(out.data_len, 8192 + 4096);
+    assert!(externalize(&model(&small_graph()), "d", 4096, 4096).unwrap().is_none());
+}
