@@ -347,7 +347,10 @@ impl Metrics {
             &mut out,
             "baton_loader_step_asides_declined_total",
             "counter",
-            "Times others waited but the thread had stepped aside ten times its CPU time already, and kept running.",
+            &format!(
+                "Times others waited but the thread had stepped aside {} times its CPU time already, and kept running.",
+                baton_core::step_aside::MAX_PAUSED_PER_CPU
+            ),
         );
         let _ = writeln!(out, "baton_loader_step_asides_declined_total {}", stepped.declined);
 
