@@ -11,8 +11,9 @@
 # repository API, alternating versions 1 and 2, one after the other.
 # ENGINE is added to the model's `[engine]` table; BATON_SERVE_ARGS reaches
 # the server. Prints a line per load and the medians, and writes
-# $results/load-cost-MODEL.json. The first loads of a run grow the process
-# to a size it has not had before, so they cost more than later ones here
+# $results/load-cost-MODEL.json. The second and third loads of a run grow
+# the process to a size it has not had before (a version, the one kept for
+# rollback, a third loading), so they cost more than the others here
 # (docs/BENCHMARKS.md §3, "Weights mapped, not copied").
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 model="${1:-big}"

@@ -1,9 +1,9 @@
 //! A model rewritten so that its large weights are external data.
 //!
 //! ONNX Runtime maps external data into memory when it is aligned to a page
-//! and builds a session without copying it; a weight stored inline, in
-//! `raw_data`, is copied while the file is parsed and again into a tensor,
-//! once per session. [`externalize`] rewrites a model so that every large
+//! and builds a session without copying it; weights stored inline, in
+//! `raw_data`, are copied as each session is built (measured by their page
+//! faults, see `crate::staged`). [`externalize`] rewrites a model so that every large
 //! graph initializer refers to a separate data file instead, and says where
 //! in that file each payload belongs; the caller writes the file
 //! (`crate::staged`). Everything else in the model is kept byte for byte.
@@ -63,42 +63,13 @@ struct Plan<'a> {
 
 impl Plan<'_> {
     /// ModelProto: the graph (field 7) rewritten, every other field copied.
-    fn model(&mut self, mut r: Reader<'_>) -> Result<Vec<u8>> {
-        const CTX: &str = "ModelProto";
-        let mut out = Vec::new();
-        let mut start = r.pos;
-        while let Some((f, v)) = r.next(CTX)? {
-            match f {
-                7 => {
-                    let graph = self.graph(r.sub(v.bytes(f, CTX)?))?;
-                    put_bytes(&mut out, f, &graph);
-                }
-                _ => out.extend_from_slice(&r.buf[start..r.pos]),
-            }
-            start = r.pos;
-        }
-        Ok(out)
+    fn model(&mut self, r: Reader<'_>) -> Result<Vec<u8>> {
+        replace_field(r, "ModelProto", 7, |graph| self.graph(graph).map(Some))
     }
 
     /// GraphProto: each initializer (field 5) rewritten, the rest copied.
-    fn graph(&mut self, mut r: Reader<'_>) -> Result<Vec<u8>> {
-        const CTX: &str = "GraphProto";
-        let mut out = Vec::new();
-        let mut start = r.pos;
-        while let Some((f, v)) = r.next(CTX)? {
-            match f {
-                5 => {
-                    let tensor = r.sub(v.bytes(f, CTX)?);
-                    match self.tensor(tensor)? {
-                        Some(rewritten) => put_bytes(&mut out, f, &rewritten),
-                        None => out.extend_from_slice(&r.buf[start..r.pos]),
-                    }
-                }
-                _ => out.extend_from_slice(&r.buf[start..r.pos]),
-            }
-            start = r.pos;
-        }
-        Ok(out)
+    fn graph(&mut self, r: Reader<'_>) -> Result<Vec<u8>> {
+        replace_field(r, "GraphProto", 5, |tensor| self.tensor(tensor))
     }
 
     /// TensorProto: `None` to keep it as it is; otherwise the tensor without
@@ -145,4 +116,29 @@ impl Plan<'_> {
             to.checked_add(len).ok_or_else(|| ProtoError::Malformed("external data over 2^64 bytes".into()))?;
         Ok(Some(out))
     }
+}
+
+/// Copies the message in `r` field by field, except each length-delimited
+/// `field`, which `rewrite` is given: `Some` bytes take its place, `None`
+/// keeps it as it was.
+fn replace_field(
+    mut r: Reader<'_>,
+    ctx: &str,
+    field: u32,
+    mut rewrite: impl FnMut(Reader<'_>) -> Result<Option<Vec<u8>>>,
+) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut start = r.pos;
+    while let Some((f, v)) = r.next(ctx)? {
+        let rewritten = match f == field {
+            true => rewrite(r.sub(v.bytes(f, ctx)?))?,
+            false => None,
+        };
+        match rewritten {
+            Some(bytes) => put_bytes(&mut out, f, &bytes),
+            None => out.extend_from_slice(&r.buf[start..r.pos]),
+        }
+        start = r.pos;
+    }
+    Ok(out)
 }
