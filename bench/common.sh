@@ -12,8 +12,36 @@ baton=target/release/baton
 [ -x "$baton" ] || { echo "$(basename "$0"): build baton first: cargo build --release -p baton-server" >&2; exit 1; }
 
 pid=""
-cleanup() { if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi; }
+cleanup() {
+  if [ -n "$pid" ]; then bash bench/stop.sh "$pid" >/dev/null 2>&1 || true; fi
+  restore_autogroup
+}
 trap cleanup EXIT
+
+# The kernel's autogroup shares the CPU between sessions before priorities
+# count, and it applies only to processes in the root CPU cgroup: a server
+# in a container of its own is not under it. The *-noautogroup drills run
+# baton with it switched off (docs/BENCHMARKS.md §2 and §3, "Autogroup").
+autogroup=/proc/sys/kernel/sched_autogroup_enabled
+autogroup_was=""
+
+# autogroup_off LABEL: switches autogroup off until restore_autogroup (or
+# the script's exit); fails with a note when not root. Call it before the
+# server starts: the kernel places a thread in an autogroup when it is
+# created, and a change of the setting does not move threads that already run.
+autogroup_off() {
+  if ! [ -w "$autogroup" ]; then
+    echo "$(basename "$0"): $1 needs root (it writes $autogroup); skipped" >&2
+    return 1
+  fi
+  autogroup_was="$(cat "$autogroup")"
+  echo 0 >"$autogroup"
+}
+
+restore_autogroup() {
+  if [ -n "$autogroup_was" ]; then echo "$autogroup_was" >"$autogroup"; fi
+  autogroup_was=""
+}
 
 # start_baton DIR: serves the repository DIR on 8300 (gRPC 8301), waits for
 # readiness and sets pid. BATON_SERVE_ARGS adds options.

@@ -14,7 +14,14 @@
 #   mlserver  POST /v2/repository/models/big/load
 #   kserve    POST /v2/repository/models/big/load
 #
-#   bash bench/load-isolation.sh [baton|mlserver|kserve ...]     (default: all three)
+#   bash bench/load-isolation.sh [baton|mlserver|kserve|baton-noautogroup ...]
+#                                                   (default: the first three)
+#
+#   baton-noautogroup  baton again with the kernel's autogroup switched off
+#             for the drill (needs root; restored right after, and on exit),
+#             as for a server in a container of its own. With autogroup on,
+#             the loader's CPU time is charged to the session it shares with
+#             the serving threads (docs/BENCHMARKS.md §3, "Autogroup").
 #
 # Reports go to .baton/bench/results/isolation-<server>.*.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -24,7 +31,7 @@ rate="${RATE:-300}"
 drill() { # $1 = server label, $2 = port
   local label=$1 port=$2
   local load="curl -sf -o /dev/null -X POST http://127.0.0.1:$port/v2/repository/models/big/load"
-  [ "$label" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
+  [ "${label%-noautogroup}" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
     --rate "$rate" --connections 32 --warmup 5s --swaps "$swaps" --swap-interval 8s --window 1s \
@@ -38,7 +45,8 @@ run_server() {
   rm -rf "$d"
   mkdir -p "$d"
   case "$server" in
-    baton)
+    baton | baton-noautogroup)
+      if [ "$server" = baton-noautogroup ]; then autogroup_off "$server" || return 0; fi
       cp -r "$out/baton/mlp" "$d/"
       mkdir -p "$d/big" && cp "$out/baton/big/model.toml" "$d/big/"
       for v in 1 2; do ln -s "$root/$out/baton/big/$v" "$d/big/$v"; done
@@ -47,7 +55,7 @@ run_server() {
       start_baton "$d"
       # The watcher's first scan loads every model; unload big so each drill swap is a full load.
       curl -sf -o /dev/null -X POST http://127.0.0.1:8300/v2/repository/models/big/unload
-      drill baton 8300
+      drill "$server" 8300
       ;;
     mlserver)
       start_mlserver "$d" mlp
@@ -62,6 +70,7 @@ run_server() {
     *) echo "load-isolation: unknown server $server" >&2; return 2 ;;
   esac
   stop_server
+  restore_autogroup
 }
 
 each_server run_server "$@"

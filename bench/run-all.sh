@@ -48,7 +48,8 @@ echo "## swap under fire"
 bash bench/swap-drill.sh baton mlserver kserve baton-noautogroup
 
 echo "## loading beside serving"
-bash bench/load-isolation.sh baton mlserver kserve
+# baton-noautogroup: as for the swap drill.
+bash bench/load-isolation.sh baton mlserver kserve baton-noautogroup
 
 echo "## memory over many swaps"
 bash bench/memory-drill.sh baton mlserver kserve

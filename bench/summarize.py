@@ -106,7 +106,7 @@ def drill_table(prefix, title):
     # The maximum of more requests is larger even when nothing is worse;
     # swap windows usually hold more. The worst at equal size goes below.
     tails = []
-    # baton-noautogroup: the swap drill again with autogroup off (bench/swap-drill.sh).
+    # baton-noautogroup: the drill again with autogroup off (bench/common.sh).
     for server in ("baton", "mlserver", "kserve", "baton-noautogroup"):
         path = results / f"{prefix}-{server}.json"
         if not path.exists():

@@ -36,14 +36,6 @@
 # bench/models.py and a release build of baton.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-100}"
-autogroup=/proc/sys/kernel/sched_autogroup_enabled
-autogroup_was=""
-restore_autogroup() {
-  if [ -n "$autogroup_was" ]; then echo "$autogroup_was" >"$autogroup"; fi
-  autogroup_was=""
-}
-# common.sh stops the server on exit; the setting is restored as well.
-trap 'restore_autogroup; cleanup' EXIT
 
 drill() { # $1 = server label, $2 = port, $3.. = extra drill options
   local label=$1 port=$2
@@ -61,17 +53,7 @@ run_server() {
   mkdir -p "$d"
   case "$server" in
     baton | baton-noautogroup)
-      if [ "$server" = baton-noautogroup ]; then
-        if ! [ -w "$autogroup" ]; then
-          echo "swap-drill: $server needs root (it writes $autogroup); skipped" >&2
-          return 0
-        fi
-        # Before the server starts: the kernel places a thread in an
-        # autogroup when it is created, and a change of the setting does
-        # not move threads that already run.
-        autogroup_was="$(cat "$autogroup")"
-        echo 0 >"$autogroup"
-      fi
+      if [ "$server" = baton-noautogroup ]; then autogroup_off "$server" || return 0; fi
       cp -r "$out/baton/mlp" "$d/"
       start_baton "$d"
       drill "$server" 8300 --swap load-api --versions 1,2
