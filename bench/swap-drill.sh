@@ -36,13 +36,17 @@
 # bench/models.py and a release build of baton.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-100}"
+# Steady load between one swap's window and the next trigger. A swap of
+# baton's under this load takes longer than the 1 s interval, so without a
+# gap the drill's steady time would be only its first and last seconds.
+gap="${GAP:-1s}"
 
 drill() { # $1 = server label, $2 = port, $3.. = extra drill options
   local label=$1 port=$2
   shift 2
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
-    --concurrency 4 --warmup 3s --swaps "$swaps" --swap-interval 1s --window 250ms \
+    --concurrency 4 --warmup 3s --swaps "$swaps" --swap-interval 1s --swap-gap "$gap" --window 250ms \
     --duration "$((swaps * 10 + 15))s" --pid "$pid" \
     --json "$results/swap-$label.json" --svg "$results/swap-$label.svg" "$@" | tee "$results/swap-$label.txt" || true
 }

@@ -176,6 +176,41 @@ fn swaps_through_the_load_api_alternating_versions_fail_nothing() {
 }
 
 #[test]
+fn a_swap_gap_keeps_steady_time_between_a_window_and_the_next_trigger() {
+    let repo = repo(&[1, 2]);
+    let server = Server::start(bin(), repo.root(), &[]);
+    server.wait_serving("m", 2);
+    // The drill's interval is 600 ms and a window ends 250 ms after a
+    // commit, so without the gap a trigger would come well under a second
+    // after the previous window's end.
+    let outcome =
+        drill(server.base(), &[&TWO[..], &["--swaps", "3", "--versions", "1,2", "--swap-gap", "1s"]].concat());
+    outcome.assert_clean(3, &["1", "2"]);
+    assert_eq!(outcome.report["config"]["swap_gap_s"], 1.0, "{}", outcome.report["config"]);
+    let swaps = outcome.report["swaps"].as_array().unwrap();
+    for pair in swaps.windows(2) {
+        let (end, next) = (pair[0]["window_end_s"].as_f64().unwrap(), pair[1]["trigger_s"].as_f64().unwrap());
+        assert!(next >= end + 1.0, "swap {} triggered {:.3} s after the previous window", pair[1]["index"], next - end);
+    }
+    // Steady requests come from the gaps too, not only before the first
+    // swap and after the last.
+    let (first, last) = (swaps[0]["trigger_s"].as_f64().unwrap(), swaps[2]["window_end_s"].as_f64().unwrap());
+    let bucket = outcome.report["series"]["bucket_ms"].as_f64().unwrap() / 1000.0;
+    let points = outcome.report["series"]["points"].as_array().unwrap();
+    let steady_between = points.iter().any(|p| {
+        let t = p["t_s"].as_f64().unwrap();
+        t > first
+            && t < last
+            && p["requests"].as_u64().unwrap() > 0
+            && swaps.iter().all(|s| {
+                let (a, b) = (s["trigger_s"].as_f64().unwrap(), s["window_end_s"].as_f64().unwrap());
+                t + bucket <= a || t >= b
+            })
+    });
+    assert!(steady_between, "no steady stretch between the swaps: {}", outcome.context());
+}
+
+#[test]
 fn publishing_version_directories_fails_nothing() {
     let repo = repo(&[1]);
     let server = Server::start(bin(), repo.root(), &[]);

@@ -87,6 +87,12 @@ pub struct DrillArgs {
     /// From one swap's trigger to the next one's (later if a swap's window has not ended).
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub swap_interval: Duration,
+    /// Steady load kept between one swap's window and the next trigger,
+    /// however late the schedule runs: when swaps take longer than the
+    /// interval, steady time then still comes between them rather than
+    /// only before the first and after the last.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub swap_gap: Duration,
     /// Versions to swap to, in turn (swap k takes the k-th, cycling), e.g.
     /// 1,2. For load-api they are sent as the load's version; for command,
     /// `{version}`. Also the version each swap expects to serve.

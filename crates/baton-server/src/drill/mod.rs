@@ -198,6 +198,7 @@ fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::t
         "swaps": args.swaps,
         "swap": args.swap,
         "swap_interval_s": args.swap_interval.as_secs_f64(),
+        "swap_gap_s": args.swap_gap.as_secs_f64(),
         "swap_timeout_s": args.swap_timeout.as_secs_f64(),
         "versions": args.versions,
         "repo": args.repo,

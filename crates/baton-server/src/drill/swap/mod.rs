@@ -42,6 +42,8 @@ pub struct Schedule {
     pub warmup: Duration,
     /// Between triggers.
     pub interval: Duration,
+    /// Steady time kept between a window's end and the next trigger.
+    pub gap: Duration,
     /// W: how long after a commit its window lasts.
     pub window: Duration,
     /// Steady load after the last window.
@@ -57,6 +59,7 @@ impl Schedule {
             count: args.swaps,
             warmup: args.warmup,
             interval: args.swap_interval,
+            gap: args.swap_gap,
             window: args.window,
             tail: args.tail,
             timeout: args.swap_timeout,
@@ -107,10 +110,13 @@ fn drive(action: &Action, schedule: &Schedule, versions: &[String], live: &Live,
     }
     set(phase, "warm-up".into());
     let window = schedule.window.as_nanos() as u64;
-    let mut not_before = 0;
+    let gap = schedule.gap.as_nanos() as u64;
+    // The end of the previous swap's window; none before the first.
+    let mut window_end = None;
     for index in 0..schedule.count {
         let scheduled = (schedule.warmup + schedule.interval * index as u32).as_nanos() as u64;
-        if !wait_until(live, scheduled.max(not_before)) {
+        let earliest = window_end.map_or(0, |end| end + gap);
+        if !wait_until(live, scheduled.max(earliest)) {
             return records;
         }
         let listed = (!versions.is_empty()).then(|| versions[index % versions.len()].as_str());
@@ -132,7 +138,7 @@ fn drive(action: &Action, schedule: &Schedule, versions: &[String], live: &Live,
             }
             commit = commit.max(live.now());
         }
-        not_before = commit + window;
+        window_end = Some(commit + window);
         set(phase, format!("swap {n}/{}: {}", schedule.count, if outcome.ok { "done" } else { "FAILED" }));
         records.push(SwapRecord {
             index: n,
@@ -145,7 +151,7 @@ fn drive(action: &Action, schedule: &Schedule, versions: &[String], live: &Live,
         });
     }
     set(phase, "tail".into());
-    if wait_until(live, not_before + schedule.tail.as_nanos() as u64) {
+    if wait_until(live, window_end.unwrap_or(0) + schedule.tail.as_nanos() as u64) {
         live.stop.store(true, Ordering::Relaxed);
     }
     records
