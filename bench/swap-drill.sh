@@ -2,7 +2,8 @@
 # Swap under fire, side by side: `baton drill` drives the MLP (closed loop,
 # 4 workers, KServe V2 REST with JSON tensors — the one format all three
 # servers speak) while the model is swapped SWAPS times (default 100), one
-# swap a second, against each server in turn:
+# swap a second or, when a swap takes longer, GAP (default 1 s) after its
+# window, against each server in turn:
 #
 #   baton     its repository load API, alternating versions 1 and 2 — a full
 #             load transaction (verify, load, validate, warm, commit, drain)

@@ -26,7 +26,7 @@
 
 use std::collections::HashSet;
 use std::fs::{DirBuilder, File};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,7 +112,6 @@ impl Staged {
             }
         }
         data.set_len(layout.data_len).map_err(|e| fail("sizing the data file", e))?;
-        data.flush().map_err(|e| fail("writing the data file", e))?;
         Ok(Some(staged))
     }
 }

@@ -30,6 +30,15 @@ fn repo(versions: &[u64]) -> TestRepo {
     repo
 }
 
+/// Serves `repo`, once `m` serves `version` and its load has ended: a load
+/// is busy until its drain ends, after the new version already answers,
+/// and a swap the drill starts before then is refused with 409.
+fn serving(repo: &TestRepo, version: u64) -> Server {
+    let server = Server::start(bin(), repo.root(), &[]);
+    server.wait_settled("m", version);
+    server
+}
+
 /// What a drill left behind.
 struct Outcome {
     status: ExitStatus,
@@ -154,8 +163,7 @@ impl Outcome {
 #[test]
 fn swaps_through_the_load_api_alternating_versions_fail_nothing() {
     let repo = repo(&[1, 2]);
-    let server = Server::start(bin(), repo.root(), &[]);
-    server.wait_settled("m", 2);
+    let server = serving(&repo, 2);
     let pid = server.pid().to_string();
     let outcome = drill(
         server.base(),
@@ -178,8 +186,7 @@ fn swaps_through_the_load_api_alternating_versions_fail_nothing() {
 #[test]
 fn a_swap_gap_keeps_steady_time_between_a_window_and_the_next_trigger() {
     let repo = repo(&[1, 2]);
-    let server = Server::start(bin(), repo.root(), &[]);
-    server.wait_settled("m", 2);
+    let server = serving(&repo, 2);
     // The drill's interval is 600 ms and a window ends 250 ms after a
     // commit, so without the gap a trigger would come well under a second
     // after the previous window's end.
@@ -213,8 +220,7 @@ fn a_swap_gap_keeps_steady_time_between_a_window_and_the_next_trigger() {
 #[test]
 fn publishing_version_directories_fails_nothing() {
     let repo = repo(&[1]);
-    let server = Server::start(bin(), repo.root(), &[]);
-    server.wait_settled("m", 1);
+    let server = serving(&repo, 1);
     let root = repo.root().to_str().expect("a UTF-8 path");
     let outcome = drill(server.base(), &[&TWO[..], &["--swaps", "3", "--swap", "publish", "--repo", root]].concat());
     outcome.assert_clean(3, &["1", "2", "3", "4"]);
@@ -230,8 +236,7 @@ fn publishing_version_directories_fails_nothing() {
 #[test]
 fn a_shell_command_per_swap_over_grpc_json_fails_nothing() {
     let repo = repo(&[1, 2]);
-    let server = Server::start(bin(), repo.root(), &[]);
-    server.wait_settled("m", 2);
+    let server = serving(&repo, 2);
     let command =
         format!("'{}' load {{model}} --version {{version}} --url {{url}} && echo swap {{n}}", bin().display());
     let grpc_url = server.grpc_url();
@@ -283,8 +288,7 @@ fn a_drill_that_cannot_start_says_why_and_exits_2() {
 fn a_refused_version_is_a_failed_swap_while_the_old_one_keeps_serving() {
     let repo = repo(&[1, 2]);
     repo.publish_damaged("m", 3, &mlp(3), Damage::FlipByte);
-    let server = Server::start(bin(), repo.root(), &[]);
-    server.wait_settled("m", 2);
+    let server = serving(&repo, 2);
     let outcome = drill(server.base(), &[&TWO[..], &["--swaps", "1", "--versions", "3"]].concat());
     let r = &outcome.report;
     assert_eq!(outcome.status.code(), Some(1), "{}", outcome.context());
