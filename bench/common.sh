@@ -74,6 +74,14 @@ stop_server() {
   pid=""
 }
 
+# server_of NAME: the server a drill's name stands for. A name may end in
+# .N, a repeat of the same drill (baton-noautogroup.2): one drill on these
+# machines is not a measurement the noise lets stand alone, so the full run
+# repeats baton's and bench/summarize.py reports the median.
+server_of() {
+  echo "${1%.[0-9]*}"
+}
+
 # each_server FUNCTION [SERVER...]: calls FUNCTION for each server named
 # (default: baton mlserver kserve).
 each_server() {

@@ -17,6 +17,10 @@
 #   bash bench/load-isolation.sh [baton|mlserver|kserve|baton-noautogroup ...]
 #                                                   (default: the first three)
 #
+#   A name may end in .N (baton.2, baton-noautogroup.3): the same drill
+#   again, its reports under that name; bench/summarize.py gives the
+#   median of the repeats.
+#
 #   baton-noautogroup  baton again with the kernel's autogroup switched off
 #             for the drill (needs root; restored right after, and on exit),
 #             as for a server in a container of its own. With autogroup on,
@@ -29,9 +33,10 @@ swaps="${SWAPS:-6}"
 rate="${RATE:-300}"
 
 drill() { # $1 = server label, $2 = port
-  local label=$1 port=$2
+  local label=$1 port=$2 base
+  base="$(server_of "$label")"
   local load="curl -sf -o /dev/null -X POST http://127.0.0.1:$port/v2/repository/models/big/load"
-  [ "${label%-noautogroup}" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
+  [ "${base%-noautogroup}" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
     --rate "$rate" --connections 32 --warmup 5s --swaps "$swaps" --swap-interval 8s --window 1s \
@@ -41,12 +46,13 @@ drill() { # $1 = server label, $2 = port
 }
 
 run_server() {
-  local server=$1 d=".baton/bench/isolation/$1"
+  local label=$1 server d=".baton/bench/isolation/$1"
+  server="$(server_of "$label")"
   rm -rf "$d"
   mkdir -p "$d"
   case "$server" in
     baton | baton-noautogroup)
-      if [ "$server" = baton-noautogroup ]; then autogroup_off "$server" || return 0; fi
+      if [ "$server" = baton-noautogroup ]; then autogroup_off "$label" || return 0; fi
       cp -r "$out/baton/mlp" "$d/"
       mkdir -p "$d/big" && cp "$out/baton/big/model.toml" "$d/big/"
       for v in 1 2; do ln -s "$root/$out/baton/big/$v" "$d/big/$v"; done
@@ -55,17 +61,17 @@ run_server() {
       start_baton "$d"
       # The watcher's first scan loads every model; unload big so each drill swap is a full load.
       curl -sf -o /dev/null -X POST http://127.0.0.1:8300/v2/repository/models/big/unload
-      drill "$server" 8300
+      drill "$label" 8300
       ;;
     mlserver)
       start_mlserver "$d" mlp
       cp -r "$out/mlserver/big" "$d/mlserver/"
       ln -s "$root/$out/baton/big" "$d/baton/big"
-      drill mlserver 8100
+      drill "$label" 8100
       ;;
     kserve)
       pid="$(bash bench/run-kserve.sh "$out/baton" 8200 --models mlp)"
-      drill kserve 8200
+      drill "$label" 8200
       ;;
     *) echo "load-isolation: unknown server $server" >&2; return 2 ;;
   esac

@@ -99,6 +99,23 @@ def encoder_throughput(parts):
               + f"; / raw engine (1 session) {b / median(raw[1]):.2f}, (2 sessions) {b / median(raw[2]):.2f}")
 
 
+SERVERS = ("baton", "mlserver", "kserve", "baton-noautogroup")
+REPEAT = re.compile(r"^(.*)\.(\d+)$")
+
+
+def drills(prefix):
+    """The drills of one benchmark, in SERVERS order and each server's
+    repeats (a name ending in .N, bench/common.sh) in order: (name, server, report)."""
+    found = []
+    for path in results.glob(f"{prefix}-*.json"):
+        name = path.stem[len(prefix) + 1:]
+        m = REPEAT.match(name)
+        server, n = (m.group(1), int(m.group(2))) if m else (name, 1)
+        if server in SERVERS:
+            found.append((SERVERS.index(server), n, name, server, json.loads(path.read_text())))
+    return [(name, server, r) for _, _, name, server, r in sorted(found)]
+
+
 def drill_table(prefix, title):
     print(f"\n{title}\n")
     print("| server | requests | failed | steady p99 ms | swap-window p99 ms | ratio | steady max ms | swap-window max ms | load call ms (median) | time to serve ms (median / max) |")
@@ -106,31 +123,43 @@ def drill_table(prefix, title):
     # The maximum of more requests is larger even when nothing is worse;
     # swap windows usually hold more. The worst at equal size goes below.
     tails = []
+    # Per server: each drill's p99 ratio, worst as written and at equal size.
+    repeats = {}
     # baton-noautogroup: the drill again with autogroup off (bench/common.sh).
-    for server in ("baton", "mlserver", "kserve", "baton-noautogroup"):
-        path = results / f"{prefix}-{server}.json"
-        if not path.exists():
-            continue
-        r = json.loads(path.read_text())
+    for name, server, r in drills(prefix):
         s, w = r["steady"], r["in_swaps"]
         actions = [x["action_ms"] for x in r["swaps"] if x.get("action_ms") is not None]
         served = sorted(x["time_to_serve_ms"] for x in r["swaps"] if x.get("time_to_serve_ms"))
         tts = f"{median(served):.0f} / {served[-1]:.0f}" if served else "not observable"
         ratio = w["p99_ms"] / s["p99_ms"] if s["p99_ms"] else float("nan")
-        print(f"| {server} | {r['requests']:,} | {r['failed']} | {s['p99_ms']:.3g} | {w['p99_ms']:.3g} | {ratio:.2f} | "
+        print(f"| {name} | {r['requests']:,} | {r['failed']} | {s['p99_ms']:.3g} | {w['p99_ms']:.3g} | {ratio:.2f} | "
               f"{s['max_ms']:.3g} | {w['max_ms']:.3g} | {median(actions):.0f} | {tts} |")
+        rep = repeats.setdefault(server, {"ratio": [], "worst": [], "equal": [], "failed": 0})
+        rep["ratio"].append(ratio)
+        rep["worst"].append(w["max_ms"] / s["max_ms"] if s["max_ms"] else float("nan"))
+        rep["failed"] += r["failed"]
         eq = r.get("worst_at_equal_size")
         if eq and eq.get("steady_ms") is not None and eq.get("in_swaps_ms") is not None:
-            tails.append(f"{server}: p99.9 steady {s['p999_ms']:.3g} ms, swap windows {w['p999_ms']:.3g} ms; "
+            rep["equal"].append(eq["in_swaps_ms"] / eq["steady_ms"])
+            tails.append(f"{name}: p99.9 steady {s['p999_ms']:.3g} ms, swap windows {w['p999_ms']:.3g} ms; "
                          f"worst at equal size ({eq['requests']:,} requests each): steady {eq['steady_ms']:.3g} ms, "
                          f"swap windows {eq['in_swaps_ms']:.3g} ms")
         load, after = r.get("in_swaps_loading"), r.get("in_swaps_after_commit")
         if load and after and load["requests"] and after["requests"]:
-            tails.append(f"{server}: swap windows split at the commit: trigger to commit {load['requests']:,} requests, "
+            tails.append(f"{name}: swap windows split at the commit: trigger to commit {load['requests']:,} requests, "
                          f"p99 {load['p99_ms']:.3g} ms, p99.9 {load['p999_ms']:.3g} ms; after commit "
                          f"{after['requests']:,} requests, p99 {after['p99_ms']:.3g} ms, p99.9 {after['p999_ms']:.3g} ms")
     for line in tails:
         print(f"\n{line}")
+    # One drill is not a measurement here; the repeats' medians are the verdicts.
+    for server, rep in repeats.items():
+        if len(rep["ratio"]) < 2:
+            continue
+        listed = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+        print(f"\n{server}, {len(rep['ratio'])} drills: failed {rep['failed']}; p99 ratio {listed(rep['ratio'])}, "
+              f"median {median(rep['ratio']):.2f}; worst window / worst steady {listed(rep['worst'])}, median "
+              f"{median(rep['worst']):.2f}; at equal size {listed(rep['equal'])}, median {median(rep['equal']):.2f}")
+
 
 def memory():
     print("\nMemory over many swaps\n")

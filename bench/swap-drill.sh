@@ -15,6 +15,10 @@
 #   bash bench/swap-drill.sh [baton|mlserver|kserve|baton-noautogroup ...]
 #                                                   (default: the first three)
 #
+#   A name may end in .N (baton-noautogroup.2): the same drill again, its
+#   reports under that name; bench/summarize.py gives the median of the
+#   repeats.
+#
 #   baton-noautogroup  baton again with the kernel's autogroup switched off
 #             for the drill (/proc/sys/kernel/sched_autogroup_enabled, needs
 #             root; restored right after, and on exit). Autogroup shares the
@@ -53,23 +57,24 @@ drill() { # $1 = server label, $2 = port, $3.. = extra drill options
 }
 
 run_server() {
-  local server=$1 d=".baton/bench/swap/$1"
+  local label=$1 server d=".baton/bench/swap/$1"
+  server="$(server_of "$label")"
   rm -rf "$d"
   mkdir -p "$d"
   case "$server" in
     baton | baton-noautogroup)
-      if [ "$server" = baton-noautogroup ]; then autogroup_off "$server" || return 0; fi
+      if [ "$server" = baton-noautogroup ]; then autogroup_off "$label" || return 0; fi
       cp -r "$out/baton/mlp" "$d/"
       start_baton "$d"
-      drill "$server" 8300 --swap load-api --versions 1,2
+      drill "$label" 8300 --swap load-api --versions 1,2
       ;;
     mlserver)
       start_mlserver "$d" mlp
-      drill mlserver 8100 --swap load-api
+      drill "$label" 8100 --swap load-api
       ;;
     kserve)
       pid="$(bash bench/run-kserve.sh "$out/baton" 8200 --models mlp)"
-      drill kserve 8200 --swap load-api
+      drill "$label" 8200 --swap load-api
       ;;
     *) echo "swap-drill: unknown server $server" >&2; return 2 ;;
   esac
