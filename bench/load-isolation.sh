@@ -27,6 +27,11 @@
 #             the loader's CPU time is charged to the session it shares with
 #             the serving threads (docs/BENCHMARKS.md §3, "Autogroup").
 #
+# The drill's stall probe (--stall-probe 2ms, docs/drill.md) records when
+# the machine itself stopped: at 300 requests/s nothing of the load keeps
+# a real-time thread from its CPU for 2 ms, so its late wakes in steady
+# time and in the load windows tell the machine's stalls from the server's.
+#
 # Reports go to .baton/bench/results/isolation-<server>.*.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-6}"
@@ -40,7 +45,7 @@ drill() { # $1 = server label, $2 = port
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
     --rate "$rate" --connections 32 --warmup 5s --swaps "$swaps" --swap-interval 8s --window 1s \
-    --duration "$((swaps * 25 + 30))s" --swap-timeout 120s --pid "$pid" \
+    --duration "$((swaps * 25 + 30))s" --swap-timeout 120s --pid "$pid" --stall-probe 2ms \
     --swap command --command "$load" \
     --json "$results/isolation-$label.json" --svg "$results/isolation-$label.svg" | tee "$results/isolation-$label.txt" || true
 }

@@ -144,6 +144,13 @@ def drill_table(prefix, title):
             tails.append(f"{name}: p99.9 steady {s['p999_ms']:.3g} ms, swap windows {w['p999_ms']:.3g} ms; "
                          f"worst at equal size ({eq['requests']:,} requests each): steady {eq['steady_ms']:.3g} ms, "
                          f"swap windows {eq['in_swaps_ms']:.3g} ms")
+        st = r.get("stalls")
+        if st:
+            a, b = st["steady"], st["in_swaps"]
+            tails.append(f"{name}: machine stalls ({'real-time' if st['realtime'] else 'normal-priority'} probe, "
+                         f"wakes over {st['late_ms']:g} ms late): steady {a['count']} ({a['per_minute']:.1f}/min, "
+                         f"max {a['max_ms']:.3g} ms), swap windows {b['count']} ({b['per_minute']:.1f}/min, "
+                         f"max {b['max_ms']:.3g} ms)")
         load, after = r.get("in_swaps_loading"), r.get("in_swaps_after_commit")
         if load and after and load["requests"] and after["requests"]:
             tails.append(f"{name}: swap windows split at the commit: trigger to commit {load['requests']:,} requests, "

@@ -96,6 +96,37 @@ pub fn set_current_thread_idle() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Puts the calling thread under `SCHED_FIFO` at the lowest real-time
+/// priority, for a thread that must wake when asked whatever else is
+/// runnable (the drill's stall probe). Needs `CAP_SYS_NICE` or an
+/// `RLIMIT_RTPRIO` of at least 1.
+pub fn set_current_thread_realtime() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Sets the calling thread's timer slack to 1 ns, so that its sleeps end
+/// when asked rather than up to 50 µs later (the kernel's default slack).
+pub fn set_current_thread_exact_timers() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_TIMERSLACK takes a plain integer and concerns the calling thread only.
+        let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Lowers the calling thread to the loader's priority: `nice`, and
 /// `SCHED_IDLE` when `idle` is set. Failures are logged, not fatal.
 pub fn lower_current_thread(nice: i32, idle: bool) {

@@ -218,6 +218,31 @@ fn a_swap_gap_keeps_steady_time_between_a_window_and_the_next_trigger() {
 }
 
 #[test]
+fn the_stall_probe_splits_its_late_wakes_between_steady_time_and_swap_windows() {
+    let repo = repo(&[1, 2]);
+    let server = serving(&repo, 2);
+    // A lateness of 0 counts every wake, so every sleep of the load's time
+    // must be in one of the two kinds of time.
+    let outcome =
+        drill(server.base(), &[&TWO[..], &["--swaps", "2", "--versions", "1,2", "--stall-probe", "0ms"]].concat());
+    outcome.assert_clean(2, &["1", "2"]);
+    let st = &outcome.report["stalls"];
+    let (steady, swaps) = (&st["steady"], &st["in_swaps"]);
+    let counted = steady["count"].as_u64().unwrap() + swaps["count"].as_u64().unwrap();
+    let sleeps = st["sleeps"].as_u64().unwrap();
+    assert!(counted > 0 && counted <= sleeps, "{counted} late wakes of {sleeps} sleeps: {st}");
+    assert!(swaps["count"].as_u64().unwrap() > 0 && swaps["seconds"].as_f64().unwrap() > 0.0, "{st}");
+    let seconds = steady["seconds"].as_f64().unwrap() + swaps["seconds"].as_f64().unwrap();
+    let duration = outcome.report["duration_s"].as_f64().unwrap();
+    assert!((seconds - duration).abs() < 1e-6, "{seconds} s split of a {duration} s load");
+    // Each sleep is at least a millisecond long, so there cannot be more
+    // than a thousand a second.
+    assert!(sleeps as f64 <= duration * 1000.0 + 1000.0, "{sleeps} sleeps in {duration} s");
+    assert!(st["realtime"].is_boolean() && st["worst"].as_array().is_some_and(|w| !w.is_empty()), "{st}");
+    assert!(outcome.stdout.contains("machine stalls ("), "{}", outcome.stdout);
+}
+
+#[test]
 fn publishing_version_directories_fails_nothing() {
     let repo = repo(&[1]);
     let server = serving(&repo, 1);
@@ -231,6 +256,7 @@ fn publishing_version_directories_fails_nothing() {
         assert!(baton_core::manifest::verify(&repo.version_dir("m", v)).is_ok(), "version {v} is not sealed");
     }
     assert!(outcome.report["rss"].is_null(), "no --pid, no RSS");
+    assert!(outcome.report["stalls"].is_null(), "no --stall-probe, no probe");
 }
 
 #[test]

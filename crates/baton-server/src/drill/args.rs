@@ -131,6 +131,14 @@ pub struct DrillArgs {
     /// How often RSS is sampled.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub rss_interval: Duration,
+    /// Probe the machine the drill runs on: a thread of the drill, at
+    /// real-time priority where it may be (root or CAP_SYS_NICE), sleeps
+    /// 1 ms in a loop and records every wake later than this, so that
+    /// stalls of the whole machine (a virtual CPU not running) can be told
+    /// from the server's own in steady time and in swap windows. Off when
+    /// not given; `2ms` is a good start.
+    #[arg(long, value_parser = parse_duration, value_name = "LATE")]
+    pub stall_probe: Option<Duration>,
     /// Where the JSON report goes.
     #[arg(long, default_value = "drill.json")]
     pub json: PathBuf,

@@ -21,6 +21,7 @@ pub mod progress;
 pub mod record;
 pub mod report;
 pub mod rss;
+pub mod stalls;
 pub mod swap;
 pub mod target;
 
@@ -102,6 +103,10 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
     let started_unix_s = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let phase: swap::Phase = Arc::new(Mutex::new(String::new()));
     let sampler = args.pid.map(|pid| rss::spawn(pid, args.rss_interval, Arc::clone(&live)));
+    let probe = match args.stall_probe {
+        Some(late) => Some(stalls::spawn(late, Arc::clone(&live)).context("starting the stall probe")?),
+        None => None,
+    };
     let driver = action.map(|action| {
         let schedule = swap::Schedule::from_args(args);
         swap::spawn(action, schedule, args.versions.clone(), Arc::clone(&live), Arc::clone(&phase))
@@ -117,6 +122,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
     }
     let swaps = driver.map(|d| d.join().unwrap_or_default()).unwrap_or_default();
     let samples = sampler.map(|s| s.join().unwrap_or_default());
+    let probe = probe.map(|p| p.join().unwrap_or_default());
     drop(runtime);
 
     let (records, versions, errors) = analyze::merge(&logs);
@@ -131,6 +137,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         window: args.window.as_nanos() as u64,
         rss: args.pid.zip(samples),
         allow: args.allow_versions.clone(),
+        probe,
     };
     let analysis = analyze::analyze(&run);
     let report = report::Report {
@@ -209,5 +216,6 @@ fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::t
         "allow_versions": args.allow_versions,
         "pid": args.pid,
         "rss_interval_ms": args.rss_interval.as_secs_f64() * 1e3,
+        "stall_probe_late_ms": args.stall_probe.map(|d| d.as_secs_f64() * 1e3),
     })
 }

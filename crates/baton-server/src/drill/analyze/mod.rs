@@ -3,6 +3,7 @@
 //! versions, unexpected answers, RSS, the time series and the verdict.
 
 pub mod series;
+pub mod stalls;
 pub mod stats;
 pub mod swaps;
 
@@ -15,6 +16,7 @@ use swaps::{Span, SwapReport};
 
 use super::record::{Record, WorkerLog};
 use super::rss::Samples;
+use super::stalls::Probe;
 use super::swap::SwapRecord;
 
 /// The merged records of a run, and what else happened in it.
@@ -37,6 +39,8 @@ pub struct Run {
     pub rss: Option<(u32, Samples)>,
     /// --allow-versions.
     pub allow: Vec<String>,
+    /// What the stall probe saw, when --stall-probe was given.
+    pub probe: Option<Probe>,
 }
 
 /// Merges the workers' logs into one table of records sorted by start.
@@ -183,6 +187,8 @@ pub struct Analysis {
     pub unexpected: Unexpected,
     /// The server's RSS, when --pid was given.
     pub rss: Option<RssReport>,
+    /// The machine's stalls, when --stall-probe was given.
+    pub stalls: Option<stalls::StallReport>,
     /// Latency over time.
     pub series: Series,
     /// The verdict.
@@ -238,6 +244,7 @@ pub fn analyze(run: &Run) -> Analysis {
         versions: version_counts(run),
         unexpected,
         rss,
+        stalls: run.probe.as_ref().map(|p| stalls::report(p, &spans, run.end)),
         series: series::series(records, &run.versions, run.end),
         verdict: Verdict { clean: true, problems: Vec::new() },
     };

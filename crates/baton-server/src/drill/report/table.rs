@@ -180,6 +180,26 @@ pub fn render(title: &str, a: &Analysis) -> String {
             let _ = writeln!(out, "  sampling stopped early: {why}");
         }
     }
+    if let Some(st) = &a.stalls {
+        let _ = writeln!(
+            out,
+            "machine stalls ({} probe, {} ms sleeps woken over {} ms late): steady {} in {:.0} s ({:.1}/min, max {} ms), swap windows {} in {:.0} s ({:.1}/min, max {} ms)",
+            if st.realtime { "real-time" } else { "normal-priority" },
+            ms(Some(st.period_ms)),
+            ms(Some(st.late_ms)),
+            count(st.steady.count),
+            st.steady.seconds,
+            st.steady.per_minute,
+            ms(Some(st.steady.max_ms)),
+            count(st.in_swaps.count),
+            st.in_swaps.seconds,
+            st.in_swaps.per_minute,
+            ms(Some(st.in_swaps.max_ms)),
+        );
+        if let Some(note) = &st.note {
+            let _ = writeln!(out, "  the probe was {note}");
+        }
+    }
     if a.verdict.clean {
         let _ = writeln!(out, "\nverdict: clean — no failed request, every swap served, no unexpected version");
     } else {
