@@ -85,13 +85,19 @@ pub fn set_current_thread_nice(nice: i32) -> std::io::Result<()> {
 /// privilege; like the nice value, threads it creates inherit it.
 pub fn set_current_thread_idle() -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
-        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    return set_current_thread_policy(libc::SCHED_IDLE, 0);
+    #[cfg(not(target_os = "linux"))]
+    Ok(())
+}
+
+/// `sched_setscheduler` for the calling thread.
+#[cfg(target_os = "linux")]
+fn set_current_thread_policy(policy: libc::c_int, priority: libc::c_int) -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -102,14 +108,8 @@ pub fn set_current_thread_idle() -> std::io::Result<()> {
 /// `RLIMIT_RTPRIO` of at least 1.
 pub fn set_current_thread_realtime() -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
-        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
+    return set_current_thread_policy(libc::SCHED_FIFO, 1);
+    #[cfg(not(target_os = "linux"))]
     Ok(())
 }
 
