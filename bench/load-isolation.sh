@@ -28,9 +28,10 @@
 #             the serving threads (docs/BENCHMARKS.md §3, "Autogroup").
 #
 # The drill's stall probe (--stall-probe 2ms, docs/drill.md) records when
-# the machine itself stopped: at 300 requests/s nothing of the load keeps
-# a real-time thread from its CPU for 2 ms, so its late wakes in steady
-# time and in the load windows tell the machine's stalls from the server's.
+# a real-time thread could not get a CPU for 2 ms: in steady time that is
+# the machine itself stopping; in the load windows it is the machine or a
+# kernel section of the load's (docs/BENCHMARKS.md §3, "The machine's
+# stalls, measured by the drill").
 #
 # Reports go to .baton/bench/results/isolation-<server>.*.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

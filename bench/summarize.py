@@ -116,6 +116,10 @@ def drills(prefix):
     return [(name, server, r) for _, _, name, server, r in sorted(found)]
 
 
+def listed(xs):
+    return ", ".join(f"{x:.2f}" for x in xs)
+
+
 def drill_table(prefix, title):
     print(f"\n{title}\n")
     print("| server | requests | failed | steady p99 ms | swap-window p99 ms | ratio | steady max ms | swap-window max ms | load call ms (median) | time to serve ms (median / max) |")
@@ -162,7 +166,6 @@ def drill_table(prefix, title):
     for server, rep in repeats.items():
         if len(rep["ratio"]) < 2:
             continue
-        listed = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
         print(f"\n{server}, {len(rep['ratio'])} drills: failed {rep['failed']}; p99 ratio {listed(rep['ratio'])}, "
               f"median {median(rep['ratio']):.2f}; worst window / worst steady {listed(rep['worst'])}, median "
               f"{median(rep['worst']):.2f}; at equal size {listed(rep['equal'])}, median {median(rep['equal']):.2f}")

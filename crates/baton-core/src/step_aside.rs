@@ -346,15 +346,13 @@ struct Slack(Option<libc::c_ulong>);
 
 impl Slack {
     fn exact() -> Slack {
-        // SAFETY: PR_GET_TIMERSLACK and PR_SET_TIMERSLACK take and return
-        // plain integers and concern the calling thread only.
-        unsafe {
-            let previous = libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0);
-            if previous <= 0 || libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) != 0 {
-                return Slack(None);
-            }
-            Slack(libc::c_ulong::try_from(previous).ok())
+        // SAFETY: PR_GET_TIMERSLACK takes and returns plain integers and
+        // concerns the calling thread only.
+        let previous = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+        if previous <= 0 || crate::sys::set_current_thread_exact_timers().is_err() {
+            return Slack(None);
         }
+        Slack(libc::c_ulong::try_from(previous).ok())
     }
 }
 

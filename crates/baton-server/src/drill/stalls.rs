@@ -7,13 +7,17 @@
 //! it looks like a slow server. So a thread of the drill sleeps
 //! [`PERIOD`] in a loop and records every wake that comes more than LATE
 //! after it was due. It runs under `SCHED_FIFO` where the drill may set
-//! that (root, or `CAP_SYS_NICE`): then no thread of the guest, the
-//! server's among them, can keep it waiting for a CPU beyond a
-//! non-preemptible kernel section, and what it records is the machine's
-//! stalls. Without that it runs at normal priority, the report says so,
-//! and its records also count waits for a busy CPU.
+//! that (root, or `CAP_SYS_NICE`): then no thread of the guest running in
+//! user space can keep it from a CPU. What still can is the machine (a
+//! virtual CPU its host does not run) and a kernel section that cannot be
+//! preempted, which may be the server's own, say a page fault while a
+//! model loads: with no swap running a late wake is the machine's, in a
+//! swap window it is the machine's or the swap's. Without the priority it
+//! runs at normal priority, the report says so, and its records also count
+//! waits for a busy CPU.
 //!
-//! It costs a wake a millisecond, a few microseconds of CPU each.
+//! It costs a wake a millisecond, about 20 µs on a CPU each (the median
+//! on the benchmark machine, `perf sched`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
