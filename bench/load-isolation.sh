@@ -3,7 +3,8 @@
 # RATE requests/s, default 300 — below every server's capacity, so no queue builds up, JSON) while the 480 MiB `big` model is
 # loaded beside it SWAPS times (default 6, alternating versions 2 and 1).
 # Each load's window runs from its trigger to 1 s after the load call
-# returned; the drill compares the MLP's latency there with its steady
+# returned, and 4 s of steady load follow it (--swap-gap) however long the
+# load took; the drill compares the MLP's latency there with its steady
 # latency. Six loads rather than three because at 300 requests/s each p99
 # rests on few requests: with three, about 40 above it on either side, and
 # the ratio moved between 0.90 and 1.16 from run to run.
@@ -45,8 +46,8 @@ drill() { # $1 = server label, $2 = port
   [ "${base%-noautogroup}" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
-    --rate "$rate" --connections 32 --warmup 5s --swaps "$swaps" --swap-interval 8s --window 1s \
-    --duration "$((swaps * 25 + 30))s" --swap-timeout 120s --pid "$pid" --stall-probe 2ms \
+    --rate "$rate" --connections 32 --warmup 5s --swaps "$swaps" --swap-interval 8s --swap-gap 4s --window 1s \
+    --duration "$((swaps * 40 + 30))s" --swap-timeout 120s --pid "$pid" --stall-probe 2ms \
     --swap command --command "$load" \
     --json "$results/isolation-$label.json" --svg "$results/isolation-$label.svg" | tee "$results/isolation-$label.txt" || true
 }

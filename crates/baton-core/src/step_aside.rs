@@ -44,6 +44,34 @@
 //! drills, and the load took several times longer,
 //! since the loader now runs only when nobody else wants the CPU.
 //!
+//! ## Sharing while serving
+//!
+//! Stepping aside helps only when threads are queued for a CPU. A load
+//! beside light traffic slows serving another way, with no one queued. The
+//! loader keeps one CPU busy, and the kernel then stops placing waking
+//! threads on that CPU. In `perf sched` traces of the MLP at 300
+//! requests/s beside a `SCHED_IDLE` busy loop, the server's threads woke
+//! onto the CPU where the drill's client ran and preempted it about six
+//! times as often as without the loop (1,993 against 312 times in 12 s).
+//! The request then waited behind the other's work. The scheduler's own
+//! delays did not grow. A likely cause, not checked in the kernel's
+//! source: the wake-up path searches for an idle CPU only while the cache
+//! domain's average load is low, and the busy loop counts towards it
+//! whatever its priority. In those drills the MLP's p99 doubled, 0.7 →
+//! 1.5 ms. It did so with a busy loop that touched no memory, as with one
+//! writing fresh or warm memory (docs/BENCHMARKS.md §3, "What a busy CPU
+//! beside serving costs").
+//!
+//! So while requests are being served (one noted by [`note_request`]
+//! within the last [`SERVING_RECENT`]), an armed thread keeps to
+//! [`StepAside::serving_share`] of one CPU. After each quantum of CPU it
+//! sleeps long enough to use no more, whether or not anyone waits. A load
+//! then takes longer while traffic flows: half a CPU, the default, makes
+//! its CPU-bound part twice as long. Once requests stop, it runs at full
+//! speed.
+//!
+//! ## Safety of the handler
+//!
 //! The handler makes only async-signal-safe calls (`clock_gettime`,
 //! `pread`, `nanosleep`, `timer_settime`), allocates nothing, takes no
 //! lock and keeps `errno`; the signal is installed with `SA_RESTART`, so
@@ -74,13 +102,22 @@ pub struct StepAside {
     pub quantum: Duration,
     /// How long it sleeps when others wait.
     pub pause: Duration,
+    /// The share of one CPU, in percent, the thread keeps while requests
+    /// are being served ([`note_request`] within [`SERVING_RECENT`]):
+    /// after each quantum of CPU it sleeps long enough to use no more.
+    /// 100 does not limit it. See "Sharing while serving" above.
+    pub serving_share: u8,
 }
 
 impl StepAside {
-    /// The default: look every 250 µs, step aside for 200 µs. A quantum is
-    /// about the serving thread's own work on a small model's request, and
-    /// under half the MLP's steady p99 on the benchmark machine.
-    pub const DEFAULT: StepAside = StepAside { quantum: Duration::from_micros(250), pause: Duration::from_micros(200) };
+    /// The default: look every 250 µs, step aside for 200 µs, and keep to
+    /// half a CPU while requests are served. A quantum is about the serving
+    /// thread's own work on a small model's request, and under half the
+    /// MLP's steady p99 on the benchmark machine. Half a CPU, not less: a
+    /// quarter did no better in the paired drills of docs/BENCHMARKS.md §3
+    /// ("Sharing while serving") and made loads twice as long again.
+    pub const DEFAULT: StepAside =
+        StepAside { quantum: Duration::from_micros(250), pause: Duration::from_micros(200), serving_share: 50 };
 
     /// The shortest quantum [`StepAside::arm`] uses. A thread in a relative
     /// sleep (`nanosleep`) that a signal interrupts sleeps again for the time
@@ -92,7 +129,7 @@ impl StepAside {
     pub const MIN_QUANTUM: Duration = Duration::from_micros(100);
 
     /// Never step aside.
-    pub const OFF: StepAside = StepAside { quantum: Duration::ZERO, pause: Duration::ZERO };
+    pub const OFF: StepAside = StepAside { quantum: Duration::ZERO, pause: Duration::ZERO, serving_share: 100 };
 
     /// Whether this policy steps aside at all.
     pub fn is_on(&self) -> bool {
@@ -121,6 +158,7 @@ impl StepAside {
                 SPACING_NS.set(nanos(quantum));
                 QUANTUM_NS.set(nanos(quantum));
                 PAUSE_NS.set(nanos(self.pause));
+                SHARE_PAUSE_NS.set(share_pause(quantum, self.serving_share));
                 RAN_FROM_NS.set(thread_cpu_ns());
                 ARMED_CPU_NS.set(RAN_FROM_NS.get());
                 ARMED_PAUSED_NS.set(PAUSED_HERE_NS.get());
@@ -189,11 +227,12 @@ pub fn paused_here() -> Duration {
 /// How often loading threads have stepped aside, since the process started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
-    /// Times others waited and it stepped aside.
+    /// Times it stepped aside: others waited, or requests were being
+    /// served and it had used its share.
     pub steps: u64,
     /// Wall time spent stepped aside, to the return to a CPU.
     pub paused: Duration,
-    /// Times others waited but the thread had used up what it may spend
+    /// Times it would have stepped aside but had used up what it may spend
     /// stepped aside ([`MAX_PAUSED_PER_CPU`]) and kept running.
     pub declined: u64,
 }
@@ -253,6 +292,8 @@ impl Drop for Hold {
 thread_local! {
     static QUANTUM_NS: Cell<u64> = const { Cell::new(0) };
     static PAUSE_NS: Cell<u64> = const { Cell::new(0) };
+    /// The sleep after each quantum while requests are served; 0 for none.
+    static SHARE_PAUSE_NS: Cell<u64> = const { Cell::new(0) };
     static RAN_FROM_NS: Cell<u64> = const { Cell::new(0) };
     /// CPU time and time stepped aside when the thread was armed.
     static ARMED_CPU_NS: Cell<u64> = const { Cell::new(0) };
@@ -435,11 +476,14 @@ fn on_tick() {
     }
     LOOKS_HERE.set(LOOKS_HERE.get() + 1);
     let waiting = runnable_threads().is_some_and(|runnable| runnable > CPUS.load(Ordering::Relaxed));
+    let share_pause = if serving_now() { SHARE_PAUSE_NS.get() } else { 0 };
+    let pause = if waiting { PAUSE_NS.get().max(share_pause) } else { share_pause };
+    let waiting = pause > 0;
     if waiting && !within_budget() {
         DECLINED.fetch_add(1, Ordering::Relaxed);
     } else if waiting {
         let started = monotonic_ns();
-        sleep_ns(PAUSE_NS.get());
+        sleep_ns(pause);
         STEPS.fetch_add(1, Ordering::Relaxed);
         STEPS_HERE.set(STEPS_HERE.get() + 1);
         let paused = monotonic_ns().saturating_sub(started);
@@ -451,6 +495,32 @@ fn on_tick() {
     // while nobody waits it is interrupted only every few quanta.
     respace(if waiting { quantum } else { quantum * IDLE_SPACING });
     RAN_FROM_NS.set(thread_cpu_ns());
+}
+
+/// How recent the last request must be for the server to count as serving.
+pub const SERVING_RECENT: Duration = Duration::from_millis(100);
+
+/// When the last request was noted, in `CLOCK_MONOTONIC` nanoseconds; 0 for never.
+static LAST_REQUEST_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Notes that a request is being served now: loading threads with a
+/// [`StepAside::serving_share`] under 100 keep to it for the next
+/// [`SERVING_RECENT`]. One clock read and one store.
+pub fn note_request() {
+    LAST_REQUEST_NS.store(monotonic_ns(), Ordering::Relaxed);
+}
+
+fn serving_now() -> bool {
+    let last = LAST_REQUEST_NS.load(Ordering::Relaxed);
+    last != 0 && monotonic_ns().saturating_sub(last) < nanos(SERVING_RECENT)
+}
+
+/// The sleep after each `quantum` of CPU that leaves a thread `share` percent of a CPU.
+fn share_pause(quantum: Duration, share: u8) -> u64 {
+    match share {
+        0 | 100.. => 0,
+        share => nanos(quantum) * u64::from(100 - share) / u64::from(share),
+    }
 }
 
 /// How many quanta apart the looks are while nobody waits.
@@ -562,7 +632,7 @@ mod tests {
     fn off_arms_nothing() {
         assert!(!StepAside::OFF.is_on());
         assert!(!StepAside::OFF.arm().is_active());
-        assert!(!StepAside { quantum: Duration::from_micros(100), pause: Duration::ZERO }.is_on());
+        assert!(!StepAside { quantum: Duration::from_micros(100), pause: Duration::ZERO, serving_share: 100 }.is_on());
     }
 
     /// Spins until this thread has used `cpu` of CPU time.
@@ -573,7 +643,8 @@ mod tests {
         }
     }
 
-    const SHORT: StepAside = StepAside { quantum: StepAside::MIN_QUANTUM, pause: Duration::from_micros(50) };
+    const SHORT: StepAside =
+        StepAside { quantum: StepAside::MIN_QUANTUM, pause: Duration::from_micros(50), serving_share: 100 };
 
     #[test]
     fn an_armed_thread_steps_aside_while_the_cpus_are_full_and_stops_when_disarmed() {
@@ -660,6 +731,39 @@ mod tests {
             respace(1);
             assert_eq!(SPACING_NS.get(), nanos(quantum));
         });
+    }
+
+    #[test]
+    fn the_serving_share_sets_the_sleep_after_each_quantum() {
+        let quantum = Duration::from_micros(250);
+        assert_eq!(share_pause(quantum, 100), 0);
+        assert_eq!(share_pause(quantum, 50), 250_000);
+        assert_eq!(share_pause(quantum, 25), 750_000);
+        assert_eq!(share_pause(quantum, 10), 2_250_000);
+    }
+
+    #[test]
+    fn while_requests_are_served_an_armed_thread_keeps_to_its_share_and_an_old_request_does_not_count() {
+        // Global: the only test that notes requests.
+        const SHARED: StepAside = StepAside { serving_share: 25, ..StepAside::DEFAULT };
+        assert_eq!(StepAside::DEFAULT.serving_share, 50);
+        let sleep = share_pause(SHARED.quantum, SHARED.serving_share);
+        let (steps, paused) = on_own_thread(move || {
+            let armed = SHARED.arm();
+            assert!(armed.is_active());
+            for _ in 0..100 {
+                note_request();
+                spin_for(SHARED.quantum * 2);
+            }
+            (STEPS_HERE.get(), paused_here())
+        });
+        assert!(steps >= 20, "stepped aside {steps} times in 200 quanta of CPU while requests were served");
+        // Every step sleeps at least the share's pause, whether or not others wait.
+        assert!(paused >= Duration::from_nanos(sleep * steps), "{steps} steps paused only {paused:?}");
+        LAST_REQUEST_NS.store(monotonic_ns() - nanos(SERVING_RECENT) - 1, Ordering::Relaxed);
+        assert!(!serving_now(), "a request older than SERVING_RECENT counts as serving");
+        note_request();
+        assert!(serving_now());
     }
 
     #[test]

@@ -144,6 +144,7 @@ impl Version {
     /// Bypasses dynamic batching; see [`Version::submit`].
     pub fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
         self.signature().check_inputs(inputs).map_err(InferError::InvalidInput)?;
+        crate::step_aside::note_request();
         Ok(self.engine().infer(inputs)?)
     }
 
@@ -157,6 +158,7 @@ impl Version {
     /// inference now and returns a future that is already resolved.
     pub fn submit(&self, inputs: Vec<Tensor>) -> Result<Pending, InferError> {
         self.signature().check_inputs(&inputs).map_err(InferError::InvalidInput)?;
+        crate::step_aside::note_request();
         Ok(match &self.batcher {
             Some(batcher) => Pending::Queued(batcher.submit(inputs)),
             None => Pending::Done(Some(self.engine().infer(&inputs).map_err(InferError::from))),

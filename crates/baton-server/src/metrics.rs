@@ -338,7 +338,7 @@ impl Metrics {
             &mut out,
             "baton_loader_step_asides_total",
             "counter",
-            "Times a thread building or freeing a version stepped off the CPU for waiting threads.",
+            "Times a thread building or freeing a version stepped off the CPU, for waiting threads or to keep to its share while requests are served.",
         );
         let _ = writeln!(out, "baton_loader_step_asides_total {}", stepped.steps);
         help(&mut out, "baton_loader_step_aside_seconds_total", "counter", "Time those threads spent stepped aside.");
@@ -348,7 +348,7 @@ impl Metrics {
             "baton_loader_step_asides_declined_total",
             "counter",
             &format!(
-                "Times others waited but the thread had stepped aside {} times its CPU time already, and kept running.",
+                "Times the thread would have stepped aside but had done so for {} times its CPU time already, and kept running.",
                 baton_core::step_aside::MAX_PAUSED_PER_CPU
             ),
         );

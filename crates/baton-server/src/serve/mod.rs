@@ -63,6 +63,11 @@ pub struct ServeArgs {
     /// threads are runnable than there are CPUs.
     #[arg(long, default_value_t = 200)]
     pub loader_pause_us: u64,
+    /// The share of one CPU, in percent (10–100), a thread building or
+    /// freeing a version keeps while requests are being served; 100 does
+    /// not limit it.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(10..=100))]
+    pub loader_serving_share: u8,
 }
 
 impl ServeArgs {
@@ -71,6 +76,7 @@ impl ServeArgs {
         StepAside {
             quantum: Duration::from_micros(self.loader_quantum_us),
             pause: Duration::from_micros(self.loader_pause_us),
+            serving_share: self.loader_serving_share,
         }
     }
 }
@@ -218,7 +224,15 @@ mod tests {
         assert_eq!(parse(&[]).step_aside(), StepAside::DEFAULT);
         assert!(!parse(&["--loader-quantum-us", "0"]).step_aside().is_on());
         let custom = parse(&["--loader-quantum-us", "500", "--loader-pause-us", "100"]).step_aside();
-        assert_eq!(custom, StepAside { quantum: Duration::from_micros(500), pause: Duration::from_micros(100) });
+        assert_eq!(
+            custom,
+            StepAside { quantum: Duration::from_micros(500), pause: Duration::from_micros(100), serving_share: 50 }
+        );
+        assert_eq!(parse(&["--loader-serving-share", "100"]).step_aside().serving_share, 100);
+        for bad in ["5", "101"] {
+            let args = ["baton", "--loader-serving-share", bad];
+            assert!(Cli::try_parse_from(args).is_err(), "a share of {bad} % was accepted");
+        }
     }
 
     #[test]
