@@ -348,7 +348,7 @@ impl Metrics {
             "baton_loader_step_asides_declined_total",
             "counter",
             &format!(
-                "Times the thread would have stepped aside but had done so for {} times its CPU time already, and kept running.",
+                "Times the thread would have stepped aside again but had stepped aside {} times its CPU time already, and kept running.",
                 baton_core::step_aside::MAX_PAUSED_PER_CPU
             ),
         );
