@@ -30,8 +30,10 @@ one() { # $1 = mode, $2 = round
   cp -r "$out/baton/mlp" "$d/"
   autogroup_off "$label" || return 0
   start_baton "$d"
-  chrt --idle 0 python3 bench/busy_beside.py "$mode" 1300 3 &
+  chrt --idle 0 python3 bench/busy_beside.py "$mode" 1300 3 "$d/busy-ready" &
   busy=$!
+  for _ in $(seq 300); do [ -e "$d/busy-ready" ] && break; sleep 0.1; done
+  [ -e "$d/busy-ready" ] || { echo "busy-beside: $mode never became ready" >&2; stop_busy; stop_server; restore_autogroup; return 1; }
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url http://127.0.0.1:8300 --protocol http-json --input input:FP32:1,256 \
     --rate 300 --connections 32 --warmup 5s --swaps 6 --swap-interval 8s --window 1s \

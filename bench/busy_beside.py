@@ -9,7 +9,10 @@ SECONDS does MODE, then waits again:
     warm      write every byte of MiB of memory mapped and written at start
     none      nothing (the drill's control)
 
-    python3 bench/busy_beside.py MODE MIB SECONDS
+    python3 bench/busy_beside.py MODE MIB SECONDS READY_FILE
+
+It creates READY_FILE once it is ready for the cue: a SIGUSR1 sent
+earlier would end it.
 """
 import mmap
 import signal
@@ -42,14 +45,15 @@ def write(buf, until, byte):
 
 
 def main():
-    mode, mib, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    mode, mib, seconds, ready = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    cue = []
+    signal.signal(signal.SIGUSR1, lambda *_: cue.append(1))
     size = mib * CHUNK
     warm = None
     if mode == "warm":
         warm = mmap.mmap(-1, size)
         write(warm, float("inf"), 1)
-    cue = []
-    signal.signal(signal.SIGUSR1, lambda *_: cue.append(1))
+    open(ready, "w").close()
     rounds = 0
     while True:
         while not cue:
