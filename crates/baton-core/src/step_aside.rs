@@ -52,7 +52,7 @@
 //! threads on that CPU. In `perf sched` traces of the MLP at 300
 //! requests/s beside a `SCHED_IDLE` busy loop, the server's threads woke
 //! onto the CPU where the drill's client ran and preempted it about six
-//! times as often as without the loop (1,993 against 312 times in 12 s).
+//! times as often as without the loop (1,993 against 312 times, in about 11 s of each).
 //! The request then waited behind the other's work. The scheduler's own
 //! delays did not grow. A likely cause, not checked in the kernel's
 //! source: the wake-up path searches for an idle CPU only while the cache
