@@ -48,12 +48,12 @@
 //!
 //! Stepping aside helps only when threads are queued for a CPU. A load
 //! beside light traffic slows serving another way, with no one queued. The
-//! loader keeps one CPU busy, and the kernel then stops placing waking
-//! threads on that CPU. In `perf sched` traces of the MLP at 300
+//! loader keeps one CPU busy, and the kernel then places waking threads on
+//! that CPU less often. In `perf sched` traces of the MLP at 300
 //! requests/s beside a `SCHED_IDLE` busy loop, the server's threads woke
 //! onto the CPU where the drill's client ran and preempted it about six
-//! times as often as without the loop (1,993 against 312 times, in about 11 s of each).
-//! The request then waited behind the other's work. The scheduler's own
+//! times as often as without the loop (1,993 against 312 times, in about
+//! 11 s of each). The request then waited behind the other's work. The scheduler's own
 //! delays did not grow. A likely cause, not checked in the kernel's
 //! source: the wake-up path searches for an idle CPU only while the cache
 //! domain's average load is low, and the busy loop counts towards it
@@ -478,10 +478,10 @@ fn on_tick() {
     let waiting = runnable_threads().is_some_and(|runnable| runnable > CPUS.load(Ordering::Relaxed));
     let share_pause = if serving_now() { SHARE_PAUSE_NS.get() } else { 0 };
     let pause = if waiting { PAUSE_NS.get().max(share_pause) } else { share_pause };
-    let waiting = pause > 0;
-    if waiting && !within_budget() {
+    let step = pause > 0;
+    if step && !within_budget() {
         DECLINED.fetch_add(1, Ordering::Relaxed);
-    } else if waiting {
+    } else if step {
         let started = monotonic_ns();
         sleep_ns(pause);
         STEPS.fetch_add(1, Ordering::Relaxed);
@@ -493,7 +493,7 @@ fn on_tick() {
     // Every interruption costs the thread tens of microseconds on a
     // virtual machine (measured here: 25-40 µs, timer exits included), so
     // while nobody waits it is interrupted only every few quanta.
-    respace(if waiting { quantum } else { quantum * IDLE_SPACING });
+    respace(if step { quantum } else { quantum * IDLE_SPACING });
     RAN_FROM_NS.set(thread_cpu_ns());
 }
 
@@ -503,11 +503,20 @@ pub const SERVING_RECENT: Duration = Duration::from_millis(100);
 /// When the last request was noted, in `CLOCK_MONOTONIC` nanoseconds; 0 for never.
 static LAST_REQUEST_NS: AtomicU64 = AtomicU64::new(0);
 
+/// How stale [`LAST_REQUEST_NS`] may get before a request rewrites it: far
+/// below [`SERVING_RECENT`], and it keeps serving threads on many cores
+/// from writing one shared cache line on every request.
+const NOTE_EVERY_NS: u64 = 1_000_000;
+
 /// Notes that a request is being served now: loading threads with a
 /// [`StepAside::serving_share`] under 100 keep to it for the next
-/// [`SERVING_RECENT`]. One clock read and one store.
+/// [`SERVING_RECENT`]. One clock read and one load; a store at most once
+/// a millisecond.
 pub fn note_request() {
-    LAST_REQUEST_NS.store(monotonic_ns(), Ordering::Relaxed);
+    let now = monotonic_ns();
+    if now.saturating_sub(LAST_REQUEST_NS.load(Ordering::Relaxed)) >= NOTE_EVERY_NS {
+        LAST_REQUEST_NS.store(now, Ordering::Relaxed);
+    }
 }
 
 fn serving_now() -> bool {
@@ -515,7 +524,8 @@ fn serving_now() -> bool {
     last != 0 && monotonic_ns().saturating_sub(last) < nanos(SERVING_RECENT)
 }
 
-/// The sleep after each `quantum` of CPU that leaves a thread `share` percent of a CPU.
+/// The sleep after each `quantum` of CPU that leaves a thread `share` percent
+/// of a CPU; none for 100 or more, and none for 0, which would never run.
 fn share_pause(quantum: Duration, share: u8) -> u64 {
     match share {
         0 | 100.. => 0,
@@ -764,6 +774,17 @@ mod tests {
         assert!(!serving_now(), "a request older than SERVING_RECENT counts as serving");
         note_request();
         assert!(serving_now());
+        // A note under NOTE_EVERY_NS old is left as it is (dated ahead here,
+        // so that no preemption of this thread can age it); an older one is
+        // rewritten.
+        let recent = monotonic_ns() + NOTE_EVERY_NS;
+        LAST_REQUEST_NS.store(recent, Ordering::Relaxed);
+        note_request();
+        assert_eq!(LAST_REQUEST_NS.load(Ordering::Relaxed), recent);
+        let old = monotonic_ns() - 2 * NOTE_EVERY_NS;
+        LAST_REQUEST_NS.store(old, Ordering::Relaxed);
+        note_request();
+        assert!(LAST_REQUEST_NS.load(Ordering::Relaxed) > old);
     }
 
     #[test]
