@@ -323,6 +323,21 @@ fn staged_dirs_left() -> Vec<String> {
         .collect()
 }
 
+/// The files of staged directories this process still maps (their
+/// directories are removed once the sessions exist, so they show as deleted).
+fn staged_files_mapped() -> Vec<String> {
+    let prefix = format!("baton-staged-{}-", std::process::id());
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mut files: Vec<String> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.contains(&prefix))
+        .map(str::to_owned)
+        .collect();
+    files.dedup();
+    files
+}
+
 #[test]
 fn a_large_model_serves_the_same_answers_staged_or_not_and_leaves_no_files() {
     let backend = backend();
@@ -333,6 +348,9 @@ fn a_large_model_serves_the_same_answers_staged_or_not_and_leaves_no_files() {
     for staging in ["true", "false"] {
         let model = load(&backend, dir.path(), &format!("sessions = 2\nstage_weights = {staging}"));
         assert_eq!(staged_dirs_left(), Vec::<String>::new(), "staging {staging}: files left after the load");
+        // Staging ran exactly when asked: the sessions map the staged weights.
+        let mapped = staged_files_mapped();
+        assert_eq!(!mapped.is_empty(), staging == "true", "staging {staging}: staged files mapped {mapped:?}");
         for instance in 0..2 {
             check_batch(model.as_ref(), &mlp, 1, 3, Some(instance));
             check_batch(model.as_ref(), &mlp, 8, 4, Some(instance));
@@ -345,5 +363,7 @@ fn a_large_model_serves_the_same_answers_staged_or_not_and_leaves_no_files() {
             })
             .unwrap();
         assert_eq!(weights, 4 * (1100 * 1100 + 1100 + 1100 * 3 + 3), "staging {staging}");
+        drop(model);
+        assert_eq!(staged_files_mapped(), Vec::<String>::new(), "staging {staging}: mapped after the model was freed");
     }
 }
