@@ -178,6 +178,10 @@ def drill_table(prefix, title):
                          f"wakes over {st['late_ms']:g} ms late): steady {a['count']} ({a['per_minute']:.1f}/min, "
                          f"max {a['max_ms']:.3g} ms), swap windows {b['count']} ({b['per_minute']:.1f}/min, "
                          f"max {b['max_ms']:.3g} ms)")
+            for kind, key in (("steady", "slowest_steady"), ("swap windows", "slowest_in_swaps")):
+                if st.get(key):
+                    tails.append(f"{name}: slowest in {kind}, ms (of it the probe stalled too): " + ", ".join(
+                        f"{x['latency_ms']:.3g} ({x['stalled_ms']:.3g})" for x in st[key]))
         load, after = r.get("in_swaps_loading"), r.get("in_swaps_after_commit")
         if load and after and load["requests"] and after["requests"]:
             tails.append(f"{name}: swap windows split at the commit: trigger to commit {load['requests']:,} requests, "

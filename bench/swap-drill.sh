@@ -35,6 +35,12 @@
 # wait for one), so its swaps are slow: up to 13 s with autogroup on, on
 # the 1 December machine (an MLP load takes 40 ms when the server is idle).
 #
+# The drill's stall probe (--stall-probe 2ms, docs/drill.md) records when
+# the machine stopped, and the report gives the slowest requests of steady
+# time and of the swap windows with how long the probe was stalled during
+# each: on these machines the worst requests (20-45 ms) are often the
+# machine's. It costs the drill a wake a millisecond on a busy CPU.
+#
 # Each server is started here on a scratch copy of the benchmark repository
 # and stopped by its pid. Reports (JSON, SVG, terminal table) go to
 # .baton/bench/results/swap-<server>.*. Needs bench/setup-peers.sh,
@@ -52,7 +58,7 @@ drill() { # $1 = server label, $2 = port, $3.. = extra drill options
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
     --concurrency 4 --warmup 3s --swaps "$swaps" --swap-interval 1s --swap-gap "$gap" --window 250ms \
-    --duration "$((swaps * 10 + 15))s" --pid "$pid" \
+    --duration "$((swaps * 10 + 15))s" --pid "$pid" --stall-probe 2ms \
     --json "$results/swap-$label.json" --svg "$results/swap-$label.svg" "$@" | tee "$results/swap-$label.txt" || true
 }
 

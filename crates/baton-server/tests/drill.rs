@@ -240,6 +240,17 @@ fn the_stall_probe_splits_its_late_wakes_between_steady_time_and_swap_windows() 
     assert!(sleeps as f64 <= duration * 1000.0 + 1000.0, "{sleeps} sleeps in {duration} s");
     assert!(st["realtime"].is_boolean() && st["worst"].as_array().is_some_and(|w| !w.is_empty()), "{st}");
     assert!(outcome.stdout.contains("machine stalls ("), "{}", outcome.stdout);
+    // The slowest requests of each kind, slowest first, the first of them
+    // the kind's maximum, each with no more stalled time than its latency.
+    for (kind, stats) in [("slowest_steady", "steady"), ("slowest_in_swaps", "in_swaps")] {
+        let slowest = st[kind].as_array().unwrap();
+        assert!(!slowest.is_empty() && slowest.len() <= 5, "{kind}: {st}");
+        let latency: Vec<f64> = slowest.iter().map(|r| r["latency_ms"].as_f64().unwrap()).collect();
+        assert!(latency.windows(2).all(|w| w[0] >= w[1]), "{kind} not slowest first: {latency:?}");
+        assert_eq!(latency[0], outcome.report[stats]["max_ms"].as_f64().unwrap(), "{kind}");
+        assert!(slowest.iter().all(|r| r["stalled_ms"].as_f64().unwrap() <= r["latency_ms"].as_f64().unwrap()), "{st}");
+    }
+    assert!(outcome.stdout.contains("slowest in swap windows, ms"), "{}", outcome.stdout);
 }
 
 #[test]

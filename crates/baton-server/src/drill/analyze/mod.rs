@@ -244,7 +244,7 @@ pub fn analyze(run: &Run) -> Analysis {
         versions: version_counts(run),
         unexpected,
         rss,
-        stalls: run.probe.as_ref().map(|p| stalls::report(p, &spans, run.end)),
+        stalls: run.probe.as_ref().map(|p| stalls::report(p, &spans, run.end, records)),
         series: series::series(records, &run.versions, run.end),
         verdict: Verdict { clean: true, problems: Vec::new() },
     };

@@ -199,6 +199,14 @@ pub fn render(title: &str, a: &Analysis) -> String {
         if let Some(note) = &st.note {
             let _ = writeln!(out, "  the probe was {note}");
         }
+        for (kind, slowest) in [("steady", &st.slowest_steady), ("swap windows", &st.slowest_in_swaps)] {
+            if slowest.is_empty() {
+                continue;
+            }
+            let list: Vec<String> =
+                slowest.iter().map(|r| format!("{} ({})", ms(Some(r.latency_ms)), ms(Some(r.stalled_ms)))).collect();
+            let _ = writeln!(out, "  slowest in {kind}, ms (of it the probe stalled too): {}", list.join(", "));
+        }
     }
     if a.verdict.clean {
         let _ = writeln!(out, "\nverdict: clean — no failed request, every swap served, no unexpected version");
