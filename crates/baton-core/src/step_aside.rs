@@ -218,10 +218,11 @@ pub fn armed_here() -> bool {
 }
 
 /// How long the calling thread has been stepped aside, in all, since it
-/// started: time it was neither running nor waiting for a CPU on its own
-/// account, which timings of its work leave out.
+/// started: the time it slept to leave the CPU to others, which timings of
+/// its work leave out. The wait for a CPU after each such sleep is not in
+/// it: that is the thread's run delay ([`crate::sys::thread_run_delay`]).
 pub fn paused_here() -> Duration {
-    Duration::from_nanos(PAUSED_HERE_NS.get())
+    Duration::from_nanos(SLEPT_HERE_NS.get())
 }
 
 /// How often loading threads have stepped aside, since the process started.
@@ -305,8 +306,11 @@ thread_local! {
     /// This thread's looks and steps, for tests that share the process.
     static LOOKS_HERE: Cell<u64> = const { Cell::new(0) };
     static STEPS_HERE: Cell<u64> = const { Cell::new(0) };
-    /// This thread's time stepped aside, in all.
+    /// This thread's time stepped aside, in all, each step until it was
+    /// back on a CPU (what the budget caps).
     static PAUSED_HERE_NS: Cell<u64> = const { Cell::new(0) };
+    /// Of that, the sleeps alone ([`paused_here`]).
+    static SLEPT_HERE_NS: Cell<u64> = const { Cell::new(0) };
 }
 
 static STEPS: AtomicU64 = AtomicU64::new(0);
@@ -486,9 +490,16 @@ fn on_tick() {
         sleep_ns(pause);
         STEPS.fetch_add(1, Ordering::Relaxed);
         STEPS_HERE.set(STEPS_HERE.get() + 1);
+        // Until the thread is back on a CPU: what the budget caps.
         let paused = monotonic_ns().saturating_sub(started);
         PAUSED_NS.fetch_add(paused, Ordering::Relaxed);
         PAUSED_HERE_NS.set(PAUSED_HERE_NS.get() + paused);
+        // Only the sleep, the pause asked for or less if it ended early,
+        // for timings of the thread's work. The wait for a CPU after it is
+        // the scheduler's run delay (`sys::thread_run_delay`), which those
+        // timings leave out already: counted here too, it would be left
+        // out twice, and a warmup run could come out faster than it was.
+        SLEPT_HERE_NS.set(SLEPT_HERE_NS.get() + paused.min(pause));
     }
     // Every interruption costs the thread tens of microseconds on a
     // virtual machine (measured here: 25-40 µs, timer exits included), so
@@ -686,6 +697,13 @@ mod tests {
         hogs.into_iter().for_each(|h| h.join().unwrap());
         assert!(steps > 0, "an armed thread never stepped aside while {} threads spun", cpus + 1);
         assert!(paused > Duration::ZERO, "stepped aside {steps} times for no time");
+        // Each step counts at most the pause it asked for (the share's, if
+        // another test's requests count as serving): the wait for a CPU
+        // after it, long with every CPU busy, is the run delay's, not a pause.
+        let longest = StepAside::DEFAULT
+            .pause
+            .max(Duration::from_nanos(share_pause(StepAside::DEFAULT.quantum, StepAside::DEFAULT.serving_share)));
+        assert!(paused <= longest * steps as u32, "{steps} steps counted {paused:?}, more than they asked for");
         assert_eq!(stepped_after, 0, "stepped aside after the guard was dropped");
         assert!(counts().steps >= steps && counts().paused > Duration::ZERO);
     }
