@@ -37,8 +37,10 @@ fn named(name: &str) -> Vec<(u32, String, i32)> {
     threads().into_iter().filter(|t| t.1 == shown).collect()
 }
 
-/// Waits until every new worker has named itself: a thread starts with its
-/// creator's name (here the spawner's) and sets its own once it runs.
+/// Waits until exactly one thread bears the spawner's name: a thread
+/// starts with its creator's name and sets its own once it runs, so the
+/// spawner shows only once it has run, and new workers show under the
+/// spawner's name until they have named themselves.
 fn settle() {
     for _ in 0..200 {
         if named(SPAWNER_THREAD_NAME).len() == 1 {
@@ -65,6 +67,8 @@ fn workers_of_a_model_loaded_at_low_priority_run_at_serving_priority() {
     std::fs::write(dir.path().join("model.onnx"), encode_mlp(&mlp, &OnnxOptions::default()).0).unwrap();
     let path = dir.path().to_path_buf();
 
+    // init started the spawner; on a busy machine it may not have run yet.
+    settle();
     let spawner = named(SPAWNER_THREAD_NAME);
     assert_eq!(spawner.len(), 1, "{spawner:?}");
     assert_eq!(spawner[0].2, serving, "the spawner runs at the priority init ran at");
