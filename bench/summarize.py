@@ -125,9 +125,10 @@ def listed(xs):
 # at most this often per minute of steady time. Steady time has no load running, so its late wakes are the
 # machine's own; the windows' are not counted, since there a late wake may
 # be a kernel section of the load's, and excluding a drill for that would
-# hide what the load costs. 30 a minute: on the benchmark machine the quiet
-# drills of docs/BENCHMARKS.md §3 had 0-20, and above about 50 the MLP's
-# steady p99 at 300 requests/s was 1.4 ms or more, twice a quiet machine's.
+# hide what the load costs. 30 a minute is a line drawn, not a measured
+# cut: in the six isolation drills of docs/BENCHMARKS.md §3 at 20:10, the
+# two with 4 a minute had a steady p99 of 0.70 ms (the quiet machine's),
+# the one with 20 had 1.00 ms, and the three with 47-58 had 0.98-1.46 ms.
 QUIET_PER_MINUTE = 30
 QUIET_LATE_MS = 2
 
