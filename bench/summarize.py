@@ -162,8 +162,9 @@ def drill_table(prefix, title):
               f"{s['max_ms']:.3g} | {w['max_ms']:.3g} | {median(actions):.0f} | {tts} |")
         rep = repeats.setdefault(server, {"ratio": [], "worst": [], "equal": [], "failed": 0, "quiet": []})
         rep["ratio"].append(ratio)
-        if quiet(r) is not None:
-            rep["quiet"].append((name, ratio) if quiet(r) else None)
+        calm = quiet(r)
+        if calm is not None:
+            rep["quiet"].append((name, ratio, calm))
         rep["worst"].append(w["max_ms"] / s["max_ms"] if s["max_ms"] else float("nan"))
         rep["failed"] += r["failed"]
         eq = r.get("worst_at_equal_size")
@@ -202,7 +203,7 @@ def drill_table(prefix, title):
     for server, rep in repeats.items():
         if len(rep["ratio"]) < 2 or not rep["quiet"]:
             continue
-        calm = [x for x in rep["quiet"] if x]
+        calm = [(n, x) for n, x, is_calm in rep["quiet"] if is_calm]
         noisy = len(rep["quiet"]) - len(calm)
         unprobed = len(rep["ratio"]) - len(rep["quiet"])
         left = f"; {unprobed} without a 2 ms probe left out too" if unprobed else ""

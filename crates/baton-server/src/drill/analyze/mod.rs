@@ -208,8 +208,9 @@ pub fn analyze(run: &Run) -> Analysis {
     let windows = windows(records, &spans, &mut swap_reports, run.end);
     let (mut steady, mut in_swaps) = (Collector::default(), Collector::default());
     let (mut loading, mut after_commit) = (Collector::default(), Collector::default());
+    let (mut slowest_steady, mut slowest_in_swaps) = (stalls::Slowest::default(), stalls::Slowest::default());
     let mut in_span = spans.iter().peekable();
-    for r in records {
+    for (i, r) in records.iter().enumerate() {
         while in_span.peek().is_some_and(|s| r.start >= s.to) {
             in_span.next();
         }
@@ -217,8 +218,12 @@ pub fn analyze(run: &Run) -> Analysis {
             Some(s) if r.start >= s.from => {
                 in_swaps.add(r.latency, r.ok());
                 if r.start < s.commit { &mut loading } else { &mut after_commit }.add(r.latency, r.ok());
+                slowest_in_swaps.add(r, i);
             }
-            _ => steady.add(r.latency, r.ok()),
+            _ => {
+                steady.add(r.latency, r.ok());
+                slowest_steady.add(r, i);
+            }
         }
     }
     let unexpected = unexpected(run, &swap_reports, &mut flagged);
@@ -244,7 +249,10 @@ pub fn analyze(run: &Run) -> Analysis {
         versions: version_counts(run),
         unexpected,
         rss,
-        stalls: run.probe.as_ref().map(|p| stalls::report(p, &spans, run.end, records)),
+        stalls: run
+            .probe
+            .as_ref()
+            .map(|p| stalls::report(p, &spans, run.end, records, [&slowest_steady, &slowest_in_swaps])),
         series: series::series(records, &run.versions, run.end),
         verdict: Verdict { clean: true, problems: Vec::new() },
     };

@@ -68,11 +68,10 @@ pub struct SlowRequest {
     pub stalled_ms: f64,
 }
 
-/// The index of the span holding `at`, if any (`spans` in time order, not
-/// overlapping; a span holds its first instant, not its last).
-fn span_of(spans: &[Span], at: u64) -> Option<usize> {
-    let i = spans.partition_point(|s| s.to <= at);
-    spans.get(i).filter(|s| at >= s.from).map(|_| i)
+/// Whether a span holds `at` (`spans` in time order, not overlapping; a
+/// span holds its first instant, not its last).
+fn in_a_span(spans: &[Span], at: u64) -> bool {
+    spans.get(spans.partition_point(|s| s.to <= at)).is_some_and(|s| at >= s.from)
 }
 
 /// How much of `from..to` the stalls cover, ns. The probe sleeps one sleep
@@ -83,22 +82,27 @@ fn stalled(stalls: &[Stall], from: u64, to: u64) -> u64 {
     stalls[first..].iter().take_while(|s| s.due < to).map(|s| (s.due + s.late).min(to) - s.due.max(from)).sum()
 }
 
-/// The [`SLOWEST`] slowest successful requests of steady time and of the
-/// swap windows, each slowest first, with the stalls over them.
-fn slowest(records: &[Record], spans: &[Span], stalls: &[Stall]) -> [Vec<SlowRequest>; 2] {
-    // Per kind (0 steady, 1 windows): (latency, index), kept sorted, slowest first.
-    let mut top: [Vec<(u64, usize)>; 2] = [Vec::new(), Vec::new()];
-    for (i, r) in records.iter().enumerate().filter(|(_, r)| r.ok()) {
-        let kind = &mut top[usize::from(span_of(spans, r.start).is_some())];
-        if kind.len() == SLOWEST && kind.last().is_some_and(|&(l, _)| l >= r.latency) {
-            continue;
+/// The [`SLOWEST`] slowest successful requests of one kind of time, kept
+/// as the analysis meets them, which already sorts each request into its
+/// kind: (latency, index in the records), slowest first.
+#[derive(Debug, Default)]
+pub struct Slowest(Vec<(u64, usize)>);
+
+impl Slowest {
+    /// Keeps `r`, the `index`th record, if it succeeded and is among the slowest so far.
+    pub fn add(&mut self, r: &Record, index: usize) {
+        if !r.ok() || (self.0.len() == SLOWEST && self.0.last().is_some_and(|&(l, _)| l >= r.latency)) {
+            return;
         }
-        let at = kind.partition_point(|&(l, _)| l >= r.latency);
-        kind.insert(at, (r.latency, i));
-        kind.truncate(SLOWEST);
+        let at = self.0.partition_point(|&(l, _)| l >= r.latency);
+        self.0.insert(at, (r.latency, index));
+        self.0.truncate(SLOWEST);
     }
-    top.map(|kind| {
-        kind.iter()
+
+    /// Each kept request of `records`, with the stalls over it.
+    fn report(&self, records: &[Record], stalls: &[Stall]) -> Vec<SlowRequest> {
+        self.0
+            .iter()
             .map(|&(_, i)| {
                 let r = &records[i];
                 SlowRequest {
@@ -108,18 +112,19 @@ fn slowest(records: &[Record], spans: &[Span], stalls: &[Stall]) -> [Vec<SlowReq
                 }
             })
             .collect()
-    })
+    }
 }
 
 /// Splits the probe's late wakes between steady time and the swap
 /// windows `spans` (in time order, not overlapping) of a load that ran
-/// `end` ns, and sets the slowest of `records` (sorted by start) beside them.
-pub fn report(probe: &Probe, spans: &[Span], end: u64, records: &[Record]) -> StallReport {
+/// `end` ns, and sets the slowest requests of each (`slowest`, steady
+/// then windows, kept from `records`) beside them.
+pub fn report(probe: &Probe, spans: &[Span], end: u64, records: &[Record], slowest: [&Slowest; 2]) -> StallReport {
     let in_swaps_ns: u64 = spans.iter().map(|s| s.to.min(end).saturating_sub(s.from.min(end))).sum();
     let mut steady = StallStats { seconds: end.saturating_sub(in_swaps_ns) as f64 / 1e9, ..StallStats::default() };
     let mut in_swaps = StallStats { seconds: in_swaps_ns as f64 / 1e9, ..StallStats::default() };
     for stall in probe.stalls.iter().filter(|s| s.due < end) {
-        let into = if span_of(spans, stall.due).is_some() { &mut in_swaps } else { &mut steady };
+        let into = if in_a_span(spans, stall.due) { &mut in_swaps } else { &mut steady };
         let ms = stall.late as f64 / 1e6;
         into.count += 1;
         into.late_ms += ms;
@@ -131,7 +136,7 @@ pub fn report(probe: &Probe, spans: &[Span], end: u64, records: &[Record]) -> St
     let mut worst: Vec<(f64, f64)> = probe.stalls.iter().map(|s| (s.due as f64 / 1e9, s.late as f64 / 1e6)).collect();
     worst.sort_by(|a, b| b.1.total_cmp(&a.1));
     worst.truncate(10);
-    let [slowest_steady, slowest_in_swaps] = slowest(records, spans, &probe.stalls);
+    let [slowest_steady, slowest_in_swaps] = slowest.map(|kind| kind.report(records, &probe.stalls));
     StallReport {
         realtime: probe.realtime,
         note: probe.note.clone(),
@@ -169,7 +174,7 @@ mod tests {
             Stall { due: 11 * S, late: 50 * MS }, // after the load: not counted
         ];
         let probe = Probe { realtime: true, note: None, late: Duration::from_millis(2), sleeps: 9000, stalls };
-        let r = report(&probe, &spans, 10 * S, &[]);
+        let r = report(&probe, &spans, 10 * S, &[], [&Slowest::default(), &Slowest::default()]);
         assert_eq!((r.steady.count, r.in_swaps.count), (2, 2));
         assert!((r.steady.seconds - 7.0).abs() < 1e-9 && (r.in_swaps.seconds - 3.0).abs() < 1e-9);
         assert!((r.in_swaps.per_minute - 40.0).abs() < 1e-9, "{}", r.in_swaps.per_minute);
@@ -198,7 +203,12 @@ mod tests {
         records.extend((0..20).map(|k| request(S / 10 + k * MS, MS, 0)));
         records.extend((0..20).map(|k| request(2 * S + k * MS, 2 * MS, 0)));
         records.sort_by_key(|r| r.start);
-        let r = report(&probe, &spans, 4 * S, &records);
+        // Sorted into their kinds as the analysis does: by start, in a window or not.
+        let (mut in_steady, mut in_windows) = (Slowest::default(), Slowest::default());
+        for (i, r) in records.iter().enumerate() {
+            if in_a_span(&spans, r.start) { &mut in_windows } else { &mut in_steady }.add(r, i);
+        }
+        let r = report(&probe, &spans, 4 * S, &records, [&in_steady, &in_windows]);
         let steady: Vec<(f64, f64)> = r.slowest_steady.iter().map(|x| (x.latency_ms, x.stalled_ms)).collect();
         assert_eq!(steady, [(10.0, 4.0), (6.0, 1.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0)]);
         let windows: Vec<(f64, f64)> = r.slowest_in_swaps.iter().map(|x| (x.latency_ms, x.stalled_ms)).collect();
@@ -209,7 +219,7 @@ mod tests {
     #[test]
     fn a_drill_without_swaps_is_all_steady_time() {
         let probe = Probe { stalls: vec![Stall { due: S, late: 3 * MS }], ..Probe::default() };
-        let r = report(&probe, &[], 2 * S, &[]);
+        let r = report(&probe, &[], 2 * S, &[], [&Slowest::default(), &Slowest::default()]);
         assert_eq!((r.steady.count, r.in_swaps.count), (1, 0));
         assert_eq!((r.in_swaps.seconds, r.in_swaps.per_minute), (0.0, 0.0));
         assert!((r.steady.per_minute - 30.0).abs() < 1e-9);
