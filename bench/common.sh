@@ -54,6 +54,20 @@ start_baton() {
   pid="$(cat "$d/pid")"
 }
 
+# isolation_repo DIR: a repository for the load-isolation drills in DIR:
+# the MLP, and the 480 MiB `big` model with versions 1 and 2, not required
+# for readiness. Start baton on it, then unload big (the first scan loads
+# every model) so that each load of the drill is a full one.
+isolation_repo() {
+  local d=$1
+  rm -rf "$d"
+  mkdir -p "$d/big"
+  cp -r "$out/baton/mlp" "$d/"
+  cp "$out/baton/big/model.toml" "$d/big/"
+  for v in 1 2; do ln -s "$root/$out/baton/big/$v" "$d/big/$v"; done
+  sed -i '1i required = false' "$d/big/model.toml"
+}
+
 # start_mlserver DIR MODEL...: serves the MODELs from a scratch MLServer
 # layout under DIR on 8100 and sets pid.
 start_mlserver() {

@@ -35,21 +35,45 @@
 # stalls, measured by the drill").
 #
 # Reports go to .baton/bench/results/isolation-<server>.*.
+#
+# Where in a load serving slows (baton only): STAGES=1 records every
+# request (the drill's --records) and loads through baton's own load API,
+# whose answer gives each stage's duration, kept one per line in
+# isolation-<server>.loads.jsonl; `python3 bench/load_stages.py
+# .baton/bench/results/isolation-<server>` then gives the MLP's latency in
+# each stage (docs/BENCHMARKS.md §3, "Long reads"). PIN=1 as well runs
+# baton on the last CPU alone and the drill on the others: every serving
+# thread then shares its CPU with the loader, so what shows is what the
+# loader's CPU costs a request there, not where the kernel puts it; its
+# reports are isolation-pinned-<server>.*, which bench/summarize.py leaves
+# out, since that is not the benchmark's drill.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 swaps="${SWAPS:-6}"
 rate="${RATE:-300}"
 
 drill() { # $1 = server label, $2 = port
-  local label=$1 port=$2 base
+  local label=$1 port=$2 base pin=() extra=() report="$results/isolation-$1"
   base="$(server_of "$label")"
   local load="curl -sf -o /dev/null -X POST http://127.0.0.1:$port/v2/repository/models/big/load"
   [ "${base%-noautogroup}" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
+  if [ "${base%-noautogroup}" = baton ] && [ -n "${STAGES:-}" ]; then
+    if [ -n "${PIN:-}" ]; then
+      local last=$(($(nproc) - 1))
+      taskset -a -p -c "$last" "$pid" >/dev/null
+      pin=(taskset -c "0-$((last - 1))")
+      report="$results/isolation-pinned-$label"
+    fi
+    local loads="$root/$report.loads.jsonl"
+    rm -f "$loads"
+    load="curl -sf -X POST http://127.0.0.1:$port/baton/v1/models/big/load -d '{\"version\":'\$(( {swap} % 2 + 1 ))'}' >>$loads && echo >>$loads"
+    extra=(--records)
+  fi
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
+  "${pin[@]}" "$baton" drill mlp --url "http://127.0.0.1:$port" --protocol http-json --input input:FP32:1,256 \
     --rate "$rate" --connections 32 --warmup 5s --swaps "$swaps" --swap-interval 8s --swap-gap 4s --window 1s \
-    --duration "$((swaps * 40 + 30))s" --swap-timeout 120s --pid "$pid" --stall-probe 2ms \
+    --duration "$((swaps * 40 + 30))s" --swap-timeout 120s --pid "$pid" --stall-probe 2ms "${extra[@]}" \
     --swap command --command "$load" \
-    --json "$results/isolation-$label.json" --svg "$results/isolation-$label.svg" | tee "$results/isolation-$label.txt" || true
+    --json "$report.json" --svg "$report.svg" | tee "$report.txt" || true
 }
 
 run_server() {
@@ -60,13 +84,8 @@ run_server() {
   case "$server" in
     baton | baton-noautogroup)
       if [ "$server" = baton-noautogroup ]; then autogroup_off "$label" || return 0; fi
-      cp -r "$out/baton/mlp" "$d/"
-      mkdir -p "$d/big" && cp "$out/baton/big/model.toml" "$d/big/"
-      for v in 1 2; do ln -s "$root/$out/baton/big/$v" "$d/big/$v"; done
-      # big is not required for readiness and is not loaded at start: the drill loads it.
-      sed -i '1i required = false' "$d/big/model.toml"
+      isolation_repo "$d"
       start_baton "$d"
-      # The watcher's first scan loads every model; unload big so each drill swap is a full load.
       curl -sf -o /dev/null -X POST http://127.0.0.1:8300/v2/repository/models/big/unload
       drill "$label" 8300
       ;;

@@ -32,6 +32,7 @@ mod memory;
 pub mod pipeline;
 pub mod registry;
 pub mod routing;
+pub mod short_reads;
 pub mod signature;
 pub mod source;
 pub mod spec;

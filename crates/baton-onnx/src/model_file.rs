@@ -64,7 +64,8 @@ impl ModelFile {
         let size = std::fs::metadata(path).map_err(unreadable)?.len();
         let (mut bytes, mut staged) = (None, None);
         if size <= READ_ONCE_LIMIT {
-            bytes = Some(std::fs::read(path).map_err(unreadable)?).filter(|bytes| self_contained(bytes));
+            bytes = Some(baton_core::short_reads::read_file(path).map_err(unreadable)?)
+                .filter(|bytes| self_contained(bytes));
         } else if let Some(parent) = stage_in {
             staged = Staged::create(path, parent).unwrap_or_else(|reason| {
                 tracing::warn!(
@@ -181,7 +182,7 @@ impl KeptFile {
         match proto::read_skeleton(&file, &self.path) {
             Ok(bytes) => Ok(Weights::Skeleton { bytes, file }),
             // Malformed: read whole, so that parsing reports what is wrong.
-            Err(_) => std::fs::read(&self.path).map(Weights::Whole),
+            Err(_) => baton_core::short_reads::read_file(&self.path).map(Weights::Whole),
         }
     }
 

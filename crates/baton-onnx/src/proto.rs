@@ -499,9 +499,11 @@ fn read_external(
     read_at(&file, offset, expected, scratch).map_err(io)
 }
 
-/// Reads `len` bytes of `file` at `offset` into `scratch`, replacing what it held.
+/// Reads `len` bytes of `file` at `offset` into `scratch`, replacing what it
+/// held, in pieces: a tensor read in one call would keep the loading thread
+/// on its CPU for milliseconds ([`baton_core::short_reads`]).
 fn read_at(file: &File, offset: u64, len: usize, scratch: &mut Vec<u8>) -> std::io::Result<()> {
     scratch.clear();
     scratch.resize(len, 0);
-    std::os::unix::fs::FileExt::read_exact_at(file, scratch, offset)
+    baton_core::short_reads::read_exact_at(file, scratch, offset)
 }

@@ -27,7 +27,7 @@
 use std::collections::HashSet;
 use std::fs::{DirBuilder, File};
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{DirBuilderExt, FileExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -85,7 +85,7 @@ impl Staged {
                 && !moved.contains(&range.start)
             {
                 let at = range.start as u64;
-                file.read_exact_at(&mut skeleton[range.clone()], at)
+                baton_core::short_reads::read_exact_at(&file, &mut skeleton[range.clone()], at)
                     .map_err(|e| format!("reading {} from {}: {e}", init.name, path.display()))?;
             }
         }

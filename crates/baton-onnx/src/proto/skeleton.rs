@@ -13,7 +13,7 @@
 //! its largest tensor, and the pages it fills are mostly ones it reuses.
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::BufReader;
 use std::path::Path;
 
 use super::{ProtoError, Result};
@@ -88,7 +88,10 @@ impl Scan<'_> {
             return Err(truncated());
         }
         let to = &mut self.out[self.pos..self.pos + n];
-        self.file.read_exact(to).map_err(|source| ProtoError::Read { what: String::new(), source })?;
+        // In pieces: a long field in one read would hold the loading
+        // thread's CPU (baton_core::short_reads).
+        baton_core::short_reads::read_exact(&mut self.file, to)
+            .map_err(|source| ProtoError::Read { what: String::new(), source })?;
         self.pos += n;
         Ok(())
     }
