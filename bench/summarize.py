@@ -213,7 +213,8 @@ def drill_table(prefix, title):
                   f"{median([x for _, x in calm]):.2f}; {noisy} of {len(rep['quiet'])} probed drills measured a "
                   f"stalling machine and are left out{left}")
         else:
-            print(f"\n{server}: no verdict, all {noisy} probed drills measured a stalling machine (probe late "
+            which = "the one probed drill" if noisy == 1 else f"all {noisy} probed drills"
+            print(f"\n{server}: no verdict, {which} measured a stalling machine (probe late "
                   f"over 2 ms more than {QUIET_PER_MINUTE} times a minute in steady time){left}")
 
 
