@@ -54,20 +54,36 @@ pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
     read_to_end(&mut file, usize::try_from(hint).unwrap_or(0))
 }
 
-/// Everything `reader` gives, [`PIECE`] by piece, in a buffer first sized for `hint` bytes.
+/// Everything `reader` gives, [`PIECE`] by piece, in a buffer first sized
+/// for `hint` bytes. Once the buffer is full, a small read looks for more
+/// before it grows, so a file of exactly `hint` bytes is not copied into a
+/// buffer twice its size just to find its end.
 fn read_to_end(reader: &mut impl Read, hint: usize) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(hint);
     loop {
         let start = bytes.len();
-        bytes.resize(start + PIECE, 0);
-        match reader.read(&mut bytes[start..]) {
-            Ok(0) => {
-                bytes.truncate(start);
-                return Ok(bytes);
+        if start == bytes.capacity() {
+            let mut probe = [0u8; 64];
+            match reader.read(&mut probe) {
+                Ok(0) => return Ok(bytes),
+                Ok(n) => {
+                    bytes.extend_from_slice(&probe[..n]);
+                    bytes.reserve(PIECE);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
+            continue;
+        }
+        let piece = (bytes.capacity() - start).min(PIECE);
+        bytes.resize(start + piece, 0);
+        match reader.read(&mut bytes[start..]) {
             Ok(n) => bytes.truncate(start + n),
             Err(e) if e.kind() == ErrorKind::Interrupted => bytes.truncate(start),
             Err(e) => return Err(e),
+        }
+        if bytes.len() == start {
+            return Ok(bytes);
         }
     }
 }
@@ -146,9 +162,17 @@ mod tests {
     fn a_whole_file_is_read_a_piece_at_a_time() {
         let source = pattern(2 * PIECE + 9);
         let mut reader = Asked { source: &source, asked: Vec::new() };
-        assert_eq!(read_to_end(&mut reader, source.len()).unwrap(), source);
+        let bytes = read_to_end(&mut reader, source.len()).unwrap();
+        assert_eq!(bytes, source);
+        assert_eq!(bytes.capacity(), source.len(), "the buffer grew past the file");
         assert!(reader.asked.iter().all(|&n| n <= PIECE), "asked {:?}", reader.asked);
         assert_eq!(reader.asked.len(), 4, "three pieces and the end: {:?}", reader.asked);
+
+        // Without a size hint (or past it), still in pieces, not in probes.
+        let mut reader = Asked { source: &source, asked: Vec::new() };
+        assert_eq!(read_to_end(&mut reader, 0).unwrap(), source);
+        assert!(reader.asked.iter().all(|&n| n <= PIECE), "asked {:?}", reader.asked);
+        assert!(reader.asked.len() <= 8, "asked {:?}", reader.asked);
     }
 
     #[test]
