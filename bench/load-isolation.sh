@@ -55,8 +55,10 @@ drill() { # $1 = server label, $2 = port
   local label=$1 port=$2 base pin=() extra=() report="$results/isolation-$1"
   base="$(server_of "$label")"
   local load="curl -sf -o /dev/null -X POST http://127.0.0.1:$port/v2/repository/models/big/load"
-  [ "${base%-noautogroup}" = baton ] && load="$load -d '{\"parameters\":{\"version\":'\$(( {swap} % 2 + 1 ))'}}'"
-  if [ "${base%-noautogroup}" = baton ] && [ -n "${STAGES:-}" ]; then
+  local version="\$(( {swap} % 2 + 1 ))" # the shell the drill runs works it out per swap
+  if [ "${base%-noautogroup}" = baton ] && [ -z "${STAGES:-}" ]; then
+    load="$load -d '{\"parameters\":{\"version\":'$version'}}'"
+  elif [ "${base%-noautogroup}" = baton ]; then
     if [ -n "${PIN:-}" ]; then
       local last=$(($(nproc) - 1))
       taskset -a -p -c "$last" "$pid" >/dev/null
@@ -65,7 +67,7 @@ drill() { # $1 = server label, $2 = port
     fi
     local loads="$root/$report.loads.jsonl"
     rm -f "$loads"
-    load="curl -sf -X POST http://127.0.0.1:$port/baton/v1/models/big/load -d '{\"version\":'\$(( {swap} % 2 + 1 ))'}' >>$loads && echo >>$loads"
+    load="curl -sf -X POST http://127.0.0.1:$port/baton/v1/models/big/load -d '{\"version\":'$version'}' >>$loads && echo >>$loads"
     extra=(--records)
   fi
   echo "=== $label  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -22,15 +22,17 @@
 //! So code that runs on a loading thread reads files through these
 //! functions, at most [`PIECE`] bytes per system call. The cost is one
 //! system call per piece: for the 480 MiB benchmark model, about 3,800
-//! more, a few milliseconds of a load that takes seconds.
+//! more, which at a few microseconds each is an estimated few
+//! milliseconds of a load that takes seconds (not measured apart).
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// The most one system call reads: 128 KiB, about 13 µs of copying on the
-/// benchmark machine, the same as the block the manifest's digest streams.
+/// The most one system call reads: 128 KiB, the block the manifest's digest
+/// already streams, and a size at which the wait beside the reader was that
+/// of no reader at all.
 pub const PIECE: usize = 128 << 10;
 
 /// Fills `buf` from `file` at `offset`, [`PIECE`] by piece; like
