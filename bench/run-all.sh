@@ -37,6 +37,11 @@ raw_engine mlp
 echo "## throughput: perf_analyzer, concurrency 4, batch 1"
 RUNS=3 bash bench/perf-peers.sh baton mlserver kserve
 
+echo "## engine share: the raw engine and baton alternated, MLP, batch 1"
+# The target's ratio, taken round by round: the engine's rate drifts by
+# 10-15 % within an hour here, more than the margin the line leaves.
+bash bench/engine-share.sh
+
 echo "## raw engine (ONNX Runtime, no server), encoder, batch 1"
 raw_engine encoder
 

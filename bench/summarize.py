@@ -73,6 +73,28 @@ def throughput(parts):
     print(f"baton-binary / raw engine (1 session): {b / median(raw[1]):.2f}; / raw (2 sessions): {b / median(raw[2]):.2f}")
 
 
+ROUND = re.compile(r"round (\d+): raw ([\d.]+) calls/s \| perf_analyzer ([\d.]+) infer/s p99 ([\d.]+) ms \| "
+                   r"drill ([\d.]+) requests/s p99 ([\d.]+) ms")
+
+
+def engine_share():
+    """bench/engine-share.sh: the raw engine and baton alternated, each
+    round's ratios and their medians (the target's verdict)."""
+    path = results / "engine-share.txt"
+    rounds = [ROUND.match(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rounds = [(float(m[2]), float(m[3]), float(m[4]), float(m[5]), float(m[6])) for m in rounds if m]
+    if not rounds:
+        return
+    print("\nShare of the engine's rate, alternated round by round (MLP, batch 1, HTTP binary, c=4)\n")
+    print("| round | raw engine calls/s | perf_analyzer infer/s (p99 ms) | share | baton drill requests/s (p99 ms) | share |")
+    print("|---|---|---|---|---|---|")
+    for i, (raw, pa, pa99, drill, drill99) in enumerate(rounds, 1):
+        print(f"| {i} | {raw:,.0f} | {pa:,.0f} ({pa99:.2f}) | {pa / raw:.3f} | {drill:,.0f} ({drill99:.2f}) | {drill / raw:.3f} |")
+    pa_share = median([r[1] / r[0] for r in rounds])
+    drill_share = median([r[3] / r[0] for r in rounds])
+    print(f"\nmedian share over {len(rounds)} rounds: under perf_analyzer {pa_share:.3f}, under baton drill {drill_share:.3f}")
+
+
 def encoder_throughput(parts):
     raw = raw_rates(l for h, ls in parts if h.startswith("raw engine") and "encoder" in h for l in ls)
     perf = {k: v for k, v in perf_runs(l for _, ls in parts for l in ls).items() if k.startswith("encoder-c")}
@@ -126,7 +148,7 @@ def listed(xs):
 # machine's own; the windows' are not counted, since there a late wake may
 # be a kernel section of the load's, and excluding a drill for that would
 # hide what the load costs. 30 a minute is a line drawn, not a measured
-# cut: in the six isolation drills of docs/BENCHMARKS.md §3 at 20:10, the
+# cut: in the six isolation drills of docs/benchmarks-notebook.md §3 at 20:10, the
 # two with 4 a minute had a steady p99 of 0.70 ms (the quiet machine's),
 # the one with 20 had 1.00 ms, and the three with 47-58 had 0.98-1.46 ms.
 QUIET_PER_MINUTE = 30
@@ -259,6 +281,7 @@ def memory():
 
 parts = sections()
 throughput(parts)
+engine_share()
 encoder_throughput(parts)
 drill_table("swap", "Swap under fire (MLP, closed loop x4, JSON)")
 drill_table("isolation", "Loading the 480 MiB model beside the MLP (MLP at a fixed rate, JSON)")
