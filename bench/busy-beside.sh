@@ -10,7 +10,7 @@
 #
 #   bash bench/busy-beside.sh [MODE ...]    (default: none spin duty:50 duty:25 fresh warm)
 #
-# Reports go to .baton/bench/results/busy-<mode>.<round>.*; docs/BENCHMARKS.md
+# Reports go to .baton/bench/results/busy-<mode>.<round>.*; docs/benchmarks-notebook.md
 # §3, "What a busy CPU beside serving costs".
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds="${ROUNDS:-2}"

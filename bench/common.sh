@@ -21,7 +21,7 @@ trap cleanup EXIT
 # The kernel's autogroup shares the CPU between sessions before priorities
 # count, and it applies only to processes in the root CPU cgroup: a server
 # in a container of its own is not under it. The *-noautogroup drills run
-# baton with it switched off (docs/BENCHMARKS.md §2 and §3, "Autogroup").
+# baton with it switched off (docs/benchmarks-notebook.md §2 and §3, "Autogroup").
 autogroup=/proc/sys/kernel/sched_autogroup_enabled
 autogroup_was=""
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does freeing a large block of memory stall the machine a moment later?
 
-In one load-isolation drill (docs/BENCHMARKS.md §3) two stalls began 2.0 s
+In one load-isolation drill (docs/benchmarks-notebook.md §3) two stalls began 2.0 s
 after baton freed a 962 MiB version, and 2 s is the delay of the kernel's
 free page reporting, which hands freed memory back to the VM's host. This
 tests that without baton: one process fills and frees SIZE MiB, COUNT

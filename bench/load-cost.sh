@@ -14,7 +14,7 @@
 # $results/load-cost-MODEL.json. The second and third loads of a run grow
 # the process to a size it has not had before (a version, the one kept for
 # rollback, a third loading), so they cost more than the others here
-# (docs/BENCHMARKS.md §3, "Weights mapped, not copied").
+# (docs/benchmarks-notebook.md §3, "Weights mapped, not copied").
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 model="${1:-big}"
 loads="${2:-6}"

@@ -26,12 +26,12 @@
 #             for the drill (needs root; restored right after, and on exit),
 #             as for a server in a container of its own. With autogroup on,
 #             the loader's CPU time is charged to the session it shares with
-#             the serving threads (docs/BENCHMARKS.md §3, "Autogroup").
+#             the serving threads (docs/benchmarks-notebook.md §3, "Autogroup").
 #
 # The drill's stall probe (--stall-probe 2ms, docs/drill.md) records when
 # a real-time thread could not get a CPU for 2 ms: in steady time that is
 # the machine itself stopping; in the load windows it is the machine or a
-# kernel section of the load's (docs/BENCHMARKS.md §3, "The machine's
+# kernel section of the load's (docs/benchmarks-notebook.md §3, "The machine's
 # stalls, measured by the drill").
 #
 # Reports go to .baton/bench/results/isolation-<server>.*.
@@ -41,7 +41,7 @@
 # whose answer gives each stage's duration, kept one per line in
 # isolation-<server>.loads.jsonl; `python3 bench/load_stages.py
 # .baton/bench/results/isolation-<server>` then gives the MLP's latency in
-# each stage (docs/BENCHMARKS.md §3, "Long reads"). PIN=1 as well runs
+# each stage (docs/benchmarks-notebook.md §3, "Long reads"). PIN=1 as well runs
 # baton on the last CPU alone and the drill on the others: every serving
 # thread then shares its CPU with the loader, so what shows is what the
 # loader's CPU costs a request there, not where the kernel puts it; its

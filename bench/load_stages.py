@@ -10,7 +10,7 @@ the drill's steady windows are the baseline.
 
     python3 bench/load_stages.py .baton/bench/results/isolation-baton-noautogroup
 
-docs/BENCHMARKS.md §3, "Long reads", quotes it.
+docs/benchmarks-notebook.md §3, "Long reads", quotes it.
 """
 import json
 import sys

@@ -9,7 +9,7 @@ chunk sizes given (0: no reader, the control), SECONDS each.
     python3 bench/read_beside.py FILE [--chunks 0,262144,268435456]
                                       [--seconds 10] [--rounds 2] [--cpu 1]
 
-Needs Linux; no root. docs/BENCHMARKS.md §3, "Long reads", quotes it and
+Needs Linux; no root. docs/benchmarks-notebook.md §3, "Long reads", quotes it and
 says why baton's loading threads read files in pieces
 (crates/baton-core/src/short_reads.rs).
 """

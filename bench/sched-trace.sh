@@ -12,7 +12,7 @@
 #   BATON_SERVE_ARGS=--loader-idle=false bash bench/sched-trace.sh   # nice 19 alone
 #
 # What it shows depends on autogroup (/proc/sys/kernel/sched_autogroup_enabled):
-# docs/BENCHMARKS.md §2, "Autogroup", has traces with it on and off.
+# docs/benchmarks-notebook.md §2, "Autogroup", has traces with it on and off.
 #
 # STACKS=1 records instead every switch of baton's loader threads with its
 # call stack, and bench/switch_stacks.py tells how the build thread's long

@@ -25,7 +25,7 @@
 #             CPU between sessions before priorities count, and it applies
 #             only to processes in the root CPU cgroup: a server in a
 #             container of its own is not under it. Without it a swap costs
-#             serving more and takes less time (docs/BENCHMARKS.md §2,
+#             serving more and takes less time (docs/benchmarks-notebook.md §2,
 #             "Autogroup"), so this is the drill closer to production.
 #
 # The drill stops once the last swap's window and its tail are over; the

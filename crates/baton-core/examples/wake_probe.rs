@@ -1,6 +1,6 @@
 //! How late a thread at serving priority wakes up while low-priority threads
 //! keep every core busy with one kind of work — the probe behind "Fresh
-//! memory" in docs/BENCHMARKS.md §2.
+//! memory" in docs/benchmarks-notebook.md §2.
 //!
 //! `cargo run --release -p baton-core --example wake_probe -- WORK [FILE] [SECONDS]`
 //!

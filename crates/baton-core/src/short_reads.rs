@@ -8,7 +8,7 @@
 //! machine's 6.18 kernel): the loader keeps the CPU until the kernel
 //! reaches one of its scheduling points. A `read` or `pread` of a large
 //! range from the page cache reaches them seldom. Measured on the
-//! benchmark machine (`bench/read_beside.py`, docs/BENCHMARKS.md §3, "Long
+//! benchmark machine (`bench/read_beside.py`, docs/benchmarks-notebook.md §3, "Long
 //! reads"): a `SCHED_IDLE` process on one CPU reading a model file 256 MiB
 //! at a time made a normal-priority process on the same CPU, sleeping 1 ms
 //! in a loop, wake a median 0.8–0.9 ms late (p99 10–11 ms); reading 128 KiB

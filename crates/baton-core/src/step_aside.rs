@@ -4,7 +4,7 @@
 //! matters least, but on the kernels baton runs on they do not stop a
 //! loader that has been picked from keeping its core until the next
 //! scheduler tick. Traces of swap drills on a saturated two-core machine
-//! (docs/BENCHMARKS.md §2, "Why a serving thread still waits") showed
+//! (docs/benchmarks-notebook.md §2, "Why a serving thread still waits") showed
 //! serving threads queued beside a running loader for up to 4.1 ms, a
 //! tick, and no loader priority the kernel offers avoided it. The
 //! explanation that fits, not checked in the kernel's source: the EEVDF
@@ -38,7 +38,7 @@
 //! on a machine that stays full, a load still progresses instead of
 //! waiting for an idle moment that may not come.
 //!
-//! What it buys and costs is measured in docs/BENCHMARKS.md §2 ("Stepping
+//! What it buys and costs is measured in docs/benchmarks-notebook.md §2 ("Stepping
 //! aside"): on a saturated machine without autogroup the p99.9 of requests
 //! served while a version loads fell by a third to a half in paired
 //! drills, and the load took several times longer,
@@ -59,7 +59,7 @@
 //! domain's average load is low, and the busy loop counts towards it
 //! whatever its priority. In those drills the MLP's p99 doubled, 0.7 →
 //! 1.5 ms. It did so with a busy loop that touched no memory, as with one
-//! writing fresh or warm memory (docs/BENCHMARKS.md §3, "What a busy CPU
+//! writing fresh or warm memory (docs/benchmarks-notebook.md §3, "What a busy CPU
 //! beside serving costs").
 //!
 //! So while requests are being served (one noted by [`note_request`]
@@ -114,7 +114,7 @@ impl StepAside {
     /// half a CPU while requests are served. A quantum is about the serving
     /// thread's own work on a small model's request, and under half the
     /// MLP's steady p99 on the benchmark machine. Half a CPU, not less: a
-    /// quarter did no better in the paired drills of docs/BENCHMARKS.md §3
+    /// quarter did no better in the paired drills of docs/benchmarks-notebook.md §3
     /// ("Sharing while serving") and made loads twice as long again.
     pub const DEFAULT: StepAside =
         StepAside { quantum: Duration::from_micros(250), pause: Duration::from_micros(200), serving_share: 50 };

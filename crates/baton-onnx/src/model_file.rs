@@ -4,7 +4,7 @@
 //! the file up to 4 MiB, once per session; validation then reads the whole
 //! file again to visit the weights. Each read fills memory the process
 //! touches for the first time, and on this kind of machine fresh memory is
-//! what a load costs serving most (see docs/BENCHMARKS.md, "Fresh memory").
+//! what a load costs serving most (see docs/benchmarks-notebook.md, "Fresh memory").
 //! So a file of up to [`READ_ONCE_LIMIT`] is read once: every session is
 //! created from these bytes, validation visits the same bytes, and they are
 //! dropped once it has. Validation then checks exactly the bytes the

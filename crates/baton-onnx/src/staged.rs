@@ -6,7 +6,7 @@
 //! of memory touched for the first time per session, about four times the
 //! weights (measured as 536,000 page faults and 1.5–1.7 s of CPU each;
 //! which copies ONNX Runtime makes was not traced in its source:
-//! docs/BENCHMARKS.md §3, "Weights mapped, not copied"); memory touched for
+//! docs/benchmarks-notebook.md §3, "Weights mapped, not copied"); memory touched for
 //! the first time is most of what a load costs here.
 //!
 //! When a model's weights are external data at page-aligned offsets, ONNX
