@@ -40,6 +40,7 @@ pub mod step_aside;
 pub mod sys;
 pub mod tensor;
 pub mod tensor_json;
+mod trimmer;
 pub mod version;
 
 pub use memory::{LiveVersion, Releaser, UnloadRecord};

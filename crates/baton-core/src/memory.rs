@@ -41,6 +41,7 @@ use serde::Serialize;
 use crate::backend::Model;
 use crate::events::{Event, EventKind, EventSender};
 use crate::heap::HeapLease;
+use crate::trimmer::Trimmer;
 use crate::version::Version;
 
 /// How many unload records are kept.
@@ -157,6 +158,8 @@ pub(crate) struct Memory {
     footprints: Arc<Footprints>,
     /// Unaccounted memory after the last free; `None` before the first.
     settled: Mutex<Option<u64>>,
+    /// Where the heap is trimmed before RSS is read, at serving priority.
+    trimmer: Trimmer,
 }
 
 fn signed(bytes: u64) -> i64 {
@@ -168,7 +171,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Memory {
-    /// Starts the keeper thread; returns the book and the releaser versions use.
+    /// Starts the keeper thread and the heap trimmer; returns the book and
+    /// the releaser versions use. The trimmer keeps the calling thread's
+    /// priority (see [`crate::trimmer`]), so call this at serving priority.
     pub(crate) fn start(events: EventSender, nice: i32, idle: bool) -> (Arc<Memory>, Releaser) {
         let queued = Arc::new(AtomicU64::new(0));
         let footprints = Arc::new(Footprints::default());
@@ -179,6 +184,7 @@ impl Memory {
             queued: Arc::clone(&queued),
             footprints: Arc::clone(&footprints),
             settled: Mutex::new(None),
+            trimmer: Trimmer::start(),
         });
         let (tx, rx) = mpsc::channel::<Released>();
         let book = Arc::downgrade(&memory);
@@ -206,7 +212,7 @@ impl Memory {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let _window = self.measure();
-        let before = crate::sys::trimmed_rss().unwrap_or(0);
+        let before = self.trimmed_rss().unwrap_or(0);
         let unaccounted_before = self.unaccounted(before);
         // Freed on the version's build thread, which then ends; see `HeapLease::free_there`.
         match job.heap {
@@ -214,7 +220,7 @@ impl Memory {
             None => drop(job.engine),
         }
         self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
-        let after = crate::sys::trimmed_rss().unwrap_or(0);
+        let after = self.trimmed_rss().unwrap_or(0);
         let unaccounted = self.unaccounted(after);
         let previous = lock(&self.settled).replace(unaccounted).unwrap_or(unaccounted_before);
         let record = UnloadRecord {
@@ -262,6 +268,12 @@ impl Memory {
         let live: Vec<Arc<Version>> = lock(&self.live).iter().filter_map(|(_, w)| w.upgrade()).collect();
         let live: u64 = live.iter().map(|v| self.footprints.of(v)).sum();
         rss.saturating_sub(live).saturating_sub(self.queued.load(Ordering::Relaxed))
+    }
+
+    /// The memory this process really holds now: RSS after the heap was
+    /// trimmed, the trim made on the trimmer thread.
+    pub(crate) fn trimmed_rss(&self) -> Option<u64> {
+        self.trimmer.trimmed_rss()
     }
 
     /// Holds off frees while a load measures its memory.

@@ -157,6 +157,22 @@ pub fn current_thread_nice() -> std::io::Result<i32> {
     Ok(0)
 }
 
+/// The scheduling policy of the calling thread (`libc::SCHED_OTHER`,
+/// `SCHED_IDLE`, ...).
+pub fn current_thread_policy() -> std::io::Result<i32> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sched_getscheduler takes the calling thread's id, 0, and returns an integer.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        if policy < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(policy)
+    }
+    #[cfg(not(target_os = "linux"))]
+    Ok(0)
+}
+
 /// How long the calling thread has waited for a CPU while runnable, in all,
 /// since it started: the second field of `/proc/thread-self/schedstat`.
 /// `None` where the kernel does not keep it.

@@ -229,7 +229,7 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
     let manifest = run.stage(Stage::Verify, |_| Ok(manifest::verify(&dir)?))?;
     // The memory window: nothing is freed by the keeper while it is open.
     let window = inner.memory.measure();
-    let rss_before = crate::sys::trimmed_rss().unwrap_or(0);
+    let rss_before = inner.memory.trimmed_rss().unwrap_or(0);
     let engine = run.stage(Stage::Load, |_| {
         let backend = inner.backends.get(&spec.backend).ok_or_else(|| {
             crate::backend::BackendError::new(
@@ -245,7 +245,7 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
         let warmed = warmup::run(engine.as_ref(), &samples, &spec)?;
         Ok((samples, warmed))
     })?;
-    let bytes_held = crate::sys::trimmed_rss().unwrap_or(0).saturating_sub(rss_before);
+    let bytes_held = inner.memory.trimmed_rss().unwrap_or(0).saturating_sub(rss_before);
     let keep = spec.policy.keep_previous;
     let timeout = Duration::from_millis(spec.policy.drain_timeout_ms);
     let version = Arc::new(Version::new(
