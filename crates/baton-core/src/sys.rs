@@ -157,6 +157,48 @@ pub fn current_thread_nice() -> std::io::Result<i32> {
     Ok(0)
 }
 
+/// The CPUs the calling thread may run on, in order; empty where that
+/// cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `set` is plain data, zeroed and then filled by
+        // sched_getaffinity for the calling thread (pid 0); CPU_ISSET only
+        // reads it at indexes below CPU_SETSIZE.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return Vec::new();
+            }
+            (0..libc::CPU_SETSIZE as usize).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).collect()
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    Vec::new()
+}
+
+/// Keeps the calling thread on one CPU from now on.
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(std::io::Error::other(format!("CPU {cpu} is beyond the CPU set's size")));
+        }
+        // SAFETY: `set` is plain data, zeroed, with one CPU below
+        // CPU_SETSIZE set; sched_setaffinity applies it to the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpu;
+    Ok(())
+}
+
 /// The scheduling policy of the calling thread (`libc::SCHED_OTHER`,
 /// `SCHED_IDLE`, ...).
 pub fn current_thread_policy() -> std::io::Result<i32> {
@@ -188,6 +230,21 @@ pub fn thread_run_delay() -> Option<std::time::Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pinned_thread_runs_on_its_cpu_alone() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty(), "a thread may run somewhere");
+        let last = *cpus.last().unwrap();
+        let seen = std::thread::spawn(move || {
+            pin_current_thread(last).expect("pinning to an allowed CPU");
+            allowed_cpus()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, vec![last]);
+        assert!(pin_current_thread(1 << 20).is_err(), "a CPU beyond the set is refused");
+    }
 
     #[test]
     fn a_threads_wait_for_a_cpu_is_read_and_never_shrinks() {

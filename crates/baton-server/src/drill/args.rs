@@ -131,10 +131,10 @@ pub struct DrillArgs {
     /// How often RSS is sampled.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub rss_interval: Duration,
-    /// Probe the machine the drill runs on: a thread of the drill, at
-    /// real-time priority where it may be (root or CAP_SYS_NICE), sleeps
-    /// 1 ms in a loop and records every wake later than this, in steady
-    /// time and in swap windows: stalls of the whole machine (a virtual CPU
+    /// Probe the machine the drill runs on: a thread of the drill on each
+    /// CPU, at real-time priority where it may be (root or CAP_SYS_NICE),
+    /// sleeps 1 ms in a loop and records every wake later than this, in
+    /// steady time and in swap windows: stops of the machine (a virtual CPU
     /// not running) and kernel sections that cannot be preempted, which no
     /// thread priority gets past. Off when not given; `2ms` is a good start.
     #[arg(long, value_parser = parse_duration, value_name = "LATE")]

@@ -122,7 +122,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
     }
     let swaps = driver.map(|d| d.join().unwrap_or_default()).unwrap_or_default();
     let samples = sampler.map(|s| s.join().unwrap_or_default());
-    let probe = probe.map(|p| p.join().unwrap_or_default());
+    let probe = probe.map(stalls::Probes::join);
     drop(runtime);
 
     let (records, versions, errors) = analyze::merge(&logs);

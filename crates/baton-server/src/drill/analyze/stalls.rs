@@ -14,7 +14,8 @@ use crate::drill::stalls::{PERIOD, Probe, Stall};
 /// How many of the slowest requests of each kind of time are reported.
 pub const SLOWEST: usize = 5;
 
-/// Late wakes in one kind of time.
+/// Late wakes in one kind of time (from several probes, the stops of at
+/// least one CPU).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StallStats {
     /// Seconds of the drill of this kind.
@@ -41,7 +42,10 @@ pub struct StallReport {
     pub period_ms: f64,
     /// Wakes later than this count, ms.
     pub late_ms: f64,
-    /// Sleeps made.
+    /// How many probes ran, one per CPU; their late wakes are merged into
+    /// the times when at least one CPU was stopped, and those are counted.
+    pub cpus: usize,
+    /// Sleeps made, by all probes.
     pub sleeps: u64,
     /// In steady time.
     pub steady: StallStats,
@@ -142,6 +146,7 @@ pub fn report(probe: &Probe, spans: &[Span], end: u64, records: &[Record], slowe
         note: probe.note.clone(),
         period_ms: PERIOD.as_secs_f64() * 1e3,
         late_ms: probe.late.as_secs_f64() * 1e3,
+        cpus: probe.cpus,
         sleeps: probe.sleeps,
         steady,
         in_swaps,
@@ -173,7 +178,7 @@ mod tests {
             Stall { due: 6 * S, late: 3 * MS },
             Stall { due: 11 * S, late: 50 * MS }, // after the load: not counted
         ];
-        let probe = Probe { realtime: true, note: None, late: Duration::from_millis(2), sleeps: 9000, stalls };
+        let probe = Probe { realtime: true, note: None, late: Duration::from_millis(2), cpus: 1, sleeps: 9000, stalls };
         let r = report(&probe, &spans, 10 * S, &[], [&Slowest::default(), &Slowest::default()]);
         assert_eq!((r.steady.count, r.in_swaps.count), (2, 2));
         assert!((r.steady.seconds - 7.0).abs() < 1e-9 && (r.in_swaps.seconds - 3.0).abs() < 1e-9);
