@@ -151,6 +151,8 @@ def listed(xs):
 # cut: in the six isolation drills of docs/benchmarks-notebook.md §3 at 20:10, the
 # two with 4 a minute had a steady p99 of 0.70 ms (the quiet machine's),
 # the one with 20 had 1.00 ms, and the three with 47-58 had 0.98-1.46 ms.
+# Those counts came from one probe; since 2 December the drill runs one per
+# CPU and counts the stops of any CPU, so the same line is a little stricter.
 QUIET_PER_MINUTE = 30
 QUIET_LATE_MS = 2
 
