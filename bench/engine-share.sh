@@ -39,7 +39,7 @@ start_baton "$d"
 for round in $(seq "$rounds"); do
   "$raw" "$model" 5 1 1 >"$d/raw.json"
   "$pa" -m mlp -u 127.0.0.1:8300 -i http -b 1 --concurrency-range 4 --measurement-mode count_windows \
-    --measurement-request-count 500 -f "$d/pa.csv" >"$d/pa.log" 2>&1 || { echo "engine-share: perf_analyzer failed" >&2; tail -n3 "$d/pa.log" >&2; exit 1; }
+    --measurement-request-count 500 --max-trials 30 -f "$d/pa.csv" >"$d/pa.log" 2>&1 || { echo "engine-share: perf_analyzer failed" >&2; tail -n3 "$d/pa.log" >&2; exit 1; }
   "$baton" drill mlp --url http://127.0.0.1:8300 --protocol http-binary --input input:FP32:1,256 \
     --concurrency 4 --warmup 2s --duration 8s --swaps 0 --json "$d/drill.json" >"$d/drill.txt" 2>&1 ||
     { echo "engine-share: the drill failed" >&2; tail -n3 "$d/drill.txt" >&2; exit 1; }

@@ -29,6 +29,12 @@
 #                carry: with the encoder's 16,384 inputs perf_analyzer's
 #                JSON requests then fail to parse, so run-all.sh sends zeros
 #                to every server for it (the same arithmetic for a dense model)
+#   TRIALS       perf_analyzer's --max-trials (default 30): windows it may
+#                measure before three in a row agree within 10 %, its
+#                condition for a result. With its default of 10, a run on
+#                2 December 07:51 lost 6 of 54 runs to "Failed to obtain
+#                stable measurement" while the machine stalled; more windows
+#                change nothing in a run that settles, and it still stops
 # Each line gives the 1-minute load average before it, since the machine is
 # shared. Lines are labelled with the config alone for the MLP at
 # concurrency 4, and MODEL-cCONCURRENCY/config otherwise.
@@ -49,6 +55,7 @@ model="${MODEL:-mlp}"
 concurrency="${CONCURRENCY:-4}"
 count="${COUNT:-500}"
 input_data="${INPUT_DATA:-random}"
+trials="${TRIALS:-30}"
 prefix=""
 [ "$model" = mlp ] && [ "$concurrency" = 4 ] || prefix="$model-c$concurrency/"
 out=.baton/bench/models
@@ -70,7 +77,8 @@ measure() { # $1 = label, $2 = port, $3.. = extra perf_analyzer args
     load="$(cut -d' ' -f1 /proc/loadavg)"
     csv="$(mktemp)"
     if timeout 300 "$pa" -m "$model" -u "127.0.0.1:$port" -i http -b 1 --concurrency-range "$concurrency" \
-      --measurement-mode count_windows --measurement-request-count "$count" --input-data "$input_data" "$@" -f "$csv" >"$csv.log" 2>&1; then
+      --measurement-mode count_windows --measurement-request-count "$count" --max-trials "$trials" \
+      --input-data "$input_data" "$@" -f "$csv" >"$csv.log" 2>&1; then
       python3 - "$csv" "$label" "$load" "$*" <<'PY'
 import csv, sys
 path, label, load, args = sys.argv[1:]
