@@ -107,7 +107,7 @@ mod tests {
     }
 
     #[test]
-    fn trimmed_rss_answers_through_the_thread_and_after_it_is_gone() {
+    fn trimmed_rss_answers_through_the_thread_and_without_one() {
         let trimmer = Trimmer::start();
         assert!(trimmer.trimmed_rss().is_some_and(|rss| rss > 0));
         let without = Trimmer { jobs: None };

@@ -48,7 +48,7 @@ pub struct Stall {
 }
 
 /// What the probe saw.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Probe {
     /// Whether it ran under `SCHED_FIFO`.
     pub realtime: bool,
@@ -139,7 +139,10 @@ fn merge(probes: Vec<Probe>) -> Probe {
             _ => stalls.push(Stall { due: from, late: to - from }),
         }
     }
-    let notes: Vec<&str> = probes.iter().filter_map(|p| p.note.as_deref()).collect();
+    // Probes that failed alike (no real-time priority for any) say so once.
+    let mut notes: Vec<&str> = probes.iter().filter_map(|p| p.note.as_deref()).collect();
+    notes.sort_unstable();
+    notes.dedup();
     Probe {
         realtime: !probes.is_empty() && probes.iter().all(|p| p.realtime),
         note: (!notes.is_empty()).then(|| notes.join("; ")),
@@ -185,9 +188,9 @@ mod tests {
         let mut slow = one(Vec::new());
         slow.realtime = false;
         slow.note = Some("not real-time".into());
-        let merged = merge(vec![one(Vec::new()), slow]);
+        let merged = merge(vec![one(Vec::new()), slow.clone(), slow]);
         assert!(!merged.realtime);
-        assert_eq!(merged.note.as_deref(), Some("not real-time"));
+        assert_eq!(merged.note.as_deref(), Some("not real-time"), "the same note from two probes, once");
     }
 
     #[test]

@@ -183,10 +183,10 @@ pub fn render(title: &str, a: &Analysis) -> String {
     if let Some(st) = &a.stalls {
         let _ = writeln!(
             out,
-            "machine stalls ({} {} {}, one per CPU, {} ms sleeps woken over {} ms late): steady {} in {:.0} s ({:.1}/min, max {} ms), swap windows {} in {:.0} s ({:.1}/min, max {} ms)",
+            "machine stalls ({} {} {}, {} ms sleeps woken over {} ms late): steady {} in {:.0} s ({:.1}/min, max {} ms), swap windows {} in {:.0} s ({:.1}/min, max {} ms)",
             st.cpus,
             if st.realtime { "real-time" } else { "normal-priority" },
-            if st.cpus == 1 { "probe" } else { "probes" },
+            if st.cpus == 1 { "probe" } else { "probes, one per CPU" },
             ms(Some(st.period_ms)),
             ms(Some(st.late_ms)),
             count(st.steady.count),
