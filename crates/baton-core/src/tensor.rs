@@ -206,6 +206,52 @@ impl Tensor {
     }
 }
 
+/// The size of BYTES elements in their framed form (each a 4-byte
+/// little-endian length, then its bytes), or `None` when an element is too
+/// long for its length prefix.
+pub fn framed_size(items: &[Vec<u8>]) -> Option<usize> {
+    items.iter().try_fold(0usize, |total, item| {
+        u32::try_from(item.len()).ok()?;
+        total.checked_add(4 + item.len())
+    })
+}
+
+/// Appends BYTES elements in their framed form: each a 4-byte little-endian
+/// length, then its bytes. This is the one framing of BYTES on every wire
+/// baton speaks (REST binary data, gRPC raw contents). An element longer
+/// than `u32::MAX` gets a saturated (wrong) length; callers that can meet
+/// one check [`framed_size`] first.
+pub fn append_framed(items: &[Vec<u8>], out: &mut Vec<u8>) {
+    for item in items {
+        out.extend_from_slice(&u32::try_from(item.len()).unwrap_or(u32::MAX).to_le_bytes());
+        out.extend_from_slice(item);
+    }
+}
+
+/// Splits framed BYTES elements (see [`append_framed`]). The error says
+/// where the framing breaks, starting with "BYTES", so that callers can
+/// prefix the tensor and the wire it came on.
+pub fn split_framed(mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let mut items = Vec::new();
+    while !bytes.is_empty() {
+        let index = items.len();
+        let Some((prefix, rest)) = bytes.split_first_chunk::<4>() else {
+            return Err(format!(
+                "BYTES data ends inside the 4-byte length prefix of element {index} ({} bytes remain)",
+                bytes.len()
+            ));
+        };
+        let len = u32::from_le_bytes(*prefix) as usize;
+        if len > rest.len() {
+            return Err(format!("BYTES element {index} says it has {len} bytes but only {} remain", rest.len()));
+        }
+        let (item, rest) = rest.split_at(len);
+        items.push(item.to_vec());
+        bytes = rest;
+    }
+    Ok(items)
+}
+
 /// Converts IEEE half-precision bits to `f32`.
 pub fn f16_to_f32(bits: u16) -> f32 {
     let sign = u32::from(bits >> 15) << 31;
@@ -226,6 +272,19 @@ pub fn f16_to_f32(bits: u16) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn framed_bytes_round_trip_and_breaks_are_located() {
+        let items = vec![b"ab".to_vec(), Vec::new(), b"xyz".to_vec()];
+        let mut framed = Vec::new();
+        append_framed(&items, &mut framed);
+        assert_eq!(framed_size(&items), Some(framed.len()));
+        assert_eq!(split_framed(&framed).unwrap(), items);
+        let e = split_framed(&framed[..framed.len() - 1]).unwrap_err();
+        assert_eq!(e, "BYTES element 2 says it has 3 bytes but only 2 remain");
+        let e = split_framed(&framed[..8]).unwrap_err();
+        assert_eq!(e, "BYTES data ends inside the 4-byte length prefix of element 1 (2 bytes remain)");
+    }
 
     #[test]
     fn datatype_names_round_trip() {

@@ -6,7 +6,7 @@
 
 use baton_core::error::{InferError, LoadError};
 use baton_core::source::FetchError;
-use baton_kserve::CodecError;
+use baton_protocol::CodecError;
 
 /// Whose fault an error is, and what the client can do about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

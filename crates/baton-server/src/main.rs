@@ -2,7 +2,6 @@
 
 mod app;
 mod cli;
-mod drill;
 mod error;
 mod grpc;
 mod http;
@@ -54,7 +53,7 @@ enum Command {
         target: cli::Target,
     },
     /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
-    Drill(Box<drill::DrillArgs>),
+    Drill(Box<baton_drill::DrillArgs>),
     /// Print state transitions and other events as they happen.
     Events {
         /// One JSON object per line instead of text.
@@ -92,7 +91,7 @@ fn main() -> ExitCode {
         Command::Load { name, version, target } => cli::load(&target, &name, version),
         Command::Rollback { name, target } => cli::rollback(&target, &name),
         Command::Events { json, target } => cli::events(&target, json),
-        Command::Drill(args) => return drill::run(*args),
+        Command::Drill(args) => return baton_drill::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,6 +16,12 @@ use crate::error::{Class, ServeError};
 /// `max_batch_size` when `model.toml` sets none and the model batches.
 pub const DEFAULT_MAX_BATCH_SIZE: usize = 1024;
 
+/// Parses a version number as a client writes it: a path segment, a gRPC
+/// field or a load parameter.
+pub fn parse_version(text: &str) -> Result<u64, ServeError> {
+    text.parse().map_err(|_| ServeError::bad_request("invalid_version", format!("'{text}' is not a version number")))
+}
+
 /// The largest batch a version accepts; 0 when the model does not batch.
 pub fn max_batch_size(version: &Version) -> usize {
     if version.signature().is_batched() { version.spec().max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE) } else { 0 }

@@ -19,15 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery, dead_code)]
-mod pb {
-    include!(concat!(env!("OUT_DIR"), "/client/inference.rs"));
-}
-
-#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery, dead_code)]
-mod pb_baton {
-    include!(concat!(env!("OUT_DIR"), "/client/baton.v1.rs"));
-}
+use baton_protocol::grpc::{pb, pb_baton};
 
 use pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};

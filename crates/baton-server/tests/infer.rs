@@ -10,7 +10,7 @@
 mod common;
 
 use baton_core::tensor::Tensor;
-use baton_kserve::{RequestedOutput, decode_response};
+use baton_protocol::{RequestedOutput, decode_response};
 use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::server::Answer;
@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 const BINARY: &str = "inference-header-content-length";
 
 /// Decodes a response, binary or JSON, checking the headers agree with the body.
-fn decoded(answer: &Answer) -> baton_kserve::InferResponse {
+fn decoded(answer: &Answer) -> baton_protocol::InferResponse {
     assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
     let length = answer.header(BINARY).map(|v| v.parse::<usize>().expect("a numeric header length"));
     let content_type = answer.header("content-type").unwrap_or_default();
@@ -37,7 +37,7 @@ fn header_json(answer: &Answer) -> Value {
     serde_json::from_slice(&answer.body[..end]).expect("a JSON header")
 }
 
-fn output_of(response: &baton_kserve::InferResponse, name: &str) -> Vec<f32> {
+fn output_of(response: &baton_protocol::InferResponse, name: &str) -> Vec<f32> {
     let tensor = response.outputs.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no output {name}"));
     tensor.to_f32().expect("FP32 output")
 }

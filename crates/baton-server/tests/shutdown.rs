@@ -67,7 +67,7 @@ fn sigterm_finishes_requests_in_flight_then_exits_cleanly() {
     let answer = request.join().expect("the request thread").expect("the request in flight got no answer");
     assert_eq!(answer.status, 200, "the request in flight failed: {}", String::from_utf8_lossy(&answer.body));
     let header_length = answer.header(BINARY).map(|v| v.parse().expect("a numeric header length"));
-    let response = baton_kserve::decode_response(&answer.body, header_length).expect("a decodable response");
+    let response = baton_protocol::decode_response(&answer.body, header_length).expect("a decodable response");
     assert_eq!(response.model_version, "1");
     let output = response.outputs[0].to_f32().expect("FP32 output");
     assert_eq!(output.len(), BATCH * SLOW[3]);

@@ -8,13 +8,14 @@
 
 use std::sync::Arc;
 
+use baton_protocol::grpc::convert;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::pb::grpc_inference_service_server::GrpcInferenceService;
 use super::pb::model_metadata_response::TensorMetadata;
 use super::pb::*;
-use super::{convert, inbound_error, model_config, parse_version, repository};
+use super::{inbound_error, model_config, parse_version, repository};
 use crate::app::App;
 use crate::error::{Class, ServeError};
 use crate::serving;
@@ -46,10 +47,10 @@ async fn infer(app: &App, request: ModelInferRequest) -> Result<ModelInferRespon
         e
     };
     let version = parse_version(&request.model_version).map_err(refused)?;
-    let mut decoded = convert::decode_request(request).map_err(refused)?;
+    let mut decoded = convert::decode_request(request).map_err(|e| refused(e.into()))?;
     let inputs = std::mem::take(&mut decoded.inputs);
     let (target, outputs) = serving::infer(app, &snapshot, &model, version, inputs).await?;
-    convert::encode_response(&model, target.number(), decoded.id, outputs, &decoded.outputs, decoded.raw)
+    Ok(convert::encode_response(&model, target.number(), decoded.id, outputs, &decoded.outputs, decoded.raw)?)
 }
 
 /// One answer on an inference stream: the response, or the error's message
@@ -190,7 +191,7 @@ impl GrpcInferenceService for Inference {
         let snapshot = self.app.registry.snapshot();
         let target = serving::resolve(&self.app, &snapshot, &request.name, version)?;
         let (platform, backend) = serving::platform(target);
-        let json = baton_kserve::model_config(
+        let json = baton_protocol::model_config(
             &request.name,
             platform,
             &backend,

@@ -13,7 +13,6 @@
 //! finishes the request it is answering, then ends with UNAVAILABLE), and
 //! returns once the RPCs in flight have finished.
 
-mod convert;
 mod inference;
 mod manage;
 mod model_config;
@@ -29,19 +28,7 @@ use tonic::{Code, Status};
 use crate::app::App;
 use crate::error::{Class, ServeError};
 
-/// Code generated from `proto/grpc_service.proto` and
-/// `proto/model_config.proto` (package `inference`): messages and the
-/// server side of `GRPCInferenceService`.
-#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
-pub mod pb {
-    include!(concat!(env!("OUT_DIR"), "/server/inference.rs"));
-}
-
-/// Code generated from `proto/baton_management.proto` (package `baton.v1`).
-#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
-pub mod pb_baton {
-    include!(concat!(env!("OUT_DIR"), "/server/baton.v1.rs"));
-}
+pub use baton_protocol::grpc::{pb, pb_baton};
 
 /// The metadata key that carries an error's stable kind (e.g.
 /// `model_not_found`) next to the status code and message.
@@ -78,12 +65,7 @@ impl From<ServeError> for Status {
 
 /// Parses a version field: empty means the stable version.
 pub fn parse_version(text: &str) -> Result<Option<u64>, ServeError> {
-    if text.is_empty() {
-        return Ok(None);
-    }
-    text.parse()
-        .map(Some)
-        .map_err(|_| ServeError::bad_request("invalid_version", format!("'{text}' is not a version number")))
+    if text.is_empty() { Ok(None) } else { crate::serving::parse_version(text).map(Some) }
 }
 
 /// tonic refuses a message over the decoding limit with `OUT_OF_RANGE`;

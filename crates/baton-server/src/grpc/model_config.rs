@@ -1,6 +1,6 @@
 //! Triton's model configuration as a protobuf message, for the ModelConfig
 //! RPC. It is built from the very JSON the REST `/config` endpoint serves
-//! ([`baton_kserve::model_config`]), so the batch size, dims and reshapes
+//! ([`baton_protocol::model_config`]), so the batch size, dims and reshapes
 //! are decided in one place for both protocols.
 
 use serde_json::Value;
@@ -105,7 +105,7 @@ mod tests {
             inputs: vec![spec("input", Dt::Fp32, &[-1, 8]), spec("ids", Dt::Bytes, &[-1])],
             outputs: vec![spec("output", Dt::Fp32, &[-1, 1])],
         };
-        let json = baton_kserve::model_config("ranker", "onnxruntime_onnx", "onnxruntime", 64, &signature);
+        let json = baton_protocol::model_config("ranker", "onnxruntime_onnx", "onnxruntime", 64, &signature);
         let config = from_json(&json).unwrap();
         assert_eq!(config.name, "ranker");
         assert_eq!((config.platform.as_str(), config.backend.as_str()), ("onnxruntime_onnx", "onnxruntime"));
@@ -126,7 +126,7 @@ mod tests {
     fn unbatched_config_keeps_full_shapes() {
         let signature =
             Signature { inputs: vec![spec("x", Dt::Int64, &[3, -1])], outputs: vec![spec("y", Dt::Fp64, &[3])] };
-        let json = baton_kserve::model_config("m", "onnxruntime_onnx", "onnxruntime", 0, &signature);
+        let json = baton_protocol::model_config("m", "onnxruntime_onnx", "onnxruntime", 0, &signature);
         let config = from_json(&json).unwrap();
         assert_eq!(config.max_batch_size, 0);
         assert_eq!(config.input[0].dims, vec![3, -1]);

@@ -38,7 +38,7 @@ pub fn requested_version(parameters: &HashMap<String, ModelRepositoryParameter>)
     match parameters.get("version").and_then(|p| p.parameter_choice.as_ref()) {
         None => Ok(None),
         Some(ParameterChoice::Int64Param(n)) => u64::try_from(*n).map(Some).map_err(|_| invalid(n.to_string())),
-        Some(ParameterChoice::StringParam(s)) => s.parse().map(Some).map_err(|_| invalid(format!("'{s}'"))),
+        Some(ParameterChoice::StringParam(s)) => crate::serving::parse_version(s).map(Some),
         Some(ParameterChoice::BoolParam(b)) => Err(invalid(b.to_string())),
         Some(ParameterChoice::BytesParam(_)) => Err(invalid("(bytes)".to_owned())),
     }
@@ -135,7 +135,7 @@ mod tests {
         let e = requested_version(&param(ParameterChoice::Int64Param(-1))).unwrap_err();
         assert_eq!((e.kind, e.message.as_str()), ("invalid_version", "version -1 is not a version number"));
         let e = requested_version(&param(ParameterChoice::StringParam("x".into()))).unwrap_err();
-        assert_eq!(e.message, "version 'x' is not a version number");
+        assert_eq!((e.kind, e.message.as_str()), ("invalid_version", "'x' is not a version number"));
         let config = HashMap::from([("config".to_owned(), ModelRepositoryParameter::default())]);
         let e = requested_version(&config).unwrap_err();
         assert_eq!((e.class, e.kind), (Class::BadRequest, "unsupported_parameter"));

@@ -12,12 +12,12 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use baton_kserve::{decode_request, encode_response};
+use baton_protocol::{decode_request, encode_response};
 
 use super::error::ApiError;
-use super::models::parse_version;
 use crate::app::App;
 use crate::serving;
+use crate::serving::parse_version;
 
 /// The binary extension's header naming the JSON part's length.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";

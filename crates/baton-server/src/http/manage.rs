@@ -16,8 +16,8 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 
 use super::error::ApiError;
-use super::models::parse_version;
 use crate::app::App;
+use crate::serving::parse_version;
 
 /// `GET /baton/v1/status`.
 pub async fn status(State(app): State<Arc<App>>) -> Json<Value> {

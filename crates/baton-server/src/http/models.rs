@@ -12,15 +12,10 @@ use serde_json::json;
 use super::error::ApiError;
 use crate::app::App;
 use crate::error::Class;
-use crate::serving::{max_batch_size, not_serving, platform, resolve};
+use crate::serving::{max_batch_size, not_serving, parse_version, platform, resolve};
 
 /// Protocol extensions baton speaks.
 pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_repository", "model_configuration", "baton_management"];
-
-/// Parses a version path segment.
-pub fn parse_version(text: &str) -> Result<u64, ApiError> {
-    text.parse().map_err(|_| ApiError::bad_request("invalid_version", format!("'{text}' is not a version number")))
-}
 
 /// `GET /v2/health/live`.
 pub async fn live() -> Json<serde_json::Value> {
@@ -50,7 +45,7 @@ fn metadata(app: &App, model: &str, version: Option<u64>) -> Result<Json<serde_j
     let mut versions: Vec<u64> = route.versions().map(|v| v.number()).collect();
     versions.sort_unstable();
     let (platform, _) = platform(target);
-    Ok(Json(baton_kserve::model_metadata(model, &versions, platform, target.signature())))
+    Ok(Json(baton_protocol::model_metadata(model, &versions, platform, target.signature())))
 }
 
 /// `GET /v2/models/{name}`.
@@ -98,7 +93,7 @@ fn config(app: &App, model: &str, version: Option<u64>) -> Result<Json<serde_jso
     let snapshot = app.registry.snapshot();
     let target = resolve(app, &snapshot, model, version)?;
     let (platform, backend) = platform(target);
-    Ok(Json(baton_kserve::model_config(model, platform, &backend, max_batch_size(target), target.signature())))
+    Ok(Json(baton_protocol::model_config(model, platform, &backend, max_batch_size(target), target.signature())))
 }
 
 /// `GET /v2/models/{name}/config`.

@@ -60,7 +60,7 @@ fn requested_version(parameters: &serde_json::Map<String, Value>) -> Result<Opti
             .as_u64()
             .map(Some)
             .ok_or_else(|| ApiError::bad_request("invalid_version", format!("version {n} is not a version number"))),
-        Some(Value::String(s)) => super::models::parse_version(s).map(Some),
+        Some(Value::String(s)) => crate::serving::parse_version(s).map(Some),
         Some(other) => {
             Err(ApiError::bad_request("invalid_version", format!("version {other} is not a version number")))
         }

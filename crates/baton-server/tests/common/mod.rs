@@ -106,8 +106,8 @@ pub fn assert_error(answer: &Answer, status: u16, needles: &[&str], what: &str) 
 
 /// A binary-tensor request (`Inference-Header-Content-Length` set) built
 /// with the protocol crate; returns the body and the header value.
-pub fn binary_request(inputs: &[Tensor], outputs: &[baton_kserve::RequestedOutput]) -> (Vec<u8>, String) {
-    let encoded = baton_kserve::encode_request(inputs, true, outputs, None);
+pub fn binary_request(inputs: &[Tensor], outputs: &[baton_protocol::RequestedOutput]) -> (Vec<u8>, String) {
+    let encoded = baton_protocol::encode_request(inputs, true, outputs, None);
     let length = encoded.header_length.expect("a binary request has a header length");
     (encoded.body, length.to_string())
 }

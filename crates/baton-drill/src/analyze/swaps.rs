@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::stats::Stats;
-use crate::drill::record::Record;
-use crate::drill::swap::SwapRecord;
+use crate::record::Record;
+use crate::swap::SwapRecord;
 
 /// One swap, as measured.
 #[derive(Clone, Debug, Serialize)]

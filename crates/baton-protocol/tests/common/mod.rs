@@ -48,11 +48,9 @@ pub fn with_binary(json: &str, binary: &[u8]) -> (Vec<u8>, Option<usize>) {
 
 /// BYTES elements in binary form.
 pub fn bytes_binary(items: &[&[u8]]) -> Vec<u8> {
+    let items: Vec<Vec<u8>> = items.iter().map(|i| i.to_vec()).collect();
     let mut out = Vec::new();
-    for item in items {
-        out.extend((item.len() as u32).to_le_bytes());
-        out.extend_from_slice(item);
-    }
+    baton_core::tensor::append_framed(&items, &mut out);
     out
 }
 

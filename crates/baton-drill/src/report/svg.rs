@@ -6,8 +6,8 @@
 
 use std::fmt::Write;
 
-use crate::drill::analyze::Analysis;
-use crate::drill::analyze::series::Point;
+use crate::analyze::Analysis;
+use crate::analyze::series::Point;
 
 const WIDTH: f64 = 1100.0;
 const LEFT: f64 = 80.0;

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::drill::analyze::Analysis;
-use crate::drill::analyze::stats::Stats;
+use crate::analyze::Analysis;
+use crate::analyze::stats::Stats;
 
 fn ms(v: Option<f64>) -> String {
     match v {

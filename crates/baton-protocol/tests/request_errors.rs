@@ -2,7 +2,7 @@
 
 mod common;
 
-use baton_kserve::{CodecError, decode_request};
+use baton_protocol::{CodecError, decode_request};
 use common::{bytes_binary, with_binary};
 
 /// Decodes a JSON body that must fail; returns the error.

@@ -5,7 +5,7 @@
 mod common;
 
 use baton_core::tensor::DataType;
-use baton_kserve::{InferRequest, RequestedOutput, decode_request, decode_response, encode_request, encode_response};
+use baton_protocol::{InferRequest, RequestedOutput, decode_request, decode_response, encode_request, encode_response};
 use common::{every_datatype, sample};
 
 /// Valid bodies of every kind, each with its header length.

@@ -5,12 +5,12 @@
 //! Every error names the tensor and says what was expected and what was
 //! found, like the REST codec's.
 
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_core::tensor::{DataType, Tensor, TensorData, append_framed, element_count, framed_size, split_framed};
 
 use super::pb::model_infer_request::InferInputTensor;
 use super::pb::model_infer_response::InferOutputTensor;
 use super::pb::{InferTensorContents, ModelInferRequest, ModelInferResponse};
-use crate::error::{Class, ServeError};
+use crate::error::CodecError;
 
 /// A decoded inference request.
 #[derive(Debug)]
@@ -26,21 +26,21 @@ pub struct Decoded {
     pub raw: bool,
 }
 
-fn invalid_tensor(message: String) -> ServeError {
-    ServeError::bad_request("invalid_tensor", message)
+fn invalid_tensor(message: String) -> CodecError {
+    CodecError::InvalidTensor(message)
 }
 
-fn invalid_request(message: String) -> ServeError {
-    ServeError::bad_request("invalid_request", message)
+fn invalid_request(message: String) -> CodecError {
+    CodecError::InvalidRequest(message)
 }
 
-fn invalid_raw(message: String) -> ServeError {
-    ServeError::bad_request("invalid_binary", message)
+fn invalid_raw(message: String) -> CodecError {
+    CodecError::InvalidBinary(message)
 }
 
 /// Decodes the tensors and requested outputs of a request (the model name
 /// and version are the caller's). Moves the raw bytes, copying nothing.
-pub fn decode_request(request: ModelInferRequest) -> Result<Decoded, ServeError> {
+pub fn decode_request(request: ModelInferRequest) -> Result<Decoded, CodecError> {
     let ModelInferRequest { id, inputs, outputs, raw_input_contents, .. } = request;
     let raw = !raw_input_contents.is_empty();
     if raw && raw_input_contents.len() != inputs.len() {
@@ -72,7 +72,7 @@ pub fn decode_request(request: ModelInferRequest) -> Result<Decoded, ServeError>
     Ok(Decoded { id, inputs: tensors, outputs: wanted, raw })
 }
 
-fn decode_input(index: usize, input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor, ServeError> {
+fn decode_input(index: usize, input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor, CodecError> {
     let InferInputTensor { name, datatype, shape, contents, .. } = input;
     if name.is_empty() {
         return Err(invalid_tensor(format!("input {index} has no name")));
@@ -149,7 +149,7 @@ fn pack<T: Copy + std::fmt::Display, const N: usize>(
     datatype: DataType,
     values: &[T],
     convert: impl Fn(T) -> Option<[u8; N]>,
-) -> Result<Vec<u8>, ServeError> {
+) -> Result<Vec<u8>, CodecError> {
     let mut bytes = Vec::with_capacity(values.len() * N);
     for (i, &value) in values.iter().enumerate() {
         let le = convert(value).ok_or_else(|| {
@@ -166,7 +166,7 @@ fn from_contents(
     shape: &[i64],
     count: usize,
     contents: InferTensorContents,
-) -> Result<TensorData, ServeError> {
+) -> Result<TensorData, CodecError> {
     let filled = filled_fields(&contents);
     let Some(field) = field_of(datatype) else {
         if count == 0 && filled.is_empty() {
@@ -218,9 +218,9 @@ fn from_raw(
     shape: &[i64],
     count: usize,
     bytes: Vec<u8>,
-) -> Result<TensorData, ServeError> {
+) -> Result<TensorData, CodecError> {
     let Some(size) = datatype.size() else {
-        let items = split_bytes_elements(&bytes).map_err(|e| invalid_raw(format!("input '{name}': {e}")))?;
+        let items = split_framed(&bytes).map_err(|e| invalid_raw(format!("input '{name}': raw {e}")))?;
         if items.len() != count {
             return Err(invalid_raw(format!(
                 "input '{name}': raw BYTES contents hold {} elements, shape {shape:?} needs {count}",
@@ -248,29 +248,6 @@ fn from_raw(
     Ok(TensorData::Raw(bytes))
 }
 
-/// Splits raw BYTES contents: each element is a 4-byte little-endian length
-/// followed by that many bytes.
-fn split_bytes_elements(mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    let mut items = Vec::new();
-    while !bytes.is_empty() {
-        let index = items.len();
-        let Some((prefix, rest)) = bytes.split_first_chunk::<4>() else {
-            return Err(format!(
-                "raw BYTES contents end inside the 4-byte length of element {index} ({} bytes remain)",
-                bytes.len()
-            ));
-        };
-        let len = u32::from_le_bytes(*prefix) as usize;
-        if len > rest.len() {
-            return Err(format!("raw BYTES element {index} says it has {len} bytes but only {} remain", rest.len()));
-        }
-        let (item, rest) = rest.split_at(len);
-        items.push(item.to_vec());
-        bytes = rest;
-    }
-    Ok(items)
-}
-
 /// Builds the response: the requested outputs in request order (all of them,
 /// in model order, when none were requested), as raw contents when `raw`
 /// is set or an FP16 output has no typed field to go in, else as typed
@@ -282,7 +259,7 @@ pub fn encode_response(
     outputs: Vec<Tensor>,
     requested: &[String],
     raw: bool,
-) -> Result<ModelInferResponse, ServeError> {
+) -> Result<ModelInferResponse, CodecError> {
     let selected: Vec<Tensor> = if requested.is_empty() {
         outputs
     } else {
@@ -293,19 +270,14 @@ pub fn encode_response(
             let found =
                 outputs.iter_mut().find(|t| t.as_ref().is_some_and(|t| &t.name == wanted)).and_then(Option::take);
             let Some(tensor) = found else {
-                return Err(ServeError::bad_request(
-                    "unknown_output",
-                    format!("unknown output '{wanted}'; the model's outputs are {available:?}"),
-                ));
+                return Err(CodecError::UnknownOutput { name: wanted.clone(), available });
             };
             selected.push(tensor);
         }
         selected
     };
     for tensor in &selected {
-        tensor.check_consistent().map_err(|e| {
-            ServeError::new(Class::Internal, "invalid_output", format!("model produced an invalid output: {e}"))
-        })?;
+        tensor.check_consistent().map_err(CodecError::InvalidOutput)?;
     }
     let raw = raw || selected.iter().any(|t| field_of(t.datatype).is_none());
     let mut response = ModelInferResponse {
@@ -331,22 +303,17 @@ pub fn encode_response(
     Ok(response)
 }
 
-fn to_raw(name: &str, data: TensorData) -> Result<Vec<u8>, ServeError> {
+fn to_raw(name: &str, data: TensorData) -> Result<Vec<u8>, CodecError> {
     match data {
         TensorData::Raw(bytes) => Ok(bytes),
         TensorData::Bytes(items) => {
-            let mut out = Vec::with_capacity(items.iter().map(|i| i.len() + 4).sum());
-            for item in items {
-                let len = u32::try_from(item.len()).map_err(|_| {
-                    ServeError::new(
-                        Class::Internal,
-                        "invalid_output",
-                        format!("output '{name}' has a BYTES element longer than the 4-byte length can say"),
-                    )
-                })?;
-                out.extend_from_slice(&len.to_le_bytes());
-                out.extend_from_slice(&item);
-            }
+            let size = framed_size(&items).ok_or_else(|| {
+                CodecError::InvalidOutput(format!(
+                    "output '{name}' has a BYTES element longer than the 4-byte length prefix can say"
+                ))
+            })?;
+            let mut out = Vec::with_capacity(size);
+            append_framed(&items, &mut out);
             Ok(out)
         }
     }
@@ -403,10 +370,10 @@ mod tests {
         ModelInferRequest { inputs, raw_input_contents: raw, ..ModelInferRequest::default() }
     }
 
-    fn message(result: Result<Decoded, ServeError>) -> String {
+    fn message(result: Result<Decoded, CodecError>) -> String {
         let e = result.unwrap_err();
-        assert_eq!(e.class, Class::BadRequest, "{e}");
-        e.message
+        assert!(e.is_client_error(), "{e}");
+        e.to_string()
     }
 
     /// One value per datatype, typed and raw, decodes to the same bytes and
@@ -493,7 +460,7 @@ mod tests {
             vec![input("s", "BYTES", &[3], None)],
             vec![raw[..raw.len() - 1].to_vec()],
         )));
-        assert!(e.contains("input 's'") && e.contains("element 2 says it has 3 bytes but only 2 remain"), "{e}");
+        assert_eq!(e, "input 's': raw BYTES element 2 says it has 3 bytes but only 2 remain");
         let e = message(decode_request(request(vec![input("s", "BYTES", &[4], None)], vec![raw])));
         assert!(e.contains("hold 3 elements, shape [4] needs 4"), "{e}");
     }
@@ -561,8 +528,8 @@ mod tests {
         assert_eq!(r.outputs.len(), 1);
         assert_eq!(r.raw_output_contents, vec![2.0f32.to_le_bytes().to_vec()]);
         let e = encode_response("m", 2, String::new(), outputs(), &["a".into(), "zz".into()], false).unwrap_err();
-        assert_eq!((e.class, e.kind), (Class::BadRequest, "unknown_output"));
-        assert_eq!(e.message, "unknown output 'zz'; the model's outputs are [\"a\", \"b\"]");
+        assert_eq!(e.kind(), "unknown_output");
+        assert_eq!(e.to_string(), "unknown output 'zz'; the model's outputs are [\"a\", \"b\"]");
     }
 
     #[test]
@@ -570,6 +537,7 @@ mod tests {
         let mut bad = Tensor::from_f32("a", vec![1], &[1.0]);
         bad.shape = vec![2];
         let e = encode_response("m", 1, String::new(), vec![bad], &[], false).unwrap_err();
-        assert_eq!((e.class, e.kind), (Class::Internal, "invalid_output"));
+        assert_eq!(e.kind(), "invalid_output");
+        assert!(!e.is_client_error());
     }
 }

@@ -8,8 +8,8 @@
 use serde::Serialize;
 
 use super::swaps::Span;
-use crate::drill::record::Record;
-use crate::drill::stalls::{PERIOD, Probe, Stall};
+use crate::record::Record;
+use crate::stalls::{PERIOD, Probe, Stall};
 
 /// How many of the slowest requests of each kind of time are reported.
 pub const SLOWEST: usize = 5;
@@ -161,7 +161,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::drill::stalls::Stall;
+    use crate::stalls::Stall;
 
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;

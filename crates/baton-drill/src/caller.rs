@@ -109,7 +109,7 @@ impl HttpCaller {
         if self.reply.status != 200 {
             return Err(Failure::new(format!("http {}", self.reply.status), error_message(&self.reply.body)));
         }
-        let answer = baton_kserve::decode_response(&self.reply.body, self.reply.header_length)
+        let answer = baton_protocol::decode_response(&self.reply.body, self.reply.header_length)
             .map_err(|e| Failure::new("bad answer", e.to_string()))?;
         self.version = answer.model_version;
         Ok(&self.version)

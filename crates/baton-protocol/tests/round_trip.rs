@@ -3,7 +3,7 @@
 mod common;
 
 use baton_core::tensor::{DataType, Tensor, TensorData};
-use baton_kserve::{InferRequest, RequestedOutput, decode_request, decode_response, encode_request, encode_response};
+use baton_protocol::{InferRequest, RequestedOutput, decode_request, decode_response, encode_request, encode_response};
 use common::{bytes_binary, every_datatype, with_binary};
 
 /// JSON text cannot carry bytes that are not UTF-8, so the JSON samples are

@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use super::stats::Collector;
-use crate::drill::record::Record;
-use crate::drill::rss::Samples;
+use crate::record::Record;
+use crate::rss::Samples;
 
 /// Latency over time, one point per bucket of request start times.
 #[derive(Clone, Debug, Serialize)]

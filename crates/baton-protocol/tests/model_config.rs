@@ -3,7 +3,7 @@
 
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::tensor::DataType;
-use baton_kserve::{is_batched, model_config, model_metadata};
+use baton_protocol::{is_batched, model_config, model_metadata};
 use serde_json::{Value, json};
 
 fn spec(name: &str, datatype: DataType, shape: &[i64]) -> TensorSpec {

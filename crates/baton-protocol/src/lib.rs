@@ -1,6 +1,7 @@
-//! The KServe V2 / Open Inference Protocol REST encoding, protocol only: no
-//! HTTP server, no routing. The axum front end, a gRPC front end and load
-//! generators share it, so it covers both sides:
+//! The KServe V2 / Open Inference Protocol wire formats, protocol only: no
+//! server, no routing. REST JSON and its binary extension are here at the
+//! top; the gRPC messages and their conversion are in [`grpc`]. The front
+//! ends, the drill and the tests share them, so both sides are covered:
 //!
 //! - server: [`decode_request`] and [`encode_response`];
 //! - client: [`encode_request`] and [`decode_response`];
@@ -28,6 +29,7 @@
 mod client;
 mod error;
 mod framing;
+pub mod grpc;
 mod metadata;
 mod request;
 mod response;

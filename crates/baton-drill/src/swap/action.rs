@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::drill::args::{DrillArgs, SwapMethod};
-use crate::drill::caller::error_message;
-use crate::drill::target::Endpoint;
+use crate::args::{DrillArgs, SwapMethod};
+use crate::caller::error_message;
+use crate::target::Endpoint;
 
 /// What a swap action did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! is wrong and how. Shared by request decoding (server side) and response
 //! decoding (client side).
 
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_core::tensor::{DataType, Tensor, TensorData, element_count, split_framed};
 use baton_core::tensor_json::{f32_to_f16, tensor_from_json};
 use serde_json::Value;
 
@@ -220,7 +220,7 @@ fn from_binary(
         }
         None => {
             let bytes = cursor.take(&name, size)?;
-            let items = split_bytes_elements(bytes).map_err(|e| bad(format!("{role} '{name}': {e}")))?;
+            let items = split_framed(bytes).map_err(|e| bad(format!("{role} '{name}': binary {e}")))?;
             if items.len() != count {
                 return Err(bad(format!(
                     "{role} '{name}': binary BYTES data holds {} elements, shape {shape:?} needs {count}",
@@ -233,49 +233,9 @@ fn from_binary(
     Ok(Tensor { name, datatype, shape, data })
 }
 
-/// Splits binary BYTES data: each element is a 4-byte little-endian length
-/// followed by that many bytes.
-pub(crate) fn split_bytes_elements(mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    let mut items = Vec::new();
-    while !bytes.is_empty() {
-        let index = items.len();
-        let Some((prefix, rest)) = bytes.split_first_chunk::<4>() else {
-            return Err(format!(
-                "binary BYTES data ends inside the 4-byte length prefix of element {index} ({} bytes remain)",
-                bytes.len()
-            ));
-        };
-        let len = u32::from_le_bytes(*prefix) as usize;
-        if len > rest.len() {
-            return Err(format!(
-                "binary BYTES element {index} says it has {len} bytes but only {} remain in its binary_data_size",
-                rest.len()
-            ));
-        }
-        let (item, rest) = rest.split_at(len);
-        items.push(item.to_vec());
-        bytes = rest;
-    }
-    Ok(items)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bytes_elements_split_and_report_truncation() {
-        let mut data = Vec::new();
-        for item in [&b"ab"[..], b"", b"xyz"] {
-            data.extend((item.len() as u32).to_le_bytes());
-            data.extend(item);
-        }
-        assert_eq!(split_bytes_elements(&data).unwrap(), vec![b"ab".to_vec(), vec![], b"xyz".to_vec()]);
-        let e = split_bytes_elements(&data[..data.len() - 1]).unwrap_err();
-        assert!(e.contains("element 2 says it has 3 bytes but only 2 remain"), "{e}");
-        let e = split_bytes_elements(&data[..8]).unwrap_err();
-        assert!(e.contains("inside the 4-byte length prefix of element 1 (2 bytes remain)"), "{e}");
-    }
 
     #[test]
     fn nested_counts() {

@@ -122,7 +122,7 @@ pub fn fill(spec: &InputSpec) -> anyhow::Result<Tensor> {
 pub fn tensors(http: &Endpoint, args: &DrillArgs) -> anyhow::Result<Vec<Tensor>> {
     if let Some(path) = &args.request {
         let body = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let request = baton_kserve::decode_request(&body, None)
+        let request = baton_protocol::decode_request(&body, None)
             .map_err(|e| anyhow::anyhow!("{} is not a KServe V2 JSON request: {e}", path.display()))?;
         ensure!(!request.inputs.is_empty(), "{} has no inputs", path.display());
         return Ok(request.inputs);
@@ -146,7 +146,7 @@ pub fn specs_of(tensors: &[Tensor]) -> Vec<InputSpec> {
 /// The complete HTTP/1.1 request (head and body) every HTTP request sends.
 pub fn http_request(endpoint: &Endpoint, args: &DrillArgs, inputs: &[Tensor]) -> Vec<u8> {
     let binary = args.protocol == Protocol::HttpBinary;
-    let encoded = baton_kserve::encode_request(inputs, binary, &[], None);
+    let encoded = baton_protocol::encode_request(inputs, binary, &[], None);
     let path = match &args.model_version {
         Some(v) => format!("{}/v2/models/{}/versions/{v}/infer", endpoint.prefix, args.model),
         None => format!("{}/v2/models/{}/infer", endpoint.prefix, args.model),

@@ -7,7 +7,7 @@
 //! Floating-point NaN and ±Inf have no JSON representation; they are
 //! written as `null` (serde_json's convention). The binary form is exact.
 
-use baton_core::tensor::{DataType, Tensor, TensorData, f16_to_f32};
+use baton_core::tensor::{DataType, Tensor, TensorData, append_framed, f16_to_f32, framed_size};
 use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 
@@ -90,26 +90,17 @@ fn elements<S: Serializer, T: Serialize, const N: usize>(
 pub(crate) fn binary_size(tensor: &Tensor) -> Option<usize> {
     match &tensor.data {
         TensorData::Raw(bytes) => Some(bytes.len()),
-        TensorData::Bytes(items) => items.iter().try_fold(0usize, |total, item| {
-            u32::try_from(item.len()).ok()?;
-            total.checked_add(4 + item.len())
-        }),
+        TensorData::Bytes(items) => framed_size(items),
     }
 }
 
-/// Appends a tensor's binary form: raw little-endian elements, or for
-/// BYTES each element as a 4-byte little-endian length and its bytes. A
-/// BYTES element longer than `u32::MAX` gets a saturated (wrong) length;
-/// callers check [`binary_size`] first where that matters.
+/// Appends a tensor's binary form: raw little-endian elements, or framed
+/// BYTES elements ([`append_framed`]); callers check [`binary_size`] first
+/// where an overlong element matters.
 pub(crate) fn append_binary(tensor: &Tensor, out: &mut Vec<u8>) {
     match &tensor.data {
         TensorData::Raw(bytes) => out.extend_from_slice(bytes),
-        TensorData::Bytes(items) => {
-            for item in items {
-                out.extend_from_slice(&u32::try_from(item.len()).unwrap_or(u32::MAX).to_le_bytes());
-                out.extend_from_slice(item);
-            }
-        }
+        TensorData::Bytes(items) => append_framed(items, out),
     }
 }
 
