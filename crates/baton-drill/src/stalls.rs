@@ -17,18 +17,15 @@
 //! waits for a busy CPU.
 //!
 //! There is one such thread per CPU the drill may use, each kept to its
-//! CPU. A virtual CPU can stop while the other runs, and one probe that
-//! goes where the scheduler puts it sees only the stops of the CPU it is
-//! on: beside a 40-swap drill on the benchmark machine, a probe process
-//! with one pinned thread per CPU found a 12 ms stop of one CPU under four
-//! requests of 12.1–12.4 ms that the drill's single probe had found none
-//! under (docs/benchmarks-notebook.md §2, "Trims at serving priority").
-//! The probes' late wakes are merged into the times when at least one CPU
-//! was stopped, which is what the report counts and what it sets beside
-//! the slowest requests.
+//! CPU: a virtual CPU can stop while the other runs, and a probe that goes
+//! where the scheduler puts it sees only the stops of the CPU it is on
+//! (docs/benchmarks-notebook.md, "Trims at serving priority", has the
+//! drill that showed it). The probes' late wakes are merged into the times
+//! when at least one CPU was stopped, which is what the report counts and
+//! what it sets beside the slowest requests.
 //!
-//! Each probe costs a wake a millisecond, about 20 µs on a CPU each (the
-//! median on the benchmark machine, `perf sched`): 2 % of every CPU.
+//! Each probe wakes once a millisecond; what that costs a CPU is in
+//! docs/drill.md.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
