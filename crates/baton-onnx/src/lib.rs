@@ -26,6 +26,8 @@
 
 mod backend;
 mod convert;
+pub mod encoder;
+mod graph;
 pub mod mlp;
 mod model_file;
 mod options;
@@ -33,7 +35,10 @@ mod pool;
 pub mod proto;
 mod runtime;
 mod staged;
+pub mod writer;
 
 pub use backend::{MODEL_FILE, OnnxBackend};
 pub use options::{EngineOptions, MAX_SESSIONS, MAX_THREADS, Optimization};
-pub use runtime::{PoolThreads, RUNTIME_RELATIVE_PATH, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME, init, runtime_path};
+pub use runtime::{
+    PoolThreads, RUNTIME_RELATIVE_PATH, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME, environment, init, runtime_path,
+};

@@ -5,6 +5,7 @@
 //! Nothing here is downloaded: every model a test uses is written by
 //! [`onnx::encode_mlp`] from weights generated from a seed.
 
+pub mod encoder;
 pub mod fake;
 pub mod repo;
 pub mod server;

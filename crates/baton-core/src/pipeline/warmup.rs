@@ -7,6 +7,15 @@
 //! (`{"inputs": [{"name", "datatype", "shape", "data"}]}`, the KServe V2 JSON
 //! request body), and inputs generated from the signature at each configured
 //! batch size.
+//!
+//! An integer input is often an index: token ids into a vocabulary, say,
+//! where a value past the table's end makes the engine fail or read
+//! garbage. So integer inputs are generated only from what the backend
+//! knows of their values ([`Model::input_ranges`]): within a known range,
+//! or 0 where any value is safe. When the backend cannot tell for one of
+//! them, baton does not guess: it generates no inputs for that model, says
+//! why in a warning and in [`Warmed::generated_skipped`], and warms the
+//! version with its shipped samples alone (none, if it ships none).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::backend::Model;
+use crate::backend::{InputRange, Model, ValueRange};
 use crate::signature::Signature;
 use crate::spec::ModelSpec;
 use crate::tensor::{DataType, Tensor, TensorData, element_count};
@@ -92,7 +101,7 @@ impl WarmupError {
 }
 
 /// What warmup did.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Warmed {
     /// Inference runs made.
     pub runs: usize,
@@ -100,6 +109,9 @@ pub struct Warmed {
     pub slowest: Duration,
     /// The fastest run: about what the smallest request costs.
     pub fastest: Duration,
+    /// Why no inputs were generated although `warmup.generated` is on: an
+    /// integer input whose valid values the backend cannot tell.
+    pub generated_skipped: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -116,11 +128,21 @@ struct SampleTensor {
     data: serde_json::Value,
 }
 
-/// The version's shipped samples followed by generated ones.
-pub fn samples(dir: &Path, spec: &ModelSpec, signature: &Signature) -> Result<Vec<Sample>, WarmupError> {
+/// The version's shipped samples followed by generated ones, unless inputs
+/// cannot be generated for `model` (see [`ungenerable`]); that is logged.
+pub fn samples(dir: &Path, spec: &ModelSpec, model: &dyn Model) -> Result<Vec<Sample>, WarmupError> {
     let mut out = shipped(&dir.join("warmup"))?;
     if spec.warmup.generated {
-        out.extend(generated(signature, &spec.warmup.batch_sizes));
+        match generated(model.signature(), &model.input_ranges(), &spec.warmup.batch_sizes) {
+            Ok(samples) => out.extend(samples),
+            Err(reason) => tracing::warn!(
+                version = %dir.display(),
+                shipped = out.len(),
+                reason,
+                "Warmup generates no inputs for this version: the valid values of an integer input are \
+                 unknown. Only its shipped warmup samples run."
+            ),
+        }
     }
     Ok(out)
 }
@@ -153,13 +175,41 @@ fn shipped(dir: &Path) -> Result<Vec<Sample>, WarmupError> {
         .collect()
 }
 
+/// Why inputs cannot be generated for a model with this signature and
+/// these input ranges: the first integer input whose valid values are
+/// unknown (left out of `ranges`, or [`ValueRange::Unknown`]).
+pub fn ungenerable(signature: &Signature, ranges: &[InputRange]) -> Option<String> {
+    signature.inputs.iter().filter(|spec| integer_bounds(spec.datatype).is_some()).find_map(|spec| {
+        match range_of(ranges, &spec.name) {
+            ValueRange::Unknown(why) => Some(format!("input '{}': {why}", spec.name)),
+            ValueRange::Within { low, high } if clamp(spec.datatype, low, high).is_none() => {
+                Some(format!("input '{}': no value of {} is in [{low}, {high})", spec.name, spec.datatype))
+            }
+            _ => None,
+        }
+    })
+}
+
+/// What `ranges` says of input `name`; an input left out is unknown.
+fn range_of(ranges: &[InputRange], name: &str) -> ValueRange {
+    ranges.iter().find(|r| r.name == name).map_or_else(
+        || ValueRange::Unknown("the backend does not say which of its values are valid".into()),
+        |r| r.range.clone(),
+    )
+}
+
 /// Inputs generated from the signature: the first variable dimension takes
 /// the batch size, other variable ones 1. Floats are spread over [-1, 1];
-/// integers are 0, a safe index for embedding lookups.
-pub fn generated(signature: &Signature, batch_sizes: &[usize]) -> Vec<Sample> {
+/// integers over their range ([`ValueRange::Within`]: its ends first, then
+/// values spread between them), or 0 where any value is safe. Fails with
+/// the reason of [`ungenerable`].
+pub fn generated(signature: &Signature, ranges: &[InputRange], batch_sizes: &[usize]) -> Result<Vec<Sample>, String> {
+    if let Some(reason) = ungenerable(signature, ranges) {
+        return Err(reason);
+    }
     let batched = signature.inputs.iter().any(|s| s.shape.first().is_some_and(|d| *d < 0));
     let sizes: Vec<usize> = if batched { batch_sizes.to_vec() } else { vec![1] };
-    sizes
+    Ok(sizes
         .into_iter()
         .map(|batch| {
             let inputs = signature
@@ -181,25 +231,64 @@ pub fn generated(signature: &Signature, batch_sizes: &[usize]) -> Vec<Sample> {
                         })
                         .collect();
                     let count = element_count(&shape).unwrap_or(0);
-                    let data = fill(spec.datatype, count);
+                    let data = fill(spec.datatype, count, &range_of(ranges, &spec.name));
                     Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }
                 })
                 .collect();
             Sample { name: format!("generated-b{batch}"), inputs }
         })
-        .collect()
+        .collect())
 }
 
-fn fill(datatype: DataType, count: usize) -> TensorData {
-    let wave = |i: usize| ((i as f64) * 0.618_033_988_75).fract() * 2.0 - 1.0;
-    match datatype {
-        DataType::Bytes => TensorData::Bytes(vec![b"warmup".to_vec(); count]),
-        DataType::Fp32 => TensorData::Raw((0..count).flat_map(|i| (wave(i) as f32).to_le_bytes()).collect()),
-        DataType::Fp64 => TensorData::Raw((0..count).flat_map(|i| wave(i).to_le_bytes()).collect()),
-        DataType::Fp16 => TensorData::Raw(
-            (0..count).flat_map(|i| crate::tensor_json::f32_to_f16(wave(i) as f32).to_le_bytes()).collect(),
+/// The values an integer type holds, `None` for other types.
+fn integer_bounds(datatype: DataType) -> Option<(i64, i64)> {
+    Some(match datatype {
+        DataType::Int8 => (i8::MIN.into(), i8::MAX.into()),
+        DataType::Uint8 => (0, u8::MAX.into()),
+        DataType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+        DataType::Uint16 => (0, u16::MAX.into()),
+        DataType::Int32 => (i32::MIN.into(), i32::MAX.into()),
+        DataType::Uint32 => (0, u32::MAX.into()),
+        DataType::Int64 => (i64::MIN, i64::MAX),
+        DataType::Uint64 => (0, i64::MAX),
+        _ => return None,
+    })
+}
+
+/// `[low, high)` narrowed to what `datatype` holds, as inclusive ends;
+/// `None` if nothing is left.
+fn clamp(datatype: DataType, low: i64, high: i64) -> Option<(i64, i64)> {
+    let (min, max) = integer_bounds(datatype)?;
+    let (low, last) = (low.max(min), high.saturating_sub(1).min(max));
+    (low <= last).then_some((low, last))
+}
+
+fn fill(datatype: DataType, count: usize, range: &ValueRange) -> TensorData {
+    let wave = |i: usize| ((i as f64) * 0.618_033_988_75).fract();
+    let spread = |i: usize| wave(i) * 2.0 - 1.0;
+    match (datatype, range) {
+        (DataType::Bytes, _) => TensorData::Bytes(vec![b"warmup".to_vec(); count]),
+        (DataType::Fp32, _) => TensorData::Raw((0..count).flat_map(|i| (spread(i) as f32).to_le_bytes()).collect()),
+        (DataType::Fp64, _) => TensorData::Raw((0..count).flat_map(|i| spread(i).to_le_bytes()).collect()),
+        (DataType::Fp16, _) => TensorData::Raw(
+            (0..count).flat_map(|i| crate::tensor_json::f32_to_f16(spread(i) as f32).to_le_bytes()).collect(),
         ),
-        other => TensorData::Raw(vec![0; count * other.size().unwrap_or(1)]),
+        (other, &ValueRange::Within { low, high }) => {
+            let size = other.size().unwrap_or(1);
+            let Some((low, last)) = clamp(other, low, high) else {
+                return TensorData::Raw(vec![0; count * size]);
+            };
+            let span = (last - low) as f64;
+            let value = |i: usize| match i {
+                0 => low,
+                1 => last,
+                // At most `last`: wave() < 1, and the float product rounds down to an integer.
+                _ => low + ((wave(i) * (span + 1.0)).floor() as i64).min(last - low),
+            };
+            // Little-endian two's complement, cut to the element's width.
+            TensorData::Raw((0..count).flat_map(|i| value(i).to_le_bytes().into_iter().take(size)).collect())
+        }
+        (other, _) => TensorData::Raw(vec![0; count * other.size().unwrap_or(1)]),
     }
 }
 
@@ -207,7 +296,10 @@ fn fill(datatype: DataType, count: usize) -> TensorData {
 pub fn run(model: &dyn Model, samples: &[Sample], spec: &ModelSpec) -> Result<Warmed, WarmupError> {
     let budget = Duration::from_millis(spec.warmup.max_latency_ms);
     let signature = model.signature();
-    let mut warmed = Warmed::default();
+    let mut warmed = Warmed {
+        generated_skipped: spec.warmup.generated.then(|| ungenerable(signature, &model.input_ranges())).flatten(),
+        ..Warmed::default()
+    };
     for instance in 0..model.instances() {
         for sample in samples {
             let (started, waited) = (Instant::now(), off_cpu());
@@ -301,6 +393,19 @@ mod tests {
         assert_eq!(without_waits(ms(10), Some(ms(0)), Some(ms(50))), ms(0));
     }
 
+    fn ints(t: &Tensor) -> Vec<i64> {
+        let TensorData::Raw(bytes) = &t.data else { panic!("raw data") };
+        match t.datatype {
+            DataType::Int64 => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
+            DataType::Int8 => bytes.iter().map(|b| i64::from(*b as i8)).collect(),
+            other => panic!("{other}"),
+        }
+    }
+
+    fn within(name: &str, low: i64, high: i64) -> InputRange {
+        InputRange { name: name.into(), range: ValueRange::Within { low, high } }
+    }
+
     #[test]
     fn generated_samples_follow_the_signature() {
         let sig = Signature {
@@ -310,7 +415,7 @@ mod tests {
             ],
             outputs: vec![],
         };
-        let samples = generated(&sig, &[1, 8]);
+        let samples = generated(&sig, &[within("ids", 0, 1000)], &[1, 8]).unwrap();
         assert_eq!(samples.len(), 2);
         assert_eq!(samples[1].inputs[0].shape, vec![8, 3]);
         assert_eq!(samples[1].inputs[1].shape, vec![8, 1]);
@@ -321,7 +426,38 @@ mod tests {
             inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![2, 3] }],
             outputs: vec![],
         };
-        assert_eq!(generated(&fixed, &[1, 8, 32]).len(), 1, "no batch dimension, one sample");
+        assert_eq!(generated(&fixed, &[], &[1, 8, 32]).unwrap().len(), 1, "no batch dimension, one sample");
+    }
+
+    #[test]
+    fn integer_inputs_are_generated_within_their_range_or_not_at_all() {
+        let spec = |name: &str, datatype| TensorSpec { name: name.into(), datatype, shape: vec![-1] };
+        let sig = Signature {
+            inputs: vec![spec("ids", DataType::Int64), spec("mask", DataType::Int64), spec("small", DataType::Int8)],
+            outputs: vec![],
+        };
+        let any = InputRange { name: "mask".into(), range: ValueRange::Any };
+        let ranges = vec![within("ids", 3, 1000), any.clone(), within("small", -5, 1000)];
+        let samples = generated(&sig, &ranges, &[64]).unwrap();
+        let ids = ints(&samples[0].inputs[0]);
+        assert!(ids.iter().all(|v| (3..1000).contains(v)), "{ids:?}");
+        assert_eq!((ids[0], ids[1]), (3, 999), "the range's ends come first");
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 40, "values spread over the range: {distinct:?}");
+        assert!(ints(&samples[0].inputs[1]).iter().all(|v| *v == 0));
+        let small = ints(&samples[0].inputs[2]);
+        assert!(small.iter().all(|v| (-5..=127).contains(v)) && small[1] == 127, "cut to INT8: {small:?}");
+
+        let unknown = InputRange { name: "mask".into(), range: ValueRange::Unknown("it is a shape".into()) };
+        let reason = generated(&sig, &[within("ids", 0, 9), unknown, within("small", 0, 9)], &[1]).unwrap_err();
+        assert_eq!(reason, "input 'mask': it is a shape");
+        let reason = generated(&sig, &[within("ids", 0, 9), any], &[1]).unwrap_err();
+        assert!(reason.starts_with("input 'small'") && reason.contains("does not say"), "{reason}");
+        let empty = [within("ids", 0, 9), within("mask", 0, 9), within("small", 200, 300)];
+        assert!(ungenerable(&sig, &empty).unwrap().contains("no value of INT8"));
+        assert_eq!(ungenerable(&sig, &ranges), None);
     }
 
     #[test]
