@@ -1,8 +1,11 @@
 //! The BERT-style encoder ([`baton_onnx::encoder`]) in tests: its
 //! `model.toml`, batches of token ids, and what ONNX Runtime answers for
-//! them when run directly, without baton.
+//! them when run directly, without baton. Also a model whose integer
+//! input's valid values cannot be told from the model.
 
 use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_onnx::proto::elem;
+use baton_onnx::writer::{Attr, Dim, GraphWriter};
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 
@@ -122,4 +125,16 @@ pub fn reference(model: &[u8], batch: &Batch) -> Vec<(String, Vec<i64>, Vec<f32>
             ((*name).to_owned(), shape.to_vec(), values.to_vec())
         })
         .collect()
+}
+
+/// `y = Gather(x, i, axis = 1)`, `x` FP32 `[batch, 4]`, `i` INT64 `[2]`:
+/// `i` indexes a table that is itself an input, so the values it may take
+/// cannot be told from the model, and warmup generates no inputs for it.
+pub fn lookup_model() -> Vec<u8> {
+    let mut g = GraphWriter::new("lookup");
+    g.input("x", elem::FLOAT, &[Dim::Named("batch"), Dim::Fixed(4)]);
+    g.input("i", elem::INT64, &[Dim::Fixed(2)]);
+    g.node("Gather", &["x", "i"], &["y"], &[Attr::Int("axis", 1)]);
+    g.output("y", elem::FLOAT, &[Dim::Named("batch"), Dim::Fixed(2)]);
+    g.model(17)
 }

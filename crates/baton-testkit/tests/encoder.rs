@@ -7,9 +7,7 @@ use baton_core::events::Stage;
 use baton_core::pipeline::warmup::Sample;
 use baton_core::registry::Registry;
 use baton_core::tensor::{DataType, Tensor, TensorData};
-use baton_onnx::proto::elem;
-use baton_onnx::writer::{Attr, Dim, GraphWriter};
-use baton_testkit::encoder::{Batch, Encoder, INPUTS, encoder_toml, reference};
+use baton_testkit::encoder::{Batch, Encoder, INPUTS, encoder_toml, lookup_model, reference};
 use baton_testkit::registry;
 use baton_testkit::repo::TestRepo;
 
@@ -83,17 +81,6 @@ fn generated_warmup_inputs_stay_inside_the_tables_they_index() {
     past.ids[1] = encoder.vocab as i64;
     let error = snapshot.infer("encoder", None, &past.tensors()).unwrap_err();
     assert!(error.to_string().contains("out of data bounds"), "{error}");
-}
-
-/// `y = Gather(x, i, axis = 1)`: `i` indexes a table that is an input, so
-/// its valid values cannot be told from the model.
-fn lookup_model() -> Vec<u8> {
-    let mut g = GraphWriter::new("lookup");
-    g.input("x", elem::FLOAT, &[Dim::Named("batch"), Dim::Fixed(4)]);
-    g.input("i", elem::INT64, &[Dim::Fixed(2)]);
-    g.node("Gather", &["x", "i"], &["y"], &[Attr::Int("axis", 1)]);
-    g.output("y", elem::FLOAT, &[Dim::Named("batch"), Dim::Fixed(2)]);
-    g.model(17)
 }
 
 #[test]
