@@ -76,7 +76,7 @@ impl Checks {
             return self.nan.then(|| ("nan", format!("element {index} is NaN")));
         }
         if value.is_infinite() {
-            return self.inf.then(|| ("inf", format!("element {index} is {value} among ordinary values")));
+            return self.inf.then(|| ("inf", format!("element {index} is {value}")));
         }
         let magnitude = value.abs();
         if float.is_normal(magnitude) && self.over_ratio(binary_exponent(value), stats) {
