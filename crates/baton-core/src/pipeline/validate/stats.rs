@@ -191,9 +191,11 @@ mod tests {
         let float = Float::of(DataType::Fp32).unwrap();
         for a in SPECIALS {
             for b in SPECIALS {
-                let data = bytes(&[a, b, 0.5]);
-                let loop_stats = Stats::by_elements(DataType::Fp32, float, &data);
-                assert_eq!(Stats::fp32(&data), loop_stats, "[{a:e}, {b:e}, 0.5]");
+                for values in [vec![a, b], vec![a, b, 0.5]] {
+                    let data = bytes(&values);
+                    let loop_stats = Stats::by_elements(DataType::Fp32, float, &data);
+                    assert_eq!(Stats::fp32(&data), loop_stats, "{values:?}");
+                }
             }
         }
         // A tensor over several blocks, with a sign flip in every word.
