@@ -127,13 +127,15 @@ fn check_tensor(w: &Weight<'_>, spec: &ModelSpec) -> Result<u64, ValidateError> 
         return Ok(0);
     };
     let count = (w.data.len() / float.size()) as u64;
-    // Most weights are FP32 and pass: one branch-free pass decides that,
-    // and only a tensor it flags goes through `scan`, which names the element.
-    if datatype == DataType::Fp32 {
-        let stats = Stats::fp32(w.data);
-        if Checks::new(policy, w.role, w.shape, count, &stats).pass(float, &stats) {
-            return Ok(count);
-        }
+    // Most weights pass: one pass decides that (for FP32, the common case,
+    // a branch-free one over the bits), and only a tensor it flags goes
+    // through `scan`, which names the element.
+    let stats = match datatype {
+        DataType::Fp32 => Stats::fp32(w.data),
+        other => Stats::by_elements(other, float, w.data),
+    };
+    if Checks::new(policy, w.role, w.shape, count, &stats).pass(float, &stats) {
+        return Ok(count);
     }
     rule::scan(policy, w.role, w.shape, datatype, float, w.data)
         .map_err(|(kind, problem)| refuse(kind, w.name, problem))?;
