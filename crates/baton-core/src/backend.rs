@@ -36,6 +36,14 @@ pub trait Model: Send + Sync + 'static {
     /// error `visit` returns.
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError>;
 
+    /// What the backend knows of the values each integer input may take,
+    /// read from the model (see [`ValueRange`]); warmup generates integer
+    /// inputs from it. An integer input left out counts as
+    /// [`ValueRange::Unknown`]. The default knows nothing.
+    fn input_ranges(&self) -> Vec<InputRange> {
+        Vec::new()
+    }
+
     /// Runs one inference on any free instance.
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
 
@@ -62,6 +70,51 @@ pub struct Weight<'a> {
     pub shape: &'a [i64],
     /// Little-endian element bytes.
     pub data: &'a [u8],
+    /// What the tensor is for in the model, as the backend reads it from
+    /// the graph; decides which checks apply to it.
+    pub role: WeightRole,
+}
+
+/// What a weight tensor is for, which decides how validation treats its
+/// values (`baton_core::spec::ValidationPolicy` says how).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightRole {
+    /// A parameter the model computes with: a matrix multiplied, a
+    /// convolution kernel, an embedding table, a recurrent cell's weights,
+    /// a normalization's scale or bias, reached directly or through
+    /// operations that only move or convert it (a transpose, a cast). A
+    /// backend that cannot tell says this, the strictest.
+    Compute,
+    /// Any other constant: masks and fill values, scalars of element-wise
+    /// arithmetic, shape and index constants, operands of additions.
+    Constant,
+}
+
+/// The values an integer input may take, as far as the backend can tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValueRange {
+    /// Any value is safe: the input is never used as an index or a shape
+    /// (it is, say, converted to floating point, or only its shape is read).
+    Any,
+    /// Values in `[low, high)`: the input indexes a table of known size.
+    Within {
+        /// The smallest valid value.
+        low: i64,
+        /// One past the largest valid value.
+        high: i64,
+    },
+    /// The input is used as an index or a shape whose valid values the
+    /// backend cannot tell; says where.
+    Unknown(String),
+}
+
+/// The value range of one input, by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputRange {
+    /// The input's name, as in the signature.
+    pub name: String,
+    /// What its values may be.
+    pub range: ValueRange,
 }
 
 /// An engine failure while loading or running a model.

@@ -14,11 +14,12 @@
 //! keep_previous = 1          # versions kept loaded for instant rollback
 //! drain_timeout_ms = 30000   # how long a swap waits for in-flight requests
 //!
-//! [validation]
+//! [validation]                # see ValidationPolicy for what each check covers
 //! nan = true
 //! inf = true
-//! magnitude = true
-//! max_abs = 1e6
+//! magnitude = true           # elements far beyond the tensor's own scale
+//! max_ratio = 1e6            # how far: times its typical magnitude
+//! # max_abs = 1e6            # an absolute bound besides; none by default
 //! zero_tensors = true        # all-zero weight matrices (rank >= 2)
 //! tensors = [{ name = "fc0.weight", datatype = "FP32", shape = [256, 1024] }]
 //!
@@ -105,19 +106,58 @@ impl Default for Policy {
 }
 
 /// Which tensor checks run on a candidate's weights.
+///
+/// The checks look at floating-point tensors only (FP16, FP32, FP64):
+/// integer tensors are indices, shapes and quantized codes, whose values
+/// say nothing about corruption. The backend tells each tensor's role
+/// ([`WeightRole`](crate::backend::WeightRole)) from the model's graph:
+///
+/// - a **compute** weight (multiplied, convolved, looked up as an
+///   embedding, a normalization's scale or bias) gets every check;
+/// - a **constant** (a mask, a fill value, a scalar of arithmetic, an
+///   operand of an addition) gets every check too, unless it is
+///   mask-like: a single element, or only zeros, infinities and extreme
+///   values (magnitude at least 2^64, or 2^15 for FP16, whose largest
+///   finite value is 65504). Exports fill masks with those: PyTorch's
+///   `finfo(float32).min` (-3.4e38) for padding, `-inf` for causal masks.
+///   A mask-like constant is checked for NaN only, and no constant is
+///   refused for being all zero.
+///
+/// NaN is refused in every floating-point tensor: no export writes one on
+/// purpose. An infinity among ordinary values (a bias vector holding one
+/// Inf) is refused whatever the role.
+///
+/// The magnitude check is relative: an element is refused when it is more
+/// than `max_ratio` times the tensor's typical magnitude, the geometric
+/// mean of its normal non-zero finite elements. Both are judged by binary
+/// exponent (`floor(log2 |v|)`), so the element's exponent may exceed the
+/// mean exponent by at most `log2(max_ratio)`; whole binades make the
+/// bound exact to within a factor of two either way. A corrupted element
+/// (a flipped exponent bit, garbage bytes) is many orders of magnitude
+/// off; trained weights stay within a few hundred times their typical
+/// size. The mean is computed in the same pass as the other checks, and
+/// one outlier among n elements moves it by only 1/n of its own exponent.
+/// An absolute bound is there besides when `max_abs` is set (off by
+/// default: legitimate constants reach 3.4e38).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ValidationPolicy {
-    /// Refuse NaN in floating-point weights.
+    /// Refuse NaN in floating-point tensors.
     pub nan: bool,
-    /// Refuse infinities in floating-point weights.
+    /// Refuse infinities in floating-point tensors other than mask-like
+    /// constants.
     pub inf: bool,
-    /// Refuse any element with absolute value above `max_abs`.
+    /// Refuse elements beyond the tensor's own scale (`max_ratio`), and
+    /// beyond `max_abs` when it is set.
     pub magnitude: bool,
-    /// The bound for `magnitude`.
-    pub max_abs: f64,
-    /// Refuse weight tensors of rank 2 or more that are entirely zero. A zero
-    /// bias vector can be legitimate, so rank-1 tensors are not checked.
+    /// How many times the typical magnitude an element may reach, at
+    /// least 2 (default one million).
+    pub max_ratio: f64,
+    /// An absolute bound on every element, off unless set.
+    pub max_abs: Option<f64>,
+    /// Refuse compute weights of rank 2 or more that are entirely zero. A
+    /// zero bias vector can be legitimate, so rank-1 tensors are not
+    /// checked, nor are constants (zero padding, an empty mask).
     pub zero_tensors: bool,
     /// Weights whose datatype and shape are declared; each must exist and match.
     pub tensors: Vec<TensorSpec>,
@@ -129,7 +169,8 @@ impl Default for ValidationPolicy {
             nan: true,
             inf: true,
             magnitude: true,
-            max_abs: 1e6,
+            max_ratio: 1e6,
+            max_abs: None,
             zero_tensors: true,
             tensors: Vec::new(),
         }
@@ -183,8 +224,11 @@ impl ModelSpec {
     /// Parses `model.toml` text.
     pub fn parse(text: &str) -> Result<ModelSpec, String> {
         let spec: ModelSpec = toml::from_str(text).map_err(|e| e.to_string())?;
-        if !spec.validation.max_abs.is_finite() || spec.validation.max_abs <= 0.0 {
+        if spec.validation.max_abs.is_some_and(|m| !m.is_finite() || m <= 0.0) {
             return Err("validation.max_abs must be a positive finite number".into());
+        }
+        if !spec.validation.max_ratio.is_finite() || spec.validation.max_ratio < 2.0 {
+            return Err("validation.max_ratio must be a finite number of at least 2".into());
         }
         Ok(spec)
     }
@@ -212,7 +256,8 @@ mod tests {
         assert_eq!(spec.backend, "onnx");
         assert_eq!(spec.policy.keep_previous, 1);
         assert_eq!(spec.warmup.batch_sizes, vec![1, 8, 32, 64]);
-        assert_eq!(spec.validation.max_abs, 1e6);
+        assert_eq!(spec.validation.max_abs, None, "no absolute bound unless asked for");
+        assert_eq!(spec.validation.max_ratio, 1e6);
     }
 
     #[test]
@@ -236,6 +281,9 @@ mod tests {
         assert_eq!(spec.engine.get("sessions").and_then(|v| v.as_integer()), Some(4));
         let err = ModelSpec::parse("[policy]\nkeep_prevous = 2").unwrap_err();
         assert!(err.contains("keep_prevous"), "{err}");
+        assert_eq!(spec.validation.max_abs, Some(10.0));
         assert!(ModelSpec::parse("[validation]\nmax_abs = -1.0").is_err());
+        assert!(ModelSpec::parse("[validation]\nmax_ratio = 1.5").is_err());
+        assert!(ModelSpec::parse("[validation]\nmax_ratio = inf").is_err());
     }
 }

@@ -115,9 +115,10 @@ impl Version {
         self.warmed.fastest >= crate::batcher::HEAVY_INFERENCE
     }
 
-    /// How its warmup went: runs and the fastest and slowest of them.
-    pub fn warmed(&self) -> Warmed {
-        self.warmed
+    /// How its warmup went: runs, the fastest and slowest of them, and
+    /// why no inputs were generated, if none were.
+    pub fn warmed(&self) -> &Warmed {
+        &self.warmed
     }
 
     /// Memory held, measured while loading.

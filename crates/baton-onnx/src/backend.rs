@@ -4,8 +4,9 @@ use std::borrow::Cow;
 use std::ops::DerefMut;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use baton_core::backend::{Backend, BackendError, Model, Weight, WeightsError};
+use baton_core::backend::{Backend, BackendError, InputRange, Model, ValueRange, Weight, WeightsError};
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::Tensor;
@@ -14,7 +15,8 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, ValueType};
 
 use crate::convert::{datatype_of, datatype_of_onnx, from_ort, to_ort};
-use crate::model_file::{KeptFile, ModelFile, SessionSource};
+use crate::graph::Graph;
+use crate::model_file::{KeptFile, ModelFile, SessionSource, Weights};
 use crate::options::EngineOptions;
 use crate::pool::Pool;
 use crate::runtime::{PoolThreads, runtime};
@@ -82,7 +84,13 @@ impl OnnxModel {
             optimization = options.optimization.as_str(),
             "ONNX model loaded"
         );
-        Ok(OnnxModel { dir: dir.to_path_buf(), file: file.keep(), signature, sessions: Pool::new(sessions) })
+        Ok(OnnxModel {
+            dir: dir.to_path_buf(),
+            file: file.keep(),
+            signature,
+            sessions: Pool::new(sessions),
+            ranges: OnceLock::new(),
+        })
     }
 }
 
@@ -169,6 +177,20 @@ struct OnnxModel {
     file: KeptFile,
     signature: Signature,
     sessions: Pool<Session>,
+    /// The integer inputs' ranges, read from the graph when the weights
+    /// are visited, or when first asked for.
+    ranges: OnceLock<Vec<InputRange>>,
+}
+
+impl OnnxModel {
+    /// The model file, read and parsed (see [`KeptFile::take`]).
+    fn read(&self) -> Result<(Weights, crate::proto::OnnxModel), String> {
+        let path = self.file.path();
+        let unreadable = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let weights = self.file.take().map_err(|e| unreadable(&e))?;
+        let model = crate::proto::parse(weights.bytes()).map_err(|e| unreadable(&e))?;
+        Ok((weights, model))
+    }
 }
 
 impl Model for OnnxModel {
@@ -176,24 +198,43 @@ impl Model for OnnxModel {
         &self.signature
     }
 
+    /// Visits the initializers, then the tensors of `Constant` nodes, each
+    /// with its role in the graph.
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
-        let path = self.file.path();
-        let unreadable = |e: &dyn std::fmt::Display| WeightsError::Read(format!("{}: {e}", path.display()));
-        let weights = self.file.take().map_err(|e| unreadable(&e))?;
-        let model = crate::proto::parse(weights.bytes()).map_err(|e| unreadable(&e))?;
+        let (weights, model) = self.read().map_err(WeightsError::Read)?;
+        let graph = Graph::new(&model);
+        let _ = self.ranges.set(graph.input_ranges(&model));
         let mut scratch = weights.scratch(&model);
-        for init in &model.initializers {
-            let datatype = datatype_of_onnx(init.data_type).filter(|d| d.size().is_some());
+        let constants = model.nodes.iter().filter_map(|n| n.constant.as_ref());
+        for tensor in model.initializers.iter().chain(constants) {
+            let datatype = datatype_of_onnx(tensor.data_type).filter(|d| d.size().is_some());
             let data: &[u8] = match datatype {
-                Some(_) => crate::proto::initializer_bytes(init, weights.raw(), &self.dir, &mut scratch)
-                    .map_err(|e| unreadable(&e))?,
+                Some(_) => crate::proto::initializer_bytes(tensor, weights.raw(), &self.dir, &mut scratch)
+                    .map_err(|e| WeightsError::Read(format!("{}: {e}", self.file.path().display())))?,
                 // STRING, bfloat16 and types baton has no datatype for.
                 None => &[],
             };
-            let weight = Weight { name: &init.name, datatype, shape: &init.dims, data };
+            let role = graph.role(&tensor.name);
+            let weight = Weight { name: &tensor.name, datatype, shape: &tensor.dims, data, role };
             visit(&weight).map_err(WeightsError::Refused)?;
         }
         Ok(())
+    }
+
+    fn input_ranges(&self) -> Vec<InputRange> {
+        let ranges = self.ranges.get_or_init(|| match self.read() {
+            Ok((_, model)) => Graph::new(&model).input_ranges(&model),
+            Err(reason) => self
+                .signature
+                .inputs
+                .iter()
+                .map(|input| InputRange {
+                    name: input.name.clone(),
+                    range: ValueRange::Unknown(format!("the model's graph could not be read: {reason}")),
+                })
+                .collect(),
+        });
+        ranges.clone()
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

@@ -9,6 +9,14 @@
 //!
 //! `model.toml`'s `[engine]` table configures the pool; see [`EngineOptions`].
 //!
+//! The backend also reads the model file itself ([`proto`]): the weights,
+//! which validation checks, and the graph's nodes, from which it tells
+//! each weight's role (a compute weight such as a matrix or an embedding
+//! table, or a constant such as a mask) and the values each integer input
+//! may take (an index into a table of `n` rows: `[0, n)`), for warmup to
+//! generate. [`writer`] writes ONNX models in code, and [`mlp`] and
+//! [`encoder`] the models baton's demos and tests serve.
+//!
 //! # Thread priority
 //!
 //! baton loads models on a loader thread running at lower CPU priority (a
@@ -26,6 +34,8 @@
 
 mod backend;
 mod convert;
+pub mod encoder;
+mod graph;
 pub mod mlp;
 mod model_file;
 mod options;
@@ -33,7 +43,10 @@ mod pool;
 pub mod proto;
 mod runtime;
 mod staged;
+pub mod writer;
 
 pub use backend::{MODEL_FILE, OnnxBackend};
 pub use options::{EngineOptions, MAX_SESSIONS, MAX_THREADS, Optimization};
-pub use runtime::{PoolThreads, RUNTIME_RELATIVE_PATH, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME, init, runtime_path};
+pub use runtime::{
+    PoolThreads, RUNTIME_RELATIVE_PATH, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME, environment, init, runtime_path,
+};

@@ -4,6 +4,9 @@
 //! baton uses it for its demo repository and its tests: every model they
 //! serve is generated from a seed, never downloaded.
 
+use crate::proto::elem;
+use crate::writer::{Dim, GraphWriter};
+
 /// A dense MLP: layer sizes e.g. `[256, 1024, 512, 1]`; ReLU between layers, none after the last.
 #[derive(Clone, Debug)]
 pub struct Mlp {
@@ -23,7 +26,7 @@ pub struct Layer {
 }
 
 /// splitmix64: a tiny deterministic PRNG.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
     fn next_u64(&mut self) -> u64 {
@@ -35,7 +38,7 @@ impl SplitMix {
     }
 
     /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
+    pub(crate) fn unit(&mut self) -> f32 {
         // 24 random bits give an exactly representable f32 in [0, 1).
         let u = (self.next_u64() >> 40) as f32 / (1u32 << 24) as f32;
         2.0 * u - 1.0
@@ -143,104 +146,15 @@ pub(crate) fn write_model(dir: &std::path::Path, mlp: &Mlp, external: Option<&st
     path
 }
 
-/// A minimal protobuf encoder: enough of the wire format to write ONNX models.
-mod pb {
-    /// A message being encoded.
-    #[derive(Default)]
-    pub struct Msg(pub Vec<u8>);
-
-    impl Msg {
-        fn raw_varint(&mut self, mut v: u64) {
-            while v >= 0x80 {
-                self.0.push((v as u8) | 0x80);
-                v >>= 7;
-            }
-            self.0.push(v as u8);
-        }
-
-        fn key(&mut self, field: u32, wire: u8) {
-            self.raw_varint(u64::from(field) << 3 | u64::from(wire));
-        }
-
-        /// A varint field (int32/int64/enum; negatives take ten bytes, as protobuf does).
-        pub fn int(&mut self, field: u32, v: i64) -> &mut Self {
-            self.key(field, 0);
-            self.raw_varint(v as u64);
-            self
-        }
-
-        /// A length-delimited field.
-        pub fn bytes(&mut self, field: u32, b: &[u8]) -> &mut Self {
-            self.key(field, 2);
-            self.raw_varint(b.len() as u64);
-            self.0.extend_from_slice(b);
-            self
-        }
-
-        /// A string field.
-        pub fn str(&mut self, field: u32, s: &str) -> &mut Self {
-            self.bytes(field, s.as_bytes())
-        }
-
-        /// An embedded message field.
-        pub fn msg(&mut self, field: u32, m: &Msg) -> &mut Self {
-            self.bytes(field, &m.0)
-        }
-
-        /// An embedded message field built by `f`.
-        pub fn with(&mut self, field: u32, f: impl FnOnce(&mut Msg)) -> &mut Self {
-            let mut m = Msg::default();
-            f(&mut m);
-            self.msg(field, &m)
-        }
-    }
-}
-
-use pb::Msg;
-
-/// ValueInfoProto for a FLOAT tensor of shape `[batch, width]`.
-fn value_info(name: &str, width: usize) -> Msg {
-    typed_value_info(name, 1, width)
-}
-
-/// ValueInfoProto for a tensor of ONNX element type `elem_type` and shape `[batch, width]`.
-fn typed_value_info(name: &str, elem_type: i64, width: usize) -> Msg {
-    let mut vi = Msg::default();
-    vi.str(1, name).with(2, |ty| {
-        ty.with(1, |tensor| {
-            tensor.int(1, elem_type).with(2, |shape| {
-                shape.with(1, |d| {
-                    d.str(2, "batch");
-                });
-                shape.with(1, |d| {
-                    d.int(1, width as i64);
-                });
-            });
-        });
-    });
-    vi
-}
-
-/// NodeProto.
-fn node(op: &str, name: &str, inputs: &[&str], output: &str) -> Msg {
-    let mut n = Msg::default();
-    for i in inputs {
-        n.str(1, i);
-    }
-    n.str(2, output).str(3, name).str(4, op);
-    n
-}
-
 /// Encodes the MLP as an ONNX ModelProto (ir_version 8, opset_import domain "" version
-/// `opts.opset`, producer_name "baton-testkit"): nodes MatMul -> Add -> Relu per hidden
-/// layer, MatMul -> Add for the last; initializers named "fc{i}.weight" `[in,out]` and
-/// "fc{i}.bias" `[out]` as FLOAT raw_data (or external data); graph input
-/// `[dim_param "batch", in]` FLOAT, output `[dim_param "batch", out]` FLOAT.
+/// `opts.opset`): nodes MatMul -> Add -> Relu per hidden layer, MatMul -> Add for the
+/// last; initializers named "fc{i}.weight" `[in,out]` and "fc{i}.bias" `[out]` as FLOAT
+/// raw_data (or external data); graph input `[dim_param "batch", in]` FLOAT, output
+/// `[dim_param "batch", out]` FLOAT.
 /// Returns (model bytes, external data bytes if `opts.external_data` is set).
 pub fn encode_mlp(mlp: &Mlp, opts: &OnnxOptions) -> (Vec<u8>, Option<Vec<u8>>) {
-    let mut graph = Msg::default();
+    let mut graph = GraphWriter::new("baton_mlp");
     let mut ext = opts.external_data.as_ref().map(|_| Vec::<u8>::new());
-    let mut inits = Vec::new();
     let mut x = opts.input_name.clone();
     let last = mlp.layers.len() - 1;
     for (i, layer) in mlp.layers.iter().enumerate() {
@@ -248,69 +162,39 @@ pub fn encode_mlp(mlp: &Mlp, opts: &OnnxOptions) -> (Vec<u8>, Option<Vec<u8>>) {
         let (w, b) = (format!("fc{i}.weight"), format!("fc{i}.bias"));
         let (mm, add) = (format!("fc{i}.matmul"), format!("fc{i}.add"));
         let y = if i == last { opts.output_name.clone() } else { add.clone() };
-        graph.msg(1, &node("MatMul", &format!("fc{i}/MatMul"), &[&x, &w], &mm));
-        graph.msg(1, &node("Add", &format!("fc{i}/Add"), &[&mm, &b], &y));
-        x = y;
+        graph.node("MatMul", &[&x, &w], &[&mm], &[]);
+        x = graph.node("Add", &[&mm, &b], &[&y], &[]);
         if i != last {
-            let relu = format!("relu{i}");
-            graph.msg(1, &node("Relu", &format!("relu{i}/Relu"), &[&x], &relu));
-            x = relu;
+            x = graph.node("Relu", &[&x], &[&format!("relu{i}")], &[]);
         }
-        inits.push((w, vec![inp, out], &layer.weight));
-        inits.push((b, vec![out], &layer.bias));
-    }
-    graph.str(2, "baton_mlp");
-    for (name, dims, values) in inits {
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let mut t = Msg::default();
-        for d in dims {
-            t.int(1, d as i64); // proto2 `repeated int64 dims`: unpacked
-        }
-        t.int(2, 1).str(8, &name);
-        match (&mut ext, &opts.external_data) {
-            (Some(file), Some(location)) => {
-                let offset = file.len();
-                file.extend_from_slice(&data);
-                let entry = |t: &mut Msg, k: &str, v: &str| {
-                    t.with(13, |e| {
-                        e.str(1, k).str(2, v);
-                    });
-                };
-                entry(&mut t, "location", location);
-                entry(&mut t, "offset", &offset.to_string());
-                entry(&mut t, "length", &data.len().to_string());
-                t.int(14, 1);
-            }
-            _ => {
-                t.bytes(9, &data);
+        for (name, dims, values) in [(w, vec![inp, out], &layer.weight), (b, vec![out], &layer.bias)] {
+            let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+            let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            match (&mut ext, &opts.external_data) {
+                (Some(file), Some(location)) => {
+                    graph.initializer_external(&name, elem::FLOAT, &dims, location, file.len(), data.len());
+                    file.extend_from_slice(&data);
+                }
+                _ => graph.initializer(&name, elem::FLOAT, &dims, &data),
             }
         }
-        graph.msg(5, &t);
     }
-    graph.msg(11, &value_info(&opts.input_name, mlp.input_width()));
-    graph.msg(12, &value_info(&opts.output_name, mlp.output_width()));
-
-    let mut model = Msg::default();
-    model.int(1, 8).str(2, "baton-testkit").str(3, env!("CARGO_PKG_VERSION")).msg(7, &graph).with(8, |op| {
-        op.str(1, "").int(2, opts.opset);
-    });
-    (model.0, ext)
+    let batch = Dim::Named("batch");
+    graph.input(&opts.input_name, elem::FLOAT, &[batch, Dim::Fixed(mlp.input_width() as i64)]);
+    graph.output(&opts.output_name, elem::FLOAT, &[batch, Dim::Fixed(mlp.output_width() as i64)]);
+    (graph.model(opts.opset), ext)
 }
 
 /// Encodes `output = Identity(input)` for `[batch, width]` tensors of an
 /// ONNX element type (see [`crate::proto::elem`]): a model with no weights
 /// that returns its input, for carrying every datatype end to end.
 pub fn encode_identity(elem_type: i32, width: usize) -> Vec<u8> {
-    let mut graph = Msg::default();
-    graph.msg(1, &node("Identity", "identity", &["input"], "output"));
-    graph.str(2, "baton_identity");
-    graph.msg(11, &typed_value_info("input", i64::from(elem_type), width));
-    graph.msg(12, &typed_value_info("output", i64::from(elem_type), width));
-    let mut model = Msg::default();
-    model.int(1, 8).str(2, "baton").str(3, env!("CARGO_PKG_VERSION")).msg(7, &graph).with(8, |op| {
-        op.str(1, "").int(2, 13);
-    });
-    model.0
+    let mut graph = GraphWriter::new("baton_identity");
+    graph.node("Identity", &["input"], &["output"], &[]);
+    let dims = [Dim::Named("batch"), Dim::Fixed(width as i64)];
+    graph.input("input", elem_type, &dims);
+    graph.output("output", elem_type, &dims);
+    graph.model(13)
 }
 
 /// Deterministic input batch of `width * batch` values in [-1, 1] from a seed.

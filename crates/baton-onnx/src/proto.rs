@@ -1,5 +1,6 @@
 //! A small hand-written reader for the protobuf wire format, covering only the parts of
-//! ONNX's `onnx.proto` that baton needs: graph inputs/outputs and initializers.
+//! ONNX's `onnx.proto` that baton needs: graph inputs/outputs, initializers, and the
+//! nodes' operators, inputs, outputs and a few attributes.
 //!
 //! The reader never panics on malformed input: every length is checked against the bytes
 //! that remain, and unknown fields of every wire type are skipped.
@@ -53,6 +54,8 @@ pub struct OnnxModel {
     pub graph_outputs: Vec<ValueInfo>,
     /// Graph initializers (weights).
     pub initializers: Vec<Initializer>,
+    /// Graph nodes, followed by those of the subgraphs they hold.
+    pub nodes: Vec<Node>,
 }
 
 /// A graph input or output.
@@ -155,10 +158,12 @@ pub enum ProtoError {
 type Result<T> = std::result::Result<T, ProtoError>;
 
 mod externalize;
+mod node;
 mod skeleton;
 mod wire;
 
 pub use externalize::{Externalized, Move, externalize};
+pub use node::Node;
 pub use skeleton::read_skeleton;
 
 use wire::Reader;
@@ -169,8 +174,13 @@ mod tests;
 /// Parses the parts of an ONNX ModelProto that baton needs.
 pub fn parse(bytes: &[u8]) -> Result<OnnxModel> {
     let mut r = Reader::new(bytes);
-    let mut model =
-        OnnxModel { ir_version: 0, graph_inputs: Vec::new(), graph_outputs: Vec::new(), initializers: Vec::new() };
+    let mut model = OnnxModel {
+        ir_version: 0,
+        graph_inputs: Vec::new(),
+        graph_outputs: Vec::new(),
+        initializers: Vec::new(),
+        nodes: Vec::new(),
+    };
     let mut has_graph = false;
     const CTX: &str = "ModelProto";
     while let Some((f, v)) = r.next(CTX)? {
@@ -195,11 +205,17 @@ pub fn parse(bytes: &[u8]) -> Result<OnnxModel> {
 
 fn parse_graph(mut r: Reader<'_>, model: &mut OnnxModel) -> Result<()> {
     const CTX: &str = "GraphProto";
+    let mut nested = Vec::new();
     while let Some((f, v)) = r.next(CTX)? {
         match f {
+            1 => {
+                let idx = model.nodes.len();
+                model.nodes.push(node::parse_node(r.sub(v.bytes(f, CTX)?), idx, &mut nested)?);
+            }
             5 => {
                 let idx = model.initializers.len();
-                model.initializers.push(parse_tensor(r.sub(v.bytes(f, CTX)?), idx)?);
+                let what = format!("initializer #{idx}");
+                model.initializers.push(parse_tensor(r.sub(v.bytes(f, CTX)?), &what)?);
             }
             11 => {
                 let idx = model.graph_inputs.len();
@@ -214,6 +230,7 @@ fn parse_graph(mut r: Reader<'_>, model: &mut OnnxModel) -> Result<()> {
             _ => {}
         }
     }
+    model.nodes.append(&mut nested);
     Ok(())
 }
 
@@ -282,8 +299,9 @@ enum Src {
     None,
 }
 
-fn parse_tensor(mut r: Reader<'_>, idx: usize) -> Result<Initializer> {
-    let mut ctx = format!("initializer #{idx}");
+/// Parses a TensorProto; `what` names it in errors until its name is read.
+fn parse_tensor(mut r: Reader<'_>, what: &str) -> Result<Initializer> {
+    let mut ctx = what.to_owned();
     let (mut name, mut data_type, mut dims) = (String::new(), 0i32, Vec::new());
     let (mut floats, mut doubles) = (Vec::new(), Vec::new());
     let (mut i32s, mut i64s, mut u64s) = (Vec::new(), Vec::new(), Vec::new());
@@ -301,7 +319,9 @@ fn parse_tensor(mut r: Reader<'_>, idx: usize) -> Result<Initializer> {
             7 => r.varints(v, f, &ctx, &mut i64s)?,
             8 => {
                 name = r.string(v, f, &ctx)?;
-                ctx = format!("initializer '{name}'");
+                if !name.is_empty() {
+                    ctx = format!("initializer '{name}'");
+                }
             }
             9 => raw = Some(v.bytes(f, &ctx)?),
             10 => r.fixed(v, f, &ctx, 8, &mut doubles)?,

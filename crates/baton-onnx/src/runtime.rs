@@ -108,6 +108,14 @@ pub fn init() -> Result<(), BackendError> {
     runtime().map(|_| ())
 }
 
+/// The process's ONNX Runtime environment, started by [`init`] if needed:
+/// for code that runs ONNX Runtime directly beside baton, such as a test
+/// comparing baton's answers with a session of its own (a process has one
+/// environment, which baton creates).
+pub fn environment() -> Result<&'static Environment, BackendError> {
+    runtime().map(|runtime| &runtime.env)
+}
+
 /// The runtime, started on first use.
 pub(crate) fn runtime() -> Result<&'static Runtime, BackendError> {
     match RUNTIME.get_or_init(start) {

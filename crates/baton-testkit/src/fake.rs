@@ -16,7 +16,7 @@
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
-use baton_core::backend::{Backend, BackendError, Model, Weight, WeightsError};
+use baton_core::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, Tensor};
@@ -152,8 +152,14 @@ impl Model for FakeModel {
 
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
         let data = self.scale.to_le_bytes();
-        visit(&Weight { name: "scale", datatype: Some(DataType::Fp32), shape: &[1, 1], data: &data })
-            .map_err(WeightsError::Refused)
+        visit(&Weight {
+            name: "scale",
+            datatype: Some(DataType::Fp32),
+            shape: &[1, 1],
+            data: &data,
+            role: WeightRole::Compute,
+        })
+        .map_err(WeightsError::Refused)
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

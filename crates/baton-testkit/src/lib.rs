@@ -1,10 +1,13 @@
 //! Test helpers for baton: ONNX models generated in code, model
 //! repositories with every kind of damage, a fake backend whose loads can be
-//! held, and a registry wired to the real ONNX Runtime backend.
+//! held, a registry wired to the real ONNX Runtime backend, and ONNX Runtime
+//! run directly, to compare baton's answers with ([`encoder::reference`]).
 //!
 //! Nothing here is downloaded: every model a test uses is written by
-//! [`onnx::encode_mlp`] from weights generated from a seed.
+//! [`onnx::encode_mlp`], [`encoder::Encoder`] or
+//! [`baton_onnx::writer::GraphWriter`] from weights generated from a seed.
 
+pub mod encoder;
 pub mod fake;
 pub mod repo;
 pub mod server;

@@ -241,7 +241,7 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
     })?;
     run.stage(Stage::Validate, |_| Ok(validate::validate(engine.as_ref(), &spec)?))?;
     let (samples, warmed) = run.stage(Stage::Warmup, |_| {
-        let samples = warmup::samples(&dir, &spec, engine.signature())?;
+        let samples = warmup::samples(&dir, &spec, engine.as_ref())?;
         let warmed = warmup::run(engine.as_ref(), &samples, &spec)?;
         Ok((samples, warmed))
     })?;

@@ -7,6 +7,15 @@
 //! (`{"inputs": [{"name", "datatype", "shape", "data"}]}`, the KServe V2 JSON
 //! request body), and inputs generated from the signature at each configured
 //! batch size.
+//!
+//! An integer input is often an index: token ids into a vocabulary, say,
+//! where a value past the table's end makes the engine fail or read
+//! garbage. So integer inputs are generated only from what the backend
+//! knows of their values ([`Model::input_ranges`]): within a known range,
+//! or 0 where any value is safe. When the backend cannot tell for one of
+//! them, baton does not guess: it generates no inputs for that model, says
+//! why in a warning and in [`Warmed::generated_skipped`], and warms the
+//! version with its shipped samples alone (none, if it ships none).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,10 +23,14 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use thiserror::Error;
 
+mod generate;
+
+pub use generate::{generated, ungenerable};
+
 use crate::backend::Model;
 use crate::signature::Signature;
 use crate::spec::ModelSpec;
-use crate::tensor::{DataType, Tensor, TensorData, element_count};
+use crate::tensor::{DataType, Tensor, TensorData};
 use crate::tensor_json::tensor_from_json;
 
 /// One warmup request.
@@ -92,7 +105,7 @@ impl WarmupError {
 }
 
 /// What warmup did.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Warmed {
     /// Inference runs made.
     pub runs: usize,
@@ -100,6 +113,9 @@ pub struct Warmed {
     pub slowest: Duration,
     /// The fastest run: about what the smallest request costs.
     pub fastest: Duration,
+    /// Why no inputs were generated although `warmup.generated` is on: an
+    /// integer input whose valid values the backend cannot tell.
+    pub generated_skipped: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -116,11 +132,21 @@ struct SampleTensor {
     data: serde_json::Value,
 }
 
-/// The version's shipped samples followed by generated ones.
-pub fn samples(dir: &Path, spec: &ModelSpec, signature: &Signature) -> Result<Vec<Sample>, WarmupError> {
+/// The version's shipped samples followed by generated ones, unless inputs
+/// cannot be generated for `model` (see [`ungenerable`]); that is logged.
+pub fn samples(dir: &Path, spec: &ModelSpec, model: &dyn Model) -> Result<Vec<Sample>, WarmupError> {
     let mut out = shipped(&dir.join("warmup"))?;
     if spec.warmup.generated {
-        out.extend(generated(signature, &spec.warmup.batch_sizes));
+        match generated(model.signature(), &model.input_ranges(), &spec.warmup.batch_sizes) {
+            Ok(samples) => out.extend(samples),
+            Err(reason) => tracing::warn!(
+                version = %dir.display(),
+                shipped = out.len(),
+                reason,
+                "Warmup generates no inputs for this version: the valid values of an integer input are \
+                 unknown. Only its shipped warmup samples run."
+            ),
+        }
     }
     Ok(out)
 }
@@ -153,61 +179,14 @@ fn shipped(dir: &Path) -> Result<Vec<Sample>, WarmupError> {
         .collect()
 }
 
-/// Inputs generated from the signature: the first variable dimension takes
-/// the batch size, other variable ones 1. Floats are spread over [-1, 1];
-/// integers are 0, a safe index for embedding lookups.
-pub fn generated(signature: &Signature, batch_sizes: &[usize]) -> Vec<Sample> {
-    let batched = signature.inputs.iter().any(|s| s.shape.first().is_some_and(|d| *d < 0));
-    let sizes: Vec<usize> = if batched { batch_sizes.to_vec() } else { vec![1] };
-    sizes
-        .into_iter()
-        .map(|batch| {
-            let inputs = signature
-                .inputs
-                .iter()
-                .map(|spec| {
-                    let shape: Vec<i64> = spec
-                        .shape
-                        .iter()
-                        .enumerate()
-                        .map(|(i, d)| {
-                            if *d >= 0 {
-                                *d
-                            } else if i == 0 {
-                                batch as i64
-                            } else {
-                                1
-                            }
-                        })
-                        .collect();
-                    let count = element_count(&shape).unwrap_or(0);
-                    let data = fill(spec.datatype, count);
-                    Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }
-                })
-                .collect();
-            Sample { name: format!("generated-b{batch}"), inputs }
-        })
-        .collect()
-}
-
-fn fill(datatype: DataType, count: usize) -> TensorData {
-    let wave = |i: usize| ((i as f64) * 0.618_033_988_75).fract() * 2.0 - 1.0;
-    match datatype {
-        DataType::Bytes => TensorData::Bytes(vec![b"warmup".to_vec(); count]),
-        DataType::Fp32 => TensorData::Raw((0..count).flat_map(|i| (wave(i) as f32).to_le_bytes()).collect()),
-        DataType::Fp64 => TensorData::Raw((0..count).flat_map(|i| wave(i).to_le_bytes()).collect()),
-        DataType::Fp16 => TensorData::Raw(
-            (0..count).flat_map(|i| crate::tensor_json::f32_to_f16(wave(i) as f32).to_le_bytes()).collect(),
-        ),
-        other => TensorData::Raw(vec![0; count * other.size().unwrap_or(1)]),
-    }
-}
-
 /// Runs every sample on every instance; checks outputs and latency.
 pub fn run(model: &dyn Model, samples: &[Sample], spec: &ModelSpec) -> Result<Warmed, WarmupError> {
     let budget = Duration::from_millis(spec.warmup.max_latency_ms);
     let signature = model.signature();
-    let mut warmed = Warmed::default();
+    let mut warmed = Warmed {
+        generated_skipped: spec.warmup.generated.then(|| ungenerable(signature, &model.input_ranges())).flatten(),
+        ..Warmed::default()
+    };
     for instance in 0..model.instances() {
         for sample in samples {
             let (started, waited) = (Instant::now(), off_cpu());
@@ -290,7 +269,6 @@ fn all_finite(t: &Tensor) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signature::TensorSpec;
 
     #[test]
     fn a_runs_time_leaves_out_its_wait_for_a_cpu() {
@@ -299,29 +277,6 @@ mod tests {
         assert_eq!(without_waits(ms(2_200), None, Some(ms(2_400))), ms(2_200));
         assert_eq!(without_waits(ms(2_200), Some(ms(500)), None), ms(2_200));
         assert_eq!(without_waits(ms(10), Some(ms(0)), Some(ms(50))), ms(0));
-    }
-
-    #[test]
-    fn generated_samples_follow_the_signature() {
-        let sig = Signature {
-            inputs: vec![
-                TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 3] },
-                TensorSpec { name: "ids".into(), datatype: DataType::Int64, shape: vec![-1, -1] },
-            ],
-            outputs: vec![],
-        };
-        let samples = generated(&sig, &[1, 8]);
-        assert_eq!(samples.len(), 2);
-        assert_eq!(samples[1].inputs[0].shape, vec![8, 3]);
-        assert_eq!(samples[1].inputs[1].shape, vec![8, 1]);
-        for t in &samples[1].inputs {
-            t.check_consistent().unwrap();
-        }
-        let fixed = Signature {
-            inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![2, 3] }],
-            outputs: vec![],
-        };
-        assert_eq!(generated(&fixed, &[1, 8, 32]).len(), 1, "no batch dimension, one sample");
     }
 
     #[test]

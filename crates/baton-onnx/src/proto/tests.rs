@@ -54,7 +54,7 @@ fn model(graph: &[u8]) -> Vec<u8> {
 fn small_graph() -> Vec<u8> {
     let w = tensor("w", elem::FLOAT, &[3, 2], &fb(9, &[0u8; 24]));
     [
-        fb(1, b"node-ignored"),
+        fb(1, &[fb(1, b"x"), fb(1, b"w"), fb(2, b"y"), fb(4, b"MatMul"), unknown()].concat()),
         fb(2, b"g"),
         fb(5, &w),
         unknown(),
@@ -380,7 +380,7 @@ fn externalize_moves_only_large_inline_payloads_and_keeps_everything_else() {
     let (big, odd, small) = (payload(1, 8192), payload(2, 8192), payload(3, 24));
     let entry = fb(13, &[fb(1, b"note"), fb(2, b"kept")].concat());
     let graph = [
-        fb(1, b"node-kept"),
+        fb(1, &[fb(1, b"x"), fb(2, b"node-kept"), fb(4, b"Relu")].concat()),
         fb(5, &tensor("big", elem::FLOAT, &[2048], &fb(9, &big))),
         // Any external_data entry means "leave it alone", even with raw_data.
         fb(5, &tensor("odd", elem::FLOAT, &[2048], &[entry, fb(9, &odd)].concat())),
@@ -438,4 +438,42 @@ fn externalize_moves_only_large_inline_payloads_and_keeps_everything_else() {
     assert_eq!(out.moves.iter().map(|m| m.to).collect::<Vec<_>>(), vec![0, 8192]);
     assert_eq!(out.data_len, 8192 + 4096);
     assert!(externalize(&model(&small_graph()), "d", 4096, 4096).unwrap().is_none());
+}
+
+#[test]
+fn nodes_constants_and_subgraphs_are_read() {
+    let attr_int = |name: &[u8], v: u64| fb(5, &[fb(1, name), fv(3, v), fv(20, 2)].concat());
+    let constant = |output: &[u8], attr: Vec<u8>| fb(1, &[fb(2, output), fb(4, b"Constant"), fb(5, &attr)].concat());
+    let float = [fb(1, b"value_float"), key(2, 5), 2.5f32.to_le_bytes().to_vec()].concat();
+    let ints = [fb(1, b"value_ints"), fb(8, &[vint(3), vint(7)].concat())].concat();
+    let tensor_attr = [fb(1, b"value"), fb(5, &tensor("", elem::FLOAT, &[2], &fb(9, &[0u8; 8])))].concat();
+    let inner = fb(1, &[fb(1, b"outer_value"), fb(2, b"inner_out"), fb(4, b"MatMul")].concat());
+    let branch = fb(5, &[fb(1, b"then_branch"), fb(6, &inner), fv(20, 5)].concat());
+    let graph = [
+        fb(
+            1,
+            &[fb(1, b"x"), fb(1, b""), fb(2, b"g"), fb(3, b"gather"), fb(4, b"Gather"), attr_int(b"axis", 1)].concat(),
+        ),
+        constant(b"f", float),
+        constant(b"n", ints),
+        constant(b"t", tensor_attr),
+        fb(1, &[fb(1, b"cond"), fb(2, b"if_out"), fb(4, b"If"), branch].concat()),
+    ]
+    .concat();
+    let m = parse(&model(&graph)).unwrap();
+    let ops: Vec<&str> = m.nodes.iter().map(|n| n.op_type.as_str()).collect();
+    assert_eq!(ops, ["Gather", "Constant", "Constant", "Constant", "If", "MatMul"], "subgraph nodes come last");
+    let gather = &m.nodes[0];
+    assert_eq!(
+        (gather.name.as_str(), gather.int("axis"), &gather.inputs[..]),
+        ("gather", Some(1), &["x".to_owned(), String::new()][..])
+    );
+    let constants: Vec<&Initializer> = m.nodes.iter().filter_map(|n| n.constant.as_ref()).collect();
+    assert_eq!(constants.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["f", "n", "t"]);
+    assert_eq!((constants[0].data_type, &constants[0].dims[..]), (elem::FLOAT, &[][..]));
+    assert_eq!(bytes_of(constants[0], &model(&graph), Path::new(".")).unwrap(), 2.5f32.to_le_bytes());
+    let n = bytes_of(constants[1], &model(&graph), Path::new(".")).unwrap();
+    assert_eq!(n, [3i64.to_le_bytes(), 7i64.to_le_bytes()].concat());
+    assert_eq!((constants[2].data_type, &constants[2].dims[..]), (elem::FLOAT, &[2][..]));
+    assert_eq!(m.nodes[5].inputs, ["outer_value"]);
 }
