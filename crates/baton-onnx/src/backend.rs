@@ -3,12 +3,12 @@
 use std::borrow::Cow;
 use std::ops::DerefMut;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
 
 use baton_core::backend::{Backend, BackendError, Model, Weight, WeightsError};
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::Tensor;
+use baton_core::verified::Verified;
 use ort::session::builder::{AutoDevicePolicy, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, ValueType};
@@ -17,6 +17,7 @@ use crate::convert::{datatype_of, datatype_of_onnx, from_ort, to_ort};
 use crate::model_file::{KeptFile, ModelFile, SessionSource};
 use crate::options::EngineOptions;
 use crate::pool::Pool;
+use crate::proto::ExternalFiles;
 use crate::runtime::{PoolThreads, runtime};
 
 /// The model file a version directory must hold.
@@ -44,30 +45,30 @@ impl Backend for OnnxBackend {
         "onnx"
     }
 
-    /// Creates `sessions` ORT sessions of `dir/model.onnx` with the
-    /// `[engine]` options of `spec`. Runs on the loader thread at low
-    /// priority; worker threads, if any, are created at serving priority.
-    fn load(&self, dir: &Path, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
-        Ok(Box::new(OnnxModel::load(dir, spec)?))
+    /// Creates `sessions` ORT sessions of the version's `model.onnx` with
+    /// the `[engine]` options of `spec`, from the files the verify stage
+    /// hashed. Runs on the loader thread at low priority; worker threads, if
+    /// any, are created at serving priority.
+    fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        Ok(Box::new(OnnxModel::load(version, spec)?))
     }
 }
 
 impl OnnxModel {
-    fn load(dir: &Path, spec: &ModelSpec) -> Result<OnnxModel, BackendError> {
+    fn load(version: &Verified, spec: &ModelSpec) -> Result<OnnxModel, BackendError> {
         let options = EngineOptions::parse(&spec.engine)?;
-        let path = dir.join(MODEL_FILE);
-        if !path.is_file() {
-            return Err(BackendError::new("model_invalid", format!("{} does not exist", path.display())));
-        }
         // Staged under the temporary directory ($TMPDIR, else /tmp).
-        let stage_in = options.stage_weights.then(std::env::temp_dir);
-        let file = ModelFile::read(&path, stage_in.as_deref())?;
+        let file = ModelFile::read(version, &std::env::temp_dir(), options.stage_weights)?;
+        let path = file.path().to_path_buf();
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
             let session =
                 guarded(|| create_session(&file, &options), "model_invalid", "creating an ONNX Runtime session")?;
             sessions.push(session);
         }
+        // Whatever the sessions were built from has been read by now, be it
+        // by baton or by ONNX Runtime: the files must still be the hashed ones.
+        file.unchanged()?;
         let signature = match sessions.first() {
             Some(first) => signature_of(first)?,
             None => return Err(BackendError::new("invalid_engine_options", "a pool needs at least one session")),
@@ -82,7 +83,7 @@ impl OnnxModel {
             optimization = options.optimization.as_str(),
             "ONNX model loaded"
         );
-        Ok(OnnxModel { dir: dir.to_path_buf(), file: file.keep(), signature, sessions: Pool::new(sessions) })
+        Ok(OnnxModel { file: file.keep(), signature, sessions: Pool::new(sessions) })
     }
 }
 
@@ -162,10 +163,8 @@ fn signature_of(session: &Session) -> Result<Signature, BackendError> {
 /// A loaded model: a pool of sessions, each serving one request at a time,
 /// lent to requests first come first served (see [`Pool`]).
 struct OnnxModel {
-    /// The version directory, where external data is read from.
-    dir: PathBuf,
-    /// The model file's bytes as the sessions were built from them, kept
-    /// for validation.
+    /// The verified model and data files, and the model file's bytes as the
+    /// sessions were built from them, kept for validation.
     file: KeptFile,
     signature: Signature,
     sessions: Pool<Session>,
@@ -177,23 +176,29 @@ impl Model for OnnxModel {
     }
 
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
-        let path = self.file.path();
+        let files = self.file.files();
+        let path = files.name();
         let unreadable = |e: &dyn std::fmt::Display| WeightsError::Read(format!("{}: {e}", path.display()));
         let weights = self.file.take().map_err(|e| unreadable(&e))?;
         let model = crate::proto::parse(weights.bytes()).map_err(|e| unreadable(&e))?;
         let mut scratch = weights.scratch(&model);
+        let external = |location: &str| files.external(location);
         for init in &model.initializers {
             let datatype = datatype_of_onnx(init.data_type).filter(|d| d.size().is_some());
             let data: &[u8] = match datatype {
-                Some(_) => crate::proto::initializer_bytes(init, weights.raw(), &self.dir, &mut scratch)
-                    .map_err(|e| unreadable(&e))?,
+                Some(_) => {
+                    crate::proto::initializer_bytes(init, weights.raw(), ExternalFiles::Open(&external), &mut scratch)
+                        .map_err(|e| unreadable(&e))?
+                }
                 // STRING, bfloat16 and types baton has no datatype for.
                 None => &[],
             };
             let weight = Weight { name: &init.name, datatype, shape: &init.dims, data };
             visit(&weight).map_err(WeightsError::Refused)?;
         }
-        Ok(())
+        // What was visited was read from the verified files; they must
+        // still be as they were hashed.
+        files.unchanged().map_err(|e| WeightsError::Read(e.to_string()))
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
@@ -279,8 +284,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(MODEL_FILE), encode_mlp(&Mlp::new(&[4, 2], 1), &OnnxOptions::default()).0)
             .unwrap();
+        baton_core::manifest::write(dir.path()).unwrap();
+        let version = baton_core::manifest::verify(dir.path()).unwrap();
         let spec = ModelSpec::parse("[engine]\nsessions = 3").unwrap();
-        let model = std::sync::Arc::new(OnnxModel::load(dir.path(), &spec).unwrap());
+        let model = std::sync::Arc::new(OnnxModel::load(&version, &spec).unwrap());
         // Two of the three sessions are busy for the whole test.
         let busy = (model.sessions.take(), model.sessions.take());
         let (done, finished) = mpsc::channel();

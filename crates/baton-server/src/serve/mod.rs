@@ -93,6 +93,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
     baton_core::sys::keep_large_allocations_mapped();
+    match baton_core::sys::raise_open_files_limit() {
+        Ok(limit) => tracing::debug!(limit, "Open files limit."),
+        Err(error) => tracing::warn!(%error, "Could not raise the limit on open files."),
+    }
     // ONNX Runtime is started here, on the main thread, at serving priority.
     let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
     let registry = Registry::new(
