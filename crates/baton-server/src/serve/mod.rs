@@ -39,6 +39,12 @@ pub struct ServeArgs {
     /// How often the repository is polled, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub poll_ms: u64,
+    /// Polls in a row a model directory (or `model.toml`) or a kept
+    /// version must be found missing ("no such file") before the watcher
+    /// unloads or retires it. Other errors reading the repository never
+    /// count: they change nothing.
+    #[arg(long, default_value_t = watch::MISSING_POLLS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub missing_polls: u32,
     /// How long shutdown waits for requests in flight, in seconds.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
@@ -127,8 +133,9 @@ async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<
     let watcher_app = Arc::clone(&app);
     let poll = Duration::from_millis(args.poll_ms.max(10));
     let watch = !args.no_watch;
+    let missing_polls = args.missing_polls;
     let watcher = std::thread::Builder::new().name("baton-watch".into()).spawn(move || {
-        let mut watcher = watch::Watcher::new(watcher_app, root);
+        let mut watcher = watch::Watcher::new(watcher_app, root, missing_polls);
         watcher.scan();
         if watch {
             watcher.run(poll, &stop);
