@@ -166,7 +166,7 @@ pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
 }
 
 /// SHA-256 and size of an open file from its first byte to its end, read
-/// in [`DIGEST_BLOCK`]s at explicit offsets (the file's own offset is left
+/// in blocks of 128 KiB at explicit offsets (the file's own offset is left
 /// alone, so the descriptor can be shared).
 pub fn digest_open(file: &File) -> std::io::Result<(String, u64)> {
     let mut hasher = Sha256::new();

@@ -247,6 +247,13 @@ mod tests {
     }
 
     #[test]
+    fn three_polls_in_a_row_unless_told_otherwise_and_never_zero() {
+        assert_eq!(parse(&[]).missing_polls, 3);
+        assert_eq!(parse(&["--missing-polls", "1"]).missing_polls, 1);
+        assert!(Cli::try_parse_from(["baton", "--missing-polls", "0"]).is_err(), "zero polls was accepted");
+    }
+
+    #[test]
     fn the_loader_runs_under_sched_idle_unless_told_otherwise() {
         assert!(loader_idle(&[]));
         assert!(loader_idle(&["--loader-idle"]));
