@@ -5,23 +5,30 @@
 //! declares, and lets the core see its weights. That keeps the core free of
 //! any engine, and lets a test run the whole load transaction on a fake one.
 
-use std::path::Path;
-
 use thiserror::Error;
 
 use crate::signature::Signature;
 use crate::spec::ModelSpec;
 use crate::tensor::{DataType, Tensor};
+use crate::verified::Verified;
 
 /// An engine that can load model versions.
 pub trait Backend: Send + Sync + 'static {
     /// The name `model.toml` uses to pick this backend.
     fn name(&self) -> &'static str;
 
-    /// Creates a runnable model from a verified version directory. Called on
-    /// baton's loader thread, which runs at lower CPU priority than serving;
+    /// Creates a runnable model from a verified version. Called on baton's
+    /// loader thread, which runs at lower CPU priority than serving;
     /// whatever threads the backend creates for serving must not inherit it.
-    fn load(&self, dir: &Path, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError>;
+    ///
+    /// The backend reads the version's files through `version`'s open files
+    /// ([`Verified::file`]), never by path: those are the files the verify
+    /// stage hashed, whatever has been renamed over their paths since. Once
+    /// it has read what it needs, it checks that none was written to since
+    /// ([`VerifiedFile::unchanged`](crate::verified::VerifiedFile::unchanged))
+    /// and refuses the load if one was (`file_changed`). An engine that must
+    /// be given a path gets [`VerifiedFile::fd_path`](crate::verified::VerifiedFile::fd_path).
+    fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError>;
 }
 
 /// A loaded model version, ready to run.
@@ -131,6 +138,14 @@ impl BackendError {
     /// A new error.
     pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
         BackendError { kind, message: message.into() }
+    }
+}
+
+impl From<crate::manifest::VerifyError> for BackendError {
+    /// A verified file that could not be read, or changed after it was
+    /// verified; the kind is the verify error's (`file_changed`, `io`).
+    fn from(error: crate::manifest::VerifyError) -> Self {
+        BackendError::new(error.kind(), error.to_string())
     }
 }
 

@@ -41,6 +41,7 @@ pub mod sys;
 pub mod tensor;
 pub mod tensor_json;
 mod trimmer;
+pub mod verified;
 pub mod version;
 
 pub use memory::{LiveVersion, Releaser, UnloadRecord};

@@ -11,11 +11,15 @@
 //! The closing `end N` line makes a manifest that was cut short (a partial
 //! copy, a crashed writer) detectable: without it the version is refused.
 
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use thiserror::Error;
+
+pub use crate::verified::{Verified, VerifiedFile};
 
 /// The file name of a version's manifest.
 pub const MANIFEST: &str = "MANIFEST";
@@ -89,6 +93,33 @@ pub enum VerifyError {
     /// A file in the version directory that the manifest does not list.
     #[error("file '{0}' is not listed in MANIFEST")]
     Unlisted(String),
+    /// A file reached through a symlink that leaves the version directory.
+    #[error(
+        "file '{path}' resolves to {}, outside the version directory {}; \
+         set [policy] allow_symlinks_outside_version = true in model.toml to accept it",
+        target.display(), root.display()
+    )]
+    OutsideVersion {
+        /// The file, as the manifest names it.
+        path: String,
+        /// Where it really is.
+        target: PathBuf,
+        /// The version directory, symlinks resolved.
+        root: PathBuf,
+    },
+    /// A listed path that is not a regular file (a directory, a FIFO, a device).
+    #[error("'{0}' is not a regular file")]
+    NotAFile(String),
+    /// A file changed while it was verified, or after, before it was loaded.
+    #[error("file '{path}' changed {when}: {what}")]
+    Changed {
+        /// The file.
+        path: String,
+        /// When the change was seen: while verifying, or before loading.
+        when: &'static str,
+        /// What differs.
+        what: String,
+    },
     /// Reading failed.
     #[error("reading {path}: {source}")]
     Io {
@@ -110,12 +141,15 @@ impl VerifyError {
             VerifyError::SizeMismatch { .. } => "size_mismatch",
             VerifyError::DigestMismatch { .. } => "digest_mismatch",
             VerifyError::Unlisted(_) => "unlisted_file",
+            VerifyError::OutsideVersion { .. } => "outside_version",
+            VerifyError::NotAFile(_) => "not_a_file",
+            VerifyError::Changed { .. } => "file_changed",
             VerifyError::Io { .. } => "io",
         }
     }
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VerifyError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VerifyError + '_ {
     move |source| VerifyError::Io { path: path.to_owned(), source }
 }
 
@@ -128,12 +162,22 @@ const DIGEST_BLOCK: usize = 128 << 10;
 
 /// SHA-256 and size of a file, streamed in [`DIGEST_BLOCK`]s.
 pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
-    let mut file = std::fs::File::open(path)?;
+    digest_open(&File::open(path)?)
+}
+
+/// SHA-256 and size of an open file from its first byte to its end, read
+/// in blocks of 128 KiB at explicit offsets (the file's own offset is left
+/// alone, so the descriptor can be shared).
+pub fn digest_open(file: &File) -> std::io::Result<(String, u64)> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; DIGEST_BLOCK];
     let mut size = 0u64;
     loop {
-        let n = file.read(&mut buf)?;
+        let n = match file.read_at(&mut buf, size) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             break;
         }
@@ -148,7 +192,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Every regular file below `dir` except the manifest, as sorted relative paths.
-fn list_files(dir: &Path) -> Result<Vec<String>, VerifyError> {
+pub(crate) fn list_files(dir: &Path) -> Result<Vec<String>, VerifyError> {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -179,7 +223,7 @@ pub fn write(dir: &Path) -> Result<Manifest, VerifyError> {
         manifest.entries.push(Entry { path, size, sha256 });
     }
     let tmp = dir.join(".MANIFEST.tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
     file.write_all(render(&manifest).as_bytes()).map_err(io_err(&tmp))?;
     file.sync_all().map_err(io_err(&tmp))?;
     let dest = dir.join(MANIFEST);
@@ -255,51 +299,29 @@ pub fn is_complete(dir: &Path) -> bool {
     std::fs::read_to_string(dir.join(MANIFEST)).is_ok_and(|t| parse(&t).is_ok())
 }
 
-/// Verifies every file of `dir` against its manifest: presence, size, then
-/// SHA-256; and that no file is present that the manifest does not list.
-pub fn verify(dir: &Path) -> Result<Manifest, VerifyError> {
-    let path = dir.join(MANIFEST);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(VerifyError::Missing(dir.to_owned()));
-        }
-        Err(e) => return Err(VerifyError::Io { path, source: e }),
-    };
-    let manifest = parse(&text)?;
-    for entry in &manifest.entries {
-        let abs = dir.join(&entry.path);
-        let meta = match std::fs::metadata(&abs) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(VerifyError::FileMissing(entry.path.clone()));
-            }
-            Err(e) => {
-                return Err(VerifyError::Io { path: abs, source: e });
-            }
-        };
-        if meta.len() != entry.size {
-            return Err(VerifyError::SizeMismatch {
-                path: entry.path.clone(),
-                expected: entry.size,
-                actual: meta.len(),
-            });
-        }
-        let (actual, _) = digest_file(&abs).map_err(io_err(&abs))?;
-        if actual != entry.sha256 {
-            return Err(VerifyError::DigestMismatch {
-                path: entry.path.clone(),
-                expected: entry.sha256.clone(),
-                actual,
-            });
-        }
-    }
-    for file in list_files(dir)? {
-        if !manifest.entries.iter().any(|e| e.path == file) {
-            return Err(VerifyError::Unlisted(file));
-        }
-    }
-    Ok(manifest)
+/// How strictly [`verify_with`] treats where a version's files really are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerifyOptions {
+    /// Accept files reached through a symlink that leaves the version
+    /// directory (`[policy] allow_symlinks_outside_version` in `model.toml`).
+    /// Off by default: such a file is refused as `outside_version`.
+    pub allow_symlinks_outside_version: bool,
+}
+
+/// [`verify_with`] with the default options: no file may lie outside the
+/// version directory.
+pub fn verify(dir: &Path) -> Result<Verified, VerifyError> {
+    verify_with(dir, &VerifyOptions::default())
+}
+
+/// Verifies every file of `dir` against its manifest: that it lies inside
+/// the version directory (unless `options` allow symlinks out), is a
+/// regular file, its size, then its SHA-256; and that no file is present
+/// that the manifest does not list. Each file is opened once, and the
+/// returned [`Verified`] keeps it open, so that what is loaded afterwards
+/// is read from the very file that was hashed (see [`crate::verified`]).
+pub fn verify_with(dir: &Path, options: &VerifyOptions) -> Result<Verified, VerifyError> {
+    crate::verified::verify_dir(dir, options)
 }
 
 #[cfg(test)]
@@ -320,7 +342,7 @@ mod tests {
         let written = write(dir.path()).unwrap();
         let paths: Vec<&str> = written.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["model.onnx", "warmup/a.json"]);
-        assert_eq!(verify(dir.path()).unwrap(), written);
+        assert_eq!(verify(dir.path()).unwrap().manifest(), &written);
         assert!(is_complete(dir.path()));
     }
 

@@ -2,7 +2,15 @@
 //! directory holding a version's files; the local repository hands out its
 //! own directories, and a remote source (HTTP, S3) would download into a
 //! staging directory first. Everything after fetch works on local files.
+//!
+//! A source tells "not there" from "cannot be read": only the first is
+//! [`FetchError::ModelNotFound`], [`FetchError::VersionNotFound`] or
+//! [`Presence::Missing`]. A file system that fails for a moment (an NFS
+//! server restarting, a FUSE mount busy) gives other errors, and whoever acts
+//! on a model's disappearance (the repository watcher) must not take those
+//! for a removal.
 
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -51,12 +59,31 @@ impl FetchError {
     }
 }
 
+/// Whether a model or version is in a source, as far as the source can tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// It is there.
+    Present,
+    /// The source says it does not exist (for a file system: `ENOENT`).
+    Missing,
+    /// The source could not tell: reading failed otherwise (`EIO`,
+    /// `EACCES`, `ESTALE`, `ELOOP`, …). Says what failed.
+    Unreadable(String),
+}
+
 /// A place that holds models and their versions.
 pub trait Source: Send + Sync + 'static {
-    /// Names of all models.
+    /// Names of all models. A model whose `model.toml` cannot be read is
+    /// left out; [`Source::presence`] tells whether it is gone.
     fn models(&self) -> Result<Vec<String>, FetchError>;
-    /// Complete versions of a model (those whose manifest is complete), ascending.
+    /// Complete versions of a model (those whose manifest is complete),
+    /// ascending. A version that cannot be read is left out;
+    /// [`Source::presence`] tells whether it is gone.
     fn versions(&self, model: &str) -> Result<Vec<u64>, FetchError>;
+    /// Whether a model (`version` `None`: its `model.toml`) or one of its
+    /// versions (its `MANIFEST`) is there. Unlike the listings, this tells
+    /// a removal ([`Presence::Missing`]) from a read that failed.
+    fn presence(&self, model: &str, version: Option<u64>) -> Presence;
     /// The model's current `model.toml`.
     fn spec(&self, model: &str) -> Result<ModelSpec, FetchError>;
     /// A local directory holding the version's files.
@@ -82,12 +109,33 @@ impl LocalRepository {
     }
 
     fn model_dir(&self, model: &str) -> Result<PathBuf, FetchError> {
-        let valid = !model.is_empty() && !model.starts_with('.') && !model.contains(['/', '\\']);
-        let dir = self.root.join(model);
-        if !valid || !dir.join("model.toml").is_file() {
-            return Err(FetchError::ModelNotFound { model: model.into(), place: self.root.display().to_string() });
+        let not_found = || FetchError::ModelNotFound { model: model.into(), place: self.root.display().to_string() };
+        if !valid_name(model) {
+            return Err(not_found());
         }
-        Ok(dir)
+        let dir = self.root.join(model);
+        let toml = dir.join("model.toml");
+        match std::fs::metadata(&toml) {
+            Ok(meta) if meta.is_file() => Ok(dir),
+            Ok(_) => Err(not_found()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(not_found()),
+            Err(e) => Err(FetchError::Io(format!("{}: {e}", toml.display()))),
+        }
+    }
+}
+
+/// Whether `model` can name a directory of the repository.
+fn valid_name(model: &str) -> bool {
+    !model.is_empty() && !model.starts_with('.') && !model.contains(['/', '\\'])
+}
+
+/// What a file's metadata says about its presence.
+fn presence_of(path: &Path) -> Presence {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Presence::Present,
+        Ok(_) => Presence::Unreadable(format!("{} is not a file", path.display())),
+        Err(e) if e.kind() == ErrorKind::NotFound => Presence::Missing,
+        Err(e) => Presence::Unreadable(format!("{}: {e}", path.display())),
     }
 }
 
@@ -119,19 +167,91 @@ impl Source for LocalRepository {
         Ok(versions)
     }
 
+    fn presence(&self, model: &str, version: Option<u64>) -> Presence {
+        if !valid_name(model) {
+            return Presence::Missing;
+        }
+        let dir = self.root.join(model);
+        match version {
+            None => presence_of(&dir.join("model.toml")),
+            Some(v) => presence_of(&dir.join(v.to_string()).join(manifest::MANIFEST)),
+        }
+    }
+
     fn spec(&self, model: &str) -> Result<ModelSpec, FetchError> {
-        ModelSpec::read(&self.model_dir(model)?).map_err(FetchError::Spec)
+        let path = self.model_dir(model)?.join("model.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+            ErrorKind::NotFound => {
+                FetchError::ModelNotFound { model: model.into(), place: self.root.display().to_string() }
+            }
+            _ => FetchError::Io(format!("{}: {e}", path.display())),
+        })?;
+        ModelSpec::parse(&text).map_err(|e| FetchError::Spec(format!("{}: {e}", path.display())))
     }
 
     fn fetch(&self, model: &str, version: u64) -> Result<PathBuf, FetchError> {
         let dir = self.model_dir(model)?.join(version.to_string());
-        if !dir.is_dir() {
-            return Err(FetchError::VersionNotFound {
-                model: model.into(),
-                version,
-                place: self.root.display().to_string(),
-            });
+        let not_found =
+            || FetchError::VersionNotFound { model: model.into(), version, place: self.root.display().to_string() };
+        match std::fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => Ok(dir),
+            Ok(_) => Err(not_found()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(not_found()),
+            Err(e) => Err(FetchError::Io(format!("{}: {e}", dir.display()))),
         }
-        Ok(dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    fn repo() -> (tempfile::TempDir, LocalRepository) {
+        let root = tempfile::tempdir().unwrap();
+        let model = root.path().join("m");
+        std::fs::create_dir_all(model.join("1")).unwrap();
+        std::fs::write(model.join("model.toml"), "").unwrap();
+        std::fs::write(model.join("1/x"), "x").unwrap();
+        manifest::write(&model.join("1")).unwrap();
+        let repo = LocalRepository::new(root.path());
+        (root, repo)
+    }
+
+    #[test]
+    fn presence_tells_a_removal_from_a_failed_read() {
+        let (root, repo) = repo();
+        assert_eq!(repo.presence("m", None), Presence::Present);
+        assert_eq!(repo.presence("m", Some(1)), Presence::Present);
+        assert_eq!(repo.presence("m", Some(2)), Presence::Missing);
+        assert_eq!(repo.presence("other", None), Presence::Missing);
+        assert_eq!(repo.presence("../m", None), Presence::Missing);
+
+        // A symlink loop in place of the model: ELOOP, which even root gets.
+        let model = root.path().join("m");
+        let aside = root.path().join(".aside");
+        std::fs::rename(&model, &aside).unwrap();
+        symlink("m", &model).unwrap();
+        assert!(matches!(repo.presence("m", None), Presence::Unreadable(e) if e.contains("m/model.toml")));
+        assert!(matches!(repo.presence("m", Some(1)), Presence::Unreadable(_)));
+        assert_eq!(repo.versions("m").unwrap_err().kind(), "io", "a loop is not a missing model");
+        assert_eq!(repo.spec("m").unwrap_err().kind(), "io");
+        assert_eq!(repo.fetch("m", 1).unwrap_err().kind(), "io");
+        assert!(repo.models().unwrap().is_empty(), "the listing leaves out what it cannot read");
+
+        std::fs::remove_file(&model).unwrap();
+        assert_eq!(repo.presence("m", None), Presence::Missing);
+        assert_eq!(repo.versions("m").unwrap_err().kind(), "model_not_found");
+        std::fs::rename(&aside, &model).unwrap();
+
+        // A version replaced by a file: not a removal either.
+        let version = model.join("1");
+        std::fs::rename(&version, root.path().join(".v1")).unwrap();
+        std::fs::write(&version, "not a directory").unwrap();
+        assert!(matches!(repo.presence("m", Some(1)), Presence::Unreadable(_)));
+        assert!(repo.versions("m").unwrap().is_empty());
+        std::fs::remove_file(&version).unwrap();
+        assert_eq!(repo.presence("m", Some(1)), Presence::Missing);
     }
 }

@@ -13,6 +13,7 @@
 //! [policy]
 //! keep_previous = 1          # versions kept loaded for instant rollback
 //! drain_timeout_ms = 30000   # how long a swap waits for in-flight requests
+//! allow_symlinks_outside_version = false  # files may not lead out of their version
 //!
 //! [validation]                # see ValidationPolicy for what each check covers
 //! nan = true
@@ -97,11 +98,25 @@ pub struct Policy {
     pub keep_previous: usize,
     /// How long the drain stage waits for requests pinned to the old state.
     pub drain_timeout_ms: u64,
+    /// Whether a version's files may be symlinks to files outside its
+    /// directory. Off by default: the verify stage refuses such a file
+    /// (`outside_version`), because what it serves could then change, or be
+    /// read from a place the repository's owner does not control, without
+    /// the version changing. Symlinks between files of the version are
+    /// always accepted.
+    pub allow_symlinks_outside_version: bool,
 }
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy { keep_previous: 1, drain_timeout_ms: 30_000 }
+        Policy { keep_previous: 1, drain_timeout_ms: 30_000, allow_symlinks_outside_version: false }
+    }
+}
+
+impl Policy {
+    /// What the verify stage accepts under this policy.
+    pub fn verify_options(&self) -> crate::manifest::VerifyOptions {
+        crate::manifest::VerifyOptions { allow_symlinks_outside_version: self.allow_symlinks_outside_version }
     }
 }
 
@@ -267,6 +282,7 @@ mod tests {
             inputs = [{ name = "x", datatype = "FP32", shape = [-1, 4] }]
             [policy]
             keep_previous = 3
+            allow_symlinks_outside_version = true
             [validation]
             nan = false
             max_abs = 10.0
@@ -277,6 +293,8 @@ mod tests {
         .unwrap();
         assert_eq!(spec.inputs[0].shape, vec![-1, 4]);
         assert_eq!(spec.policy.keep_previous, 3);
+        assert!(spec.policy.verify_options().allow_symlinks_outside_version);
+        assert!(!ModelSpec::parse("").unwrap().policy.allow_symlinks_outside_version);
         assert!(!spec.validation.nan && spec.validation.inf);
         assert_eq!(spec.engine.get("sessions").and_then(|v| v.as_integer()), Some(4));
         let err = ModelSpec::parse("[policy]\nkeep_prevous = 2").unwrap_err();

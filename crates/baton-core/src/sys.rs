@@ -52,6 +52,29 @@ pub fn keep_large_allocations_mapped() {
     }
 }
 
+/// Raises this process's soft limit on open files to its hard limit, and
+/// returns the limit now in force. A load keeps every file of the version
+/// it verifies open until the engine has read them ([`crate::verified`]),
+/// and serving connections need descriptors meanwhile; the usual soft limit
+/// of 1024 would leave a version of many files, or a server with many
+/// connections, short of them. Call once, at start.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit struct, which `limit` is.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit reads one rlimit struct, which `raised` is.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit = raised;
+    }
+    Ok(limit.rlim_cur)
+}
+
 /// [`trim_heap`] followed by [`rss_bytes`]: the memory this process really holds now.
 pub fn trimmed_rss() -> Option<u64> {
     trim_heap();

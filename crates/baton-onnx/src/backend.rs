@@ -3,13 +3,13 @@
 use std::borrow::Cow;
 use std::ops::DerefMut;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use baton_core::backend::{Backend, BackendError, InputRange, Model, ValueRange, Weight, WeightsError};
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::Tensor;
+use baton_core::verified::Verified;
 use ort::session::builder::{AutoDevicePolicy, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, ValueType};
@@ -19,6 +19,7 @@ use crate::graph::Graph;
 use crate::model_file::{KeptFile, ModelFile, SessionSource, Weights};
 use crate::options::EngineOptions;
 use crate::pool::Pool;
+use crate::proto::ExternalFiles;
 use crate::runtime::{PoolThreads, runtime};
 
 /// The model file a version directory must hold.
@@ -46,30 +47,30 @@ impl Backend for OnnxBackend {
         "onnx"
     }
 
-    /// Creates `sessions` ORT sessions of `dir/model.onnx` with the
-    /// `[engine]` options of `spec`. Runs on the loader thread at low
-    /// priority; worker threads, if any, are created at serving priority.
-    fn load(&self, dir: &Path, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
-        Ok(Box::new(OnnxModel::load(dir, spec)?))
+    /// Creates `sessions` ORT sessions of the version's `model.onnx` with
+    /// the `[engine]` options of `spec`, from the files the verify stage
+    /// hashed. Runs on the loader thread at low priority; worker threads, if
+    /// any, are created at serving priority.
+    fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        Ok(Box::new(OnnxModel::load(version, spec)?))
     }
 }
 
 impl OnnxModel {
-    fn load(dir: &Path, spec: &ModelSpec) -> Result<OnnxModel, BackendError> {
+    fn load(version: &Verified, spec: &ModelSpec) -> Result<OnnxModel, BackendError> {
         let options = EngineOptions::parse(&spec.engine)?;
-        let path = dir.join(MODEL_FILE);
-        if !path.is_file() {
-            return Err(BackendError::new("model_invalid", format!("{} does not exist", path.display())));
-        }
         // Staged under the temporary directory ($TMPDIR, else /tmp).
-        let stage_in = options.stage_weights.then(std::env::temp_dir);
-        let file = ModelFile::read(&path, stage_in.as_deref())?;
+        let file = ModelFile::read(version, &std::env::temp_dir(), options.stage_weights)?;
+        let path = file.path().to_path_buf();
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
             let session =
                 guarded(|| create_session(&file, &options), "model_invalid", "creating an ONNX Runtime session")?;
             sessions.push(session);
         }
+        // Whatever the sessions were built from has been read by now, be it
+        // by baton or by ONNX Runtime: the files must still be the hashed ones.
+        file.unchanged()?;
         let signature = match sessions.first() {
             Some(first) => signature_of(first)?,
             None => return Err(BackendError::new("invalid_engine_options", "a pool needs at least one session")),
@@ -84,13 +85,7 @@ impl OnnxModel {
             optimization = options.optimization.as_str(),
             "ONNX model loaded"
         );
-        Ok(OnnxModel {
-            dir: dir.to_path_buf(),
-            file: file.keep(),
-            signature,
-            sessions: Pool::new(sessions),
-            ranges: OnceLock::new(),
-        })
+        Ok(OnnxModel { file: file.keep(), signature, sessions: Pool::new(sessions), ranges: OnceLock::new() })
     }
 }
 
@@ -170,10 +165,8 @@ fn signature_of(session: &Session) -> Result<Signature, BackendError> {
 /// A loaded model: a pool of sessions, each serving one request at a time,
 /// lent to requests first come first served (see [`Pool`]).
 struct OnnxModel {
-    /// The version directory, where external data is read from.
-    dir: PathBuf,
-    /// The model file's bytes as the sessions were built from them, kept
-    /// for validation.
+    /// The verified model and data files, and the model file's bytes as the
+    /// sessions were built from them, kept for validation.
     file: KeptFile,
     signature: Signature,
     sessions: Pool<Session>,
@@ -185,7 +178,7 @@ struct OnnxModel {
 impl OnnxModel {
     /// The model file, read and parsed (see [`KeptFile::take`]).
     fn read(&self) -> Result<(Weights, crate::proto::OnnxModel), String> {
-        let path = self.file.path();
+        let path = self.file.files().name();
         let unreadable = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let weights = self.file.take().map_err(|e| unreadable(&e))?;
         let model = crate::proto::parse(weights.bytes()).map_err(|e| unreadable(&e))?;
@@ -204,13 +197,18 @@ impl Model for OnnxModel {
         let (weights, model) = self.read().map_err(WeightsError::Read)?;
         let graph = Graph::new(&model);
         let _ = self.ranges.set(graph.input_ranges(&model));
+        let files = self.file.files();
+        let unreadable = |e: &dyn std::fmt::Display| WeightsError::Read(format!("{}: {e}", files.name().display()));
+        let external = |location: &str| files.external(location);
         let mut scratch = weights.scratch(&model);
         let constants = model.nodes.iter().filter_map(|n| n.constant.as_ref());
         for tensor in model.initializers.iter().chain(constants) {
             let datatype = datatype_of_onnx(tensor.data_type).filter(|d| d.size().is_some());
             let data: &[u8] = match datatype {
-                Some(_) => crate::proto::initializer_bytes(tensor, weights.raw(), &self.dir, &mut scratch)
-                    .map_err(|e| WeightsError::Read(format!("{}: {e}", self.file.path().display())))?,
+                Some(_) => {
+                    crate::proto::initializer_bytes(tensor, weights.raw(), ExternalFiles::Open(&external), &mut scratch)
+                        .map_err(|e| unreadable(&e))?
+                }
                 // STRING, bfloat16 and types baton has no datatype for.
                 None => &[],
             };
@@ -218,7 +216,9 @@ impl Model for OnnxModel {
             let weight = Weight { name: &tensor.name, datatype, shape: &tensor.dims, data, role };
             visit(&weight).map_err(WeightsError::Refused)?;
         }
-        Ok(())
+        // What was visited was read from the verified files; they must
+        // still be as they were hashed.
+        files.unchanged().map_err(|e| WeightsError::Read(e.to_string()))
     }
 
     fn input_ranges(&self) -> Vec<InputRange> {
@@ -320,8 +320,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(MODEL_FILE), encode_mlp(&Mlp::new(&[4, 2], 1), &OnnxOptions::default()).0)
             .unwrap();
+        baton_core::manifest::write(dir.path()).unwrap();
+        let version = baton_core::manifest::verify(dir.path()).unwrap();
         let spec = ModelSpec::parse("[engine]\nsessions = 3").unwrap();
-        let model = std::sync::Arc::new(OnnxModel::load(dir.path(), &spec).unwrap());
+        let model = std::sync::Arc::new(OnnxModel::load(&version, &spec).unwrap());
         // Two of the three sessions are busy for the whole test.
         let busy = (model.sessions.take(), model.sessions.take());
         let (done, finished) = mpsc::channel();

@@ -1,4 +1,5 @@
-//! The model file, read once per load when it is small.
+//! The model file, read once per load when it is small, always through the
+//! files the verify stage hashed.
 //!
 //! ONNX Runtime reads a model file through a buffer of its own, as large as
 //! the file up to 4 MiB, once per session; validation then reads the whole
@@ -13,24 +14,38 @@
 //!
 //! A larger file is not held: holding the whole file while the sessions
 //! were created raised the peak memory of loading a 480 MiB model by
-//! 256 MiB, and saved only ONNX Runtime's two 4 MiB buffers. Its weights are
-//! staged for ONNX Runtime to map ([`Staged`]), or, when that is off or
-//! fails, ONNX Runtime reads the file. Validation then reads it once the
-//! sessions exist, without its weights' payloads, and each payload into one
-//! reused buffer when its tensor is visited ([`proto::read_skeleton`]).
-//! A model with external data is also created from the file, because ONNX
-//! Runtime finds external files relative to the model's path and a model
-//! given as bytes has none; so is a file baton's own reader cannot parse, so
-//! that ONNX Runtime's error is the one reported.
+//! 256 MiB, and saved only ONNX Runtime's two 4 MiB buffers. It is read
+//! without its weights' payloads ([`proto::read_skeleton`]), which is enough
+//! to parse it; its weights are staged for ONNX Runtime to map ([`Staged`]),
+//! or, when that is off or fails, ONNX Runtime reads the file, through
+//! `/proc/self/fd/N`, the descriptor the verify stage hashed. Validation then
+//! reads the skeleton again once the sessions exist, and each payload into
+//! one reused buffer when its tensor is visited.
+//!
+//! Every read goes through the verified descriptors ([`Verified`]): a file
+//! renamed over `model.onnx` or a data file after the verify stage is never
+//! read. Before anything reaches ONNX Runtime, the model is parsed and its
+//! external data checked: each initializer's `location` must be a relative
+//! path to a file of the version (`external_data_outside_version`,
+//! `external_data_missing`), and no other tensor may have external data
+//! (`external_data_unsupported`), since ONNX Runtime would look those up by
+//! name itself. A model with external data is always staged, its payloads
+//! copied from the verified data files, so that the names ONNX Runtime looks
+//! up lead to what was verified. A file baton cannot parse is refused
+//! (`model_invalid`): validation would refuse it anyway, and ONNX Runtime
+//! is never given a model whose external data baton has not seen.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use baton_core::backend::BackendError;
+use baton_core::manifest::VerifyError;
+use baton_core::verified::{Verified, VerifiedFile};
 
 use crate::proto::{self, InitData, OnnxModel, RawData};
-use crate::staged::Staged;
+use crate::staged::{Input, ModelBytes, Staged};
 
 /// The largest model file read once for all sessions and validation: the
 /// size of the buffer ONNX Runtime reads a file through.
@@ -41,55 +56,130 @@ pub(crate) const READ_ONCE_LIMIT: u64 = 4 << 20;
 pub(crate) enum SessionSource<'a> {
     /// The model file's bytes, read once.
     Bytes(&'a [u8]),
-    /// The file itself (large, external data, or not parsable by baton).
+    /// A file: the staged model, or the verified model file by its
+    /// `/proc/self/fd` path.
     File(&'a Path),
+}
+
+/// The model file and its external data files, as the verify stage opened them.
+#[derive(Clone, Debug)]
+pub(crate) struct Files {
+    model: VerifiedFile,
+    /// The model file's path, for messages.
+    name: PathBuf,
+    /// External data files, by location as the model writes it.
+    external: BTreeMap<String, VerifiedFile>,
+}
+
+impl Files {
+    /// The model file's path, for messages.
+    pub(crate) fn name(&self) -> &Path {
+        &self.name
+    }
+
+    /// An external data file by its location as the model writes it.
+    pub(crate) fn external(&self, location: &str) -> Option<&File> {
+        self.external.get(location).map(VerifiedFile::file)
+    }
+
+    /// Whether every file is still as the verify stage hashed it.
+    pub(crate) fn unchanged(&self) -> Result<(), VerifyError> {
+        self.model.unchanged()?;
+        self.external.values().try_for_each(VerifiedFile::unchanged)
+    }
 }
 
 /// `model.onnx` as one load read it.
 #[derive(Debug)]
 pub(crate) struct ModelFile {
-    path: PathBuf,
-    /// The file's bytes, when the sessions are created from them.
+    files: Files,
+    /// The file's bytes, when it is small: the sessions are created from
+    /// them unless it is staged, and validation visits them.
     bytes: Option<Vec<u8>>,
     /// The model staged with its weights as external data, when the
     /// sessions are created from that.
     staged: Option<Staged>,
+    /// The verified model file's `/proc/self/fd` path.
+    fd_path: PathBuf,
 }
 
 impl ModelFile {
-    /// Reads the file at `path` if it is small and self-contained; stages a
-    /// larger one under `stage_in`, when given.
-    pub(crate) fn read(path: &Path, stage_in: Option<&Path>) -> Result<ModelFile, BackendError> {
-        let unreadable = |e: std::io::Error| BackendError::new("model_invalid", format!("{}: {e}", path.display()));
-        let size = std::fs::metadata(path).map_err(unreadable)?.len();
-        let (mut bytes, mut staged) = (None, None);
-        if size <= READ_ONCE_LIMIT {
-            bytes = Some(baton_core::short_reads::read_file(path).map_err(unreadable)?)
-                .filter(|bytes| self_contained(bytes));
-        } else if let Some(parent) = stage_in {
-            staged = Staged::create(path, parent).unwrap_or_else(|reason| {
-                tracing::warn!(
-                    path = %path.display(),
-                    reason,
-                    "Staging the model's weights failed; ONNX Runtime reads the model file itself."
-                );
-                None
-            });
+    /// Reads `model.onnx` of a verified version and checks its external
+    /// data; stages it under `temp` when it has external data, or when it is
+    /// large and `stage_weights` is on.
+    pub(crate) fn read(version: &Verified, temp: &Path, stage_weights: bool) -> Result<ModelFile, BackendError> {
+        let name = version.dir().join(crate::MODEL_FILE);
+        let invalid =
+            |e: &dyn std::fmt::Display| BackendError::new("model_invalid", format!("{}: {e}", name.display()));
+        let model = version.file(crate::MODEL_FILE).ok_or_else(|| invalid(&"not a file of the version"))?;
+        let whole = model.size() <= READ_ONCE_LIMIT;
+        let mut bytes = match whole {
+            true => model.read_all().map_err(|e| invalid(&e))?,
+            false => proto::read_skeleton(model.file(), &name).map_err(|e| invalid(&e))?,
+        };
+        let parsed = proto::parse(&bytes).map_err(|e| invalid(&e))?;
+        if let Some(tensor) = proto::nested_external_data(&bytes).map_err(|e| invalid(&e))? {
+            return Err(BackendError::new(
+                "external_data_unsupported",
+                format!(
+                    "{}: tensor '{tensor}' keeps its data in an external file but is not one of the graph's \
+                     initializers (it is in a subgraph, an attribute, a sparse initializer or a function); \
+                     baton checks and loads the external data of the graph's initializers only",
+                    name.display()
+                ),
+            ));
         }
-        Ok(ModelFile { path: path.to_path_buf(), bytes, staged })
+        let files = Files { model: model.clone(), external: external_files(version, &parsed, &name)?, name };
+        let has_external = !files.external.is_empty();
+        let mut staged = None;
+        if has_external || (!whole && stage_weights) {
+            let model_bytes = match whole {
+                true => ModelBytes::Whole(&bytes),
+                false => ModelBytes::Skeleton(std::mem::take(&mut bytes)),
+            };
+            let external = |location: &str| files.external(location);
+            let input = Input {
+                bytes: model_bytes,
+                file: files.model.file(),
+                name: &files.name,
+                external: &external,
+                move_inline: stage_weights,
+            };
+            match Staged::create(input, temp) {
+                Ok(done) => staged = done,
+                Err(reason) if has_external => {
+                    let message = format!(
+                        "{}: staging the model's external data failed, and ONNX Runtime may read external data \
+                         only from a copy baton made of the verified files: {reason}",
+                        files.name.display()
+                    );
+                    return Err(BackendError::new("staging_failed", message));
+                }
+                Err(reason) => tracing::warn!(
+                    path = %files.name.display(),
+                    reason,
+                    "Staging the model's weights failed; ONNX Runtime reads the verified model file itself."
+                ),
+            }
+        }
+        if has_external && staged.is_none() {
+            return Err(BackendError::new("staging_failed", format!("{}: nothing was staged", files.name.display())));
+        }
+        let fd_path = files.model.fd_path();
+        Ok(ModelFile { files, bytes: whole.then_some(bytes), staged, fd_path })
     }
 
-    /// The model file's path.
+    /// The model file's path, for messages.
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        self.files.name()
     }
 
     /// What ONNX Runtime should create each session from.
     pub(crate) fn source(&self) -> SessionSource<'_> {
-        match (&self.bytes, &self.staged) {
-            (Some(bytes), _) => SessionSource::Bytes(bytes),
-            (None, Some(staged)) => SessionSource::File(staged.model()),
-            (None, None) => SessionSource::File(&self.path),
+        match (&self.staged, &self.bytes) {
+            (Some(staged), _) => SessionSource::File(staged.model()),
+            (None, Some(bytes)) => SessionSource::Bytes(bytes),
+            (None, None) => SessionSource::File(&self.fd_path),
         }
     }
 
@@ -98,18 +188,48 @@ impl ModelFile {
         self.staged.is_some()
     }
 
+    /// Whether every file read is still as the verify stage hashed it.
+    pub(crate) fn unchanged(&self) -> Result<(), VerifyError> {
+        self.files.unchanged()
+    }
+
     /// Keeps the bytes, if any, for the validation that follows the load,
     /// and removes the staged copy, if any: the sessions exist, and map what
     /// they still use of it.
     pub(crate) fn keep(self) -> KeptFile {
-        KeptFile { path: self.path, bytes: Mutex::new(self.bytes) }
+        KeptFile { files: self.files, bytes: Mutex::new(self.bytes) }
     }
 }
 
-/// Whether the model parses and keeps all its weights in the file itself.
-fn self_contained(bytes: &[u8]) -> bool {
-    proto::parse(bytes)
-        .is_ok_and(|model| !model.initializers.iter().any(|i| matches!(i.data, InitData::External { .. })))
+/// The external data files of `model`'s initializers, each a file of the
+/// verified version, by location as the model writes it.
+fn external_files(
+    version: &Verified,
+    model: &OnnxModel,
+    name: &Path,
+) -> Result<BTreeMap<String, VerifiedFile>, BackendError> {
+    let mut files = BTreeMap::new();
+    for init in &model.initializers {
+        let InitData::External { location, .. } = &init.data else { continue };
+        if files.contains_key(location) {
+            continue;
+        }
+        let refused = |kind, why: &str| {
+            let (name, tensor) = (name.display(), &init.name);
+            BackendError::new(kind, format!("{name}: initializer '{tensor}' keeps its data in '{location}', {why}"))
+        };
+        let relative = proto::relative_location(location).ok_or_else(|| {
+            refused(
+                "external_data_outside_version",
+                "which leaves the version directory: a location must be a relative path without '..'",
+            )
+        })?;
+        let file = version
+            .file(&relative)
+            .ok_or_else(|| refused("external_data_missing", "which is not a file of the version's MANIFEST"))?;
+        files.insert(location.clone(), file.clone());
+    }
+    Ok(files)
 }
 
 /// The model file as validation reads it.
@@ -122,8 +242,8 @@ pub(crate) enum Weights {
     Skeleton {
         /// The file's bytes with the payloads left out.
         bytes: Vec<u8>,
-        /// The file, to read the payloads from.
-        file: File,
+        /// The verified file, to read the payloads from.
+        file: VerifiedFile,
     },
 }
 
@@ -139,7 +259,7 @@ impl Weights {
     pub(crate) fn raw(&self) -> RawData<'_> {
         match self {
             Weights::Whole(bytes) => RawData::InBytes(bytes),
-            Weights::Skeleton { file, .. } => RawData::InFile(file),
+            Weights::Skeleton { file, .. } => RawData::InFile(file.file()),
         }
     }
 
@@ -157,32 +277,33 @@ impl Weights {
     }
 }
 
-/// The bytes a version was built from, until validation has taken them.
+/// The files and bytes a version was built from, kept for validation.
 #[derive(Debug)]
 pub(crate) struct KeptFile {
-    path: PathBuf,
+    files: Files,
     bytes: Mutex<Option<Vec<u8>>>,
 }
 
 impl KeptFile {
-    /// The model file's path.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
+    /// The model file and its external data files.
+    pub(crate) fn files(&self) -> &Files {
+        &self.files
     }
 
     /// The bytes the sessions were built from, the first time; otherwise
-    /// the file, read now without its weights' payloads (a version's weights
-    /// are visited once, by validation, so later reads are rare).
+    /// the verified file, read now without its weights' payloads (a
+    /// version's weights are visited once, by validation, so later reads
+    /// are rare).
     pub(crate) fn take(&self) -> std::io::Result<Weights> {
         let kept = self.bytes.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         if let Some(bytes) = kept {
             return Ok(Weights::Whole(bytes));
         }
-        let file = File::open(&self.path)?;
-        match proto::read_skeleton(&file, &self.path) {
+        let file = self.files.model.clone();
+        match proto::read_skeleton(file.file(), &self.files.name) {
             Ok(bytes) => Ok(Weights::Skeleton { bytes, file }),
             // Malformed: read whole, so that parsing reports what is wrong.
-            Err(_) => baton_core::short_reads::read_file(&self.path).map(Weights::Whole),
+            Err(_) => file.read_all().map(Weights::Whole),
         }
     }
 
@@ -195,6 +316,8 @@ impl KeptFile {
 
 #[cfg(test)]
 mod tests {
+    use baton_core::manifest;
+
     use super::*;
     use crate::mlp::{Mlp, OnnxOptions, encode_mlp, write_model};
 
@@ -202,43 +325,96 @@ mod tests {
         write_model(dir, &Mlp::new(&[4, 2], 1), external)
     }
 
+    /// Seals `dir` as a version and verifies it.
+    fn verified(dir: &Path) -> Verified {
+        manifest::write(dir).unwrap();
+        manifest::verify(dir).unwrap()
+    }
+
+    /// A model of more than [`READ_ONCE_LIMIT`] bytes, written to `dir`.
+    fn large(dir: &Path) -> Vec<u8> {
+        let width = 1100; // 4 × 1100 × 1100 bytes of weights: over the limit
+        let (model, _) = encode_mlp(&Mlp::new(&[width, width], 1), &OnnxOptions::default());
+        assert!(model.len() as u64 > READ_ONCE_LIMIT);
+        std::fs::write(dir.join("model.onnx"), &model).unwrap();
+        model
+    }
+
     #[test]
-    fn a_self_contained_model_is_given_to_sessions_as_the_bytes_read() {
-        let dir = tempfile::tempdir().unwrap();
+    fn a_self_contained_model_is_given_to_sessions_as_the_verified_bytes() {
+        let (dir, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let path = write(dir.path(), None);
-        let file = ModelFile::read(&path, None).unwrap();
+        let original = std::fs::read(&path).unwrap();
+        let version = verified(dir.path());
+        // Another model renamed over the path after the verify stage.
+        let other = dir.path().join("other.onnx");
+        std::fs::write(&other, encode_mlp(&Mlp::new(&[4, 2], 2), &OnnxOptions::default()).0).unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let file = ModelFile::read(&version, tmp.path(), true).unwrap();
         match file.source() {
-            SessionSource::Bytes(bytes) => assert_eq!(bytes, std::fs::read(&path).unwrap()),
+            SessionSource::Bytes(bytes) => assert_eq!(bytes, original),
             SessionSource::File(p) => panic!("created from the file {}", p.display()),
+        }
+        assert_eq!(file.unchanged().unwrap_err().kind(), "file_changed", "the rename is still noticed");
+    }
+
+    #[test]
+    fn a_model_with_external_data_is_staged_from_the_verified_files_even_without_stage_weights() {
+        let (dir, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        write(dir.path(), Some("weights.bin"));
+        let version = verified(dir.path());
+        let file = ModelFile::read(&version, tmp.path(), false).unwrap();
+        assert!(file.is_staged());
+        let SessionSource::File(staged) = file.source() else { panic!("a staged model is given as a file") };
+        assert!(staged.starts_with(tmp.path()));
+        let rewritten = proto::parse(&std::fs::read(staged).unwrap()).unwrap();
+        for init in &rewritten.initializers {
+            let InitData::External { location, .. } = &init.data else { panic!("{} moved", init.name) };
+            assert_eq!(location, "weights.bin", "read from the staged directory, not the version");
+        }
+        file.unchanged().unwrap();
+        drop(file);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "the staged copy outlives the load");
+    }
+
+    #[test]
+    fn external_data_outside_the_version_or_not_in_it_is_refused_before_anything_is_staged() {
+        for (location, kind) in [
+            ("../weights.bin", "external_data_outside_version"),
+            ("/tmp/weights.bin", "external_data_outside_version"),
+            ("sub/../../weights.bin", "external_data_outside_version"),
+            ("MANIFEST", "external_data_missing"),
+        ] {
+            let (top, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let dir = top.path().join("1");
+            std::fs::create_dir(&dir).unwrap();
+            let options = OnnxOptions { external_data: Some(location.into()), ..OnnxOptions::default() };
+            std::fs::write(dir.join("model.onnx"), encode_mlp(&Mlp::new(&[4, 2], 1), &options).0).unwrap();
+            let version = verified(&dir);
+            let error = ModelFile::read(&version, tmp.path(), true).unwrap_err();
+            assert_eq!(error.kind, kind, "{location}: {}", error.message);
+            assert!(error.message.contains(location), "{}", error.message);
+            assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "{location}: something was staged");
         }
     }
 
     #[test]
-    fn a_model_with_external_data_is_given_to_sessions_as_its_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), Some("weights.bin"));
-        let file = ModelFile::read(&path, None).unwrap();
-        assert!(matches!(file.source(), SessionSource::File(p) if p == path));
+    fn an_unparsable_file_is_refused() {
+        let (dir, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(dir.path().join("model.onnx"), b"\xff\xff\xff not a model").unwrap();
+        let error = ModelFile::read(&verified(dir.path()), tmp.path(), true).unwrap_err();
+        assert_eq!(error.kind, "model_invalid", "{}", error.message);
     }
 
     #[test]
-    fn an_unparsable_file_is_left_to_the_engine() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("model.onnx");
-        std::fs::write(&path, b"\xff\xff\xff not a model").unwrap();
-        assert!(matches!(ModelFile::read(&path, None).unwrap().source(), SessionSource::File(_)));
-    }
-
-    #[test]
-    fn a_large_model_is_given_to_sessions_as_its_path_and_read_again_for_validation() {
-        let dir = tempfile::tempdir().unwrap();
-        let width = 1100; // 4 × 1100 × 1100 bytes of weights: over the limit
-        let (model, _) = encode_mlp(&Mlp::new(&[width, width], 1), &OnnxOptions::default());
-        assert!(model.len() as u64 > READ_ONCE_LIMIT);
-        let path = dir.path().join("model.onnx");
-        std::fs::write(&path, &model).unwrap();
-        let file = ModelFile::read(&path, None).unwrap();
-        assert!(matches!(file.source(), SessionSource::File(p) if p == path));
+    fn a_large_model_unstaged_is_given_to_sessions_as_its_descriptor_and_read_again_for_validation() {
+        let (dir, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let model = large(dir.path());
+        let version = verified(dir.path());
+        let file = ModelFile::read(&version, tmp.path(), false).unwrap();
+        let SessionSource::File(path) = file.source() else { panic!("a large file is not held") };
+        assert!(path.starts_with("/proc/self/fd"), "{}", path.display());
+        assert_eq!(std::fs::read(path).unwrap(), model);
         let kept = file.keep();
         assert!(!kept.holds_bytes(), "a large file is held from the load to validation");
         match kept.take().unwrap() {
@@ -253,33 +429,34 @@ mod tests {
     #[test]
     fn a_large_model_is_staged_when_asked_and_read_by_the_engine_when_staging_fails() {
         let (dir, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (model, _) = encode_mlp(&Mlp::new(&[1100, 1100], 1), &OnnxOptions::default());
-        let path = dir.path().join("model.onnx");
-        std::fs::write(&path, &model).unwrap();
-        let file = ModelFile::read(&path, Some(tmp.path())).unwrap();
+        large(dir.path());
+        let version = verified(dir.path());
+        let file = ModelFile::read(&version, tmp.path(), true).unwrap();
         assert!(file.is_staged());
         assert!(matches!(file.source(), SessionSource::File(p) if p.starts_with(tmp.path())));
         let kept = file.keep();
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "the staged copy outlives the load");
-        assert_eq!(kept.path(), path);
-        // Nowhere to stage: the engine reads the model file itself.
-        let file = ModelFile::read(&path, Some(&dir.path().join("missing"))).unwrap();
+        assert_eq!(kept.files().name(), dir.path().join("model.onnx"));
+        // Nowhere to stage: the engine reads the verified model file itself.
+        let file = ModelFile::read(&version, &dir.path().join("missing"), true).unwrap();
         assert!(!file.is_staged());
-        assert!(matches!(file.source(), SessionSource::File(p) if p == path));
+        assert!(matches!(file.source(), SessionSource::File(p) if p.starts_with("/proc/self/fd")));
     }
 
     #[test]
-    fn validation_gets_the_bytes_read_then_the_file() {
-        let dir = tempfile::tempdir().unwrap();
+    fn validation_gets_the_bytes_read_then_the_verified_file() {
+        let (dir, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let path = write(dir.path(), None);
-        let kept = ModelFile::read(&path, None).unwrap().keep();
-        // The file changes after the load read it: the first visit still
-        // sees what the sessions were built from.
+        let kept = ModelFile::read(&verified(dir.path()), tmp.path(), true).unwrap().keep();
+        // The file is written to after the load read it: the first visit
+        // still sees what the sessions were built from.
         let first = std::fs::read(&path).unwrap();
         std::fs::write(&path, b"changed").unwrap();
         assert_eq!(kept.take().unwrap().bytes(), first);
         assert!(!kept.holds_bytes(), "the bytes outlive validation");
-        // Not a model: read whole, so that parsing it names the problem.
+        // Not a model: read whole, so that parsing it names the problem;
+        // and the change is seen.
         assert_eq!(kept.take().unwrap().bytes(), b"changed");
+        assert_eq!(kept.files().unchanged().unwrap_err().kind(), "file_changed");
     }
 }

@@ -77,7 +77,9 @@ pub struct EngineOptions {
     /// Whether a large model that keeps its weights inline is first staged
     /// with them as external data, so that ONNX Runtime maps them instead
     /// of copying them into every session (see `staged.rs`). On by default;
-    /// off, ONNX Runtime reads the model file itself.
+    /// off, ONNX Runtime reads the verified model file itself. A model that
+    /// has external data is staged either way (its data copied from the
+    /// verified files); off, its inline weights stay inline.
     pub stage_weights: bool,
 }
 

@@ -158,11 +158,13 @@ pub enum ProtoError {
 type Result<T> = std::result::Result<T, ProtoError>;
 
 mod externalize;
+mod nested;
 mod node;
 mod skeleton;
 mod wire;
 
-pub use externalize::{Externalized, Move, externalize};
+pub use externalize::{Externalized, FileLength, Move, Origin, externalize};
+pub use nested::nested_external_data;
 pub use node::Node;
 pub use skeleton::read_skeleton;
 
@@ -426,19 +428,44 @@ pub enum RawData<'a> {
     InFile(&'a File),
 }
 
+/// Where [`initializer_bytes`] finds external data files.
+#[derive(Clone, Copy)]
+pub enum ExternalFiles<'a> {
+    /// Opened by path, relative to the model's directory (symlinks followed).
+    Dir(&'a Path),
+    /// Already open, looked up by the location as the model writes it;
+    /// `None` for a location that names no such file.
+    Open(&'a dyn Fn(&str) -> Option<&'a File>),
+}
+
+impl<'a> From<&'a Path> for ExternalFiles<'a> {
+    fn from(dir: &'a Path) -> Self {
+        ExternalFiles::Dir(dir)
+    }
+}
+
+impl std::fmt::Debug for ExternalFiles<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExternalFiles::Dir(dir) => f.debug_tuple("Dir").field(dir).finish(),
+            ExternalFiles::Open(_) => f.write_str("Open(..)"),
+        }
+    }
+}
+
 /// Returns the tensor's little-endian element bytes, checking that the length equals
 /// product(dims) × element size. Data read from a file (`raw` in a file, external data)
-/// goes into `scratch`, which can be reused for the next tensor. External data is read
-/// relative to `model_dir`; locations that are absolute or contain a `..` component are
-/// rejected (symlinks are followed). STRING tensors and element types without an
-/// [`elem_size`] return [`ProtoError::Unsupported`] ("string tensors not supported for
-/// validation").
-pub fn initializer_bytes<'a>(
+/// goes into `scratch`, which can be reused for the next tensor. External data is found
+/// through `external`; locations that are absolute or contain a `..` component are
+/// rejected. STRING tensors and element types without an [`elem_size`] return
+/// [`ProtoError::Unsupported`] ("string tensors not supported for validation").
+pub fn initializer_bytes<'a, 'f>(
     init: &'a Initializer,
     raw: RawData<'a>,
-    model_dir: &Path,
+    external: impl Into<ExternalFiles<'f>>,
     scratch: &'a mut Vec<u8>,
 ) -> Result<&'a [u8]> {
+    let external = external.into();
     let what = format!("initializer '{}'", init.name);
     let dt = init.data_type;
     if dt == elem::STRING {
@@ -465,7 +492,7 @@ pub fn initializer_bytes<'a>(
         }
         (InitData::Inline(v), _) => v,
         (InitData::External { location, offset, length }, _) => {
-            read_external(&what, location, *offset, *length, model_dir, expected, scratch)?;
+            read_external(&what, location, *offset, *length, external, expected, scratch)?;
             scratch
         }
     };
@@ -475,6 +502,15 @@ pub fn initializer_bytes<'a>(
         return Err(ProtoError::Malformed(msg));
     }
     Ok(bytes)
+}
+
+/// An external data location as a `/`-separated path relative to the
+/// model's directory (`./` parts dropped), or `None` when it is not a plain
+/// relative path that stays inside that directory: empty, absolute, a drive
+/// or share, or with a `..` part.
+pub fn relative_location(loc: &str) -> Option<String> {
+    let parts: Vec<&str> = loc.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    (location_ok(loc) && !parts.is_empty()).then(|| parts.join("/"))
 }
 
 /// Whether an external data location is a plain relative path that stays in the model dir.
@@ -493,7 +529,7 @@ fn read_external(
     location: &str,
     offset: u64,
     length: Option<u64>,
-    model_dir: &Path,
+    external: ExternalFiles<'_>,
     expected: usize,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
@@ -502,9 +538,21 @@ fn read_external(
             format!("{what}: external data location '{location}' must be a relative path inside the model directory");
         return Err(ProtoError::Malformed(msg));
     }
-    let path = model_dir.join(location);
+    let opened;
+    let (path, file) = match external {
+        ExternalFiles::Dir(dir) => {
+            let path = dir.join(location);
+            opened = File::open(&path).map_err(|source| ProtoError::Io { path: path.clone(), source })?;
+            (path, &opened)
+        }
+        ExternalFiles::Open(find) => {
+            let file = find(location).ok_or_else(|| {
+                ProtoError::Malformed(format!("{what}: external data location '{location}' names no file of the model"))
+            })?;
+            (PathBuf::from(location), file)
+        }
+    };
     let io = |source| ProtoError::Io { path: path.clone(), source };
-    let file = File::open(&path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
     let len = length.unwrap_or(file_len.saturating_sub(offset));
     if offset.checked_add(len).is_none_or(|end| end > file_len) {
@@ -516,7 +564,7 @@ fn read_external(
         let msg = format!("{what}: external data has {len} bytes, its dims and type need {expected}");
         return Err(ProtoError::Malformed(msg));
     }
-    read_at(&file, offset, expected, scratch).map_err(io)
+    read_at(file, offset, expected, scratch).map_err(io)
 }
 
 /// Reads `len` bytes of `file` at `offset` into `scratch`, replacing what it

@@ -19,10 +19,17 @@
 //! mappings keep the data alive for as long as a session uses it, and no file
 //! is left behind (a server killed while staging leaves its directory; the
 //! next start removes those of processes no longer running, once they are
-//! an hour old). Staging is skipped (and ONNX Runtime reads the file
-//! itself) for a model that already has external data, one baton cannot
-//! parse, and when it fails, for example for lack of space in the temporary
-//! directory, which is logged.
+//! an hour old). For a large self-contained model, staging is skipped when
+//! `stage_weights` is off and when it fails, for example for lack of space
+//! in the temporary directory, which is logged; ONNX Runtime then reads the
+//! verified model file itself.
+//!
+//! A model that already has external data is always staged, its external
+//! payloads copied from the files the verify stage hashed (and its large
+//! inline ones too, unless `stage_weights` is off): ONNX Runtime finds
+//! external files by name, relative to the model, and only a directory
+//! baton wrote makes sure the names lead to the verified files. If that
+//! staging fails, the load fails.
 
 use std::collections::HashSet;
 use std::fs::{DirBuilder, File};
@@ -32,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::proto::{self, InitData};
+use crate::proto::{self, InitData, Origin};
 
 /// Payloads smaller than this stay inline: mapping works in whole pages.
 pub(crate) const MIN_MOVED: usize = 4096;
@@ -56,59 +63,100 @@ pub(crate) struct Staged {
     model: PathBuf,
 }
 
+/// What [`Staged::create`] stages.
+pub(crate) struct Input<'a> {
+    /// The model file's bytes, whole or as a skeleton.
+    pub(crate) bytes: ModelBytes<'a>,
+    /// The model file, to copy and read payloads from.
+    pub(crate) file: &'a File,
+    /// Its name, for messages.
+    pub(crate) name: &'a Path,
+    /// The external data files, by location as the model writes them.
+    pub(crate) external: &'a dyn Fn(&str) -> Option<&'a File>,
+    /// Whether inline payloads of [`MIN_MOVED`] bytes or more move to the
+    /// data file too (`stage_weights`).
+    pub(crate) move_inline: bool,
+}
+
+/// The model file's bytes.
+pub(crate) enum ModelBytes<'a> {
+    /// All of them.
+    Whole(&'a [u8]),
+    /// Without its initializers' payloads ([`proto::read_skeleton`]).
+    Skeleton(Vec<u8>),
+}
+
 impl Staged {
     /// The staged model file, to create sessions from.
     pub(crate) fn model(&self) -> &Path {
         &self.model
     }
 
-    /// Stages the model at `path` under `parent`. `Ok(None)` when there is
-    /// nothing to stage: the model has external data or no payload of
-    /// [`MIN_MOVED`] bytes. Errors say what failed; the caller then lets
-    /// ONNX Runtime read the file.
-    pub(crate) fn create(path: &Path, parent: &Path) -> Result<Option<Staged>, String> {
-        let file = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
-        let mut skeleton = proto::read_skeleton(&file, path).map_err(|e| e.to_string())?;
-        let model = proto::parse(&skeleton).map_err(|e| e.to_string())?;
-        if model.initializers.iter().any(|i| matches!(i.data, InitData::External { .. })) {
-            return Ok(None);
-        }
-        let rewrite = |skeleton: &[u8]| proto::externalize(skeleton, DATA_FILE, MIN_MOVED, ALIGN);
-        let Some(plan) = rewrite(&skeleton).map_err(|e| e.to_string())? else {
+    /// Stages the model under `parent`. `Ok(None)` when there is nothing to
+    /// move: no external data, and no inline payload of [`MIN_MOVED`] bytes
+    /// that may move. Errors say what failed.
+    pub(crate) fn create(input: Input<'_>, parent: &Path) -> Result<Option<Staged>, String> {
+        let Input { bytes, file, name, external, move_inline } = input;
+        let bytes_now: &[u8] = match &bytes {
+            ModelBytes::Whole(whole) => whole,
+            ModelBytes::Skeleton(skeleton) => skeleton,
+        };
+        let model = proto::parse(bytes_now).map_err(|e| e.to_string())?;
+        let has_external = model.initializers.iter().any(|i| matches!(i.data, InitData::External { .. }));
+        let lengths = |location: &str| external(location).and_then(|f| f.metadata().ok()).map(|m| m.len());
+        let lengths: proto::FileLength<'_> = &lengths;
+        let min_len = if move_inline { MIN_MOVED } else { usize::MAX };
+        let rewrite =
+            |bytes: &[u8]| proto::externalize(bytes, DATA_FILE, min_len, ALIGN, has_external.then_some(lengths));
+        let Some(plan) = rewrite(bytes_now).map_err(|e| e.to_string())? else {
             return Ok(None);
         };
-        // The skeleton lacks every payload, and the rewrite keeps the ones it
-        // does not move as they are: read those in, then rewrite again.
-        let moved: HashSet<usize> = plan.moves.iter().map(|m| m.from.start).collect();
-        for init in &model.initializers {
-            if let InitData::Raw(range) = &init.data
-                && !moved.contains(&range.start)
-            {
-                let at = range.start as u64;
-                baton_core::short_reads::read_exact_at(&file, &mut skeleton[range.clone()], at)
-                    .map_err(|e| format!("reading {} from {}: {e}", init.name, path.display()))?;
+        let layout = match bytes {
+            ModelBytes::Whole(_) => plan,
+            ModelBytes::Skeleton(mut skeleton) => {
+                // The skeleton lacks every payload, and the rewrite keeps the
+                // ones it does not move as they are: read those in, then
+                // rewrite again.
+                let moved: HashSet<usize> = plan
+                    .moves
+                    .iter()
+                    .filter_map(|m| if let Origin::Inline(range) = &m.from { Some(range.start) } else { None })
+                    .collect();
+                for init in &model.initializers {
+                    if let InitData::Raw(range) = &init.data
+                        && !moved.contains(&range.start)
+                    {
+                        let at = range.start as u64;
+                        baton_core::short_reads::read_exact_at(file, &mut skeleton[range.clone()], at)
+                            .map_err(|e| format!("reading {} from {}: {e}", init.name, name.display()))?;
+                    }
+                }
+                rewrite(&skeleton).map_err(|e| e.to_string())?.ok_or("the rewrite moved nothing the second time")?
             }
-        }
-        let layout =
-            rewrite(&skeleton).map_err(|e| e.to_string())?.ok_or("the rewrite moved nothing the second time")?;
-        drop(skeleton);
-        let name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let dir = parent.join(name);
+        };
+        let dir_name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let dir = parent.join(dir_name);
         DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         // From here on, dropping `staged` removes the directory.
         let staged = Staged { model: dir.join(crate::MODEL_FILE), dir };
         let fail = |what: &str, e: std::io::Error| format!("{what} in {}: {e}", staged.dir.display());
         std::fs::write(&staged.model, &layout.model).map_err(|e| fail("writing the model", e))?;
         let mut data = File::create(staged.dir.join(DATA_FILE)).map_err(|e| fail("creating the data file", e))?;
-        let mut source = &file;
         for moved in &layout.moves {
-            let len = (moved.from.end - moved.from.start) as u64;
-            source.seek(SeekFrom::Start(moved.from.start as u64)).map_err(|e| fail("seeking the model file", e))?;
+            let len = moved.len();
+            let (mut source, at, what) = match &moved.from {
+                Origin::Inline(range) => (file, range.start as u64, name.display().to_string()),
+                Origin::External { location, offset, .. } => {
+                    let source = external(location).ok_or_else(|| format!("no external data file '{location}'"))?;
+                    (source, *offset, location.clone())
+                }
+            };
+            source.seek(SeekFrom::Start(at)).map_err(|e| fail("seeking the model file", e))?;
             data.seek(SeekFrom::Start(moved.to)).map_err(|e| fail("seeking the data file", e))?;
             // File to file: the kernel copies, with no buffer of ours.
             let copied = std::io::copy(&mut source.take(len), &mut data).map_err(|e| fail("copying weights", e))?;
             if copied != len {
-                return Err(format!("{} ended inside a weight: copied {copied} of {len} bytes", path.display()));
+                return Err(format!("{what} ended inside a weight: copied {copied} of {len} bytes"));
             }
         }
         data.set_len(layout.data_len).map_err(|e| fail("sizing the data file", e))?;
@@ -155,6 +203,8 @@ fn remove_stale_after(parent: &Path, age: Duration) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::mlp::{Mlp, write_model};
     use crate::proto::RawData;
@@ -163,13 +213,29 @@ mod tests {
         write_model(dir, &Mlp::new(sizes, 7), external)
     }
 
+    /// Stages the model at `path` from its skeleton, its external data files
+    /// found beside it.
+    fn stage(path: &Path, parent: &Path, move_inline: bool) -> Result<Option<Staged>, String> {
+        let file = File::open(path).map_err(|e| e.to_string())?;
+        let skeleton = proto::read_skeleton(&file, path).map_err(|e| e.to_string())?;
+        let beside: HashMap<String, File> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.file_name().into_string().unwrap(), File::open(e.path()).unwrap()))
+            .collect();
+        let external = |location: &str| beside.get(location);
+        let input =
+            Input { bytes: ModelBytes::Skeleton(skeleton), file: &file, name: path, external: &external, move_inline };
+        Staged::create(input, parent)
+    }
+
     #[test]
     fn large_weights_move_to_aligned_places_in_the_data_file_and_keep_their_bytes() {
         let (src, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         // fc0.weight is 64 × 48 floats (12 KiB): moved; fc0.bias (192 B) stays.
         let path = model_file(src.path(), &[64, 48, 1], None);
         let original = std::fs::read(&path).unwrap();
-        let staged = Staged::create(&path, tmp.path()).unwrap().expect("a 12 KiB weight is staged");
+        let staged = stage(&path, tmp.path(), true).unwrap().expect("a 12 KiB weight is staged");
         let parsed = proto::parse(&original).unwrap();
         let rewritten = proto::parse(&std::fs::read(staged.model()).unwrap()).unwrap();
         assert_eq!(rewritten.graph_inputs, parsed.graph_inputs);
@@ -191,7 +257,8 @@ mod tests {
             }
             // Every weight, moved or inline, reads back as it was.
             let was = proto::initializer_bytes(before, RawData::InBytes(&original), src.path(), &mut no_scratch);
-            let is = proto::initializer_bytes(after, RawData::InBytes(&staged_bytes), &staged.dir, &mut scratch);
+            let is =
+                proto::initializer_bytes(after, RawData::InBytes(&staged_bytes), staged.dir.as_path(), &mut scratch);
             assert_eq!(is.unwrap(), was.unwrap(), "{}'s bytes", before.name);
         }
         // fc0's weight (12 KiB) moved; its bias (192 bytes) and fc1's stayed.
@@ -202,14 +269,34 @@ mod tests {
     }
 
     #[test]
-    fn models_with_external_data_or_only_small_weights_are_not_staged() {
+    fn models_with_only_small_weights_or_nothing_to_move_are_not_staged() {
         let tmp = tempfile::tempdir().unwrap();
-        for (sizes, external) in [(&[4usize, 2][..], None), (&[64, 48, 1][..], Some("w.bin"))] {
+        for (sizes, move_inline) in [(&[4usize, 2][..], true), (&[64, 48, 1][..], false)] {
             let src = tempfile::tempdir().unwrap();
-            let path = model_file(src.path(), sizes, external);
-            assert!(Staged::create(&path, tmp.path()).unwrap().is_none(), "{sizes:?} {external:?}");
+            let path = model_file(src.path(), sizes, None);
+            assert!(stage(&path, tmp.path(), move_inline).unwrap().is_none(), "{sizes:?} {move_inline}");
         }
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "a directory was left behind");
+    }
+
+    #[test]
+    fn external_data_of_any_size_moves_to_the_staged_data_file_and_keeps_its_bytes() {
+        let (src, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let path = model_file(src.path(), &[64, 48, 1], Some("w.bin"));
+        let original = std::fs::read(&path).unwrap();
+        let staged = stage(&path, tmp.path(), false).unwrap().expect("external data is always staged");
+        let staged_bytes = std::fs::read(staged.model()).unwrap();
+        let (parsed, rewritten) = (proto::parse(&original).unwrap(), proto::parse(&staged_bytes).unwrap());
+        assert_eq!(parsed.initializers.len(), rewritten.initializers.len());
+        let (mut scratch, mut was_scratch) = (Vec::new(), Vec::new());
+        for (before, after) in parsed.initializers.iter().zip(&rewritten.initializers) {
+            let InitData::External { location, offset, .. } = &after.data else { panic!("{} moved", before.name) };
+            assert_eq!((location.as_str(), offset % ALIGN), (DATA_FILE, 0), "{}", before.name);
+            let was = proto::initializer_bytes(before, RawData::InBytes(&original), src.path(), &mut was_scratch);
+            let is =
+                proto::initializer_bytes(after, RawData::InBytes(&staged_bytes), staged.dir.as_path(), &mut scratch);
+            assert_eq!(is.unwrap(), was.unwrap(), "{}'s bytes", before.name);
+        }
     }
 
     #[test]
@@ -217,11 +304,14 @@ mod tests {
         let src = tempfile::tempdir().unwrap();
         let path = model_file(src.path(), &[64, 48, 1], None);
         let missing = src.path().join("no-such-dir");
-        let e = Staged::create(&path, &missing).unwrap_err();
+        let e = stage(&path, &missing, true).unwrap_err();
         assert!(e.contains("no-such-dir"), "{e}");
-        std::fs::write(&path, b"\xff\xff not a model").unwrap();
+        // An external data file shorter than the model says.
+        let path = model_file(src.path(), &[64, 48, 1], Some("w.bin"));
+        std::fs::write(src.path().join("w.bin"), b"short").unwrap();
         let tmp = tempfile::tempdir().unwrap();
-        assert!(Staged::create(&path, tmp.path()).is_err());
+        let e = stage(&path, tmp.path(), true).unwrap_err();
+        assert!(e.contains("past its end"), "{e}");
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use baton_core::backend::{Backend, Model, WeightsError};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::verified::Verified;
 use baton_onnx::OnnxBackend;
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};
 
@@ -19,6 +20,13 @@ fn backend() -> OnnxBackend {
         panic!("ONNX Runtime is required for these tests [{}]: {}", e.kind, e.message);
     }
     OnnxBackend::new().expect("backend after a successful init")
+}
+
+/// Seals `dir` as a version (writes its MANIFEST) and verifies it, as the
+/// load transaction does before the backend sees a version.
+fn sealed(dir: &Path) -> Verified {
+    baton_core::manifest::write(dir).expect("writing MANIFEST");
+    baton_core::manifest::verify(dir).expect("verifying the version")
 }
 
 fn spec(engine: &str) -> ModelSpec {
@@ -35,7 +43,7 @@ fn write_mlp(dir: &Path, mlp: &Mlp, opts: &OnnxOptions) {
 }
 
 fn load(backend: &OnnxBackend, dir: &Path, engine: &str) -> Box<dyn Model> {
-    match backend.load(dir, &spec(engine)) {
+    match backend.load(&sealed(dir), &spec(engine)) {
         Ok(model) => model,
         Err(e) => panic!("load failed [{}]: {}", e.kind, e.message),
     }
@@ -118,7 +126,7 @@ fn default_pool_size_is_cpus_capped_at_four() {
     let backend = backend();
     let dir = tempfile::tempdir().unwrap();
     write_mlp(dir.path(), &Mlp::new(&[4, 2], 1), &OnnxOptions::default());
-    let model = backend.load(dir.path(), &ModelSpec::parse("").unwrap()).unwrap();
+    let model = backend.load(&sealed(dir.path()), &ModelSpec::parse("").unwrap()).unwrap();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert_eq!(model.instances(), cpus.min(4));
 }
@@ -227,20 +235,20 @@ fn an_empty_batch_is_served() {
 fn garbage_model_files_are_model_invalid() {
     let backend = backend();
     let dir = tempfile::tempdir().unwrap();
-    let missing = backend.load(dir.path(), &spec("")).err().expect("no model.onnx");
+    let missing = backend.load(&sealed(dir.path()), &spec("")).err().expect("no model.onnx");
     assert_eq!(missing.kind, "model_invalid");
     for garbage in
         [b"this is not an onnx model".to_vec(), vec![], vec![0xff; 4096], (0..=255u8).cycle().take(10_000).collect()]
     {
         std::fs::write(dir.path().join("model.onnx"), &garbage).unwrap();
-        let e = backend.load(dir.path(), &spec("sessions = 1")).err().expect("garbage must not load");
+        let e = backend.load(&sealed(dir.path()), &spec("sessions = 1")).err().expect("garbage must not load");
         assert_eq!(e.kind, "model_invalid", "{}", e.message);
         assert!(!e.message.is_empty());
     }
     // A truncated real model.
     let (model, _) = encode_mlp(&Mlp::new(&[8, 8, 2], 1), &OnnxOptions::default());
     std::fs::write(dir.path().join("model.onnx"), &model[..model.len() / 2]).unwrap();
-    let e = backend.load(dir.path(), &spec("sessions = 1")).err().expect("truncated model must not load");
+    let e = backend.load(&sealed(dir.path()), &spec("sessions = 1")).err().expect("truncated model must not load");
     assert_eq!(e.kind, "model_invalid", "{}", e.message);
 }
 
@@ -250,15 +258,16 @@ fn unknown_or_bad_engine_options_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     write_mlp(dir.path(), &Mlp::new(&[4, 2], 1), &OnnxOptions::default());
     for engine in ["sesions = 2", "sessions = 0", "optimization = \"fast\"", "intra_op_threads = \"2\""] {
-        let e = backend.load(dir.path(), &spec(engine)).err().expect(engine);
+        let e = backend.load(&sealed(dir.path()), &spec(engine)).err().expect(engine);
         assert_eq!(e.kind, "invalid_engine_options", "{engine}: {}", e.message);
     }
-    let e = backend.load(dir.path(), &spec("gpu = true")).err().unwrap();
+    let e = backend.load(&sealed(dir.path()), &spec("gpu = true")).err().unwrap();
     assert!(e.message.contains("'gpu'"), "{}", e.message);
 }
 
 #[test]
 fn weights_are_visited_inline_and_external() {
+    let _staging = staging();
     let backend = backend();
     let mlp = Mlp::new(&[12, 20, 3], 7);
     let expected: Vec<(String, Vec<i64>, Vec<u8>)> = mlp
@@ -303,14 +312,24 @@ fn weights_are_visited_inline_and_external() {
         assert_eq!(calls, 1);
 
         if external.is_some() {
-            // The weights are read from the files again at each visit.
+            // The weights are read from the verified files again at each
+            // visit, and a file deleted since is noticed.
             std::fs::remove_file(dir.path().join("model.onnx.data")).unwrap();
             let e = model.visit_weights(&mut |_| Ok(())).unwrap_err();
-            assert!(matches!(e, WeightsError::Read(_)), "{e}");
+            assert!(matches!(&e, WeightsError::Read(m) if m.contains("model.onnx.data")), "{e}");
             // The loaded sessions keep serving.
             check_batch(model.as_ref(), &mlp, 2, 1, None);
         }
     }
+}
+
+/// Held by the tests that stage models (a model with external data, or a
+/// large one), so that the staged directories and mappings one of them
+/// counts are its own.
+static STAGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn staging() -> std::sync::MutexGuard<'static, ()> {
+    STAGING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The staged directories this process has left in the temporary directory.
@@ -340,6 +359,7 @@ fn staged_files_mapped() -> Vec<String> {
 
 #[test]
 fn a_large_model_serves_the_same_answers_staged_or_not_and_leaves_no_files() {
+    let _staging = staging();
     let backend = backend();
     // 1100 × 1100 floats: a 4.8 MB file, over the size read once, so staged.
     let mlp = Mlp::new(&[1100, 1100, 3], 5);
@@ -366,4 +386,58 @@ fn a_large_model_serves_the_same_answers_staged_or_not_and_leaves_no_files() {
         drop(model);
         assert_eq!(staged_files_mapped(), Vec::<String>::new(), "staging {staging}: mapped after the model was freed");
     }
+}
+
+/// How a version's file changes between the verify stage and the load.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    /// Another model's file renamed over it.
+    RenamedOver,
+    /// The same file written again with another model's bytes (same length).
+    WrittenInPlace,
+}
+
+#[test]
+fn a_file_swapped_or_written_between_verify_and_load_is_never_served() {
+    let _staging = staging();
+    let backend = backend();
+    let external = OnnxOptions { external_data: Some("weights.bin".into()), ..OnnxOptions::default() };
+    // Every way the backend reads a model: small and read once, large and
+    // staged, large and read by ONNX Runtime itself, with external data.
+    let cases = [
+        ("small", &[8usize, 16, 2][..], OnnxOptions::default(), "sessions = 1", "model.onnx"),
+        ("large staged", &[1100, 1100, 3][..], OnnxOptions::default(), "sessions = 1", "model.onnx"),
+        ("large unstaged", &[1100, 1100, 3][..], OnnxOptions::default(), "stage_weights = false", "model.onnx"),
+        ("external model", &[8, 16, 2][..], external.clone(), "sessions = 1", "model.onnx"),
+        ("external data", &[8, 16, 2][..], external, "sessions = 1", "weights.bin"),
+    ];
+    for (what, sizes, opts, engine, file) in cases {
+        let (good, other) = (Mlp::new(sizes, 1), Mlp::new(sizes, 2));
+        // Unchanged: the verified model loads and serves.
+        let dir = tempfile::tempdir().unwrap();
+        write_mlp(dir.path(), &good, &opts);
+        let model = load(&backend, dir.path(), engine);
+        check_batch(model.as_ref(), &good, 2, 7, None);
+        for change in [Change::RenamedOver, Change::WrittenInPlace] {
+            let dir = tempfile::tempdir().unwrap();
+            write_mlp(dir.path(), &good, &opts);
+            let version = sealed(dir.path());
+            let swapped = tempfile::tempdir().unwrap();
+            write_mlp(swapped.path(), &other, &opts);
+            let (from, to) = (swapped.path().join(file), dir.path().join(file));
+            assert_eq!(std::fs::metadata(&from).unwrap().len(), std::fs::metadata(&to).unwrap().len());
+            match change {
+                Change::RenamedOver => std::fs::rename(&from, &to).unwrap(),
+                Change::WrittenInPlace => std::fs::write(&to, std::fs::read(&from).unwrap()).unwrap(),
+            }
+            match backend.load(&version, &spec(engine)) {
+                Ok(model) => panic!("{what}, {change:?}: loaded {} instances", model.instances()),
+                Err(e) => {
+                    assert_eq!(e.kind, "file_changed", "{what}, {change:?}: {}", e.message);
+                    assert!(e.message.contains(file), "{what}, {change:?}: {}", e.message);
+                }
+            }
+        }
+    }
+    assert_eq!(staged_dirs_left(), Vec::<String>::new(), "a refused load left a staged directory");
 }

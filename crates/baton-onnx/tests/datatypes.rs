@@ -10,6 +10,7 @@ use std::path::Path;
 use baton_core::backend::Backend;
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::verified::Verified;
 use baton_onnx::OnnxBackend;
 
 fn backend() -> OnnxBackend {
@@ -145,6 +146,13 @@ fn write_model(dir: &Path, bytes: &[u8]) {
     std::fs::write(dir.join("model.onnx"), bytes).unwrap();
 }
 
+/// Seals `dir` as a version (writes its MANIFEST) and verifies it, as the
+/// load transaction does before the backend sees a version.
+fn sealed(dir: &Path) -> Verified {
+    baton_core::manifest::write(dir).expect("writing MANIFEST");
+    baton_core::manifest::verify(dir).expect("verifying the version")
+}
+
 fn one_session() -> ModelSpec {
     ModelSpec::parse("[engine]\nsessions = 1").unwrap()
 }
@@ -156,7 +164,7 @@ fn every_datatype_round_trips_through_identity() {
         let dir = tempfile::tempdir().unwrap();
         write_model(dir.path(), &identity_model(onnx_type(datatype), 3, vec![]));
         let model = backend
-            .load(dir.path(), &one_session())
+            .load(&sealed(dir.path()), &one_session())
             .unwrap_or_else(|e| panic!("{datatype}: load failed [{}]: {}", e.kind, e.message));
         let sig = model.signature();
         assert_eq!((sig.inputs[0].datatype, &sig.inputs[0].shape[..]), (datatype, &[-1, 3][..]), "{datatype}");
@@ -179,7 +187,7 @@ fn nonzero_bools_read_as_true() {
     let backend = backend();
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), &identity_model(onnx_type(DataType::Bool), 3, vec![]));
-    let model = backend.load(dir.path(), &one_session()).unwrap();
+    let model = backend.load(&sealed(dir.path()), &one_session()).unwrap();
     let input = Tensor {
         name: "x".into(),
         datatype: DataType::Bool,
@@ -195,7 +203,7 @@ fn types_baton_cannot_serve_are_unsupported_datatype() {
     let backend = backend();
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), &identity_model(BFLOAT16, 2, vec![]));
-    let e = backend.load(dir.path(), &one_session()).err().expect("bfloat16 has no baton datatype");
+    let e = backend.load(&sealed(dir.path()), &one_session()).err().expect("bfloat16 has no baton datatype");
     assert_eq!(e.kind, "unsupported_datatype", "{}", e.message);
     assert!(e.message.contains("'x'"), "{}", e.message);
 }
@@ -228,7 +236,8 @@ fn weights_of_every_kind_are_visited() {
         initializer("w_f64", 11, &[1]).bytes(9, &2.5f64.to_le_bytes()),
     ];
     write_model(dir.path(), &identity_model(onnx_type(DataType::Fp32), 2, inits));
-    let model = backend.load(dir.path(), &one_session()).unwrap_or_else(|e| panic!("[{}] {}", e.kind, e.message));
+    let model =
+        backend.load(&sealed(dir.path()), &one_session()).unwrap_or_else(|e| panic!("[{}] {}", e.kind, e.message));
     let mut seen = Vec::new();
     model
         .visit_weights(&mut |w| {
@@ -256,7 +265,7 @@ fn a_weight_whose_data_does_not_fit_its_dims_is_a_read_error() {
     let backend = backend();
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), &identity_model(onnx_type(DataType::Fp32), 2, vec![]));
-    let model = backend.load(dir.path(), &one_session()).unwrap();
+    let model = backend.load(&sealed(dir.path()), &one_session()).unwrap();
     model.visit_weights(&mut |_| Ok(())).unwrap();
     let bad = initializer("w", 1, &[4]).bytes(9, &[0; 12]);
     write_model(dir.path(), &identity_model(onnx_type(DataType::Fp32), 2, vec![bad]));

@@ -9,6 +9,7 @@ use baton_core::backend::Backend;
 use baton_core::spec::ModelSpec;
 use baton_core::sys::{current_thread_nice, set_current_thread_nice};
 use baton_core::tensor::Tensor;
+use baton_core::verified::Verified;
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_onnx::{OnnxBackend, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME};
 
@@ -51,6 +52,13 @@ fn settle() {
     panic!("worker threads did not name themselves: {:?}", threads());
 }
 
+/// Seals `dir` as a version (writes its MANIFEST) and verifies it, as the
+/// load transaction does before the backend sees a version.
+fn sealed(dir: &std::path::Path) -> Verified {
+    baton_core::manifest::write(dir).expect("writing MANIFEST");
+    baton_core::manifest::verify(dir).expect("verifying the version")
+}
+
 #[test]
 fn workers_of_a_model_loaded_at_low_priority_run_at_serving_priority() {
     // Start ONNX Runtime from this (serving-priority) thread, as baton does at startup.
@@ -86,17 +94,17 @@ fn workers_of_a_model_loaded_at_low_priority_run_at_serving_priority() {
         // intra_op_threads = 1: ORT creates no threads at all.
         let before = threads().len();
         let spec = ModelSpec::parse("[engine]\nsessions = 2\nintra_op_threads = 1").unwrap();
-        let single = backend.load(&path, &spec).unwrap();
+        let single = backend.load(&sealed(&path), &spec).unwrap();
         assert_eq!(threads().len(), before, "a single-threaded session creates no threads");
 
         // intra_op_threads > 1: the workers come from the spawner.
         let spec = ModelSpec::parse("[engine]\nsessions = 2\nintra_op_threads = 3").unwrap();
-        let pooled = backend.load(&path, &spec).unwrap_or_else(|e| panic!("[{}] {}", e.kind, e.message));
+        let pooled = backend.load(&sealed(&path), &spec).unwrap_or_else(|e| panic!("[{}] {}", e.kind, e.message));
         assert_eq!(low(), 1, "no thread inherited the loader's priority: {:?}", threads());
 
         // inter_op_threads > 1 (parallel execution) also gets its threads from the spawner.
         let spec = ModelSpec::parse("[engine]\nsessions = 1\nintra_op_threads = 2\ninter_op_threads = 2").unwrap();
-        let parallel = backend.load(&path, &spec).unwrap_or_else(|e| panic!("[{}] {}", e.kind, e.message));
+        let parallel = backend.load(&sealed(&path), &spec).unwrap_or_else(|e| panic!("[{}] {}", e.kind, e.message));
         assert_eq!(low(), 1, "no thread inherited the loader's priority: {:?}", threads());
         assert_eq!(current_thread_nice().unwrap(), loader_nice);
         (single, pooled, parallel)

@@ -4,7 +4,11 @@
 //! status and the repository index, and not retried in a loop (its failure
 //! is counted once across many scans); removing a kept previous version's
 //! directory retires it; removing a model's directory takes it out of
-//! service; and with `--no-watch` nothing new is picked up.
+//! service, once it has been missing for `--missing-polls` polls in a row;
+//! a model or kept version that cannot be read (here a symlink loop, which
+//! fails even for root) keeps serving however many polls pass, with one
+//! warning, and is back to normal once readable; and with `--no-watch`
+//! nothing new is picked up.
 //!
 //! "Many scans happened" is never assumed from elapsed time: another model
 //! is published and the test waits until the watcher has loaded it, which
@@ -18,6 +22,7 @@ use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
 use baton_testkit::server::{Server, eventually, metric};
 use common::{SIZES, assert_close, index, infer, infer_at, mlp, start};
 use serde_json::json;
+use std::path::Path;
 
 /// Publishes `probe` version `v` and waits until the server serves it:
 /// proof that at least one full scan ran after this call began.
@@ -131,4 +136,128 @@ fn without_watching_new_versions_are_not_picked_up() {
     let load = still.post_json("/v2/repository/models/m/load", &json!({}));
     assert_eq!(load.status, 200, "{}", load.error());
     assert_eq!(infer(&still, "m", &input, batch).0, 2);
+}
+
+/// Replaces `path` by a symlink to itself, whose every use fails with
+/// ELOOP (root included, unlike a permission), and returns where the
+/// original went.
+fn make_unreadable(path: &Path) -> std::path::PathBuf {
+    let aside = path.with_file_name(format!(".aside-{}", path.file_name().unwrap().to_string_lossy()));
+    std::fs::rename(path, &aside).expect("moving the directory aside");
+    std::os::unix::fs::symlink(path.file_name().unwrap(), path).expect("a symlink loop");
+    aside
+}
+
+/// Undoes [`make_unreadable`].
+fn make_readable(path: &Path, aside: &Path) {
+    std::fs::remove_file(path).expect("removing the symlink loop");
+    std::fs::rename(aside, path).expect("moving the directory back");
+}
+
+/// How many lines of the server's log contain every one of `needles`.
+fn log_lines(server: &Server, needles: &[&str]) -> usize {
+    common::plain_log(server).lines().filter(|line| needles.iter().all(|n| line.contains(n))).count()
+}
+
+const CANNOT_READ: &str = "The repository cannot be read";
+const CAN_READ: &str = "The repository can be read again.";
+
+#[test]
+fn an_unreadable_model_keeps_serving_and_a_removed_one_goes_after_the_polls_in_a_row() {
+    let repo = common::repo_with("m", &[1], "[policy]\nkeep_previous = 1");
+    let server = start(&repo, &[]);
+    server.wait_ready();
+    let batch = 2;
+    let input = sample_input(SIZES[0], batch, 83);
+
+    // The model's directory cannot be read for many polls: nothing changes.
+    let dir = repo.root().join("m");
+    let aside = make_unreadable(&dir);
+    for v in 1..=4 {
+        await_scan(&repo, &server, v);
+        let (version, output) = infer(&server, "m", &input, batch);
+        assert_eq!(version, 1, "after {v} scans");
+        assert_close(&output, &mlp(1).forward(&input, batch), "while unreadable");
+    }
+    let status = server.status("m");
+    assert_eq!((&status["serving"], &status["state"]), (&json!(1), &json!("READY")), "{status}");
+    assert_eq!(log_lines(&server, &[CANNOT_READ, "what=model m "]), 1, "one warning for the whole episode");
+    assert_eq!(log_lines(&server, &["left the repository"]), 0);
+
+    // Readable again: said once, and new versions load as before.
+    make_readable(&dir, &aside);
+    await_scan(&repo, &server, 5);
+    assert_eq!(log_lines(&server, &[CAN_READ, "what=model m "]), 1);
+    repo.publish_mlp("m", 2, &mlp(2));
+    server.wait_serving("m", 2);
+    assert_eq!(infer(&server, "m", &input, batch).0, 2);
+
+    // A real removal unloads it, after three polls in a row found it missing.
+    std::fs::remove_dir_all(&dir).expect("removing the model");
+    eventually("m to be unloaded", || server.status("m")["serving"].is_null().then_some(()));
+    for polls in 1..=2 {
+        let line = format!("what=model m polls={polls} needed=3");
+        assert_eq!(log_lines(&server, &[&line]), 1, "no line {line:?} before the unload");
+    }
+    assert_eq!(log_lines(&server, &["The model left the repository; unloading it.", "model=m"]), 1);
+    common::assert_no_panic(&server);
+}
+
+#[test]
+fn an_unreadable_kept_version_is_not_retired_and_a_removed_one_is() {
+    let repo = common::repo_with("m", &[1, 2], "[policy]\nkeep_previous = 1");
+    let server = start(&repo, &[]);
+    server.wait_ready();
+    server.wait_serving("m", 2);
+    // Version 1 becomes the kept one once 2 loads over it.
+    repo.publish_mlp("m", 3, &mlp(3));
+    server.wait_serving("m", 3);
+    let batch = 1;
+    let input = sample_input(SIZES[0], batch, 84);
+    eventually("version 2 to be kept", || (server.status("m")["previous"] == json!([2])).then_some(()));
+
+    let kept = repo.version_dir("m", 2);
+    let aside = make_unreadable(&kept);
+    for v in 1..=4 {
+        await_scan(&repo, &server, v);
+    }
+    assert_eq!(server.status("m")["previous"], json!([2]), "an unreadable version is not a removed one");
+    let (version, output) = infer_at(&server, "/v2/models/m/versions/2/infer", &input, batch);
+    assert_eq!(version, 2);
+    assert_close(&output, &mlp(2).forward(&input, batch), "the kept version");
+    assert_eq!(log_lines(&server, &[CANNOT_READ, "what=version 2 of model m "]), 1);
+
+    make_readable(&kept, &aside);
+    await_scan(&repo, &server, 5);
+    assert_eq!(log_lines(&server, &[CAN_READ, "what=version 2 of model m "]), 1);
+    assert_eq!(server.status("m")["previous"], json!([2]));
+
+    repo.remove_version("m", 2);
+    eventually("version 2 to be retired", || server.status("m")["previous"].as_array()?.is_empty().then_some(()));
+    assert_eq!(infer(&server, "m", &input, batch).0, 3, "the stable version is untouched");
+    common::assert_no_panic(&server);
+}
+
+#[test]
+fn a_model_missing_for_fewer_polls_than_needed_stays_and_its_count_starts_again() {
+    let repo = common::repo_with("m", &[1], "");
+    // A threshold far above the polls the test takes: what is checked is
+    // that a short absence does not unload and that the run then restarts.
+    let server = start(&repo, &["--missing-polls", "1000"]);
+    server.wait_ready();
+    let dir = repo.root().join("m");
+    let aside = repo.root().join(".aside-m");
+    let first_miss = "what=model m polls=1 needed=1000";
+    for episode in 1..=2 {
+        // Gone for a moment, as when a directory is replaced by a rename.
+        // The second absence counts from one again: the model was found in
+        // between.
+        std::fs::rename(&dir, &aside).expect("moving the model away");
+        eventually("the watcher to miss the model", || (log_lines(&server, &[first_miss]) == episode).then_some(()));
+        std::fs::rename(&aside, &dir).expect("moving the model back");
+        await_scan(&repo, &server, episode as u64);
+        assert_eq!(server.status("m")["serving"], 1, "episode {episode}");
+    }
+    assert_eq!(log_lines(&server, &["left the repository"]), 0);
+    common::assert_no_panic(&server);
 }

@@ -13,13 +13,13 @@
 //! keeps that much memory resident while loaded, and one also holding
 //! `leak` never gives it back — its ballast is leaked when it is freed.
 
-use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use baton_core::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, Tensor};
+use baton_core::verified::Verified;
 
 /// `model.toml` for a fake model.
 pub const FAKE_TOML: &str = "backend = \"fake\"\n\
@@ -96,29 +96,37 @@ impl Backend for FakeBackend {
         "fake"
     }
 
-    fn load(&self, dir: &Path, _spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+    fn load(&self, version: &Verified, _spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        let has = |name: &str| version.file(name).is_some();
+        // Read through the verified files, as a real backend must.
+        let read = |name: &str| -> Result<Option<String>, BackendError> {
+            let Some(file) = version.file(name) else { return Ok(None) };
+            let bytes = file.read_all().map_err(|e| BackendError::new("model_invalid", format!("{name}: {e}")))?;
+            file.unchanged()?;
+            Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+        };
         if let Some(gate) = &self.gate
-            && dir.join("hold").exists()
+            && has("hold")
         {
             gate.pass();
         }
-        let text = std::fs::read_to_string(dir.join("fake.txt"))
-            .map_err(|e| BackendError::new("model_invalid", format!("fake.txt: {e}")))?;
+        let text =
+            read("fake.txt")?.ok_or_else(|| BackendError::new("model_invalid", "the version has no fake.txt"))?;
         let scale: f32 =
             text.trim().parse().map_err(|_| BackendError::new("model_invalid", format!("'{text}' is not a number")))?;
         let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, 4] };
-        let hold = dir.join("hold-first-infer").exists().then(|| self.gate.clone()).flatten();
-        let ballast = match std::fs::read_to_string(dir.join("ballast")) {
-            Ok(mib) => {
+        let hold = has("hold-first-infer").then(|| self.gate.clone()).flatten();
+        let ballast = match read("ballast")? {
+            Some(mib) => {
                 let mib: usize = mib.trim().parse().map_err(|_| BackendError::new("model_invalid", "bad ballast"))?;
                 // Non-zero bytes, so every page is really resident.
                 vec![0xA5u8; mib << 20]
             }
-            Err(_) => Vec::new(),
+            None => Vec::new(),
         };
         Ok(Box::new(FakeModel {
             ballast,
-            leak: dir.join("leak").exists(),
+            leak: has("leak"),
             scale,
             signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
             hold: Mutex::new(hold),

@@ -1,9 +1,14 @@
 //! Every kind of broken version is refused at the stage that should catch
 //! it, with an error naming that stage and the reason, and the serving
-//! version keeps answering as if nothing happened.
+//! version keeps answering as if nothing happened. That includes versions
+//! whose files reach outside their directory (a symlink out, an external
+//! data location with `..` or an absolute path); a symlink between files of
+//! the version, or one out that `model.toml` allows, loads.
+
+use std::path::{Path, PathBuf};
 
 use baton_core::events::{Stage, State};
-use baton_testkit::onnx::{Mlp, OnnxOptions, sample_input};
+use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml, sample_json};
 use baton_testkit::{infer_mlp, max_diff, registry};
 
@@ -117,6 +122,90 @@ refused!(warmup_too_slow, Warmup, "too_slow", |repo, mlp| {
     repo.publish_mlp("m", 2, mlp)
 });
 refused!(missing_version, Fetch, "version_not_found", |repo, _mlp| assert!(!repo.version_dir("m", 2).exists()));
+refused!(symlink_out_of_the_version, Verify, "outside_version", |repo, mlp| {
+    let outside = write_outside(repo, "model.onnx", &encode_mlp(mlp, &OnnxOptions::default()).0);
+    link_in_version(repo, 2, "model.onnx", &outside);
+    repo.seal("m", 2)
+});
+refused!(external_data_symlinked_out_of_the_version, Verify, "outside_version", |repo, mlp| {
+    let opts = OnnxOptions { external_data: Some("weights.bin".into()), ..OnnxOptions::default() };
+    let (model, data) = encode_mlp(mlp, &opts);
+    let outside = write_outside(repo, "weights.bin", &data.expect("external data"));
+    repo.write_files("m", 2, &[("model.onnx", &model)]);
+    link_in_version(repo, 2, "weights.bin", &outside);
+    repo.seal("m", 2)
+});
+refused!(external_data_location_with_dot_dot, Load, "external_data_outside_version", |repo, mlp| {
+    // The data sits beside the version directory, where '../' leads.
+    let opts = OnnxOptions { external_data: Some("../weights.bin".into()), ..OnnxOptions::default() };
+    let (model, data) = encode_mlp(mlp, &opts);
+    std::fs::write(repo.root().join("m/weights.bin"), data.expect("external data")).unwrap();
+    repo.write_files("m", 2, &[("model.onnx", &model)]);
+    repo.seal("m", 2)
+});
+refused!(external_data_location_absolute, Load, "external_data_outside_version", |repo, mlp| {
+    let absolute = repo.root().join(".outside/weights.bin");
+    let opts = OnnxOptions { external_data: Some(absolute.display().to_string()), ..OnnxOptions::default() };
+    let (model, data) = encode_mlp(mlp, &opts);
+    write_outside(repo, "weights.bin", &data.expect("external data"));
+    repo.write_files("m", 2, &[("model.onnx", &model)]);
+    repo.seal("m", 2)
+});
+
+/// Writes a file into the repository's `.outside` directory, which is no
+/// model and no version, and returns its path.
+fn write_outside(repo: &TestRepo, name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = repo.root().join(".outside");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), bytes).unwrap();
+    dir.join(name)
+}
+
+/// Makes `name` in version `version` of model `m` a symlink to `target`.
+fn link_in_version(repo: &TestRepo, version: u64, name: &str, target: &Path) {
+    let dir = repo.version_dir("m", version);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(target, dir.join(name)).unwrap();
+}
+
+/// Publishes version 1, loads it, lets `publish` publish version 2 and
+/// loads that: the version that serves afterwards and its output.
+fn load_second(policy: &str, publish: impl FnOnce(&TestRepo, &Mlp)) -> (u64, Vec<f32>, Vec<f32>) {
+    let repo = TestRepo::new();
+    let (first, second) = (Mlp::new(&SIZES, 1), Mlp::new(&SIZES, 2));
+    repo.add_model("m", &mlp_toml(&first, policy));
+    repo.publish_mlp("m", 1, &first);
+    let registry = registry(repo.root());
+    registry.load("m", None).unwrap().wait().unwrap();
+    publish(&repo, &second);
+    registry.load("m", Some(2)).unwrap().wait().unwrap_or_else(|e| panic!("version 2 was refused: {e}"));
+    let input = sample_input(SIZES[0], 1, 4);
+    let (version, output) = infer_mlp(&registry.snapshot(), "m", &input, 1).unwrap();
+    (version, output, second.forward(&input, 1))
+}
+
+#[test]
+fn a_symlink_inside_the_version_is_accepted() {
+    let (version, output, want) = load_second("", |repo, mlp| {
+        repo.write_files("m", 2, &[("blobs/model.bin", &encode_mlp(mlp, &OnnxOptions::default()).0)]);
+        link_in_version(repo, 2, "model.onnx", Path::new("blobs/model.bin"));
+        repo.seal("m", 2)
+    });
+    assert_eq!(version, 2);
+    assert!(max_diff(&output, &want) < 1e-5);
+}
+
+#[test]
+fn a_symlink_out_of_the_version_is_accepted_when_model_toml_allows_it() {
+    let policy = "[policy]\nallow_symlinks_outside_version = true";
+    let (version, output, want) = load_second(policy, |repo, mlp| {
+        let outside = write_outside(repo, "model.onnx", &encode_mlp(mlp, &OnnxOptions::default()).0);
+        link_in_version(repo, 2, "model.onnx", &outside);
+        repo.seal("m", 2)
+    });
+    assert_eq!(version, 2);
+    assert!(max_diff(&output, &want) < 1e-5);
+}
 
 #[test]
 fn a_shipped_warmup_sample_is_run_and_kept() {

@@ -226,7 +226,8 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
         let dir = inner.source.fetch(&model, number)?;
         Ok((Arc::new(spec), number, dir))
     })?;
-    let manifest = run.stage(Stage::Verify, |_| Ok(manifest::verify(&dir)?))?;
+    let options = spec.policy.verify_options();
+    let verified = run.stage(Stage::Verify, |_| Ok(manifest::verify_with(&dir, &options)?))?;
     // The memory window: nothing is freed by the keeper while it is open.
     let window = inner.memory.measure();
     let rss_before = inner.memory.trimmed_rss().unwrap_or(0);
@@ -237,8 +238,10 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
                 format!("model.toml names backend '{}', which this server does not have", spec.backend),
             )
         })?;
-        Ok(backend.load(&dir, &spec)?)
+        Ok(backend.load(&verified, &spec)?)
     })?;
+    // The backend has what it read; the version's files close here.
+    let manifest = verified.into_manifest();
     run.stage(Stage::Validate, |_| Ok(validate::validate(engine.as_ref(), &spec)?))?;
     let (samples, warmed) = run.stage(Stage::Warmup, |_| {
         let samples = warmup::samples(&dir, &spec, engine.as_ref())?;

@@ -6,7 +6,10 @@
 //! faults, see `crate::staged`). [`externalize`] rewrites a model so that every large
 //! graph initializer refers to a separate data file instead, and says where
 //! in that file each payload belongs; the caller writes the file
-//! (`crate::staged`). Everything else in the model is kept byte for byte.
+//! (`crate::staged`). Asked to, it also moves the initializers that already
+//! have external data into that one file, so that ONNX Runtime reads only
+//! what baton copied there. Everything else in the model is kept byte for
+//! byte.
 
 use std::ops::Range;
 
@@ -34,21 +37,64 @@ pub struct Externalized {
 /// One payload moved to the data file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Move {
-    /// The payload's bytes in the original model file.
-    pub from: Range<usize>,
+    /// Where the payload's bytes are now.
+    pub from: Origin,
     /// Its offset in the data file, a multiple of the alignment.
     pub to: u64,
 }
 
+/// Where a moved payload comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The `raw_data` bytes at this range of the model file.
+    Inline(Range<usize>),
+    /// A range of an external data file, named as the model names it.
+    External {
+        /// The location, as written in the model.
+        location: String,
+        /// First byte.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+impl Move {
+    /// The payload's length in bytes.
+    pub fn len(&self) -> u64 {
+        match &self.from {
+            Origin::Inline(range) => (range.end - range.start) as u64,
+            Origin::External { len, .. } => *len,
+        }
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The length of an external data file, by its location as the model writes
+/// it; `None` when there is no such file.
+pub type FileLength<'a> = &'a dyn Fn(&str) -> Option<u64>;
+
 /// Rewrites `bytes`, a whole model file or its [skeleton](super::read_skeleton),
 /// so that each graph initializer whose `raw_data` payload has at least
 /// `min_len` bytes refers to `location` instead, at an offset that is a
-/// multiple of `align` (a power of two). Initializers that already have
-/// external data, or any `external_data` entry, are kept as they are, as is
-/// every other field of every message. Returns `None` when no payload is
-/// large enough to move.
-pub fn externalize(bytes: &[u8], location: &str, min_len: usize, align: u64) -> Result<Option<Externalized>> {
-    let mut plan = Plan { location, min_len, align, moves: Vec::new(), data_len: 0 };
+/// multiple of `align` (a power of two). With `external`, which gives the
+/// length of each external data file, each initializer whose data is
+/// external (`data_location` EXTERNAL) moves there too, whatever its size;
+/// without it, such initializers are kept as they are. An initializer with
+/// `external_data` entries but inline data is kept, as is every other field
+/// of every message. Returns `None` when nothing moves.
+pub fn externalize(
+    bytes: &[u8],
+    location: &str,
+    min_len: usize,
+    align: u64,
+    external: Option<FileLength<'_>>,
+) -> Result<Option<Externalized>> {
+    let mut plan = Plan { location, min_len, align, external, moves: Vec::new(), data_len: 0 };
     let model = plan.model(Reader::new(bytes))?;
     Ok((!plan.moves.is_empty()).then_some(Externalized { model, moves: plan.moves, data_len: plan.data_len }))
 }
@@ -57,6 +103,7 @@ struct Plan<'a> {
     location: &'a str,
     min_len: usize,
     align: u64,
+    external: Option<FileLength<'a>>,
     moves: Vec<Move>,
     data_len: u64,
 }
@@ -73,30 +120,37 @@ impl Plan<'_> {
     }
 
     /// TensorProto: `None` to keep it as it is; otherwise the tensor without
-    /// `raw_data`, pointing at its payload's place in the data file.
+    /// `raw_data` or its old external data entries, pointing at its
+    /// payload's place in the data file.
     fn tensor(&mut self, r: Reader<'_>) -> Result<Option<Vec<u8>>> {
         const CTX: &str = "a graph initializer";
-        let (mut raw, mut external) = (None, false);
+        let (mut raw, mut entries, mut external) = (None, Vec::new(), false);
         let mut scan = r.sub(r.pos..r.end);
         while let Some((f, v)) = scan.next(CTX)? {
             match f {
                 RAW_DATA => raw = Some(v.bytes(f, CTX)?),
-                EXTERNAL_DATA => external = true,
-                DATA_LOCATION => external |= v.varint(f, CTX)? == EXTERNAL,
+                EXTERNAL_DATA => entries.push(v.bytes(f, CTX)?),
+                DATA_LOCATION => external = v.varint(f, CTX)? == EXTERNAL,
                 _ => {}
             }
         }
-        // The last raw_data wins, as it does for a protobuf parser.
-        let Some(payload) = raw.filter(|p| p.len() >= self.min_len && !external) else {
-            return Ok(None);
+        let from = if external {
+            let Some(lengths) = self.external else { return Ok(None) };
+            external_origin(&scan, &entries, lengths)?
+        } else {
+            // The last raw_data wins, as it does for a protobuf parser.
+            match raw.filter(|p| p.len() >= self.min_len && entries.is_empty()) {
+                Some(payload) => Origin::Inline(payload),
+                None => return Ok(None),
+            }
         };
-        let to = self.data_len.next_multiple_of(self.align);
-        let len = payload.len() as u64;
+        let moved = Move { from, to: self.data_len.next_multiple_of(self.align) };
+        let (to, len) = (moved.to, moved.len());
         let mut out = Vec::new();
         let mut fields = r;
         let mut start = fields.pos;
         while let Some((f, _)) = fields.next(CTX)? {
-            if f != RAW_DATA {
+            if ![RAW_DATA, EXTERNAL_DATA, DATA_LOCATION].contains(&f) {
                 out.extend_from_slice(&fields.buf[start..fields.pos]);
             }
             start = fields.pos;
@@ -111,11 +165,47 @@ impl Plan<'_> {
         }
         put_varint(&mut out, u64::from(DATA_LOCATION) << 3);
         put_varint(&mut out, EXTERNAL);
-        self.moves.push(Move { from: payload, to });
+        self.moves.push(moved);
         self.data_len =
             to.checked_add(len).ok_or_else(|| ProtoError::Malformed("external data over 2^64 bytes".into()))?;
         Ok(Some(out))
     }
+}
+
+/// Where an initializer's external data is, from its `external_data`
+/// entries (`location`, `offset`, `length`), checked against the file's length.
+fn external_origin(r: &Reader<'_>, entries: &[Range<usize>], lengths: FileLength<'_>) -> Result<Origin> {
+    const CTX: &str = "an external data entry";
+    let (mut location, mut offset, mut len) = (None, 0u64, None);
+    for entry in entries {
+        let mut e = r.sub(entry.clone());
+        let (mut key, mut value) = (String::new(), String::new());
+        while let Some((f, v)) = e.next(CTX)? {
+            match f {
+                1 => key = e.string(v, f, CTX)?,
+                2 => value = e.string(v, f, CTX)?,
+                _ => {}
+            }
+        }
+        let number =
+            || value.trim().parse::<u64>().map_err(|_| ProtoError::Malformed(format!("external data {key} '{value}'")));
+        match key.as_str() {
+            "location" => location = Some(value.clone()),
+            "offset" => offset = number()?,
+            "length" => len = Some(number()?),
+            _ => {}
+        }
+    }
+    let location = location.ok_or_else(|| ProtoError::Malformed("external data without a 'location' key".into()))?;
+    let file_len = lengths(&location)
+        .ok_or_else(|| ProtoError::Malformed(format!("external data file '{location}' is not a file of the model")))?;
+    let len = len.unwrap_or(file_len.saturating_sub(offset));
+    if offset.checked_add(len).is_none_or(|end| end > file_len) {
+        return Err(ProtoError::Malformed(format!(
+            "external data in '{location}' at offset {offset}, length {len}, is past its end ({file_len} bytes)"
+        )));
+    }
+    Ok(Origin::External { location, offset, len })
 }
 
 /// Copies the message in `r` field by field, except each length-delimited

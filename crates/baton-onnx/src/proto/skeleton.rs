@@ -13,7 +13,8 @@
 //! its largest tensor, and the pages it fills are mostly ones it reuses.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::{ProtoError, Result};
@@ -34,6 +35,8 @@ enum Level {
 /// graph's initializers, which stay zero. [`parse`](super::parse) reads the
 /// same model from it as from the whole file; the payloads are then read
 /// from the file at the ranges it reports ([`RawData::InFile`](super::RawData)).
+/// The file is read from its first byte at explicit offsets, whatever its
+/// own offset, which is left as it was.
 pub fn read_skeleton(file: &File, path: &Path) -> Result<Vec<u8>> {
     let io = |source| ProtoError::Read { what: format!("the model file {}", path.display()), source };
     let len = file.metadata().map_err(io)?.len();
@@ -41,16 +44,44 @@ pub fn read_skeleton(file: &File, path: &Path) -> Result<Vec<u8>> {
         .map_err(|_| ProtoError::Unsupported(format!("a model file of {len} bytes is too large to read")))?;
     // Zeroed by the allocator: a large buffer is fresh mapped memory, and
     // its pages cost nothing until written.
-    let mut scan = Scan { file: BufReader::with_capacity(64 << 10, file), out: vec![0; len], pos: 0 };
+    let at = At { file, pos: 0 };
+    let mut scan = Scan { file: BufReader::with_capacity(64 << 10, at), out: vec![0; len], pos: 0 };
     match scan.message(len, Level::Model) {
         Err(ProtoError::Read { source, .. }) => Err(io(source)),
         other => other.map(|()| scan.out),
     }
 }
 
+/// A file read at an offset of its own rather than the descriptor's, so
+/// that a descriptor shared with others is read from its start.
+struct At<'f> {
+    file: &'f File,
+    pos: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for At<'_> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start of the file");
+        self.pos = match to {
+            SeekFrom::Start(n) => n,
+            SeekFrom::Current(by) => self.pos.checked_add_signed(by).ok_or_else(invalid)?,
+            SeekFrom::End(by) => self.file.metadata()?.len().checked_add_signed(by).ok_or_else(invalid)?,
+        };
+        Ok(self.pos)
+    }
+}
+
 /// A cursor reading the file in order, into `out` at the same offsets.
 struct Scan<'f> {
-    file: BufReader<&'f File>,
+    file: BufReader<At<'f>>,
     out: Vec<u8>,
     pos: usize,
 }

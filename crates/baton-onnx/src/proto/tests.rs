@@ -401,14 +401,14 @@ fn externalize_moves_only_large_inline_payloads_and_keeps_everything_else() {
     .concat();
     let bytes = model(&graph);
     let before = parse(&bytes).unwrap();
-    let out = externalize(&bytes, "data.bin", 4096, 4096).unwrap().expect("one payload is large enough");
+    let out = externalize(&bytes, "data.bin", 4096, 4096, None).unwrap().expect("one payload is large enough");
     let after = parse(&out.model).unwrap();
     assert_eq!(
         (after.ir_version, &after.graph_inputs, &after.graph_outputs),
         (7, &before.graph_inputs, &before.graph_outputs)
     );
     let InitData::Raw(big_range) = &before.initializers[0].data else { panic!() };
-    assert_eq!(out.moves, vec![Move { from: big_range.clone(), to: 0 }]);
+    assert_eq!(out.moves, vec![Move { from: Origin::Inline(big_range.clone()), to: 0 }]);
     assert_eq!(out.data_len, 8192);
     assert_eq!(
         after.initializers[0].data,
@@ -434,10 +434,86 @@ fn externalize_moves_only_large_inline_payloads_and_keeps_everything_else() {
         ]
         .concat(),
     );
-    let out = externalize(&two, "d", 4096, 4096).unwrap().unwrap();
+    let out = externalize(&two, "d", 4096, 4096, None).unwrap().unwrap();
     assert_eq!(out.moves.iter().map(|m| m.to).collect::<Vec<_>>(), vec![0, 8192]);
     assert_eq!(out.data_len, 8192 + 4096);
-    assert!(externalize(&model(&small_graph()), "d", 4096, 4096).unwrap().is_none());
+    assert!(externalize(&model(&small_graph()), "d", 4096, 4096, None).unwrap().is_none());
+}
+
+#[test]
+fn externalize_moves_external_data_of_any_size_when_given_the_files_lengths() {
+    let entry = |k: &str, v: &str| fb(13, &[fb(1, k.as_bytes()), fb(2, v.as_bytes())].concat());
+    let external = |name: &str, location: &str, offset: &str, length: Option<&str>| {
+        let mut body = [entry("location", location), entry("offset", offset), entry("checksum", "x")].concat();
+        if let Some(length) = length {
+            body.extend(entry("length", length));
+        }
+        body.extend(fv(14, 1));
+        fb(5, &tensor(name, elem::FLOAT, &[2], &body))
+    };
+    let graph = [
+        external("a", "w.bin", "8", Some("8")),
+        // No length: to the end of the file.
+        external("b", "./w.bin", "24", None),
+        fb(5, &tensor("small", elem::FLOAT, &[2], &fb(9, &[1; 8]))),
+    ]
+    .concat();
+    let bytes = model(&graph);
+    let lengths = |location: &str| matches!(location, "w.bin" | "./w.bin").then_some(32);
+    let out = externalize(&bytes, "data.bin", 4096, 4096, Some(&lengths)).unwrap().expect("external data moves");
+    let origin = |location: &str, offset, len| Origin::External { location: location.into(), offset, len };
+    assert_eq!(
+        out.moves,
+        vec![Move { from: origin("w.bin", 8, 8), to: 0 }, Move { from: origin("./w.bin", 24, 8), to: 4096 }]
+    );
+    let after = parse(&out.model).unwrap();
+    for (init, offset) in after.initializers.iter().zip([0, 4096]) {
+        assert_eq!(init.data, InitData::External { location: "data.bin".into(), offset, length: Some(8) });
+    }
+    assert!(matches!(after.initializers[2].data, InitData::Raw(_)), "small inline data stays");
+    assert_eq!(bytes_of(&after.initializers[2], &out.model, Path::new(".")).unwrap(), [1; 8]);
+    // Without the lengths, external data is left alone; a file it does not
+    // know, or a range past the file's end, is an error.
+    assert!(externalize(&bytes, "data.bin", 4096, 4096, None).unwrap().is_none());
+    let none = |_: &str| None;
+    assert!(externalize(&bytes, "data.bin", 4096, 4096, Some(&none)).is_err());
+    let short = |_: &str| Some(20);
+    let err = externalize(&bytes, "data.bin", 4096, 4096, Some(&short)).unwrap_err();
+    assert!(err.to_string().contains("past its end"), "{err}");
+}
+
+#[test]
+fn external_data_outside_the_graphs_initializers_is_found() {
+    let external_tensor = |name: &str| tensor(name, elem::FLOAT, &[1], &[fb(13, &fb(2, b"x.bin")), fv(14, 1)].concat());
+    let inline_tensor = tensor("fine", elem::FLOAT, &[1], &fb(9, &[0; 4]));
+    let main_init = fb(5, &external_tensor("main"));
+    let attribute = |body: Vec<u8>| fb(1, &fb(5, &body));
+    let cases: Vec<(&str, Vec<u8>, Option<&str>)> = vec![
+        ("the graph's own initializer", main_init.clone(), None),
+        ("an inline attribute", attribute(fb(5, &inline_tensor)), None),
+        ("an attribute tensor", attribute(fb(5, &external_tensor("t"))), Some("t")),
+        ("an attribute's tensors", attribute(fb(10, &external_tensor("ts"))), Some("ts")),
+        ("a subgraph's initializer", attribute(fb(6, &fb(5, &external_tensor("sub")))), Some("sub")),
+        ("a sparse initializer", fb(15, &fb(1, &external_tensor("sparse"))), Some("sparse")),
+        ("a node in a subgraph", attribute(fb(11, &attribute(fb(5, &external_tensor("deep"))))), Some("deep")),
+    ];
+    for (what, graph, found) in cases {
+        let bytes = model(&[main_init.clone(), graph].concat());
+        assert_eq!(nested_external_data(&bytes).unwrap().as_deref(), found, "{what}");
+    }
+    // A function's node.
+    let function = fb(25, &fb(7, &fb(5, &fb(5, &external_tensor("f")))));
+    let bytes = [model(&main_init), function].concat();
+    assert_eq!(nested_external_data(&bytes).unwrap().as_deref(), Some("f"));
+}
+
+#[test]
+fn relative_locations_are_normalised_and_escapes_refused() {
+    assert_eq!(relative_location("./sub//w.bin").as_deref(), Some("sub/w.bin"));
+    assert_eq!(relative_location("w.bin").as_deref(), Some("w.bin"));
+    for bad in ["", ".", "/etc/passwd", "../w.bin", "sub/../../w.bin", "C:\\w.bin"] {
+        assert_eq!(relative_location(bad), None, "{bad:?}");
+    }
 }
 
 #[test]

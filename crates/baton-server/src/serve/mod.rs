@@ -39,6 +39,12 @@ pub struct ServeArgs {
     /// How often the repository is polled, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub poll_ms: u64,
+    /// Polls in a row a model directory (or `model.toml`) or a kept
+    /// version must be found missing ("no such file") before the watcher
+    /// unloads or retires it. Other errors reading the repository never
+    /// count: they change nothing.
+    #[arg(long, default_value_t = watch::MISSING_POLLS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub missing_polls: u32,
     /// How long shutdown waits for requests in flight, in seconds.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
@@ -93,6 +99,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
     baton_core::sys::keep_large_allocations_mapped();
+    match baton_core::sys::raise_open_files_limit() {
+        Ok(limit) => tracing::debug!(limit, "Open files limit."),
+        Err(error) => tracing::warn!(%error, "Could not raise the limit on open files."),
+    }
     // ONNX Runtime is started here, on the main thread, at serving priority.
     let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
     let registry = Registry::new(
@@ -123,8 +133,9 @@ async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<
     let watcher_app = Arc::clone(&app);
     let poll = Duration::from_millis(args.poll_ms.max(10));
     let watch = !args.no_watch;
+    let missing_polls = args.missing_polls;
     let watcher = std::thread::Builder::new().name("baton-watch".into()).spawn(move || {
-        let mut watcher = watch::Watcher::new(watcher_app, root);
+        let mut watcher = watch::Watcher::new(watcher_app, root, missing_polls);
         watcher.scan();
         if watch {
             watcher.run(poll, &stop);
@@ -233,6 +244,13 @@ mod tests {
             let args = ["baton", "--loader-serving-share", bad];
             assert!(Cli::try_parse_from(args).is_err(), "a share of {bad} % was accepted");
         }
+    }
+
+    #[test]
+    fn three_polls_in_a_row_unless_told_otherwise_and_never_zero() {
+        assert_eq!(parse(&[]).missing_polls, 3);
+        assert_eq!(parse(&["--missing-polls", "1"]).missing_polls, 1);
+        assert!(Cli::try_parse_from(["baton", "--missing-polls", "0"]).is_err(), "zero polls was accepted");
     }
 
     #[test]

@@ -13,34 +13,100 @@
 //!   serving version keeps serving even if its directory disappears, until
 //!   another version replaces it; a model whose directory disappears is
 //!   unloaded.
+//!
+//! Disappearing means the repository says "no such file" ([`Presence::Missing`])
+//! on [`MISSING_POLLS`] polls in a row (`--missing-polls`). Anything else — a listing
+//! that fails, `EIO`, `EACCES`, `ESTALE`, a symlink loop — is a repository
+//! that cannot be read right now, not one that changed: an NFS server
+//! restarting or a FUSE mount that hangs for a moment must not unload what
+//! serves. Such an error is logged once when it begins and once when it
+//! ends, and changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, SystemTime};
 
 use baton_core::error::LoadError;
+use baton_core::source::Presence;
 
 use crate::app::App;
+
+/// Polls in a row a model or a kept version must be found missing before
+/// the watcher unloads or retires it, unless `--missing-polls` says
+/// otherwise: long enough that a directory replaced by a rename, or an
+/// answer a network file system gets wrong once, does not take a model out
+/// of service; short enough that a removal takes effect within seconds at
+/// the default poll interval.
+pub const MISSING_POLLS: u32 = 3;
+
+/// What the watcher looks at, for its counts and its log.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Subject {
+    /// The repository's list of models.
+    Repository,
+    /// A model's `model.toml`.
+    Model(String),
+    /// A model's list of versions.
+    Versions(String),
+    /// A version's `MANIFEST`.
+    Version(String, u64),
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Subject::Repository => write!(f, "the list of models"),
+            Subject::Model(m) => write!(f, "model {m}"),
+            Subject::Versions(m) => write!(f, "the versions of model {m}"),
+            Subject::Version(m, v) => write!(f, "version {v} of model {m}"),
+        }
+    }
+}
 
 /// Polls a local repository and keeps the registry in step with it.
 pub struct Watcher {
     app: Arc<App>,
     root: PathBuf,
+    missing_polls: u32,
     /// Versions seen, with their MANIFEST's modification time.
     seen: BTreeMap<(String, u64), Option<SystemTime>>,
     warned: BTreeSet<(String, u64)>,
+    /// Polls in a row each model or kept version was found missing.
+    missing: BTreeMap<Subject, u32>,
+    /// What could not be read when last looked at, and why.
+    unreadable: BTreeMap<Subject, String>,
 }
 
 fn manifest_mtime(dir: &Path) -> Option<SystemTime> {
     std::fs::metadata(dir.join(baton_core::manifest::MANIFEST)).and_then(|m| m.modified()).ok()
 }
 
+/// What to do about something not in a listing.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Gone for long enough: unload or retire it.
+    Gone,
+    /// Keep it: present, unreadable, or not missing for long enough yet.
+    Keep,
+}
+
 impl Watcher {
-    /// A watcher of the repository at `root`, which the registry's source reads.
-    pub fn new(app: Arc<App>, root: PathBuf) -> Watcher {
-        Watcher { app, root, seen: BTreeMap::new(), warned: BTreeSet::new() }
+    /// A watcher of the repository at `root`, which the registry's source
+    /// reads, acting on what is missing `missing_polls` polls in a row (at
+    /// least one).
+    pub fn new(app: Arc<App>, root: PathBuf, missing_polls: u32) -> Watcher {
+        Watcher {
+            app,
+            root,
+            missing_polls: missing_polls.max(1),
+            seen: BTreeMap::new(),
+            warned: BTreeSet::new(),
+            missing: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
+        }
     }
 
     /// Scans until `stop` says so or its sender goes away.
@@ -58,28 +124,37 @@ impl Watcher {
         let source = Arc::clone(self.app.registry.source());
         let models = match source.models() {
             Ok(models) => models,
-            Err(error) => {
-                tracing::warn!(%error, "Could not list the model repository.");
-                return;
-            }
+            Err(error) => return self.cannot_read(Subject::Repository, error.to_string()),
         };
+        self.can_read(&Subject::Repository);
         let required: BTreeSet<String> =
             models.iter().filter(|m| source.spec(m).map(|s| s.required).unwrap_or(true)).cloned().collect();
         self.app.set_required(required);
         for model in &models {
+            self.present(&Subject::Model(model.clone()));
             self.scan_model(model);
         }
         for status in self.app.registry.statuses() {
-            if status.serving.is_some() && !models.contains(&status.name) && !status.busy {
+            if status.serving.is_none() || models.contains(&status.name) || status.busy {
+                continue;
+            }
+            let subject = Subject::Model(status.name.clone());
+            if self.judge(&subject, source.presence(&status.name, None)) == Verdict::Gone {
                 tracing::info!(model = %status.name, "The model left the repository; unloading it.");
                 let _ = self.app.registry.unload(&status.name);
             }
         }
+        self.forget_unserved(&models);
     }
 
     fn scan_model(&mut self, model: &str) {
-        let registry = &self.app.registry;
-        let Some(versions) = registry.source().versions(model).ok() else { return };
+        let app = Arc::clone(&self.app);
+        let registry = &app.registry;
+        let versions = match registry.source().versions(model) {
+            Ok(versions) => versions,
+            Err(error) => return self.cannot_read(Subject::Versions(model.to_owned()), error.to_string()),
+        };
+        self.can_read(&Subject::Versions(model.to_owned()));
         let status = registry.status(model);
         if status.as_ref().is_some_and(|s| s.busy) {
             return; // Come back next pass; nothing is marked seen.
@@ -135,16 +210,108 @@ impl Watcher {
     fn retire_removed(&mut self, model: &str, versions: &[u64], current: u64) {
         let snapshot = self.app.registry.snapshot();
         let Some(route) = snapshot.model(model) else { return };
-        for kept in route.previous.iter().map(|v| v.number()).filter(|v| !versions.contains(v)) {
-            tracing::info!(model, version = kept, "A kept version left the repository; retiring it.");
-            let _ = self.app.registry.retire(model, kept);
+        let source = Arc::clone(self.app.registry.source());
+        for kept in route.previous.iter().map(|v| v.number()) {
+            let subject = Subject::Version(model.to_owned(), kept);
+            if versions.contains(&kept) {
+                self.present(&subject);
+            } else if self.judge(&subject, source.presence(model, Some(kept))) == Verdict::Gone {
+                tracing::info!(model, version = kept, "A kept version left the repository; retiring it.");
+                let _ = self.app.registry.retire(model, kept);
+            }
         }
-        if !versions.contains(&current) && self.warned.insert((model.to_owned(), current)) {
+        if versions.contains(&current) {
+            return;
+        }
+        let subject = Subject::Version(model.to_owned(), current);
+        match source.presence(model, Some(current)) {
+            Presence::Missing => {
+                self.can_read(&subject);
+                if self.warned.insert((model.to_owned(), current)) {
+                    tracing::warn!(
+                        model,
+                        version = current,
+                        "The serving version left the repository; it keeps serving until another version replaces it."
+                    );
+                }
+            }
+            Presence::Present => self.can_read(&subject),
+            Presence::Unreadable(error) => self.cannot_read(subject, error),
+        }
+    }
+
+    /// Counts a model or kept version absent from its listing: gone once
+    /// the source has said it is missing `missing_polls` polls in a row.
+    fn judge(&mut self, subject: &Subject, presence: Presence) -> Verdict {
+        match presence {
+            Presence::Missing => {
+                self.can_read(subject);
+                let polls = self.missing.entry(subject.clone()).or_insert(0);
+                *polls += 1;
+                let polls = *polls;
+                if polls >= self.missing_polls {
+                    self.missing.remove(subject);
+                    return Verdict::Gone;
+                }
+                tracing::debug!(
+                    what = %subject,
+                    polls,
+                    needed = self.missing_polls,
+                    "Missing from the repository; waiting for more polls before acting on it."
+                );
+                Verdict::Keep
+            }
+            Presence::Present => {
+                self.present(subject);
+                Verdict::Keep
+            }
+            Presence::Unreadable(error) => {
+                // A failed read breaks a run of polls that found it missing.
+                self.missing.remove(subject);
+                self.cannot_read(subject.clone(), error);
+                Verdict::Keep
+            }
+        }
+    }
+
+    /// Something found in its listing: it is readable, and not missing.
+    fn present(&mut self, subject: &Subject) {
+        self.missing.remove(subject);
+        self.can_read(subject);
+    }
+
+    /// Logs once, when `subject` starts failing to read.
+    fn cannot_read(&mut self, subject: Subject, error: String) {
+        if let std::collections::btree_map::Entry::Vacant(entry) = self.unreadable.entry(subject) {
             tracing::warn!(
-                model,
-                version = current,
-                "The serving version left the repository; it keeps serving until another version replaces it."
+                what = %entry.key(),
+                %error,
+                "The repository cannot be read; nothing is loaded, unloaded or retired for it until it can."
             );
+            entry.insert(error);
         }
+    }
+
+    /// Logs once, when `subject` can be read again.
+    fn can_read(&mut self, subject: &Subject) {
+        if let Some(error) = self.unreadable.remove(subject) {
+            tracing::info!(what = %subject, was = %error, "The repository can be read again.");
+        }
+    }
+
+    /// Drops the counts and marks of what no longer matters: models neither
+    /// listed nor served, versions no longer loaded.
+    fn forget_unserved(&mut self, listed: &[String]) {
+        let snapshot = self.app.registry.snapshot();
+        let relevant = |subject: &Subject| match subject {
+            Subject::Repository => true,
+            Subject::Model(model) => snapshot.model(model).is_some(),
+            Subject::Versions(model) => listed.contains(model),
+            Subject::Version(model, version) => {
+                snapshot.model(model).is_some_and(|route| route.versions().any(|v| v.number() == *version))
+            }
+        };
+        self.missing.retain(|subject, _| relevant(subject));
+        self.unreadable.retain(|subject, _| relevant(subject));
     }
 }

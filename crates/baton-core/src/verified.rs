@@ -1,0 +1,344 @@
+//! A verified version: its files, each opened once, hashed through that
+//! descriptor and kept open for the stages that follow.
+//!
+//! Verifying by path and loading by path again leaves a window: a file
+//! swapped (renamed over) or rewritten between the two would be served
+//! without ever being checked. So the verify stage opens every file once,
+//! checks where it really is, hashes it through that descriptor, and hands
+//! the open files on in a [`Verified`]. A backend reads its files through
+//! them: a rename over the path afterwards no longer matters, since the
+//! descriptor still refers to the file that was hashed. What a descriptor
+//! cannot prevent is a write into that same file; [`VerifiedFile::unchanged`]
+//! compares the file's size, modification and change times with those seen
+//! when it was hashed, and a backend calls it once it has read what it needs.
+//! The change time is set by the kernel on every write and cannot be set back
+//! by a user; its resolution is the kernel's timestamp granularity (see
+//! docs/hot-swap.md, "What the verify stage guarantees").
+//!
+//! Where a file really is: a file may be a symlink, and one that leads out
+//! of the version directory would serve whatever it points at, which the
+//! repository's owner may not control (and which may change without the
+//! version's MANIFEST changing). Each file is opened, then its path is
+//! resolved, and the file at the resolved path must be the file opened
+//! (same device and inode) and lie below the version directory, itself
+//! resolved. Symlinks that stay inside the version are accepted.
+
+use std::fs::{File, Metadata, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::manifest::{self, MANIFEST, Manifest, VerifyError, VerifyOptions, io_err};
+
+/// A version whose files matched its manifest, each still open.
+#[derive(Debug)]
+pub struct Verified {
+    dir: PathBuf,
+    manifest: Manifest,
+    files: Vec<VerifiedFile>,
+}
+
+/// One file of a [`Verified`] version: the open file that was hashed, and
+/// what it looked like then. Clones share the descriptor.
+#[derive(Clone, Debug)]
+pub struct VerifiedFile {
+    path: String,
+    file: Arc<File>,
+    stamp: Stamp,
+}
+
+/// What identifies a file's content without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// What differs from `earlier`, if anything.
+    fn differs_from(&self, earlier: &Stamp) -> Option<String> {
+        if self.size != earlier.size {
+            Some(format!("its size went from {} to {} bytes", earlier.size, self.size))
+        } else if self.mtime != earlier.mtime {
+            Some("it was written to (its modification time moved)".to_owned())
+        } else if self.ctime != earlier.ctime {
+            Some("its change time moved: it was written to, renamed over, deleted, linked or chmod'ed".to_owned())
+        } else {
+            None
+        }
+    }
+}
+
+impl Verified {
+    /// The version directory, as the source gave it.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest the files matched.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The manifest, closing every file.
+    pub fn into_manifest(self) -> Manifest {
+        self.manifest
+    }
+
+    /// A file by its manifest path (`/`-separated, relative to the version).
+    pub fn file(&self, path: &str) -> Option<&VerifiedFile> {
+        self.files.iter().find(|f| f.path == path)
+    }
+
+    /// Every file, in manifest order.
+    pub fn files(&self) -> &[VerifiedFile] {
+        &self.files
+    }
+}
+
+impl VerifiedFile {
+    /// The file's path relative to the version, as the manifest names it.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The open file. Read it at explicit offsets (`FileExt::read_at`), or
+    /// seek first: clones share the file offset.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Its size when it was hashed.
+    pub fn size(&self) -> u64 {
+        self.stamp.size
+    }
+
+    /// The whole file, read through the verified descriptor in pieces
+    /// ([`crate::short_reads`]). Call [`VerifiedFile::unchanged`] after
+    /// reading to know that these are the bytes that were hashed.
+    pub fn read_all(&self) -> std::io::Result<Vec<u8>> {
+        read_whole(&self.file)
+    }
+
+    /// A path that opens this very file, whatever is at its name now
+    /// (`/proc/self/fd/N`), for an engine that can only be given a path.
+    pub fn fd_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// Whether the file still is as it was hashed: same size, modification
+    /// and change times. Strict on purpose: the change time also moves when
+    /// the file loses its name (another file renamed over it, a deletion),
+    /// after which this descriptor would still read the hashed bytes; such a
+    /// load is refused all the same, as one whose file was written to.
+    pub fn unchanged(&self) -> Result<(), VerifyError> {
+        let now = self.file.metadata().map_err(io_err(Path::new(&self.path)))?;
+        match Stamp::of(&now).differs_from(&self.stamp) {
+            None => Ok(()),
+            Some(what) => Err(VerifyError::Changed { path: self.path.clone(), when: "after it was verified", what }),
+        }
+    }
+}
+
+/// See [`manifest::verify_with`].
+pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions) -> Result<Verified, VerifyError> {
+    let root = match std::fs::canonicalize(dir) {
+        Ok(root) => root,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(VerifyError::Missing(dir.to_owned())),
+        Err(e) => return Err(VerifyError::Io { path: dir.to_owned(), source: e }),
+    };
+    let (manifest_file, _) = match open_inside(&root, MANIFEST, options) {
+        Err(VerifyError::FileMissing(_)) => return Err(VerifyError::Missing(dir.to_owned())),
+        other => other?,
+    };
+    let manifest_path = root.join(MANIFEST);
+    let bytes = read_whole(&manifest_file).map_err(io_err(&manifest_path))?;
+    let text = String::from_utf8(bytes).map_err(|e| VerifyError::Io {
+        path: manifest_path,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    let manifest = manifest::parse(&text)?;
+    let mut files = Vec::with_capacity(manifest.entries.len());
+    for entry in &manifest.entries {
+        let (file, before) = open_inside(&root, &entry.path, options)?;
+        if before.size != entry.size {
+            return Err(VerifyError::SizeMismatch {
+                path: entry.path.clone(),
+                expected: entry.size,
+                actual: before.size,
+            });
+        }
+        let abs = root.join(&entry.path);
+        let (actual, _) = manifest::digest_open(&file).map_err(io_err(&abs))?;
+        let after = Stamp::of(&file.metadata().map_err(io_err(&abs))?);
+        if let Some(what) = after.differs_from(&before) {
+            return Err(VerifyError::Changed { path: entry.path.clone(), when: "while it was verified", what });
+        }
+        if actual != entry.sha256 {
+            return Err(VerifyError::DigestMismatch {
+                path: entry.path.clone(),
+                expected: entry.sha256.clone(),
+                actual,
+            });
+        }
+        files.push(VerifiedFile { path: entry.path.clone(), file: Arc::new(file), stamp: before });
+    }
+    for file in manifest::list_files(&root)? {
+        if !manifest.entries.iter().any(|e| e.path == file) {
+            return Err(VerifyError::Unlisted(file));
+        }
+    }
+    Ok(Verified { dir: dir.to_owned(), manifest, files })
+}
+
+/// Opens `root/rel` for reading and checks that it is a regular file and,
+/// unless `options` allow otherwise, that it lies below `root` (which is
+/// already resolved). The file is opened first and its resolved path
+/// checked to hold that same file, so a path swapped between the check and
+/// the open cannot slip through.
+fn open_inside(root: &Path, rel: &str, options: &VerifyOptions) -> Result<(File, Stamp), VerifyError> {
+    let abs = root.join(rel);
+    // Non-blocking: opening a FIFO for reading would otherwise wait for a
+    // writer, holding the loader forever.
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(&abs) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(VerifyError::FileMissing(rel.to_owned())),
+        Err(e) => return Err(VerifyError::Io { path: abs, source: e }),
+    };
+    let meta = file.metadata().map_err(io_err(&abs))?;
+    if !meta.is_file() {
+        return Err(VerifyError::NotAFile(rel.to_owned()));
+    }
+    let stamp = Stamp::of(&meta);
+    if !options.allow_symlinks_outside_version {
+        let replaced = || VerifyError::Changed {
+            path: rel.to_owned(),
+            when: "while it was verified",
+            what: "its path was replaced after it was opened".to_owned(),
+        };
+        let gone = |path: &Path, e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::NotFound => replaced(),
+            _ => VerifyError::Io { path: path.to_owned(), source: e },
+        };
+        let target = std::fs::canonicalize(&abs).map_err(|e| gone(&abs, e))?;
+        let at_target = std::fs::metadata(&target).map_err(|e| gone(&target, e))?;
+        if (at_target.dev(), at_target.ino()) != (stamp.dev, stamp.ino) {
+            return Err(replaced());
+        }
+        if !target.starts_with(root) {
+            return Err(VerifyError::OutsideVersion { path: rel.to_owned(), target, root: root.to_owned() });
+        }
+    }
+    Ok((file, stamp))
+}
+
+/// The whole of a file, from its first byte, at its length now.
+fn read_whole(file: &File) -> std::io::Result<Vec<u8>> {
+    let len = file.metadata()?.len();
+    let too_large = |_| std::io::Error::other(format!("a file of {len} bytes is too large to read into memory"));
+    let mut bytes = vec![0u8; usize::try_from(len).map_err(too_large)?];
+    crate::short_reads::read_exact_at(file, &mut bytes, 0)?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+    use crate::manifest::{verify, verify_with, write};
+
+    fn version() -> (tempfile::TempDir, PathBuf) {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("1");
+        std::fs::create_dir_all(dir.join("blobs")).unwrap();
+        std::fs::write(dir.join("blobs/model.bin"), b"model bytes").unwrap();
+        (top, dir)
+    }
+
+    #[test]
+    fn a_symlink_out_of_the_version_is_refused_unless_allowed() {
+        let (top, dir) = version();
+        std::fs::write(top.path().join("elsewhere.bin"), b"outside").unwrap();
+        symlink(top.path().join("elsewhere.bin"), dir.join("model.onnx")).unwrap();
+        write(&dir).unwrap();
+        let error = verify(&dir).unwrap_err();
+        assert_eq!(error.kind(), "outside_version", "{error}");
+        let message = error.to_string();
+        assert!(message.contains("'model.onnx'") && message.contains("elsewhere.bin"), "{message}");
+        let allow = VerifyOptions { allow_symlinks_outside_version: true };
+        let verified = verify_with(&dir, &allow).unwrap();
+        assert_eq!(verified.file("model.onnx").unwrap().read_all().unwrap(), b"outside");
+    }
+
+    #[test]
+    fn a_symlink_inside_the_version_is_accepted_and_a_relative_one_out_is_not() {
+        let (top, dir) = version();
+        symlink("blobs/model.bin", dir.join("model.onnx")).unwrap();
+        write(&dir).unwrap();
+        let verified = verify(&dir).unwrap();
+        assert_eq!(verified.file("model.onnx").unwrap().read_all().unwrap(), b"model bytes");
+
+        std::fs::write(top.path().join("secret"), b"x").unwrap();
+        symlink("../../secret", dir.join("blobs/sneaky")).unwrap();
+        write(&dir).unwrap();
+        assert_eq!(verify(&dir).unwrap_err().kind(), "outside_version");
+    }
+
+    #[test]
+    fn a_manifest_that_leads_out_is_refused_too() {
+        let (top, dir) = version();
+        write(&dir).unwrap();
+        std::fs::rename(dir.join(MANIFEST), top.path().join("MANIFEST.real")).unwrap();
+        symlink(top.path().join("MANIFEST.real"), dir.join(MANIFEST)).unwrap();
+        assert_eq!(verify(&dir).unwrap_err().kind(), "outside_version");
+    }
+
+    #[test]
+    fn a_fifo_is_not_a_file_and_does_not_block() {
+        let (_top, dir) = version();
+        write(&dir).unwrap();
+        std::fs::remove_file(dir.join("blobs/model.bin")).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(dir.join("blobs/model.bin")).status().unwrap();
+        assert!(made.success());
+        assert_eq!(verify(&dir).unwrap_err().kind(), "not_a_file");
+    }
+
+    #[test]
+    fn the_verified_file_is_the_one_read_after_a_rename_over_it_and_any_change_is_seen() {
+        let (_top, dir) = version();
+        write(&dir).unwrap();
+        let verified = verify(&dir).unwrap();
+        let file = verified.file("blobs/model.bin").unwrap();
+        file.unchanged().unwrap();
+        // Another file renamed over the path: the descriptor reads the old
+        // one, and the old one's change time moved as it lost its name.
+        std::fs::write(dir.join("other"), b"other bytes").unwrap();
+        std::fs::rename(dir.join("other"), dir.join("blobs/model.bin")).unwrap();
+        assert_eq!(file.read_all().unwrap(), b"model bytes");
+        assert_eq!(std::fs::read(file.fd_path()).unwrap(), b"model bytes", "opened again by its /proc path");
+        assert!(file.unchanged().unwrap_err().to_string().contains("change time moved"));
+        // A write of the same length into the hashed file itself.
+        write(&dir).unwrap();
+        let verified = verify(&dir).unwrap();
+        let file = verified.file("blobs/model.bin").unwrap();
+        std::fs::write(dir.join("blobs/model.bin"), b"other bytez").unwrap();
+        let error = file.unchanged().unwrap_err();
+        assert_eq!(error.kind(), "file_changed", "{error}");
+        assert!(error.to_string().contains("after it was verified"), "{error}");
+    }
+}
