@@ -68,11 +68,15 @@ impl ModelFile {
                 .filter(|bytes| self_contained(bytes));
         } else if let Some(parent) = stage_in {
             staged = Staged::create(path, parent).unwrap_or_else(|reason| {
-                tracing::warn!(
-                    path = %path.display(),
-                    reason,
-                    "Staging the model's weights failed; ONNX Runtime reads the model file itself."
-                );
+                // On a lowered loading thread: logged through the registry's agent.
+                let shown = path.display().to_string();
+                baton_core::agent::at_serving_priority(move || {
+                    tracing::warn!(
+                        path = %shown,
+                        %reason,
+                        "Staging the model's weights failed; ONNX Runtime reads the model file itself."
+                    );
+                });
                 None
             });
         }

@@ -119,7 +119,11 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "A staged model directory could not be removed.");
+            // Dropped on a lowered loading thread: logged through the registry's agent.
+            let dir = self.dir.display().to_string();
+            baton_core::agent::at_serving_priority(move || {
+                tracing::warn!(%dir, error = %e, "A staged model directory could not be removed.");
+            });
         }
     }
 }
