@@ -14,14 +14,16 @@
 //! in debug builds it records each time it is taken by the wrong kind of
 //! thread ([`misuses`]), which tests check after running loads.
 //!
-//! [`Sender`] and [`Receiver`] are a channel whose receiving thread parks
-//! instead of waiting inside the channel. A waiting receiver of a standard
-//! channel registers under the channel's internal lock, and a sender that
-//! wakes it holds that lock across the wake-up: a lowered sender can be
-//! preempted right there by the very thread it woke, which then needs the
-//! lock to wait again. With a parked receiver no sender ever takes that
-//! lock; the sender wakes the receiver with `Thread::unpark`, which takes
-//! none.
+//! `Sender` and `Receiver` (crate-internal) are a channel whose receiving
+//! thread parks instead of waiting inside the channel. A waiting receiver
+//! of a standard channel registers under the channel's internal lock, and a
+//! sender that wakes it holds that lock across the wake-up: a lowered
+//! sender can be preempted right there by the very thread it woke, which
+//! then needs the lock to wait again. With a parked receiver no sender ever
+//! takes that lock; the sender wakes the receiver with `Thread::unpark`,
+//! which takes none. One window is left: a sender that has claimed a slot
+//! in the queue but not yet written it holds back the receiver's next
+//! receive until it runs again, a few instructions' worth.
 
 use std::marker::PhantomData;
 use std::panic::Location;
@@ -123,7 +125,8 @@ pub(crate) fn expect_serving_priority() {
 /// The sending half of a channel to a thread that parks while it waits
 /// ([`Receiver`]). Sending takes no lock the receiving thread takes.
 pub(crate) struct Sender<T> {
-    tx: mpsc::Sender<T>,
+    /// Always `Some` until dropped.
+    tx: Option<mpsc::Sender<T>>,
     receiver: Thread,
 }
 
@@ -139,11 +142,21 @@ impl<T> Clone for Sender<T> {
     }
 }
 
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        // Gone first, then the wake-up: the last sender's going is news the
+        // parked receiver must see (its next receive returns `None`).
+        drop(self.tx.take());
+        self.receiver.unpark();
+    }
+}
+
 impl<T> Sender<T> {
     /// Queues `value` and wakes the receiving thread; gives `value` back
     /// when the receiver is gone.
     pub(crate) fn send(&self, value: T) -> Result<(), T> {
-        self.tx.send(value).map_err(|mpsc::SendError(value)| value)?;
+        let Some(tx) = &self.tx else { return Err(value) };
+        tx.send(value).map_err(|mpsc::SendError(value)| value)?;
         self.receiver.unpark();
         Ok(())
     }
@@ -174,7 +187,7 @@ impl<T> Receiver<T> {
 /// A channel whose receiver is the calling thread.
 pub(crate) fn channel_here<T>() -> (Sender<T>, Receiver<T>) {
     let (tx, rx) = mpsc::channel();
-    (Sender { tx, receiver: std::thread::current() }, Receiver { rx, _this_thread: PhantomData })
+    (Sender { tx: Some(tx), receiver: std::thread::current() }, Receiver { rx, _this_thread: PhantomData })
 }
 
 /// Starts a thread named `name` that runs `body` with the receiving half of
@@ -187,7 +200,7 @@ pub(crate) fn spawn_receiver<T: Send + 'static>(
     let thread = std::thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || body(Receiver { rx, _this_thread: PhantomData }))?;
-    Ok(Sender { tx, receiver: thread.thread().clone() })
+    Ok(Sender { tx: Some(tx), receiver: thread.thread().clone() })
 }
 
 #[cfg(test)]
@@ -247,6 +260,33 @@ mod tests {
         .join();
         assert!(panicked.is_err());
         assert_eq!(*lock.lock(), 7);
+    }
+
+    #[test]
+    fn a_parked_receiver_wakes_when_its_last_sender_goes() {
+        let (hand_over, handed) = std::sync::mpsc::channel();
+        let receiver = std::thread::spawn(move || {
+            let (tx, rx) = channel_here::<()>();
+            let task = std::fs::read_link("/proc/thread-self").expect("/proc on linux");
+            hand_over.send((tx, task)).unwrap();
+            rx.recv()
+        });
+        let (tx, task) = handed.recv().unwrap();
+        let state = || {
+            let stat = std::fs::read_to_string(std::path::Path::new("/proc").join(&task).join("stat")).unwrap();
+            stat[stat.rfind(')').unwrap() + 2..].chars().next()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while state() != Some('S') {
+            assert!(std::time::Instant::now() < deadline, "the receiver never went to sleep");
+            std::thread::yield_now();
+        }
+        drop(tx);
+        while !receiver.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "a parked receiver slept on after its last sender went");
+            std::thread::yield_now();
+        }
+        assert_eq!(receiver.join().unwrap(), None);
     }
 
     #[test]
