@@ -69,12 +69,14 @@ mod tests {
     use super::*;
 
     /// The calling thread's scheduling policy and nice value.
+    #[cfg(target_os = "linux")]
     fn priority() -> (i32, i32) {
         let policy = crate::sys::current_thread_policy().expect("policy readable");
         (policy, crate::sys::current_thread_nice().expect("nice readable"))
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn trims_run_at_the_starting_threads_priority_not_the_callers() {
         let trimmer = Trimmer::start();
         let starter = priority();

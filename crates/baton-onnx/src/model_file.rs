@@ -2,26 +2,25 @@
 //!
 //! ONNX Runtime reads a model file through a buffer of its own, as large as
 //! the file up to 4 MiB, once per session; validation then reads the whole
-//! file again to visit the weights. Each read fills memory the process
-//! touches for the first time, and on this kind of machine fresh memory is
-//! what a load costs serving most (see docs/benchmarks-notebook.md, "Fresh memory").
-//! So a file of up to [`READ_ONCE_LIMIT`] is read once: every session is
-//! created from these bytes, validation visits the same bytes, and they are
-//! dropped once it has. Validation then checks exactly the bytes the
-//! sessions were built from. (Measured on the 3 MiB MLP: 5,740 page faults
-//! per load instead of 7,285.)
+//! file again to visit the weights, and each read fills memory the process
+//! touches for the first time, which is what a load costs serving most. So
+//! a file of up to [`READ_ONCE_LIMIT`] is read once: every session is
+//! created from these bytes, validation visits the same bytes (so it checks
+//! exactly what the sessions were built from), and they are dropped once it
+//! has.
 //!
-//! A larger file is not held: holding the whole file while the sessions
-//! were created raised the peak memory of loading a 480 MiB model by
-//! 256 MiB, and saved only ONNX Runtime's two 4 MiB buffers. Its weights are
-//! staged for ONNX Runtime to map ([`Staged`]), or, when that is off or
-//! fails, ONNX Runtime reads the file. Validation then reads it once the
-//! sessions exist, without its weights' payloads, and each payload into one
-//! reused buffer when its tensor is visited ([`proto::read_skeleton`]).
+//! A larger file is not held, since holding it while the sessions are
+//! created raises a load's peak memory by far more than it saves. Its
+//! weights are staged for ONNX Runtime to map ([`Staged`]), or, when that is
+//! off or fails, ONNX Runtime reads the file. Validation then reads it once
+//! the sessions exist, without its weights' payloads, and each payload into
+//! one reused buffer when its tensor is visited ([`proto::read_skeleton`]).
 //! A model with external data is also created from the file, because ONNX
 //! Runtime finds external files relative to the model's path and a model
 //! given as bytes has none; so is a file baton's own reader cannot parse, so
-//! that ONNX Runtime's error is the one reported.
+//! that ONNX Runtime's error is the one reported. Measurements:
+//! docs/hot-swap.md, "Loading never slows serving", and
+//! docs/benchmarks-notebook.md, "Fresh memory".
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -131,6 +131,7 @@ fn share_pause(quantum: Duration, share: u8) -> u64 {
     }
 }
 
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn nanos(span: Duration) -> u64 {
     u64::try_from(span.as_nanos()).unwrap_or(u64::MAX)
 }

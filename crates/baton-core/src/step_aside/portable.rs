@@ -35,6 +35,12 @@ impl Armed {
     }
 }
 
+impl Drop for Armed {
+    fn drop(&mut self) {
+        // Nothing to stop; the guard keeps the same shape as on Linux.
+    }
+}
+
 /// Whether the calling thread is armed now: never here.
 pub fn armed_here() -> bool {
     false
