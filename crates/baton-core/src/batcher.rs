@@ -18,13 +18,14 @@
 //! exactly the rows it sent, in order.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use crate::backend::{BackendError, Model};
 use crate::spec::BatchingPolicy;
+use crate::sync::Lock;
 use crate::tensor::{Tensor, TensorData};
 
 /// An inference expected to take this long or more is heavy: it runs with
@@ -51,7 +52,7 @@ struct Queue {
 }
 
 struct Shared {
-    queue: Mutex<Queue>,
+    queue: Lock<Queue>,
     arrived: Condvar,
     engine: Arc<dyn Model>,
     max_batch: usize,
@@ -65,10 +66,6 @@ pub struct Batcher {
     shared: Arc<Shared>,
 }
 
-fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Batcher {
     /// A batcher over `engine`. With `heavy` (see [`HEAVY_INFERENCE`]),
     /// batches run with `block_in_place` on a multi-threaded runtime, so the
@@ -76,7 +73,7 @@ impl Batcher {
     pub fn new(engine: Arc<dyn Model>, policy: &BatchingPolicy, heavy: bool) -> Batcher {
         let free = (0..engine.instances()).rev().collect();
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue { jobs: VecDeque::new(), free }),
+            queue: Lock::new(Queue { jobs: VecDeque::new(), free }),
             arrived: Condvar::new(),
             engine,
             max_batch: policy.max_batch.max(1),
@@ -93,7 +90,7 @@ impl Batcher {
         let (reply, rx) = oneshot::channel();
         let rows = rows_of(&inputs);
         let shared = &self.shared;
-        let mut queue = lock(&shared.queue);
+        let mut queue = shared.queue.lock();
         queue.jobs.push_back(Job { inputs, rows, arrived: Instant::now(), reply });
         shared.arrived.notify_all();
         if let Some(instance) = queue.free.pop() {
@@ -129,7 +126,7 @@ fn gather(shared: &Shared, mut queue: MutexGuard<'_, Queue>) -> Vec<Job> {
 /// empty. Without an async runtime it does so on this thread.
 fn carry_on(shared: Arc<Shared>, instance: usize) {
     {
-        let mut queue = lock(&shared.queue);
+        let mut queue = shared.queue.lock();
         if queue.jobs.is_empty() {
             queue.free.push(instance);
             return;
@@ -145,7 +142,7 @@ fn carry_on(shared: Arc<Shared>, instance: usize) {
 
 fn drain(shared: &Shared, instance: usize) {
     loop {
-        let queue = lock(&shared.queue);
+        let queue = shared.queue.lock();
         if queue.jobs.is_empty() {
             let mut queue = queue;
             queue.free.push(instance);

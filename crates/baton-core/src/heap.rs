@@ -1,31 +1,23 @@
 //! Each version's memory in an allocator arena of its own.
 //!
-//! glibc's `malloc` gives every thread an arena and keeps it for that
-//! thread's lifetime; a chunk goes back to the arena it came from, whichever
-//! thread frees it. When one long-lived loader thread built every version,
-//! all of them shared one arena: the small allocations of a version being
-//! loaded (ONNX Runtime's graph, kernels, strings) filled the holes the
-//! previous free left between the allocations of the version still serving,
-//! and the arena fragmented. With 100 swaps of a 215 MiB encoder, RSS grew
-//! 4.4–4.6 MiB, nearly all over the first ~30 swaps (2 % of a version,
-//! against a 1 % target); `/proc/PID/smaps` over 40 swaps put nearly all of
-//! it in that one arena.
-//!
-//! So each version is built on a fresh thread, which gets an arena holding no
-//! other live version's memory, and that thread stays parked, doing nothing,
-//! until the version is freed. While it lives, glibc cannot hand its arena to
-//! the next build thread. The version's engine is freed on that same thread
-//! (see [`HeapLease::free_there`]), the thread ends, `malloc_trim` returns
-//! the emptied arena's pages, and a later build takes the clean arena over.
-//! glibc caps arenas at eight per core; beyond that threads share arenas, and
-//! the separation becomes best effort.
-//!
-//! The cost is one idle thread per live version, holding the few touched
-//! pages of its stack.
+//! glibc gives every thread an arena for the thread's lifetime, and a block
+//! goes back to the arena it came from. When one long-lived loader thread
+//! built every version, the small allocations of a version being loaded
+//! filled the holes the previous free left between those of the version
+//! still serving, and that one arena fragmented. So each version is built on
+//! a fresh thread, whose arena holds no other live version, and the thread
+//! stays parked until the version is freed: while it lives, glibc cannot
+//! hand its arena to the next build. The engine is freed on that same thread
+//! ([`HeapLease::free_there`]), which then ends, and a later build takes the
+//! emptied arena over. glibc caps arenas at eight per core; beyond that,
+//! threads share arenas and the separation is best effort. The cost is one
+//! idle thread per live version. Measurements: docs/hot-swap.md, "One
+//! allocator arena per version", and docs/benchmarks-notebook.md §4.
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
+use crate::agent::Inherited;
 use crate::step_aside::StepAside;
 
 /// Something to be dropped on a version's build thread.
@@ -43,13 +35,11 @@ impl HeapLease {
     /// Drops `doomed` (the version's engine) on the build thread, then ends
     /// the thread and waits until it has ended.
     ///
-    /// Freeing on the thread that allocated matters too: measured on a
-    /// 215 MiB encoder, an emptied arena kept 200–900 KiB resident when the
-    /// engine was freed on the release thread, 80–210 KiB when freed here.
-    /// The likely reason is glibc's per-thread cache of freed small blocks
-    /// (up to seven of each size, whichever arena they belong to), which
-    /// is the *freeing* thread's and goes back to the arena only when that
-    /// thread ends; this thread ends before memory is trimmed and measured.
+    /// Freeing on the thread that allocated matters too: glibc caches freed
+    /// small blocks per *freeing* thread, and they go back to their arena
+    /// only when that thread ends, which this one does before memory is
+    /// trimmed and measured (docs/hot-swap.md, "One allocator arena per
+    /// version").
     pub fn free_there(mut self, doomed: Doomed) {
         // Without a build thread (or if it is gone), `doomed` is dropped here.
         if let Some(alive) = self.alive.take() {
@@ -82,14 +72,17 @@ type Build = Box<dyn FnOnce(HeapLease) + Send>;
 
 /// Runs `build` on a new thread named `baton-build` and returns when `build`
 /// has returned. The thread then waits until the [`HeapLease`] handed to
-/// `build` is dropped. It inherits the caller's CPU priority, and steps
-/// aside as `step_aside` says while it builds and while it frees, never
-/// while it waits. When no thread can be started, `build` runs on the
-/// calling thread, sharing its arena, and a warning says so.
+/// `build` is dropped. It inherits the caller's CPU priority, and with it
+/// the caller's lowered mark and agent ([`crate::agent`]), and steps aside
+/// as `step_aside` says while it builds and while it frees, never while it
+/// waits. When no thread can be started, `build` runs on the calling
+/// thread, sharing its arena, and a warning says so.
 pub fn build_on_own_heap(step_aside: StepAside, build: impl FnOnce(HeapLease) + Send + 'static) {
     let (work_tx, work_rx) = mpsc::channel::<(Build, HeapLease, mpsc::Receiver<Doomed>)>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
+    let inherited = Inherited::here();
     let spawned = std::thread::Builder::new().name("baton-build".into()).spawn(move || {
+        inherited.adopt();
         let Ok((build, lease, parked)) = work_rx.recv() else { return };
         let armed = step_aside.arm();
         build(lease);
@@ -117,10 +110,12 @@ pub fn build_on_own_heap(step_aside: StepAside, build: impl FnOnce(HeapLease) + 
             }
         }
         Err(error) => {
-            tracing::warn!(
-                %error,
-                "Could not start a build thread; the version is built on the loader thread and shares its memory arena."
-            );
+            crate::agent::at_serving_priority(move || {
+                tracing::warn!(
+                    %error,
+                    "Could not start a build thread; the version is built on the loader thread and shares its memory arena."
+                );
+            });
             let _armed = step_aside.arm();
             run_here(build);
         }
@@ -182,7 +177,7 @@ mod tests {
         let slot = Arc::clone(&kept);
         let armed_in_build = Arc::new(Mutex::new(None));
         let seen = Arc::clone(&armed_in_build);
-        build_on_own_heap(StepAside::DEFAULT, move |lease| {
+        build_on_own_heap(StepAside::STANDARD, move |lease| {
             *seen.lock().unwrap() = Some(crate::step_aside::armed_here());
             *slot.lock().unwrap() = Some(lease);
         });

@@ -17,11 +17,14 @@
 //!   commit runs at lower CPU priority, one load at a time, each on a thread
 //!   of its own whose allocator arena holds that version alone
 //!   ([`heap`]); a failure at any stage leaves the serving version untouched
-//!   and names the stage.
+//!   and names the stage. Those lowered threads take no lock serving threads
+//!   take ([`sync`]): what they change, the registry's agent applies at
+//!   serving priority ([`agent`]).
 //!
 //! The core knows no protocol and no engine: engines plug in through
 //! [`backend::Backend`], model stores through [`source::Source`].
 
+pub mod agent;
 pub mod backend;
 pub mod batcher;
 pub mod error;
@@ -37,6 +40,7 @@ pub mod signature;
 pub mod source;
 pub mod spec;
 pub mod step_aside;
+pub mod sync;
 pub mod sys;
 pub mod tensor;
 pub mod tensor_json;

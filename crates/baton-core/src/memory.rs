@@ -1,46 +1,36 @@
 //! Memory accounting: which versions are alive, what each holds, and what
-//! came back when one was freed (seed 000's residual rate).
+//! came back when one was freed.
 //!
 //! Method: process RSS after asking glibc to trim its free heap
-//! ([`crate::sys::trimmed_rss`]). ONNX Runtime allocates through C++
-//! `new`/`malloc`, invisible to any Rust global allocator, so only the
-//! kernel's view sees all of a version's memory. A version's `held` is the
-//! RSS growth across its load (fetch to end of warmup), and `returned` is the
-//! RSS drop across its free.
+//! ([`crate::sys::trimmed_rss`]), since ONNX Runtime allocates where no Rust
+//! global allocator sees. A version's `held` is the RSS growth across its
+//! load; `returned` is the RSS drop across its free. A free's `residual` is
+//! how much the *unaccounted* memory (RSS minus the footprint of every live
+//! version and of every version waiting to be freed) grew since the previous
+//! free; residuals are signed and add up to the growth an outside RSS graph
+//! shows. A version's footprint is the largest `held` measured for a
+//! version of the same model whose files add up to the same size. Why each
+//! of these, and how close they come to RSS: docs/hot-swap.md, "Memory:
+//! held, returned, residual".
 //!
-//! A free's `residual` is not `held - returned`: memory a free does not give
-//! back at once is mostly reused by the next load, so that difference
-//! overstates what stays behind. What a leak looks like from outside is RSS
-//! that grows swap after swap while the versions alive stay the same size.
-//! So after every free the keeper computes the *unaccounted* memory — RSS
-//! minus the footprint of every live version and of every version still
-//! waiting to be freed — and a free's residual is how much that grew since
-//! the previous free.
-//!
-//! A version's footprint is the largest `held` measured for a version of
-//! the same model whose files add up to the same number of bytes (its own
-//! included). `held` is RSS growth, and a load that reuses memory an
-//! earlier free left resident grows RSS by less than it takes; without this,
-//! every such load would show up once more as unaccounted memory. Versions
-//! of one model with files of one size — the same architecture with new
-//! weights — take the same memory.
-//!
-//! Residuals are signed and add up: their sum over any run of frees is the
-//! growth of unaccounted RSS over it, the number an outside RSS graph
-//! shows. The loader and the keeper take one measurement lock so a free
-//! never lands inside a load's window; serving traffic still moves RSS by a
-//! few pages either way.
+//! The loader and the keeper, both lowered threads, share one measurement
+//! lock so a free never lands inside a load's window. The book itself
+//! (live versions, footprints, unload records) is read by serving threads,
+//! so the lowered threads change it only through the registry's agent
+//! ([`crate::agent`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
+use std::sync::{Arc, MutexGuard, Weak};
 use std::time::SystemTime;
 
 use serde::Serialize;
 
+use crate::agent::Agent;
 use crate::backend::Model;
 use crate::events::{Event, EventKind, EventSender};
 use crate::heap::HeapLease;
+use crate::sync::{self, Lock};
 use crate::trimmer::Trimmer;
 use crate::version::Version;
 
@@ -90,16 +80,26 @@ struct Released {
     heap: Option<HeapLease>,
 }
 
+/// What the keeper measured around one free, for the agent to settle.
+struct Freed {
+    model: String,
+    version: u64,
+    held: u64,
+    before: u64,
+    after: u64,
+    unaccounted_before: u64,
+}
+
 /// The largest `held` measured per (model, bytes of the version's files).
 #[derive(Default)]
-struct Footprints(Mutex<HashMap<(String, u64), u64>>);
+struct Footprints(Lock<HashMap<(String, u64), u64>>);
 
 impl Footprints {
     /// Records a version's measurement; every version is recorded when it
     /// starts to be tracked.
     fn record(&self, version: &Version) {
         let key = (version.model().to_owned(), version.manifest().total_bytes());
-        let mut map = lock(&self.0);
+        let mut map = self.0.lock();
         let entry = map.entry(key).or_default();
         *entry = (*entry).max(version.bytes_held());
     }
@@ -107,7 +107,7 @@ impl Footprints {
     /// The footprint of a version of `model` whose files add up to `files`
     /// bytes and which measured `held`.
     fn lookup(&self, model: &str, files: u64, held: u64) -> u64 {
-        let recorded = lock(&self.0).get(&(model.to_owned(), files)).copied();
+        let recorded = self.0.lock().get(&(model.to_owned(), files)).copied();
         recorded.unwrap_or(0).max(held)
     }
 
@@ -119,7 +119,7 @@ impl Footprints {
 /// Hands a dropped version's engine to the memory keeper thread.
 #[derive(Clone)]
 pub struct Releaser {
-    tx: mpsc::Sender<Released>,
+    tx: sync::Sender<Released>,
     /// Footprint of the engines queued but not yet freed.
     queued: Arc<AtomicU64>,
     footprints: Arc<Footprints>,
@@ -140,7 +140,7 @@ impl Releaser {
         let footprint = self.footprints.lookup(model, files, held);
         let job = Released { model: model.to_owned(), version, held, footprint, engine, heap };
         self.queued.fetch_add(footprint, Ordering::Relaxed);
-        if let Err(mpsc::SendError(job)) = self.tx.send(job) {
+        if let Err(job) = self.tx.send(job) {
             self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
             drop(job.engine);
         }
@@ -150,61 +150,63 @@ impl Releaser {
 /// The registry's memory book-keeping, shared by the loader, the keeper
 /// thread and status queries.
 pub(crate) struct Memory {
-    live: Mutex<Vec<(String, Weak<Version>)>>,
-    unloads: Mutex<VecDeque<UnloadRecord>>,
-    measuring: Mutex<()>,
+    live: Lock<Vec<(String, Weak<Version>)>>,
+    unloads: Lock<VecDeque<UnloadRecord>>,
+    /// The measurement window, between the loader and the keeper only.
+    measuring: Lock<()>,
     /// Shared with the releaser: footprint of engines queued for freeing.
     queued: Arc<AtomicU64>,
     footprints: Arc<Footprints>,
     /// Unaccounted memory after the last free; `None` before the first.
-    settled: Mutex<Option<u64>>,
+    settled: Lock<Option<u64>>,
     /// Where the heap is trimmed before RSS is read, at serving priority.
     trimmer: Trimmer,
+    /// Where the lowered threads' changes to the book are applied.
+    agent: Agent,
+    events: EventSender,
 }
 
 fn signed(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Memory {
     /// Starts the keeper thread and the heap trimmer; returns the book and
     /// the releaser versions use. The trimmer keeps the calling thread's
     /// priority (see [`crate::trimmer`]), so call this at serving priority.
-    pub(crate) fn start(events: EventSender, nice: i32, idle: bool) -> (Arc<Memory>, Releaser) {
+    pub(crate) fn start(events: EventSender, agent: Agent, nice: i32, idle: bool) -> (Arc<Memory>, Releaser) {
         let queued = Arc::new(AtomicU64::new(0));
         let footprints = Arc::new(Footprints::default());
         let memory = Arc::new(Memory {
-            live: Mutex::new(Vec::new()),
-            unloads: Mutex::new(VecDeque::new()),
-            measuring: Mutex::new(()),
+            live: Lock::new(Vec::new()),
+            unloads: Lock::new(VecDeque::new()),
+            measuring: Lock::among_lowered(()),
             queued: Arc::clone(&queued),
             footprints: Arc::clone(&footprints),
-            settled: Mutex::new(None),
+            settled: Lock::new(None),
             trimmer: Trimmer::start(),
+            agent: agent.clone(),
+            events,
         });
-        let (tx, rx) = mpsc::channel::<Released>();
         let book = Arc::downgrade(&memory);
-        std::thread::Builder::new()
-            .name("baton-release".into())
-            .spawn(move || {
-                crate::sys::lower_current_thread(nice, idle);
-                for job in rx {
-                    let Some(memory) = book.upgrade() else {
-                        drop(job.engine);
-                        continue;
-                    };
-                    memory.free(job, &events);
-                }
-            })
-            .expect("spawning the release thread");
+        let tx = sync::spawn_receiver::<Released>("baton-release", move |jobs| {
+            crate::agent::lower_current_thread(&agent, nice, idle);
+            drop(agent);
+            while let Some(job) = jobs.recv() {
+                let Some(memory) = book.upgrade() else {
+                    drop(job.engine);
+                    continue;
+                };
+                memory.free(job);
+            }
+        })
+        .expect("spawning the release thread");
         (memory, Releaser { tx, queued, footprints })
     }
 
-    fn free(&self, job: Released, events: &EventSender) {
+    /// On the keeper thread: frees a version's engine, measures, and has the
+    /// agent settle the book.
+    fn free(self: &Arc<Self>, job: Released) {
         // A batch task may hold the engine for a moment after its last
         // answer went out; wait for it so the free happens here.
         let waited = std::time::Instant::now();
@@ -213,7 +215,8 @@ impl Memory {
         }
         let _window = self.measure();
         let before = self.trimmed_rss().unwrap_or(0);
-        let unaccounted_before = self.unaccounted(before);
+        let book = Arc::clone(self);
+        let unaccounted_before = self.agent.call(move || book.unaccounted(before));
         // Freed on the version's build thread, which then ends; see `HeapLease::free_there`.
         match job.heap {
             Some(heap) => heap.free_there(Box::new(job.engine)),
@@ -221,13 +224,20 @@ impl Memory {
         }
         self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
         let after = self.trimmed_rss().unwrap_or(0);
-        let unaccounted = self.unaccounted(after);
-        let previous = lock(&self.settled).replace(unaccounted).unwrap_or(unaccounted_before);
+        let book = Arc::clone(self);
+        let freed = Freed { model: job.model, version: job.version, held: job.held, before, after, unaccounted_before };
+        self.agent.call(move || book.settle(freed));
+    }
+
+    /// On the agent: records a measured free and announces it.
+    fn settle(&self, freed: Freed) {
+        let unaccounted = self.unaccounted(freed.after);
+        let previous = self.settled.lock().replace(unaccounted).unwrap_or(freed.unaccounted_before);
         let record = UnloadRecord {
-            model: job.model,
-            version: job.version,
-            held: job.held,
-            returned: before.saturating_sub(after),
+            model: freed.model,
+            version: freed.version,
+            held: freed.held,
+            returned: freed.before.saturating_sub(freed.after),
             residual: signed(unaccounted) - signed(previous),
             unaccounted,
             at: SystemTime::now(),
@@ -243,13 +253,13 @@ impl Memory {
         );
         // Recorded before it is announced, so a subscriber that hears of it can read it.
         {
-            let mut unloads = lock(&self.unloads);
+            let mut unloads = self.unloads.lock();
             if unloads.len() == UNLOAD_HISTORY {
                 unloads.pop_front();
             }
             unloads.push_back(record.clone());
         }
-        let _ = events.send(Event {
+        let _ = self.events.send(Event {
             model: record.model.clone(),
             version: Some(record.version),
             at: record.at,
@@ -265,7 +275,7 @@ impl Memory {
     /// `rss` minus the footprint of live versions and of engines queued
     /// for freeing.
     fn unaccounted(&self, rss: u64) -> u64 {
-        let live: Vec<Arc<Version>> = lock(&self.live).iter().filter_map(|(_, w)| w.upgrade()).collect();
+        let live: Vec<Arc<Version>> = self.live.lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
         let live: u64 = live.iter().map(|v| self.footprints.of(v)).sum();
         rss.saturating_sub(live).saturating_sub(self.queued.load(Ordering::Relaxed))
     }
@@ -276,22 +286,29 @@ impl Memory {
         self.trimmer.trimmed_rss()
     }
 
-    /// Holds off frees while a load measures its memory.
+    /// Holds off frees while a load measures its memory. For lowered
+    /// threads only.
     pub(crate) fn measure(&self) -> MutexGuard<'_, ()> {
-        lock(&self.measuring)
+        self.measuring.lock()
     }
 
-    /// Starts tracking a new version (by a weak reference only).
-    pub(crate) fn track(&self, version: &Arc<Version>) {
+    /// Starts tracking a new version (by a weak reference only); called by
+    /// the loading thread, applied on the agent before it returns.
+    pub(crate) fn track(self: &Arc<Self>, version: &Arc<Version>) {
+        let (book, version) = (Arc::clone(self), Arc::clone(version));
+        self.agent.call(move || book.record_live(&version));
+    }
+
+    fn record_live(&self, version: &Arc<Version>) {
         self.footprints.record(version);
-        let mut live = lock(&self.live);
+        let mut live = self.live.lock();
         live.retain(|(_, w)| w.strong_count() > 0);
         live.push((version.model().to_owned(), Arc::downgrade(version)));
     }
 
     /// Versions of `model` still alive, ascending.
     pub(crate) fn live(&self, model: &str) -> Vec<LiveVersion> {
-        let live = lock(&self.live);
+        let live = self.live.lock();
         let mut out: Vec<LiveVersion> = live
             .iter()
             .filter(|(m, _)| m == model)
@@ -304,6 +321,6 @@ impl Memory {
 
     /// The most recent unload records, oldest first.
     pub(crate) fn unloads(&self) -> Vec<UnloadRecord> {
-        lock(&self.unloads).iter().cloned().collect()
+        self.unloads.lock().iter().cloned().collect()
     }
 }

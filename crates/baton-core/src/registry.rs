@@ -1,15 +1,22 @@
 //! The registry: owner of the routing table, the per-model state machine,
 //! the loader thread and the event stream. Front ends (REST, gRPC, the
 //! repository watcher) talk to baton through it.
+//!
+//! Its state is changed at serving priority only: by the operations its
+//! callers start (taking a model's busy flag, a rollback's commit), and by
+//! its agent ([`crate::agent`]), which applies what the lowered loading and
+//! freeing threads send it, in order. A load's handle resolves only once
+//! the agent has applied the load's last state.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 
+use crate::agent::Agent;
 use crate::backend::Backend;
 use crate::error::LoadError;
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
@@ -19,6 +26,7 @@ use crate::pipeline;
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
 use crate::step_aside::StepAside;
+use crate::sync::{self, Lock};
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -27,14 +35,14 @@ pub struct RegistryConfig {
     pub loader_nice: i32,
     /// Whether the loader and release threads also run under `SCHED_IDLE`
     /// (the default). A serving thread that wakes on a core where the
-    /// loader runs then gets the core at once; at nice 19 alone it waited
-    /// for the loader's time slice to end (up to 5.1 ms in traces here, a
-    /// scheduler tick being 4 ms). Under sustained full load, loads wait
-    /// for idle moments, and take longer.
+    /// loader runs then gets the core at once, rather than after the
+    /// loader's time slice; under sustained full load, loads wait for idle
+    /// moments and take longer (docs/hot-swap.md, "Why `SCHED_IDLE` as well
+    /// as nice 19").
     pub loader_idle: bool,
-    /// When a thread that builds or frees a version steps off the CPU for
-    /// threads waiting for one ([`StepAside`]; the default looks every
-    /// 250 µs of its CPU time and steps aside for 200 µs).
+    /// Whether, and when, a thread that builds or frees a version steps off
+    /// the CPU for threads waiting for one ([`StepAside`]). Off by default
+    /// (docs/hot-swap.md, "Stepping aside").
     pub step_aside: StepAside,
     /// Events buffered per subscriber before a slow one starts missing some.
     pub event_capacity: usize,
@@ -42,7 +50,7 @@ pub struct RegistryConfig {
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { loader_nice: 19, loader_idle: true, step_aside: StepAside::DEFAULT, event_capacity: 1024 }
+        RegistryConfig { loader_nice: 19, loader_idle: true, step_aside: StepAside::OFF, event_capacity: 1024 }
     }
 }
 
@@ -120,11 +128,13 @@ struct ModelEntry {
     working_on: Option<u64>,
 }
 
-/// Shared by the registry handle, the loader and drain threads.
+/// Shared by the registry handle, the loader, the agent and drain threads.
 pub(crate) struct Inner {
     routing: ArcSwap<Routing>,
-    publish: Mutex<()>,
-    models: Mutex<BTreeMap<String, ModelEntry>>,
+    publish: Lock<()>,
+    models: Lock<BTreeMap<String, ModelEntry>>,
+    /// Applies the changes lowered threads ask for.
+    pub(crate) agent: Agent,
     pub(crate) events: EventSender,
     pub(crate) source: Arc<dyn Source>,
     pub(crate) backends: BTreeMap<String, Arc<dyn Backend>>,
@@ -133,27 +143,36 @@ pub(crate) struct Inner {
     step_aside: StepAside,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The model registry. Cheap to clone; all clones share one state.
 #[derive(Clone)]
 pub struct Registry {
     inner: Arc<Inner>,
-    jobs: mpsc::Sender<Job>,
+    jobs: sync::Sender<Job>,
 }
 
 impl Registry {
     /// A registry over `source`, loading with `backends`. Starts the loader
-    /// and release threads at `config.loader_nice`.
+    /// and release threads at `config.loader_nice`, and the agent at the
+    /// calling thread's priority: call it at serving priority.
     pub fn new(source: Arc<dyn Source>, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
+        let agent = Agent::start();
         let (events, _) = broadcast::channel(config.event_capacity.max(1));
-        let (memory, releaser) = Memory::start(events.clone(), config.loader_nice, config.loader_idle);
+        let (memory, releaser) = Memory::start(events.clone(), agent.clone(), config.loader_nice, config.loader_idle);
+        let (nice, idle) = (config.loader_nice, config.loader_idle);
+        let loader_agent = agent.clone();
+        let jobs = sync::spawn_receiver::<Job>("baton-loader", move |jobs| {
+            crate::agent::lower_current_thread(&loader_agent, nice, idle);
+            drop(loader_agent);
+            while let Some(job) = jobs.recv() {
+                job();
+            }
+        })
+        .expect("spawning the loader thread");
         let inner = Arc::new(Inner {
             routing: ArcSwap::from_pointee(Routing::new(0, BTreeMap::new())),
-            publish: Mutex::new(()),
-            models: Mutex::new(BTreeMap::new()),
+            publish: Lock::new(()),
+            models: Lock::new(BTreeMap::new()),
+            agent,
             events,
             source,
             backends: backends.into_iter().map(|b| (b.name().to_owned(), b)).collect(),
@@ -161,17 +180,6 @@ impl Registry {
             releaser,
             step_aside: config.step_aside,
         });
-        let (jobs, rx) = mpsc::channel::<Job>();
-        let (nice, idle) = (config.loader_nice, config.loader_idle);
-        std::thread::Builder::new()
-            .name("baton-loader".into())
-            .spawn(move || {
-                crate::sys::lower_current_thread(nice, idle);
-                for job in rx {
-                    job();
-                }
-            })
-            .expect("spawning the loader thread");
         Registry { inner, jobs }
     }
 
@@ -239,7 +247,7 @@ impl Registry {
     pub fn status(&self, model: &str) -> Option<ModelStatus> {
         let snapshot = self.snapshot();
         let route = snapshot.model(model);
-        let models = lock(&self.inner.models);
+        let models = self.inner.models.lock();
         let entry = models.get(model);
         if route.is_none() && entry.is_none() {
             return None;
@@ -260,7 +268,7 @@ impl Registry {
 
     /// Statuses of every model the registry has touched or serves.
     pub fn statuses(&self) -> Vec<ModelStatus> {
-        let mut names: Vec<String> = lock(&self.inner.models).keys().cloned().collect();
+        let mut names: Vec<String> = self.inner.models.lock().keys().cloned().collect();
         names.extend(self.snapshot().models().keys().cloned());
         names.sort();
         names.dedup();
@@ -279,7 +287,8 @@ impl Registry {
 }
 
 /// The right to run one operation on a model (R4); released on drop, so a
-/// panic or an early return cannot leave a model stuck busy.
+/// panic or an early return cannot leave a model stuck busy. An operation's
+/// run drops it on the agent once its last state is applied.
 pub(crate) struct Busy {
     inner: Arc<Inner>,
     pub(crate) model: String,
@@ -287,7 +296,7 @@ pub(crate) struct Busy {
 
 impl Busy {
     fn take(inner: &Arc<Inner>, model: &str) -> Result<Busy, LoadError> {
-        let mut models = lock(&inner.models);
+        let mut models = inner.models.lock();
         let entry = models.entry(model.to_owned()).or_default();
         if entry.busy {
             return Err(LoadError::InProgress { model: model.to_owned() });
@@ -299,9 +308,14 @@ impl Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if let Some(entry) = lock(&self.inner.models).get_mut(&self.model) {
-            entry.busy = false;
-        }
+        let (inner, model) = (Arc::clone(&self.inner), std::mem::take(&mut self.model));
+        let release = move || {
+            if let Some(entry) = inner.models.lock().get_mut(&model) {
+                entry.busy = false;
+            }
+        };
+        // Dropped on a lowered thread only when its run was cut short.
+        if crate::sys::current_thread_lowered() { self.inner.agent.send(release) } else { release() }
     }
 }
 
@@ -313,9 +327,11 @@ impl Inner {
 
     /// Builds the next table from the current one and publishes it with one
     /// store. Returns the table it replaced. Publishers are serialised so no
-    /// update is lost; building is cheap (the map holds `Arc`s).
+    /// update is lost; building is cheap (the map holds `Arc`s). At serving
+    /// priority only: on the agent for a load, on the caller's thread for
+    /// the other operations.
     pub(crate) fn publish(&self, change: impl FnOnce(&mut BTreeMap<String, ModelRoute>)) -> Snapshot {
-        let _serial = lock(&self.publish);
+        let _serial = self.publish.lock();
         let current = self.routing.load_full();
         let mut models = current.models().clone();
         change(&mut models);
@@ -323,10 +339,11 @@ impl Inner {
         self.routing.swap(next)
     }
 
-    /// Moves a model to a new state and tells subscribers.
+    /// Moves a model to a new state and tells subscribers. This and the
+    /// other changes below run on the agent.
     pub(crate) fn transition(&self, model: &str, version: Option<u64>, to: State, stages: &[StageTiming]) {
         let from = {
-            let mut models = lock(&self.models);
+            let mut models = self.models.lock();
             let entry = models.entry(model.to_owned()).or_default();
             let from = entry.state.unwrap_or(State::Idle);
             entry.state = Some(to);
@@ -348,7 +365,7 @@ impl Inner {
     }
 
     pub(crate) fn record_success(&self, report: &LoadReport) {
-        let mut models = lock(&self.models);
+        let mut models = self.models.lock();
         let entry = models.entry(report.model.clone()).or_default();
         if let (Operation::Load, Some(version)) = (report.operation, report.version) {
             entry.failed_versions.remove(&version);
@@ -357,7 +374,7 @@ impl Inner {
     }
 
     pub(crate) fn record_failure(&self, model: &str, failure: Failure) {
-        let mut models = lock(&self.models);
+        let mut models = self.models.lock();
         let entry = models.entry(model.to_owned()).or_default();
         if let (Operation::Load, Some(version)) = (failure.operation, failure.version) {
             entry.failed_versions.insert(version, failure.clone());

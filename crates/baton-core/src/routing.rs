@@ -9,9 +9,10 @@
 //! stage waits on that, so requests pay nothing for being counted.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 
 use crate::error::InferError;
+use crate::sync::Lock;
 use crate::tensor::Tensor;
 use crate::version::Version;
 
@@ -36,7 +37,7 @@ pub struct Routing {
     generation: u64,
     models: BTreeMap<String, ModelRoute>,
     _alive: mpsc::Sender<()>,
-    released: Mutex<Option<mpsc::Receiver<()>>>,
+    released: Lock<Option<mpsc::Receiver<()>>>,
 }
 
 /// What a request carries: one routing table, for its whole life.
@@ -55,7 +56,7 @@ impl Routing {
     /// A table with these routes.
     pub fn new(generation: u64, models: BTreeMap<String, ModelRoute>) -> Routing {
         let (alive, released) = mpsc::channel();
-        Routing { generation, models, _alive: alive, released: Mutex::new(Some(released)) }
+        Routing { generation, models, _alive: alive, released: Lock::new(Some(released)) }
     }
 
     /// Increases by one with every publish.
@@ -96,7 +97,7 @@ impl Routing {
     /// Takes the receiver that reports when this table is dropped. Only the
     /// first caller gets it.
     pub(crate) fn take_released(&self) -> Option<mpsc::Receiver<()>> {
-        self.released.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.released.lock().take()
     }
 }
 

@@ -2,9 +2,19 @@
 //! freed heap back to the kernel, thread CPU priority, and how long a thread
 //! has waited for a CPU.
 //!
-//! With [`crate::step_aside`], this is the only module of the core that uses
+//! Linux is where baton runs; elsewhere each call is a portable no-op (or
+//! answers `None`), so the crate still builds there. With the Linux part of
+//! [`crate::step_aside`], this is the only module of the core that uses
 //! `unsafe`; each block is one libc call with plain integer arguments.
 #![allow(unsafe_code)]
+
+use std::cell::Cell;
+
+thread_local! {
+    /// Whether this thread lowered its priority for loading work, or was
+    /// started by core code from one that did (see [`current_thread_lowered`]).
+    static LOWERED: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Resident set size of this process in bytes, read from `/proc/self/statm`.
 ///
@@ -18,9 +28,14 @@ pub fn rss_bytes() -> Option<u64> {
 }
 
 fn page_size() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
+    }
+    #[cfg(not(unix))]
+    4096
 }
 
 /// Asks the C allocator to return free heap pages to the kernel, so that a
@@ -151,14 +166,36 @@ pub fn set_current_thread_exact_timers() -> std::io::Result<()> {
 }
 
 /// Lowers the calling thread to the loader's priority: `nice`, and
-/// `SCHED_IDLE` when `idle` is set. Failures are logged, not fatal.
-pub fn lower_current_thread(nice: i32, idle: bool) {
+/// `SCHED_IDLE` when `idle` is set. Threads it creates inherit both.
+///
+/// It also marks the thread as lowered ([`current_thread_lowered`]), even
+/// when the calls fail: from then on it must take no lock that serving
+/// threads take (see [`crate::sync`]), logging's included, so it does not
+/// log what failed but returns it for the caller to report elsewhere.
+pub fn lower_current_thread(nice: i32, idle: bool) -> std::io::Result<()> {
+    mark_current_thread_lowered();
+    let mut failed = Vec::new();
     if let Err(error) = set_current_thread_nice(nice) {
-        tracing::warn!(%error, nice, "Could not lower a thread's priority; loading will compete with serving.");
+        failed.push(format!("nice {nice}: {error}"));
     }
     if idle && let Err(error) = set_current_thread_idle() {
-        tracing::warn!(%error, "Could not put a thread under SCHED_IDLE; it keeps its nice value only.");
+        failed.push(format!("SCHED_IDLE: {error}"));
     }
+    if failed.is_empty() { Ok(()) } else { Err(std::io::Error::other(failed.join("; "))) }
+}
+
+/// Whether the calling thread lowered its priority with
+/// [`lower_current_thread`], or was started by baton's core from a thread
+/// that did (a version's build thread). Such a thread may be kept off the
+/// CPU for a long time while it holds whatever it holds.
+pub fn current_thread_lowered() -> bool {
+    LOWERED.get()
+}
+
+/// Marks the calling thread as lowered: for threads that inherited a lowered
+/// thread's priority when it created them.
+pub(crate) fn mark_current_thread_lowered() {
+    LOWERED.set(true);
 }
 
 /// The nice value of the calling thread.

@@ -75,16 +75,23 @@ impl OnnxModel {
             Some(first) => signature_of(first)?,
             None => return Err(BackendError::new("invalid_engine_options", "a pool needs at least one session")),
         };
-        tracing::debug!(
-            path = %path.display(),
-            sessions = options.sessions,
-            from_memory = matches!(file.source(), SessionSource::Bytes(_)),
-            staged = file.is_staged(),
-            intra_op_threads = options.intra_op_threads,
-            inter_op_threads = options.inter_op_threads,
-            optimization = options.optimization.as_str(),
-            "ONNX model loaded"
-        );
+        // Loads run on a lowered thread, which logs through the registry's agent.
+        let (shown, from_memory, staged) =
+            (path.display().to_string(), matches!(file.source(), SessionSource::Bytes(_)), file.is_staged());
+        let (count, intra, inter) = (options.sessions, options.intra_op_threads, options.inter_op_threads);
+        let optimization = options.optimization.as_str();
+        baton_core::agent::at_serving_priority(move || {
+            tracing::debug!(
+                path = %shown,
+                sessions = count,
+                from_memory,
+                staged,
+                intra_op_threads = intra,
+                inter_op_threads = inter,
+                optimization,
+                "ONNX model loaded"
+            );
+        });
         Ok(OnnxModel { file: file.keep(), signature, sessions: Pool::new(sessions), ranges: OnceLock::new() })
     }
 }

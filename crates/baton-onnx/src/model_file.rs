@@ -3,18 +3,16 @@
 //!
 //! ONNX Runtime reads a model file through a buffer of its own, as large as
 //! the file up to 4 MiB, once per session; validation then reads the whole
-//! file again to visit the weights. Each read fills memory the process
-//! touches for the first time, and on this kind of machine fresh memory is
-//! what a load costs serving most (see docs/benchmarks-notebook.md, "Fresh memory").
-//! So a file of up to [`READ_ONCE_LIMIT`] is read once: every session is
-//! created from these bytes, validation visits the same bytes, and they are
-//! dropped once it has. Validation then checks exactly the bytes the
-//! sessions were built from. (Measured on the 3 MiB MLP: 5,740 page faults
-//! per load instead of 7,285.)
+//! file again to visit the weights, and each read fills memory the process
+//! touches for the first time, which is what a load costs serving most. So
+//! a file of up to [`READ_ONCE_LIMIT`] is read once: every session is
+//! created from these bytes, validation visits the same bytes (so it checks
+//! exactly what the sessions were built from), and they are dropped once it
+//! has.
 //!
-//! A larger file is not held: holding the whole file while the sessions
-//! were created raised the peak memory of loading a 480 MiB model by
-//! 256 MiB, and saved only ONNX Runtime's two 4 MiB buffers. It is read
+//! A larger file is not held, since holding it while the sessions are
+//! created raises a load's peak memory by far more than it saves
+//! (docs/benchmarks-notebook.md, "Fresh memory"). It is read
 //! without its weights' payloads ([`proto::read_skeleton`]), which is enough
 //! to parse it; its weights are staged for ONNX Runtime to map ([`Staged`]),
 //! or, when that is off or fails, ONNX Runtime reads the file, through
@@ -155,11 +153,17 @@ impl ModelFile {
                     );
                     return Err(BackendError::new("staging_failed", message));
                 }
-                Err(reason) => tracing::warn!(
-                    path = %files.name.display(),
-                    reason,
-                    "Staging the model's weights failed; ONNX Runtime reads the verified model file itself."
-                ),
+                Err(reason) => {
+                    // On a lowered loading thread: logged through the registry's agent.
+                    let shown = files.name.display().to_string();
+                    baton_core::agent::at_serving_priority(move || {
+                        tracing::warn!(
+                            path = %shown,
+                            %reason,
+                            "Staging the model's weights failed; ONNX Runtime reads the verified model file itself."
+                        );
+                    });
+                }
             }
         }
         if has_external && staged.is_none() {

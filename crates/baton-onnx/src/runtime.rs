@@ -166,17 +166,22 @@ fn start() -> Result<Runtime, StartError> {
     Ok(Runtime { env, spawner })
 }
 
-/// Forwards ONNX Runtime's log messages to `tracing`. Called from C, so it
-/// must not panic; `tracing` macros do not.
+/// Forwards ONNX Runtime's log messages to `tracing`, at serving priority:
+/// ONNX Runtime logs on whichever thread calls it, a lowered loading thread
+/// among them, which must not take the log writer's lock
+/// ([`baton_core::agent::at_serving_priority`]). Called from C, so it must
+/// not panic; neither `tracing` macros nor the hand-off do.
 fn forward_log(level: LogLevel, category: &str, id: &str, location: &str, message: &str) {
-    match level {
+    let (category, id, location, message) =
+        (category.to_owned(), id.to_owned(), location.to_owned(), message.to_owned());
+    baton_core::agent::at_serving_priority(move || match level {
         LogLevel::Verbose => tracing::trace!(target: "onnxruntime", category, id, location, "{message}"),
         LogLevel::Info => tracing::debug!(target: "onnxruntime", category, id, location, "{message}"),
         LogLevel::Warning => tracing::warn!(target: "onnxruntime", category, id, location, "{message}"),
         LogLevel::Error | LogLevel::Fatal => {
             tracing::error!(target: "onnxruntime", category, id, location, "{message}")
         }
-    }
+    });
 }
 
 /// Warns when `init` runs on a thread whose priority is below the main

@@ -2,12 +2,10 @@
 //!
 //! Given a model file that keeps its weights inline, ONNX Runtime copies
 //! them while it builds each session, and packs each matrix into a buffer
-//! of its own for faster products. For a 480 MiB model that is about 2 GiB
-//! of memory touched for the first time per session, about four times the
-//! weights (measured as 536,000 page faults and 1.5–1.7 s of CPU each;
-//! which copies ONNX Runtime makes was not traced in its source:
-//! docs/benchmarks-notebook.md §3, "Weights mapped, not copied"); memory touched for
-//! the first time is most of what a load costs here.
+//! of its own for faster products: about four times the weights' size of
+//! memory touched for the first time, per session, which is most of what a
+//! load costs (docs/benchmarks-notebook.md §3, "Weights mapped, not
+//! copied").
 //!
 //! When a model's weights are external data at page-aligned offsets, ONNX
 //! Runtime maps the data file instead and copies nothing but what it packs.
@@ -167,7 +165,11 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "A staged model directory could not be removed.");
+            // Dropped on a lowered loading thread: logged through the registry's agent.
+            let dir = self.dir.display().to_string();
+            baton_core::agent::at_serving_priority(move || {
+                tracing::warn!(%dir, error = %e, "A staged model directory could not be removed.");
+            });
         }
     }
 }

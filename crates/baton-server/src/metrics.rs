@@ -338,7 +338,7 @@ impl Metrics {
             &mut out,
             "baton_loader_step_asides_total",
             "counter",
-            "Times a thread building or freeing a version stepped off the CPU, for waiting threads or to keep to its share while requests are served.",
+            "Times a thread building or freeing a version stepped off the CPU, for waiting threads or to keep to its share while requests are served (--loader-step-aside; 0 without it).",
         );
         let _ = writeln!(out, "baton_loader_step_asides_total {}", stepped.steps);
         help(&mut out, "baton_loader_step_aside_seconds_total", "counter", "Time those threads spent stepped aside.");

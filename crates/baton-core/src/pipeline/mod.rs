@@ -1,20 +1,28 @@
 //! The load transaction (R6): fetch → verify → load → validate → warmup →
-//! commit → drain, and the two shorter operations built from its last
-//! stages, rollback and unload.
+//! commit → drain, and the three shorter operations built from its last
+//! stages, rollback, retire and unload.
 //!
-//! Every stage before commit works on the candidate alone; the first failure
-//! stops the transaction, leaves the routing table untouched and returns an
-//! error naming the stage. Commit is one store. Drain runs on a thread of its
-//! own so the loader can start the next model's load meanwhile; the model
-//! stays busy (R4) until its drain ends.
+//! Every stage before commit works on the candidate alone, on a lowered
+//! build thread; the first failure stops the transaction, leaves the routing
+//! table untouched and returns an error naming the stage. Commit is one
+//! store. Drain runs on a thread of its own so the loader can start the next
+//! model's load meanwhile; the model stays busy (R4) until its drain ends.
+//!
+//! A run changes registry state only through the agent ([`crate::agent`]):
+//! each transition, the report and the reply are jobs it applies in order.
+//! A load's commit is a job too, so that the routing table is published at
+//! serving priority and the drain thread, which the commit starts, does not
+//! inherit the build thread's idle priority.
 
 pub mod validate;
 pub mod warmup;
 
+use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::agent::panic_message;
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
 use crate::heap::HeapLease;
@@ -35,6 +43,17 @@ struct Run {
     current: Option<Stage>,
 }
 
+/// What a commit does to the routes; returns the version it replaced.
+type Change = Box<dyn FnOnce(&mut BTreeMap<String, ModelRoute>) -> Option<u64> + Send>;
+
+/// How a run ends after its commit.
+struct Finish {
+    timeout: Duration,
+    bytes_held: u64,
+    end: State,
+    reply: Reply,
+}
+
 impl Run {
     fn new(inner: Arc<Inner>, busy: Busy, operation: Operation) -> Run {
         Run {
@@ -53,19 +72,31 @@ impl Run {
         &self.busy.model
     }
 
+    /// Has the agent move the model to `to`, after this run's earlier changes.
+    fn tell_transition(&self, to: State) {
+        let (inner, model, version, stages) =
+            (Arc::clone(&self.inner), self.model().to_owned(), self.version, self.stages.clone());
+        self.inner.agent.send(move || inner.transition(&model, version, to, &stages));
+    }
+
     /// Runs one stage: enters its state, times it.
     fn stage<T>(&mut self, stage: Stage, work: impl FnOnce(&mut Run) -> Result<T, LoadError>) -> Result<T, LoadError> {
         self.current = Some(stage);
-        self.inner.transition(self.model(), self.version, stage.state(), &self.stages);
+        self.tell_transition(stage.state());
         let began = Instant::now();
         let result = work(self);
         self.stages.push(StageTiming { stage, duration: began.elapsed() });
         result
     }
 
-    /// Reports a failure: event, record, FAILED, then READY again if a
-    /// version still serves.
+    /// Reports a failure on the agent: event, record, FAILED, then READY
+    /// again if a version still serves; then frees the model and answers.
     fn fail(self, error: LoadError, reply: Reply) {
+        let agent = self.inner.agent.clone();
+        agent.send(move || self.report_failure(error, reply));
+    }
+
+    fn report_failure(self, error: LoadError, reply: Reply) {
         let model = self.model().to_owned();
         let stage = error.stage();
         tracing::warn!(
@@ -104,51 +135,75 @@ impl Run {
         let _ = reply.send(Err(error));
     }
 
-    /// Waits for the replaced table on a drain thread, then finishes.
-    fn drain_then_finish(self, old: Snapshot, timeout: Duration, bytes_held: u64, end: State, reply: Reply) {
-        let spawned = std::thread::Builder::new().name("baton-drain".into()).spawn(move || {
-            let mut run = self;
-            // A model that was not in the replaced table has nothing to drain.
-            let nothing_to_drain = old.model(run.model()).is_none();
-            let (stragglers, timed_out) = run
-                .stage(Stage::Drain, |_| Ok(if nothing_to_drain { (0, false) } else { drain(old, timeout) }))
-                .unwrap_or((0, false));
-            if timed_out {
-                tracing::warn!(
-                    model = run.model(),
-                    stragglers,
-                    "Drain timed out; the old version is freed when its last requests end."
-                );
-                run.inner.emit(run.model(), run.version, EventKind::DrainTimedOut { stragglers });
-            }
-            let report = LoadReport {
-                model: run.model().to_owned(),
-                operation: run.operation,
-                version: run.version,
-                replaced: run.replaced,
-                stages: run.stages.clone(),
-                total: run.started.elapsed(),
-                bytes_held,
-                stragglers,
-                drain_timed_out: timed_out,
-            };
-            run.inner.record_success(&report);
-            run.inner.transition(run.model(), run.version, end, &run.stages);
-            run.inner.emit(run.model(), run.version, EventKind::Finished { report: report.clone() });
-            tracing::info!(
-                model = %report.model,
-                operation = ?report.operation,
-                version = ?report.version,
-                replaced = ?report.replaced,
-                total_ms = report.total.as_secs_f64() * 1000.0,
-                "Model operation finished."
-            );
-            drop(run);
-            let _ = reply.send(Ok(report));
-        });
+    /// Publishes the table `change` makes, then drains the replaced one on a
+    /// thread of its own and reports. At serving priority only (the drain
+    /// thread inherits the caller's): on the agent for a load, on the
+    /// caller's thread for the other operations.
+    fn commit_then_drain(mut self, change: Change, finish: Finish) {
+        let old = self
+            .stage(Stage::Commit, |run| {
+                let mut replaced = None;
+                let old = run.inner.publish(|models| replaced = change(models));
+                run.replaced = replaced;
+                Ok(old)
+            })
+            .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
+        crate::sync::expect_serving_priority();
+        let spawned = std::thread::Builder::new().name("baton-drain".into()).spawn(move || self.drain(old, finish));
         if let Err(error) = spawned {
             tracing::error!(%error, "Could not start a drain thread.");
         }
+    }
+
+    /// On the drain thread: waits for the replaced table, then has the agent
+    /// report.
+    fn drain(mut self, old: Snapshot, finish: Finish) {
+        // A model that was not in the replaced table has nothing to drain.
+        let nothing_to_drain = old.model(self.model()).is_none();
+        let timeout = finish.timeout;
+        let (stragglers, timed_out) = self
+            .stage(Stage::Drain, |_| Ok(if nothing_to_drain { (0, false) } else { drain(old, timeout) }))
+            .unwrap_or((0, false));
+        let report = LoadReport {
+            model: self.model().to_owned(),
+            operation: self.operation,
+            version: self.version,
+            replaced: self.replaced,
+            stages: self.stages.clone(),
+            total: self.started.elapsed(),
+            bytes_held: finish.bytes_held,
+            stragglers,
+            drain_timed_out: timed_out,
+        };
+        let agent = self.inner.agent.clone();
+        agent.send(move || self.report_success(report, finish));
+    }
+
+    /// On the agent: records and announces the finished run, moves the
+    /// model to its final state, frees it and answers.
+    fn report_success(self, report: LoadReport, finish: Finish) {
+        if report.drain_timed_out {
+            tracing::warn!(
+                model = self.model(),
+                stragglers = report.stragglers,
+                "Drain timed out; the old version is freed when its last requests end."
+            );
+            let stragglers = report.stragglers;
+            self.inner.emit(self.model(), self.version, EventKind::DrainTimedOut { stragglers });
+        }
+        self.inner.record_success(&report);
+        self.inner.transition(self.model(), self.version, finish.end, &self.stages);
+        self.inner.emit(self.model(), self.version, EventKind::Finished { report: report.clone() });
+        tracing::info!(
+            model = %report.model,
+            operation = ?report.operation,
+            version = ?report.version,
+            replaced = ?report.replaced,
+            total_ms = report.total.as_secs_f64() * 1000.0,
+            "Model operation finished."
+        );
+        drop(self);
+        let _ = finish.reply.send(Ok(report));
     }
 }
 
@@ -164,16 +219,9 @@ fn drain(old: Snapshot, timeout: Duration) -> (usize, bool) {
     }
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_owned())
-}
-
 /// The whole transaction for one model; runs on a build thread (see
-/// [`crate::heap`]) at the loader's priority. `heap` goes into the version.
+/// [`crate::heap`]) at the loader's priority, up to the commit, which it
+/// hands to the agent. `heap` goes into the version.
 pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: Reply, heap: HeapLease) {
     let mut run = Run::new(inner, busy, Operation::Load);
     let outcome = catch_unwind(AssertUnwindSafe(|| prepare(&mut run, version, heap)));
@@ -187,25 +235,21 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
         }
     };
     let (version, keep, timeout) = prepared;
-    let bytes_held = version.bytes_held();
+    let finish = Finish { timeout, bytes_held: version.bytes_held(), end: State::Ready, reply };
     let number = version.number();
-    let old = run
-        .stage(Stage::Commit, |run| {
-            let model = run.model().to_owned();
-            let mut replaced = None;
-            let old = run.inner.publish(|models| {
-                let previous = models.remove(&model);
-                replaced = previous.as_ref().map(|r| r.stable.number());
-                let mut kept: Vec<Arc<Version>> = previous.map(|r| r.versions().cloned().collect()).unwrap_or_default();
-                kept.retain(|v| v.number() != number);
-                kept.truncate(keep);
-                models.insert(model.clone(), ModelRoute { stable: version, previous: kept });
-            });
-            run.replaced = replaced;
-            Ok(old)
-        })
-        .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
-    run.drain_then_finish(old, timeout, bytes_held, State::Ready, reply);
+    let model = run.model().to_owned();
+    let change: Change = Box::new(move |models| {
+        let previous = models.remove(&model);
+        let replaced = previous.as_ref().map(|r| r.stable.number());
+        let mut kept: Vec<Arc<Version>> = previous.map(|r| r.versions().cloned().collect()).unwrap_or_default();
+        kept.retain(|v| v.number() != number);
+        kept.truncate(keep);
+        models.insert(model, ModelRoute { stable: version, previous: kept });
+        replaced
+    });
+    // Published on the agent, at serving priority; see the module's documentation.
+    let agent = run.inner.agent.clone();
+    agent.send(move || run.commit_then_drain(change, finish));
 }
 
 type Prepared = (Arc<Version>, usize, Duration);
@@ -272,22 +316,12 @@ pub(crate) fn rollback(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<()
     let mut run = Run::new(inner, busy, Operation::Rollback);
     run.version = Some(target.number());
     drop(current);
-    let old = run
-        .stage(Stage::Commit, |run| {
-            let mut replaced = None;
-            let old = run.inner.publish(|models| {
-                if let Some(route) = models.get_mut(&model)
-                    && !route.previous.is_empty()
-                {
-                    let stable = route.previous.remove(0);
-                    replaced = Some(std::mem::replace(&mut route.stable, stable).number());
-                }
-            });
-            run.replaced = replaced;
-            Ok(old)
-        })
-        .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
-    run.drain_then_finish(old, timeout, 0, State::Ready, reply);
+    let change: Change = Box::new(move |models| {
+        let route = models.get_mut(&model).filter(|route| !route.previous.is_empty())?;
+        let stable = route.previous.remove(0);
+        Some(std::mem::replace(&mut route.stable, stable).number())
+    });
+    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
     Ok(())
 }
 
@@ -306,18 +340,13 @@ pub(crate) fn retire(inner: Arc<Inner>, busy: Busy, version: u64, reply: Reply) 
     };
     let mut run = Run::new(inner, busy, Operation::Retire);
     run.version = Some(version);
-    let old = run
-        .stage(Stage::Commit, |run| {
-            let old = run.inner.publish(|models| {
-                if let Some(route) = models.get_mut(&model) {
-                    route.previous.retain(|v| v.number() != version);
-                }
-            });
-            run.replaced = Some(version);
-            Ok(old)
-        })
-        .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
-    run.drain_then_finish(old, timeout, 0, State::Ready, reply);
+    let change: Change = Box::new(move |models| {
+        if let Some(route) = models.get_mut(&model) {
+            route.previous.retain(|v| v.number() != version);
+        }
+        Some(version)
+    });
+    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
     Ok(())
 }
 
@@ -329,15 +358,8 @@ pub(crate) fn unload(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), 
         let route = current.model(&model).ok_or_else(|| LoadError::NotLoaded { model: model.clone() })?;
         Duration::from_millis(route.stable.spec().policy.drain_timeout_ms)
     };
-    let mut run = Run::new(inner, busy, Operation::Unload);
-    let old = run
-        .stage(Stage::Commit, |run| {
-            let mut replaced = None;
-            let old = run.inner.publish(|models| replaced = models.remove(&model).map(|r| r.stable.number()));
-            run.replaced = replaced;
-            Ok(old)
-        })
-        .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
-    run.drain_then_finish(old, timeout, 0, State::Idle, reply);
+    let run = Run::new(inner, busy, Operation::Unload);
+    let change: Change = Box::new(move |models| models.remove(&model).map(|r| r.stable.number()));
+    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Idle, reply });
     Ok(())
 }

@@ -139,13 +139,19 @@ pub fn samples(dir: &Path, spec: &ModelSpec, model: &dyn Model) -> Result<Vec<Sa
     if spec.warmup.generated {
         match generated(model.signature(), &model.input_ranges(), &spec.warmup.batch_sizes) {
             Ok(samples) => out.extend(samples),
-            Err(reason) => tracing::warn!(
-                version = %dir.display(),
-                shipped = out.len(),
-                reason,
-                "Warmup generates no inputs for this version: the valid values of an integer input are \
-                 unknown. Only its shipped warmup samples run."
-            ),
+            Err(reason) => {
+                // On a lowered loading thread: logged through the registry's agent.
+                let (version, shipped) = (dir.display().to_string(), out.len());
+                crate::agent::at_serving_priority(move || {
+                    tracing::warn!(
+                        %version,
+                        shipped,
+                        %reason,
+                        "Warmup generates no inputs for this version: the valid values of an integer input are \
+                         unknown. Only its shipped warmup samples run."
+                    );
+                });
+            }
         }
     }
     Ok(out)

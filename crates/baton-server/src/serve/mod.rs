@@ -60,25 +60,35 @@ pub struct ServeArgs {
     /// under sustained full load a load waits for idle moments.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub loader_idle: bool,
-    /// CPU time, in microseconds, a thread building or freeing a version
+    /// Let threads building or freeing a version step off the CPU while
+    /// other threads wait for one, interrupted by a timer signal (Linux
+    /// only; off by default, see docs/hot-swap.md). The three options
+    /// below tune it and do nothing without it.
+    #[arg(long)]
+    pub loader_step_aside: bool,
+    /// With --loader-step-aside: CPU time, in microseconds, such a thread
     /// uses before it looks whether other threads wait for a CPU, and how
     /// often it is interrupted to look (at least 100). 0 never looks.
     #[arg(long, default_value_t = 250)]
     pub loader_quantum_us: u64,
-    /// How long, in microseconds, it then steps off the CPU when more
-    /// threads are runnable than there are CPUs.
+    /// With --loader-step-aside: how long, in microseconds, it then steps
+    /// off the CPU when more threads are runnable than there are CPUs.
     #[arg(long, default_value_t = 200)]
     pub loader_pause_us: u64,
-    /// The share of one CPU, in percent (10–100), a thread building or
-    /// freeing a version keeps while requests are being served; 100 does
-    /// not limit it.
+    /// With --loader-step-aside: the share of one CPU, in percent (10–100),
+    /// such a thread keeps while requests are being served; 100 does not
+    /// limit it.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(10..=100))]
     pub loader_serving_share: u8,
 }
 
 impl ServeArgs {
-    /// The loading threads' step-aside policy the flags ask for.
+    /// The loading threads' step-aside policy the flags ask for: off unless
+    /// `--loader-step-aside` is given.
     pub fn step_aside(&self) -> StepAside {
+        if !self.loader_step_aside {
+            return StepAside::OFF;
+        }
         StepAside {
             quantum: Duration::from_micros(self.loader_quantum_us),
             pause: Duration::from_micros(self.loader_pause_us),
@@ -231,15 +241,23 @@ mod tests {
     }
 
     #[test]
-    fn loading_threads_step_aside_by_default_and_zero_turns_it_off() {
-        assert_eq!(parse(&[]).step_aside(), StepAside::DEFAULT);
-        assert!(!parse(&["--loader-quantum-us", "0"]).step_aside().is_on());
-        let custom = parse(&["--loader-quantum-us", "500", "--loader-pause-us", "100"]).step_aside();
+    fn loading_threads_step_aside_only_when_asked_and_zero_turns_it_off() {
+        assert_eq!(parse(&[]).step_aside(), StepAside::OFF);
+        assert_eq!(
+            parse(&["--loader-quantum-us", "500"]).step_aside(),
+            StepAside::OFF,
+            "tuning alone turns nothing on"
+        );
+        assert_eq!(parse(&["--loader-step-aside"]).step_aside(), StepAside::STANDARD);
+        assert!(!parse(&["--loader-step-aside", "--loader-quantum-us", "0"]).step_aside().is_on());
+        let custom =
+            parse(&["--loader-step-aside", "--loader-quantum-us", "500", "--loader-pause-us", "100"]).step_aside();
         assert_eq!(
             custom,
             StepAside { quantum: Duration::from_micros(500), pause: Duration::from_micros(100), serving_share: 50 }
         );
-        assert_eq!(parse(&["--loader-serving-share", "100"]).step_aside().serving_share, 100);
+        let unshared = parse(&["--loader-step-aside", "--loader-serving-share", "100"]).step_aside();
+        assert_eq!(unshared.serving_share, 100);
         for bad in ["5", "101"] {
             let args = ["baton", "--loader-serving-share", bad];
             assert!(Cli::try_parse_from(args).is_err(), "a share of {bad} % was accepted");

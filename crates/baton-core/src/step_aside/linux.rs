@@ -1,180 +1,60 @@
-//! Loader threads that step off the CPU while another thread waits for one.
+//! Stepping aside on Linux: a POSIX timer per armed thread and a real-time
+//! signal whose handler decides whether the thread sleeps.
 //!
-//! `SCHED_IDLE` (and nice 19) tell the kernel that the loader's work
-//! matters least, but on the kernels baton runs on they do not stop a
-//! loader that has been picked from keeping its core until the next
-//! scheduler tick. Traces of swap drills on a saturated two-core machine
-//! (docs/benchmarks-notebook.md §2, "Why a serving thread still waits") showed
-//! serving threads queued beside a running loader for up to 4.1 ms, a
-//! tick, and no loader priority the kernel offers avoided it. The
-//! explanation that fits, not checked in the kernel's source: the EEVDF
-//! scheduler picks only among threads that are *eligible*, that have not
-//! had more than their share, whatever their weight; a serving thread back
-//! from a short sleep after a busy stretch often is not, and a loader that
-//! has waited is.
-//!
-//! So the loader gets off the run queue by itself. While a thread does
-//! loading work it holds an [`Armed`] timer: a POSIX timer
-//! (`CLOCK_MONOTONIC`, delivered to that one thread) raises a real-time
-//! signal on it every `quantum`. The handler looks at how much CPU the
-//! thread has used since it last stepped aside; once that is a whole
-//! quantum, it reads how many threads are runnable on the machine
-//! (`/proc/loadavg`), and when there are more than CPUs, someone is
-//! waiting: the thread sleeps for `pause`. Asleep, it is off the run
-//! queue, and the scheduler gives its core to a waiting thread (an idle
-//! core also pulls a waiting thread over from a busy one). Under sustained
-//! load a serving thread so waits behind the loader for about a quantum,
-//! not a tick.
-//!
-//! While nobody waits, the looks are spaced four quanta apart: each
-//! interruption costs the thread 25–40 µs on the virtual machines baton
-//! is benchmarked on, and a look every quantum made an idle server's MLP
-//! loads 17 % slower (33.5 against 28.5 ms, median of 10 each); spaced
-//! out, 44 against 42 ms, within the noise. The first look after the
-//! machine fills up can so come four quanta late.
-//!
-//! Time stepped aside runs until the thread is back on a CPU, and an armed
-//! thread spends at most [`MAX_PAUSED_PER_CPU`] times its own CPU time so:
-//! on a machine that stays full, a load still progresses instead of
-//! waiting for an idle moment that may not come.
-//!
-//! What it buys and costs is measured in docs/benchmarks-notebook.md §2 ("Stepping
-//! aside"): on a saturated machine without autogroup the p99.9 of requests
-//! served while a version loads fell by a third to a half in paired
-//! drills, and the load took several times longer,
-//! since the loader now runs only when nobody else wants the CPU.
-//!
-//! ## Sharing while serving
-//!
-//! Stepping aside helps only when threads are queued for a CPU. A load
-//! beside light traffic slows serving another way, with no one queued. The
-//! loader keeps one CPU busy, and the kernel then places waking threads on
-//! that CPU less often. In `perf sched` traces of the MLP at 300
-//! requests/s beside a `SCHED_IDLE` busy loop, the server's threads woke
-//! onto the CPU where the drill's client ran and preempted it about six
-//! times as often as without the loop (1,993 against 312 times, in about
-//! 11 s of each). The request then waited behind the other's work. The scheduler's own
-//! delays did not grow. A likely cause, not checked in the kernel's
-//! source: the wake-up path searches for an idle CPU only while the cache
-//! domain's average load is low, and the busy loop counts towards it
-//! whatever its priority. In those drills the MLP's p99 doubled, 0.7 →
-//! 1.5 ms. It did so with a busy loop that touched no memory, as with one
-//! writing fresh or warm memory (docs/benchmarks-notebook.md §3, "What a busy CPU
-//! beside serving costs").
-//!
-//! So while requests are being served (one noted by [`note_request`]
-//! within the last [`SERVING_RECENT`]), an armed thread keeps to
-//! [`StepAside::serving_share`] of one CPU. After each quantum of CPU it
-//! sleeps long enough to use no more, whether or not anyone waits. A load
-//! then takes longer while traffic flows: half a CPU, the default, makes
-//! its CPU-bound part twice as long. Once requests stop, it runs at full
-//! speed.
-//!
-//! ## Safety of the handler
+//! While a thread does loading work it holds an [`Armed`] timer
+//! (`CLOCK_MONOTONIC`, delivered to that one thread). The handler looks at
+//! how much CPU the thread has used since it last stepped aside; once that
+//! is a whole quantum, it reads how many threads are runnable on the machine
+//! (`/proc/loadavg`), and when there are more than CPUs it sleeps for the
+//! pause. While requests are being served it also sleeps long enough after
+//! each quantum to keep to its share of a CPU. While nobody waits, the looks
+//! are spaced [`IDLE_SPACING`] quanta apart, since every interruption costs
+//! the thread tens of microseconds. Time stepped aside is capped by
+//! [`super::MAX_PAUSED_PER_CPU`].
 //!
 //! The handler makes only async-signal-safe calls (`clock_gettime`,
-//! `pread`, `nanosleep`, `timer_settime`), allocates nothing, takes no
-//! lock and keeps `errno`; the signal is installed with `SA_RESTART`, so
-//! interrupted system calls resume. What it cannot know is which
-//! user-space locks the interrupted code holds: code that holds a lock
-//! serving threads take (`malloc_trim`, which locks every allocator arena)
-//! runs inside [`hold`], which keeps the signal blocked. Any other lock
-//! shared with serving is held for one pause longer, and for as long as
-//! the paused thread then waits for a CPU.
+//! `pread`, `nanosleep`, `timer_settime`), allocates nothing, takes no lock
+//! and keeps `errno`; the signal is installed with `SA_RESTART`. What it
+//! cannot know is which user-space locks the interrupted code holds, or
+//! whether that code retries the calls a signal interrupts regardless of
+//! `SA_RESTART` (timed waits among them): code that must not be paused runs
+//! inside [`hold`], which keeps the signal blocked.
 //!
-//! The count of runnable threads is the whole machine's. In a container
+//! The count of runnable threads is the whole machine's: in a container
 //! limited to fewer CPUs than the machine has, a saturated container on an
-//! idle host is not seen as saturated, and the loader keeps the
-//! `SCHED_IDLE` behaviour alone.
+//! idle host is not seen as saturated.
 #![allow(unsafe_code)]
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// When a loading thread steps aside, and for how long.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepAside {
-    /// CPU time the thread may use before it looks whether others wait;
-    /// also how often it is interrupted to look. Zero turns stepping aside off.
-    pub quantum: Duration,
-    /// How long it sleeps when others wait.
-    pub pause: Duration,
-    /// The share of one CPU, in percent, the thread keeps while requests
-    /// are being served ([`note_request`] within [`SERVING_RECENT`]):
-    /// after each quantum of CPU it sleeps long enough to use no more.
-    /// 100 does not limit it. See "Sharing while serving" above.
-    pub serving_share: u8,
-}
+use super::{Counts, MAX_PAUSED_PER_CPU, SERVING_RECENT, StepAside, nanos, share_pause};
 
-impl StepAside {
-    /// The default: look every 250 µs, step aside for 200 µs, and keep to
-    /// half a CPU while requests are served. A quantum is about the serving
-    /// thread's own work on a small model's request, and under half the
-    /// MLP's steady p99 on the benchmark machine. Half a CPU, not less: a
-    /// quarter did no better in the paired drills of docs/benchmarks-notebook.md §3
-    /// ("Sharing while serving") and made loads twice as long again.
-    pub const DEFAULT: StepAside =
-        StepAside { quantum: Duration::from_micros(250), pause: Duration::from_micros(200), serving_share: 50 };
-
-    /// The shortest quantum [`StepAside::arm`] uses. A thread in a relative
-    /// sleep (`nanosleep`) that a signal interrupts sleeps again for the time
-    /// left, which the kernel counts to the sleep's latest end, its timer
-    /// slack (50 µs by default) after the requested one; interrupted more
-    /// often than that, the sleep never ends (seen in this module's tests
-    /// at 50 µs). Armed threads also get a timer slack of 1 ns, so their
-    /// sleeps, the pause among them, end when asked.
-    pub const MIN_QUANTUM: Duration = Duration::from_micros(100);
-
-    /// Never step aside.
-    pub const OFF: StepAside = StepAside { quantum: Duration::ZERO, pause: Duration::ZERO, serving_share: 100 };
-
-    /// Whether this policy steps aside at all.
-    pub fn is_on(&self) -> bool {
-        !self.quantum.is_zero() && !self.pause.is_zero()
-    }
-
-    /// Starts stepping aside on the calling thread until the returned guard
-    /// is dropped. Arm it only around work: the timer interrupts the thread
-    /// every quantum, working or blocked. Where the timer or the signal is
-    /// not available, a warning says so once and the guard does nothing.
-    ///
-    /// A quantum shorter than [`StepAside::MIN_QUANTUM`] is raised to it.
-    ///
-    /// Arming a thread that is already armed does nothing: the outer guard
-    /// keeps the thread armed until it is dropped.
-    pub fn arm(self) -> Armed {
-        if !self.is_on() || armed_here() {
-            return Armed::none();
+/// Arms the calling thread, which is not armed yet, with `policy`, which is on.
+pub(super) fn arm(policy: StepAside) -> Armed {
+    let Some(signal) = installed() else { return Armed::none() };
+    let quantum = policy.quantum.max(StepAside::MIN_QUANTUM);
+    let slack = Slack::exact();
+    match Timer::start(signal, quantum) {
+        Ok(timer) => {
+            ENABLED.store(true, Ordering::Relaxed);
+            TIMER.set(Some(timer.0));
+            SPACING_NS.set(nanos(quantum));
+            QUANTUM_NS.set(nanos(quantum));
+            PAUSE_NS.set(nanos(policy.pause));
+            SHARE_PAUSE_NS.set(share_pause(quantum, policy.serving_share));
+            RAN_FROM_NS.set(thread_cpu_ns());
+            ARMED_CPU_NS.set(RAN_FROM_NS.get());
+            ARMED_PAUSED_NS.set(PAUSED_HERE_NS.get());
+            Armed { timer: Some(timer), _slack: slack, _this_thread: PhantomData }
         }
-        let Some(signal) = installed() else { return Armed::none() };
-        let quantum = self.quantum.max(StepAside::MIN_QUANTUM);
-        let slack = Slack::exact();
-        match Timer::start(signal, quantum) {
-            Ok(timer) => {
-                TIMER.set(Some(timer.0));
-                SPACING_NS.set(nanos(quantum));
-                QUANTUM_NS.set(nanos(quantum));
-                PAUSE_NS.set(nanos(self.pause));
-                SHARE_PAUSE_NS.set(share_pause(quantum, self.serving_share));
-                RAN_FROM_NS.set(thread_cpu_ns());
-                ARMED_CPU_NS.set(RAN_FROM_NS.get());
-                ARMED_PAUSED_NS.set(PAUSED_HERE_NS.get());
-                Armed { timer: Some(timer), _slack: slack, _this_thread: PhantomData }
-            }
-            Err(error) => {
-                warn_once(&format!("cannot create the step-aside timer: {error}"));
-                Armed::none()
-            }
+        Err(error) => {
+            warn_once(format!("cannot create the step-aside timer: {error}"));
+            Armed::none()
         }
-    }
-}
-
-impl Default for StepAside {
-    fn default() -> Self {
-        StepAside::DEFAULT
     }
 }
 
@@ -190,7 +70,7 @@ pub struct Armed {
 }
 
 impl Armed {
-    fn none() -> Armed {
+    pub(super) fn none() -> Armed {
         Armed { timer: None, _slack: Slack(None), _this_thread: PhantomData }
     }
 
@@ -225,21 +105,8 @@ pub fn paused_here() -> Duration {
     Duration::from_nanos(SLEPT_HERE_NS.get())
 }
 
-/// How often loading threads have stepped aside, since the process started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// Times it stepped aside: others waited, or requests were being
-    /// served and it had used its share.
-    pub steps: u64,
-    /// Wall time spent stepped aside, to the return to a CPU.
-    pub paused: Duration,
-    /// Times it would have stepped aside but had used up what it may spend
-    /// stepped aside ([`MAX_PAUSED_PER_CPU`]) and kept running.
-    pub declined: u64,
-}
-
 /// The process-wide counts.
-pub fn counts() -> Counts {
+pub(super) fn counts() -> Counts {
     Counts {
         steps: STEPS.load(Ordering::Relaxed),
         paused: Duration::from_nanos(PAUSED_NS.load(Ordering::Relaxed)),
@@ -313,6 +180,8 @@ thread_local! {
     static SLEPT_HERE_NS: Cell<u64> = const { Cell::new(0) };
 }
 
+/// Whether any thread was ever armed: until then, noting requests costs nothing.
+static ENABLED: AtomicBool = AtomicBool::new(false);
 static STEPS: AtomicU64 = AtomicU64::new(0);
 static PAUSED_NS: AtomicU64 = AtomicU64::new(0);
 static DECLINED: AtomicU64 = AtomicU64::new(0);
@@ -331,7 +200,7 @@ fn installed() -> Option<libc::c_int> {
     *SIGNAL.get_or_init(|| match install() {
         Ok(signal) => Some(signal),
         Err(error) => {
-            warn_once(&error);
+            warn_once(error);
             None
         }
     })
@@ -374,13 +243,15 @@ fn install() -> Result<libc::c_int, String> {
     Ok(signal)
 }
 
-fn warn_once(reason: &str) {
+fn warn_once(reason: String) {
     static WARNED: std::sync::Once = std::sync::Once::new();
     WARNED.call_once(|| {
-        tracing::warn!(
-            reason,
-            "Loading threads cannot step aside for waiting threads; they keep their priority alone."
-        );
+        crate::agent::at_serving_priority(move || {
+            tracing::warn!(
+                %reason,
+                "Loading threads cannot step aside for waiting threads; they keep their priority alone."
+            );
+        });
     });
 }
 
@@ -501,15 +372,11 @@ fn on_tick() {
         // out twice, and a warmup run could come out faster than it was.
         SLEPT_HERE_NS.set(SLEPT_HERE_NS.get() + paused.min(pause));
     }
-    // Every interruption costs the thread tens of microseconds on a
-    // virtual machine (measured here: 25-40 µs, timer exits included), so
-    // while nobody waits it is interrupted only every few quanta.
+    // Every interruption costs the thread tens of microseconds, so while
+    // nobody waits it is interrupted only every few quanta.
     respace(if step { quantum } else { quantum * IDLE_SPACING });
     RAN_FROM_NS.set(thread_cpu_ns());
 }
-
-/// How recent the last request must be for the server to count as serving.
-pub const SERVING_RECENT: Duration = Duration::from_millis(100);
 
 /// When the last request was noted, in `CLOCK_MONOTONIC` nanoseconds; 0 for never.
 static LAST_REQUEST_NS: AtomicU64 = AtomicU64::new(0);
@@ -521,9 +388,12 @@ const NOTE_EVERY_NS: u64 = 1_000_000;
 
 /// Notes that a request is being served now: loading threads with a
 /// [`StepAside::serving_share`] under 100 keep to it for the next
-/// [`SERVING_RECENT`]. One clock read and one load; a store at most once
-/// a millisecond.
+/// [`SERVING_RECENT`]. Nothing until a thread was first armed; then one
+/// clock read and one load, and a store at most once a millisecond.
 pub fn note_request() {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
     let now = monotonic_ns();
     if now.saturating_sub(LAST_REQUEST_NS.load(Ordering::Relaxed)) >= NOTE_EVERY_NS {
         LAST_REQUEST_NS.store(now, Ordering::Relaxed);
@@ -535,27 +405,11 @@ fn serving_now() -> bool {
     last != 0 && monotonic_ns().saturating_sub(last) < nanos(SERVING_RECENT)
 }
 
-/// The sleep after each `quantum` of CPU that leaves a thread `share` percent
-/// of a CPU; none for 100 or more, and none for 0, which would never run.
-fn share_pause(quantum: Duration, share: u8) -> u64 {
-    match share {
-        0 | 100.. => 0,
-        share => nanos(quantum) * u64::from(100 - share) / u64::from(share),
-    }
-}
-
 /// How many quanta apart the looks are while nobody waits.
 const IDLE_SPACING: u64 = 4;
 
-/// Time stepped aside, counted from the return to the CPU, that an armed
-/// thread may spend per unit of CPU time it has used since it was armed.
-pub const MAX_PAUSED_PER_CPU: u64 = 10;
-
-/// Whether the armed thread may step aside once more. Time stepped aside
-/// runs to when the thread is back on a CPU, and a `SCHED_IDLE` thread
-/// that left a machine where others wait may wait long to get a CPU back
-/// (150 ms per step on average beside three busy loops): without a cap a
-/// load could starve for as long as the machine stays full.
+/// Whether the armed thread may step aside once more, within
+/// [`MAX_PAUSED_PER_CPU`] times the CPU time it has used since it was armed.
 fn within_budget() -> bool {
     let used = thread_cpu_ns().saturating_sub(ARMED_CPU_NS.get());
     let paused = PAUSED_HERE_NS.get().saturating_sub(ARMED_PAUSED_NS.get());
@@ -624,10 +478,6 @@ fn timespec(span: Duration) -> libc::timespec {
     }
 }
 
-fn nanos(span: Duration) -> u64 {
-    u64::try_from(span.as_nanos()).unwrap_or(u64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -647,13 +497,6 @@ mod tests {
         installed().expect("the step-aside signal installs on linux");
         let live = runnable_threads().expect("/proc/loadavg readable");
         assert!(live >= 1, "the reading thread itself is runnable, read {live}");
-    }
-
-    #[test]
-    fn off_arms_nothing() {
-        assert!(!StepAside::OFF.is_on());
-        assert!(!StepAside::OFF.arm().is_active());
-        assert!(!StepAside { quantum: Duration::from_micros(100), pause: Duration::ZERO, serving_share: 100 }.is_on());
     }
 
     /// Spins until this thread has used `cpu` of CPU time.
@@ -683,14 +526,14 @@ mod tests {
             })
             .collect();
         let (steps, stepped_after, paused) = on_own_thread(|| {
-            let armed = StepAside::DEFAULT.arm();
+            let armed = StepAside::STANDARD.arm();
             assert!(armed.is_active());
             // 200 quanta of CPU time: with every CPU wanted, the looks
             // find others waiting.
-            spin_for(StepAside::DEFAULT.quantum * 200);
+            spin_for(StepAside::STANDARD.quantum * 200);
             let steps = STEPS_HERE.get();
             drop(armed);
-            spin_for(StepAside::DEFAULT.quantum * 40);
+            spin_for(StepAside::STANDARD.quantum * 40);
             (steps, STEPS_HERE.get() - steps, paused_here())
         });
         stop.store(true, Ordering::Relaxed);
@@ -700,9 +543,9 @@ mod tests {
         // Each step counts at most the pause it asked for (the share's, if
         // another test's requests count as serving): the wait for a CPU
         // after it, long with every CPU busy, is the run delay's, not a pause.
-        let longest = StepAside::DEFAULT
+        let longest = StepAside::STANDARD
             .pause
-            .max(Duration::from_nanos(share_pause(StepAside::DEFAULT.quantum, StepAside::DEFAULT.serving_share)));
+            .max(Duration::from_nanos(share_pause(StepAside::STANDARD.quantum, StepAside::STANDARD.serving_share)));
         assert!(paused <= longest * steps as u32, "{steps} steps counted {paused:?}, more than they asked for");
         assert_eq!(stepped_after, 0, "stepped aside after the guard was dropped");
         assert!(counts().steps >= steps && counts().paused > Duration::ZERO);
@@ -728,8 +571,7 @@ mod tests {
         });
         assert!(looks > 0, "the timer never interrupted the armed thread");
         // A sleep that each signal restarts with its slack added never
-        // ends and burns CPU meanwhile (26 s of it for these 100 sleeps
-        // with a 50 µs quantum and the default slack).
+        // ends and burns CPU meanwhile (see `StepAside::MIN_QUANTUM`).
         assert!(sleeping_cpu < Duration::from_secs(2), "100 sleeps of 100 µs used {sleeping_cpu:?} of CPU");
         assert_eq!(data.len(), 1 << 20);
         assert!(data.iter().all(|b| *b == 7));
@@ -745,8 +587,8 @@ mod tests {
     #[test]
     fn looks_are_spaced_out_while_nobody_waits_and_back_to_a_quantum_when_someone_does() {
         on_own_thread(|| {
-            let armed = StepAside::DEFAULT.arm();
-            let quantum = StepAside::DEFAULT.quantum;
+            let armed = StepAside::STANDARD.arm();
+            let quantum = StepAside::STANDARD.quantum;
             assert_eq!(period_of_timer(), quantum);
             let _held = hold();
             respace(nanos(quantum) * IDLE_SPACING);
@@ -762,19 +604,10 @@ mod tests {
     }
 
     #[test]
-    fn the_serving_share_sets_the_sleep_after_each_quantum() {
-        let quantum = Duration::from_micros(250);
-        assert_eq!(share_pause(quantum, 100), 0);
-        assert_eq!(share_pause(quantum, 50), 250_000);
-        assert_eq!(share_pause(quantum, 25), 750_000);
-        assert_eq!(share_pause(quantum, 10), 2_250_000);
-    }
-
-    #[test]
     fn while_requests_are_served_an_armed_thread_keeps_to_its_share_and_an_old_request_does_not_count() {
         // Global: the only test that notes requests.
-        const SHARED: StepAside = StepAside { serving_share: 25, ..StepAside::DEFAULT };
-        assert_eq!(StepAside::DEFAULT.serving_share, 50);
+        const SHARED: StepAside = StepAside { serving_share: 25, ..StepAside::STANDARD };
+        assert_eq!(StepAside::STANDARD.serving_share, 50);
         let sleep = share_pause(SHARED.quantum, SHARED.serving_share);
         let (steps, paused) = on_own_thread(move || {
             let armed = SHARED.arm();
@@ -808,7 +641,7 @@ mod tests {
     #[test]
     fn time_stepped_aside_is_capped_by_the_cpu_time_used() {
         on_own_thread(|| {
-            let _armed = StepAside::DEFAULT.arm();
+            let _armed = StepAside::STANDARD.arm();
             let _held = hold();
             spin_for(Duration::from_millis(1));
             assert!(within_budget(), "1 ms of CPU and nothing stepped aside yet");
@@ -824,12 +657,12 @@ mod tests {
     #[test]
     fn arming_an_armed_thread_leaves_it_armed_by_the_outer_guard() {
         on_own_thread(|| {
-            let outer = StepAside::DEFAULT.arm();
+            let outer = StepAside::STANDARD.arm();
             let inner = SHORT.arm();
             assert!(outer.is_active() && !inner.is_active());
             drop(inner);
             assert!(armed_here());
-            assert_eq!(QUANTUM_NS.get(), nanos(StepAside::DEFAULT.quantum));
+            assert_eq!(QUANTUM_NS.get(), nanos(StepAside::STANDARD.quantum));
             drop(outer);
             assert!(!armed_here());
         });
