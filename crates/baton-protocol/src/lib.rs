@@ -35,10 +35,12 @@ mod request;
 mod response;
 mod tensor_decode;
 mod tensor_encode;
+mod tensor_header;
 mod wire_json;
 
 pub use client::{InferResponse, decode_response, encode_request};
 pub use error::CodecError;
 pub use metadata::{is_batched, model_config, model_metadata, triton_data_type};
-pub use request::{InferRequest, RequestedOutput, decode_request};
+pub use request::{InferRequest, RequestHeader, RequestedOutput, decode_request, parse_request};
 pub use response::{Encoded, encode_response};
+pub use tensor_header::TensorHeader;
