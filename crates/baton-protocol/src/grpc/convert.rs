@@ -470,6 +470,8 @@ fn to_contents(datatype: DataType, data: TensorData) -> InferTensorContents {
 
 #[cfg(test)]
 mod tests {
+    use baton_core::signature::TensorSpec;
+
     use super::*;
     use crate::grpc::pb::model_infer_request::InferRequestedOutputTensor;
 
@@ -632,6 +634,42 @@ mod tests {
             InferRequestedOutputTensor { name: "y".into(), ..Default::default() },
         ];
         assert_eq!(message(decode_request(twice)), "output 'y' is requested more than once");
+    }
+
+    #[test]
+    fn requests_are_checked_against_the_model_before_packing() {
+        let spec =
+            |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
+        let signature = Signature {
+            inputs: vec![spec("x", DataType::Fp32, &[-1, 2]), spec("s", DataType::Bytes, &[-1])],
+            outputs: vec![spec("y", DataType::Fp32, &[-1])],
+        };
+        let fp32 = InferTensorContents { fp32_contents: vec![0.5; 6], ..Default::default() };
+        let strings = InferTensorContents { bytes_contents: vec![b"abc".to_vec(); 3], ..Default::default() };
+        let typed =
+            request(vec![input("x", "FP32", &[3, 2], Some(fp32)), input("s", "BYTES", &[3], Some(strings))], vec![]);
+        let parsed = parse_request(typed.clone()).unwrap();
+        assert_eq!(parsed.tensor_bytes(), 24 + 3 * size_of::<Vec<u8>>() + 9);
+        let shapes: Vec<(&str, &[i64])> = parsed.inputs().map(|t| (t.name(), t.shape())).collect();
+        assert_eq!(shapes, [("x", &[3, 2][..]), ("s", &[3][..])]);
+        let e = parsed.check(&signature, 2).unwrap_err();
+        assert_eq!(e.to_string(), "input 'x': batch size 3 exceeds the model's max_batch_size 2");
+        assert_eq!(parse_request(typed).unwrap().check(&signature, 3), Ok(()));
+
+        // Raw contents: the size is known, the bytes are moved.
+        let framed = [&2u32.to_le_bytes()[..], b"xy"].concat();
+        let raw =
+            request(vec![input("x", "FP32", &[1, 2], None), input("s", "BYTES", &[1], None)], vec![vec![0; 8], framed]);
+        let parsed = parse_request(raw).unwrap();
+        assert_eq!(parsed.tensor_bytes(), 8 + size_of::<Vec<u8>>() + 2);
+        let decoded = parsed.decode().unwrap();
+        assert_eq!(decoded.inputs[1].data, TensorData::Bytes(vec![b"xy".to_vec()]));
+
+        // An element out of range is found by packing, after the check.
+        let ints = InferTensorContents { int_contents: vec![300], ..Default::default() };
+        let parsed = parse_request(request(vec![input("i", "INT8", &[1], Some(ints))], vec![])).unwrap();
+        assert_eq!(parsed.tensor_bytes(), 1);
+        assert_eq!(message(parsed.decode()), "input 'i': int_contents element 0 is 300, out of range for INT8");
     }
 
     #[test]
