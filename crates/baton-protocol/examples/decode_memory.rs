@@ -1,14 +1,18 @@
 //! Peak memory of decoding one large JSON inference request.
 //!
-//! `cargo run --release -p baton-protocol --example decode_memory -- [MIB]`
+//! `cargo run --release -p baton-protocol --example decode_memory -- [MIB] [check]`
 //!
 //! Builds a JSON body of about MIB MiB (default 60) holding one FP32 input
-//! of shape [N, 64], resets the process's peak RSS, decodes the body with
-//! `decode_request` and prints, as JSON, the RSS before decoding (the body
-//! is resident), the peak during it, and the difference.
+//! of shape [N, 64], resets the process's peak RSS, and decodes the body
+//! with `decode_request`; with `check`, instead parses it and checks it
+//! against a model taking `input` [-1, 64] with a max_batch_size of 4, as a
+//! server does before decoding (the check refuses it). Prints, as JSON, the
+//! RSS before (the body is resident), the peak during it, and the
+//! difference. Results are in docs/api.md, "Inference".
 
-use baton_core::tensor::Tensor;
-use baton_protocol::{decode_request, encode_request};
+use baton_core::signature::{Signature, TensorSpec};
+use baton_core::tensor::{DataType, Tensor};
+use baton_protocol::{decode_request, encode_request, parse_request};
 
 const WIDTH: usize = 64;
 
@@ -33,21 +37,41 @@ fn body(mib: usize) -> Vec<u8> {
     encode_request(&[tensor], false, &[], None).body
 }
 
+/// Parses the body and checks it against the model; the bytes decoding
+/// would take and the check's answer.
+fn check(body: &[u8]) -> (usize, String) {
+    let spec = |name: &str, shape: Vec<i64>| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape };
+    let model = Signature { inputs: vec![spec("input", vec![-1, WIDTH as i64])], outputs: vec![spec("y", vec![-1])] };
+    let header = parse_request(body, None).expect("the body parses");
+    let answer = match header.check(&model, 4) {
+        Ok(()) => "accepted".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    (header.tensor_bytes(), answer)
+}
+
 fn main() {
     let mib = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(60);
+    let checking = std::env::args().nth(2).is_some_and(|a| a == "check");
     let body = body(mib);
     // Peak RSS from here on: 5 resets VmHWM to the current RSS.
     let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
     let before = status_kib("VmRSS:");
     let started = std::time::Instant::now();
-    let request = decode_request(&body, None).expect("the body decodes");
+    let (tensor_bytes, answer) = if checking {
+        check(&body)
+    } else {
+        let request = decode_request(&body, None).expect("the body decodes");
+        let bytes = request.inputs.iter().map(|t| t.shape.iter().product::<i64>() as usize * 4).sum();
+        (bytes, "decoded".to_owned())
+    };
     let millis = started.elapsed().as_millis();
     let peak = status_kib("VmHWM:");
-    let tensor_bytes: usize = request.inputs.iter().map(|t| t.shape.iter().product::<i64>() as usize * 4).sum();
     println!(
         "{{\"body_bytes\":{},\"tensor_bytes\":{tensor_bytes},\"peak_reset\":{reset},\"rss_before_kib\":{before},\
-         \"peak_kib\":{peak},\"peak_over_before_kib\":{},\"decode_ms\":{millis}}}",
+         \"peak_kib\":{peak},\"peak_over_before_kib\":{},\"ms\":{millis},\"outcome\":{:?}}}",
         body.len(),
-        peak.saturating_sub(before)
+        peak.saturating_sub(before),
+        answer
     );
 }
