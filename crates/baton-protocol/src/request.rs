@@ -65,7 +65,6 @@ impl RequestedOutput {
 /// ([`RequestHeader::check`]) and reserves the memory decoding will take
 /// ([`RequestHeader::tensor_bytes`]): nothing has been allocated for tensor
 /// data yet.
-#[derive(Debug)]
 pub struct RequestHeader<'body> {
     /// The request's `id`, as in [`InferRequest::id`].
     pub id: Option<String>,
@@ -77,6 +76,19 @@ pub struct RequestHeader<'body> {
     pub parameters: Map<String, Value>,
     json: &'body [u8],
     inputs: Vec<ParsedTensor<'body>>,
+}
+
+/// Leaves out the body, which may be large.
+impl std::fmt::Debug for RequestHeader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestHeader")
+            .field("id", &self.id)
+            .field("inputs", &self.inputs)
+            .field("outputs", &self.outputs)
+            .field("binary_data_output", &self.binary_data_output)
+            .field("parameters", &self.parameters)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'body> RequestHeader<'body> {
