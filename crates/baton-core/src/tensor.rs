@@ -231,25 +231,49 @@ pub fn append_framed(items: &[Vec<u8>], out: &mut Vec<u8>) {
 /// Splits framed BYTES elements (see [`append_framed`]). The error says
 /// where the framing breaks, starting with "BYTES", so that callers can
 /// prefix the tensor and the wire it came on.
-pub fn split_framed(mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    let mut items = Vec::new();
-    while !bytes.is_empty() {
-        let index = items.len();
-        let Some((prefix, rest)) = bytes.split_first_chunk::<4>() else {
-            return Err(format!(
-                "BYTES data ends inside the 4-byte length prefix of element {index} ({} bytes remain)",
-                bytes.len()
-            ));
+pub fn split_framed(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    framed_items(bytes).map(|item| item.map(<[u8]>::to_vec)).collect()
+}
+
+/// The framed BYTES elements of `bytes` (see [`append_framed`]) as slices
+/// of it, in order, without allocating: for counting and sizing elements
+/// before copying them. An item is an error, worded as [`split_framed`]'s,
+/// where the framing breaks; nothing follows it.
+pub fn framed_items(bytes: &[u8]) -> FramedItems<'_> {
+    FramedItems { rest: bytes, index: 0 }
+}
+
+/// The iterator of [`framed_items`].
+#[derive(Clone, Debug)]
+pub struct FramedItems<'a> {
+    rest: &'a [u8],
+    index: usize,
+}
+
+impl<'a> Iterator for FramedItems<'a> {
+    type Item = Result<&'a [u8], String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let index = self.index;
+        self.index += 1;
+        let Some((prefix, rest)) = self.rest.split_first_chunk::<4>() else {
+            let remain = std::mem::take(&mut self.rest).len();
+            return Some(Err(format!(
+                "BYTES data ends inside the 4-byte length prefix of element {index} ({remain} bytes remain)"
+            )));
         };
         let len = u32::from_le_bytes(*prefix) as usize;
         if len > rest.len() {
-            return Err(format!("BYTES element {index} says it has {len} bytes but only {} remain", rest.len()));
+            self.rest = &[];
+            return Some(Err(format!("BYTES element {index} says it has {len} bytes but only {} remain", rest.len())));
         }
         let (item, rest) = rest.split_at(len);
-        items.push(item.to_vec());
-        bytes = rest;
+        self.rest = rest;
+        Some(Ok(item))
     }
-    Ok(items)
 }
 
 /// Converts IEEE half-precision bits to `f32`.

@@ -1,9 +1,15 @@
 //! Tensor elements as JSON values, in both forms the KServe V2 protocol
 //! allows: a flat array in row-major order, or arrays nested by dimension.
-//! Used for warmup sample files, and by the REST front end.
+//! Used for warmup sample files, and by the REST front end, which decodes
+//! request data straight from the body's text ([`elements_from_json`]).
+
+mod elements;
 
 use serde_json::Value;
 
+pub use self::elements::{
+    ElementsError, NullFloats, check_json_count, elements_from_json, elements_from_value, max_json_elements,
+};
 use crate::tensor::{DataType, Tensor, TensorData, element_count};
 
 /// Builds a tensor from JSON `data`, checking every element against the
@@ -11,60 +17,16 @@ use crate::tensor::{DataType, Tensor, TensorData, element_count};
 /// tensor and say what was expected.
 pub fn tensor_from_json(name: &str, datatype: DataType, shape: Vec<i64>, data: &Value) -> Result<Tensor, String> {
     let count = element_count(&shape).ok_or_else(|| format!("tensor '{name}': invalid shape {shape:?}"))?;
-    let mut flat = Vec::with_capacity(count);
-    flatten(data, &mut flat);
-    if flat.len() != count {
-        return Err(format!("tensor '{name}': shape {shape:?} needs {count} elements, got {}", flat.len()));
-    }
-    let bad = |i: usize, v: &Value| format!("tensor '{name}': element {i} ({v}) is not a valid {datatype}");
-    let data = if datatype == DataType::Bytes {
-        let mut items = Vec::with_capacity(count);
-        for (i, v) in flat.iter().enumerate() {
-            items.push(v.as_str().ok_or_else(|| bad(i, v))?.as_bytes().to_vec());
+    let data = elements_from_value(data, datatype, count, NullFloats::Reject).map_err(|e| match e {
+        ElementsError::Count { found } => {
+            format!("tensor '{name}': shape {shape:?} needs {count} elements, got {found}")
         }
-        TensorData::Bytes(items)
-    } else {
-        let size = datatype.size().unwrap_or(1);
-        let mut bytes = Vec::with_capacity(count * size);
-        for (i, v) in flat.iter().enumerate() {
-            encode(datatype, v, &mut bytes).ok_or_else(|| bad(i, v))?;
+        ElementsError::Element { index, found } => {
+            format!("tensor '{name}': element {index} ({found}) is not a valid {datatype}")
         }
-        TensorData::Raw(bytes)
-    };
+        ElementsError::Json(e) => format!("tensor '{name}': {e}"),
+    })?;
     Ok(Tensor { name: name.to_owned(), datatype, shape, data })
-}
-
-fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
-    match value {
-        Value::Array(items) => items.iter().for_each(|v| flatten(v, out)),
-        other => out.push(other),
-    }
-}
-
-fn int_in<T: TryFrom<i64> + TryFrom<u64>>(v: &Value) -> Option<T> {
-    if let Some(i) = v.as_i64() {
-        return T::try_from(i).ok();
-    }
-    v.as_u64().and_then(|u| T::try_from(u).ok())
-}
-
-fn encode(datatype: DataType, v: &Value, out: &mut Vec<u8>) -> Option<()> {
-    match datatype {
-        DataType::Bool => out.push(u8::from(v.as_bool()?)),
-        DataType::Uint8 => out.push(int_in::<u8>(v)?),
-        DataType::Int8 => out.extend(int_in::<i8>(v)?.to_le_bytes()),
-        DataType::Uint16 => out.extend(int_in::<u16>(v)?.to_le_bytes()),
-        DataType::Int16 => out.extend(int_in::<i16>(v)?.to_le_bytes()),
-        DataType::Uint32 => out.extend(int_in::<u32>(v)?.to_le_bytes()),
-        DataType::Int32 => out.extend(int_in::<i32>(v)?.to_le_bytes()),
-        DataType::Uint64 => out.extend(int_in::<u64>(v)?.to_le_bytes()),
-        DataType::Int64 => out.extend(int_in::<i64>(v)?.to_le_bytes()),
-        DataType::Fp16 => out.extend(f32_to_f16(v.as_f64()? as f32).to_le_bytes()),
-        DataType::Fp32 => out.extend((v.as_f64()? as f32).to_le_bytes()),
-        DataType::Fp64 => out.extend(v.as_f64()?.to_le_bytes()),
-        DataType::Bytes => return None,
-    }
-    Some(())
 }
 
 /// Converts `f32` to IEEE half-precision bits, rounding to nearest even.

@@ -2,6 +2,7 @@
 //! the command line and load generators.
 
 use baton_core::tensor::Tensor;
+use baton_core::tensor_json::NullFloats;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -9,12 +10,12 @@ use crate::error::CodecError;
 use crate::framing::{BinaryCursor, brief, parse_header, split};
 use crate::request::RequestedOutput;
 use crate::response::Encoded;
-use crate::tensor_decode::{NullFloats, decode_tensors};
+use crate::tensor_decode::parse_tensors;
 use crate::tensor_encode::{TensorEntry, append_binary, binary_size, json_size_hint, write_json};
 use crate::wire_json::{Checked, ResponseJson};
 
 #[derive(Serialize)]
-struct RequestHeader<'a> {
+struct HeaderOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -59,7 +60,7 @@ pub fn encode_request(inputs: &[Tensor], binary: bool, outputs: &[RequestedOutpu
         .iter()
         .map(|tensor| TensorEntry { tensor, binary_size: binary.then(|| binary_size(tensor).unwrap_or(usize::MAX)) })
         .collect();
-    let header = RequestHeader {
+    let header = HeaderOut {
         id,
         parameters: binary.then_some(RequestParameters { binary_data_output: true }),
         inputs: entries,
@@ -114,7 +115,7 @@ pub struct InferResponse {
 /// (`{"error": "..."}`) is [`CodecError::ErrorResponse`].
 pub fn decode_response(body: &[u8], header_length: Option<usize>) -> Result<InferResponse, CodecError> {
     let (json, binary) = split(body, header_length)?;
-    let header: ResponseJson = parse_header(json, header_length)?;
+    let header: ResponseJson<'_> = parse_header(json, header_length)?;
     let invalid = CodecError::InvalidRequest;
     if let (Some(error), None) = (&header.error, &header.outputs) {
         let message = error.as_str().map_or_else(|| error.to_string(), str::to_owned);
@@ -140,8 +141,12 @@ pub fn decode_response(body: &[u8], header_length: Option<usize>) -> Result<Infe
     };
     let entries = header.outputs.ok_or_else(|| invalid("the response has no 'outputs' array".to_owned()))?;
     let mut cursor = BinaryCursor::new(binary, header_length, "output");
-    let outputs = decode_tensors(entries, &mut cursor, "output", NullFloats::AsNan)?;
+    let parsed = parse_tensors(json, entries, &mut cursor, "output")?;
     cursor.finish()?;
+    let outputs = parsed
+        .into_iter()
+        .map(|t| t.decode(json, "output", NullFloats::AsNan))
+        .collect::<Result<Vec<Tensor>, CodecError>>()?;
     Ok(InferResponse { model_name, model_version, id, outputs })
 }
 

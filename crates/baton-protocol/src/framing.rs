@@ -4,7 +4,7 @@
 //! out the binary data tensor by tensor, checking that none is missing and
 //! none is left over.
 
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::CodecError;
@@ -23,7 +23,10 @@ pub(crate) fn split(body: &[u8], header_length: Option<usize>) -> Result<(&[u8],
 
 /// Parses the JSON header; the error carries serde's line and column, and a
 /// hint when binary data seems to follow a header whose length was not given.
-pub(crate) fn parse_header<T: DeserializeOwned>(json: &[u8], header_length: Option<usize>) -> Result<T, CodecError> {
+pub(crate) fn parse_header<'a, T: Deserialize<'a>>(
+    json: &'a [u8],
+    header_length: Option<usize>,
+) -> Result<T, CodecError> {
     serde_json::from_slice(json).map_err(|e| {
         let mut message = e.to_string();
         if header_length.is_none() && message.starts_with("trailing characters") {
@@ -35,10 +38,35 @@ pub(crate) fn parse_header<T: DeserializeOwned>(json: &[u8], header_length: Opti
     })
 }
 
+/// A JSON error met inside tensor data (the text at `offset` of the JSON
+/// header, parsed on its own), with its line and column moved to where the
+/// client can find them: in the header.
+pub(crate) fn json_error_at(json: &[u8], offset: usize, error: &serde_json::Error) -> CodecError {
+    let message = error.to_string();
+    if error.line() == 0 {
+        return CodecError::InvalidJson(message);
+    }
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    let what = message.strip_suffix(&position).unwrap_or(&message);
+    let before = &json[..offset.min(json.len())];
+    let lines_before = before.iter().filter(|&&b| b == b'\n').count();
+    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let (line, column) = if error.line() == 1 {
+        (lines_before + 1, before.len() - line_start + error.column())
+    } else {
+        (lines_before + error.line(), error.column())
+    };
+    CodecError::InvalidJson(format!("{what} at line {line} column {column}"))
+}
+
 /// Shortens a JSON value for an error message.
 pub(crate) fn brief(value: &Value) -> String {
+    brief_text(value.to_string())
+}
+
+/// Shortens the text of a JSON value for an error message.
+pub(crate) fn brief_text(text: String) -> String {
     const MAX: usize = 60;
-    let text = value.to_string();
     if text.len() <= MAX {
         return text;
     }

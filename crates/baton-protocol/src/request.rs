@@ -1,12 +1,17 @@
 //! Inference requests as the server receives them:
-//! `POST /v2/models/{name}[/versions/{v}]/infer`.
+//! `POST /v2/models/{name}[/versions/{v}]/infer`, parsed first and decoded
+//! second, so that the model check and the memory reservation come before
+//! any tensor is allocated.
 
+use baton_core::signature::{InputError, Signature};
 use baton_core::tensor::Tensor;
+use baton_core::tensor_json::NullFloats;
 use serde_json::{Map, Value};
 
 use crate::error::CodecError;
 use crate::framing::{BinaryCursor, brief, parse_header, split};
-use crate::tensor_decode::{NullFloats, decode_tensors};
+use crate::tensor_decode::{ParsedTensor, parse_tensors};
+use crate::tensor_header::{TensorHeader, check, total_bytes};
 use crate::wire_json::{Checked, RequestJson, RequestedOutputJson};
 
 /// A decoded inference request.
@@ -51,7 +56,78 @@ impl RequestedOutput {
     }
 }
 
-/// Decodes an inference request body.
+/// An inference request whose JSON header is parsed and checked, and whose
+/// tensor data is not decoded yet: it stays in the body, which this
+/// borrows. Made by [`parse_request`]; [`RequestHeader::decode`] makes the
+/// [`InferRequest`].
+///
+/// Between the two, a server checks the inputs against the model
+/// ([`RequestHeader::check`]) and reserves the memory decoding will take
+/// ([`RequestHeader::tensor_bytes`]): nothing has been allocated for tensor
+/// data yet.
+pub struct RequestHeader<'body> {
+    /// The request's `id`, as in [`InferRequest::id`].
+    pub id: Option<String>,
+    /// The outputs asked for, as in [`InferRequest::outputs`].
+    pub outputs: Vec<RequestedOutput>,
+    /// As in [`InferRequest::binary_data_output`].
+    pub binary_data_output: bool,
+    /// As in [`InferRequest::parameters`].
+    pub parameters: Map<String, Value>,
+    json: &'body [u8],
+    inputs: Vec<ParsedTensor<'body>>,
+}
+
+/// Leaves out the body, which may be large.
+impl std::fmt::Debug for RequestHeader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestHeader")
+            .field("id", &self.id)
+            .field("inputs", &self.inputs)
+            .field("outputs", &self.outputs)
+            .field("binary_data_output", &self.binary_data_output)
+            .field("parameters", &self.parameters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'body> RequestHeader<'body> {
+    /// The inputs, in request order, names unique, each with the bytes its
+    /// decoded tensor will take.
+    pub fn inputs(&self) -> impl ExactSizeIterator<Item = &TensorHeader> {
+        self.inputs.iter().map(|t| &t.header)
+    }
+
+    /// The bytes [`RequestHeader::decode`] allocates for all the inputs'
+    /// data together (see [`TensorHeader::tensor_bytes`]).
+    pub fn tensor_bytes(&self) -> usize {
+        total_bytes(self.inputs())
+    }
+
+    /// Checks the inputs against the model: names, datatypes, shapes, and
+    /// for a model that batches, that the inputs agree on the batch size
+    /// and that it is at most `max_batch_size` (0: no limit). See
+    /// [`Signature::check_request`]. Element counts were checked against
+    /// the data where that is cheap (binary sizes, and JSON data too short
+    /// to hold them); the rest is checked while decoding.
+    pub fn check(&self, signature: &Signature, max_batch_size: usize) -> Result<(), InputError> {
+        check(self.inputs(), signature, max_batch_size)
+    }
+
+    /// Decodes every input's data straight into its tensor's buffer,
+    /// checking each element against the datatype and the element count
+    /// against the shape.
+    pub fn decode(self) -> Result<InferRequest, CodecError> {
+        let RequestHeader { id, outputs, binary_data_output, parameters, json, inputs } = self;
+        let inputs = inputs
+            .into_iter()
+            .map(|t| t.decode(json, "input", NullFloats::Reject))
+            .collect::<Result<Vec<Tensor>, CodecError>>()?;
+        Ok(InferRequest { id, inputs, outputs, binary_data_output, parameters })
+    }
+}
+
+/// Parses an inference request body, without decoding its tensor data.
 ///
 /// `header_length` is the value of the `Inference-Header-Content-Length`
 /// HTTP header, when present: the JSON header is `body[..n]` and the rest is
@@ -62,10 +138,11 @@ impl RequestedOutput {
 /// one of `data` (flat or nested JSON) or `parameters.binary_data_size`;
 /// input parameters other than `binary_data_size` are ignored. Binary data
 /// must be exactly as long as the sizes say: none missing, none left over.
-/// Each tensor's bytes are copied once, out of the body.
-pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<InferRequest, CodecError> {
+/// The whole header must be JSON; tensor data is kept as text, not parsed
+/// into values.
+pub fn parse_request(body: &[u8], header_length: Option<usize>) -> Result<RequestHeader<'_>, CodecError> {
     let (json, binary) = split(body, header_length)?;
-    let header: RequestJson = parse_header(json, header_length)?;
+    let header: RequestJson<'_> = parse_header(json, header_length)?;
     let invalid = CodecError::InvalidRequest;
     let id = match header.id {
         None => None,
@@ -88,10 +165,18 @@ pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<Infer
     };
     let entries = header.inputs.ok_or_else(|| invalid("the request has no 'inputs' array".to_owned()))?;
     let mut cursor = BinaryCursor::new(binary, header_length, "input");
-    let inputs = decode_tensors(entries, &mut cursor, "input", NullFloats::Reject)?;
+    let inputs = parse_tensors(json, entries, &mut cursor, "input")?;
     cursor.finish()?;
     let outputs = requested_outputs(header.outputs.unwrap_or_default())?;
-    Ok(InferRequest { id, inputs, outputs, binary_data_output, parameters })
+    Ok(RequestHeader { id, outputs, binary_data_output, parameters, json, inputs })
+}
+
+/// Decodes an inference request body: [`parse_request`], then
+/// [`RequestHeader::decode`], with no model to check against in between.
+/// Each tensor's data is decoded once, out of the body, into a buffer of
+/// exactly its size.
+pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<InferRequest, CodecError> {
+    parse_request(body, header_length)?.decode()
 }
 
 fn requested_outputs(entries: Vec<RequestedOutputJson>) -> Result<Vec<RequestedOutput>, CodecError> {

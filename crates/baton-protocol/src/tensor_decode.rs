@@ -1,49 +1,65 @@
 //! Turns the tensors of a JSON header (with their binary data, when they
-//! have some) into [`Tensor`]s, checking every field and saying which tensor
-//! is wrong and how. Shared by request decoding (server side) and response
-//! decoding (client side).
+//! have some) into [`Tensor`]s in two steps, checking every field and
+//! saying which tensor is wrong and how. [`parse_tensors`] reads names,
+//! datatypes and shapes, takes each tensor's binary data and checks its
+//! size, and learns how many bytes each decoded tensor will take, without
+//! allocating for any; [`ParsedTensor::decode`] then writes the elements
+//! straight into a buffer of exactly that size. Shared by request decoding
+//! (server side) and response decoding (client side).
 
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count, split_framed};
-use baton_core::tensor_json::{f32_to_f16, tensor_from_json};
-use serde_json::Value;
+use baton_core::tensor::{DataType, Tensor, TensorData, element_count, framed_items};
+use baton_core::tensor_json::{ElementsError, NullFloats, check_json_count, elements_from_json};
 
 use crate::error::CodecError;
-use crate::framing::{BinaryCursor, brief};
+use crate::framing::{BinaryCursor, brief, brief_text, json_error_at};
+use crate::tensor_header::{TensorHeader, bytes_size};
 use crate::wire_json::{Checked, TensorJson};
 
-/// What a JSON `null` element of a floating-point tensor means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NullFloats {
-    /// An error: requests must carry numbers.
-    Reject,
-    /// NaN: baton (like serde_json) writes NaN and ±Inf as `null`.
-    AsNan,
+/// One tensor of a header, checked, with its data not decoded yet.
+pub(crate) struct ParsedTensor<'a> {
+    pub(crate) header: TensorHeader,
+    data: Data<'a>,
 }
 
-/// Decodes tensors in order, taking binary data from `cursor` for those
-/// that carry `parameters.binary_data_size`. `role` is `input` or `output`.
-pub(crate) fn decode_tensors(
-    entries: Vec<TensorJson>,
-    cursor: &mut BinaryCursor<'_>,
+/// Shows the header only: the data may be the size of the body.
+impl std::fmt::Debug for ParsedTensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.header.fmt(f)
+    }
+}
+
+/// Where a tensor's data is: JSON text at an offset of the JSON header, or
+/// a slice of the binary data after it.
+enum Data<'a> {
+    Json { text: &'a str, offset: usize },
+    Binary(&'a [u8]),
+}
+
+/// Parses tensors in order, taking binary data from `cursor` for those
+/// that carry `parameters.binary_data_size`. `json` is the JSON header the
+/// entries came from; `role` is `input` or `output`.
+pub(crate) fn parse_tensors<'a>(
+    json: &'a [u8],
+    entries: Vec<TensorJson<'a>>,
+    cursor: &mut BinaryCursor<'a>,
     role: &'static str,
-    nulls: NullFloats,
-) -> Result<Vec<Tensor>, CodecError> {
-    let mut tensors: Vec<Tensor> = Vec::with_capacity(entries.len());
+) -> Result<Vec<ParsedTensor<'a>>, CodecError> {
+    let mut tensors: Vec<ParsedTensor<'a>> = Vec::with_capacity(entries.len());
     for (index, entry) in entries.into_iter().enumerate() {
-        let tensor = decode_tensor(index, entry, &tensors, cursor, role, nulls)?;
+        let tensor = parse_tensor(json, index, entry, &tensors, cursor, role)?;
         tensors.push(tensor);
     }
     Ok(tensors)
 }
 
-fn decode_tensor(
+fn parse_tensor<'a>(
+    json: &'a [u8],
     index: usize,
-    entry: TensorJson,
-    earlier: &[Tensor],
-    cursor: &mut BinaryCursor<'_>,
+    entry: TensorJson<'a>,
+    earlier: &[ParsedTensor<'a>],
+    cursor: &mut BinaryCursor<'a>,
     role: &'static str,
-    nulls: NullFloats,
-) -> Result<Tensor, CodecError> {
+) -> Result<ParsedTensor<'a>, CodecError> {
     let bad = |message: String| CodecError::InvalidTensor(message);
     let name = match entry.name {
         None => return Err(bad(format!("{role} {index} has no 'name'"))),
@@ -52,7 +68,7 @@ fn decode_tensor(
         }
         Some(Checked::Valid(name)) => name,
     };
-    if earlier.iter().any(|t| t.name == name) {
+    if earlier.iter().any(|t| t.header.name() == name) {
         return Err(CodecError::InvalidRequest(format!("{role} '{name}' appears more than once")));
     }
     let datatype = match entry.datatype {
@@ -85,8 +101,20 @@ fn decode_tensor(
             Err(bad(format!("{role} '{name}' has both 'data' and parameters.binary_data_size; give one or the other")))
         }
         (None, None) => Err(bad(format!("{role} '{name}' has neither 'data' nor parameters.binary_data_size"))),
-        (Some(data), None) => from_json(role, name, datatype, shape, count, &data, nulls),
-        (None, Some(size)) => from_binary(role, name, datatype, shape, count, size, cursor),
+        (Some(data), None) => {
+            let text = data.get();
+            let bytes = match datatype.size() {
+                Some(size) => count.saturating_mul(size),
+                None => bytes_size(count, text.len()),
+            };
+            let header = TensorHeader::new(name, datatype, shape, count, bytes);
+            // The text is a slice of `json`: its offset there locates errors.
+            let offset = (text.as_ptr() as usize).saturating_sub(json.as_ptr() as usize);
+            check_json_count(text, count)
+                .map_err(|e| elements_error(e, &header, role, NullFloats::Reject, json, offset))?;
+            Ok(ParsedTensor { header, data: Data::Json { text, offset } })
+        }
+        (None, Some(size)) => from_binary(TensorHeader::new(name, datatype, shape, count, size), cursor, role),
     }
 }
 
@@ -118,87 +146,20 @@ fn binary_data_size(
     })
 }
 
-fn from_json(
+/// Takes a tensor's binary data and checks its size against the shape (for
+/// BYTES, the framing and the element count), without copying it.
+///
+/// `header` says the data takes `binary_data_size` bytes; for BYTES that
+/// becomes the decoded size once the framing has been walked.
+fn from_binary<'a>(
+    mut header: TensorHeader,
+    cursor: &mut BinaryCursor<'a>,
     role: &str,
-    name: String,
-    datatype: DataType,
-    shape: Vec<i64>,
-    count: usize,
-    data: &Value,
-    nulls: NullFloats,
-) -> Result<Tensor, CodecError> {
-    // Count first: the conversion reserves room for `count` elements, which
-    // a hostile shape could make enormous.
-    let found = count_elements(data);
-    if found != count {
-        return Err(CodecError::InvalidTensor(format!(
-            "{role} '{name}': shape {shape:?} needs {count} elements, 'data' has {found}"
-        )));
-    }
-    if nulls == NullFloats::AsNan && datatype.is_float() {
-        return floats_from_json(role, name, datatype, shape, count, data);
-    }
-    tensor_from_json(&name, datatype, shape, data).map_err(|e| {
-        // baton-core says "tensor 'x': ..."; say which side it is on.
-        CodecError::InvalidTensor(format!("{role} {}", e.strip_prefix("tensor ").unwrap_or(&e)))
-    })
-}
-
-/// Elements in a flat or nested JSON array (a non-array is one element).
-fn count_elements(value: &Value) -> usize {
-    match value {
-        Value::Array(items) => items.iter().map(count_elements).sum(),
-        _ => 1,
-    }
-}
-
-/// Floating-point JSON data where `null` stands for NaN.
-fn floats_from_json(
-    role: &str,
-    name: String,
-    datatype: DataType,
-    shape: Vec<i64>,
-    count: usize,
-    data: &Value,
-) -> Result<Tensor, CodecError> {
-    fn walk(value: &Value, index: &mut usize, out: &mut Vec<f64>) -> Result<(), (usize, String)> {
-        match value {
-            Value::Array(items) => items.iter().try_for_each(|v| walk(v, index, out)),
-            Value::Null => {
-                out.push(f64::NAN);
-                *index += 1;
-                Ok(())
-            }
-            other => {
-                out.push(other.as_f64().ok_or_else(|| (*index, brief(other)))?);
-                *index += 1;
-                Ok(())
-            }
-        }
-    }
-    let mut values = Vec::with_capacity(count);
-    walk(data, &mut 0, &mut values).map_err(|(i, v)| {
-        CodecError::InvalidTensor(format!("{role} '{name}': element {i} ({v}) is not a valid {datatype}"))
-    })?;
-    let bytes = match datatype {
-        DataType::Fp16 => values.iter().flat_map(|&v| f32_to_f16(v as f32).to_le_bytes()).collect(),
-        DataType::Fp32 => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
-        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    };
-    Ok(Tensor { name, datatype, shape, data: TensorData::Raw(bytes) })
-}
-
-fn from_binary(
-    role: &str,
-    name: String,
-    datatype: DataType,
-    shape: Vec<i64>,
-    count: usize,
-    size: usize,
-    cursor: &mut BinaryCursor<'_>,
-) -> Result<Tensor, CodecError> {
+) -> Result<ParsedTensor<'a>, CodecError> {
     let bad = |message: String| CodecError::InvalidBinary(message);
-    let data = match datatype.size() {
+    let (name, datatype, shape) = (header.name(), header.datatype(), header.shape());
+    let (count, size) = (header.element_count(), header.tensor_bytes());
+    let bytes = match datatype.size() {
         Some(element) => {
             let expected = count.checked_mul(element);
             if expected != Some(size) {
@@ -207,40 +168,81 @@ fn from_binary(
                     "{role} '{name}': shape {shape:?} of {datatype} needs {expected} bytes, binary_data_size is {size}"
                 )));
             }
-            let bytes = cursor.take(&name, size)?;
-            if datatype == DataType::Bool
-                && let Some(i) = bytes.iter().position(|&b| b > 1)
-            {
-                return Err(bad(format!(
-                    "{role} '{name}': BOOL element {i} is {}; binary BOOL elements must be 0 or 1",
-                    bytes[i]
-                )));
-            }
-            TensorData::Raw(bytes.to_vec())
+            cursor.take(name, size)?
         }
         None => {
-            let bytes = cursor.take(&name, size)?;
-            let items = split_framed(bytes).map_err(|e| bad(format!("{role} '{name}': binary {e}")))?;
-            if items.len() != count {
+            let bytes = cursor.take(name, size)?;
+            let (mut items, mut payload) = (0usize, 0usize);
+            for item in framed_items(bytes) {
+                payload += item.map_err(|e| bad(format!("{role} '{name}': binary {e}")))?.len();
+                items += 1;
+            }
+            if items != count {
                 return Err(bad(format!(
-                    "{role} '{name}': binary BYTES data holds {} elements, shape {shape:?} needs {count}",
-                    items.len()
+                    "{role} '{name}': binary BYTES data holds {items} elements, shape {shape:?} needs {count}"
                 )));
             }
-            TensorData::Bytes(items)
+            header.set_bytes(bytes_size(count, payload));
+            bytes
         }
     };
-    Ok(Tensor { name, datatype, shape, data })
+    Ok(ParsedTensor { header, data: Data::Binary(bytes) })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl ParsedTensor<'_> {
+    /// Decodes the data into the tensor's buffer, checking every element.
+    /// `json` is the JSON header given to [`parse_tensors`].
+    pub(crate) fn decode(self, json: &[u8], role: &str, nulls: NullFloats) -> Result<Tensor, CodecError> {
+        let header = &self.header;
+        let (count, datatype) = (header.element_count(), header.datatype());
+        let data = match self.data {
+            Data::Json { text, offset } => elements_from_json(text, datatype, count, nulls)
+                .map_err(|e| elements_error(e, header, role, nulls, json, offset))?,
+            Data::Binary(bytes) if datatype == DataType::Bytes => {
+                let mut items = Vec::with_capacity(count);
+                for item in framed_items(bytes) {
+                    // The framing was checked when the header was parsed.
+                    items.push(item.map_err(CodecError::InvalidBinary)?.to_vec());
+                }
+                TensorData::Bytes(items)
+            }
+            Data::Binary(bytes) => {
+                if datatype == DataType::Bool
+                    && let Some(i) = bytes.iter().position(|&b| b > 1)
+                {
+                    return Err(CodecError::InvalidBinary(format!(
+                        "{role} '{}': BOOL element {i} is {}; binary BOOL elements must be 0 or 1",
+                        header.name(),
+                        bytes[i]
+                    )));
+                }
+                TensorData::Raw(bytes.to_vec())
+            }
+        };
+        let (name, datatype, shape) = self.header.into_parts();
+        Ok(Tensor { name, datatype, shape, data })
+    }
+}
 
-    #[test]
-    fn nested_counts() {
-        assert_eq!(count_elements(&serde_json::json!([[1, 2], [3, [4, 5]]])), 5);
-        assert_eq!(count_elements(&serde_json::json!(7)), 1);
-        assert_eq!(count_elements(&serde_json::json!([])), 0);
+/// Says what is wrong with a tensor's JSON data.
+fn elements_error(
+    error: ElementsError,
+    header: &TensorHeader,
+    role: &str,
+    nulls: NullFloats,
+    json: &[u8],
+    offset: usize,
+) -> CodecError {
+    let (name, datatype, shape, count) = (header.name(), header.datatype(), header.shape(), header.element_count());
+    match error {
+        ElementsError::Count { found } => CodecError::InvalidTensor(format!(
+            "{role} '{name}': shape {shape:?} needs {count} elements, 'data' has {found}"
+        )),
+        ElementsError::Element { index, found } => {
+            // Elements where null stands for NaN are shown shortened.
+            let found = if nulls == NullFloats::AsNan && datatype.is_float() { brief_text(found) } else { found };
+            CodecError::InvalidTensor(format!("{role} '{name}': element {index} ({found}) is not a valid {datatype}"))
+        }
+        ElementsError::Json(e) => json_error_at(json, offset, &e),
     }
 }

@@ -1,11 +1,14 @@
 //! The JSON header as serde structs, for decoding. Typed fields keep the
-//! common path fast; only tensor `data` stays a `serde_json::Value`, because
-//! its element type depends on the datatype next to it. Small fields whose
-//! type a client may get wrong are [`Checked`], so the error can name the
-//! tensor instead of only a line and column.
+//! common path fast; tensor `data` stays a slice of the body (a
+//! [`RawValue`], checked to be JSON but not converted), because its element
+//! type depends on the datatype next to it and it is decoded later straight
+//! into the tensor's buffer. Small fields whose type a client may get wrong
+//! are [`Checked`], so the error can name the tensor instead of only a line
+//! and column.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// A field that parsed as JSON but may not have the expected type; the
@@ -32,11 +35,12 @@ pub(crate) type Parameters = Map<String, Value>;
 
 /// One tensor of a request's `inputs` or a response's `outputs`.
 #[derive(Deserialize)]
-pub(crate) struct TensorJson {
+pub(crate) struct TensorJson<'a> {
     pub(crate) name: Option<Checked<String>>,
     pub(crate) datatype: Option<Checked<String>>,
     pub(crate) shape: Option<Checked<Vec<i64>>>,
-    pub(crate) data: Option<Value>,
+    #[serde(borrow)]
+    pub(crate) data: Option<&'a RawValue>,
     pub(crate) parameters: Option<Checked<Parameters>>,
 }
 
@@ -49,19 +53,21 @@ pub(crate) struct RequestedOutputJson {
 
 /// An inference request's JSON header.
 #[derive(Deserialize)]
-pub(crate) struct RequestJson {
+pub(crate) struct RequestJson<'a> {
     pub(crate) id: Option<Checked<String>>,
-    pub(crate) inputs: Option<Vec<TensorJson>>,
+    #[serde(borrow)]
+    pub(crate) inputs: Option<Vec<TensorJson<'a>>>,
     pub(crate) outputs: Option<Vec<RequestedOutputJson>>,
     pub(crate) parameters: Option<Checked<Parameters>>,
 }
 
 /// An inference response's JSON header (or an error object).
 #[derive(Deserialize)]
-pub(crate) struct ResponseJson {
+pub(crate) struct ResponseJson<'a> {
     pub(crate) model_name: Option<Checked<String>>,
     pub(crate) model_version: Option<Value>,
     pub(crate) id: Option<Checked<String>>,
-    pub(crate) outputs: Option<Vec<TensorJson>>,
+    #[serde(borrow)]
+    pub(crate) outputs: Option<Vec<TensorJson<'a>>>,
     pub(crate) error: Option<Value>,
 }

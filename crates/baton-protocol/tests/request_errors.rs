@@ -250,3 +250,18 @@ fn any_json_string_is_an_id() {
         assert_eq!(decode_request(json.as_bytes(), None).unwrap().id.as_deref(), Some(id));
     }
 }
+
+#[test]
+fn json_errors_inside_tensor_data_point_into_the_body() {
+    // Found only when the data is decoded (the header parse skims it), yet
+    // reported where a whole-body parse would report them.
+    for body in [
+        "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP64\",\"shape\":[2],\"data\":[1, 1e400]}]}",
+        "{\"inputs\":[\n  {\"name\":\"x\",\"datatype\":\"FP64\",\n   \"shape\":[3],\"data\":[1,\n 2, 1e400]}]}",
+        "{\"inputs\":[{\"name\":\"s\",\"datatype\":\"BYTES\",\"shape\":[1],\n \"data\":[\"\\ud800\"]}]}",
+    ] {
+        let whole = serde_json::from_str::<serde_json::Value>(body).unwrap_err().to_string();
+        let e = fails(body);
+        says(&e, "invalid_json", &[&whole]);
+    }
+}

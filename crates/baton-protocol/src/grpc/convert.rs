@@ -2,15 +2,20 @@
 //! `InferTensorContents` fields and the raw little-endian bytes of
 //! `raw_input_contents` / `raw_output_contents`.
 //!
-//! Every error names the tensor and says what was expected and what was
-//! found, like the REST codec's.
+//! Requests decode in two steps, like REST's: [`parse_request`] checks each
+//! input on its own and learns its decoded size, [`Parsed::decode`] packs
+//! the typed contents; a server checks the inputs against the model in
+//! between. Every error names the tensor and says what was expected and
+//! what was found, like the REST codec's.
 
-use baton_core::tensor::{DataType, Tensor, TensorData, append_framed, element_count, framed_size, split_framed};
+use baton_core::signature::{InputError, Signature};
+use baton_core::tensor::{DataType, Tensor, TensorData, append_framed, element_count, framed_items, framed_size};
 
 use super::pb::model_infer_request::InferInputTensor;
 use super::pb::model_infer_response::InferOutputTensor;
 use super::pb::{InferTensorContents, ModelInferRequest, ModelInferResponse};
 use crate::error::CodecError;
+use crate::tensor_header::{TensorHeader, bytes_size, check, total_bytes};
 
 /// A decoded inference request.
 #[derive(Debug)]
@@ -26,6 +31,73 @@ pub struct Decoded {
     pub raw: bool,
 }
 
+/// A request whose inputs are checked on their own (names, datatypes,
+/// shapes, element counts, raw sizes and BYTES framing) and not yet packed
+/// into tensors. Made by [`parse_request`]; [`Parsed::decode`] makes the
+/// [`Decoded`] request.
+///
+/// Between the two, a server checks the inputs against the model
+/// ([`Parsed::check`]) and reserves the memory packing will take
+/// ([`Parsed::tensor_bytes`]).
+#[derive(Debug)]
+pub struct Parsed {
+    /// Echoed in the response.
+    pub id: String,
+    /// The outputs asked for, in request order; empty for all of them.
+    pub outputs: Vec<String>,
+    /// Whether the inputs came as `raw_input_contents`.
+    pub raw: bool,
+    inputs: Vec<ParsedInput>,
+}
+
+/// One input, checked, with its elements as they came.
+struct ParsedInput {
+    header: TensorHeader,
+    elements: Elements,
+}
+
+enum Elements {
+    Raw(Vec<u8>),
+    Typed(InferTensorContents),
+}
+
+/// Shows the header only: the elements may be the size of the message.
+impl std::fmt::Debug for ParsedInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.header.fmt(f)
+    }
+}
+
+impl Parsed {
+    /// The inputs, in request order, names unique, each with the bytes its
+    /// decoded tensor holds.
+    pub fn inputs(&self) -> impl ExactSizeIterator<Item = &TensorHeader> {
+        self.inputs.iter().map(|i| &i.header)
+    }
+
+    /// The bytes the decoded inputs hold together (see
+    /// [`TensorHeader::tensor_bytes`]). Fixed-size raw contents are moved
+    /// into their tensors, not copied; typed contents and raw BYTES are
+    /// copied into new buffers of this size.
+    pub fn tensor_bytes(&self) -> usize {
+        total_bytes(self.inputs())
+    }
+
+    /// Checks the inputs against the model, as REST's
+    /// [`crate::RequestHeader::check`] does.
+    pub fn check(&self, signature: &Signature, max_batch_size: usize) -> Result<(), InputError> {
+        check(self.inputs(), signature, max_batch_size)
+    }
+
+    /// Packs every input into its tensor, checking each typed element's
+    /// range and each raw BOOL byte.
+    pub fn decode(self) -> Result<Decoded, CodecError> {
+        let Parsed { id, outputs, raw, inputs } = self;
+        let inputs = inputs.into_iter().map(ParsedInput::decode).collect::<Result<Vec<Tensor>, CodecError>>()?;
+        Ok(Decoded { id, inputs, outputs, raw })
+    }
+}
+
 fn invalid_tensor(message: String) -> CodecError {
     CodecError::InvalidTensor(message)
 }
@@ -39,8 +111,16 @@ fn invalid_raw(message: String) -> CodecError {
 }
 
 /// Decodes the tensors and requested outputs of a request (the model name
-/// and version are the caller's). Moves the raw bytes, copying nothing.
+/// and version are the caller's): [`parse_request`], then
+/// [`Parsed::decode`], with no model to check against in between. Moves
+/// fixed-size raw bytes, copying nothing.
 pub fn decode_request(request: ModelInferRequest) -> Result<Decoded, CodecError> {
+    parse_request(request)?.decode()
+}
+
+/// Checks the tensors and requested outputs of a request on their own, and
+/// learns the size of every decoded tensor, without packing any.
+pub fn parse_request(request: ModelInferRequest) -> Result<Parsed, CodecError> {
     let ModelInferRequest { id, inputs, outputs, raw_input_contents, .. } = request;
     let raw = !raw_input_contents.is_empty();
     if raw && raw_input_contents.len() != inputs.len() {
@@ -51,13 +131,13 @@ pub fn decode_request(request: ModelInferRequest) -> Result<Decoded, CodecError>
         )));
     }
     let mut raw_contents = raw_input_contents.into_iter();
-    let mut tensors: Vec<Tensor> = Vec::with_capacity(inputs.len());
+    let mut parsed: Vec<ParsedInput> = Vec::with_capacity(inputs.len());
     for (index, input) in inputs.into_iter().enumerate() {
-        let tensor = decode_input(index, input, raw_contents.next())?;
-        if tensors.iter().any(|t| t.name == tensor.name) {
-            return Err(invalid_request(format!("input '{}' appears more than once", tensor.name)));
+        let input = parse_input(index, input, raw_contents.next())?;
+        if parsed.iter().any(|i| i.header.name() == input.header.name()) {
+            return Err(invalid_request(format!("input '{}' appears more than once", input.header.name())));
         }
-        tensors.push(tensor);
+        parsed.push(input);
     }
     let mut wanted: Vec<String> = Vec::with_capacity(outputs.len());
     for (index, output) in outputs.into_iter().enumerate() {
@@ -69,10 +149,10 @@ pub fn decode_request(request: ModelInferRequest) -> Result<Decoded, CodecError>
         }
         wanted.push(output.name);
     }
-    Ok(Decoded { id, inputs: tensors, outputs: wanted, raw })
+    Ok(Parsed { id, outputs: wanted, raw, inputs: parsed })
 }
 
-fn decode_input(index: usize, input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor, CodecError> {
+fn parse_input(index: usize, input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<ParsedInput, CodecError> {
     let InferInputTensor { name, datatype, shape, contents, .. } = input;
     if name.is_empty() {
         return Err(invalid_tensor(format!("input {index} has no name")));
@@ -93,7 +173,7 @@ fn decode_input(index: usize, input: InferInputTensor, raw: Option<Vec<u8>>) -> 
         invalid_tensor(format!("input '{name}': shape {shape:?} holds more elements than can be addressed"))
     })?;
     let contents = contents.unwrap_or_default();
-    let data = match raw {
+    let (bytes, elements) = match raw {
         Some(bytes) => {
             if let Some(field) = filled_fields(&contents).first() {
                 return Err(invalid_tensor(format!(
@@ -101,11 +181,23 @@ fn decode_input(index: usize, input: InferInputTensor, raw: Option<Vec<u8>>) -> 
                      give one or the other"
                 )));
             }
-            from_raw(&name, datatype, &shape, count, bytes)?
+            (raw_size(&name, datatype, &shape, count, &bytes)?, Elements::Raw(bytes))
         }
-        None => from_contents(&name, datatype, &shape, count, contents)?,
+        None => (contents_size(&name, datatype, &shape, count, &contents)?, Elements::Typed(contents)),
     };
-    Ok(Tensor { name, datatype, shape, data })
+    Ok(ParsedInput { header: TensorHeader::new(name, datatype, shape, count, bytes), elements })
+}
+
+impl ParsedInput {
+    fn decode(self) -> Result<Tensor, CodecError> {
+        let name = self.header.name();
+        let data = match self.elements {
+            Elements::Raw(bytes) => from_raw(name, self.header.datatype(), self.header.element_count(), bytes)?,
+            Elements::Typed(contents) => from_contents(name, self.header.datatype(), contents)?,
+        };
+        let (name, datatype, shape) = self.header.into_parts();
+        Ok(Tensor { name, datatype, shape, data })
+    }
 }
 
 /// The typed field that holds a datatype's elements; `None` for FP16.
@@ -160,17 +252,19 @@ fn pack<T: Copy + std::fmt::Display, const N: usize>(
     Ok(bytes)
 }
 
-fn from_contents(
+/// Checks typed contents against the datatype and shape; the size of the
+/// tensor they make.
+fn contents_size(
     name: &str,
     datatype: DataType,
     shape: &[i64],
     count: usize,
-    contents: InferTensorContents,
-) -> Result<TensorData, CodecError> {
-    let filled = filled_fields(&contents);
+    contents: &InferTensorContents,
+) -> Result<usize, CodecError> {
+    let filled = filled_fields(contents);
     let Some(field) = field_of(datatype) else {
         if count == 0 && filled.is_empty() {
-            return Ok(TensorData::Raw(Vec::new()));
+            return Ok(0);
         }
         return Err(invalid_tensor(format!(
             "input '{name}': FP16 has no typed contents field; send its elements in raw_input_contents"
@@ -181,12 +275,24 @@ fn from_contents(
             "input '{name}' of datatype {datatype} has {other}; its elements belong in {field}"
         )));
     }
-    let got = field_lengths(&contents).into_iter().find(|(f, _)| *f == field).map_or(0, |(_, n)| n);
+    let got = field_lengths(contents).into_iter().find(|(f, _)| *f == field).map_or(0, |(_, n)| n);
     if got != count {
         return Err(invalid_tensor(format!(
             "input '{name}': shape {shape:?} needs {count} {datatype} elements, {field} holds {got}"
         )));
     }
+    Ok(match datatype.size() {
+        Some(size) => count * size,
+        None => bytes_size(count, contents.bytes_contents.iter().map(Vec::len).fold(0, usize::saturating_add)),
+    })
+}
+
+/// Packs typed contents, checked by [`contents_size`], into a tensor's data.
+fn from_contents(name: &str, datatype: DataType, contents: InferTensorContents) -> Result<TensorData, CodecError> {
+    let Some(field) = field_of(datatype) else {
+        // FP16 without elements; any other FP16 was refused.
+        return Ok(TensorData::Raw(Vec::new()));
+    };
     let c = contents;
     let raw = match datatype {
         DataType::Bool => c.bool_contents.iter().map(|&b| u8::from(b)).collect(),
@@ -212,22 +318,21 @@ fn from_contents(
     Ok(TensorData::Raw(raw))
 }
 
-fn from_raw(
-    name: &str,
-    datatype: DataType,
-    shape: &[i64],
-    count: usize,
-    bytes: Vec<u8>,
-) -> Result<TensorData, CodecError> {
+/// Checks raw contents' size against the datatype and shape (for BYTES, the
+/// framing and the element count); the size of the tensor they make.
+fn raw_size(name: &str, datatype: DataType, shape: &[i64], count: usize, bytes: &[u8]) -> Result<usize, CodecError> {
     let Some(size) = datatype.size() else {
-        let items = split_framed(&bytes).map_err(|e| invalid_raw(format!("input '{name}': raw {e}")))?;
-        if items.len() != count {
+        let (mut items, mut payload) = (0usize, 0usize);
+        for item in framed_items(bytes) {
+            payload += item.map_err(|e| invalid_raw(format!("input '{name}': raw {e}")))?.len();
+            items += 1;
+        }
+        if items != count {
             return Err(invalid_raw(format!(
-                "input '{name}': raw BYTES contents hold {} elements, shape {shape:?} needs {count}",
-                items.len()
+                "input '{name}': raw BYTES contents hold {items} elements, shape {shape:?} needs {count}"
             )));
         }
-        return Ok(TensorData::Bytes(items));
+        return Ok(bytes_size(count, payload));
     };
     let expected = count.checked_mul(size);
     if expected != Some(bytes.len()) {
@@ -236,6 +341,18 @@ fn from_raw(
             "input '{name}': shape {shape:?} of {datatype} needs {expected} bytes, its raw contents hold {}",
             bytes.len()
         )));
+    }
+    Ok(bytes.len())
+}
+
+/// Makes a tensor's data of raw contents checked by [`raw_size`].
+fn from_raw(name: &str, datatype: DataType, count: usize, bytes: Vec<u8>) -> Result<TensorData, CodecError> {
+    if datatype == DataType::Bytes {
+        let mut items = Vec::with_capacity(count);
+        for item in framed_items(&bytes) {
+            items.push(item.map_err(|e| invalid_raw(format!("input '{name}': raw {e}")))?.to_vec());
+        }
+        return Ok(TensorData::Bytes(items));
     }
     if datatype == DataType::Bool
         && let Some(i) = bytes.iter().position(|&b| b > 1)
@@ -353,6 +470,8 @@ fn to_contents(datatype: DataType, data: TensorData) -> InferTensorContents {
 
 #[cfg(test)]
 mod tests {
+    use baton_core::signature::TensorSpec;
+
     use super::*;
     use crate::grpc::pb::model_infer_request::InferRequestedOutputTensor;
 
@@ -515,6 +634,42 @@ mod tests {
             InferRequestedOutputTensor { name: "y".into(), ..Default::default() },
         ];
         assert_eq!(message(decode_request(twice)), "output 'y' is requested more than once");
+    }
+
+    #[test]
+    fn requests_are_checked_against_the_model_before_packing() {
+        let spec =
+            |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
+        let signature = Signature {
+            inputs: vec![spec("x", DataType::Fp32, &[-1, 2]), spec("s", DataType::Bytes, &[-1])],
+            outputs: vec![spec("y", DataType::Fp32, &[-1])],
+        };
+        let fp32 = InferTensorContents { fp32_contents: vec![0.5; 6], ..Default::default() };
+        let strings = InferTensorContents { bytes_contents: vec![b"abc".to_vec(); 3], ..Default::default() };
+        let typed =
+            request(vec![input("x", "FP32", &[3, 2], Some(fp32)), input("s", "BYTES", &[3], Some(strings))], vec![]);
+        let parsed = parse_request(typed.clone()).unwrap();
+        assert_eq!(parsed.tensor_bytes(), 24 + 3 * size_of::<Vec<u8>>() + 9);
+        let shapes: Vec<(&str, &[i64])> = parsed.inputs().map(|t| (t.name(), t.shape())).collect();
+        assert_eq!(shapes, [("x", &[3, 2][..]), ("s", &[3][..])]);
+        let e = parsed.check(&signature, 2).unwrap_err();
+        assert_eq!(e.to_string(), "input 'x': batch size 3 exceeds the model's max_batch_size 2");
+        assert_eq!(parse_request(typed).unwrap().check(&signature, 3), Ok(()));
+
+        // Raw contents: the size is known, the bytes are moved.
+        let framed = [&2u32.to_le_bytes()[..], b"xy"].concat();
+        let raw =
+            request(vec![input("x", "FP32", &[1, 2], None), input("s", "BYTES", &[1], None)], vec![vec![0; 8], framed]);
+        let parsed = parse_request(raw).unwrap();
+        assert_eq!(parsed.tensor_bytes(), 8 + size_of::<Vec<u8>>() + 2);
+        let decoded = parsed.decode().unwrap();
+        assert_eq!(decoded.inputs[1].data, TensorData::Bytes(vec![b"xy".to_vec()]));
+
+        // An element out of range is found by packing, after the check.
+        let ints = InferTensorContents { int_contents: vec![300], ..Default::default() };
+        let parsed = parse_request(request(vec![input("i", "INT8", &[1], Some(ints))], vec![])).unwrap();
+        assert_eq!(parsed.tensor_bytes(), 1);
+        assert_eq!(message(parsed.decode()), "input 'i': int_contents element 0 is 300, out of range for INT8");
     }
 
     #[test]
