@@ -31,6 +31,9 @@ pub struct Watcher {
     /// Versions seen, with their MANIFEST's modification time.
     seen: BTreeMap<(String, u64), Option<SystemTime>>,
     warned: BTreeSet<(String, u64)>,
+    /// The models it loads and readiness waits for (`--model-control
+    /// explicit`); `None`: every model.
+    only: Option<BTreeSet<String>>,
 }
 
 fn manifest_mtime(dir: &Path) -> Option<SystemTime> {
@@ -40,7 +43,14 @@ fn manifest_mtime(dir: &Path) -> Option<SystemTime> {
 impl Watcher {
     /// A watcher of the repository at `root`, which the registry's source reads.
     pub fn new(app: Arc<App>, root: PathBuf) -> Watcher {
-        Watcher { app, root, seen: BTreeMap::new(), warned: BTreeSet::new() }
+        Watcher { app, root, seen: BTreeMap::new(), warned: BTreeSet::new(), only: None }
+    }
+
+    /// Loads only `models` and makes readiness wait only for them; the
+    /// others are left to the API.
+    pub fn only(mut self, models: BTreeSet<String>) -> Watcher {
+        self.only = Some(models);
+        self
     }
 
     /// Scans until `stop` says so or its sender goes away.
@@ -63,10 +73,12 @@ impl Watcher {
                 return;
             }
         };
+        let wanted: Vec<String> =
+            models.iter().filter(|m| self.only.as_ref().is_none_or(|only| only.contains(*m))).cloned().collect();
         let required: BTreeSet<String> =
-            models.iter().filter(|m| source.spec(m).map(|s| s.required).unwrap_or(true)).cloned().collect();
+            wanted.iter().filter(|m| source.spec(m).map(|s| s.required).unwrap_or(true)).cloned().collect();
         self.app.set_required(required);
-        for model in &models {
+        for model in &wanted {
             self.scan_model(model);
         }
         for status in self.app.registry.statuses() {
