@@ -8,6 +8,10 @@
 //! model ([`ServeError`]), whose classes map to gRPC status codes in one
 //! place, [`code`].
 //!
+//! Access: every call passes a guard ([`guard`]) that applies
+//! [`crate::access`] by the call's method, so one listener can serve
+//! inference and another management.
+//!
 //! Shutdown: when the app starts draining, the server stops accepting
 //! connections, ends event streams and streaming inference (a stream
 //! finishes the request it is answering, then ends with UNAVAILABLE), and

@@ -1,5 +1,7 @@
 //! The REST front end: KServe V2 (Open Inference Protocol) with the Triton
 //! extensions real tools use, and baton's management API under `/baton/v1`.
+//! Routes come in three scopes (open, inference, management) that
+//! [`crate::access`] allows or refuses per listener.
 
 mod error;
 mod infer;

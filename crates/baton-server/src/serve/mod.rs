@@ -46,7 +46,9 @@ pub struct ServeArgs {
     /// How often the repository is polled, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub poll_ms: u64,
-    /// How long shutdown waits for requests in flight, in seconds.
+    /// How long shutdown waits, in seconds, once the listeners have closed,
+    /// for requests in flight and operations running on models; past it
+    /// baton exits without them.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
     /// Largest request body accepted, in bytes.
