@@ -62,6 +62,13 @@ impl App {
         self.shutdown.send_replace(true);
     }
 
+    /// Reports not ready (and draining) from now on without ending anything:
+    /// during `--shutdown-delay` the server keeps serving and accepting
+    /// while load balancers notice. [`App::start_draining`] follows.
+    pub fn report_not_ready(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
     /// Changes to `true` when shutdown begins.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
         self.shutdown.subscribe()

@@ -25,6 +25,12 @@ pub enum Class {
     Unavailable,
     /// The server failed.
     Internal,
+    /// A management operation came without the admin token, or with a wrong one.
+    Unauthorized,
+    /// Not allowed here: a management operation on an inference listener when
+    /// an admin listener serves them, inference on an admin listener, or a
+    /// model operation under `--model-control none`.
+    Forbidden,
 }
 
 /// An error for a client.

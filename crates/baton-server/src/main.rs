@@ -1,5 +1,6 @@
 //! The `baton` command: the server and the tools around it.
 
+mod access;
 mod app;
 mod cli;
 mod error;

@@ -8,59 +8,23 @@
 mod common;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::time::Duration;
 
 use baton_testkit::onnx::sample_input;
 use baton_testkit::repo::{Damage, TestRepo};
-use baton_testkit::server::{PATIENCE, Server, eventually};
+use baton_testkit::server::{Server, eventually};
+use common::grpc::{assert_status, channel, client, runtime, within};
 use common::{SIZES, assert_close, mlp, repo_with, start};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
 
 use baton_protocol::grpc::{pb, pb_baton};
 
-use pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 use pb::model_repository_parameter::ParameterChoice;
 use pb::*;
 use pb_baton::management_client::ManagementClient;
-
-type Client = GrpcInferenceServiceClient<Channel>;
-
-/// A runtime whose worker threads drive the client's connections between
-/// the `block_on` calls of a test.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime")
-}
-
-/// Awaits `f`, failing the test after [`PATIENCE`] instead of hanging.
-async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(PATIENCE, f).await.unwrap_or_else(|_| panic!("{what}: no answer within {PATIENCE:?}"))
-}
-
-async fn channel(server: &Server) -> Channel {
-    let endpoint = Channel::from_shared(server.grpc_url()).expect("a valid URL");
-    within("connecting", endpoint.connect()).await.expect("connecting to the gRPC port")
-}
-
-async fn client(server: &Server) -> Client {
-    GrpcInferenceServiceClient::new(channel(server).await).max_decoding_message_size(usize::MAX)
-}
-
-/// Asserts an error status: the code, and that the message contains every
-/// one of `needles`; returns the stable kind baton attaches.
-fn assert_status<T: std::fmt::Debug>(result: Result<T, Status>, code: Code, needles: &[&str], what: &str) -> String {
-    let status = result.expect_err(what);
-    assert_eq!(status.code(), code, "{what}: {status:?}");
-    for needle in needles {
-        assert!(status.message().contains(needle), "{what}: the message should mention {needle:?}: {status:?}");
-    }
-    let kind = status.metadata().get("baton-error-kind").and_then(|v| v.to_str().ok()).unwrap_or_default();
-    assert!(!kind.is_empty(), "{what}: no baton-error-kind in {status:?}");
-    kind.to_owned()
-}
 
 /// Starts the server and waits until it is ready and the model's first
 /// load has finished entirely: the server turns ready at the commit, while

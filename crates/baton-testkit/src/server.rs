@@ -19,7 +19,7 @@ pub struct Server {
     base: String,
     grpc: Option<String>,
     // Kept open so the server never writes to a closed pipe.
-    _stdout: BufReader<ChildStdout>,
+    stdout: BufReader<ChildStdout>,
     log: PathBuf,
     _logdir: tempfile::TempDir,
     agent: ureq::Agent,
@@ -99,15 +99,16 @@ impl Server {
         let grpc = second.split("grpc://").nth(1).and_then(|s| s.split_whitespace().next()).map(str::to_owned);
         let agent =
             ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(PATIENCE)).build().into();
-        Server {
-            child: Some(child),
-            base: format!("http://{address}"),
-            grpc,
-            _stdout: stdout,
-            log,
-            _logdir: logdir,
-            agent,
-        }
+        Server { child: Some(child), base: format!("http://{address}"), grpc, stdout, log, _logdir: logdir, agent }
+    }
+
+    /// The next line baton printed on its stdout: after the REST and gRPC
+    /// lines [`Server::start`] reads, the admin listeners' lines (REST,
+    /// then gRPC) when it was started with `--admin-http` or `--admin-grpc`.
+    pub fn next_line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("reading a line baton printed");
+        line
     }
 
     /// The gRPC address, e.g. `127.0.0.1:41235` (panics if baton printed
@@ -303,9 +304,14 @@ impl Server {
 
     /// Sends SIGTERM without waiting; see [`Server::wait_exit`].
     pub fn signal_terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, …) without waiting.
+    pub fn signal(&self, name: &str) {
         let pid = self.pid().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
-        assert!(sent.success(), "kill -TERM {pid} failed");
+        let sent = Command::new("kill").args([&format!("-{name}"), &pid]).status().expect("running kill");
+        assert!(sent.success(), "kill -{name} {pid} failed");
     }
 
     /// Waits for the process to exit (after [`Server::signal_terminate`]).

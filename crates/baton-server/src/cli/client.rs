@@ -5,17 +5,49 @@ use std::io::{BufRead, BufReader};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
+/// An error answer from the server: its HTTP status, and the message with
+/// what to do about it.
+#[derive(Debug)]
+pub struct Refused {
+    /// The HTTP status.
+    pub status: u16,
+    message: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 /// Talks to one server.
 pub struct Client {
     base: String,
     agent: ureq::Agent,
+    authorization: Option<String>,
 }
 
 impl Client {
     /// A client of the server at `base` (e.g. `http://127.0.0.1:8000`).
     pub fn new(base: &str) -> Client {
         let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        Client { base: base.trim_end_matches('/').to_owned(), agent }
+        Client { base: base.trim_end_matches('/').to_owned(), agent, authorization: None }
+    }
+
+    /// Sends `token` as `Authorization: Bearer <token>` with every request.
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.authorization = token.map(|t| format!("Bearer {t}"));
+        self
+    }
+
+    fn get(&self, path: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+        let request = self.agent.get(&self.url(path));
+        match &self.authorization {
+            Some(value) => request.header("authorization", value),
+            None => request,
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -34,29 +66,39 @@ impl Client {
         if !status.is_success() {
             let message =
                 body.get("error").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| body.to_string());
-            bail!("{message} (HTTP {})", status.as_u16());
+            let hint = match body.get("kind").and_then(Value::as_str) {
+                Some("unauthorized") => "; give the admin token with --token-file (or BATON_TOKEN_FILE)",
+                Some("wrong_listener") => "; point --admin-url (or BATON_ADMIN_URL) at the admin listener",
+                _ => "",
+            };
+            return Err(Refused {
+                status: status.as_u16(),
+                message: format!("{message} (HTTP {}){hint}", status.as_u16()),
+            }
+            .into());
         }
         Ok(body)
     }
 
     /// GET a JSON document.
     pub fn get_json(&self, path: &str) -> anyhow::Result<Value> {
-        let response = self.agent.get(&self.url(path)).call();
+        let response = self.get(path).call();
         self.read(path, response)
     }
 
     /// POST a JSON body, read a JSON answer.
     pub fn post_json(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        let response =
-            self.agent.post(&self.url(path)).header("content-type", "application/json").send(body.to_string());
-        self.read(path, response)
+        let mut request = self.agent.post(&self.url(path)).header("content-type", "application/json");
+        if let Some(value) = &self.authorization {
+            request = request.header("authorization", value);
+        }
+        self.read(path, request.send(body.to_string()))
     }
 
     /// Opens the event stream; returns its lines as they arrive.
     pub fn events(&self) -> anyhow::Result<impl BufRead + Send + 'static> {
         let response = self
-            .agent
-            .get(&self.url("/baton/v1/events"))
+            .get("/baton/v1/events")
             .header("accept", "text/event-stream")
             .call()
             .with_context(|| format!("cannot reach baton at {}", self.base))?;

@@ -1,10 +1,13 @@
 //! The commands that talk to a running server over HTTP: `status`, `load`,
-//! `rollback`, `events`.
+//! `rollback`, `events`. `load` and `rollback` go to the admin listener when
+//! one is named (`--admin-url`), and every command sends the admin token
+//! when one is given (`--token-file`, or `BATON_TOKEN` holding the token).
 
 mod client;
 mod render;
 
 use std::io::{BufRead, Write};
+use std::path::PathBuf;
 
 use anyhow::Context;
 pub use client::Client;
@@ -16,18 +19,46 @@ pub struct Target {
     /// The server's REST address.
     #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
+    /// The REST address of the server's admin listener (`baton serve
+    /// --admin-http`), where `load` and `rollback` go; without it, --url.
+    #[arg(long, env = "BATON_ADMIN_URL")]
+    pub admin_url: Option<String>,
+    /// A file holding the admin token (the server's --admin-token-file).
+    /// Without it, the token in BATON_TOKEN, if set.
+    #[arg(long, env = "BATON_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl Target {
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.token_file {
+            return crate::access::read_token_file(path).map(Some);
+        }
+        Ok(std::env::var("BATON_TOKEN").ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()))
+    }
+
+    /// A client of the inference address, for reads.
+    fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(&self.url).with_token(self.token()?))
+    }
+
+    /// A client of the address that serves management operations.
+    fn admin(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(self.admin_url.as_deref().unwrap_or(&self.url)).with_token(self.token()?))
+    }
 }
 
 /// `baton status`: one line per model.
 pub fn status(target: &Target) -> anyhow::Result<()> {
-    let status = Client::new(&target.url).get_json("/baton/v1/status")?;
+    let status = target.client()?.get_json("/baton/v1/status")?;
     print!("{}", render::status_table(&status));
     Ok(())
 }
 
 /// `baton load NAME [--version V]`: follows the stages as they happen.
 pub fn load(target: &Target, model: &str, version: Option<u64>) -> anyhow::Result<()> {
-    let client = Client::new(&target.url);
+    // The events come from the admin listener too, which serves them.
+    let client = target.admin()?;
     // Subscribed before the load starts, so no stage is missed.
     let events = client.events()?;
     let watched = model.to_owned();
@@ -54,7 +85,17 @@ pub fn load(target: &Target, model: &str, version: Option<u64>) -> anyhow::Resul
     };
     println!("Loading {model}{}…", version.map(|v| format!(" version {v}")).unwrap_or_default());
     let result = client.post_json(&format!("/baton/v1/models/{model}/load"), &body);
-    let _ = follower.join();
+    // The follower ends with the load's last event. A load refused before
+    // it started (no token, unknown model, another operation running) has
+    // none, so it is only waited for when the load ran: it succeeded, or a
+    // stage refused the version (422) and the event saying so is coming.
+    let ran = match &result {
+        Ok(_) => true,
+        Err(error) => error.downcast_ref::<client::Refused>().is_some_and(|r| r.status == 422),
+    };
+    if ran {
+        let _ = follower.join();
+    }
     let report = result?;
     println!("{}", render::report(&report));
     Ok(())
@@ -62,14 +103,14 @@ pub fn load(target: &Target, model: &str, version: Option<u64>) -> anyhow::Resul
 
 /// `baton rollback NAME`.
 pub fn rollback(target: &Target, model: &str) -> anyhow::Result<()> {
-    let report = Client::new(&target.url).post_json(&format!("/baton/v1/models/{model}/rollback"), &json!({}))?;
+    let report = target.admin()?.post_json(&format!("/baton/v1/models/{model}/rollback"), &json!({}))?;
     println!("{}", render::report(&report));
     Ok(())
 }
 
 /// `baton events`: one line per event until the server closes the stream.
 pub fn events(target: &Target, as_json: bool) -> anyhow::Result<()> {
-    let stream = Client::new(&target.url).events()?;
+    let stream = target.client()?.events()?;
     let mut out = std::io::stdout().lock();
     for line in stream.lines() {
         let line = line.context("reading the event stream")?;

@@ -8,11 +8,16 @@
 //! model ([`ServeError`]), whose classes map to gRPC status codes in one
 //! place, [`code`].
 //!
+//! Access: every call passes a guard ([`guard`]) that applies
+//! [`crate::access`] by the call's method, so one listener can serve
+//! inference and another management.
+//!
 //! Shutdown: when the app starts draining, the server stops accepting
 //! connections, ends event streams and streaming inference (a stream
 //! finishes the request it is answering, then ends with UNAVAILABLE), and
 //! returns once the RPCs in flight have finished.
 
+mod guard;
 mod inference;
 mod manage;
 mod model_config;
@@ -25,6 +30,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Status};
 
+use crate::access::{Access, Listener};
 use crate::app::App;
 use crate::error::{Class, ServeError};
 
@@ -43,6 +49,10 @@ pub const KIND_KEY: &str = "baton-error-kind";
 /// - `Unprocessable` (a version refused by a stage of the load transaction)
 ///   is `FAILED_PRECONDITION`: the request is well formed, the repository's
 ///   content is what is wrong.
+/// - `Forbidden` (management on an inference listener when an admin
+///   listener serves it, inference on an admin listener, a model operation
+///   under `--model-control none`) is `PERMISSION_DENIED`: retrying will not
+///   help, another listener or configuration will.
 pub fn code(class: Class) -> Code {
     match class {
         Class::BadRequest => Code::InvalidArgument,
@@ -52,6 +62,8 @@ pub fn code(class: Class) -> Code {
         Class::Unprocessable => Code::FailedPrecondition,
         Class::Unavailable => Code::Unavailable,
         Class::Internal => Code::Internal,
+        Class::Unauthorized => Code::Unauthenticated,
+        Class::Forbidden => Code::PermissionDenied,
     }
 }
 
@@ -100,9 +112,15 @@ fn too_large_as_resource_exhausted<B>(mut response: axum::http::Response<B>) -> 
     response
 }
 
-/// Serves both gRPC services on `listener` until the app starts draining,
-/// then finishes the RPCs in flight and returns.
-pub async fn serve(app: Arc<App>, listener: TcpListener) -> Result<(), tonic::transport::Error> {
+/// Serves both gRPC services on `listener`, a listener of the given role
+/// whose calls `access` checks, until the app starts draining, then
+/// finishes the RPCs in flight and returns.
+pub async fn serve(
+    app: Arc<App>,
+    listener: TcpListener,
+    access: Arc<Access>,
+    role: Listener,
+) -> Result<(), tonic::transport::Error> {
     let limit = app.max_request_bytes;
     let inference =
         pb::grpc_inference_service_server::GrpcInferenceServiceServer::new(inference::Inference::new(Arc::clone(&app)))
@@ -113,6 +131,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> Result<(), tonic::tr
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(too_large_as_resource_exhausted))
+        .layer(guard::GuardLayer::new(access, role))
         .add_service(inference)
         .add_service(management)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -141,6 +160,8 @@ mod tests {
         assert_eq!(code(Class::Unprocessable), Code::FailedPrecondition);
         assert_eq!(code(Class::Unavailable), Code::Unavailable);
         assert_eq!(code(Class::Internal), Code::Internal);
+        assert_eq!(code(Class::Unauthorized), Code::Unauthenticated);
+        assert_eq!(code(Class::Forbidden), Code::PermissionDenied);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! "..."}` with the status of the error's class.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::{Class, ServeError};
@@ -20,13 +20,20 @@ pub fn status(class: Class) -> StatusCode {
         Class::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
         Class::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Class::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        Class::Unauthorized => StatusCode::UNAUTHORIZED,
+        Class::Forbidden => StatusCode::FORBIDDEN,
     }
 }
 
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.message, "kind": self.kind });
-        (status(self.class), Json(body)).into_response()
+        let mut response = (status(self.class), Json(body)).into_response();
+        if self.class == Class::Unauthorized {
+            // What a 401 must carry: the scheme the client should use.
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"baton\""));
+        }
+        response
     }
 }
 

@@ -1,5 +1,7 @@
 //! The REST front end: KServe V2 (Open Inference Protocol) with the Triton
 //! extensions real tools use, and baton's management API under `/baton/v1`.
+//! Routes come in three scopes (open, inference, management) that
+//! [`crate::access`] allows or refuses per listener.
 
 mod error;
 mod infer;
@@ -11,22 +13,33 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub use error::ApiError;
 
+use crate::access::{Access, Listener, Scope};
 use crate::app::App;
 
-/// Every route.
-pub fn router(app: Arc<App>) -> Router {
+/// Every route, for a listener of the given role. Each route belongs to one
+/// [`Scope`]; routes that `access` does not leave open on this listener go
+/// through [`guard`].
+pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router {
     let limit = app.max_request_bytes;
-    Router::new()
+    let open = Router::new()
         .route("/v2", get(models::server_metadata))
         .route("/v2/health/live", get(models::live))
         .route("/v2/health/ready", get(models::ready))
+        .route("/v2/repository/index", post(repository::index))
+        .route("/baton/v1/status", get(manage::status))
+        .route("/baton/v1/events", get(manage::events))
+        .route("/baton/v1/unloads", get(manage::unloads))
+        .route("/baton/v1/models/{name}/status", get(manage::model_status))
+        .route("/metrics", get(metrics));
+    let inference = Router::new()
         .route("/v2/models/{name}", get(models::model_metadata))
         .route("/v2/models/{name}/ready", get(models::model_ready))
         .route("/v2/models/{name}/config", get(models::model_config))
@@ -34,21 +47,52 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v2/models/{name}/versions/{version}", get(models::version_metadata))
         .route("/v2/models/{name}/versions/{version}/ready", get(models::version_ready))
         .route("/v2/models/{name}/versions/{version}/config", get(models::version_config))
-        .route("/v2/models/{name}/versions/{version}/infer", post(infer::infer_version))
-        .route("/v2/repository/index", post(repository::index))
+        .route("/v2/models/{name}/versions/{version}/infer", post(infer::infer_version));
+    let management = Router::new()
         .route("/v2/repository/models/{name}/load", post(repository::load))
         .route("/v2/repository/models/{name}/unload", post(repository::unload))
-        .route("/baton/v1/status", get(manage::status))
-        .route("/baton/v1/events", get(manage::events))
-        .route("/baton/v1/unloads", get(manage::unloads))
-        .route("/baton/v1/models/{name}/status", get(manage::model_status))
         .route("/baton/v1/models/{name}/load", post(manage::load))
         .route("/baton/v1/models/{name}/rollback", post(manage::rollback))
-        .route("/baton/v1/models/{name}/versions/{version}/retire", post(manage::retire))
-        .route("/metrics", get(metrics))
+        .route("/baton/v1/models/{name}/versions/{version}/retire", post(manage::retire));
+    open.merge(guarded(inference, &access, listener, Scope::Inference))
+        .merge(guarded(management, &access, listener, Scope::Management))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
+}
+
+/// What [`guard`] needs to decide.
+#[derive(Clone)]
+struct Guard {
+    access: Arc<Access>,
+    listener: Listener,
+    scope: Scope,
+}
+
+/// The routes, behind [`guard`] unless `access` leaves them open here (the
+/// inference routes on an inference listener pay nothing).
+fn guarded(routes: Router<Arc<App>>, access: &Arc<Access>, listener: Listener, scope: Scope) -> Router<Arc<App>> {
+    if access.is_open(listener, scope) {
+        return routes;
+    }
+    let state = Guard { access: Arc::clone(access), listener, scope };
+    routes.route_layer(axum::middleware::from_fn_with_state(state, guard))
+}
+
+/// How much of a refused request's body is read, so that a small one does
+/// not cost the client its keep-alive connection; a larger one closes it.
+const REFUSED_BODY_LIMIT: usize = 64 << 10;
+
+/// Lets the request through, or answers with [`Access::check`]'s refusal.
+async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match guard.access.check(guard.listener, guard.scope, authorization, request.uri().path()) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => {
+            let _ = axum::body::to_bytes(request.into_body(), REFUSED_BODY_LIMIT).await;
+            refused.into_response()
+        }
+    }
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {

@@ -78,6 +78,9 @@ pub struct Watcher {
     missing: BTreeMap<Subject, u32>,
     /// What could not be read when last looked at, and why.
     unreadable: BTreeMap<Subject, String>,
+    /// The models it loads and readiness waits for (`--model-control
+    /// explicit`); `None`: every model.
+    only: Option<BTreeSet<String>>,
 }
 
 fn manifest_mtime(dir: &Path) -> Option<SystemTime> {
@@ -106,7 +109,15 @@ impl Watcher {
             warned: BTreeSet::new(),
             missing: BTreeMap::new(),
             unreadable: BTreeMap::new(),
+            only: None,
         }
+    }
+
+    /// Loads only `models` and makes readiness wait only for them; the
+    /// others are left to the API.
+    pub fn only(mut self, models: BTreeSet<String>) -> Watcher {
+        self.only = Some(models);
+        self
     }
 
     /// Scans until `stop` says so or its sender goes away.
@@ -127,11 +138,15 @@ impl Watcher {
             Err(error) => return self.cannot_read(Subject::Repository, error.to_string()),
         };
         self.can_read(&Subject::Repository);
+        let wanted: Vec<String> =
+            models.iter().filter(|m| self.only.as_ref().is_none_or(|only| only.contains(*m))).cloned().collect();
         let required: BTreeSet<String> =
-            models.iter().filter(|m| source.spec(m).map(|s| s.required).unwrap_or(true)).cloned().collect();
+            wanted.iter().filter(|m| source.spec(m).map(|s| s.required).unwrap_or(true)).cloned().collect();
         self.app.set_required(required);
         for model in &models {
             self.present(&Subject::Model(model.clone()));
+        }
+        for model in &wanted {
             self.scan_model(model);
         }
         for status in self.app.registry.statuses() {

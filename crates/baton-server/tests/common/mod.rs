@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod grpc;
+
 use std::path::Path;
 
 use baton_core::tensor::Tensor;
@@ -159,4 +161,65 @@ pub fn plain_log(server: &Server) -> String {
 pub fn assert_no_panic(server: &Server) {
     let log = server.log();
     assert!(!log.contains("panicked"), "the server panicked:\n{log}");
+}
+
+/// The address in a line baton printed, e.g. `127.0.0.1:41236` from
+/// `Listening on http://127.0.0.1:41236 (baton admin REST).`
+pub fn listening_address(line: &str) -> String {
+    line.split("://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned()
+}
+
+/// Runs `baton serve` on the repository (loopback ports) with `args`, which
+/// must make it refuse to start; returns its exit status and stderr. Panics
+/// if it is still running after [`PATIENCE`](baton_testkit::server::PATIENCE)
+/// (after killing it).
+pub fn refused_start(repo: &TestRepo, args: &[&str]) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(bin())
+        .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--repo"])
+        .arg(repo.root())
+        .args(args)
+        .env_remove("BATON_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting baton");
+    let deadline = std::time::Instant::now() + baton_testkit::server::PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for baton") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("baton {args:?} kept running instead of refusing to start");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().expect("piped stderr").read_to_string(&mut stderr).expect("reading stderr");
+    (status, stderr)
+}
+
+/// A file holding `token` (with a newline, as `echo` writes it), in a
+/// directory removed on drop.
+pub fn token_file(token: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("token");
+    std::fs::write(&path, format!("{token}\n")).expect("writing the token file");
+    (dir, path.to_str().expect("a UTF-8 path").to_owned())
+}
+
+/// POSTs `body` to `url` + `path` with the headers given (a fresh
+/// connection), panicking when no answer came.
+pub fn post_with(url: &str, path: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    baton_testkit::server::Client::new(url).post_raw(path, body.to_string().as_bytes(), &all)
 }

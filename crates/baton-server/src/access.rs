@@ -1,0 +1,339 @@
+//! Who may manage models, and where: the admin token, the admin listeners,
+//! the model-control mode, and the check at start that management is not
+//! left open on a public address.
+//!
+//! Every route and RPC has a [`Scope`]. Open ones (health, server metadata,
+//! metrics, status, the index, events) are served on every listener to
+//! anyone. Inference is served on the inference listeners only. Management
+//! (load, unload, rollback, retire) is served on the admin listeners when
+//! there are any, else on the inference listeners; it needs the admin token
+//! when one is set, and is refused under `--model-control none`. The front
+//! ends classify their routes; [`Access::check`] decides, the same way for
+//! REST and gRPC.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::Context;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Class, ServeError};
+
+/// What a route or RPC does, for access control.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Read-only or health: served everywhere, to anyone.
+    Open,
+    /// Model metadata, configuration, readiness, statistics, inference.
+    Inference,
+    /// Load, unload, rollback, retire.
+    Management,
+}
+
+/// The role of a listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// `--http` or `--grpc`: KServe V2 for clients.
+    Inference,
+    /// `--admin-http` or `--admin-grpc`: management for operators.
+    Admin,
+}
+
+/// How models come and go (`--model-control`), as in Triton.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ModelControl {
+    /// Every model loads at start, the repository is polled for new and
+    /// removed versions, and the API may load, unload, roll back and retire.
+    #[default]
+    Poll,
+    /// Only the models named by `--load-model` load at start; no polling;
+    /// the API loads and unloads.
+    Explicit,
+    /// Every model loads at start; no polling; the API's model operations
+    /// are refused.
+    None,
+}
+
+impl ModelControl {
+    /// The mode as `--model-control` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelControl::Poll => "poll",
+            ModelControl::Explicit => "explicit",
+            ModelControl::None => "none",
+        }
+    }
+}
+
+/// Reads a token file: its content without surrounding whitespace (so
+/// `echo secret > file` works). Empty, unreadable or unsendable tokens are
+/// errors; the token itself never appears in one.
+pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the token file {}", path.display()))?;
+    let token = text.trim();
+    anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
+    anyhow::ensure!(
+        token.bytes().all(|b| b.is_ascii_graphic()),
+        "the token in {} holds characters an Authorization header cannot carry (use printable ASCII without spaces)",
+        path.display()
+    );
+    Ok(token.to_owned())
+}
+
+/// The admin token, kept only as its SHA-256 digest.
+pub struct Token {
+    digest: [u8; 32],
+}
+
+impl Token {
+    /// The token `text`.
+    pub fn new(text: &str) -> Token {
+        Token { digest: Sha256::digest(text.as_bytes()).into() }
+    }
+
+    /// Whether `presented` is the token. The comparison takes the same time
+    /// whatever the presented token holds and however long it is: both
+    /// sides are digests of fixed length, compared without an early exit.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let theirs: [u8; 32] = Sha256::digest(presented).into();
+        let difference = self.digest.iter().zip(theirs.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(difference) == 0
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value (the scheme in any
+/// case), or `None` for another scheme.
+pub fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|b| *b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    Some(rest.trim_ascii())
+}
+
+/// The access policy of a server.
+pub struct Access {
+    token: Option<Token>,
+    admin_listener: bool,
+    control: ModelControl,
+}
+
+impl Access {
+    /// A policy: management needs `token` when there is one, is served only
+    /// on admin listeners when `admin_listener`, and is refused under
+    /// [`ModelControl::None`].
+    pub fn new(token: Option<Token>, admin_listener: bool, control: ModelControl) -> Access {
+        Access { token, admin_listener, control }
+    }
+
+    /// Whether requests of `scope` on `listener` pass without a look: the
+    /// front ends leave such routes unguarded.
+    pub fn is_open(&self, listener: Listener, scope: Scope) -> bool {
+        match scope {
+            Scope::Open => true,
+            Scope::Inference => listener == Listener::Inference,
+            Scope::Management => false,
+        }
+    }
+
+    /// Whether a request of `scope` on `listener`, carrying the
+    /// `authorization` header value given, may go on. `what` (a path or an
+    /// RPC) names it in the log; the token never appears there.
+    ///
+    /// In this order: the wrong listener is refused (403), then a missing
+    /// or wrong token (401), then a model operation under `--model-control
+    /// none` (403), so that a client without the token learns nothing about
+    /// the server's mode.
+    pub fn check(
+        &self,
+        listener: Listener,
+        scope: Scope,
+        authorization: Option<&[u8]>,
+        what: &str,
+    ) -> Result<(), ServeError> {
+        match (scope, listener) {
+            (Scope::Open, _) | (Scope::Inference, Listener::Inference) => return Ok(()),
+            (Scope::Inference, Listener::Admin) => {
+                return Err(wrong_listener(
+                    "inference is served on the inference listeners, not on the admin listener",
+                ));
+            }
+            (Scope::Management, Listener::Inference) if self.admin_listener => {
+                return Err(wrong_listener(
+                    "management operations are served on the admin listener only (--admin-http, --admin-grpc), \
+                     not on this inference listener",
+                ));
+            }
+            (Scope::Management, _) => {}
+        }
+        if let Some(token) = &self.token {
+            let presented = authorization.and_then(bearer);
+            if !presented.is_some_and(|p| token.matches(p)) {
+                tracing::warn!(
+                    operation = what,
+                    presented = presented.is_some(),
+                    "Refused a management request without a valid admin token."
+                );
+                let message = if presented.is_some() {
+                    "the bearer token is not the server's admin token"
+                } else {
+                    "management operations need the admin token: send 'Authorization: Bearer <token>' \
+                     with the token of the server's --admin-token-file"
+                };
+                return Err(ServeError::new(Class::Unauthorized, "unauthorized", message));
+            }
+        }
+        if self.control == ModelControl::None {
+            return Err(ServeError::new(
+                Class::Forbidden,
+                "model_control_disabled",
+                "models cannot be loaded, unloaded, rolled back or retired: the server runs with \
+                 --model-control none (restart it with explicit or poll to manage models)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn wrong_listener(message: &'static str) -> ServeError {
+    ServeError::new(Class::Forbidden, "wrong_listener", message)
+}
+
+/// A listener that would serve management operations, for [`check_exposure`].
+pub struct Exposed<'a> {
+    /// The address it binds.
+    pub address: SocketAddr,
+    /// The flag that set it, e.g. `--http`.
+    pub flag: &'a str,
+    /// Its role.
+    pub listener: Listener,
+}
+
+/// Refuses to start when management would be open to anyone who can reach
+/// a non-loopback address: no token, model operations allowed, and no
+/// `--insecure-management`. The error says what to do instead.
+pub fn check_exposure(
+    listeners: &[Exposed<'_>],
+    token: bool,
+    control: ModelControl,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    if token || control == ModelControl::None {
+        return Ok(());
+    }
+    for exposed in listeners.iter().filter(|l| !l.address.ip().to_canonical().is_loopback()) {
+        if insecure {
+            tracing::warn!(
+                address = %exposed.address,
+                "Management operations are open to anyone who can reach a non-loopback address (--insecure-management)."
+            );
+            continue;
+        }
+        let instead = match exposed.listener {
+            Listener::Inference => {
+                "serve them on a loopback admin listener (--admin-http 127.0.0.1:PORT and --admin-grpc 127.0.0.1:PORT)"
+            }
+            Listener::Admin => "bind the admin listener to a loopback address",
+        };
+        anyhow::bail!(
+            "refusing to start: management operations (load, unload, rollback, retire) would be open to anyone \
+             who can reach {} ({} {}), which is not a loopback address. Require a token with --admin-token-file FILE, \
+             {instead}, or accept the risk with --insecure-management",
+            exposed.address,
+            exposed.flag,
+            exposed.address
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(token: Option<&str>, admin: bool, control: ModelControl) -> Access {
+        Access::new(token.map(Token::new), admin, control)
+    }
+
+    fn kind(result: Result<(), ServeError>) -> Option<&'static str> {
+        result.err().map(|e| e.kind)
+    }
+
+    #[test]
+    fn the_token_matches_only_itself() {
+        let token = Token::new("s3cret");
+        assert!(token.matches(b"s3cret"));
+        for other in [&b""[..], b"s3cre", b"s3cret ", b"S3cret", b"s3cret2"] {
+            assert!(!token.matches(other), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn bearer_values_parse_with_any_case_of_the_scheme() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer   abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bearerabc"), None);
+    }
+
+    #[test]
+    fn management_needs_the_token_then_the_mode() {
+        let a = access(Some("t"), false, ModelControl::Poll);
+        let (l, m) = (Listener::Inference, Scope::Management);
+        assert_eq!(kind(a.check(l, m, None, "x")), Some("unauthorized"));
+        assert_eq!(kind(a.check(l, m, Some(b"Bearer u"), "x")), Some("unauthorized"));
+        assert_eq!(kind(a.check(l, m, Some(b"Bearer t"), "x")), None);
+        assert_eq!(kind(a.check(l, Scope::Open, None, "x")), None);
+        assert_eq!(kind(a.check(l, Scope::Inference, None, "x")), None);
+        let none = access(Some("t"), false, ModelControl::None);
+        assert_eq!(kind(none.check(l, m, None, "x")), Some("unauthorized"));
+        assert_eq!(kind(none.check(l, m, Some(b"Bearer t"), "x")), Some("model_control_disabled"));
+        let open = access(None, false, ModelControl::Explicit);
+        assert_eq!(kind(open.check(l, m, None, "x")), None);
+    }
+
+    #[test]
+    fn an_admin_listener_takes_management_and_leaves_inference() {
+        let a = access(None, true, ModelControl::Poll);
+        let m = Scope::Management;
+        assert_eq!(kind(a.check(Listener::Inference, m, None, "x")), Some("wrong_listener"));
+        assert_eq!(kind(a.check(Listener::Admin, m, None, "x")), None);
+        assert_eq!(kind(a.check(Listener::Admin, Scope::Inference, None, "x")), Some("wrong_listener"));
+        assert_eq!(kind(a.check(Listener::Admin, Scope::Open, None, "x")), None);
+        assert!(a.is_open(Listener::Inference, Scope::Inference) && !a.is_open(Listener::Admin, Scope::Inference));
+    }
+
+    #[test]
+    fn public_management_without_protection_is_refused() {
+        let public = |flag, listener| Exposed { address: "0.0.0.0:8000".parse().unwrap(), flag, listener };
+        let local =
+            Exposed { address: "127.0.0.1:8000".parse().unwrap(), flag: "--http", listener: Listener::Inference };
+        let mapped =
+            Exposed { address: "[::ffff:127.0.0.1]:1".parse().unwrap(), flag: "--http", listener: Listener::Inference };
+        assert!(check_exposure(&[local, mapped], false, ModelControl::Poll, false).is_ok());
+        let error = check_exposure(&[public("--http", Listener::Inference)], false, ModelControl::Poll, false)
+            .unwrap_err()
+            .to_string();
+        for needle in ["0.0.0.0:8000", "--http", "--admin-token-file", "--admin-http", "--insecure-management"] {
+            assert!(error.contains(needle), "{needle}: {error}");
+        }
+        assert!(check_exposure(&[public("--admin-http", Listener::Admin)], false, ModelControl::Poll, false).is_err());
+        assert!(check_exposure(&[public("--http", Listener::Inference)], true, ModelControl::Poll, false).is_ok());
+        assert!(check_exposure(&[public("--http", Listener::Inference)], false, ModelControl::None, false).is_ok());
+        assert!(check_exposure(&[public("--http", Listener::Inference)], false, ModelControl::Poll, true).is_ok());
+    }
+
+    #[test]
+    fn token_files_are_trimmed_and_must_hold_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "  abc\n").unwrap();
+        assert_eq!(read_token_file(&path).unwrap(), "abc");
+        std::fs::write(&path, "\n").unwrap();
+        assert!(read_token_file(&path).unwrap_err().to_string().contains("is empty"));
+        std::fs::write(&path, "a b").unwrap();
+        assert!(read_token_file(&path).is_err());
+        assert!(read_token_file(&dir.path().join("missing")).is_err());
+    }
+}
