@@ -82,7 +82,25 @@ impl Signature {
             }
             tensor.check_consistent()?;
         }
-        Ok(())
+        self.check_batch_agrees(inputs)
+    }
+
+    /// For a model that batches, every input must carry the same batch
+    /// size: the engine would refuse the request anyway, and dynamic
+    /// batching splits outputs by the first input's rows.
+    fn check_batch_agrees(&self, inputs: &[Tensor]) -> Result<(), String> {
+        if !self.is_batched() {
+            return Ok(());
+        }
+        let mut rows = inputs.iter().filter_map(|t| t.shape.first().map(|r| (t, *r)));
+        let Some((first, batch)) = rows.next() else { return Ok(()) };
+        match rows.find(|(_, r)| *r != batch) {
+            None => Ok(()),
+            Some((other, r)) => Err(format!(
+                "inputs disagree on the batch size: '{}' has {batch} rows, '{}' has {r}",
+                first.name, other.name
+            )),
+        }
     }
 
     /// Compares the signature a model file declares (`self`) with the one
@@ -154,6 +172,18 @@ mod tests {
         assert!(e.contains("expected datatype FP32, got INT32"), "{e}");
         let e = sig.check_inputs(&[Tensor::from_f32("x", vec![2, 3], &[0.0; 5])]).unwrap_err();
         assert!(e.contains("needs 24 bytes, got 20"), "{e}");
+    }
+
+    #[test]
+    fn inputs_of_a_batched_model_agree_on_the_batch() {
+        let sig = Signature { inputs: vec![spec("a", &[-1, 2]), spec("b", &[-1, 1])], outputs: vec![spec("y", &[-1])] };
+        let a = |rows: usize| Tensor::from_f32("a", vec![rows as i64, 2], &vec![0.0; rows * 2]);
+        let b = |rows: usize| Tensor::from_f32("b", vec![rows as i64, 1], &vec![0.0; rows]);
+        assert!(sig.check_inputs(&[a(3), b(3)]).is_ok());
+        let e = sig.check_inputs(&[a(2), b(3)]).unwrap_err();
+        assert!(e.contains("'a' has 2 rows, 'b' has 3"), "{e}");
+        let fixed = Signature { inputs: vec![spec("a", &[2, 2]), spec("b", &[3, 1])], outputs: vec![] };
+        assert!(fixed.check_inputs(&[a(2), b(3)]).is_ok(), "a model that does not batch has no batch to agree on");
     }
 
     #[test]

@@ -32,6 +32,10 @@
 //! max_batch = 32
 //! max_queue_delay_us = 0
 //!
+//! [admission]                # bounds on the requests a version holds
+//! max_queue = 64             # waiting for a session thread; default 32 per instance
+//! max_in_flight = 80         # waiting and running; default: the queue plus what the instances run at once
+//!
 //! [engine]                   # passed to the backend as is
 //! sessions = 2
 //! ```
@@ -75,6 +79,9 @@ pub struct ModelSpec {
     /// Dynamic batching of concurrent requests.
     #[serde(default)]
     pub batching: BatchingPolicy,
+    /// How many requests a version takes before it refuses more.
+    #[serde(default)]
+    pub admission: AdmissionPolicy,
     /// Backend-specific settings, handed to the backend unparsed.
     #[serde(default)]
     pub engine: toml::Table,
@@ -179,12 +186,31 @@ impl Default for BatchingPolicy {
     }
 }
 
+/// Bounds on the requests one version holds; a request beyond them is
+/// refused at once (see [`crate::admission`]). Unset bounds are derived from
+/// the number of engine instances when the version loads.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionPolicy {
+    /// Requests admitted to the version and not yet answered, waiting or
+    /// running. Default: `max_queue` plus what the instances run at once
+    /// (one request each, or `max_batch` each with batching on).
+    pub max_in_flight: Option<usize>,
+    /// Requests waiting for a session thread, beyond those an idle thread
+    /// is about to take. Default: [`crate::admission::QUEUE_PER_INSTANCE`]
+    /// per instance. 0 admits a request only when a thread is idle.
+    pub max_queue: Option<usize>,
+}
+
 impl ModelSpec {
     /// Parses `model.toml` text.
     pub fn parse(text: &str) -> Result<ModelSpec, String> {
         let spec: ModelSpec = toml::from_str(text).map_err(|e| e.to_string())?;
         if !spec.validation.max_abs.is_finite() || spec.validation.max_abs <= 0.0 {
             return Err("validation.max_abs must be a positive finite number".into());
+        }
+        if spec.admission.max_in_flight == Some(0) {
+            return Err("admission.max_in_flight must be at least 1".into());
         }
         Ok(spec)
     }
@@ -237,5 +263,9 @@ mod tests {
         let err = ModelSpec::parse("[policy]\nkeep_prevous = 2").unwrap_err();
         assert!(err.contains("keep_prevous"), "{err}");
         assert!(ModelSpec::parse("[validation]\nmax_abs = -1.0").is_err());
+        let admission = ModelSpec::parse("[admission]\nmax_queue = 0\nmax_in_flight = 3").unwrap().admission;
+        assert_eq!((admission.max_queue, admission.max_in_flight), (Some(0), Some(3)));
+        assert!(ModelSpec::parse("[admission]\nmax_in_flight = 0").is_err());
+        assert!(ModelSpec::parse("[admission]\nmax_queu = 1").is_err());
     }
 }

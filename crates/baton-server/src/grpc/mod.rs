@@ -13,6 +13,7 @@
 //! finishes the request it is answering, then ends with UNAVAILABLE), and
 //! returns once the RPCs in flight have finished.
 
+mod admission;
 mod inference;
 mod manage;
 mod model_config;
@@ -50,7 +51,8 @@ pub fn code(class: Class) -> Code {
         Class::Conflict => Code::Aborted,
         Class::TooLarge => Code::ResourceExhausted,
         Class::Unprocessable => Code::FailedPrecondition,
-        Class::Unavailable => Code::Unavailable,
+        Class::Unavailable | Class::Overloaded => Code::Unavailable,
+        Class::DeadlineExceeded => Code::DeadlineExceeded,
         Class::Internal => Code::Internal,
     }
 }
@@ -113,6 +115,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> Result<(), tonic::tr
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(too_large_as_resource_exhausted))
+        .layer(admission::AdmissionLayer::new(Arc::clone(&app)))
         .add_service(inference)
         .add_service(management)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -140,6 +143,8 @@ mod tests {
         assert_eq!(code(Class::TooLarge), Code::ResourceExhausted);
         assert_eq!(code(Class::Unprocessable), Code::FailedPrecondition);
         assert_eq!(code(Class::Unavailable), Code::Unavailable);
+        assert_eq!(code(Class::Overloaded), Code::Unavailable);
+        assert_eq!(code(Class::DeadlineExceeded), Code::DeadlineExceeded);
         assert_eq!(code(Class::Internal), Code::Internal);
     }
 

@@ -18,15 +18,25 @@ pub fn status(class: Class) -> StatusCode {
         Class::Conflict => StatusCode::CONFLICT,
         Class::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Class::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
-        Class::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Class::Unavailable | Class::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+        Class::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Class::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
+/// What an overloaded answer's `Retry-After` says, in seconds: the
+/// smallest the header can say. Shedding lasts as long as the burst that
+/// caused it, usually well under a second.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
+
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.message, "kind": self.kind });
-        (status(self.class), Json(body)).into_response()
+        let mut response = (status(self.class), Json(body)).into_response();
+        if self.class == Class::Overloaded {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECONDS.into());
+        }
+        response
     }
 }
 

@@ -1,6 +1,7 @@
 //! The REST front end: KServe V2 (Open Inference Protocol) with the Triton
 //! extensions real tools use, and baton's management API under `/baton/v1`.
 
+mod body;
 mod error;
 mod infer;
 mod manage;
@@ -52,7 +53,7 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
-    let text = app.metrics.render(&app.registry, app.ready());
+    let text = app.metrics.render(&app.registry, app.ready(), &app.budget);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

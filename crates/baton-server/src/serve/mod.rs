@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
+use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
 use baton_core::source::LocalRepository;
 use baton_core::step_aside::StepAside;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::app::App;
+use crate::app::{App, ServerLimits};
 
 /// Options of `baton serve`. An option given twice takes its last value, so
 /// wrappers can set defaults that their callers override.
@@ -68,9 +69,68 @@ pub struct ServeArgs {
     /// not limit it.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(10..=100))]
     pub loader_serving_share: u8,
+    /// Inference requests the server holds at once, from arrival to answer;
+    /// more are refused at once (503, gRPC UNAVAILABLE).
+    #[arg(long, default_value_t = 1024)]
+    pub max_in_flight: usize,
+    /// Bytes that request bodies, decoded tensors and outputs may hold at
+    /// once, e.g. 512MiB or 2GiB; a request that does not fit waits up to
+    /// 100 ms, then is refused (503, gRPC UNAVAILABLE).
+    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+    pub request_memory_budget: u64,
+    /// The deadline of a request whose client sets none, e.g. 30s or
+    /// 500ms; 0 for none.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
+    pub request_timeout: Timeout,
+}
+
+/// A `--request-timeout`: a duration, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeout(pub Option<Duration>);
+
+/// Parses a byte count with an optional binary unit: `1048576`, `512KiB`,
+/// `64MiB`, `2GiB`.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a byte count"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        other => return Err(format!("unknown unit '{other}'; use B, KiB, MiB or GiB")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("'{text}' is too large"))
+}
+
+/// Parses a timeout: `0` for none, else a number with `ms` or `s`.
+pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Timeout(None));
+    }
+    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a timeout"))?;
+    match unit {
+        "ms" => Ok(Timeout(Some(Duration::from_millis(n)))),
+        "s" => Ok(Timeout(Some(Duration::from_secs(n)))),
+        _ => Err(format!("'{text}' needs a unit, ms or s (or is 0 for none)")),
+    }
 }
 
 impl ServeArgs {
+    /// The server-wide bounds on requests the flags ask for.
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_request_bytes: self.max_request_bytes,
+            max_in_flight: self.max_in_flight.max(1),
+            memory_budget: self.request_memory_budget,
+            request_timeout: self.request_timeout.0,
+        }
+    }
+
     /// The loading threads' step-aside policy the flags ask for.
     pub fn step_aside(&self) -> StepAside {
         StepAside {
@@ -83,6 +143,26 @@ impl ServeArgs {
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let root = repository_root(&args)?;
+    baton_core::sys::keep_large_allocations_mapped();
+    // Session threads are started from here, at serving priority.
+    baton_core::executor::start_spawner();
+    // ONNX Runtime is started here, on the main thread, at serving priority.
+    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let app = app(&root, &args, vec![Arc::new(onnx)]);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(serve(app, root, args, shutdown_signal(), |address, grpc_address| {
+        // Both lines at once, REST first: scripts and tests read them. A
+        // closed stdout is no reason to stop serving.
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "Listening on http://{address} (KServe V2 REST).");
+        let _ = writeln!(out, "Listening on grpc://{grpc_address} (KServe V2 gRPC).");
+        let _ = out.flush();
+    }))
+}
+
+fn repository_root(args: &ServeArgs) -> anyhow::Result<PathBuf> {
     let root = match &args.repo {
         Some(root) => root.clone(),
         None => {
@@ -92,12 +172,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
-    baton_core::sys::keep_large_allocations_mapped();
-    // ONNX Runtime is started here, on the main thread, at serving priority.
-    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(root)
+}
+
+fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>) -> Arc<App> {
     let registry = Registry::new(
-        Arc::new(LocalRepository::new(&root)),
-        vec![Arc::new(onnx)],
+        Arc::new(LocalRepository::new(root)),
+        backends,
         RegistryConfig {
             loader_nice: args.loader_nice,
             loader_idle: args.loader_idle,
@@ -105,12 +186,90 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..RegistryConfig::default()
         },
     );
-    let app = Arc::new(App::new(registry, args.max_request_bytes));
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    runtime.block_on(serve(app, root, args))
+    let limits = args.limits();
+    if limits.memory_budget < 2 * limits.max_request_bytes as u64 {
+        tracing::warn!(
+            budget = limits.memory_budget,
+            max_request_bytes = limits.max_request_bytes,
+            "The request memory budget holds less than two of the largest requests (body and tensors); such requests may be refused."
+        );
+    }
+    Arc::new(App::new(registry, limits))
 }
 
-async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<()> {
+/// A server running inside this process on given backends, for tests that
+/// need a backend the binary does not have (the test kit's fake one). It
+/// serves exactly as `baton serve` does, on an async runtime of its own
+/// with `workers` threads, until stopped or dropped.
+pub struct InProcess {
+    /// The REST address.
+    pub http: SocketAddr,
+    /// The gRPC address.
+    pub grpc: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl InProcess {
+    /// Starts serving `args.repo` with `backends`; returns once both front
+    /// ends listen.
+    pub fn start(args: ServeArgs, backends: Vec<Arc<dyn Backend>>, workers: usize) -> anyhow::Result<InProcess> {
+        let root = args.repo.clone().context("an in-process server needs --repo")?;
+        baton_core::executor::start_spawner();
+        let app = app(&root, &args, backends);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (listening, addresses) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new().name("baton-in-process".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers.max(1))
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            let stop = async move {
+                let _ = stopped.await;
+            };
+            runtime.block_on(serve(app, root, args, stop, move |http, grpc| {
+                let _ = listening.send((http, grpc));
+            }))
+        })?;
+        if let Ok((http, grpc)) = addresses.recv() {
+            return Ok(InProcess { http, grpc, stop: Some(stop), thread: Some(thread) });
+        }
+        // The thread ended before it listened: say why.
+        match thread.join() {
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(())) => Err(anyhow::anyhow!("the server stopped before it listened")),
+            Err(_) => Err(anyhow::anyhow!("the server thread panicked")),
+        }
+    }
+
+    /// Shuts the server down as SIGTERM would, and waits until it has.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> anyhow::Result<()> {
+        drop(self.stop.take());
+        match self.thread.take() {
+            Some(thread) => thread.join().map_err(|_| anyhow::anyhow!("the server thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        let _ = self.shut_down();
+    }
+}
+
+async fn serve(
+    app: Arc<App>,
+    root: PathBuf,
+    args: ServeArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    listening: impl FnOnce(SocketAddr, SocketAddr),
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let address = listener.local_addr()?;
     let grpc_listener =
@@ -131,15 +290,7 @@ async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<
         }
     })?;
 
-    {
-        // Both lines at once, REST first: scripts and tests read them. A
-        // closed stdout is no reason to stop serving.
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "Listening on http://{address} (KServe V2 REST).");
-        let _ = writeln!(out, "Listening on grpc://{grpc_address} (KServe V2 gRPC).");
-        let _ = out.flush();
-    }
+    listening(address, grpc_address);
     tracing::info!(%address, %grpc_address, watch, "baton is serving.");
     let signal_app = Arc::clone(&app);
     let mut stopped = app.shutdown_signal();
@@ -151,7 +302,7 @@ async fn serve(app: Arc<App>, root: PathBuf, args: ServeArgs) -> anyhow::Result<
         }
     });
     let server = axum::serve(listener, crate::http::router(Arc::clone(&app))).with_graceful_shutdown(async move {
-        shutdown_signal().await;
+        shutdown.await;
         // Not ready first, then say so: whoever reads the line can rely on it.
         signal_app.start_draining();
         tracing::info!("Shutting down: not ready from now on, finishing requests in flight.");
