@@ -50,11 +50,11 @@ impl Limits {
     /// `queued` waiting and `running` running requests, while `idle` of its
     /// threads wait for work.
     pub fn admit(&self, queued: usize, running: usize, idle: usize) -> Result<(), Shed> {
-        if queued.saturating_add(running) >= self.max_in_flight {
-            return Err(Shed::InFlight);
-        }
         if queued >= self.max_queue.saturating_add(idle) {
             return Err(Shed::QueueFull);
+        }
+        if queued.saturating_add(running) >= self.max_in_flight {
+            return Err(Shed::InFlight);
         }
         Ok(())
     }
@@ -112,6 +112,8 @@ mod tests {
         assert_eq!(limits.admit(0, 1, 0), Err(Shed::QueueFull));
         let limits = Limits { max_queue: 2, max_in_flight: 3 };
         assert_eq!(limits.admit(1, 1, 0), Ok(()));
+        assert_eq!(limits.admit(2, 1, 0), Err(Shed::QueueFull), "the queue is named when both bounds are reached");
+        let limits = Limits { max_queue: 8, max_in_flight: 3 };
         assert_eq!(limits.admit(2, 1, 0), Err(Shed::InFlight));
         assert_eq!(Shed::InFlight.reason(), "version_in_flight");
     }

@@ -121,6 +121,20 @@ pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
 }
 
 impl ServeArgs {
+    /// Parses `baton serve`'s options (without `baton serve` itself), as
+    /// the command line would.
+    pub fn from_options<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(
+        options: I,
+    ) -> Result<ServeArgs, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let options = options.into_iter().map(Into::into);
+        <Serve as clap::Parser>::try_parse_from(std::iter::once("serve".into()).chain(options)).map(|s| s.serve)
+    }
+
     /// The server-wide bounds on requests the flags ask for.
     pub fn limits(&self) -> ServerLimits {
         ServerLimits {
