@@ -29,21 +29,24 @@ fn unreadable(e: impl std::fmt::Display) -> ServeError {
     ServeError::bad_request("bad_body", format!("reading the request body failed: {e}"))
 }
 
-/// The most of a body read and dropped to answer a request refused before
-/// its body was read: enough for any small request, so its connection stays
-/// usable; a longer body is left unread and the connection closed.
-pub const DRAIN_LIMIT: u64 = 64 << 10;
+/// How long draining a refused request's body may take: a slow client's
+/// body is not waited for longer, and its connection is closed.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
-/// How long draining may wait for a slow client.
-const DRAIN_WAIT: Duration = Duration::from_secs(1);
-
-/// Answers a request refused before its body was read. A small body is read
-/// and dropped first, so the connection can carry the next request; a large
-/// or slow one is not, and the answer says the connection closes.
-pub async fn refuse_unread(error: ServeError, headers: &HeaderMap, body: Body) -> Response {
+/// Answers a request refused before all of its body was read. The rest of
+/// the body is read and dropped as it arrives (nothing of it is kept), so
+/// the client, which may still be sending it, reads the answer instead of
+/// a broken connection, and the connection can carry its next request. A
+/// body over `limit`, or one that takes longer than [`DRAIN_WAIT`], is
+/// not waited for: the answer says the connection closes.
+pub async fn refuse_unread(error: ServeError, headers: &HeaderMap, body: &mut Body, limit: usize) -> Response {
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    let drained = declared.is_none_or(|n| n <= DRAIN_LIMIT)
-        && tokio::time::timeout(DRAIN_WAIT, drain(body)).await.unwrap_or(false);
+    // A client waiting for `100 Continue` has sent no body: reading it
+    // would ask for it. It is told at once, and the connection closes.
+    let waits_to_send = headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let drained = !waits_to_send
+        && declared.is_none_or(|n| n <= limit as u64)
+        && tokio::time::timeout(DRAIN_WAIT, drain(body, limit as u64)).await.unwrap_or(false);
     let mut response = error.into_response();
     if !drained {
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -51,15 +54,15 @@ pub async fn refuse_unread(error: ServeError, headers: &HeaderMap, body: Body) -
     response
 }
 
-/// Reads and drops a body of up to [`DRAIN_LIMIT`] bytes; `false` for a
-/// longer one or a broken one.
-async fn drain(mut body: Body) -> bool {
+/// Reads and drops the rest of a body of up to `limit` bytes; `false` for
+/// a longer one or a broken one.
+async fn drain(body: &mut Body, limit: u64) -> bool {
     let mut total = 0u64;
     while let Some(frame) = body.frame().await {
         match frame.map(|f| f.into_data()) {
             Ok(Ok(data)) => {
                 total += data.len() as u64;
-                if total > DRAIN_LIMIT {
+                if total > limit {
                     return false;
                 }
             }
@@ -76,7 +79,7 @@ pub async fn read(
     app: &App,
     model: &str,
     headers: &HeaderMap,
-    body: Body,
+    body: &mut Body,
     ticket: &mut Ticket,
 ) -> Result<Vec<u8>, ServeError> {
     let limit = app.max_request_bytes;
@@ -93,7 +96,7 @@ pub async fn read(
 }
 
 /// A body of known length, into one buffer of that length.
-async fn read_declared(mut body: Body, length: usize) -> Result<Vec<u8>, ServeError> {
+async fn read_declared(body: &mut Body, length: usize) -> Result<Vec<u8>, ServeError> {
     let mut buffer = Vec::with_capacity(length);
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.map_err(unreadable)?.into_data() {
@@ -111,7 +114,7 @@ async fn read_declared(mut body: Body, length: usize) -> Result<Vec<u8>, ServeEr
 async fn read_chunked(
     app: &App,
     model: &str,
-    mut body: Body,
+    body: &mut Body,
     limit: usize,
     ticket: &mut Ticket,
 ) -> Result<Vec<u8>, ServeError> {

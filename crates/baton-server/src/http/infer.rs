@@ -44,27 +44,30 @@ pub async fn infer_version(
 
 async fn run(app: &App, model: &str, version: Option<&str>, request: Request) -> Response {
     let arrived = Instant::now();
-    let (parts, body) = request.into_parts();
-    // Refusals before the body is read: the body is drained, or the
-    // connection closed, so the client's next request is not misread.
+    let (parts, mut body) = request.into_parts();
+    let limit = app.max_request_bytes;
+    // A request refused before all of its body is read gets its answer
+    // once the rest is read and dropped (see `body::refuse_unread`).
     let admitted = match admit(app, model, version, &parts.headers, arrived) {
         Ok(admitted) => admitted,
         Err(e) => {
             app.metrics.rejected(model, e.kind);
-            return body::refuse_unread(e, &parts.headers, body).await;
+            return body::refuse_unread(e, &parts.headers, &mut body, limit).await;
         }
     };
     let (in_flight, version, header_length, mut ticket) = admitted;
     let call = Call { app, model, version, headers: &parts.headers, header_length, arrived };
-    let answer = answer(&call, body, &mut ticket).await;
-    drop(in_flight);
-    answer.unwrap_or_else(|(e, body_unread)| {
-        let mut response = e.into_response();
-        if body_unread {
-            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    let answer = match answer(&call, &mut body, &mut ticket).await {
+        Ok(response) => response,
+        Err((e, false)) => e.into_response(),
+        Err((e, true)) => {
+            // The request's room is given back before its body is drained.
+            drop(ticket);
+            body::refuse_unread(e, &parts.headers, &mut body, limit).await
         }
-        response
-    })
+    };
+    drop(in_flight);
+    answer
 }
 
 type Admitted<'a> = (InFlight<'a>, Option<u64>, Option<usize>, Ticket);
@@ -100,7 +103,7 @@ struct Call<'a> {
 
 /// Reads, decodes, runs and encodes. An error says whether the body was
 /// left partly unread.
-async fn answer(call: &Call<'_>, body: Body, ticket: &mut Ticket) -> Result<Response, (ApiError, bool)> {
+async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result<Response, (ApiError, bool)> {
     let Call { app, model, version, .. } = *call;
     let mut request = receive(call, body, ticket).await.map_err(|(e, unread)| {
         app.metrics.rejected(model, e.kind);
@@ -128,7 +131,7 @@ async fn answer(call: &Call<'_>, body: Body, ticket: &mut Ticket) -> Result<Resp
 
 /// The body, read within the memory budget and the deadline, and decoded;
 /// the body's room is given back once the tensors are decoded out of it.
-async fn receive(call: &Call<'_>, body: Body, ticket: &mut Ticket) -> Result<InferRequest, (ApiError, bool)> {
+async fn receive(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result<InferRequest, (ApiError, bool)> {
     let Call { app, model, headers, header_length, arrived, .. } = *call;
     let deadline = ticket.deadline;
     let reading = body::read(app, model, headers, body, ticket);

@@ -43,8 +43,8 @@ pub struct ServeArgs {
     /// How long shutdown waits for requests in flight, in seconds.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Largest request body accepted, in bytes (or with a unit: 64MiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_usize_bytes)]
     pub max_request_bytes: usize,
     /// Nice value of the threads that load and free versions.
     #[arg(long, default_value_t = 19)]
@@ -103,6 +103,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         other => return Err(format!("unknown unit '{other}'; use B, KiB, MiB or GiB")),
     };
     n.checked_mul(1 << shift).ok_or_else(|| format!("'{text}' is too large"))
+}
+
+/// [`parse_bytes`], for a size held in a `usize`.
+pub fn parse_usize_bytes(text: &str) -> Result<usize, String> {
+    usize::try_from(parse_bytes(text)?).map_err(|_| format!("'{text}' is too large"))
 }
 
 /// Parses a timeout: `0` for none, else a number with `ms` or `s`.
@@ -397,6 +402,21 @@ mod tests {
         for bad in ["5", "101"] {
             let args = ["baton", "--loader-serving-share", bad];
             assert!(Cli::try_parse_from(args).is_err(), "a share of {bad} % was accepted");
+        }
+    }
+
+    #[test]
+    fn request_bounds_take_units_and_have_defaults() {
+        let defaults = parse(&[]).limits();
+        assert_eq!(defaults, crate::app::ServerLimits::default());
+        let args = ["--max-request-bytes", "1MiB", "--request-memory-budget", "2GiB", "--request-timeout", "250ms"];
+        let limits = parse(&args).limits();
+        assert_eq!((limits.max_request_bytes, limits.memory_budget), (1 << 20, 2 << 30));
+        assert_eq!(limits.request_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(parse(&["--request-timeout", "0"]).limits().request_timeout, None);
+        assert_eq!(parse(&["--max-request-bytes", "4096"]).max_request_bytes, 4096);
+        for bad in [["--request-timeout", "30"], ["--request-memory-budget", "1MB"], ["--max-request-bytes", "x"]] {
+            assert!(Cli::try_parse_from(std::iter::once("baton").chain(bad)).is_err(), "{bad:?} was accepted");
         }
     }
 
