@@ -25,6 +25,14 @@ use crate::spec::AdmissionPolicy;
 /// of about 32 ms.
 pub const QUEUE_PER_INSTANCE: usize = 32;
 
+/// The longest a request may be estimated to run, in microseconds, to run
+/// inline on the async worker that submits it when an instance is free and
+/// nobody waits (`[admission] inline_us`). Such a request holds its worker
+/// for about that long, as long as a request's whole answer takes on a
+/// small model; what running inline saves, and the measurement that decided
+/// it, are in docs/serving.md ("Running cheap requests inline").
+pub const INLINE_US: u64 = 1000;
+
 /// The bounds of one version, resolved from its policy and its engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -93,7 +101,7 @@ mod tests {
     use super::*;
 
     fn policy(max_in_flight: Option<usize>, max_queue: Option<usize>) -> AdmissionPolicy {
-        AdmissionPolicy { max_in_flight, max_queue }
+        AdmissionPolicy { max_in_flight, max_queue, inline_us: None }
     }
 
     #[test]

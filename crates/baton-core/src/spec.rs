@@ -35,6 +35,7 @@
 //! [admission]                # bounds on the requests a version holds
 //! max_queue = 64             # waiting for a session thread; default 32 per instance
 //! max_in_flight = 80         # waiting and running; default: the queue plus what the instances run at once
+//! inline_us = 1000           # cheaper requests may run on the async worker when a session is free
 //!
 //! [engine]                   # passed to the backend as is
 //! sessions = 2
@@ -200,6 +201,12 @@ pub struct AdmissionPolicy {
     /// is about to take. Default: [`crate::admission::QUEUE_PER_INSTANCE`]
     /// per instance. 0 admits a request only when a thread is idle.
     pub max_queue: Option<usize>,
+    /// A request whose estimated run time is at most this many
+    /// microseconds runs inline on the thread that submits it when an
+    /// instance is free and nobody waits, instead of being handed to a
+    /// session thread. Default [`crate::admission::INLINE_US`]; 0 hands
+    /// every request over.
+    pub inline_us: Option<u64>,
 }
 
 impl ModelSpec {

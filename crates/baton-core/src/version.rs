@@ -7,7 +7,7 @@
 //! frees the engine off the serving path and measures what came back.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::admission::Limits;
 use crate::backend::Model;
@@ -72,7 +72,10 @@ impl Version {
             .then(|| Batching::new(&parts.spec.batching));
         let per_run = batching.map_or(1, |b| b.max_batch);
         let limits = Limits::resolve(&parts.spec.admission, engine.instances(), per_run);
-        let executor = Executor::start(Arc::clone(&engine), limits, batching);
+        // Until its runs are measured, a model that ran no warmup is taken
+        // to be too costly to run inline.
+        let first_cost = if parts.warmed.runs > 0 { parts.warmed.fastest } else { Duration::from_secs(1) };
+        let executor = Executor::start(Arc::clone(&engine), limits, batching, first_cost);
         Version {
             model: parts.model,
             number: parts.number,
@@ -151,8 +154,9 @@ impl Version {
         self.executor().batching().is_some()
     }
 
-    /// Checks the inputs, then queues them for a session thread, or refuses
-    /// them at once: [`InferError::Overloaded`] when the version holds as
+    /// Checks the inputs, then queues them for a session thread (or runs a
+    /// cheap request inline when an instance is free; see
+    /// [`crate::admission::INLINE_US`]), or refuses them at once: [`InferError::Overloaded`] when the version holds as
     /// many requests as its `[admission]` bounds allow,
     /// [`InferError::DeadlineExceeded`] when `deadline` has passed. The
     /// future resolves to this request's own outputs; dropping it withdraws
@@ -160,11 +164,24 @@ impl Version {
     pub fn submit(&self, inputs: Vec<Tensor>, deadline: Option<Instant>) -> Result<Pending, InferError> {
         self.signature().check_inputs(&inputs).map_err(InferError::InvalidInput)?;
         crate::step_aside::note_request();
-        self.executor().submit(inputs, deadline).map_err(|refusal| match refusal {
+        let inline = self.cheap(&inputs);
+        self.executor().submit(inputs, deadline, inline).map_err(|refusal| match refusal {
             Refusal::Shed(shed) => InferError::Overloaded { model: self.model.clone(), version: self.number, shed },
             Refusal::Expired => InferError::DeadlineExceeded { at: Expired::Arrival },
             Refusal::Stopped => InferError::Stopped,
         })
+    }
+
+    /// Whether a request is cheap enough to run inline on the caller's
+    /// thread when an instance is free: its estimated run time (learnt from
+    /// the version's runs, starting from its fastest warmup run, and scaled
+    /// up for more rows than its runs average) is at most
+    /// `[admission] inline_us`. Never with dynamic batching, whose window a
+    /// request alone must wait out.
+    fn cheap(&self, inputs: &[Tensor]) -> bool {
+        let limit = Duration::from_micros(self.spec.admission.inline_us.unwrap_or(crate::admission::INLINE_US));
+        let rows = if self.signature().is_batched() { crate::batcher::rows_of(inputs) } else { 1 };
+        !limit.is_zero() && !self.batches() && self.executor().estimate(rows) <= limit
     }
 
     /// Runs one inference through the session threads and blocks the

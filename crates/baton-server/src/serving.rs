@@ -127,6 +127,26 @@ impl Ticket {
     }
 }
 
+/// Work on a request's bytes above this size — decoding a body, encoding an
+/// answer — runs on tokio's blocking pool rather than on an async worker:
+/// decoding a 60 MiB JSON body takes most of a second, during which the
+/// worker would answer nothing else. Below it the hand-off would cost more
+/// than the work.
+pub const INLINE_WORK_BYTES: usize = 1 << 20;
+
+/// Runs `work` on `bytes` of a request: inline when they are few, else on
+/// the blocking pool (see [`INLINE_WORK_BYTES`]).
+pub async fn work_on<T: Send + 'static>(bytes: usize, work: impl FnOnce() -> T + Send + 'static) -> T {
+    if bytes < INLINE_WORK_BYTES {
+        return work();
+    }
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        // The work panicked: so does this request's task, as it would inline.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 /// The bytes of the decoded tensors of a request.
 pub fn tensor_bytes(tensors: &[Tensor]) -> u64 {
     tensors.iter().map(|t| t.data_bytes() as u64).fold(0, u64::saturating_add)

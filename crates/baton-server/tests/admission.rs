@@ -6,6 +6,9 @@
 //!
 //! The server runs on two async workers, as many as the test machine has
 //! cores: with inferences held on them, nothing else would be answered.
+//! Models whose inferences are held run none inline (`inline_us = 0`): the
+//! fake's inferences are estimated cheap and a held one is not, and the
+//! estimate is what the inline fast path must be able to trust.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,7 +155,7 @@ fn kind_of(status: &Status) -> &str {
 
 #[test]
 fn a_gated_model_sheds_at_once_while_everything_else_answers() {
-    let gated: (&str, &str, &[(&str, &[u8])]) = ("gated", "[admission]\nmax_queue = 2\n", &[("hold-every-infer", b"")]);
+    let gated: Model = ("gated", "[admission]\nmax_queue = 2\ninline_us = 0\n", &[("hold-every-infer", b"")]);
     let f = fixture(&[gated, FREE], &[]);
     let mut grpc = f.grpc();
 
@@ -211,7 +214,7 @@ fn a_gated_model_sheds_at_once_while_everything_else_answers() {
 
 #[test]
 fn a_request_whose_deadline_passes_while_queued_is_answered_then_and_never_runs() {
-    let slow: Model = ("slow", "", &[("hold-every-infer", b"")]);
+    let slow: Model = ("slow", "[admission]\ninline_us = 0\n", &[("hold-every-infer", b"")]);
     let f = fixture(&[slow], &[]);
     let mut grpc = f.grpc();
     let from = f.calls.lock().unwrap().len();

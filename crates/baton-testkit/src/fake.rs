@@ -88,6 +88,7 @@ impl Gate {
 pub struct FakeBackend {
     gate: Option<Gate>,
     calls: Arc<Mutex<Vec<usize>>>,
+    threads: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeBackend {
@@ -98,12 +99,17 @@ impl FakeBackend {
 
     /// A backend whose loads of versions holding a `hold` file wait at `gate`.
     pub fn gated(gate: Gate) -> FakeBackend {
-        FakeBackend { gate: Some(gate), calls: Arc::default() }
+        FakeBackend { gate: Some(gate), ..FakeBackend::default() }
     }
 
     /// The rows of every inference run so far, in order.
     pub fn calls(&self) -> Arc<Mutex<Vec<usize>>> {
         Arc::clone(&self.calls)
+    }
+
+    /// The name of the thread that ran each inference so far, in order.
+    pub fn threads(&self) -> Arc<Mutex<Vec<String>>> {
+        Arc::clone(&self.threads)
     }
 }
 
@@ -148,6 +154,7 @@ impl Backend for FakeBackend {
             hold_every,
             panic_on,
             calls: Arc::clone(&self.calls),
+            threads: Arc::clone(&self.threads),
         }))
     }
 }
@@ -161,6 +168,7 @@ struct FakeModel {
     hold_every: Option<Gate>,
     panic_on: Option<f32>,
     calls: Arc<Mutex<Vec<usize>>>,
+    threads: Arc<Mutex<Vec<String>>>,
 }
 
 impl Drop for FakeModel {
@@ -195,6 +203,8 @@ impl Model for FakeModel {
         }
         let rows = inputs.first().and_then(|t| t.shape.first()).copied().unwrap_or(0);
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
+        let thread = std::thread::current().name().unwrap_or_default().to_owned();
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread);
         let x = inputs
             .first()
             .and_then(Tensor::to_f32)

@@ -9,54 +9,72 @@ use super::{Answer, Job, Shared, State};
 use crate::backend::Model;
 use crate::batcher::{Batching, fitting_rows, run_batch, take_batch};
 use crate::error::{Expired, InferError};
+use crate::tensor::Tensor;
 
 /// Serves engine instance `instance` until the executor closes.
 pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize) {
-    while let Some(batch) = next(shared) {
+    while let Some(batch) = next(shared, instance) {
+        let started = Instant::now();
         let answers = run(engine, instance, &batch);
+        shared.cost.record(batch.iter().map(|j| j.rows).sum(), started.elapsed());
         let count = batch.len();
-        // Counted out before the answers go, so a client that sends its
-        // next request as soon as it has this answer finds the room.
-        shared.lock().running -= count;
+        {
+            // Counted out before the answers go, so a client that sends its
+            // next request as soon as it has this answer finds the room.
+            let mut state = shared.lock();
+            state.running -= count;
+            state.free.push(instance);
+        }
         for (job, answer) in batch.into_iter().zip(answers) {
             let _ = job.reply.send(answer);
         }
     }
 }
 
-/// Runs a batch, turning a panic of the engine into an error for each of
-/// its requests. The instance stays usable: a backend whose state a panic
-/// could leave half-changed must guard against that itself (the ONNX
-/// backend catches panics around each run).
-fn run(engine: &dyn Model, instance: usize, batch: &[Job]) -> Vec<Answer> {
-    match catch_unwind(AssertUnwindSafe(|| run_batch(engine, instance, batch))) {
-        Ok(answers) => answers,
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_owned());
-            tracing::error!(instance, requests = batch.len(), %message, "The engine panicked; its requests failed.");
-            batch.iter().map(|_| Err(InferError::EnginePanicked(message.clone()))).collect()
-        }
-    }
+/// Runs `work`, turning a panic of the engine into its message. The
+/// instance stays usable: a backend whose state a panic could leave
+/// half-changed must guard against that itself (the ONNX backend catches
+/// panics around each run).
+fn caught<T>(work: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_owned())
+    })
 }
 
-/// Waits for work and takes it; `None` once the executor closes. Requests
-/// whose deadline has passed, or whose client stopped waiting, are taken
-/// out of the queue here and never run.
-fn next(shared: &Shared) -> Option<Vec<Job>> {
+/// Runs a batch; a panic fails each of its requests.
+fn run(engine: &dyn Model, instance: usize, batch: &[Job]) -> Vec<Answer> {
+    caught(|| run_batch(engine, instance, batch)).unwrap_or_else(|message| {
+        tracing::error!(instance, requests = batch.len(), %message, "The engine panicked; its requests failed.");
+        batch.iter().map(|_| Err(InferError::EnginePanicked(message.clone()))).collect()
+    })
+}
+
+/// Runs one request on `instance`; a panic fails it.
+pub(super) fn run_one(engine: &dyn Model, instance: usize, inputs: &[Tensor]) -> Answer {
+    caught(|| engine.infer_on(instance, inputs).map_err(InferError::from)).unwrap_or_else(|message| {
+        tracing::error!(instance, %message, "The engine panicked; its request failed.");
+        Err(InferError::EnginePanicked(message))
+    })
+}
+
+/// Waits until there is work and this thread's instance is free (a
+/// request run inline may hold it), and takes the work; `None` once the
+/// executor closes. Requests whose deadline has passed, or whose client
+/// stopped waiting, are taken out of the queue here and never run.
+fn next(shared: &Shared, instance: usize) -> Option<Vec<Job>> {
     let mut state = shared.lock();
     loop {
-        while !state.closed && (state.jobs.is_empty() || state.gathering) {
-            state.idle += 1;
-            state = shared.work.wait(state).unwrap_or_else(|e| e.into_inner());
-            state.idle -= 1;
+        while !state.closed && (state.jobs.is_empty() || state.gathering || !state.free.contains(&instance)) {
+            state = shared.work[instance].wait(state).unwrap_or_else(|e| e.into_inner());
         }
         if state.closed {
             return None;
         }
+        state.free.retain(|&i| i != instance);
         if let Some(batching) = shared.batching {
             state = gather(shared, state, batching);
         }
@@ -66,9 +84,12 @@ fn next(shared: &Shared) -> Option<Vec<Job>> {
             None => state.jobs.pop_front().into_iter().collect(),
         };
         state.running += batch.len();
+        if batch.is_empty() {
+            state.free.push(instance);
+        }
         if !state.jobs.is_empty() {
-            // Another idle thread can start on what is left.
-            shared.work.notify_one();
+            // Another free thread can start on what is left.
+            shared.wake_one(&state);
         }
         drop(state);
         for job in lapsed {

@@ -56,14 +56,21 @@ struct Arrival<'a> {
 async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> Result<ModelInferResponse, ServeError> {
     let snapshot = app.registry.snapshot();
     let model = request.model_name.clone();
+    // Whatever becomes of the request, its message's room in the call's
+    // frames is given back: once decoded, or when it is refused.
+    let mut message = MessageRoom { frames: arrival.frames, bytes: request.encoded_len() as u64 };
     let _in_flight = app.admit(&model).inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
     let mut ticket = Ticket::new(app, None);
-    let (version, mut decoded) = receive(app, &model, request, &arrival, &mut ticket)
+    let (version, mut decoded) = receive(app, &model, request, &arrival, &mut ticket, &mut message)
         .await
         .inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
     let inputs = std::mem::take(&mut decoded.inputs);
     let (target, outputs) = serving::infer(app, &snapshot, &model, version, inputs, &mut ticket).await?;
-    Ok(convert::encode_response(&model, target.number(), decoded.id, outputs, &decoded.outputs, decoded.raw)?)
+    let number = target.number();
+    let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
+        convert::encode_response(&model, number, decoded.id, outputs, &decoded.outputs, decoded.raw)
+    });
+    Ok(encoded.await?)
 }
 
 /// Everything before the request is queued: its version and deadline, and
@@ -75,6 +82,7 @@ async fn receive(
     request: ModelInferRequest,
     arrival: &Arrival<'_>,
     ticket: &mut Ticket,
+    message: &mut MessageRoom<'_>,
 ) -> Result<(Option<u64>, convert::Decoded), ServeError> {
     let version = parse_version(&request.model_version)?;
     let asked = match request.parameters.get(deadline::TIMEOUT_PARAMETER).and_then(|p| p.parameter_choice.as_ref()) {
@@ -92,13 +100,30 @@ async fn receive(
         arrival.call_deadline,
         deadline::earliest(deadline::after(arrival.at, asked), deadline::after(arrival.at, app.limits.request_timeout)),
     );
-    let message_bytes = request.encoded_len() as u64;
-    let decoded = convert::decode_request(request)?;
+    let decoded = serving::work_on(message.bytes as usize, move || convert::decode_request(request)).await?;
     ticket.reserve(app, model, serving::tensor_bytes(&decoded.inputs)).await?;
-    if let Some(frames) = arrival.frames {
-        frames.release(message_bytes);
-    }
+    message.release();
     Ok((version, decoded))
+}
+
+/// The room a message holds among its call's frames, given back once.
+struct MessageRoom<'a> {
+    frames: Option<&'a Frames>,
+    bytes: u64,
+}
+
+impl MessageRoom<'_> {
+    fn release(&mut self) {
+        if let Some(frames) = self.frames.take() {
+            frames.release(self.bytes);
+        }
+    }
+}
+
+impl Drop for MessageRoom<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// One answer on an inference stream: the response, or the error's message

@@ -113,8 +113,12 @@ async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result
     let snapshot = app.registry.snapshot();
     let fail = |e: ApiError| (e, false);
     let (target, outputs) = serving::infer(app, &snapshot, model, version, inputs, ticket).await.map_err(fail)?;
-    let encoded = encode_response(model, target.number(), request.id.as_deref(), outputs, &request)
-        .map_err(|e| fail(e.into()))?;
+    let (name, number) = (model.to_owned(), target.number());
+    let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
+        encode_response(&name, number, request.id.as_deref(), outputs, &request)
+    })
+    .await
+    .map_err(|e| fail(e.into()))?;
     let mut response = encoded.body.into_response();
     let headers = response.headers_mut();
     match encoded.header_length {
@@ -143,11 +147,15 @@ async fn receive(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Resul
         }),
     }
     .map_err(|e| (e, true))?;
-    let decoded = (|| {
-        let request = decode_request(&body, header_length)?;
+    let (body, decoded) = serving::work_on(body.len(), move || {
+        let decoded = decode_request(&body, header_length);
+        (body, decoded)
+    })
+    .await;
+    let decoded = decoded.map_err(ApiError::from).and_then(|request| {
         let asked = deadline::from_json_parameters(&request.parameters)?;
-        Ok::<_, ApiError>((request, asked))
-    })();
+        Ok((request, asked))
+    });
     let (request, asked) = decoded.map_err(|e| (e, false))?;
     ticket.deadline = deadline::earliest(ticket.deadline, deadline::after(arrived, asked));
     ticket.reserve(app, model, serving::tensor_bytes(&request.inputs)).await.map_err(|e| (e, false))?;
