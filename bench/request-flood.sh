@@ -21,7 +21,7 @@ mkdir -p "$d"
 cp -r "$out/baton/mlp" "$d/"
 start_baton "$d"
 {
-  echo "# $(date -u +%FT%TZ)  $(nproc) cores  $(git rev-parse --short HEAD)  baton serve ${BATON_SERVE_ARGS:-}"
+  echo "# $(date -u +%FT%TZ)  $(nproc) cores  $(git rev-parse --short HEAD 2>/dev/null || echo "(no git)")  baton serve ${BATON_SERVE_ARGS:-}"
   python3 bench/request_flood.py --url http://127.0.0.1:8300 --pid "$pid" --mib "${MIB:-60}" \
     --clients "${CLIENTS:-32}" --json "$results/request-flood.json"
 } | tee "$results/request-flood.txt"

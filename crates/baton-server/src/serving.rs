@@ -135,11 +135,18 @@ impl Ticket {
 pub const INLINE_WORK_BYTES: usize = 1 << 20;
 
 /// Runs `work` on `bytes` of a request: inline when they are few, else on
-/// the blocking pool (see [`INLINE_WORK_BYTES`]).
+/// the blocking pool (see [`INLINE_WORK_BYTES`]), as many at once as there
+/// are CPUs: the work is all CPU, so more at once would not finish sooner,
+/// and each holds the working memory of its decoder or encoder meanwhile.
 pub async fn work_on<T: Send + 'static>(bytes: usize, work: impl FnOnce() -> T + Send + 'static) -> T {
     if bytes < INLINE_WORK_BYTES {
         return work();
     }
+    static LARGE_WORK: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let permits = LARGE_WORK.get_or_init(|| tokio::sync::Semaphore::new(cpus));
+    // The semaphore is never closed.
+    let _permit = permits.acquire().await.ok();
     match tokio::task::spawn_blocking(work).await {
         Ok(done) => done,
         // The work panicked: so does this request's task, as it would inline.
