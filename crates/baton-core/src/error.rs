@@ -4,6 +4,7 @@
 
 use thiserror::Error;
 
+use crate::admission::Shed;
 use crate::backend::BackendError;
 use crate::events::Stage;
 use crate::manifest::VerifyError;
@@ -148,6 +149,62 @@ pub enum InferError {
     /// The engine failed while running the request.
     #[error("inference failed: {0}")]
     Backend(#[from] BackendError),
+    /// The version holds as many requests as its `[admission]` bounds allow;
+    /// the request was refused without being queued.
+    #[error("model '{model}' version {version} is overloaded ({}); retry later or elsewhere", .shed.reason())]
+    Overloaded {
+        /// The model.
+        model: String,
+        /// The version.
+        version: u64,
+        /// Which bound was reached.
+        shed: Shed,
+    },
+    /// The request's deadline passed before it was answered; if it was
+    /// still queued then, it never ran.
+    #[error("the request's deadline passed {}", .at.describe())]
+    DeadlineExceeded {
+        /// Where the request was when its deadline passed.
+        at: Expired,
+    },
+    /// The engine panicked on this request (or on a batch holding it). The
+    /// session thread survived and its session serves the next request.
+    #[error("the engine failed on this request: internal error: {0}")]
+    EnginePanicked(String),
+    /// The version's session threads have stopped; only a version being
+    /// freed has none.
+    #[error("the version's session threads have stopped")]
+    Stopped,
+}
+
+/// Where a request was when its deadline passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expired {
+    /// Before it was queued: the deadline had passed on arrival.
+    Arrival,
+    /// Waiting in the version's queue: it was never run.
+    Queued,
+    /// Being run: the engine's answer came too late.
+    Running,
+}
+
+impl Expired {
+    /// Stable label for metrics: `arrival`, `queued`, `running`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Expired::Arrival => "arrival",
+            Expired::Queued => "queued",
+            Expired::Running => "running",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Expired::Arrival => "before it could be queued",
+            Expired::Queued => "while it waited for a session; it was not run",
+            Expired::Running => "while it was being run",
+        }
+    }
 }
 
 impl InferError {
@@ -158,6 +215,10 @@ impl InferError {
             InferError::VersionNotFound { .. } => "version_not_found",
             InferError::InvalidInput(_) => "invalid_input",
             InferError::Backend(_) => "backend",
+            InferError::Overloaded { .. } => "overloaded",
+            InferError::DeadlineExceeded { .. } => "deadline_exceeded",
+            InferError::EnginePanicked(_) => "engine_panicked",
+            InferError::Stopped => "stopped",
         }
     }
 }

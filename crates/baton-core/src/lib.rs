@@ -24,11 +24,13 @@
 //! The core knows no protocol and no engine: engines plug in through
 //! [`backend::Backend`], model stores through [`source::Source`].
 
+pub mod admission;
 pub mod agent;
 pub mod backend;
 pub mod batcher;
 pub mod error;
 pub mod events;
+pub mod executor;
 pub mod heap;
 pub mod manifest;
 mod memory;

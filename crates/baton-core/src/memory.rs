@@ -207,8 +207,8 @@ impl Memory {
     /// On the keeper thread: frees a version's engine, measures, and has the
     /// agent settle the book.
     fn free(self: &Arc<Self>, job: Released) {
-        // A batch task may hold the engine for a moment after its last
-        // answer went out; wait for it so the free happens here.
+        // The version's session threads hold the engine until they have
+        // stopped; wait for them so the free happens here.
         let waited = std::time::Instant::now();
         while Arc::strong_count(&job.engine) > 1 && waited.elapsed() < std::time::Duration::from_secs(5) {
             std::thread::sleep(std::time::Duration::from_millis(1));

@@ -87,7 +87,8 @@ impl Routing {
         }
     }
 
-    /// Runs an inference on the version this snapshot routes to.
+    /// Runs an inference on the version this snapshot routes to, blocking
+    /// the calling thread until it is answered (see [`Version::infer`]).
     pub fn infer(&self, model: &str, version: Option<u64>, inputs: &[Tensor]) -> Result<Inference, InferError> {
         let target = self.resolve(model, version)?;
         let outputs = target.infer(inputs)?;

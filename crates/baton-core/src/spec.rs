@@ -34,6 +34,11 @@
 //! max_batch = 32
 //! max_queue_delay_us = 0
 //!
+//! [admission]                # bounds on the requests a version holds
+//! max_queue = 64             # waiting for a session thread; default 32 per instance
+//! max_in_flight = 80         # waiting and running; default: the queue plus what the instances run at once
+//! inline_us = 1000           # cheaper requests may run on the async worker when a session is free
+//!
 //! [engine]                   # passed to the backend as is
 //! sessions = 2
 //! ```
@@ -77,6 +82,9 @@ pub struct ModelSpec {
     /// Dynamic batching of concurrent requests.
     #[serde(default)]
     pub batching: BatchingPolicy,
+    /// How many requests a version takes before it refuses more.
+    #[serde(default)]
+    pub admission: AdmissionPolicy,
     /// Backend-specific settings, handed to the backend unparsed.
     #[serde(default)]
     pub engine: toml::Table,
@@ -235,6 +243,28 @@ impl Default for BatchingPolicy {
     }
 }
 
+/// Bounds on the requests one version holds; a request beyond them is
+/// refused at once (see [`crate::admission`]). Unset bounds are derived from
+/// the number of engine instances when the version loads.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionPolicy {
+    /// Requests admitted to the version and not yet answered, waiting or
+    /// running. Default: `max_queue` plus what the instances run at once
+    /// (one request each, or `max_batch` each with batching on).
+    pub max_in_flight: Option<usize>,
+    /// Requests waiting for a session thread, beyond those an idle thread
+    /// is about to take. Default: [`crate::admission::QUEUE_PER_INSTANCE`]
+    /// per instance. 0 admits a request only when a thread is idle.
+    pub max_queue: Option<usize>,
+    /// A request whose estimated run time is at most this many
+    /// microseconds runs inline on the thread that submits it when an
+    /// instance is free and nobody waits, instead of being handed to a
+    /// session thread. Default [`crate::admission::INLINE_US`]; 0 hands
+    /// every request over.
+    pub inline_us: Option<u64>,
+}
+
 impl ModelSpec {
     /// Parses `model.toml` text.
     pub fn parse(text: &str) -> Result<ModelSpec, String> {
@@ -244,6 +274,9 @@ impl ModelSpec {
         }
         if !spec.validation.max_ratio.is_finite() || spec.validation.max_ratio < 2.0 {
             return Err("validation.max_ratio must be a finite number of at least 2".into());
+        }
+        if spec.admission.max_in_flight == Some(0) {
+            return Err("admission.max_in_flight must be at least 1".into());
         }
         Ok(spec)
     }
@@ -303,5 +336,9 @@ mod tests {
         assert!(ModelSpec::parse("[validation]\nmax_abs = -1.0").is_err());
         assert!(ModelSpec::parse("[validation]\nmax_ratio = 1.5").is_err());
         assert!(ModelSpec::parse("[validation]\nmax_ratio = inf").is_err());
+        let admission = ModelSpec::parse("[admission]\nmax_queue = 0\nmax_in_flight = 3").unwrap().admission;
+        assert_eq!((admission.max_queue, admission.max_in_flight), (Some(0), Some(3)));
+        assert!(ModelSpec::parse("[admission]\nmax_in_flight = 0").is_err());
+        assert!(ModelSpec::parse("[admission]\nmax_queu = 1").is_err());
     }
 }

@@ -155,6 +155,17 @@ impl Tensor {
         }
     }
 
+    /// The bytes its elements take in memory (for BYTES, each element's
+    /// bytes and the vector that holds them).
+    pub fn data_bytes(&self) -> usize {
+        match &self.data {
+            TensorData::Raw(bytes) => bytes.len(),
+            TensorData::Bytes(items) => {
+                items.iter().map(|i| i.len() + std::mem::size_of::<Vec<u8>>()).fold(0, usize::saturating_add)
+            }
+        }
+    }
+
     /// The elements as `f32`, when the tensor is FP32.
     pub fn to_f32(&self) -> Option<Vec<f32>> {
         match (&self.data, self.datatype) {

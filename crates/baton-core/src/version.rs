@@ -1,16 +1,19 @@
 //! An immutable, loaded model version.
 //!
-//! A version owns its engine model, and dropping its last `Arc` frees it.
-//! The free itself does not happen on whatever thread let go last — often a
-//! serving thread finishing a request — but is handed to the memory keeper,
-//! which frees the engine off the serving path and measures what came back.
+//! A version owns its engine model and the session threads that run it
+//! ([`crate::executor`]), and dropping its last `Arc` frees both. The free
+//! itself does not happen on whatever thread let go last — often a serving
+//! thread finishing a request — but is handed to the memory keeper, which
+//! frees the engine off the serving path and measures what came back.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
-use crate::backend::{BackendError, Model};
-use crate::batcher::Batcher;
-use crate::error::InferError;
+use crate::admission::Limits;
+use crate::backend::Model;
+use crate::batcher::Batching;
+use crate::error::{Expired, InferError};
+use crate::executor::{Executor, Pending, Refusal};
 use crate::heap::HeapLease;
 use crate::manifest::Manifest;
 use crate::memory::Releaser;
@@ -30,7 +33,7 @@ pub struct Version {
     bytes_held: u64,
     loaded_at: SystemTime,
     engine: Option<Arc<dyn Model>>,
-    batcher: Option<Batcher>,
+    executor: Option<Executor>,
     releaser: Option<Releaser>,
     /// Declared last, so that without a releaser it is dropped after the engine.
     heap: Option<HeapLease>,
@@ -60,13 +63,19 @@ pub struct VersionParts {
 }
 
 impl Version {
-    /// Builds a version. With a releaser, dropping it hands the engine to the
-    /// memory keeper; without one (tests), the engine is dropped in place.
+    /// Builds a version and starts its session threads. With a releaser,
+    /// dropping it hands the engine to the memory keeper; without one
+    /// (tests), the engine is dropped in place.
     pub fn new(parts: VersionParts, releaser: Option<Releaser>) -> Version {
         let engine: Arc<dyn Model> = Arc::from(parts.engine);
-        let heavy = parts.warmed.fastest >= crate::batcher::HEAVY_INFERENCE;
-        let batcher = (parts.spec.batching.enabled && engine.signature().is_batched())
-            .then(|| Batcher::new(Arc::clone(&engine), &parts.spec.batching, heavy));
+        let batching = (parts.spec.batching.enabled && engine.signature().is_batched())
+            .then(|| Batching::new(&parts.spec.batching));
+        let per_run = batching.map_or(1, |b| b.max_batch);
+        let limits = Limits::resolve(&parts.spec.admission, engine.instances(), per_run);
+        // Until its runs are measured, a model that ran no warmup is taken
+        // to be too costly to run inline.
+        let first_cost = if parts.warmed.runs > 0 { parts.warmed.fastest } else { Duration::from_secs(1) };
+        let executor = Executor::start(Arc::clone(&engine), limits, batching, first_cost);
         Version {
             model: parts.model,
             number: parts.number,
@@ -77,7 +86,7 @@ impl Version {
             bytes_held: parts.bytes_held,
             loaded_at: SystemTime::now(),
             engine: Some(engine),
-            batcher,
+            executor: Some(executor),
             releaser,
             heap: parts.heap,
         }
@@ -108,13 +117,6 @@ impl Version {
         &self.warmup
     }
 
-    /// Whether an inference is expected to take long enough to move it off
-    /// an async worker (its fastest warmup run took at least
-    /// [`crate::batcher::HEAVY_INFERENCE`]).
-    pub fn heavy(&self) -> bool {
-        self.warmed.fastest >= crate::batcher::HEAVY_INFERENCE
-    }
-
     /// How its warmup went: runs, the fastest and slowest of them, and
     /// why no inputs were generated, if none were.
     pub fn warmed(&self) -> &Warmed {
@@ -141,63 +143,66 @@ impl Version {
         self.engine().signature()
     }
 
-    /// Runs one inference after checking the inputs against the signature.
-    /// Bypasses dynamic batching; see [`Version::submit`].
-    pub fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
-        self.signature().check_inputs(inputs).map_err(InferError::InvalidInput)?;
-        crate::step_aside::note_request();
-        Ok(self.engine().infer(inputs)?)
+    /// The session threads and the queue that feed them: their bounds,
+    /// what they hold now.
+    pub fn executor(&self) -> &Executor {
+        // The executor is only taken out in `drop`.
+        self.executor.as_ref().expect("executor present until drop")
     }
 
     /// Whether requests to this version are batched dynamically.
     pub fn batches(&self) -> bool {
-        self.batcher.is_some()
+        self.executor().batching().is_some()
     }
 
-    /// Checks the inputs, then queues them for dynamic batching; the future
-    /// resolves to this request's own outputs. Without batching, runs the
-    /// inference now and returns a future that is already resolved.
-    pub fn submit(&self, inputs: Vec<Tensor>) -> Result<Pending, InferError> {
+    /// Checks the inputs, then queues them for a session thread (or runs a
+    /// cheap request inline when an instance is free; see
+    /// [`crate::admission::INLINE_US`]), or refuses them at once: [`InferError::Overloaded`] when the version holds as
+    /// many requests as its `[admission]` bounds allow,
+    /// [`InferError::DeadlineExceeded`] when `deadline` has passed. The
+    /// future resolves to this request's own outputs; dropping it withdraws
+    /// the request if it has not started. Never blocks beyond a short lock.
+    pub fn submit(&self, inputs: Vec<Tensor>, deadline: Option<Instant>) -> Result<Pending, InferError> {
         self.signature().check_inputs(&inputs).map_err(InferError::InvalidInput)?;
         crate::step_aside::note_request();
-        Ok(match &self.batcher {
-            Some(batcher) => Pending::Queued(batcher.submit(inputs)),
-            None => Pending::Done(Some(self.engine().infer(&inputs).map_err(InferError::from))),
+        let inline = self.cheap(&inputs);
+        self.executor().submit(inputs, deadline, inline).map_err(|refusal| match refusal {
+            Refusal::Shed(shed) => InferError::Overloaded { model: self.model.clone(), version: self.number, shed },
+            Refusal::Expired => InferError::DeadlineExceeded { at: Expired::Arrival },
+            Refusal::Stopped => InferError::Stopped,
         })
     }
-}
 
-/// The outputs of a request given to [`Version::submit`].
-pub enum Pending {
-    /// Waiting in the batcher's queue.
-    Queued(tokio::sync::oneshot::Receiver<crate::batcher::Answer>),
-    /// Already answered.
-    Done(Option<Result<Vec<Tensor>, InferError>>),
-}
+    /// Whether a request is cheap enough to run inline on the caller's
+    /// thread when an instance is free: its estimated run time (learnt from
+    /// the version's runs, starting from its fastest warmup run, and scaled
+    /// up for more rows than its runs average) is at most
+    /// `[admission] inline_us`. Never with dynamic batching, whose window a
+    /// request alone must wait out.
+    fn cheap(&self, inputs: &[Tensor]) -> bool {
+        let limit = Duration::from_micros(self.spec.admission.inline_us.unwrap_or(crate::admission::INLINE_US));
+        let rows = if self.signature().is_batched() { crate::batcher::rows_of(inputs) } else { 1 };
+        !limit.is_zero() && !self.batches() && self.executor().estimate(rows) <= limit
+    }
 
-impl std::future::Future for Pending {
-    type Output = Result<Vec<Tensor>, InferError>;
-
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        match self.get_mut() {
-            Pending::Done(answer) => std::task::Poll::Ready(
-                answer
-                    .take()
-                    .unwrap_or_else(|| Err(InferError::Backend(BackendError::new("internal", "polled twice")))),
-            ),
-            Pending::Queued(rx) => std::pin::Pin::new(rx).poll(cx).map(|answer| match answer {
-                Ok(result) => result.map_err(InferError::from),
-                Err(_) => Err(InferError::Backend(BackendError::new("internal", "the batcher stopped"))),
-            }),
-        }
+    /// Runs one inference through the session threads and blocks the
+    /// calling thread until it is answered. For synchronous callers (tools,
+    /// tests); never call it from an async task, which awaits
+    /// [`Version::submit`] instead.
+    pub fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
+        self.submit(inputs.to_vec(), None)?.wait()
     }
 }
 
 impl Drop for Version {
     fn drop(&mut self) {
-        // The batcher's threads share the engine; they are joined first so
-        // the engine's last reference goes to the releaser.
-        drop(self.batcher.take());
+        // The session threads share the engine and stop once they finish
+        // what they run. The memory keeper waits for them to let go of it
+        // before it frees the engine, so this thread (perhaps an async
+        // worker) need not; without a keeper they are joined here.
+        if let Some(executor) = self.executor.take() {
+            executor.stop(self.releaser.is_none());
+        }
         if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
             let (files, heap) = (self.manifest.total_bytes(), self.heap.take());
             releaser.release(&self.model, self.number, files, self.bytes_held, engine, heap);

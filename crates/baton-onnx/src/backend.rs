@@ -169,8 +169,11 @@ fn signature_of(session: &Session) -> Result<Signature, BackendError> {
     })
 }
 
-/// A loaded model: a pool of sessions, each serving one request at a time,
-/// lent to requests first come first served (see [`Pool`]).
+/// A loaded model: a pool of sessions, each serving one request at a time.
+/// baton's serving path runs each session from a session thread of its own
+/// ([`Model::infer_on`]); [`Model::infer`] lends whichever is free, first
+/// come first served (see [`Pool`]), to callers that run inferences
+/// themselves.
 struct OnnxModel {
     /// The verified model and data files, and the model file's bytes as the
     /// sessions were built from them, kept for validation.
@@ -284,16 +287,17 @@ fn prepare(inputs: &[Tensor]) -> Result<Inputs<'_>, BackendError> {
     )
 }
 
-/// Runs one inference on a session held for it. A session whose lock was
-/// poisoned is still usable: runs are wrapped in [`guarded`], so no panic
-/// escapes while one is held.
+/// Runs one inference on a session held for it. A panic in the run (in the
+/// ORT binding or the conversion of its outputs) fails this request with
+/// kind `engine_panicked` and leaves the session usable: no panic escapes
+/// while its lock is held, so the lock is never poisoned.
 fn run(mut session: impl DerefMut<Target = Session>, values: Inputs<'_>) -> Result<Vec<Tensor>, BackendError> {
     guarded(
         || {
             let outputs = session.run(values).map_err(|e| BackendError::new("inference_failed", e.to_string()))?;
             outputs.iter().map(|(name, value)| from_ort(name, &value)).collect()
         },
-        "inference_failed",
+        "engine_panicked",
         "running the model",
     )
 }

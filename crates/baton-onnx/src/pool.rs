@@ -1,6 +1,13 @@
 //! [`Pool`]: a model's sessions, lent to one request at a time, first come
 //! first served.
 //!
+//! The server does not take sessions from the pool: each session has a
+//! session thread of its own (`baton_core::executor`), which reaches it by
+//! index ([`Pool::item`]) and never waits for it, and requests queue in the
+//! version's executor, on no thread. [`Pool::take`], which blocks until a
+//! session is free, serves callers that run inferences on their own
+//! threads (tools, tests); never call it from an async task.
+//!
 //! A request takes whichever session is free. When none is, it queues, and
 //! the next session to come back — whichever it is — goes to the request
 //! that has waited longest. Waiting for one particular session instead

@@ -1,13 +1,41 @@
-//! What every front end shares: the registry, the metrics, and the server's
-//! readiness.
+//! What every front end shares: the registry, the metrics, the server's
+//! readiness, and the server-wide bounds on requests.
 
 use std::collections::BTreeSet;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use baton_core::registry::Registry;
 
-use crate::metrics::Metrics;
+use crate::budget::Budget;
+use crate::error::ServeError;
+use crate::metrics::{InFlight, Metrics};
+
+/// The server-wide bounds on requests (`baton serve` flags; defaults and
+/// why in docs/api.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Largest request body accepted, in bytes.
+    pub max_request_bytes: usize,
+    /// Inference requests the server holds at once, from arrival to answer.
+    pub max_in_flight: usize,
+    /// Bytes that request bodies, decoded tensors and outputs may hold at once.
+    pub memory_budget: u64,
+    /// The deadline of a request whose client sets none; `None` for none.
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_request_bytes: 64 << 20,
+            max_in_flight: 1024,
+            memory_budget: 512 << 20,
+            request_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
 
 /// Shared server state.
 pub struct App {
@@ -17,6 +45,10 @@ pub struct App {
     pub metrics: Metrics,
     /// Largest request body accepted, in bytes.
     pub max_request_bytes: usize,
+    /// The server-wide bounds on requests.
+    pub limits: ServerLimits,
+    /// The budget of request bytes in flight.
+    pub budget: Arc<Budget>,
     draining: AtomicBool,
     /// Whether the repository has been listed once, so `required` is known.
     listed: AtomicBool,
@@ -26,11 +58,13 @@ pub struct App {
 
 impl App {
     /// Shared state around a registry.
-    pub fn new(registry: Registry, max_request_bytes: usize) -> App {
+    pub fn new(registry: Registry, limits: ServerLimits) -> App {
         App {
             registry,
             metrics: Metrics::default(),
-            max_request_bytes,
+            max_request_bytes: limits.max_request_bytes,
+            limits,
+            budget: Budget::new(limits.memory_budget),
             draining: AtomicBool::new(false),
             listed: AtomicBool::new(false),
             required: RwLock::new(BTreeSet::new()),
@@ -48,6 +82,19 @@ impl App {
         }
         let snapshot = self.registry.snapshot();
         self.required.read().unwrap_or_else(|e| e.into_inner()).iter().all(|m| snapshot.model(m).is_some())
+    }
+
+    /// Counts an inference request in flight until the guard drops, or
+    /// refuses it at once (overloaded) when the server holds
+    /// `--max-in-flight` already.
+    pub fn admit(&self, model: &str) -> Result<InFlight<'_>, ServeError> {
+        self.metrics.try_in_flight(self.limits.max_in_flight).ok_or_else(|| {
+            self.metrics.shed(model, "server_in_flight");
+            ServeError::overloaded(format!(
+                "the server holds {} inference requests, as many as --max-in-flight allows; retry later or elsewhere",
+                self.limits.max_in_flight
+            ))
+        })
     }
 
     /// Whether shutdown has begun.

@@ -23,6 +23,12 @@ pub enum Class {
     Unprocessable,
     /// Not ready: the model is not serving, or the server is shutting down.
     Unavailable,
+    /// Overloaded: the request was refused at once because the version or
+    /// the server holds as much as it takes; worth retrying later or
+    /// elsewhere.
+    Overloaded,
+    /// The request's deadline passed before it was answered.
+    DeadlineExceeded,
     /// The server failed.
     Internal,
     /// A management operation came without the admin token, or with a wrong one.
@@ -59,6 +65,17 @@ impl ServeError {
     pub fn unknown_model(model: &str) -> ServeError {
         ServeError::new(Class::NotFound, "model_not_found", format!("unknown model '{model}'"))
     }
+
+    /// A request refused at once because the server holds as much as it
+    /// takes; kind `overloaded`.
+    pub fn overloaded(message: impl Into<String>) -> ServeError {
+        ServeError::new(Class::Overloaded, "overloaded", message)
+    }
+
+    /// A request whose deadline passed; kind `deadline_exceeded`.
+    pub fn deadline_exceeded(message: impl Into<String>) -> ServeError {
+        ServeError::new(Class::DeadlineExceeded, "deadline_exceeded", message)
+    }
 }
 
 impl std::fmt::Display for ServeError {
@@ -83,13 +100,22 @@ impl From<InferError> for ServeError {
             InferError::Backend(b) if b.kind == "invalid_input" || b.kind == "unsupported_datatype" => {
                 Class::BadRequest
             }
-            InferError::Backend(_) => Class::Internal,
+            InferError::Backend(_) | InferError::EnginePanicked(_) | InferError::Stopped => Class::Internal,
+            InferError::Overloaded { .. } => Class::Overloaded,
+            InferError::DeadlineExceeded { .. } => Class::DeadlineExceeded,
         };
         let kind = match &e {
             InferError::Backend(b) => b.kind,
             other => other.kind(),
         };
-        ServeError::new(class, kind, e.to_string())
+        let message = match &e {
+            // The panic's message is in the server log, not for clients.
+            InferError::EnginePanicked(_) => {
+                "the engine failed on this request (internal error; see the server log)".into()
+            }
+            other => other.to_string(),
+        };
+        ServeError::new(class, kind, message)
     }
 }
 

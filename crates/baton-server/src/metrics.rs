@@ -17,6 +17,8 @@ use std::time::Duration;
 use baton_core::events::{Event, EventKind, Operation, Stage};
 use baton_core::registry::Registry;
 
+use crate::budget::Budget;
+
 /// Upper bounds of the latency buckets, in seconds.
 const BUCKETS: [f64; 16] =
     [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0];
@@ -146,6 +148,10 @@ pub struct Metrics {
     /// instead of allocating a key.
     versions: RwLock<BTreeMap<String, BTreeMap<u64, Arc<VersionMetrics>>>>,
     rejected: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Requests refused at once by admission control, by model and reason.
+    shed: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Requests whose deadline passed, by model and where they were.
+    expired: Mutex<BTreeMap<(String, &'static str), u64>>,
     loads: Mutex<LoadMetrics>,
     inflight: AtomicI64,
 }
@@ -187,10 +193,25 @@ impl Metrics {
         *self.rejected.lock().unwrap_or_else(|e| e.into_inner()).entry((model.to_owned(), kind)).or_default() += 1;
     }
 
-    /// Marks a request in flight until the guard drops.
-    pub fn in_flight(&self) -> InFlight<'_> {
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        InFlight(&self.inflight)
+    /// Marks a request in flight until the guard drops, unless `max` are
+    /// in flight already.
+    pub fn try_in_flight(&self, max: usize) -> Option<InFlight<'_>> {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        self.inflight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(InFlight(&self.inflight))
+    }
+
+    /// Counts a request refused at once by admission control: `reason` is
+    /// `queue_full`, `version_in_flight`, `server_in_flight` or
+    /// `memory_budget`.
+    pub fn shed(&self, model: &str, reason: &'static str) {
+        *self.shed.lock().unwrap_or_else(|e| e.into_inner()).entry((model.to_owned(), reason)).or_default() += 1;
+    }
+
+    /// Counts a request whose deadline passed: `at` is `arrival`, `queued`
+    /// or `running`.
+    pub fn expired(&self, model: &str, at: &'static str) {
+        *self.expired.lock().unwrap_or_else(|e| e.into_inner()).entry((model.to_owned(), at)).or_default() += 1;
     }
 
     /// Feeds one registry event into the load metrics.
@@ -227,7 +248,7 @@ impl Metrics {
     }
 
     /// The exposition text.
-    pub fn render(&self, registry: &Registry, ready: bool) -> String {
+    pub fn render(&self, registry: &Registry, ready: bool, budget: &Budget) -> String {
         let mut out = String::with_capacity(16 * 1024);
         let help = |out: &mut String, name: &str, kind: &str, text: &str| {
             let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
@@ -275,6 +296,7 @@ impl Metrics {
             );
         }
         drop(versions);
+        self.render_admission(&mut out, registry, budget);
 
         let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
         help(&mut out, "baton_load_duration_seconds", "histogram", "Whole load transactions, request to end of drain.");
@@ -392,6 +414,47 @@ impl Metrics {
             }
         }
         out
+    }
+}
+
+impl Metrics {
+    /// Admission control: what was shed and what expired, what each version
+    /// holds, and the request memory budget.
+    fn render_admission(&self, out: &mut String, registry: &Registry, budget: &Budget) {
+        let help = |out: &mut String, name: &str, kind: &str, text: &str| {
+            let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
+        };
+        help(out, "baton_requests_shed_total", "counter", "Requests refused at once by admission control, by reason.");
+        for ((model, reason), n) in self.shed.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "baton_requests_shed_total{{model=\"{}\",reason=\"{reason}\"}} {n}", escape(model));
+        }
+        help(
+            out,
+            "baton_deadline_exceeded_total",
+            "counter",
+            "Requests whose deadline passed, by where they were then (arrival, queued: never run, running).",
+        );
+        for ((model, stage), n) in self.expired.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "baton_deadline_exceeded_total{{model=\"{}\",stage=\"{stage}\"}} {n}", escape(model));
+        }
+        let snapshot = registry.snapshot();
+        let versions = || snapshot.models().iter().flat_map(|(model, route)| route.versions().map(move |v| (model, v)));
+        help(out, "baton_queue_depth", "gauge", "Requests waiting for a session thread of the version.");
+        for (model, v) in versions() {
+            let load = v.executor().load();
+            let labels = format!("model=\"{}\",version=\"{}\"", escape(model), v.number());
+            let _ = writeln!(out, "baton_queue_depth{{{labels}}} {}", load.queued);
+        }
+        help(out, "baton_version_in_flight", "gauge", "Requests a version holds, waiting and running.");
+        for (model, v) in versions() {
+            let load = v.executor().load();
+            let labels = format!("model=\"{}\",version=\"{}\"", escape(model), v.number());
+            let _ = writeln!(out, "baton_version_in_flight{{{labels}}} {}", load.queued + load.running);
+        }
+        help(out, "baton_request_memory_bytes", "gauge", "Bytes requests hold now: bodies, tensors and outputs.");
+        let _ = writeln!(out, "baton_request_memory_bytes {}", budget.used());
+        help(out, "baton_request_memory_budget_bytes", "gauge", "The most bytes requests may hold at once.");
+        let _ = writeln!(out, "baton_request_memory_budget_bytes {}", budget.capacity());
     }
 }
 

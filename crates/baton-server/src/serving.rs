@@ -1,6 +1,7 @@
 //! The serving path both front ends share: resolve the version a request
-//! names in its snapshot, check the batch, run, count. Protocol front ends
-//! only decode and encode around it.
+//! names in its snapshot, check the batch, reserve memory for the outputs,
+//! queue it for the version's session threads within its deadline, count.
+//! Protocol front ends only read, decode and encode around it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,6 +12,7 @@ use baton_core::tensor::Tensor;
 use baton_core::version::Version;
 
 use crate::app::App;
+use crate::budget::Reservation;
 use crate::error::{Class, ServeError};
 
 /// `max_batch_size` when `model.toml` sets none and the model batches.
@@ -95,39 +97,174 @@ fn batch_size(max: usize, inputs: &[Tensor]) -> u64 {
     inputs.first().and_then(|t| t.shape.first()).map_or(1, |&b| u64::try_from(b).unwrap_or(0))
 }
 
-/// Runs an unbatched inference: inline, or with `block_in_place` for a heavy
-/// model (see [`baton_core::batcher::HEAVY_INFERENCE`]).
-fn run(target: &Version, inputs: &[Tensor]) -> Result<Vec<Tensor>, baton_core::error::InferError> {
-    baton_core::batcher::run_inference(target.heavy(), || target.infer(inputs))
+/// What a request carries through the serving path: when it must be
+/// answered by, and the request memory it holds (its body, then its
+/// tensors, then room for its outputs). The memory is given back when the
+/// ticket is dropped, after the answer is encoded.
+pub struct Ticket {
+    /// The deadline; `None` when neither the client nor the server sets one.
+    pub deadline: Option<Instant>,
+    /// The request's bytes in the budget.
+    pub memory: Reservation,
+}
+
+impl Ticket {
+    /// A ticket holding no memory yet.
+    pub fn new(app: &App, deadline: Option<Instant>) -> Ticket {
+        Ticket { deadline, memory: app.budget.empty() }
+    }
+
+    /// Reserves `bytes` more for `model`'s request, waiting briefly for
+    /// room; a refusal for want of room is counted as shed
+    /// (`memory_budget`). The caller counts the error.
+    pub async fn reserve(&mut self, app: &App, model: &str, bytes: u64) -> Result<(), ServeError> {
+        let until = crate::budget::wait_until(self.deadline);
+        self.memory.grow(bytes, until).await.inspect_err(|e| {
+            if e.class == Class::Overloaded {
+                app.metrics.shed(model, "memory_budget");
+            }
+        })
+    }
+}
+
+/// Work on a request's bytes above this size — decoding a body, encoding an
+/// answer — runs on tokio's blocking pool rather than on an async worker:
+/// decoding a 60 MiB JSON body takes most of a second, during which the
+/// worker would answer nothing else. Below it the hand-off would cost more
+/// than the work.
+pub const INLINE_WORK_BYTES: usize = 1 << 20;
+
+/// Runs `work` on `bytes` of a request: inline when they are few, else on
+/// the blocking pool (see [`INLINE_WORK_BYTES`]), as many at once as there
+/// are CPUs: the work is all CPU, so more at once would not finish sooner,
+/// and each holds the working memory of its decoder or encoder meanwhile.
+pub async fn work_on<T: Send + 'static>(bytes: usize, work: impl FnOnce() -> T + Send + 'static) -> T {
+    if bytes < INLINE_WORK_BYTES {
+        return work();
+    }
+    static LARGE_WORK: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let permits = LARGE_WORK.get_or_init(|| tokio::sync::Semaphore::new(cpus));
+    // The semaphore is never closed.
+    let _permit = permits.acquire().await.ok();
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        // The work panicked: so does this request's task, as it would inline.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// The bytes of the decoded tensors of a request.
+pub fn tensor_bytes(tensors: &[Tensor]) -> u64 {
+    tensors.iter().map(|t| t.data_bytes() as u64).fold(0, u64::saturating_add)
+}
+
+/// The bytes the outputs of `rows` rows will take, for outputs whose size
+/// the signature fixes (every dimension but the batch); others count 0.
+fn output_bytes(target: &Version, batched: bool, rows: u64) -> u64 {
+    let one = |spec: &baton_core::signature::TensorSpec| -> Option<u64> {
+        let dims = if batched { spec.shape.get(1..)? } else { &spec.shape[..] };
+        let per_row = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?))?;
+        let size = spec.datatype.size()? as u64;
+        per_row.checked_mul(size)?.checked_mul(if batched { rows } else { 1 })
+    };
+    target.signature().outputs.iter().filter_map(one).fold(0, u64::saturating_add)
+}
+
+/// Refuses a request at once, before its body is read, when the version it
+/// names takes no more now. A hint that saves reading a body only to shed
+/// it; admission itself is decided when the request is queued. Counted as
+/// shed (`version_full`); the caller counts the error.
+pub fn precheck(app: &App, model: &str, version: Option<u64>) -> Result<(), ServeError> {
+    let snapshot = app.registry.snapshot();
+    let Ok(target) = snapshot.resolve(model, version) else { return Ok(()) };
+    if target.executor().would_admit() {
+        return Ok(());
+    }
+    app.metrics.shed(model, "version_full");
+    Err(ServeError::overloaded(format!(
+        "model '{model}' version {} holds as many requests as it takes; retry later or elsewhere",
+        target.number()
+    )))
 }
 
 /// Runs one inference on the version the snapshot routes `model` (and
-/// `version`, if named) to — through the version's batcher when it batches
-/// — and counts it in the metrics either way.
+/// `version`, if named) to, and counts it in the metrics either way.
+///
+/// The request is queued for one of the version's session threads and
+/// awaited; the async worker never runs it and never waits for a session.
+/// It is refused at once when the version holds as many requests as its
+/// `[admission]` bounds allow, or when its deadline has passed; a request
+/// whose deadline passes while it waits is answered then and taken out of
+/// the queue, never run.
 pub async fn infer<'a>(
     app: &App,
     snapshot: &'a Routing,
     model: &str,
     version: Option<u64>,
     inputs: Vec<Tensor>,
+    ticket: &mut Ticket,
 ) -> Result<(&'a Arc<Version>, Vec<Tensor>), ServeError> {
     let resolved = resolve(app, snapshot, model, version).and_then(|t| {
         let max = max_batch_size(t);
         check_batch(t, max, &inputs).map(|()| (t, max))
     });
     let (target, max) = resolved.inspect_err(|e| app.metrics.rejected(model, e.kind))?;
-    let series = app.metrics.version(model, target.number());
     let rows = batch_size(max, &inputs);
+    ticket
+        .reserve(app, model, output_bytes(target, max > 0, rows))
+        .await
+        .inspect_err(|e| app.metrics.rejected(model, e.kind))?;
+    let series = app.metrics.version(model, target.number());
     let started = Instant::now();
-    let outcome = if target.batches() {
-        match target.submit(inputs) {
-            Ok(pending) => pending.await,
-            Err(e) => Err(e),
-        }
-    } else {
-        run(target, &inputs)
+    let pending = match target.submit(inputs, ticket.deadline) {
+        Ok(pending) => pending,
+        Err(e) => return Err(refused(app, model, &series, started, rows, e)),
     };
+    let outcome = match ticket.deadline {
+        None => pending.await,
+        Some(deadline) => {
+            let mut pending = pending;
+            match tokio::time::timeout_at(deadline.into(), &mut pending).await {
+                Ok(answer) => answer,
+                // The answer is not awaited any more; a request still queued
+                // leaves the queue now and is never run.
+                Err(_) => Err(InferError::DeadlineExceeded { at: pending.withdraw() }),
+            }
+        }
+    };
+    if let Err(InferError::DeadlineExceeded { at }) = &outcome {
+        app.metrics.expired(model, at.as_str());
+    }
     let outcome = outcome.map_err(ServeError::from);
     series.record(started.elapsed(), rows, outcome.as_ref().err().map(|e| e.kind));
     Ok((target, outcome?))
+}
+
+/// Counts a request the version did not queue: shed and expired ones as
+/// rejected (they never reached an engine), others as the version's errors.
+fn refused(
+    app: &App,
+    model: &str,
+    series: &crate::metrics::VersionMetrics,
+    started: Instant,
+    rows: u64,
+    e: InferError,
+) -> ServeError {
+    match &e {
+        InferError::Overloaded { shed, .. } => {
+            app.metrics.shed(model, shed.reason());
+            app.metrics.rejected(model, "overloaded");
+        }
+        InferError::DeadlineExceeded { at } => {
+            app.metrics.expired(model, at.as_str());
+            app.metrics.rejected(model, "deadline_exceeded");
+        }
+        _ => {
+            let e = ServeError::from(e);
+            series.record(started.elapsed(), rows, Some(e.kind));
+            return e;
+        }
+    }
+    e.into()
 }

@@ -6,8 +6,12 @@
 //! model takes `x` FP32 `[-1, 4]` and returns `y = x * scale`; its one weight
 //! is `scale` `[1, 1]`, so the validation checks see it. A version that also
 //! holds a file named `hold` waits at the backend's [`Gate`] while loading;
-//! one holding `hold-first-infer` waits there in its first inference. The
-//! backend records the rows of every inference, so tests can see batches.
+//! one holding `hold-first-infer` waits there in its first inference, and
+//! one holding `hold-every-infer` in every inference while the gate is
+//! closed (open it for the load's warmup, close it to hold requests). One
+//! holding `panic-on` (a number) panics in an inference whose first element
+//! is that number. The backend records the rows of every inference, so
+//! tests can see batches and which requests ran.
 //!
 //! For memory accounting: a version holding `ballast` (a number of MiB)
 //! keeps that much memory resident while loaded, and one also holding
@@ -46,6 +50,18 @@ impl Gate {
         cvar.notify_all();
     }
 
+    /// Closes the gate again: from now on, whatever waits at it is held.
+    pub fn close(&self) {
+        let (lock, _) = &*self.state;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).0 = false;
+    }
+
+    /// How many are waiting at the gate now.
+    pub fn waiters(&self) -> usize {
+        let (lock, _) = &*self.state;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
     /// Blocks until `n` loads are waiting at the gate.
     pub fn wait_for_waiters(&self, n: usize) {
         let (lock, cvar) = &*self.state;
@@ -72,6 +88,7 @@ impl Gate {
 pub struct FakeBackend {
     gate: Option<Gate>,
     calls: Arc<Mutex<Vec<usize>>>,
+    threads: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeBackend {
@@ -82,12 +99,17 @@ impl FakeBackend {
 
     /// A backend whose loads of versions holding a `hold` file wait at `gate`.
     pub fn gated(gate: Gate) -> FakeBackend {
-        FakeBackend { gate: Some(gate), calls: Arc::default() }
+        FakeBackend { gate: Some(gate), ..FakeBackend::default() }
     }
 
     /// The rows of every inference run so far, in order.
     pub fn calls(&self) -> Arc<Mutex<Vec<usize>>> {
         Arc::clone(&self.calls)
+    }
+
+    /// The name of the thread that ran each inference so far, in order.
+    pub fn threads(&self) -> Arc<Mutex<Vec<String>>> {
+        Arc::clone(&self.threads)
     }
 }
 
@@ -116,6 +138,13 @@ impl Backend for FakeBackend {
             text.trim().parse().map_err(|_| BackendError::new("model_invalid", format!("'{text}' is not a number")))?;
         let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, 4] };
         let hold = has("hold-first-infer").then(|| self.gate.clone()).flatten();
+        let hold_every = has("hold-every-infer").then(|| self.gate.clone()).flatten();
+        let panic_on = match read("panic-on")? {
+            Some(text) => {
+                Some(text.trim().parse::<f32>().map_err(|_| BackendError::new("model_invalid", "bad panic-on"))?)
+            }
+            None => None,
+        };
         let ballast = match read("ballast")? {
             Some(mib) => {
                 let mib: usize = mib.trim().parse().map_err(|_| BackendError::new("model_invalid", "bad ballast"))?;
@@ -130,7 +159,10 @@ impl Backend for FakeBackend {
             scale,
             signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
             hold: Mutex::new(hold),
+            hold_every,
+            panic_on,
             calls: Arc::clone(&self.calls),
+            threads: Arc::clone(&self.threads),
         }))
     }
 }
@@ -141,7 +173,10 @@ struct FakeModel {
     scale: f32,
     signature: Signature,
     hold: Mutex<Option<Gate>>,
+    hold_every: Option<Gate>,
+    panic_on: Option<f32>,
     calls: Arc<Mutex<Vec<usize>>>,
+    threads: Arc<Mutex<Vec<String>>>,
 }
 
 impl Drop for FakeModel {
@@ -172,11 +207,18 @@ impl Model for FakeModel {
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
         let hold = self.hold.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(gate) = hold {
+        if let Some(gate) = hold.as_ref().or(self.hold_every.as_ref()) {
             gate.pass();
+        }
+        if let (Some(value), Some(first)) = (self.panic_on, inputs.first().and_then(Tensor::to_f32))
+            && first.first() == Some(&value)
+        {
+            panic!("the fake engine panics on {value}, as asked");
         }
         let rows = inputs.first().and_then(|t| t.shape.first()).copied().unwrap_or(0);
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
+        let thread = std::thread::current().name().unwrap_or_default().to_owned();
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread);
         let x = inputs
             .first()
             .and_then(Tensor::to_f32)

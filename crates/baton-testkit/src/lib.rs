@@ -34,6 +34,8 @@ pub fn registry(root: &Path) -> Registry {
 
 /// A registry over a local repository with the given backends.
 pub fn registry_with(root: &Path, backends: Vec<Arc<dyn Backend>>) -> Registry {
+    // Session threads start at the test thread's priority, not the loader's.
+    baton_core::executor::start_spawner();
     Registry::new(Arc::new(LocalRepository::new(root)), backends, RegistryConfig::default())
 }
 

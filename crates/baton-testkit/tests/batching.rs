@@ -36,19 +36,16 @@ fn requests_queued_behind_a_busy_engine_run_as_one_batch() {
     assert!(version.batches());
 
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    // The first request finds the engine free and runs on its own thread,
-    // where it is held at the gate…
-    let leader = {
-        let version = Arc::clone(&version);
-        std::thread::spawn(move || version.submit(vec![rows(1, 0.0)]).unwrap())
-    };
+    // The first request finds the session thread free and runs there, where
+    // it is held at the gate…
+    let leader = version.submit(vec![rows(1, 0.0)], None).unwrap();
     gate.wait_for_waiters(1);
     // …while three more queue up behind it.
     let queued: Vec<_> = [(2, 100.0), (3, 200.0), (1, 300.0)].iter().map(|(n, s)| (rows(*n, *s), *n, *s)).collect();
-    let pending: Vec<_> = queued.iter().map(|(t, _, _)| version.submit(vec![t.clone()]).unwrap()).collect();
+    let pending: Vec<_> = queued.iter().map(|(t, _, _)| version.submit(vec![t.clone()], None).unwrap()).collect();
     gate.open();
 
-    let first = runtime.block_on(leader.join().unwrap()).unwrap();
+    let first = runtime.block_on(leader).unwrap();
     assert_eq!(first[0].to_f32().unwrap(), rows(1, 0.0).to_f32().unwrap().iter().map(|v| v * 2.0).collect::<Vec<_>>());
     for ((input, n, _), answer) in queued.iter().zip(pending) {
         let output = runtime.block_on(answer).unwrap();
@@ -58,7 +55,7 @@ fn requests_queued_behind_a_busy_engine_run_as_one_batch() {
     }
     assert_eq!(*calls.lock().unwrap(), vec![1, 6], "the three queued requests ran as one batch of 6 rows");
     // With the engine free again, a lone request runs at once, unbatched.
-    let alone = runtime.block_on(version.submit(vec![rows(2, 5.0)]).unwrap()).unwrap();
+    let alone = runtime.block_on(version.submit(vec![rows(2, 5.0)], None).unwrap()).unwrap();
     assert_eq!(alone[0].shape, vec![2, 4]);
     assert_eq!(*calls.lock().unwrap(), vec![1, 6, 2]);
 }
@@ -67,7 +64,9 @@ fn requests_queued_behind_a_busy_engine_run_as_one_batch() {
 fn concurrent_requests_through_onnx_runtime_get_their_own_outputs() {
     let repo = TestRepo::new();
     let mlp = Mlp::new(&[16, 32, 4], 3);
-    repo.add_model("m", &mlp_toml(&mlp, "[batching]\nenabled = true\nmax_batch = 8\nmax_queue_delay_us = 200"));
+    // Room in the queue for all 96 at once: this test is about batching, not admission.
+    let extra = "[batching]\nenabled = true\nmax_batch = 8\nmax_queue_delay_us = 200\n[admission]\nmax_queue = 96";
+    repo.add_model("m", &mlp_toml(&mlp, extra));
     repo.publish_mlp("m", 1, &mlp);
     let registry = registry(repo.root());
     registry.load("m", None).unwrap().wait().unwrap();
@@ -82,7 +81,7 @@ fn concurrent_requests_through_onnx_runtime_get_their_own_outputs() {
             let input = sample_input(16, batch, 1000 + i);
             runtime.spawn(async move {
                 let tensor = Tensor::from_f32("input", vec![batch as i64, 16], &input);
-                let output = version.submit(vec![tensor]).unwrap().await.unwrap();
+                let output = version.submit(vec![tensor], None).unwrap().await.unwrap();
                 (input, batch, output[0].to_f32().unwrap())
             })
         })

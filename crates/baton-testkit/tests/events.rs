@@ -86,6 +86,8 @@ fn a_loader_can_keep_the_normal_policy() {
     repo.add_model("m", FAKE_TOML);
     repo.write_files("m", 1, &[("fake.txt", b"2")]);
     repo.seal("m", 1);
+    // As the server does; see the_loader_runs_at_lower_priority_than_serving.
+    baton_core::executor::start_spawner();
     let config = baton_core::registry::RegistryConfig { loader_idle: false, ..Default::default() };
     let source = Arc::new(baton_core::source::LocalRepository::new(repo.root()));
     let registry = baton_core::registry::Registry::new(source, vec![Arc::new(FakeBackend::new())], config);
@@ -113,4 +115,9 @@ fn the_loader_runs_at_lower_priority_than_serving() {
     // Another test of this file runs a loader under SCHED_OTHER meanwhile.
     assert!(loaders.iter().any(|(_, p)| *p == policy), "loader policy {loaders:?}");
     assert_eq!(baton_core::sys::current_thread_nice().unwrap() as i64, own, "the caller's priority is untouched");
+    // The version was built on a loader thread, but its session threads
+    // serve at the priority of the thread that started the registry.
+    let sessions = nice_of("baton-session");
+    assert!(!sessions.is_empty(), "no session thread found");
+    assert!(sessions.iter().all(|&(n, p)| n == own && p == 0), "session threads {sessions:?}, serving {own}");
 }

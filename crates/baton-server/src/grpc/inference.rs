@@ -2,23 +2,30 @@
 //! streaming), Triton's model configuration and statistics, and the model
 //! repository extension.
 //!
-//! Inference runs inline on the async worker, as over REST: for the small,
-//! fast models baton is built around, a hand-off to a blocking pool would
-//! cost more than the inference itself.
+//! Inference goes through the serving path REST uses: admitted or refused
+//! at once, queued for the version's session threads, answered within its
+//! deadline (`grpc-timeout`, Triton's `timeout` parameter, or the server's
+//! default). Its body was counted against the request memory budget frame
+//! by frame as it arrived ([`super::admission`]).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use baton_protocol::grpc::convert;
+use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::admission::{Arrived, Frames};
 use super::pb::grpc_inference_service_server::GrpcInferenceService;
+use super::pb::infer_parameter::ParameterChoice;
 use super::pb::model_metadata_response::TensorMetadata;
 use super::pb::*;
 use super::{inbound_error, model_config, parse_version, repository};
 use crate::app::App;
 use crate::error::{Class, ServeError};
-use crate::serving;
+use crate::serving::Ticket;
+use crate::{deadline, serving};
 
 /// Extensions the gRPC front end speaks, as `ServerMetadata` lists them.
 /// (`binary_tensor_data` is REST's; gRPC has raw contents built in.)
@@ -36,34 +43,112 @@ impl Inference {
     }
 }
 
+/// How a message of a call is to be admitted: when it arrived, the call's
+/// deadline, and the room its call's frames hold in the memory budget.
+struct Arrival<'a> {
+    at: Instant,
+    call_deadline: Option<Instant>,
+    frames: Option<&'a Frames>,
+}
+
 /// Runs one inference request on the routing snapshot taken when it
 /// arrived, through the serving path REST uses.
-async fn infer(app: &App, request: ModelInferRequest) -> Result<ModelInferResponse, ServeError> {
+async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> Result<ModelInferResponse, ServeError> {
     let snapshot = app.registry.snapshot();
-    let _in_flight = app.metrics.in_flight();
     let model = request.model_name.clone();
-    let refused = |e: ServeError| {
-        app.metrics.rejected(&model, e.kind);
-        e
-    };
-    let version = parse_version(&request.model_version).map_err(refused)?;
-    let mut decoded = convert::decode_request(request).map_err(|e| refused(e.into()))?;
+    // Whatever becomes of the request, its message's room in the call's
+    // frames is given back: once decoded, or when it is refused.
+    let mut message = MessageRoom { frames: arrival.frames, bytes: request.encoded_len() as u64 };
+    let _in_flight = app.admit(&model).inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
+    let mut ticket = Ticket::new(app, None);
+    let (version, mut decoded) = receive(app, &model, request, &arrival, &mut ticket, &mut message)
+        .await
+        .inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
     let inputs = std::mem::take(&mut decoded.inputs);
-    let (target, outputs) = serving::infer(app, &snapshot, &model, version, inputs).await?;
-    Ok(convert::encode_response(&model, target.number(), decoded.id, outputs, &decoded.outputs, decoded.raw)?)
+    let (target, outputs) = serving::infer(app, &snapshot, &model, version, inputs, &mut ticket).await?;
+    let number = target.number();
+    let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
+        convert::encode_response(&model, number, decoded.id, outputs, &decoded.outputs, decoded.raw)
+    });
+    Ok(encoded.await?)
+}
+
+/// Everything before the request is queued: its version and deadline, and
+/// its decoded tensors within the memory budget, in place of the room its
+/// message's frames held.
+async fn receive(
+    app: &App,
+    model: &str,
+    request: ModelInferRequest,
+    arrival: &Arrival<'_>,
+    ticket: &mut Ticket,
+    message: &mut MessageRoom<'_>,
+) -> Result<(Option<u64>, convert::Decoded), ServeError> {
+    let version = parse_version(&request.model_version)?;
+    let asked = match request.parameters.get(deadline::TIMEOUT_PARAMETER).and_then(|p| p.parameter_choice.as_ref()) {
+        None => None,
+        Some(ParameterChoice::Int64Param(us)) => deadline::from_parameter_us(Some(i128::from(*us)))?,
+        Some(ParameterChoice::Uint64Param(us)) => deadline::from_parameter_us(Some(i128::from(*us)))?,
+        Some(_) => {
+            return Err(ServeError::bad_request(
+                "invalid_parameter",
+                "parameter 'timeout' must be an integer number of microseconds",
+            ));
+        }
+    };
+    ticket.deadline = deadline::earliest(
+        arrival.call_deadline,
+        deadline::earliest(deadline::after(arrival.at, asked), deadline::after(arrival.at, app.limits.request_timeout)),
+    );
+    let decoded = serving::work_on(message.bytes as usize, move || convert::decode_request(request)).await?;
+    ticket.reserve(app, model, serving::tensor_bytes(&decoded.inputs)).await?;
+    message.release();
+    Ok((version, decoded))
+}
+
+/// The room a message holds among its call's frames, given back once.
+struct MessageRoom<'a> {
+    frames: Option<&'a Frames>,
+    bytes: u64,
+}
+
+impl MessageRoom<'_> {
+    fn release(&mut self) {
+        if let Some(frames) = self.frames.take() {
+            frames.release(self.bytes);
+        }
+    }
+}
+
+impl Drop for MessageRoom<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// One answer on an inference stream: the response, or the error's message
 /// with the request's model and id so the client can tell which failed.
-async fn stream_answer(app: &App, request: ModelInferRequest) -> ModelStreamInferResponse {
+async fn stream_answer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> ModelStreamInferResponse {
     let (model_name, id) = (request.model_name.clone(), request.id.clone());
-    match infer(app, request).await {
+    match infer(app, request, arrival).await {
         Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
         Err(e) => ModelStreamInferResponse {
             error_message: e.message,
             infer_response: Some(ModelInferResponse { model_name, id, ..ModelInferResponse::default() }),
         },
     }
+}
+
+/// When a call arrived and what its frames hold, from the admission layer.
+fn arrival_of<T>(request: &Request<T>) -> (Instant, Option<Instant>, Option<Frames>) {
+    let at = request.extensions().get::<Arrived>().map_or_else(Instant::now, |a| a.0);
+    let call_deadline = request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| deadline::from_grpc_timeout(v).ok())
+        .and_then(|t| at.checked_add(t));
+    (at, call_deadline, request.extensions().get::<Frames>().cloned())
 }
 
 fn tensor_metadata(specs: &[baton_core::signature::TensorSpec]) -> Vec<TensorMetadata> {
@@ -134,7 +219,9 @@ impl GrpcInferenceService for Inference {
     }
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
-        Ok(Response::new(infer(&self.app, request.into_inner()).await?))
+        let (at, call_deadline, frames) = arrival_of(&request);
+        let arrival = Arrival { at, call_deadline, frames: frames.as_ref() };
+        Ok(Response::new(infer(&self.app, request.into_inner(), arrival).await?))
     }
 
     type ModelStreamInferStream = ReceiverStream<Result<ModelStreamInferResponse, Status>>;
@@ -148,6 +235,9 @@ impl GrpcInferenceService for Inference {
         &self,
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        // The call's deadline covers every request of the stream; each
+        // request's own timeout counts from when it arrived.
+        let (_, call_deadline, frames) = arrival_of(&request);
         let mut inbound = request.into_inner();
         let app = Arc::clone(&self.app);
         let (tx, rx) = tokio::sync::mpsc::channel(16);
@@ -167,7 +257,10 @@ impl GrpcInferenceService for Inference {
                     next = inbound.message() => next,
                 };
                 let answer = match next {
-                    Ok(Some(request)) => stream_answer(&app, request).await,
+                    Ok(Some(request)) => {
+                        let arrival = Arrival { at: Instant::now(), call_deadline, frames: frames.as_ref() };
+                        stream_answer(&app, request, arrival).await
+                    }
                     Ok(None) => return,
                     Err(status) => {
                         let _ = tx.send(Err(inbound_error(status))).await;

@@ -17,6 +17,7 @@
 //! finishes the request it is answering, then ends with UNAVAILABLE), and
 //! returns once the RPCs in flight have finished.
 
+mod admission;
 mod guard;
 mod inference;
 mod manage;
@@ -60,7 +61,8 @@ pub fn code(class: Class) -> Code {
         Class::Conflict => Code::Aborted,
         Class::TooLarge => Code::ResourceExhausted,
         Class::Unprocessable => Code::FailedPrecondition,
-        Class::Unavailable => Code::Unavailable,
+        Class::Unavailable | Class::Overloaded => Code::Unavailable,
+        Class::DeadlineExceeded => Code::DeadlineExceeded,
         Class::Internal => Code::Internal,
         Class::Unauthorized => Code::Unauthenticated,
         Class::Forbidden => Code::PermissionDenied,
@@ -132,6 +134,7 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(too_large_as_resource_exhausted))
         .layer(guard::GuardLayer::new(access, role))
+        .layer(admission::AdmissionLayer::new(Arc::clone(&app)))
         .add_service(inference)
         .add_service(management)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -159,6 +162,8 @@ mod tests {
         assert_eq!(code(Class::TooLarge), Code::ResourceExhausted);
         assert_eq!(code(Class::Unprocessable), Code::FailedPrecondition);
         assert_eq!(code(Class::Unavailable), Code::Unavailable);
+        assert_eq!(code(Class::Overloaded), Code::Unavailable);
+        assert_eq!(code(Class::DeadlineExceeded), Code::DeadlineExceeded);
         assert_eq!(code(Class::Internal), Code::Internal);
         assert_eq!(code(Class::Unauthorized), Code::Unauthenticated);
         assert_eq!(code(Class::Forbidden), Code::PermissionDenied);

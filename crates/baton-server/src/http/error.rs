@@ -18,12 +18,18 @@ pub fn status(class: Class) -> StatusCode {
         Class::Conflict => StatusCode::CONFLICT,
         Class::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Class::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
-        Class::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Class::Unavailable | Class::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+        Class::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Class::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         Class::Unauthorized => StatusCode::UNAUTHORIZED,
         Class::Forbidden => StatusCode::FORBIDDEN,
     }
 }
+
+/// What an overloaded answer's `Retry-After` says, in seconds: the
+/// smallest the header can say. Shedding lasts as long as the burst that
+/// caused it, usually well under a second.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
 
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
@@ -32,6 +38,9 @@ impl IntoResponse for ServeError {
         if self.class == Class::Unauthorized {
             // What a 401 must carry: the scheme the client should use.
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"baton\""));
+        }
+        if self.class == Class::Overloaded {
+            response.headers_mut().insert(header::RETRY_AFTER, RETRY_AFTER_SECONDS.into());
         }
         response
     }

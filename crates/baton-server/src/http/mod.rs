@@ -3,6 +3,7 @@
 //! Routes come in three scopes (open, inference, management) that
 //! [`crate::access`] allows or refuses per listener.
 
+mod body;
 mod error;
 mod infer;
 mod manage;
@@ -96,7 +97,7 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
-    let text = app.metrics.render(&app.registry, app.ready());
+    let text = app.metrics.render(&app.registry, app.ready(), &app.budget);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

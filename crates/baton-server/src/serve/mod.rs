@@ -16,13 +16,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
+use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
 use baton_core::source::LocalRepository;
 use baton_core::step_aside::StepAside;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::access::{Access, Exposed, Listener, ModelControl, Token};
-use crate::app::App;
+use crate::app::{App, ServerLimits};
 
 /// Options of `baton serve`. An option given twice takes its last value, so
 /// wrappers can set defaults that their callers override.
@@ -57,8 +58,8 @@ pub struct ServeArgs {
     /// baton exits without them.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Largest request body accepted, in bytes (or with a unit: 64MiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_usize_bytes)]
     pub max_request_bytes: usize,
     /// Nice value of the threads that load and free versions.
     #[arg(long, default_value_t = 19)]
@@ -123,6 +124,19 @@ pub struct ServeArgs {
     /// balancers (a Kubernetes Service's endpoints) to stop sending traffic.
     #[arg(long, default_value_t = 0, value_name = "SECONDS")]
     pub shutdown_delay: u64,
+    /// Inference requests the server holds at once, from arrival to answer;
+    /// more are refused at once (503, gRPC UNAVAILABLE).
+    #[arg(long, default_value_t = 1024)]
+    pub max_in_flight: usize,
+    /// Bytes that request bodies, decoded tensors and outputs may hold at
+    /// once, e.g. 512MiB or 2GiB; a request that does not fit waits up to
+    /// 100 ms, then is refused (503, gRPC UNAVAILABLE).
+    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+    pub request_memory_budget: u64,
+    /// The deadline of a request whose client sets none, e.g. 30s or
+    /// 500ms; 0 for none.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
+    pub request_timeout: Timeout,
 }
 
 /// How models come and go, resolved from `--model-control`, `--load-model`
@@ -139,6 +153,47 @@ impl Control {
     /// Whether the repository is polled after the first scan.
     pub fn polls(&self) -> bool {
         self.mode == ModelControl::Poll
+    }
+}
+
+/// A `--request-timeout`: a duration, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeout(pub Option<Duration>);
+
+/// Parses a byte count with an optional binary unit: `1048576`, `512KiB`,
+/// `64MiB`, `2GiB`.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a byte count"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        other => return Err(format!("unknown unit '{other}'; use B, KiB, MiB or GiB")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("'{text}' is too large"))
+}
+
+/// [`parse_bytes`], for a size held in a `usize`.
+pub fn parse_usize_bytes(text: &str) -> Result<usize, String> {
+    usize::try_from(parse_bytes(text)?).map_err(|_| format!("'{text}' is too large"))
+}
+
+/// Parses a timeout: `0` for none, else a number with `ms` or `s`.
+pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Timeout(None));
+    }
+    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a timeout"))?;
+    match unit {
+        "ms" => Ok(Timeout(Some(Duration::from_millis(n)))),
+        "s" => Ok(Timeout(Some(Duration::from_secs(n)))),
+        _ => Err(format!("'{text}' needs a unit, ms or s (or is 0 for none)")),
     }
 }
 
@@ -175,6 +230,30 @@ impl ServeArgs {
         }
     }
 
+    /// Parses `baton serve`'s options (without `baton serve` itself), as
+    /// the command line would.
+    pub fn from_options<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(
+        options: I,
+    ) -> Result<ServeArgs, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let options = options.into_iter().map(Into::into);
+        <Serve as clap::Parser>::try_parse_from(std::iter::once("serve".into()).chain(options)).map(|s| s.serve)
+    }
+
+    /// The server-wide bounds on requests the flags ask for.
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_request_bytes: self.max_request_bytes,
+            max_in_flight: self.max_in_flight.max(1),
+            memory_budget: self.request_memory_budget,
+            request_timeout: self.request_timeout.0,
+        }
+    }
+
     /// The loading threads' step-aside policy the flags ask for: off unless
     /// `--loader-step-aside` is given.
     pub fn step_aside(&self) -> StepAside {
@@ -191,6 +270,45 @@ impl ServeArgs {
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let (control, access) = access(&args)?;
+    let root = repository_root(&args)?;
+    baton_core::sys::keep_large_allocations_mapped();
+    match baton_core::sys::raise_open_files_limit() {
+        Ok(limit) => tracing::debug!(limit, "Open files limit."),
+        Err(error) => tracing::warn!(%error, "Could not raise the limit on open files."),
+    }
+    // Session threads are started from here, at serving priority.
+    baton_core::executor::start_spawner();
+    // ONNX Runtime is started here, on the main thread, at serving priority.
+    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let app = app(&root, &args, vec![Arc::new(onnx)]);
+    check_named_models(&app, &root, &control)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let result = runtime.block_on(serve(app, root, args, control, access, Trigger::Signals, |bound| {
+        // Every line at once, REST first, then gRPC, then the admin
+        // listeners: scripts and tests read them. A closed stdout is no
+        // reason to stop serving.
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "Listening on http://{} (KServe V2 REST).", bound.http);
+        let _ = writeln!(out, "Listening on grpc://{} (KServe V2 gRPC).", bound.grpc);
+        if let Some(admin) = bound.admin_http {
+            let _ = writeln!(out, "Listening on http://{admin} (baton admin REST).");
+        }
+        if let Some(admin) = bound.admin_grpc {
+            let _ = writeln!(out, "Listening on grpc://{admin} (baton admin gRPC).");
+        }
+        let _ = out.flush();
+    }));
+    // A request the shutdown timeout gave up on may still run on a worker
+    // thread; the process does not wait for it.
+    runtime.shutdown_background();
+    result
+}
+
+/// The model control and the access rules the flags ask for; refuses
+/// management open to a public address.
+fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
     let control = args.control()?;
     let token = args.admin_token_file.as_deref().map(crate::access::read_token_file).transpose()?;
     crate::access::check_exposure(
@@ -201,6 +319,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let admin_listener = args.admin_http.is_some() || args.admin_grpc.is_some();
     let access = Arc::new(Access::new(token.as_deref().map(Token::new), admin_listener, control.mode));
+    Ok((control, access))
+}
+
+fn repository_root(args: &ServeArgs) -> anyhow::Result<PathBuf> {
     let root = match &args.repo {
         Some(root) => root.clone(),
         None => {
@@ -210,16 +332,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
-    baton_core::sys::keep_large_allocations_mapped();
-    match baton_core::sys::raise_open_files_limit() {
-        Ok(limit) => tracing::debug!(limit, "Open files limit."),
-        Err(error) => tracing::warn!(%error, "Could not raise the limit on open files."),
+    Ok(root)
+}
+
+/// Refuses to start when `--load-model` names a model the repository does
+/// not have: a typo should be loud.
+fn check_named_models(app: &App, root: &std::path::Path, control: &Control) -> anyhow::Result<()> {
+    if let Some(named) = &control.at_start {
+        let models = app.registry.source().models().map_err(|e| anyhow::anyhow!("listing {}: {e}", root.display()))?;
+        if let Some(missing) = named.iter().find(|m| !models.contains(m)) {
+            anyhow::bail!("--load-model {missing}: the repository {} has no such model", root.display());
+        }
     }
-    // ONNX Runtime is started here, on the main thread, at serving priority.
-    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>) -> Arc<App> {
     let registry = Registry::new(
-        Arc::new(LocalRepository::new(&root)),
-        vec![Arc::new(onnx)],
+        Arc::new(LocalRepository::new(root)),
+        backends,
         RegistryConfig {
             loader_nice: args.loader_nice,
             loader_idle: args.loader_idle,
@@ -227,19 +358,108 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..RegistryConfig::default()
         },
     );
-    if let Some(named) = &control.at_start {
-        let models = registry.source().models().map_err(|e| anyhow::anyhow!("listing {}: {e}", root.display()))?;
-        if let Some(missing) = named.iter().find(|m| !models.contains(m)) {
-            anyhow::bail!("--load-model {missing}: the repository {} has no such model", root.display());
+    let limits = args.limits();
+    if limits.memory_budget < 2 * limits.max_request_bytes as u64 {
+        tracing::warn!(
+            budget = limits.memory_budget,
+            max_request_bytes = limits.max_request_bytes,
+            "The request memory budget holds less than two of the largest requests (body and tensors); such requests may be refused."
+        );
+    }
+    Arc::new(App::new(registry, limits))
+}
+
+/// The addresses a server listens on.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    /// The inference REST address.
+    pub http: SocketAddr,
+    /// The inference gRPC address.
+    pub grpc: SocketAddr,
+    /// The admin REST address, when there is one.
+    pub admin_http: Option<SocketAddr>,
+    /// The admin gRPC address, when there is one.
+    pub admin_grpc: Option<SocketAddr>,
+}
+
+/// What starts the shutdown sequence.
+enum Trigger {
+    /// SIGTERM or SIGINT, as for `baton serve`; a second one exits at once.
+    Signals,
+    /// A future, for a server running inside a test's process.
+    Stop(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
+
+/// A server running inside this process on given backends, for tests that
+/// need a backend the binary does not have (the test kit's fake one). It
+/// serves exactly as `baton serve` does, on an async runtime of its own
+/// with `workers` threads, until stopped or dropped.
+pub struct InProcess {
+    /// The addresses it listens on.
+    pub bound: Bound,
+    /// The REST address.
+    pub http: SocketAddr,
+    /// The gRPC address.
+    pub grpc: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl InProcess {
+    /// Starts serving `args.repo` with `backends`; returns once every
+    /// listener listens.
+    pub fn start(args: ServeArgs, backends: Vec<Arc<dyn Backend>>, workers: usize) -> anyhow::Result<InProcess> {
+        let root = args.repo.clone().context("an in-process server needs --repo")?;
+        let (control, access) = access(&args)?;
+        baton_core::executor::start_spawner();
+        let app = app(&root, &args, backends);
+        check_named_models(&app, &root, &control)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (listening, addresses) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new().name("baton-in-process".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers.max(1))
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            let stop = Trigger::Stop(Box::pin(async move {
+                let _ = stopped.await;
+            }));
+            let result = runtime.block_on(serve(app, root, args, control, access, stop, move |bound| {
+                let _ = listening.send(*bound);
+            }));
+            runtime.shutdown_background();
+            result
+        })?;
+        if let Ok(bound) = addresses.recv() {
+            return Ok(InProcess { bound, http: bound.http, grpc: bound.grpc, stop: Some(stop), thread: Some(thread) });
+        }
+        // The thread ended before it listened: say why.
+        match thread.join() {
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(())) => Err(anyhow::anyhow!("the server stopped before it listened")),
+            Err(_) => Err(anyhow::anyhow!("the server thread panicked")),
         }
     }
-    let app = Arc::new(App::new(registry, args.max_request_bytes));
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let result = runtime.block_on(serve(app, root, args, control, access));
-    // A request the shutdown timeout gave up on may still run on a worker
-    // thread; the process does not wait for it.
-    runtime.shutdown_background();
-    result
+
+    /// Shuts the server down as SIGTERM would, and waits until it has.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> anyhow::Result<()> {
+        drop(self.stop.take());
+        match self.thread.take() {
+            Some(thread) => thread.join().map_err(|_| anyhow::anyhow!("the server thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        let _ = self.shut_down();
+    }
 }
 
 type Served = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -256,6 +476,8 @@ async fn serve(
     args: ServeArgs,
     control: Control,
     access: Arc<Access>,
+    trigger: Trigger,
+    listening: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
     let (listener, address) = bind(args.http).await?;
     let (grpc_listener, grpc_address) = bind(args.grpc).await?;
@@ -267,9 +489,12 @@ async fn serve(
         Some(address) => Some(bind(address).await?),
         None => None,
     };
-    // Installed before the first line is printed: from then on a signal
+    // Installed before the addresses are announced: from then on a signal
     // starts the shutdown sequence instead of killing the process.
-    let signals = shutdown::Signals::install()?;
+    let signals = match trigger {
+        Trigger::Signals => Some(shutdown::Signals::install()?),
+        Trigger::Stop(_) => None,
+    };
     // Subscribed before the first load starts, so every load is counted.
     tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
 
@@ -289,33 +514,32 @@ async fn serve(
         }
     })?;
 
-    {
-        // Every line at once, REST first, then gRPC, then the admin
-        // listeners: scripts and tests read them. A closed stdout is no
-        // reason to stop serving.
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "Listening on http://{address} (KServe V2 REST).");
-        let _ = writeln!(out, "Listening on grpc://{grpc_address} (KServe V2 gRPC).");
-        if let Some((_, admin)) = &admin_http {
-            let _ = writeln!(out, "Listening on http://{admin} (baton admin REST).");
-        }
-        if let Some((_, admin)) = &admin_grpc {
-            let _ = writeln!(out, "Listening on grpc://{admin} (baton admin gRPC).");
-        }
-        let _ = out.flush();
-    }
+    let bound = Bound {
+        http: address,
+        grpc: grpc_address,
+        admin_http: admin_http.as_ref().map(|(_, a)| *a),
+        admin_grpc: admin_grpc.as_ref().map(|(_, a)| *a),
+    };
+    listening(&bound);
     tracing::info!(
         %address,
         %grpc_address,
-        admin_http = ?admin_http.as_ref().map(|(_, a)| *a),
-        admin_grpc = ?admin_grpc.as_ref().map(|(_, a)| *a),
+        admin_http = ?bound.admin_http,
+        admin_grpc = ?bound.admin_grpc,
         model_control = control.mode.as_str(),
         admin_token = args.admin_token_file.is_some(),
         "baton is serving."
     );
     let delay = Duration::from_secs(args.shutdown_delay);
-    tokio::spawn(shutdown::on_signals(signals, Arc::clone(&app), delay, stop_watching));
+    match (signals, trigger) {
+        (Some(signals), _) => {
+            tokio::spawn(shutdown::on_signals(signals, Arc::clone(&app), delay, stop_watching));
+        }
+        (None, Trigger::Stop(stopped)) => {
+            tokio::spawn(shutdown::on_stop(stopped, Arc::clone(&app), delay, stop_watching));
+        }
+        (None, Trigger::Signals) => unreachable!("signal handlers are installed for Trigger::Signals"),
+    }
 
     let mut servers: Vec<Served> = vec![
         Box::pin(serve_http(Arc::clone(&app), listener, Arc::clone(&access), Listener::Inference)),
@@ -422,6 +646,21 @@ mod tests {
         for bad in ["5", "101"] {
             let args = ["baton", "--loader-serving-share", bad];
             assert!(Cli::try_parse_from(args).is_err(), "a share of {bad} % was accepted");
+        }
+    }
+
+    #[test]
+    fn request_bounds_take_units_and_have_defaults() {
+        let defaults = parse(&[]).limits();
+        assert_eq!(defaults, crate::app::ServerLimits::default());
+        let args = ["--max-request-bytes", "1MiB", "--request-memory-budget", "2GiB", "--request-timeout", "250ms"];
+        let limits = parse(&args).limits();
+        assert_eq!((limits.max_request_bytes, limits.memory_budget), (1 << 20, 2 << 30));
+        assert_eq!(limits.request_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(parse(&["--request-timeout", "0"]).limits().request_timeout, None);
+        assert_eq!(parse(&["--max-request-bytes", "4096"]).max_request_bytes, 4096);
+        for bad in [["--request-timeout", "30"], ["--request-memory-budget", "1MB"], ["--max-request-bytes", "x"]] {
+            assert!(Cli::try_parse_from(std::iter::once("baton").chain(bad)).is_err(), "{bad:?} was accepted");
         }
     }
 

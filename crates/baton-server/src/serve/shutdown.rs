@@ -75,6 +75,16 @@ pub async fn on_signals(mut signals: Signals, app: Arc<App>, delay: Duration, st
     exit_at_once(signals.next().await)
 }
 
+/// The shutdown sequence of a server inside a test's process: as for a
+/// first signal, when `stopped` resolves; there is no second signal.
+pub async fn on_stop(stopped: impl Future<Output = ()>, app: Arc<App>, delay: Duration, stop_watching: impl Send) {
+    stopped.await;
+    app.report_not_ready();
+    drop(stop_watching);
+    tokio::time::sleep(delay).await;
+    app.start_draining();
+}
+
 fn exit_at_once((name, number): (&'static str, i32)) -> ! {
     tracing::warn!(signal = name, "A second signal: exiting at once, without finishing requests in flight.");
     std::process::exit(128 + number)

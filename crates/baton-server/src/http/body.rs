@@ -1,0 +1,145 @@
+//! Reading an inference request's body within the request memory budget.
+//!
+//! Bytes are reserved before they are buffered: with a `Content-Length`, all
+//! of them up front, before the first is read; without one (chunked), each
+//! chunk as it arrives, and once more for the single buffer the chunks are
+//! joined into. A body that does not fit waits briefly for room, then is
+//! refused as overloaded with nothing of it buffered beyond its last chunk.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+
+use crate::app::App;
+use crate::error::{Class, ServeError};
+use crate::serving::Ticket;
+
+fn too_large(limit: usize) -> ServeError {
+    ServeError::new(
+        Class::TooLarge,
+        "too_large",
+        format!("the request body is larger than the limit of {limit} bytes (--max-request-bytes)"),
+    )
+}
+
+fn unreadable(e: impl std::fmt::Display) -> ServeError {
+    ServeError::bad_request("bad_body", format!("reading the request body failed: {e}"))
+}
+
+/// How long draining a refused request's body may take: a slow client's
+/// body is not waited for longer, and its connection is closed.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Answers a request refused before all of its body was read. The rest of
+/// the body is read and dropped as it arrives (nothing of it is kept), so
+/// the client, which may still be sending it, reads the answer instead of
+/// a broken connection, and the connection can carry its next request. A
+/// body over `limit`, or one that takes longer than [`DRAIN_WAIT`], is
+/// not waited for: the answer says the connection closes.
+pub async fn refuse_unread(error: ServeError, headers: &HeaderMap, body: &mut Body, limit: usize) -> Response {
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    // A client waiting for `100 Continue` has sent no body: reading it
+    // would ask for it. It is told at once, and the connection closes.
+    let waits_to_send = headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let drained = !waits_to_send
+        && declared.is_none_or(|n| n <= limit as u64)
+        && tokio::time::timeout(DRAIN_WAIT, drain(body, limit as u64)).await.unwrap_or(false);
+    let mut response = error.into_response();
+    if !drained {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// Reads and drops the rest of a body of up to `limit` bytes; `false` for
+/// a longer one or a broken one.
+async fn drain(body: &mut Body, limit: u64) -> bool {
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        match frame.map(|f| f.into_data()) {
+            Ok(Ok(data)) => {
+                total += data.len() as u64;
+                if total > limit {
+                    return false;
+                }
+            }
+            Ok(Err(_)) => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Reads the body of a request to `model`, its bytes reserved in `ticket`.
+/// Errors are counted by the caller.
+pub async fn read(
+    app: &App,
+    model: &str,
+    headers: &HeaderMap,
+    body: &mut Body,
+    ticket: &mut Ticket,
+) -> Result<Vec<u8>, ServeError> {
+    let limit = app.max_request_bytes;
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    match declared {
+        Some(length) if length > limit as u64 => Err(too_large(limit)),
+        Some(length) => {
+            ticket.reserve(app, model, length).await?;
+            // Within the limit, so it fits in a usize.
+            read_declared(body, usize::try_from(length).unwrap_or(limit)).await
+        }
+        None => read_chunked(app, model, body, limit, ticket).await,
+    }
+}
+
+/// A body of known length, into one buffer of that length.
+async fn read_declared(body: &mut Body, length: usize) -> Result<Vec<u8>, ServeError> {
+    let mut buffer = Vec::with_capacity(length);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(unreadable)?.into_data() {
+            if buffer.len() + data.len() > length {
+                return Err(unreadable(format!("the body is longer than its Content-Length of {length}")));
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(buffer)
+}
+
+/// A body of unknown length: each chunk reserved as it arrives, then the
+/// chunks joined into one buffer.
+async fn read_chunked(
+    app: &App,
+    model: &str,
+    body: &mut Body,
+    limit: usize,
+    ticket: &mut Ticket,
+) -> Result<Vec<u8>, ServeError> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(unreadable)?.into_data() {
+            total += data.len();
+            if total > limit {
+                return Err(too_large(limit));
+            }
+            ticket.reserve(app, model, data.len() as u64).await?;
+            chunks.push(data);
+        }
+    }
+    if chunks.len() == 1 {
+        return Ok(Vec::from(chunks.pop().unwrap_or_default()));
+    }
+    // The joined buffer and the chunks are both alive for a moment.
+    ticket.reserve(app, model, total as u64).await?;
+    let mut joined = Vec::with_capacity(total);
+    for chunk in chunks.drain(..) {
+        joined.extend_from_slice(&chunk);
+    }
+    drop(chunks);
+    ticket.memory.release(total as u64);
+    Ok(joined)
+}

@@ -1,0 +1,111 @@
+//! The `baton` command: the server and the tools around it. The binary is
+//! [`main`]; the library also lets tests run the server in-process on
+//! backends the binary does not have ([`InProcess`]).
+
+mod access;
+mod app;
+mod budget;
+mod cli;
+mod deadline;
+mod error;
+mod grpc;
+mod http;
+mod metrics;
+mod repository;
+mod serve;
+mod serving;
+
+pub use serve::{InProcess, ServeArgs};
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// baton: a model-inference server where updating a model is a non-event.
+#[derive(Parser)]
+#[command(name = "baton", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a model repository over KServe V2 (a generated demo repository without --repo).
+    Serve(serve::ServeArgs),
+    /// Write DIR/MANIFEST listing every file of a version with its size and SHA-256.
+    Package {
+        /// The version directory, e.g. models/ranker/3.
+        dir: PathBuf,
+    },
+    /// Show every model's state, versions, last load and last error.
+    Status(#[command(flatten)] cli::Target),
+    /// Load a model's newest version (or --version), following each stage.
+    Load {
+        /// The model.
+        name: String,
+        /// A version to load instead of the newest.
+        #[arg(long)]
+        version: Option<u64>,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Switch a model back to its previous version (a pointer store, no reload).
+    Rollback {
+        /// The model.
+        name: String,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
+    Drill(Box<baton_drill::DrillArgs>),
+    /// Print state transitions and other events as they happen.
+    Events {
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+}
+
+fn package(dir: &std::path::Path) -> anyhow::Result<()> {
+    anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    let manifest = baton_core::manifest::write(dir).with_context(|| format!("packaging {}", dir.display()))?;
+    println!(
+        "Wrote {} listing {} files, {} bytes.",
+        dir.join(baton_core::manifest::MANIFEST).display(),
+        manifest.entries.len(),
+        manifest.total_bytes()
+    );
+    Ok(())
+}
+
+/// The `baton` command: parses the command line and runs what it asks for.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| "info,ort=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Package { dir } => package(&dir),
+        Command::Status(target) => cli::status(&target),
+        Command::Load { name, version, target } => cli::load(&target, &name, version),
+        Command::Rollback { name, target } => cli::rollback(&target, &name),
+        Command::Events { json, target } => cli::events(&target, json),
+        Command::Drill(args) => return baton_drill::run(*args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
