@@ -84,6 +84,12 @@ impl std::fmt::Display for ServeError {
     }
 }
 
+impl From<baton_core::signature::InputError> for ServeError {
+    fn from(e: baton_core::signature::InputError) -> ServeError {
+        ServeError::bad_request(e.kind(), e.to_string())
+    }
+}
+
 impl From<CodecError> for ServeError {
     fn from(e: CodecError) -> ServeError {
         // An output the model produced that cannot be encoded is the server's fault.

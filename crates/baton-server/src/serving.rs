@@ -171,6 +171,28 @@ fn output_bytes(target: &Version, batched: bool, rows: u64) -> u64 {
     target.signature().outputs.iter().filter_map(one).fold(0, u64::saturating_add)
 }
 
+/// The version a request will be queued on, resolved before its tensors
+/// are decoded so that they are checked against its signature and batch
+/// limit first: a request the model cannot take is refused before any
+/// memory is allocated for its tensors. The caller counts the error.
+pub fn target_of(
+    app: &App,
+    snapshot: &Routing,
+    model: &str,
+    version: Option<u64>,
+) -> Result<(Arc<Version>, usize), ServeError> {
+    let target = resolve(app, snapshot, model, version)?;
+    Ok((Arc::clone(target), max_batch_size(target)))
+}
+
+/// Counts a request that reached `target` but whose inputs it cannot take
+/// as one of the version's failures, as Triton's statistics count it, and
+/// gives the error back.
+pub fn refused_by(app: &App, model: &str, target: &Version, arrived: Instant, e: ServeError) -> ServeError {
+    app.metrics.version(model, target.number()).record(arrived.elapsed(), 0, Some(e.kind));
+    e
+}
+
 /// Refuses a request at once, before its body is read, when the version it
 /// names takes no more now. A hint that saves reading a body only to shed
 /// it; admission itself is decided when the request is queued. Counted as

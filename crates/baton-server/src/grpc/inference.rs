@@ -61,9 +61,7 @@ async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> R
     let mut message = MessageRoom { frames: arrival.frames, bytes: request.encoded_len() as u64 };
     let _in_flight = app.admit(&model).inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
     let mut ticket = Ticket::new(app, None);
-    let (version, mut decoded) = receive(app, &model, request, &arrival, &mut ticket, &mut message)
-        .await
-        .inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
+    let (version, mut decoded) = receive(app, &snapshot, &model, request, &arrival, &mut ticket, &mut message).await?;
     let inputs = std::mem::take(&mut decoded.inputs);
     let (target, outputs) = serving::infer(app, &snapshot, &model, version, inputs, &mut ticket).await?;
     let number = target.number();
@@ -75,15 +73,42 @@ async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> R
 
 /// Everything before the request is queued: its version and deadline, and
 /// its decoded tensors within the memory budget, in place of the room its
-/// message's frames held.
+/// message's frames held. Counts what it refuses.
 async fn receive(
     app: &App,
+    snapshot: &baton_core::routing::Routing,
     model: &str,
     request: ModelInferRequest,
     arrival: &Arrival<'_>,
     ticket: &mut Ticket,
     message: &mut MessageRoom<'_>,
 ) -> Result<(Option<u64>, convert::Decoded), ServeError> {
+    let rejected = |e: ServeError| {
+        app.metrics.rejected(model, e.kind);
+        e
+    };
+    let version = version_and_deadline(app, &request, arrival, ticket).map_err(rejected)?;
+    // Checked against the version before any tensor is packed, and the
+    // tensors' room reserved before they are.
+    let (target, max_batch) = serving::target_of(app, snapshot, model, version).map_err(rejected)?;
+    let parsed = convert::parse_request(request).map_err(|e| rejected(e.into()))?;
+    parsed
+        .check(target.signature(), max_batch)
+        .map_err(|e| serving::refused_by(app, model, &target, arrival.at, e.into()))?;
+    ticket.reserve(app, model, parsed.tensor_bytes() as u64).await.map_err(rejected)?;
+    let decoded =
+        serving::work_on(message.bytes as usize, move || parsed.decode()).await.map_err(|e| rejected(e.into()))?;
+    message.release();
+    Ok((version, decoded))
+}
+
+/// The version the request names; sets its deadline.
+fn version_and_deadline(
+    app: &App,
+    request: &ModelInferRequest,
+    arrival: &Arrival<'_>,
+    ticket: &mut Ticket,
+) -> Result<Option<u64>, ServeError> {
     let version = parse_version(&request.model_version)?;
     let asked = match request.parameters.get(deadline::TIMEOUT_PARAMETER).and_then(|p| p.parameter_choice.as_ref()) {
         None => None,
@@ -100,10 +125,7 @@ async fn receive(
         arrival.call_deadline,
         deadline::earliest(deadline::after(arrival.at, asked), deadline::after(arrival.at, app.limits.request_timeout)),
     );
-    let decoded = serving::work_on(message.bytes as usize, move || convert::decode_request(request)).await?;
-    ticket.reserve(app, model, serving::tensor_bytes(&decoded.inputs)).await?;
-    message.release();
-    Ok((version, decoded))
+    Ok(version)
 }
 
 /// The room a message holds among its call's frames, given back once.

@@ -16,7 +16,9 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use baton_protocol::{InferRequest, decode_request, encode_response};
+use baton_core::routing::Routing;
+use baton_core::version::Version;
+use baton_protocol::{InferRequest, encode_response, parse_request};
 
 use super::body;
 use super::error::ApiError;
@@ -105,12 +107,9 @@ struct Call<'a> {
 /// left partly unread.
 async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result<Response, (ApiError, bool)> {
     let Call { app, model, version, .. } = *call;
-    let mut request = receive(call, body, ticket).await.map_err(|(e, unread)| {
-        app.metrics.rejected(model, e.kind);
-        (e, unread)
-    })?;
-    let inputs = std::mem::take(&mut request.inputs);
     let snapshot = app.registry.snapshot();
+    let mut request = receive(call, &snapshot, body, ticket).await?;
+    let inputs = std::mem::take(&mut request.inputs);
     let fail = |e: ApiError| (e, false);
     let (target, outputs) = serving::infer(app, &snapshot, model, version, inputs, ticket).await.map_err(fail)?;
     let (name, number) = (model.to_owned(), target.number());
@@ -133,10 +132,23 @@ async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result
     Ok(response)
 }
 
-/// The body, read within the memory budget and the deadline, and decoded;
-/// the body's room is given back once the tensors are decoded out of it.
-async fn receive(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result<InferRequest, (ApiError, bool)> {
-    let Call { app, model, headers, header_length, arrived, .. } = *call;
+/// The body, read within the memory budget and the deadline, checked
+/// against the version it names and decoded; the tensors' room is reserved
+/// before they are allocated, and the body's is given back once they are
+/// decoded out of it. Counts what it refuses.
+async fn receive(
+    call: &Call<'_>,
+    snapshot: &Routing,
+    body: &mut Body,
+    ticket: &mut Ticket,
+) -> Result<InferRequest, (ApiError, bool)> {
+    let Call { app, model, version, headers, header_length, arrived } = *call;
+    let rejected = |unread: bool| {
+        move |e: ApiError| {
+            app.metrics.rejected(model, e.kind);
+            (e, unread)
+        }
+    };
     let deadline = ticket.deadline;
     let reading = body::read(app, model, headers, body, ticket);
     let body = match deadline {
@@ -146,23 +158,78 @@ async fn receive(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Resul
             Err(deadline::exceeded())
         }),
     }
-    .map_err(|e| (e, true))?;
-    let (body, decoded) = serving::work_on(body.len(), move || {
-        let decoded = decode_request(&body, header_length);
-        (body, decoded)
-    })
-    .await;
-    let decoded = decoded.map_err(ApiError::from).and_then(|request| {
-        let asked = deadline::from_json_parameters(&request.parameters)?;
-        Ok((request, asked))
-    });
-    let (request, asked) = decoded.map_err(|e| (e, false))?;
+    .map_err(rejected(true))?;
+    let (target, max_batch) = serving::target_of(app, snapshot, model, version).map_err(rejected(false))?;
+    let mut body = body;
+    let mut reserved = false;
+    let request = loop {
+        // The memory reservation goes along to the decoding thread, which
+        // grows it by the tensors' bytes, if they fit now, before decoding.
+        let memory = std::mem::replace(&mut ticket.memory, app.budget.empty());
+        let version = Arc::clone(&target);
+        let (returned, memory, outcome) = serving::work_on(body.len(), move || {
+            let mut memory = memory;
+            let outcome = decode_checked(&body, header_length, &version, max_batch, &mut memory, reserved);
+            (body, memory, outcome)
+        })
+        .await;
+        body = returned;
+        ticket.memory = memory;
+        let outcome = outcome.map_err(|refusal| match refusal {
+            Refusal::Malformed(e) => rejected(false)(e),
+            Refusal::ByVersion(e) => (serving::refused_by(app, model, &target, arrived, e), false),
+        })?;
+        match outcome {
+            Decoded::Request(request) => break request,
+            Decoded::NeedsRoom(bytes) => {
+                // Rare: the budget was full. Wait for room, then parse again.
+                ticket.reserve(app, model, bytes).await.map_err(rejected(false))?;
+                reserved = true;
+            }
+        }
+    };
+    let asked = deadline::from_json_parameters(&request.parameters).map_err(rejected(false))?;
     ticket.deadline = deadline::earliest(ticket.deadline, deadline::after(arrived, asked));
-    ticket.reserve(app, model, serving::tensor_bytes(&request.inputs)).await.map_err(|e| (e, false))?;
     let body_bytes = body.len() as u64;
     drop(body);
     ticket.memory.release(body_bytes);
     Ok(request)
+}
+
+/// What decoding a body came to.
+enum Decoded {
+    /// The request, its tensors' room reserved.
+    Request(InferRequest),
+    /// Its tensors need this many bytes more than the budget holds now.
+    NeedsRoom(u64),
+}
+
+/// Why a body was refused: it does not parse, or the version cannot take
+/// its inputs (counted as the version's failure).
+enum Refusal {
+    Malformed(ApiError),
+    ByVersion(ApiError),
+}
+
+/// Parses the body's header, checks it against `target` (inputs, datatypes,
+/// shapes, batch), reserves the tensors' bytes (unless `reserved`), then
+/// decodes the tensors straight into their buffers.
+fn decode_checked(
+    body: &[u8],
+    header_length: Option<usize>,
+    target: &Version,
+    max_batch: usize,
+    memory: &mut crate::budget::Reservation,
+    reserved: bool,
+) -> Result<Decoded, Refusal> {
+    let malformed = |e| Refusal::Malformed(ApiError::from(e));
+    let header = parse_request(body, header_length).map_err(malformed)?;
+    header.check(target.signature(), max_batch).map_err(|e| Refusal::ByVersion(e.into()))?;
+    let bytes = header.tensor_bytes() as u64;
+    if !reserved && !memory.try_grow(bytes) {
+        return Ok(Decoded::NeedsRoom(bytes));
+    }
+    Ok(Decoded::Request(header.decode().map_err(malformed)?))
 }
 
 fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
