@@ -7,7 +7,9 @@
 #
 #   bash bench/request-flood.sh
 #
-# MIB (default 60) and CLIENTS (default 32) size the flood; BATON_SERVE_ARGS
+# MIB (default 60) and CLIENTS (default 32) size the flood; MAX_BATCH sets
+# the MLP's max_batch_size (default 64, which refuses the large requests
+# before their data is decoded; 100000 lets them decode and run); BATON_SERVE_ARGS
 # adds server options (e.g. --request-memory-budget 256MiB); MODELS points
 # at another output of bench/models.py (default .baton/bench/models).
 # Reports go to .baton/bench/results/request-flood.{txt,json}.
@@ -19,6 +21,9 @@ d=.baton/bench/flood
 rm -rf "$d"
 mkdir -p "$d"
 cp -r "$out/baton/mlp" "$d/"
+if [ -n "${MAX_BATCH:-}" ]; then
+  sed -i "s/^max_batch_size = .*/max_batch_size = $MAX_BATCH/" "$d/mlp/model.toml"
+fi
 start_baton "$d"
 {
   echo "# $(date -u +%FT%TZ)  $(nproc) cores  $(git rev-parse --short HEAD 2>/dev/null || echo "(no git)")  baton serve ${BATON_SERVE_ARGS:-}"

@@ -19,9 +19,12 @@ Phases, each reported:
           (baton_request_memory_bytes, read every 20 ms), the answers by
           status, and the small requests' latency percentiles meanwhile.
 
-The large requests exceed the MLP's max_batch_size (64), so a server that
-decodes them answers 400 after decoding: what is measured is what a request
-costs before the model runs, which is what admission control bounds.
+The large requests exceed the MLP's max_batch_size (64), so they are
+answered 400: what is measured is what a request costs before the model
+runs, which is what admission control bounds (a server that checks the
+header first refuses them before decoding their data; one that decodes
+first pays for the decoding). With the model's max_batch_size raised
+(request-flood.sh's MAX_BATCH) they are decoded and run instead.
 """
 
 import argparse

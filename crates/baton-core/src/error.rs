@@ -16,7 +16,7 @@ use crate::source::FetchError;
 /// before commit leaves the serving version untouched.
 #[derive(Debug, Error)]
 pub enum LoadError {
-    /// Another load, rollback or unload of this model is running (R4).
+    /// Another load, rollback or unload of this model is running.
     #[error("a load is already in progress for model '{model}'")]
     InProgress {
         /// The model.

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-/// The state of a model, as R11 names them.
+/// The state of a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum State {
@@ -39,7 +39,7 @@ impl State {
     }
 }
 
-/// A stage of the load transaction (R6).
+/// A stage of the load transaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {

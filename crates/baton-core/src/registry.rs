@@ -128,6 +128,13 @@ struct ModelEntry {
     working_on: Option<u64>,
 }
 
+impl ModelEntry {
+    /// Whether no operation has left anything here.
+    fn is_blank(&self) -> bool {
+        self.state.is_none() && self.last.is_none() && self.last_error.is_none() && self.failed_versions.is_empty()
+    }
+}
+
 /// Shared by the registry handle, the loader, the agent and drain threads.
 pub(crate) struct Inner {
     routing: ArcSwap<Routing>,
@@ -187,6 +194,13 @@ impl Registry {
     /// every model call the request makes.
     pub fn snapshot(&self) -> Snapshot {
         self.inner.routing.load_full()
+    }
+
+    /// Whether the registry knows `model`: it serves a version, or an
+    /// operation on it has run. A name that is in neither (a request or a
+    /// load for a model the source does not have) leaves no trace.
+    pub fn knows(&self, model: &str) -> bool {
+        self.inner.routing.load().model(model).is_some() || self.inner.models.lock().contains_key(model)
     }
 
     /// Subscribes to state transitions and other events.
@@ -286,7 +300,7 @@ impl Registry {
     }
 }
 
-/// The right to run one operation on a model (R4); released on drop, so a
+/// The right to run one operation on a model; released on drop, so a
 /// panic or an early return cannot leave a model stuck busy. An operation's
 /// run drops it on the agent once its last state is applied.
 pub(crate) struct Busy {
@@ -310,8 +324,14 @@ impl Drop for Busy {
     fn drop(&mut self) {
         let (inner, model) = (Arc::clone(&self.inner), std::mem::take(&mut self.model));
         let release = move || {
-            if let Some(entry) = inner.models.lock().get_mut(&model) {
+            let mut models = inner.models.lock();
+            if let Some(entry) = models.get_mut(&model) {
                 entry.busy = false;
+                // An operation refused before it touched the model (a load
+                // of a model the source does not have) leaves no entry.
+                if entry.is_blank() {
+                    models.remove(&model);
+                }
             }
         };
         // Dropped on a lowered thread only when its run was cut short.

@@ -1,7 +1,7 @@
 //! The routing table: everything that must change together, behind one
 //! pointer. A request loads the table once and keeps that snapshot for all it
-//! does (R2); a commit builds a whole new table and publishes it with one
-//! store (R1).
+//! does; a commit builds a whole new table and publishes it with one
+//! store.
 //!
 //! Each table also tells when the last request holding it has finished: it
 //! owns the sending half of a channel whose receiver the registry takes at

@@ -1,29 +1,17 @@
 //! File reads in pieces short enough not to hold a CPU.
 //!
 //! A loading thread runs at the lowest CPU priority so that a serving
-//! thread woken on its CPU takes that CPU at once. In user space it does:
-//! the kernel preempts the loader as soon as the serving thread is
-//! runnable. Inside a system call it does not, on kernels built without
-//! kernel preemption (`PREEMPT_NONE`, the default of the benchmark
-//! machine's 6.18 kernel): the loader keeps the CPU until the kernel
-//! reaches one of its scheduling points. A `read` or `pread` of a large
-//! range from the page cache reaches them seldom. Measured on the
-//! benchmark machine (`bench/read_beside.py`, docs/benchmarks-notebook.md §3, "Long
-//! reads"): a `SCHED_IDLE` process on one CPU reading a model file 256 MiB
-//! at a time made a normal-priority process on the same CPU, sleeping 1 ms
-//! in a loop, wake a median 0.8–0.9 ms late (p99 10–11 ms); reading 128 KiB
-//! at a time, 0.11–0.13 ms (p99 0.17–0.74 ms), as with no reader at all.
-//! In a drill, the MLP's p90 while the 480 MiB model was validated went
-//! from 1.38 ms to 0.63 ms (steady: 0.64–0.75 ms). That the
-//! kernel's read loop gives up the CPU only between batches of cached
-//! pages, and that with large folios a batch spans megabytes, is the
-//! likely reason, not checked in the kernel's source.
+//! thread woken on its CPU takes that CPU at once. In user space it does;
+//! inside a system call it does not on kernels built without kernel
+//! preemption (`PREEMPT_NONE`): a `read` of a large range from the page
+//! cache keeps the CPU until the kernel reaches one of its few scheduling
+//! points, and the serving thread waits. Reads in short pieces give the
+//! kernel such a point after each piece.
 //!
 //! So code that runs on a loading thread reads files through these
-//! functions, at most [`PIECE`] bytes per system call. The cost is one
-//! system call per piece: for the 480 MiB benchmark model, about 3,800
-//! more, which at a few microseconds each is an estimated few
-//! milliseconds of a load that takes seconds (not measured apart).
+//! functions, at most [`PIECE`] bytes per system call; the cost is one
+//! system call per piece. The measurements behind the piece size are in
+//! docs/benchmarks-notebook.md, "Long reads".
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};

@@ -60,8 +60,8 @@ impl App {
     /// Shared state around a registry.
     pub fn new(registry: Registry, limits: ServerLimits) -> App {
         App {
+            metrics: Metrics::for_registry(registry.clone()),
             registry,
-            metrics: Metrics::default(),
             max_request_bytes: limits.max_request_bytes,
             limits,
             budget: Budget::new(limits.memory_budget),

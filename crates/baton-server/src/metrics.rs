@@ -154,6 +154,10 @@ pub struct Metrics {
     expired: Mutex<BTreeMap<(String, &'static str), u64>>,
     loads: Mutex<LoadMetrics>,
     inflight: AtomicI64,
+    /// The names that may label a request's series: those the registry
+    /// knows. Requests for any other name are counted under `model=""`,
+    /// so a client cannot create series by naming models.
+    known: Option<Registry>,
 }
 
 fn escape(value: &str) -> String {
@@ -170,6 +174,20 @@ impl Drop for InFlight<'_> {
 }
 
 impl Metrics {
+    /// Metrics whose request series are labelled only with the names
+    /// `registry` knows.
+    pub fn for_registry(registry: Registry) -> Metrics {
+        Metrics { known: Some(registry), ..Metrics::default() }
+    }
+
+    /// `model`, if it may label a series; `""` otherwise.
+    fn label<'a>(&self, model: &'a str) -> &'a str {
+        match &self.known {
+            Some(registry) if !registry.knows(model) => "",
+            _ => model,
+        }
+    }
+
     /// The series of one model version, created on first use.
     pub fn version(&self, model: &str, version: u64) -> Arc<VersionMetrics> {
         let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
@@ -190,7 +208,8 @@ impl Metrics {
 
     /// Counts a request refused before it reached a version.
     pub fn rejected(&self, model: &str, kind: &'static str) {
-        *self.rejected.lock().unwrap_or_else(|e| e.into_inner()).entry((model.to_owned(), kind)).or_default() += 1;
+        let model = self.label(model).to_owned();
+        *self.rejected.lock().unwrap_or_else(|e| e.into_inner()).entry((model, kind)).or_default() += 1;
     }
 
     /// Marks a request in flight until the guard drops, unless `max` are
@@ -205,13 +224,15 @@ impl Metrics {
     /// `queue_full`, `version_in_flight`, `server_in_flight` or
     /// `memory_budget`.
     pub fn shed(&self, model: &str, reason: &'static str) {
-        *self.shed.lock().unwrap_or_else(|e| e.into_inner()).entry((model.to_owned(), reason)).or_default() += 1;
+        let model = self.label(model).to_owned();
+        *self.shed.lock().unwrap_or_else(|e| e.into_inner()).entry((model, reason)).or_default() += 1;
     }
 
     /// Counts a request whose deadline passed: `at` is `arrival`, `queued`
     /// or `running`.
     pub fn expired(&self, model: &str, at: &'static str) {
-        *self.expired.lock().unwrap_or_else(|e| e.into_inner()).entry((model.to_owned(), at)).or_default() += 1;
+        let model = self.label(model).to_owned();
+        *self.expired.lock().unwrap_or_else(|e| e.into_inner()).entry((model, at)).or_default() += 1;
     }
 
     /// Feeds one registry event into the load metrics.

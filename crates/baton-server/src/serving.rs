@@ -128,9 +128,8 @@ impl Ticket {
 }
 
 /// Work on a request's bytes above this size — decoding a body, encoding an
-/// answer — runs on tokio's blocking pool rather than on an async worker:
-/// decoding a 60 MiB JSON body takes most of a second, during which the
-/// worker would answer nothing else. Below it the hand-off would cost more
+/// answer — runs on tokio's blocking pool rather than on an async worker,
+/// which would answer nothing else meanwhile. Below it the hand-off would cost more
 /// than the work.
 pub const INLINE_WORK_BYTES: usize = 1 << 20;
 

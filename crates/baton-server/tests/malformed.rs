@@ -5,7 +5,8 @@
 //! not have, batches over `max_batch_size`, bad version numbers (400);
 //! unknown models and versions (404); models in the repository that do not
 //! serve (503); bodies over `--max-request-bytes` (413); a second load while
-//! one runs (409). Bad requests never affect the others: a valid request
+//! one runs (409). Unknown names leave no registry entry and no metric
+//! series. Bad requests never affect the others: a valid request
 //! still gets the right answer afterwards and the server never panics.
 
 mod common;
@@ -402,5 +403,46 @@ fn a_second_load_while_one_runs_is_409() {
     let want = big.forward(&input, 1);
     let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
     assert!(baton_testkit::max_diff(&output, &want) < common::TOLERANCE * scale, "{output:?} vs {want:?}");
+    assert_no_panic(&server);
+}
+
+/// Requests, loads and management calls that name models the repository
+/// does not have are 404, every time, and leave nothing behind: no
+/// registry entry (status stays 404), no metric series named after them.
+#[test]
+fn unknown_names_leave_no_state() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_serving("m", 1);
+    let input = sample_input(SIZES[0], 1, 4);
+    let body = common::request(&input, 1);
+    let names: Vec<String> = (0..20).map(|i| format!("ghost{i}")).collect();
+    for round in 0..2 {
+        for name in &names {
+            let what = format!("round {round}, {name}");
+            let infer = server.post_json(&format!("/v2/models/{name}/infer"), &body);
+            assert_error(&infer, 404, &[&format!("unknown model '{name}'")], &what);
+            let load = server.post_json(&format!("/v2/repository/models/{name}/load"), &json!({}));
+            assert_error(&load, 404, &[name.as_str()], &what);
+            for op in ["load", "rollback"] {
+                let answer = server.post_json(&format!("/baton/v1/models/{name}/{op}"), &json!({}));
+                assert_eq!(answer.status, 404, "{what}, {op}: {}", String::from_utf8_lossy(&answer.body));
+            }
+            assert_eq!(server.get(&format!("/baton/v1/models/{name}/status")).status, 404, "{what}: status");
+        }
+    }
+    let status = server.get("/baton/v1/status").json();
+    let listed = status.to_string();
+    assert!(!listed.contains("ghost"), "the server's status lists no unknown model: {listed}");
+    let text = server.metrics();
+    assert!(!text.contains("ghost"), "no series is named after an unknown model");
+    let refused = "baton_inference_errors_total{model=\"\",version=\"\",kind=\"model_not_found\"}";
+    assert_eq!(metric(&text, refused), Some(names.len() as f64 * 2.0), "they are counted, under model=\"\"");
+    // The known model is untouched and still counted under its own name.
+    assert_eq!(infer(&server, "m", &input, 1).0, 1);
+    let text = server.metrics();
+    assert_eq!(metric(&text, "baton_inference_requests_total{model=\"m\",version=\"1\"}"), Some(1.0));
     assert_no_panic(&server);
 }

@@ -1,4 +1,4 @@
-//! One load per model at a time (R4), and loading never stands in the way of
+//! One load per model at a time, and loading never stands in the way of
 //! serving or of another model's rollback. Loads are held at a gate in the
 //! fake backend, so the overlap is certain rather than a matter of timing.
 

@@ -1,4 +1,4 @@
-//! Deferred release (R3): a replaced version stays alive while a request
+//! Deferred release: a replaced version stays alive while a request
 //! holds it, is freed when that request ends, and the memory that came back
 //! is measured. A drain that times out reports its stragglers.
 

@@ -1,4 +1,4 @@
-//! The state machine (R11): every transition of a load, a failed load and an
+//! The state machine: every transition of a load, a failed load and an
 //! unload arrives as an event, with the durations of the stages so far; and
 //! the loader runs at a lower CPU priority than the threads that serve.
 //!

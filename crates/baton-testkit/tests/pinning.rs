@@ -1,4 +1,4 @@
-//! Version pinning (R2): a request keeps the routing table it started with
+//! Version pinning: a request keeps the routing table it started with
 //! for every model call it makes, even when a swap lands in between.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The residual metric (R12) against what really happened to memory: a
+//! The residual metric against what really happened to memory: a
 //! version that leaks its memory on every free shows up as residual of
 //! that size per swap, and versions that give everything back add up to
 //! (almost) nothing, swap after swap.

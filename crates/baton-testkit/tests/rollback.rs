@@ -1,4 +1,4 @@
-//! Rollback (R5): the previous version stays loaded, so going back is one
+//! Rollback: the previous version stays loaded, so going back is one
 //! pointer store — no fetch, no load, no warmup — and the stages say so.
 
 use std::sync::Arc;

@@ -32,7 +32,7 @@ mod session;
 mod spawn;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -44,6 +44,7 @@ use crate::admission::{Limits, Load};
 use crate::backend::Model;
 use crate::batcher::{Batching, rows_of};
 use crate::error::{Expired, InferError};
+use crate::sync::Lock;
 use crate::tensor::Tensor;
 
 /// The answer to one request.
@@ -79,7 +80,7 @@ impl Job {
 
 /// What the session threads and the submitting side share.
 struct Shared {
-    state: Mutex<State>,
+    state: Lock<State>,
     /// Session thread `i` waits on `work[i]` for work: a new request wakes
     /// exactly one idle thread, one whose instance is free.
     work: Vec<Condvar>,
@@ -104,10 +105,6 @@ struct State {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Wakes the thread of a free instance, if there is one, to take work.
     fn wake_one(&self, state: &State) {
         if let Some(&instance) = state.free.last() {
@@ -117,7 +114,7 @@ impl Shared {
 
     /// Takes a job back out of the queue; `true` if it was still there.
     fn withdraw(&self, id: u64) -> bool {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let Some(at) = state.jobs.iter().position(|j| j.id == id) else { return false };
         let job = state.jobs.remove(at);
         if state.gathering {
@@ -150,7 +147,7 @@ impl Executor {
     ) -> Executor {
         let instances = engine.instances().max(1);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
+            state: Lock::new(State {
                 jobs: VecDeque::new(),
                 running: 0,
                 free: Vec::with_capacity(instances),
@@ -171,7 +168,7 @@ impl Executor {
                 match spawn::spawn(Box::new(serve)) {
                     Ok(thread) => {
                         // Free from the start; its thread waits for work.
-                        shared.lock().free.push(instance);
+                        shared.state.lock().free.push(instance);
                         Some(thread)
                     }
                     Err(error) => {
@@ -202,14 +199,14 @@ impl Executor {
 
     /// What the version holds now.
     pub fn load(&self) -> Load {
-        let state = self.shared.lock();
+        let state = self.shared.state.lock();
         Load { queued: state.jobs.len(), running: state.running }
     }
 
     /// Whether a request would be admitted now. A hint, for refusing a
     /// request before its body is read; [`Executor::submit`] decides.
     pub fn would_admit(&self) -> bool {
-        let state = self.shared.lock();
+        let state = self.shared.state.lock();
         self.shared.limits.admit(state.jobs.len(), state.running, state.free.len()).is_ok()
     }
 
@@ -232,7 +229,7 @@ impl Executor {
         if deadline.is_some_and(|d| d <= Instant::now()) {
             return Err(Refusal::Expired);
         }
-        let mut state = self.shared.lock();
+        let mut state = self.shared.state.lock();
         if state.closed || self.threads.is_empty() {
             return Err(Refusal::Stopped);
         }
@@ -265,7 +262,7 @@ impl Executor {
         let started = Instant::now();
         let answer = session::run_one(self.engine.as_ref(), instance, inputs);
         self.shared.cost.record(rows_of(inputs), started.elapsed());
-        let mut state = self.shared.lock();
+        let mut state = self.shared.state.lock();
         state.running -= 1;
         state.free.push(instance);
         if !state.jobs.is_empty() {
@@ -289,7 +286,7 @@ impl Executor {
 
     fn close(&self) {
         let jobs = {
-            let mut state = self.shared.lock();
+            let mut state = self.shared.state.lock();
             state.closed = true;
             std::mem::take(&mut state.jobs)
         };

@@ -21,7 +21,7 @@ pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize) {
         {
             // Counted out before the answers go, so a client that sends its
             // next request as soon as it has this answer finds the room.
-            let mut state = shared.lock();
+            let mut state = shared.state.lock();
             state.running -= count;
             state.free.push(instance);
         }
@@ -66,7 +66,7 @@ pub(super) fn run_one(engine: &dyn Model, instance: usize, inputs: &[Tensor]) ->
 /// executor closes. Requests whose deadline has passed, or whose client
 /// stopped waiting, are taken out of the queue here and never run.
 fn next(shared: &Shared, instance: usize) -> Option<Vec<Job>> {
-    let mut state = shared.lock();
+    let mut state = shared.state.lock();
     loop {
         while !state.closed && (state.jobs.is_empty() || state.gathering || !state.free.contains(&instance)) {
             state = shared.work[instance].wait(state).unwrap_or_else(|e| e.into_inner());
@@ -98,7 +98,7 @@ fn next(shared: &Shared, instance: usize) -> Option<Vec<Job>> {
         if !batch.is_empty() {
             return Some(batch);
         }
-        state = shared.lock();
+        state = shared.state.lock();
     }
 }
 

@@ -1,4 +1,4 @@
-//! The load transaction (R6): fetch → verify → load → validate → warmup →
+//! The load transaction: fetch → verify → load → validate → warmup →
 //! commit → drain, and the three shorter operations built from its last
 //! stages, rollback, retire and unload.
 //!
@@ -6,7 +6,7 @@
 //! build thread; the first failure stops the transaction, leaves the routing
 //! table untouched and returns an error naming the stage. Commit is one
 //! store. Drain runs on a thread of its own so the loader can start the next
-//! model's load meanwhile; the model stays busy (R4) until its drain ends.
+//! model's load meanwhile; the model stays busy until its drain ends.
 //!
 //! A run changes registry state only through the agent ([`crate::agent`]):
 //! each transition, the report and the reply are jobs it applies in order.
@@ -29,6 +29,7 @@ use crate::heap::HeapLease;
 use crate::manifest;
 use crate::registry::{Busy, Failure, Inner, LoadReport, Operation, Reply};
 use crate::routing::{ModelRoute, Snapshot};
+use crate::source::{FetchError, Presence};
 use crate::version::{Version, VersionParts};
 
 /// Tracks one operation: its stages, their durations, the model's state.
@@ -223,6 +224,16 @@ fn drain(old: Snapshot, timeout: Duration) -> (usize, bool) {
 /// [`crate::heap`]) at the loader's priority, up to the commit, which it
 /// hands to the agent. `heap` goes into the version.
 pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: Reply, heap: HeapLease) {
+    if let Some(error) = unknown_model(&inner, &busy.model) {
+        // Refused before any state, event or record: the model is freed
+        // (and its blank entry dropped) on the agent, then the caller told.
+        let agent = inner.agent.clone();
+        agent.send(move || {
+            drop(busy);
+            let _ = reply.send(Err(error));
+        });
+        return;
+    }
     let mut run = Run::new(inner, busy, Operation::Load);
     let outcome = catch_unwind(AssertUnwindSafe(|| prepare(&mut run, version, heap)));
     let prepared = match outcome {
@@ -250,6 +261,18 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
     // Published on the agent, at serving priority; see the module's documentation.
     let agent = run.inner.agent.clone();
     agent.send(move || run.commit_then_drain(change, finish));
+}
+
+/// The error for a model the table does not serve and the source says is
+/// not there; `None` when either knows it (or the source cannot tell).
+fn unknown_model(inner: &Inner, model: &str) -> Option<LoadError> {
+    if inner.current().model(model).is_some() || inner.source.presence(model, None) != Presence::Missing {
+        return None;
+    }
+    match inner.source.spec(model) {
+        Err(e @ FetchError::ModelNotFound { .. }) => Some(e.into()),
+        _ => None,
+    }
 }
 
 type Prepared = (Arc<Version>, usize, Duration);

@@ -1,4 +1,4 @@
-//! The warmup stage (R9): run representative inputs through every instance
+//! The warmup stage: run representative inputs through every instance
 //! of the candidate before it sees traffic, so the first real request finds
 //! caches warm and memory allocated, and a model that fails or is too slow on
 //! realistic inputs never gets committed.

@@ -531,8 +531,10 @@ mod tests {
             // 200 quanta of CPU time: with every CPU wanted, the looks
             // find others waiting.
             spin_for(StepAside::STANDARD.quantum * 200);
-            let steps = STEPS_HERE.get();
+            // Counted once the guard is gone: a tick that lands while it
+            // is being dropped still belongs to the armed time.
             drop(armed);
+            let steps = STEPS_HERE.get();
             spin_for(StepAside::STANDARD.quantum * 40);
             (steps, STEPS_HERE.get() - steps, paused_here())
         });
