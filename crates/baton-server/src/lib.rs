@@ -7,6 +7,7 @@ mod app;
 mod budget;
 mod cli;
 mod deadline;
+mod decisions;
 mod error;
 mod grpc;
 mod http;
@@ -14,6 +15,7 @@ mod metrics;
 mod repository;
 mod serve;
 mod serving;
+mod status;
 
 pub use serve::{InProcess, ServeArgs};
 
@@ -59,6 +61,22 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
+    /// Pin a model to a version: it serves until unpinned, whatever is published.
+    Pin {
+        /// The model.
+        name: String,
+        /// The version.
+        version: u64,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Remove a model's pin: its newest version serves again.
+    Unpin {
+        /// The model.
+        name: String,
+        #[command(flatten)]
+        target: cli::Target,
+    },
     /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
     Drill(Box<baton_drill::DrillArgs>),
     /// Print state transitions and other events as they happen.
@@ -98,6 +116,8 @@ pub fn main() -> ExitCode {
         Command::Status(target) => cli::status(&target),
         Command::Load { name, version, target } => cli::load(&target, &name, version),
         Command::Rollback { name, target } => cli::rollback(&target, &name),
+        Command::Pin { name, version, target } => cli::pin(&target, &name, version),
+        Command::Unpin { name, target } => cli::unpin(&target, &name),
         Command::Events { json, target } => cli::events(&target, json),
         Command::Drill(args) => return baton_drill::run(*args),
     };
