@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model repository over KServe V2 (a generated demo repository without --repo).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Write DIR/MANIFEST listing every file of a version with its size and SHA-256.
     Package {
         /// The version directory, e.g. models/ranker/3.
@@ -111,7 +111,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Package { dir } => package(&dir),
         Command::Status(target) => cli::status(&target),
         Command::Load { name, version, target } => cli::load(&target, &name, version),

@@ -76,7 +76,10 @@ fn a_rollback_survives_a_restart_until_a_newer_version_is_published() {
     // Answered only once the decision is on disk.
     let state = state_file(&in_repository(&repo));
     let decision = &state["models"]["m"];
-    assert_eq!((&decision["kind"], &decision["version"], &decision["yields_to"]), (&json!("rollback"), &json!(1), &json!(2)));
+    assert_eq!(
+        (&decision["kind"], &decision["version"], &decision["yields_to"]),
+        (&json!("rollback"), &json!(1), &json!(2))
+    );
     assert!(decision["at"].as_u64().is_some_and(|at| at > 1_600_000_000), "{decision}");
     assert!(server.terminate().success());
 
@@ -140,7 +143,12 @@ fn a_pin_holds_against_newer_versions_and_restarts_until_unpinned_with_the_token
     let refused = send(&url, "DELETE", "/baton/v1/models/m/pin", &json!({}), &[]);
     assert_eq!(refused.status, 401, "unpin without the token");
     let missing = send(&url, "PUT", "/baton/v1/models/m/pin", &json!({ "version": 9 }), &[("authorization", &auth)]);
-    assert_eq!((missing.status, missing.json()["kind"].clone()), (404, json!("version_not_found")), "{}", missing.error());
+    assert_eq!(
+        (missing.status, missing.json()["kind"].clone()),
+        (404, json!("version_not_found")),
+        "{}",
+        missing.error()
+    );
     runtime().block_on(async {
         let (_, mut management) = clients_at(server.grpc_address()).await;
         let pin = pb_baton::PinRequest { model: "m".into(), version: 1 };

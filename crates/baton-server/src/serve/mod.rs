@@ -384,12 +384,7 @@ fn decisions(args: &ServeArgs, root: &std::path::Path) -> anyhow::Result<Decisio
     Ok(decisions)
 }
 
-fn app(
-    root: &std::path::Path,
-    args: &ServeArgs,
-    backends: Vec<Arc<dyn Backend>>,
-    decisions: Decisions,
-) -> Arc<App> {
+fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions: Decisions) -> Arc<App> {
     let registry = Registry::new(
         Arc::new(LocalRepository::new(root)),
         backends,

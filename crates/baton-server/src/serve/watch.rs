@@ -228,7 +228,11 @@ impl Watcher {
                             "A new version appeared in the repository; the operator's decision holds, so it is not loaded."
                         );
                     } else {
-                        tracing::info!(model, version = newest, "A new version appeared in the repository; loading it.");
+                        tracing::info!(
+                            model,
+                            version = newest,
+                            "A new version appeared in the repository; loading it."
+                        );
                         if let Err(error) = registry.load(model, Some(newest)) {
                             self.forget(model, newest, &error);
                         }
