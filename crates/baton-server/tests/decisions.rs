@@ -5,6 +5,8 @@
 //! unpin need the admin token. A state file that cannot be parsed keeps
 //! baton from starting; `--state-dir` keeps the file out of the repository,
 //! and a file that cannot be written is reported with `state_write_failed`.
+//! Explicit model control restores decisions too, drops one whose version
+//! is gone, and the event stream tells of decisions that end.
 
 mod common;
 
@@ -241,4 +243,48 @@ fn set_read_only(dir: &Path, read_only: bool) {
     use std::os::unix::fs::PermissionsExt;
     let mode = if read_only { 0o555 } else { 0o755 };
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn explicit_mode_restores_decisions_and_drops_one_whose_version_is_gone() {
+    let repo = TestRepo::new();
+    for name in ["m", "n"] {
+        repo.add_model(name, &baton_testkit::repo::mlp_toml(&mlp(1), KEEP));
+        for v in [1, 2] {
+            repo.publish_mlp(name, v, &mlp(v));
+        }
+    }
+    // As an operator (or an earlier server) would have written it.
+    let state = json!({ "version": 1, "models": {
+        "m": { "kind": "rollback", "version": 1, "at": 1_767_312_000, "yields_to": 2 },
+        "n": { "kind": "load", "version": 7, "at": 1_767_312_000, "yields_to": 7 },
+    }});
+    std::fs::write(in_repository(&repo), serde_json::to_string_pretty(&state).unwrap()).unwrap();
+    let server = start(&repo, &["--model-control", "explicit"]);
+    // Neither is named with --load-model; both load, as their decisions say.
+    server.wait_settled("m", 1);
+    server.wait_settled("n", 2);
+    wait_logged(&server, &["cannot be restored", "version 7 is not in the repository"]);
+    let file = state_file(&in_repository(&repo));
+    assert_eq!(file["models"].as_object().map(|m| m.keys().cloned().collect::<Vec<_>>()), Some(vec!["m".into()]));
+
+    // Loading the newest version returns the model to the normal choice,
+    // and says so on the event stream.
+    runtime().block_on(async {
+        let (_, mut management) = clients_at(server.grpc_address()).await;
+        let events = within("Events", management.events(pb_baton::EventsRequest { model: "m".into() })).await;
+        let mut events = events.expect("Events").into_inner();
+        let load = post_with(server.base(), "/baton/v1/models/m/load", &json!({}), &[]);
+        assert_eq!(load.status, 200, "{}", load.error());
+        loop {
+            let event = within("a decision event", events.message()).await.expect("the stream").expect("an event");
+            if event.kind == "decision" {
+                let json: Value = serde_json::from_str(&event.json).unwrap();
+                assert_eq!((&json["change"], &json["decision"]), (&json!("removed"), &json!("rollback")), "{json}");
+                break;
+            }
+        }
+    });
+    assert_eq!(state_file(&in_repository(&repo))["models"], json!({}));
+    common::assert_no_panic(&server);
 }
