@@ -158,13 +158,11 @@ pub async fn pin(app: &Arc<App>, model: &str, version: u64) -> Result<Value, Ser
         ));
     }
     let serving = app.registry.snapshot().model(model).map(|r| r.stable.number());
-    let report = match serving == Some(version) {
-        true => None,
-        false => Some(app.registry.load(model, Some(version))?.finished().await?),
-    };
+    let report =
+        if serving == Some(version) { None } else { Some(app.registry.load(model, Some(version))?.finished().await?) };
     let decision = Decision { kind: Kind::Pin, version: Some(version), at: now(), yields_to: None };
-    let (app2, name) = (Arc::clone(app), model.to_owned());
-    blocking(move || app2.decisions.apply(&app2.registry, &name, Change::Recorded(decision)))
+    let (shared, name) = (Arc::clone(app), model.to_owned());
+    blocking(move || shared.decisions.apply(&shared.registry, &name, Change::Recorded(decision)))
         .await
         .map_err(|e| not_recorded("pin", &e))?;
     Ok(answer(app, model, report.as_ref()))
@@ -193,9 +191,10 @@ pub async fn unpin(app: &Arc<App>, model: &str) -> Result<Value, ServeError> {
         .map_err(|e| not_recorded("unpin", &e))?
     };
     let serving = app.registry.snapshot().model(model).map(|r| r.stable.number());
-    let report = match newest.is_some() && serving != newest {
-        true => Some(app.registry.load(model, newest)?.finished().await?),
-        false => None,
+    let report = if newest.is_some() && serving != newest {
+        Some(app.registry.load(model, newest)?.finished().await?)
+    } else {
+        None
     };
     Ok(answer(app, model, report.as_ref()))
 }
