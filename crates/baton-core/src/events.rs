@@ -218,6 +218,22 @@ pub enum EventKind {
         /// RSS after the free minus the footprint of every live version.
         unaccounted: u64,
     },
+    /// An operator's decision about what a model serves (a rollback, the
+    /// load of an older version, an unload, a pin) was recorded, or ended.
+    /// The front end that keeps such decisions says what they are; the core
+    /// only carries the news.
+    Decision {
+        /// `recorded`, `removed` (by the operator), `superseded` (a newer
+        /// version was published) or `dropped` (it could not be restored).
+        change: String,
+        /// `rollback`, `load`, `unload` or `pin`.
+        decision: String,
+        /// For a decision other than a pin: it holds until a version newer
+        /// than this one is published.
+        yields_to: Option<u64>,
+        /// What happened, for people.
+        message: String,
+    },
 }
 
 /// Receiving end of the event stream.

@@ -208,6 +208,13 @@ impl Registry {
         self.inner.events.subscribe()
     }
 
+    /// Sends an event about `model` to every subscriber, for what a front
+    /// end decides beside the registry's own operations (an operator's
+    /// recorded decision, say).
+    pub fn announce(&self, model: &str, version: Option<u64>, kind: EventKind) {
+        self.inner.emit(model, version, kind);
+    }
+
     /// The source versions are loaded from.
     pub fn source(&self) -> &Arc<dyn Source> {
         &self.inner.source

@@ -9,6 +9,7 @@ use std::time::Duration;
 use baton_core::registry::Registry;
 
 use crate::budget::Budget;
+use crate::decisions::Decisions;
 use crate::error::ServeError;
 use crate::metrics::{InFlight, Metrics};
 
@@ -49,6 +50,8 @@ pub struct App {
     pub limits: ServerLimits,
     /// The budget of request bytes in flight.
     pub budget: Arc<Budget>,
+    /// Operators' decisions about what models serve, kept across restarts.
+    pub decisions: Arc<Decisions>,
     draining: AtomicBool,
     /// Whether the repository has been listed once, so `required` is known.
     listed: AtomicBool,
@@ -57,11 +60,12 @@ pub struct App {
 }
 
 impl App {
-    /// Shared state around a registry.
-    pub fn new(registry: Registry, limits: ServerLimits) -> App {
+    /// Shared state around a registry and the decisions in force.
+    pub fn new(registry: Registry, limits: ServerLimits, decisions: Decisions) -> App {
         App {
             metrics: Metrics::for_registry(registry.clone()),
             registry,
+            decisions: Arc::new(decisions),
             max_request_bytes: limits.max_request_bytes,
             limits,
             budget: Budget::new(limits.memory_budget),

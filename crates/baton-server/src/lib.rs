@@ -7,6 +7,7 @@ mod app;
 mod budget;
 mod cli;
 mod deadline;
+mod decisions;
 mod error;
 mod grpc;
 mod http;
@@ -14,6 +15,7 @@ mod metrics;
 mod repository;
 mod serve;
 mod serving;
+mod status;
 
 pub use serve::{InProcess, ServeArgs};
 
@@ -34,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model repository over KServe V2 (a generated demo repository without --repo).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Write DIR/MANIFEST listing every file of a version with its size and SHA-256.
     Package {
         /// The version directory, e.g. models/ranker/3.
@@ -54,6 +56,22 @@ enum Command {
     },
     /// Switch a model back to its previous version (a pointer store, no reload).
     Rollback {
+        /// The model.
+        name: String,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Pin a model to a version: it serves until unpinned, whatever is published.
+    Pin {
+        /// The model.
+        name: String,
+        /// The version.
+        version: u64,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Remove a model's pin: its newest version serves again.
+    Unpin {
         /// The model.
         name: String,
         #[command(flatten)]
@@ -93,11 +111,13 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Package { dir } => package(&dir),
         Command::Status(target) => cli::status(&target),
         Command::Load { name, version, target } => cli::load(&target, &name, version),
         Command::Rollback { name, target } => cli::rollback(&target, &name),
+        Command::Pin { name, version, target } => cli::pin(&target, &name, version),
+        Command::Unpin { name, target } => cli::unpin(&target, &name),
         Command::Events { json, target } => cli::events(&target, json),
         Command::Drill(args) => return baton_drill::run(*args),
     };

@@ -259,7 +259,7 @@ impl Metrics {
                     loads.residual_last.insert((model, version), *residual);
                 }
             }
-            EventKind::Transition { .. } | EventKind::DrainTimedOut { .. } => {}
+            EventKind::Transition { .. } | EventKind::DrainTimedOut { .. } | EventKind::Decision { .. } => {}
         }
     }
 

@@ -88,11 +88,20 @@ impl Client {
 
     /// POST a JSON body, read a JSON answer.
     pub fn post_json(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        let mut request = self.agent.post(&self.url(path)).header("content-type", "application/json");
+        self.send_json(ureq::http::Method::POST, path, body)
+    }
+
+    /// Sends a JSON body with `method` (POST, PUT, DELETE), reads a JSON answer.
+    pub fn send_json(&self, method: ureq::http::Method, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let mut request = ureq::http::Request::builder()
+            .method(method)
+            .uri(self.url(path))
+            .header("content-type", "application/json");
         if let Some(value) = &self.authorization {
             request = request.header("authorization", value);
         }
-        self.read(path, request.send(body.to_string()))
+        let request = request.body(body.to_string()).context("building a request")?;
+        self.read(path, self.agent.run(request))
     }
 
     /// Opens the event stream; returns its lines as they arrive.

@@ -1,7 +1,8 @@
 //! The commands that talk to a running server over HTTP: `status`, `load`,
-//! `rollback`, `events`. `load` and `rollback` go to the admin listener when
-//! one is named (`--admin-url`), and every command sends the admin token
-//! when one is given (`--token-file`, or `BATON_TOKEN` holding the token).
+//! `rollback`, `pin`, `unpin`, `events`. The management ones (`load`,
+//! `rollback`, `pin`, `unpin`) go to the admin listener when one is named
+//! (`--admin-url`), and every command sends the admin token when one is
+//! given (`--token-file`, or `BATON_TOKEN` holding the token).
 
 mod client;
 mod render;
@@ -20,7 +21,8 @@ pub struct Target {
     #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
     /// The REST address of the server's admin listener (`baton serve
-    /// --admin-http`), where `load` and `rollback` go; without it, --url.
+    /// --admin-http`), where `load`, `rollback`, `pin` and `unpin` go;
+    /// without it, --url.
     #[arg(long, env = "BATON_ADMIN_URL")]
     pub admin_url: Option<String>,
     /// A file holding the admin token (the server's --admin-token-file).
@@ -105,6 +107,22 @@ pub fn load(target: &Target, model: &str, version: Option<u64>) -> anyhow::Resul
 pub fn rollback(target: &Target, model: &str) -> anyhow::Result<()> {
     let report = target.admin()?.post_json(&format!("/baton/v1/models/{model}/rollback"), &json!({}))?;
     println!("{}", render::report(&report));
+    Ok(())
+}
+
+/// `baton pin NAME VERSION`.
+pub fn pin(target: &Target, model: &str, version: u64) -> anyhow::Result<()> {
+    let path = format!("/baton/v1/models/{model}/pin");
+    let answer = target.admin()?.send_json(ureq::http::Method::PUT, &path, &json!({ "version": version }))?;
+    println!("{}", render::decision(&answer));
+    Ok(())
+}
+
+/// `baton unpin NAME`.
+pub fn unpin(target: &Target, model: &str) -> anyhow::Result<()> {
+    let path = format!("/baton/v1/models/{model}/pin");
+    let answer = target.admin()?.send_json(ureq::http::Method::DELETE, &path, &json!({}))?;
+    println!("{}", render::decision(&answer));
     Ok(())
 }
 

@@ -101,6 +101,24 @@ pub fn report(report: &Value) -> String {
     text
 }
 
+/// The answer to a pin or unpin: what serves, and the decision in force.
+pub fn decision(answer: &Value) -> String {
+    let model = answer["model"].as_str().unwrap_or("?");
+    let held = match answer["decision"]["kind"].as_str() {
+        Some(kind) => format!(
+            "; {kind} of version {} {}",
+            version(&answer["decision"]["version"]),
+            answer["decision"]["holds"].as_str().unwrap_or_default()
+        ),
+        None => "; no decision in force, it follows the newest version".to_owned(),
+    };
+    let mut text = format!("{model}: version {} serving{held}", version(&answer["serving"]));
+    if !answer["report"].is_null() {
+        text.push_str(&format!("\n{}", report(&answer["report"])));
+    }
+    text
+}
+
 /// One event as a line of text.
 pub fn event_line(event: &Value) -> String {
     let at = event["at"].as_f64().unwrap_or_default();
@@ -129,6 +147,12 @@ pub fn event_line(event: &Value) -> String {
             event["held"], event["returned"], event["residual"], event["unaccounted"]
         ),
         "drain_timed_out" => format!("drain timed out, {} stragglers", event["stragglers"]),
+        "decision" => format!(
+            "decision {} ({}): {}",
+            event["change"].as_str().unwrap_or("?"),
+            event["decision"].as_str().unwrap_or("?"),
+            event["message"].as_str().unwrap_or("?")
+        ),
         other => other.to_owned(),
     };
     format!("{at:.3} {model}{v} {what}")

@@ -111,6 +111,7 @@ mod tests {
         }
         assert_eq!((management("Status"), management("Events")), (Scope::Open, Scope::Open));
         assert_eq!((management("Load"), management("Rollback")), (Scope::Management, Scope::Management));
+        assert_eq!((management("Pin"), management("Unpin")), (Scope::Management, Scope::Management));
         assert_eq!(management("Anything"), Scope::Management, "an RPC added later is guarded until classified");
         assert_eq!(scope("/other.Service/X"), Scope::Open);
     }

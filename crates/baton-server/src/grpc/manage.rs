@@ -1,5 +1,5 @@
-//! `baton.v1.Management`: the registry's event stream, status, load and
-//! rollback over gRPC. Payloads are the JSON the REST management API
+//! `baton.v1.Management`: the registry's event stream, status, load,
+//! rollback, pin and unpin over gRPC. Payloads are the JSON the REST management API
 //! writes, so there is one format for both.
 
 use std::pin::Pin;
@@ -15,9 +15,11 @@ use tonic::{Request, Response, Status};
 
 use super::pb_baton::management_server;
 use super::pb_baton::{
-    Event, EventsRequest, LoadRequest, OperationReport, RollbackRequest, StatusRequest, StatusResponse,
+    DecisionResponse, Event, EventsRequest, LoadRequest, OperationReport, PinRequest, RollbackRequest, StatusRequest,
+    StatusResponse, UnpinRequest,
 };
 use crate::app::App;
+use crate::decisions::operate;
 use crate::error::ServeError;
 
 /// The service, sharing the app with every other front end.
@@ -59,6 +61,10 @@ fn report_message(report: &LoadReport) -> OperationReport {
     }
 }
 
+fn decision_message(model: &str, answer: &Value) -> DecisionResponse {
+    DecisionResponse { model: model.to_owned(), serving: answer["serving"].as_u64(), json: answer.to_string() }
+}
+
 #[tonic::async_trait]
 impl management_server::Management for Management {
     type EventsStream = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
@@ -86,14 +92,9 @@ impl management_server::Management for Management {
     async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         let model = request.into_inner().model;
         let json = if model.is_empty() {
-            json!({
-                "ready": self.app.ready(),
-                "draining": self.app.draining(),
-                "required": self.app.required(),
-                "models": self.app.registry.statuses(),
-            })
+            crate::status::server(&self.app)
         } else {
-            to_json(&self.app.registry.status(&model).ok_or_else(|| ServeError::unknown_model(&model))?)
+            crate::status::model(&self.app, &model).ok_or_else(|| ServeError::unknown_model(&model))?
         };
         Ok(Response::new(StatusResponse {
             ready: self.app.ready(),
@@ -110,8 +111,19 @@ impl management_server::Management for Management {
 
     async fn rollback(&self, request: Request<RollbackRequest>) -> Result<Response<OperationReport>, Status> {
         let model = request.into_inner().model;
-        let report =
-            self.app.registry.rollback(&model).map_err(ServeError::from)?.finished().await.map_err(ServeError::from)?;
+        let report = operate::rollback(&self.app, &model).await?;
         Ok(Response::new(report_message(&report)))
+    }
+
+    async fn pin(&self, request: Request<PinRequest>) -> Result<Response<DecisionResponse>, Status> {
+        let request = request.into_inner();
+        let answer = operate::pin(&self.app, &request.model, request.version).await?;
+        Ok(Response::new(decision_message(&request.model, &answer)))
+    }
+
+    async fn unpin(&self, request: Request<UnpinRequest>) -> Result<Response<DecisionResponse>, Status> {
+        let model = request.into_inner().model;
+        let answer = operate::unpin(&self.app, &model).await?;
+        Ok(Response::new(decision_message(&model, &answer)))
     }
 }

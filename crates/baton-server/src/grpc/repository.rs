@@ -3,8 +3,6 @@
 
 use std::collections::HashMap;
 
-use baton_core::error::LoadError;
-
 use super::pb::model_repository_parameter::ParameterChoice;
 use super::pb::repository_index_response::ModelIndex;
 use super::pb::{ModelRepositoryParameter, ModelStatistics};
@@ -46,14 +44,18 @@ pub fn requested_version(parameters: &HashMap<String, ModelRepositoryParameter>)
 
 /// Loads the newest complete version (or the one named) and waits until the
 /// swap, drain included, is done.
-pub async fn load(app: &App, model: &str, version: Option<u64>) -> Result<baton_core::events::LoadReport, ServeError> {
-    Ok(app.registry.load(model, version)?.finished().await?)
+pub async fn load(
+    app: &std::sync::Arc<App>,
+    model: &str,
+    version: Option<u64>,
+) -> Result<baton_core::events::LoadReport, ServeError> {
+    crate::decisions::operate::load(app, model, version).await
 }
 
 /// Takes the model out of service and waits until it is drained; unloading
 /// a model that is known but not loaded is not an error.
 pub async fn unload(
-    app: &App,
+    app: &std::sync::Arc<App>,
     model: &str,
     parameters: &HashMap<String, ModelRepositoryParameter>,
 ) -> Result<(), ServeError> {
@@ -63,12 +65,7 @@ pub async fn unload(
             format!("unload parameter '{other}' is not supported"),
         ));
     }
-    match app.registry.unload(model) {
-        Ok(handle) => handle.finished().await.map(drop).map_err(ServeError::from),
-        Err(LoadError::NotLoaded { .. }) if app.registry.source().spec(model).is_ok() => Ok(()),
-        Err(LoadError::NotLoaded { .. }) => Err(ServeError::unknown_model(model)),
-        Err(e) => Err(e.into()),
-    }
+    crate::decisions::operate::unload(app, model).await.map(drop)
 }
 
 /// Triton's statistics of every loaded version of the models asked for:

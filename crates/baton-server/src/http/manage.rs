@@ -17,22 +17,17 @@ use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 
 use super::error::ApiError;
 use crate::app::App;
+use crate::decisions::operate;
 use crate::serving::parse_version;
 
 /// `GET /baton/v1/status`.
 pub async fn status(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({
-        "ready": app.ready(),
-        "draining": app.draining(),
-        "required": app.required(),
-        "models": app.registry.statuses(),
-    }))
+    Json(crate::status::server(&app))
 }
 
 /// `GET /baton/v1/models/{name}/status`.
 pub async fn model_status(State(app): State<Arc<App>>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
-    let status = app.registry.status(&model).ok_or_else(|| ApiError::unknown_model(&model))?;
-    Ok(Json(serde_json::to_value(status).unwrap_or_default()))
+    crate::status::model(&app, &model).map(Json).ok_or_else(|| ApiError::unknown_model(&model))
 }
 
 /// `POST /baton/v1/models/{name}/load` with an optional `{"version": N}`.
@@ -42,7 +37,7 @@ pub async fn load(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let version = super::repository::version_body(&body)?;
-    let report = app.registry.load(&model, version)?.finished().await?;
+    let report = operate::load(&app, &model, version).await?;
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))
 }
 
@@ -56,8 +51,26 @@ pub async fn rollback(
     Path(model): Path<String>,
     _body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let report = app.registry.rollback(&model)?.finished().await?;
+    let report = operate::rollback(&app, &model).await?;
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+}
+
+/// `PUT /baton/v1/models/{name}/pin` with `{"version": N}`: that version
+/// serves (loaded first if it does not) until unpinned, whatever is
+/// published meanwhile.
+pub async fn pin(State(app): State<Arc<App>>, Path(model): Path<String>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let version = super::repository::version_body(&body)?
+        .ok_or_else(|| ApiError::bad_request("missing_version", "a pin needs a version: {\"version\": N}"))?;
+    Ok(Json(operate::pin(&app, &model, version).await?))
+}
+
+/// `DELETE /baton/v1/models/{name}/pin`: back to the newest version.
+pub async fn unpin(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+    _body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(operate::unpin(&app, &model).await?))
 }
 
 /// `POST /baton/v1/models/{name}/versions/{v}/retire`.

@@ -18,7 +18,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 
 pub use error::ApiError;
 
@@ -54,6 +54,7 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/v2/repository/models/{name}/unload", post(repository::unload))
         .route("/baton/v1/models/{name}/load", post(manage::load))
         .route("/baton/v1/models/{name}/rollback", post(manage::rollback))
+        .route("/baton/v1/models/{name}/pin", put(manage::pin).delete(manage::unpin))
         .route("/baton/v1/models/{name}/versions/{version}/retire", post(manage::retire));
     open.merge(guarded(inference, &access, listener, Scope::Inference))
         .merge(guarded(management, &access, listener, Scope::Management))

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use baton_core::error::LoadError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -77,7 +76,7 @@ pub async fn load(
 ) -> Result<Json<Value>, ApiError> {
     let request: LoadRequest = parse_body(&body)?;
     let version = requested_version(&request.parameters)?;
-    let report = app.registry.load(&model, version)?.finished().await?;
+    let report = crate::decisions::operate::load(&app, &model, version).await?;
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))
 }
 
@@ -91,11 +90,9 @@ pub async fn unload(
     Path(model): Path<String>,
     _body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    match app.registry.unload(&model) {
-        Ok(handle) => Ok(Json(serde_json::to_value(handle.finished().await?).unwrap_or_default())),
-        Err(LoadError::NotLoaded { .. }) if app.registry.source().spec(&model).is_ok() => Ok(Json(json!({}))),
-        Err(LoadError::NotLoaded { .. }) => Err(ApiError::unknown_model(&model)),
-        Err(e) => Err(e.into()),
+    match crate::decisions::operate::unload(&app, &model).await? {
+        Some(report) => Ok(Json(serde_json::to_value(report).unwrap_or_default())),
+        None => Ok(Json(json!({}))),
     }
 }
 

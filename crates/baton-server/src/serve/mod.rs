@@ -24,6 +24,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::access::{Access, Exposed, Listener, ModelControl, Token};
 use crate::app::{App, ServerLimits};
+use crate::decisions::{Decisions, Kind};
 
 /// Options of `baton serve`. An option given twice takes its last value, so
 /// wrappers can set defaults that their callers override.
@@ -137,6 +138,11 @@ pub struct ServeArgs {
     /// 500ms; 0 for none.
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
     pub request_timeout: Timeout,
+    /// Keep operators' decisions (rollbacks, loads of older versions,
+    /// unloads, pins) in DIR/state.json instead of the repository's
+    /// .baton-state.json: for a repository baton cannot write to.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How models come and go, resolved from `--model-control`, `--load-model`
@@ -254,6 +260,14 @@ impl ServeArgs {
         }
     }
 
+    /// The state file that keeps operators' decisions.
+    pub fn state_file(&self, root: &std::path::Path) -> PathBuf {
+        match &self.state_dir {
+            Some(dir) => dir.join(crate::decisions::file::IN_STATE_DIR),
+            None => root.join(crate::decisions::file::IN_REPOSITORY),
+        }
+    }
+
     /// The loading threads' step-aside policy the flags ask for: off unless
     /// `--loader-step-aside` is given.
     pub fn step_aside(&self) -> StepAside {
@@ -272,6 +286,7 @@ impl ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (control, access) = access(&args)?;
     let root = repository_root(&args)?;
+    let decisions = decisions(&args, &root)?;
     baton_core::sys::keep_large_allocations_mapped();
     match baton_core::sys::raise_open_files_limit() {
         Ok(limit) => tracing::debug!(limit, "Open files limit."),
@@ -281,7 +296,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     baton_core::executor::start_spawner();
     // ONNX Runtime is started here, on the main thread, at serving priority.
     let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let app = app(&root, &args, vec![Arc::new(onnx)]);
+    let app = app(&root, &args, vec![Arc::new(onnx)], decisions);
     check_named_models(&app, &root, &control)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let result = runtime.block_on(serve(app, root, args, control, access, Trigger::Signals, |bound| {
@@ -347,7 +362,29 @@ fn check_named_models(app: &App, root: &std::path::Path, control: &Control) -> a
     Ok(())
 }
 
-fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>) -> Arc<App> {
+/// The decisions kept in the state file. A file that cannot be read or
+/// parsed keeps baton from starting: serving the newest version instead
+/// would silently put back a version an operator rolled back from.
+fn decisions(args: &ServeArgs, root: &std::path::Path) -> anyhow::Result<Decisions> {
+    if let Some(dir) = &args.state_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating the --state-dir {}", dir.display()))?;
+    }
+    let path = args.state_file(root);
+    let decisions = Decisions::open(path.clone()).map_err(|error| {
+        anyhow::anyhow!(
+            "refusing to start: the state file cannot be read: {error}. It keeps operators' rollbacks, unloads and \
+             pins; fix it, or move it away to serve the newest versions (docs/api.md, \"Decisions that survive a \
+             restart\")"
+        )
+    })?;
+    let held = decisions.all();
+    if !held.is_empty() {
+        tracing::info!(file = %path.display(), models = held.len(), "Read the operators' decisions in force.");
+    }
+    Ok(decisions)
+}
+
+fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions: Decisions) -> Arc<App> {
     let registry = Registry::new(
         Arc::new(LocalRepository::new(root)),
         backends,
@@ -366,7 +403,7 @@ fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>
             "The request memory budget holds less than two of the largest requests (body and tensors); such requests may be refused."
         );
     }
-    Arc::new(App::new(registry, limits))
+    Arc::new(App::new(registry, limits, decisions))
 }
 
 /// The addresses a server listens on.
@@ -411,8 +448,9 @@ impl InProcess {
     pub fn start(args: ServeArgs, backends: Vec<Arc<dyn Backend>>, workers: usize) -> anyhow::Result<InProcess> {
         let root = args.repo.clone().context("an in-process server needs --repo")?;
         let (control, access) = access(&args)?;
+        let decisions = decisions(&args, &root)?;
         baton_core::executor::start_spawner();
-        let app = app(&root, &args, backends);
+        let app = app(&root, &args, backends, decisions);
         check_named_models(&app, &root, &control)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening, addresses) = std::sync::mpsc::channel();
@@ -504,9 +542,13 @@ async fn serve(
     let (polls, at_start) = (control.polls(), control.at_start.clone());
     let missing_polls = args.missing_polls;
     let watcher = std::thread::Builder::new().name("baton-watch".into()).spawn(move || {
+        // In explicit mode, models an operator's decision keeps serving
+        // load again beside the ones named.
+        let restore = watcher_app.decisions.all().into_iter().filter(|(_, d)| d.kind != Kind::Unload).map(|(m, _)| m);
+        let restore = restore.collect();
         let mut watcher = watch::Watcher::new(watcher_app, root, missing_polls);
         if let Some(models) = at_start {
-            watcher = watcher.only(models);
+            watcher = watcher.only(models).restore(restore);
         }
         watcher.scan();
         if polls {

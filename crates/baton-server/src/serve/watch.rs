@@ -14,6 +14,14 @@
 //!   another version replaces it; a model whose directory disappears is
 //!   unloaded.
 //!
+//! - An operator's decision kept in the state file ([`crate::decisions`])
+//!   comes first: at start a rolled-back or older-loaded model loads the
+//!   version chosen, an unloaded one stays unloaded (and readiness does not
+//!   wait for it), a pinned one loads its pin. A version newer than the one
+//!   a decision yields to supersedes it (pins excepted), and loads as
+//!   above. A decision that cannot be restored (its version gone or
+//!   refused) is dropped, and the newest good version loads.
+//!
 //! Disappearing means the repository says "no such file" ([`Presence::Missing`])
 //! on [`MISSING_POLLS`] polls in a row (`--missing-polls`). Anything else — a listing
 //! that fails, `EIO`, `EACCES`, `ESTALE`, a symlink loop — is a repository
@@ -33,6 +41,7 @@ use baton_core::error::LoadError;
 use baton_core::source::Presence;
 
 use crate::app::App;
+use crate::decisions::{Change, Decision, Kind};
 
 /// Polls in a row a model or a kept version must be found missing before
 /// the watcher unloads or retires it, unless `--missing-polls` says
@@ -81,6 +90,9 @@ pub struct Watcher {
     /// The models it loads and readiness waits for (`--model-control
     /// explicit`); `None`: every model.
     only: Option<BTreeSet<String>>,
+    /// Models it also loads, without readiness waiting for them: those an
+    /// operator's decision names (`--model-control explicit`).
+    restore: BTreeSet<String>,
 }
 
 fn manifest_mtime(dir: &Path) -> Option<SystemTime> {
@@ -110,6 +122,7 @@ impl Watcher {
             missing: BTreeMap::new(),
             unreadable: BTreeMap::new(),
             only: None,
+            restore: BTreeSet::new(),
         }
     }
 
@@ -117,6 +130,13 @@ impl Watcher {
     /// others are left to the API.
     pub fn only(mut self, models: BTreeSet<String>) -> Watcher {
         self.only = Some(models);
+        self
+    }
+
+    /// Also loads `models`, the ones an operator's decision keeps serving,
+    /// without making readiness wait for them.
+    pub fn restore(mut self, models: BTreeSet<String>) -> Watcher {
+        self.restore = models;
         self
     }
 
@@ -138,10 +158,15 @@ impl Watcher {
             Err(error) => return self.cannot_read(Subject::Repository, error.to_string()),
         };
         self.can_read(&Subject::Repository);
-        let wanted: Vec<String> =
-            models.iter().filter(|m| self.only.as_ref().is_none_or(|only| only.contains(*m))).cloned().collect();
-        let required: BTreeSet<String> =
-            wanted.iter().filter(|m| source.spec(m).map(|s| s.required).unwrap_or(true)).cloned().collect();
+        let named = |m: &String| self.only.as_ref().is_none_or(|only| only.contains(m));
+        let wanted: Vec<String> = models.iter().filter(|m| named(m) || self.restore.contains(*m)).cloned().collect();
+        // A model the operator unloaded is not waited for.
+        let unloaded = |m: &String| self.app.decisions.get(m).is_some_and(|d| d.kind == Kind::Unload);
+        let required: BTreeSet<String> = wanted
+            .iter()
+            .filter(|m| named(m) && !unloaded(m) && source.spec(m).map(|s| s.required).unwrap_or(true))
+            .cloned()
+            .collect();
         self.app.set_required(required);
         for model in &models {
             self.present(&Subject::Model(model.clone()));
@@ -170,36 +195,104 @@ impl Watcher {
             Err(error) => return self.cannot_read(Subject::Versions(model.to_owned()), error.to_string()),
         };
         self.can_read(&Subject::Versions(model.to_owned()));
+        let fresh: Vec<(u64, _)> = versions
+            .iter()
+            .map(|v| (*v, manifest_mtime(&self.root.join(model).join(v.to_string()))))
+            .filter(|(v, mtime)| self.seen.get(&(model.to_owned(), *v)) != Some(mtime))
+            .collect();
+        // An operator's operation on the model holds it until its decision
+        // is written. The claim is taken only once the repository has been
+        // read, so that an operator's call rarely meets it.
+        let working = self.app.decisions.begin(model);
         let status = registry.status(model);
-        if status.as_ref().is_some_and(|s| s.busy) {
+        if status.as_ref().is_some_and(|s| s.busy) || working.is_none() {
             return; // Come back next pass; nothing is marked seen.
         }
         let serving = status.as_ref().and_then(|s| s.serving);
-        let fresh: Vec<u64> = versions
-            .iter()
-            .copied()
-            .filter(|v| {
-                let mtime = manifest_mtime(&self.root.join(model).join(v.to_string()));
-                self.seen.get(&(model.to_owned(), *v)) != Some(&mtime)
+        let fresh: Vec<u64> = fresh
+            .into_iter()
+            .map(|(v, mtime)| {
+                self.seen.insert((model.to_owned(), v), mtime);
+                v
             })
             .collect();
-        for v in &fresh {
-            let mtime = manifest_mtime(&self.root.join(model).join(v.to_string()));
-            self.seen.insert((model.to_owned(), *v), mtime);
-        }
         match serving {
-            None if !fresh.is_empty() => self.load_newest_good(model, &versions),
+            None if !fresh.is_empty() => self.start_model(model, &versions),
             Some(current) => {
                 if let Some(&newest) = fresh.iter().max().filter(|v| **v > current) {
-                    tracing::info!(model, version = newest, "A new version appeared in the repository; loading it.");
-                    if let Err(error) = registry.load(model, Some(newest)) {
-                        self.forget(model, newest, &error);
+                    if let Some(decision) = self.in_force(model, versions.last().copied()) {
+                        tracing::info!(
+                            model,
+                            version = newest,
+                            decision = decision.kind.as_str(),
+                            serving = current,
+                            "A new version appeared in the repository; the operator's decision holds, so it is not loaded."
+                        );
+                    } else {
+                        tracing::info!(
+                            model,
+                            version = newest,
+                            "A new version appeared in the repository; loading it."
+                        );
+                        if let Err(error) = registry.load(model, Some(newest)) {
+                            self.forget(model, newest, &error);
+                        }
                     }
                 }
                 self.retire_removed(model, &versions, current);
             }
             None => {}
         }
+    }
+
+    /// The decision in force for `model` in a repository whose newest
+    /// version is `newest`; one that a newer version supersedes is removed
+    /// (the file, an event and the log say so) and none is in force.
+    fn in_force(&self, model: &str, newest: Option<u64>) -> Option<Decision> {
+        let decision = self.app.decisions.get(model)?;
+        match newest.filter(|_| decision.superseded_by(newest)) {
+            None => Some(decision),
+            Some(newest) => {
+                self.change(model, Change::Superseded { newest });
+                None
+            }
+        }
+    }
+
+    /// Applies a change to a decision; a failed write is logged where it
+    /// fails, and the change holds for this process's life.
+    fn change(&self, model: &str, change: Change) {
+        let _ = self.app.decisions.apply(&self.app.registry, model, change);
+    }
+
+    /// Brings a model that does not serve into service as the operator
+    /// last chose, or with its newest good version.
+    fn start_model(&mut self, model: &str, versions: &[u64]) {
+        let (kind, version) = match self.in_force(model, versions.last().copied()) {
+            None => return self.load_newest_good(model, versions),
+            Some(Decision { kind: Kind::Unload, yields_to, .. }) => {
+                tracing::info!(
+                    model,
+                    ?yields_to,
+                    "The model stays unloaded, as the operator chose, until a newer version is published."
+                );
+                return;
+            }
+            Some(Decision { kind, version, .. }) => (kind, version.unwrap_or_default()),
+        };
+        let reason = if versions.contains(&version) {
+            tracing::info!(model, version, decision = kind.as_str(), "Loading the version the operator chose.");
+            match self.app.registry.load(model, Some(version)).and_then(|h| h.wait()) {
+                Ok(_) => return,
+                Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
+                Err(error) => format!("version {version} was refused: {error}"),
+            }
+        } else {
+            format!("version {version} is not in the repository")
+        };
+        tracing::warn!(model, version, %reason, "The operator's choice cannot be restored; loading the newest version.");
+        self.change(model, Change::Dropped { reason });
+        self.load_newest_good(model, versions);
     }
 
     /// Loads the newest version, then older ones, until one is accepted.

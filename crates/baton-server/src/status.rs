@@ -1,0 +1,61 @@
+//! The status documents REST (`/baton/v1/status`,
+//! `/baton/v1/models/{m}/status`) and gRPC (`Management.Status`) share:
+//! the registry's view of each model, with the operator's decision in
+//! force beside it.
+
+use baton_core::events::State;
+use baton_core::registry::ModelStatus;
+use serde_json::{Value, json};
+
+use crate::app::App;
+use crate::decisions::view;
+
+/// One model's status with its decision (`null` when none is in force).
+fn with_decision(app: &App, status: &ModelStatus) -> Value {
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("decision".into(), app.decisions.get(&status.name).as_ref().map(view).into());
+    }
+    value
+}
+
+/// The status of a model the registry has not touched since start, but
+/// about which a decision is in force (one kept unloaded, say).
+fn idle(model: &str) -> ModelStatus {
+    ModelStatus {
+        name: model.to_owned(),
+        state: State::Idle,
+        serving: None,
+        previous: Vec::new(),
+        live: Vec::new(),
+        busy: false,
+        working_on: None,
+        last: None,
+        last_error: None,
+        failed_versions: Default::default(),
+    }
+}
+
+/// One model's status, if the registry knows it or a decision names it.
+pub fn model(app: &App, model: &str) -> Option<Value> {
+    let status = app.registry.status(model).or_else(|| app.decisions.get(model).map(|_| idle(model)))?;
+    Some(with_decision(app, &status))
+}
+
+/// The server's status: readiness and every model.
+pub fn server(app: &App) -> Value {
+    let mut statuses = app.registry.statuses();
+    for name in app.decisions.all().into_keys() {
+        if !statuses.iter().any(|s| s.name == name) {
+            statuses.push(idle(&name));
+        }
+    }
+    statuses.sort_by(|a, b| a.name.cmp(&b.name));
+    let models: Vec<Value> = statuses.iter().map(|s| with_decision(app, s)).collect();
+    json!({
+        "ready": app.ready(),
+        "draining": app.draining(),
+        "required": app.required(),
+        "models": models,
+    })
+}
