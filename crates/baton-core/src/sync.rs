@@ -45,6 +45,8 @@ enum Takers {
 #[derive(Debug, Default)]
 pub struct Lock<T> {
     mutex: Mutex<T>,
+    /// Checked in debug builds only.
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     takers: Takers,
 }
 

@@ -36,6 +36,15 @@ pub struct DrillArgs {
     /// The server's REST address: inference (HTTP protocols), metadata and the load API.
     #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
+    /// The REST address of the server's admin listener (`baton serve
+    /// --admin-http`), where --swap load-api sends its loads; without it, --url.
+    #[arg(long, env = "BATON_ADMIN_URL")]
+    pub admin_url: Option<String>,
+    /// A file holding the admin token, sent with --swap load-api's loads
+    /// (the server's --admin-token-file). Without it, the token in
+    /// BATON_TOKEN, if set.
+    #[arg(long, env = "BATON_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// How requests travel.
     #[arg(long, value_enum, default_value = "http-binary")]
     pub protocol: Protocol,

@@ -79,6 +79,7 @@ mod response;
 mod tensor_decode;
 mod tensor_encode;
 mod tensor_header;
+pub mod token;
 mod wire_json;
 
 pub use client::{InferResponse, decode_response, encode_request};

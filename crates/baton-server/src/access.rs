@@ -12,9 +12,7 @@
 //! REST and gRPC.
 
 use std::net::SocketAddr;
-use std::path::Path;
 
-use anyhow::Context;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Class, ServeError};
@@ -65,20 +63,7 @@ impl ModelControl {
     }
 }
 
-/// Reads a token file: its content without surrounding whitespace (so
-/// `echo secret > file` works). Empty, unreadable or unsendable tokens are
-/// errors; the token itself never appears in one.
-pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading the token file {}", path.display()))?;
-    let token = text.trim();
-    anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
-    anyhow::ensure!(
-        token.bytes().all(|b| b.is_ascii_graphic()),
-        "the token in {} holds characters an Authorization header cannot carry (use printable ASCII without spaces)",
-        path.display()
-    );
-    Ok(token.to_owned())
-}
+pub use baton_protocol::token::read_token_file;
 
 /// The admin token, kept only as its SHA-256 digest.
 pub struct Token {

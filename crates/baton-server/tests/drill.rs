@@ -183,6 +183,26 @@ fn swaps_through_the_load_api_alternating_versions_fail_nothing() {
     assert!(outcome.stderr.contains("baton drill: m @"), "{}", outcome.stderr);
 }
 
+/// Against a server whose management needs a token, the load API's swaps
+/// carry the one the drill is given, and fail (401) without it.
+#[test]
+fn load_api_swaps_carry_the_admin_token() {
+    let repo = repo(&[1, 2]);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "drill-secret\n").expect("writing the token file");
+    let token = token.to_str().expect("a UTF-8 path");
+    let server = Server::start(bin(), repo.root(), &["--admin-token-file", token]);
+    server.wait_settled("m", 2);
+    let swap = ["--swaps", "1", "--swap", "load-api", "--versions", "1"];
+    let refused = drill(server.base(), &[&TWO[..], &swap].concat());
+    assert_eq!(refused.report["swaps"][0]["action_ok"], false, "{}", refused.context());
+    let detail = refused.report["swaps"][0]["action_detail"].to_string();
+    assert!(detail.contains("HTTP 401"), "{detail}");
+    let outcome = drill(server.base(), &[&TWO[..], &swap, &["--token-file", token]].concat());
+    outcome.assert_clean(1, &["1", "2"]);
+}
+
 #[test]
 fn a_swap_gap_keeps_steady_time_between_a_window_and_the_next_trigger() {
     let repo = repo(&[1, 2]);

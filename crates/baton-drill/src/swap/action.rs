@@ -29,6 +29,8 @@ pub enum Action {
     LoadApi {
         /// The load URL.
         url: String,
+        /// The admin token, sent as a bearer token.
+        token: Option<String>,
         /// A client whose timeout is the swap timeout.
         agent: ureq::Agent,
     },
@@ -57,7 +59,8 @@ impl Action {
     pub fn from_args(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<Action> {
         Ok(match args.swap {
             SwapMethod::LoadApi => Action::LoadApi {
-                url: http.url(&format!("/v2/repository/models/{}/load", args.model)),
+                url: load_url(args, http),
+                token: baton_protocol::token::client_token(args.token_file.as_deref())?,
                 agent: ureq::Agent::config_builder()
                     .http_status_as_error(false)
                     .timeout_global(Some(args.swap_timeout))
@@ -87,7 +90,7 @@ impl Action {
     /// Makes swap `index` (from 0), towards `version` when one is listed.
     pub fn run(&self, index: usize, version: Option<&str>) -> Outcome {
         match self {
-            Action::LoadApi { url, agent } => load_api(agent, url, version),
+            Action::LoadApi { url, token, agent } => load_api(agent, url, token.as_deref(), version),
             Action::Publish { model_dir, template } => match publish(model_dir, template) {
                 Ok(number) => Outcome {
                     ok: true,
@@ -109,12 +112,25 @@ impl Action {
     }
 }
 
-fn load_api(agent: &ureq::Agent, url: &str, version: Option<&str>) -> Outcome {
+/// Where loads go: the admin listener when one is named, else the REST address.
+fn load_url(args: &DrillArgs, http: &Endpoint) -> String {
+    let path = format!("/v2/repository/models/{}/load", args.model);
+    match &args.admin_url {
+        Some(admin) => format!("{}{path}", admin.trim_end_matches('/')),
+        None => http.url(&path),
+    }
+}
+
+fn load_api(agent: &ureq::Agent, url: &str, token: Option<&str>, version: Option<&str>) -> Outcome {
     let body = match version {
         Some(v) => json!({ "parameters": { "version": v } }),
         None => json!({}),
     };
-    let response = agent.post(url).header("content-type", "application/json").send(body.to_string());
+    let mut request = agent.post(url).header("content-type", "application/json");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let response = request.send(body.to_string());
     let mut response = match response {
         Ok(r) => r,
         Err(e) => return Outcome { ok: false, detail: format!("POST {url}: {e}"), version: None },

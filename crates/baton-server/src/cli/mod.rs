@@ -33,10 +33,7 @@ pub struct Target {
 
 impl Target {
     fn token(&self) -> anyhow::Result<Option<String>> {
-        if let Some(path) = &self.token_file {
-            return crate::access::read_token_file(path).map(Some);
-        }
-        Ok(std::env::var("BATON_TOKEN").ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()))
+        Ok(baton_protocol::token::client_token(self.token_file.as_deref())?)
     }
 
     /// A client of the inference address, for reads.
