@@ -165,12 +165,11 @@ impl Executor {
             .filter_map(|instance| {
                 let (thread_shared, thread_engine) = (Arc::clone(&shared), Arc::clone(&engine));
                 let serve = move || session::serve(&thread_shared, thread_engine.as_ref(), instance);
+                // The thread marks its instance free itself once it runs:
+                // this thread may be a lowered loader, which takes no lock
+                // that serving threads take.
                 match spawn::spawn(Box::new(serve)) {
-                    Ok(thread) => {
-                        // Free from the start; its thread waits for work.
-                        shared.state.lock().free.push(instance);
-                        Some(thread)
-                    }
+                    Ok(thread) => Some(thread),
                     Err(error) => {
                         tracing::error!(%error, instance, "Could not start a session thread; the instance goes unused.");
                         None

@@ -13,6 +13,8 @@ use crate::tensor::Tensor;
 
 /// Serves engine instance `instance` until the executor closes.
 pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize) {
+    // Free from the start: work queued before now is taken at once.
+    shared.state.lock().free.push(instance);
     while let Some(batch) = next(shared, instance) {
         let started = Instant::now();
         let answers = run(engine, instance, &batch);
