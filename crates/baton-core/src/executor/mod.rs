@@ -161,13 +161,15 @@ impl Executor {
             batching,
             cost: cost::RunCost::new(first_cost),
         });
-        let threads = (0..instances)
+        // Each thread marks its instance free itself and says so: this
+        // thread may be a lowered loader, which takes no lock that serving
+        // threads take. The executor is returned once every instance is free.
+        let (started, all_started) = crate::sync::channel_here::<()>();
+        let threads: Vec<JoinHandle<()>> = (0..instances)
             .filter_map(|instance| {
                 let (thread_shared, thread_engine) = (Arc::clone(&shared), Arc::clone(&engine));
-                let serve = move || session::serve(&thread_shared, thread_engine.as_ref(), instance);
-                // The thread marks its instance free itself once it runs:
-                // this thread may be a lowered loader, which takes no lock
-                // that serving threads take.
+                let started = started.clone();
+                let serve = move || session::serve(&thread_shared, thread_engine.as_ref(), instance, started);
                 match spawn::spawn(Box::new(serve)) {
                     Ok(thread) => Some(thread),
                     Err(error) => {
@@ -177,6 +179,12 @@ impl Executor {
                 }
             })
             .collect();
+        drop(started);
+        for _ in 0..threads.len() {
+            if all_started.recv().is_none() {
+                break;
+            }
+        }
         Executor { shared, threads, engine }
     }
 

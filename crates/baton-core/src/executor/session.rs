@@ -12,9 +12,10 @@ use crate::error::{Expired, InferError};
 use crate::tensor::Tensor;
 
 /// Serves engine instance `instance` until the executor closes.
-pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize) {
-    // Free from the start: work queued before now is taken at once.
+pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize, started: crate::sync::Sender<()>) {
     shared.state.lock().free.push(instance);
+    let _ = started.send(());
+    drop(started);
     while let Some(batch) = next(shared, instance) {
         let started = Instant::now();
         let answers = run(engine, instance, &batch);
