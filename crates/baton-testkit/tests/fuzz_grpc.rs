@@ -1,0 +1,143 @@
+//! Fuzzing the gRPC request decoder: prost decoding of `ModelInferRequest`
+//! bytes, then [`parse_request`] and [`Parsed::decode`], with inputs as
+//! `raw_input_contents` and as typed contents. Arbitrary bytes, valid
+//! messages damaged (long varints, lengths past the message, keys of every
+//! wire type), and messages with claimed shapes far past their contents:
+//! a request or an error of a known kind, never a panic; the reservation
+//! covers what decoding allocates; valid requests round-trip.
+//!
+//! `PROPTEST_CASES` sets the cases of every test here (see docs/fuzzing.md).
+
+use baton_core::signature::{Signature, TensorSpec};
+use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_protocol::CodecError;
+use baton_protocol::grpc::convert::{encode_response, parse_request};
+use baton_protocol::grpc::pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use baton_protocol::grpc::pb::{InferTensorContents, ModelInferRequest};
+use baton_testkit::fuzz::{config, damaged, named, tensor, wire_tokens};
+use proptest::prelude::*;
+use prost::Message;
+
+const REQUEST_KINDS: [&str; 4] = ["invalid_json", "invalid_request", "invalid_tensor", "invalid_binary"];
+
+/// Decodes a message as the server does, asserting what holds for any
+/// input (see the module); the decoded inputs, or why not.
+fn decode_checked(bytes: &[u8]) -> Result<Vec<Tensor>, String> {
+    let request = ModelInferRequest::decode(bytes).map_err(|e| e.to_string())?;
+    decode_message(request).map_err(|e| e.to_string())
+}
+
+fn decode_message(request: ModelInferRequest) -> Result<Vec<Tensor>, CodecError> {
+    let known = |e: CodecError| {
+        assert!(REQUEST_KINDS.contains(&e.kind()) && e.is_client_error(), "{e:?}");
+        e
+    };
+    let parsed = parse_request(request).map_err(known)?;
+    let reserved: Vec<usize> = parsed.inputs().map(|t| t.tensor_bytes()).collect();
+    let model = Signature {
+        inputs: parsed
+            .inputs()
+            .map(|t| TensorSpec { name: t.name().to_owned(), datatype: t.datatype(), shape: t.shape().to_vec() })
+            .collect(),
+        outputs: Vec::new(),
+    };
+    assert_eq!(parsed.check(&model, 0), Ok(()));
+    let decoded = parsed.decode().map_err(known)?;
+    for (tensor, reserved) in decoded.inputs.iter().zip(reserved) {
+        assert_eq!(tensor.check_consistent(), Ok(()));
+        assert!(tensor.data_bytes() <= reserved, "'{}' took {} > {reserved}", tensor.name, tensor.data_bytes());
+    }
+    Ok(decoded.inputs)
+}
+
+/// A request carrying `tensors` as raw contents, or as typed contents
+/// (taken from a response encoding them, which FP16 cannot be).
+fn request_of(tensors: &[Tensor], raw: bool) -> ModelInferRequest {
+    let encoded = encode_response("m", 1, String::new(), tensors.to_vec(), &[], raw).expect("consistent tensors");
+    let inputs = encoded
+        .outputs
+        .into_iter()
+        .map(|o| InferInputTensor {
+            name: o.name,
+            datatype: o.datatype,
+            shape: o.shape,
+            contents: o.contents,
+            ..Default::default()
+        })
+        .collect();
+    ModelInferRequest {
+        model_name: "m".into(),
+        id: "id".into(),
+        inputs,
+        outputs: vec![InferRequestedOutputTensor { name: "y".into(), ..Default::default() }],
+        raw_input_contents: encoded.raw_output_contents,
+        ..Default::default()
+    }
+}
+
+/// Valid messages to damage: raw and typed inputs of several datatypes.
+fn seeds() -> Vec<Vec<u8>> {
+    let tensors = vec![
+        Tensor::from_f32("x", vec![2, 2], &[0.5, -1.0, 2.0, 3.0]),
+        Tensor {
+            name: "s".into(),
+            datatype: DataType::Bytes,
+            shape: vec![2],
+            data: TensorData::Bytes(vec![b"ab".to_vec(), Vec::new()]),
+        },
+        Tensor { name: "i".into(), datatype: DataType::Int8, shape: vec![3], data: TensorData::Raw(vec![1, 0xff, 7]) },
+        Tensor { name: "b".into(), datatype: DataType::Bool, shape: vec![1, 1], data: TensorData::Raw(vec![1]) },
+    ];
+    vec![request_of(&tensors, true).encode_to_vec(), request_of(&tensors, false).encode_to_vec()]
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Any bytes: prost refuses them, or the request decodes or is refused.
+    #[test]
+    fn arbitrary_messages_are_refused_or_decoded(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_checked(&bytes);
+    }
+
+    /// Valid messages damaged at the wire level.
+    #[test]
+    fn damaged_messages_are_refused_or_decoded(bytes in damaged(seeds(), wire_tokens(), 4)) {
+        let _ = decode_checked(&bytes);
+    }
+
+    /// Valid requests round-trip, raw and typed.
+    #[test]
+    fn valid_requests_round_trip(raw in prop::collection::vec(tensor(false), 0..4),
+        typed in prop::collection::vec(tensor(false).prop_filter("FP16 has no typed field", |t| t.datatype != DataType::Fp16), 0..4),) {
+        for (tensors, raw) in [(named(raw), true), (named(typed), false)] {
+            let bytes = request_of(&tensors, raw).encode_to_vec();
+            prop_assert_eq!(decode_checked(&bytes), Ok(tensors));
+        }
+    }
+
+    /// Shapes far past the contents, negative dimensions, contents of
+    /// another datatype: refused before anything is packed.
+    #[test]
+    fn claimed_shapes_past_the_contents_are_refused_while_parsing(
+        dims in prop::collection::vec(prop_oneof![Just(1i64 << 62), Just(1i64 << 40), Just(-1i64), Just(i64::MIN), 1i64..1000], 1..4),
+        datatype in proptest::sample::select(DataType::ALL.to_vec()),
+        raw in any::<bool>(),
+    ) {
+        prop_assume!(element_count(&dims).is_none_or(|n| n > 4));
+        let contents = InferTensorContents { fp32_contents: vec![1.0; 2], bytes_contents: vec![b"ab".to_vec(); 2], ..Default::default() };
+        let input = InferInputTensor {
+            name: "x".into(),
+            datatype: datatype.as_str().into(),
+            shape: dims,
+            contents: (!raw).then_some(contents),
+            ..Default::default()
+        };
+        let raw_input_contents = if raw { vec![vec![2, 0, 0, 0, b'a', b'b']] } else { Vec::new() };
+        let request = ModelInferRequest { inputs: vec![input], raw_input_contents, ..Default::default() };
+        let bytes = request.encode_to_vec();
+        let request = ModelInferRequest::decode(&bytes[..]).expect("a valid message");
+        let e = parse_request(request).unwrap_err();
+        prop_assert!(matches!(e, CodecError::InvalidTensor(_) | CodecError::InvalidBinary(_)), "{:?}", e);
+    }
+}
