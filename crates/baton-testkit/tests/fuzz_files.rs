@@ -14,46 +14,8 @@ use baton_core::tensor_json::{NullFloats, check_json_count, elements_from_json, 
 use baton_testkit::fuzz::{config, damaged, named, tensor, text_tokens};
 use proptest::prelude::*;
 
-/// A `model.toml` that sets every section.
-const FULL_SPEC: &str = r#"
-backend = "onnx"
-required = true
-max_batch_size = 64
-inputs  = [{ name = "input",  datatype = "FP32", shape = [-1, 256] }]
-outputs = [{ name = "output", datatype = "FP32", shape = [-1, 1] }]
-
-[policy]
-keep_previous = 1
-drain_timeout_ms = 30000
-allow_symlinks_outside_version = false
-
-[validation]
-nan = true
-inf = true
-magnitude = true
-max_ratio = 1e6
-max_abs = 1e6
-zero_tensors = true
-tensors = [{ name = "fc0.weight", datatype = "FP32", shape = [256, 1024] }]
-
-[warmup]
-batch_sizes = [1, 8, 32, 64]
-generated = true
-max_latency_ms = 2000
-
-[batching]
-enabled = false
-max_batch = 32
-max_queue_delay_us = 0
-
-[admission]
-max_queue = 64
-max_in_flight = 80
-inline_us = 1000
-
-[engine]
-sessions = 2
-"#;
+/// A `model.toml` that sets every section; the AFL++ targets start from it too.
+const FULL_SPEC: &str = include_str!("../../../fuzz/seeds/model.toml");
 
 /// A warmup sample of two inputs, flat and nested.
 const SAMPLE: &str = r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[0.5,1],[2,-3]]},
