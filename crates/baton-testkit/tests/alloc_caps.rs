@@ -22,6 +22,7 @@ use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, split_framed};
 use baton_core::tensor_json::{NullFloats, elements_from_json};
 use baton_onnx::proto;
+use baton_protocol::grpc::codec::decode_infer_request;
 use baton_protocol::grpc::convert;
 use baton_protocol::grpc::pb::ModelInferRequest;
 use baton_protocol::{RequestedOutput, decode_request};
@@ -124,9 +125,10 @@ impl Cap {
 /// (`Value`: 32 bytes per one-byte element, doubled by a growing vector),
 /// and the decoded tensors (at most 12 bytes per byte of BYTES data).
 const REST: Cap = Cap { factor: 40, slack: 16 << 10 };
-/// gRPC requests: prost's message structs. An empty `inputs` entry is two
-/// bytes on the wire and a few hundred bytes in memory.
-const GRPC: Cap = Cap { factor: 320, slack: 16 << 10 };
+/// gRPC requests as the server decodes them: at most 64 times the message
+/// for prost's structs ([`baton_protocol::grpc::codec`] refuses more), then
+/// the tensors packed from typed contents.
+const GRPC: Cap = Cap { factor: 80, slack: 80 << 10 };
 /// Warmup sample files: a `serde_json::Value` of the file, then the tensors.
 const SAMPLE: Cap = Cap { factor: 24, slack: 16 << 10 };
 /// JSON tensor data on its own: the tensor's buffer (FP64: 8 bytes per
@@ -154,7 +156,7 @@ fn rest(body: &[u8], header_length: Option<usize>) {
 
 fn grpc(bytes: &[u8]) {
     GRPC.check("gRPC request", bytes.len(), || {
-        ModelInferRequest::decode(bytes).ok().map(|r| convert::parse_request(r).and_then(convert::Parsed::decode))
+        decode_infer_request(bytes).ok().map(|r| convert::parse_request(r).and_then(convert::Parsed::decode))
     });
 }
 

@@ -1,5 +1,5 @@
-//! Fuzzing the gRPC request decoder: prost decoding of `ModelInferRequest`
-//! bytes, then [`parse_request`] and [`Parsed::decode`], with inputs as
+//! Fuzzing the gRPC request decoder: the server's decoding of
+//! `ModelInferRequest` bytes (checked on the wire, then prost), then [`parse_request`] and [`Parsed::decode`], with inputs as
 //! `raw_input_contents` and as typed contents. Arbitrary bytes, valid
 //! messages damaged (long varints, lengths past the message, keys of every
 //! wire type), and messages with claimed shapes far past their contents:
@@ -11,6 +11,7 @@
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
 use baton_protocol::CodecError;
+use baton_protocol::grpc::codec::decode_infer_request;
 use baton_protocol::grpc::convert::{encode_response, parse_request};
 use baton_protocol::grpc::pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 use baton_protocol::grpc::pb::{InferTensorContents, ModelInferRequest};
@@ -23,7 +24,7 @@ const REQUEST_KINDS: [&str; 4] = ["invalid_json", "invalid_request", "invalid_te
 /// Decodes a message as the server does, asserting what holds for any
 /// input (see the module); the decoded inputs, or why not.
 fn decode_checked(bytes: &[u8]) -> Result<Vec<Tensor>, String> {
-    let request = ModelInferRequest::decode(bytes).map_err(|e| e.to_string())?;
+    let request = decode_infer_request(bytes).map_err(|e| e.to_string())?;
     decode_message(request).map_err(|e| e.to_string())
 }
 
