@@ -19,8 +19,18 @@ fn write(target: &str, name: &str, bytes: &[u8]) {
 fn main() {
     let tensors = vec![
         Tensor::from_f32("x", vec![2, 2], &[0.5, -1.0, 2.0, 3.0]),
-        Tensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: TensorData::Bytes(vec![b"ab".to_vec(), Vec::new()]) },
-        Tensor { name: "i".into(), datatype: DataType::Int64, shape: vec![1], data: TensorData::Raw(7i64.to_le_bytes().to_vec()) },
+        Tensor {
+            name: "s".into(),
+            datatype: DataType::Bytes,
+            shape: vec![2],
+            data: TensorData::Bytes(vec![b"ab".to_vec(), Vec::new()]),
+        },
+        Tensor {
+            name: "i".into(),
+            datatype: DataType::Int64,
+            shape: vec![1],
+            data: TensorData::Raw(7i64.to_le_bytes().to_vec()),
+        },
         Tensor { name: "b".into(), datatype: DataType::Bool, shape: vec![1, 1], data: TensorData::Raw(vec![1]) },
     ];
     for (name, binary) in [("json", false), ("binary", true)] {
@@ -29,7 +39,17 @@ fn main() {
     }
     for (name, raw) in [("raw", true), ("typed", false)] {
         let r = encode_response("m", 1, "id".into(), tensors.clone(), &[], raw).expect("consistent tensors");
-        let inputs = r.outputs.into_iter().map(|o| InferInputTensor { name: o.name, datatype: o.datatype, shape: o.shape, contents: o.contents, ..Default::default() }).collect();
+        let inputs = r
+            .outputs
+            .into_iter()
+            .map(|o| InferInputTensor {
+                name: o.name,
+                datatype: o.datatype,
+                shape: o.shape,
+                contents: o.contents,
+                ..Default::default()
+            })
+            .collect();
         let request = ModelInferRequest { inputs, raw_input_contents: r.raw_output_contents, ..Default::default() };
         write("grpc", name, &request.encode_to_vec());
     }
