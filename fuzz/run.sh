@@ -15,8 +15,9 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 
 cargo afl build --release --locked
+# The starting corpus: valid inputs made by baton's own encoders.
 rm -rf corpus
-target/release/seeds
+(cd .. && cargo run --quiet --locked -p baton-testkit --example fuzz_corpus -- fuzz/corpus)
 
 export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_AFFINITY=1
 crashed=0

@@ -4,7 +4,8 @@
 //!
 //! REST inputs carry their `Inference-Header-Content-Length` in front: a
 //! first byte with its low bit clear means none; set, the next two bytes
-//! (little-endian) are the length. [`rest_input`] writes that form.
+//! (little-endian) are the length. `baton_testkit::fuzz::seeds::rest_input`
+//! writes that form for the starting corpus.
 
 use baton_core::tensor::split_framed;
 
@@ -15,13 +16,10 @@ fn known(kind: &str) {
     assert!(REQUEST_KINDS.contains(&kind), "unexpected error kind {kind}");
 }
 
-/// A REST target input: `header_length` in front of `body`.
-pub fn rest_input(body: &[u8], header_length: Option<usize>) -> Vec<u8> {
-    let prefix = match header_length {
-        None => vec![0],
-        Some(n) => [&[1u8][..], &u16::try_from(n).unwrap_or(u16::MAX).to_le_bytes()].concat(),
-    };
-    [prefix, body.to_vec()].concat()
+/// Decoded tensors took no more than parsing reserved for them.
+fn within_reservation(tensors: &[baton_core::tensor::Tensor], reserved: usize) {
+    let used: usize = tensors.iter().map(|t| t.data_bytes()).sum();
+    assert!(used <= reserved, "decoding took {used} bytes, {reserved} were reserved");
 }
 
 /// REST requests: parse, reserve, decode; the reservation covers what
@@ -39,10 +37,7 @@ pub fn rest(data: &[u8]) {
     };
     let reserved = header.tensor_bytes();
     match header.decode() {
-        Ok(request) => {
-            let used: usize = request.inputs.iter().map(|t| t.data_bytes()).sum();
-            assert!(used <= reserved, "decoding took {used} bytes, {reserved} were reserved");
-        }
+        Ok(request) => within_reservation(&request.inputs, reserved),
         Err(e) => known(e.kind()),
     }
 }
@@ -58,10 +53,7 @@ pub fn grpc(data: &[u8]) {
     };
     let reserved = parsed.tensor_bytes();
     match parsed.decode() {
-        Ok(decoded) => {
-            let used: usize = decoded.inputs.iter().map(|t| t.data_bytes()).sum();
-            assert!(used <= reserved, "decoding took {used} bytes, {reserved} were reserved");
-        }
+        Ok(decoded) => within_reservation(&decoded.inputs, reserved),
         Err(e) => known(e.kind()),
     }
 }

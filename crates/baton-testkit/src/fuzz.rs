@@ -9,9 +9,35 @@
 //! one of its decimal numbers replaced by such a token, which turns a
 //! shape of `[2, 3]` into `[4611686018427387904, 3]`.
 
+pub mod seeds;
+
+use baton_core::signature::{Signature, TensorSpec};
 use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_protocol::TensorHeader;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
+
+/// The error kinds a request decoder (REST or gRPC) may return: all
+/// client errors.
+pub const REQUEST_KINDS: [&str; 4] = ["invalid_json", "invalid_request", "invalid_tensor", "invalid_binary"];
+
+/// A model whose inputs are exactly a parsed request's: any request that
+/// parses must pass the model check against it.
+pub fn model_of<'a>(inputs: impl Iterator<Item = &'a TensorHeader>) -> Signature {
+    let spec =
+        |t: &TensorHeader| TensorSpec { name: t.name().to_owned(), datatype: t.datatype(), shape: t.shape().to_vec() };
+    Signature { inputs: inputs.map(spec).collect(), outputs: Vec::new() }
+}
+
+/// Asserts that decoded tensors agree with their shapes and took no more
+/// than parsing reserved for each (`reserved`, in the same order).
+pub fn assert_within_reservation(tensors: &[Tensor], reserved: &[usize]) {
+    assert_eq!(tensors.len(), reserved.len());
+    for (tensor, &reserved) in tensors.iter().zip(reserved) {
+        assert_eq!(tensor.check_consistent(), Ok(()));
+        assert!(tensor.data_bytes() <= reserved, "'{}' took {} > {reserved}", tensor.name, tensor.data_bytes());
+    }
+}
 
 /// The environment variable that sets the cases every fuzz test runs, for
 /// long campaigns; proptest's own name for it.

@@ -22,11 +22,11 @@ use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, split_framed};
 use baton_core::tensor_json::{NullFloats, elements_from_json};
 use baton_onnx::proto;
+use baton_protocol::decode_request;
 use baton_protocol::grpc::codec::decode_infer_request;
 use baton_protocol::grpc::convert;
 use baton_protocol::grpc::pb::ModelInferRequest;
-use baton_protocol::{RequestedOutput, decode_request};
-use baton_testkit::fuzz::{config, damaged, named, tensor, text_tokens, wire_tokens};
+use baton_testkit::fuzz::{config, damaged, named, seeds, tensor, text_tokens, wire_tokens};
 use proptest::prelude::*;
 use prost::Message;
 
@@ -245,13 +245,9 @@ fn worst_cases_stay_within_their_caps() {
     }
 }
 
-fn encode_len(mut n: usize) -> Vec<u8> {
+fn encode_len(n: usize) -> Vec<u8> {
     let mut out = Vec::new();
-    while n >= 0x80 {
-        out.push((n as u8) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
+    prost::encoding::encode_varint(n as u64, &mut out);
     out
 }
 
@@ -298,22 +294,6 @@ fn claims_are_never_allocated() {
     onnx(&[0x3a, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40]);
 }
 
-fn rest_seeds() -> Vec<(Vec<u8>, Option<usize>)> {
-    let t = baton_core::tensor::Tensor::from_f32("x", vec![2, 2], &[1.0, 2.0, 3.0, 4.0]);
-    [false, true]
-        .into_iter()
-        .map(|binary| {
-            let e = baton_protocol::encode_request(
-                std::slice::from_ref(&t),
-                binary,
-                &[RequestedOutput::new("y")],
-                Some("id"),
-            );
-            (e.body, e.header_length)
-        })
-        .collect()
-}
-
 proptest! {
     #![proptest_config(config(128))]
 
@@ -322,14 +302,14 @@ proptest! {
     #[test]
     fn fuzzed_inputs_stay_within_their_caps(
         tensors in prop::collection::vec(tensor(true), 0..4),
-        text in damaged(vec![rest_seeds()[0].0.clone()], text_tokens(), 4),
-        binary in damaged(vec![rest_seeds()[1].0.clone()], text_tokens(), 4),
+        text in damaged(vec![seeds::rest()[1].0.clone()], text_tokens(), 4),
+        binary in damaged(vec![seeds::rest()[2].0.clone()], text_tokens(), 4),
         wire in prop::collection::vec(any::<u8>(), 0..512),
     ) {
         let encoded = baton_protocol::encode_request(&named(tensors), true, &[], None);
         rest(&encoded.body, encoded.header_length);
         rest(&text, None);
-        let header_length = rest_seeds()[1].1.filter(|&n| n <= binary.len());
+        let header_length = seeds::rest()[2].1.filter(|&n| n <= binary.len());
         rest(&binary, header_length);
         grpc(&wire);
         onnx(&wire);
@@ -340,7 +320,7 @@ proptest! {
     }
 
     #[test]
-    fn damaged_messages_and_models_stay_within_their_caps(bytes in damaged(vec![baton_onnx::mlp::encode_identity(1, 4)], wire_tokens(), 4)) {
+    fn damaged_messages_and_models_stay_within_their_caps(bytes in damaged([seeds::grpc(), seeds::onnx()].concat(), wire_tokens(), 4)) {
         grpc(&bytes);
         onnx(&bytes);
     }

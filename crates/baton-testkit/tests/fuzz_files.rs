@@ -11,21 +11,8 @@ use baton_core::pipeline::warmup::parse_sample;
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::{DataType, TensorData, append_framed, framed_items, split_framed};
 use baton_core::tensor_json::{NullFloats, check_json_count, elements_from_json, tensor_to_json};
-use baton_testkit::fuzz::{config, damaged, named, tensor, text_tokens};
+use baton_testkit::fuzz::{config, damaged, named, seeds, tensor, text_tokens};
 use proptest::prelude::*;
-
-/// A `model.toml` that sets every section; the AFL++ targets start from it too.
-const FULL_SPEC: &str = include_str!("../../../fuzz/seeds/model.toml");
-
-/// A warmup sample of two inputs, flat and nested.
-const SAMPLE: &str = r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[0.5,1],[2,-3]]},
-    {"name":"s","datatype":"BYTES","shape":[1],"data":["a\u00e9"]}]}"#;
-
-fn manifest_seed() -> Vec<u8> {
-    let entry = |path: &str, size| Entry { path: path.into(), size, sha256: "0a".repeat(32) };
-    let manifest = Manifest { entries: vec![entry("model.onnx", 1 << 20), entry("warmup/b1.json", 4096)] };
-    manifest::render(&manifest).into_bytes()
-}
 
 /// A manifest's parse error kinds.
 fn manifest_kind(text: &str) -> Result<Manifest, &'static str> {
@@ -50,7 +37,7 @@ proptest! {
     }
 
     #[test]
-    fn manifest_damage_is_refused_or_parsed(bytes in damaged(vec![manifest_seed()], text_tokens(), 4)) {
+    fn manifest_damage_is_refused_or_parsed(bytes in damaged(vec![seeds::manifest()], text_tokens(), 4)) {
         let _ = manifest_kind(&String::from_utf8_lossy(&bytes));
     }
 
@@ -75,7 +62,7 @@ proptest! {
     /// Damaged specs: refused with a message, or parsed into a spec whose
     /// own checks hold.
     #[test]
-    fn spec_damage_is_refused_or_parsed(bytes in damaged(vec![FULL_SPEC.as_bytes().to_vec()], text_tokens(), 4)) {
+    fn spec_damage_is_refused_or_parsed(bytes in damaged(vec![seeds::MODEL_TOML.as_bytes().to_vec()], text_tokens(), 4)) {
         match ModelSpec::parse(&String::from_utf8_lossy(&bytes)) {
             Ok(spec) => {
                 prop_assert!(spec.validation.max_ratio.is_finite() && spec.validation.max_ratio >= 2.0);
@@ -101,7 +88,7 @@ proptest! {
     }
 
     #[test]
-    fn sample_damage_is_refused_or_parsed(bytes in damaged(vec![SAMPLE.as_bytes().to_vec()], text_tokens(), 4)) {
+    fn sample_damage_is_refused_or_parsed(bytes in damaged(vec![seeds::SAMPLE.as_bytes().to_vec()], text_tokens(), 4)) {
         match parse_sample("warmup/x.json".into(), &String::from_utf8_lossy(&bytes)) {
             Ok(sample) => {
                 for t in &sample.inputs {

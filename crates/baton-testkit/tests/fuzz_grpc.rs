@@ -8,88 +8,32 @@
 //!
 //! `PROPTEST_CASES` sets the cases of every test here (see docs/fuzzing.md).
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_core::tensor::{DataType, Tensor, element_count};
 use baton_protocol::CodecError;
 use baton_protocol::grpc::codec::decode_infer_request;
-use baton_protocol::grpc::convert::{encode_response, parse_request};
-use baton_protocol::grpc::pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use baton_protocol::grpc::convert::parse_request;
+use baton_protocol::grpc::pb::model_infer_request::InferInputTensor;
 use baton_protocol::grpc::pb::{InferTensorContents, ModelInferRequest};
-use baton_testkit::fuzz::{config, damaged, named, tensor, wire_tokens};
+use baton_testkit::fuzz::{
+    REQUEST_KINDS, assert_within_reservation, config, damaged, model_of, named, seeds, tensor, wire_tokens,
+};
 use proptest::prelude::*;
 use prost::Message;
-
-const REQUEST_KINDS: [&str; 4] = ["invalid_json", "invalid_request", "invalid_tensor", "invalid_binary"];
 
 /// Decodes a message as the server does, asserting what holds for any
 /// input (see the module); the decoded inputs, or why not.
 fn decode_checked(bytes: &[u8]) -> Result<Vec<Tensor>, String> {
     let request = decode_infer_request(bytes).map_err(|e| e.to_string())?;
-    decode_message(request).map_err(|e| e.to_string())
-}
-
-fn decode_message(request: ModelInferRequest) -> Result<Vec<Tensor>, CodecError> {
     let known = |e: CodecError| {
         assert!(REQUEST_KINDS.contains(&e.kind()) && e.is_client_error(), "{e:?}");
-        e
+        e.to_string()
     };
     let parsed = parse_request(request).map_err(known)?;
     let reserved: Vec<usize> = parsed.inputs().map(|t| t.tensor_bytes()).collect();
-    let model = Signature {
-        inputs: parsed
-            .inputs()
-            .map(|t| TensorSpec { name: t.name().to_owned(), datatype: t.datatype(), shape: t.shape().to_vec() })
-            .collect(),
-        outputs: Vec::new(),
-    };
-    assert_eq!(parsed.check(&model, 0), Ok(()));
+    assert_eq!(parsed.check(&model_of(parsed.inputs()), 0), Ok(()));
     let decoded = parsed.decode().map_err(known)?;
-    for (tensor, reserved) in decoded.inputs.iter().zip(reserved) {
-        assert_eq!(tensor.check_consistent(), Ok(()));
-        assert!(tensor.data_bytes() <= reserved, "'{}' took {} > {reserved}", tensor.name, tensor.data_bytes());
-    }
+    assert_within_reservation(&decoded.inputs, &reserved);
     Ok(decoded.inputs)
-}
-
-/// A request carrying `tensors` as raw contents, or as typed contents
-/// (taken from a response encoding them, which FP16 cannot be).
-fn request_of(tensors: &[Tensor], raw: bool) -> ModelInferRequest {
-    let encoded = encode_response("m", 1, String::new(), tensors.to_vec(), &[], raw).expect("consistent tensors");
-    let inputs = encoded
-        .outputs
-        .into_iter()
-        .map(|o| InferInputTensor {
-            name: o.name,
-            datatype: o.datatype,
-            shape: o.shape,
-            contents: o.contents,
-            ..Default::default()
-        })
-        .collect();
-    ModelInferRequest {
-        model_name: "m".into(),
-        id: "id".into(),
-        inputs,
-        outputs: vec![InferRequestedOutputTensor { name: "y".into(), ..Default::default() }],
-        raw_input_contents: encoded.raw_output_contents,
-        ..Default::default()
-    }
-}
-
-/// Valid messages to damage: raw and typed inputs of several datatypes.
-fn seeds() -> Vec<Vec<u8>> {
-    let tensors = vec![
-        Tensor::from_f32("x", vec![2, 2], &[0.5, -1.0, 2.0, 3.0]),
-        Tensor {
-            name: "s".into(),
-            datatype: DataType::Bytes,
-            shape: vec![2],
-            data: TensorData::Bytes(vec![b"ab".to_vec(), Vec::new()]),
-        },
-        Tensor { name: "i".into(), datatype: DataType::Int8, shape: vec![3], data: TensorData::Raw(vec![1, 0xff, 7]) },
-        Tensor { name: "b".into(), datatype: DataType::Bool, shape: vec![1, 1], data: TensorData::Raw(vec![1]) },
-    ];
-    vec![request_of(&tensors, true).encode_to_vec(), request_of(&tensors, false).encode_to_vec()]
 }
 
 proptest! {
@@ -103,7 +47,7 @@ proptest! {
 
     /// Valid messages damaged at the wire level.
     #[test]
-    fn damaged_messages_are_refused_or_decoded(bytes in damaged(seeds(), wire_tokens(), 4)) {
+    fn damaged_messages_are_refused_or_decoded(bytes in damaged(seeds::grpc(), wire_tokens(), 4)) {
         let _ = decode_checked(&bytes);
     }
 
@@ -112,7 +56,7 @@ proptest! {
     fn valid_requests_round_trip(raw in prop::collection::vec(tensor(false), 0..4),
         typed in prop::collection::vec(tensor(false).prop_filter("FP16 has no typed field", |t| t.datatype != DataType::Fp16), 0..4),) {
         for (tensors, raw) in [(named(raw), true), (named(typed), false)] {
-            let bytes = request_of(&tensors, raw).encode_to_vec();
+            let bytes = seeds::grpc_request(&tensors, raw).encode_to_vec();
             prop_assert_eq!(decode_checked(&bytes), Ok(tensors));
         }
     }

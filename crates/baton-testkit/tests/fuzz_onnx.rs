@@ -11,31 +11,9 @@
 
 use std::io::Write;
 
-use baton_onnx::mlp::{Mlp, OnnxOptions, encode_identity, encode_mlp};
-use baton_onnx::proto::{self, ProtoError, RawData, elem};
-use baton_onnx::writer::{Attr, Dim, GraphWriter};
-use baton_testkit::fuzz::{config, damaged, wire_tokens};
+use baton_onnx::proto::{self, ProtoError, RawData};
+use baton_testkit::fuzz::{config, damaged, seeds, wire_tokens};
 use proptest::prelude::*;
-
-/// Valid models: an MLP with raw weights, one with external data, an
-/// identity of INT64, and one with a Constant node and integer attributes.
-fn seeds() -> Vec<Vec<u8>> {
-    let mlp = Mlp::new(&[3, 2, 1], 7);
-    let external = OnnxOptions { external_data: Some("weights.bin".into()), ..OnnxOptions::default() };
-    let mut graph = GraphWriter::new("g");
-    let table = graph.constant("table", elem::FLOAT, &[4, 2], &[0; 32]);
-    graph.node("Gather", &[&table, "ids"], &["rows"], &[Attr::Int("axis", 0)]);
-    graph.node("Transpose", &["rows"], &["y"], &[Attr::Ints("perm", &[1, 0]), Attr::Float("alpha", 0.5)]);
-    graph.initializer_i64("shape", &[2], &[-1, 1 << 40]);
-    graph.input("ids", elem::INT64, &[Dim::Named("batch")]);
-    graph.output("y", elem::FLOAT, &[Dim::Fixed(2), Dim::Named("batch")]);
-    vec![
-        encode_mlp(&mlp, &OnnxOptions::default()).0,
-        encode_mlp(&mlp, &external).0,
-        encode_identity(elem::INT64, 3),
-        graph.model(13),
-    ]
-}
 
 /// Asserts an error is one of the reader's kinds for bad bytes.
 fn known(e: &ProtoError) {
@@ -130,13 +108,13 @@ proptest! {
     }
 
     #[test]
-    fn damaged_models_are_refused_or_read(bytes in damaged(seeds(), wire_tokens(), 4)) {
+    fn damaged_models_are_refused_or_read(bytes in damaged(seeds::onnx(), wire_tokens(), 4)) {
         read_all(&bytes);
     }
 
     /// The skeleton of any file, valid or damaged, parses as the file does.
     #[test]
-    fn skeletons_parse_as_their_files(bytes in damaged(seeds(), wire_tokens(), 2)) {
+    fn skeletons_parse_as_their_files(bytes in damaged(seeds::onnx(), wire_tokens(), 2)) {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&bytes).unwrap();
         let path = std::path::Path::new("model.onnx");

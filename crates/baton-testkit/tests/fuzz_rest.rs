@@ -9,14 +9,12 @@
 //!
 //! `PROPTEST_CASES` sets the cases of every test here (see docs/fuzzing.md).
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
-use baton_protocol::{CodecError, RequestedOutput, encode_request, parse_request};
-use baton_testkit::fuzz::{config, damaged, named, tensor, text_tokens};
+use baton_core::tensor::{DataType, Tensor, element_count};
+use baton_protocol::{CodecError, encode_request, parse_request};
+use baton_testkit::fuzz::{
+    REQUEST_KINDS, assert_within_reservation, config, damaged, model_of, named, seeds, tensor, text_tokens,
+};
 use proptest::prelude::*;
-
-/// The kinds a request decoder may return: all client errors.
-const REQUEST_KINDS: [&str; 4] = ["invalid_json", "invalid_request", "invalid_tensor", "invalid_binary"];
 
 /// Parses, checks against a model made of the request's own inputs, and
 /// decodes, asserting what holds for any body: errors are client errors
@@ -30,52 +28,10 @@ fn decode_checked(body: &[u8], header_length: Option<usize>) -> Result<Vec<Tenso
     };
     let header = parse_request(body, header_length).map_err(known)?;
     let reserved: Vec<usize> = header.inputs().map(|t| t.tensor_bytes()).collect();
-    let model = Signature {
-        inputs: header
-            .inputs()
-            .map(|t| TensorSpec { name: t.name().to_owned(), datatype: t.datatype(), shape: t.shape().to_vec() })
-            .collect(),
-        outputs: Vec::new(),
-    };
-    assert_eq!(header.check(&model, 0), Ok(()), "a request fits a model made of its own inputs");
+    assert_eq!(header.check(&model_of(header.inputs()), 0), Ok(()), "a request fits a model of its own inputs");
     let request = header.decode().map_err(known)?;
-    for (tensor, reserved) in request.inputs.iter().zip(reserved) {
-        assert_eq!(tensor.check_consistent(), Ok(()));
-        assert!(tensor.data_bytes() <= reserved, "'{}' took {} > {reserved}", tensor.name, tensor.data_bytes());
-    }
+    assert_within_reservation(&request.inputs, &reserved);
     Ok(request.inputs)
-}
-
-/// Valid bodies to damage, with their header lengths, one per kind:
-/// JSON, binary, mixed, BYTES, empty tensors.
-fn seeds() -> Vec<(Vec<u8>, Option<usize>)> {
-    let mixed = r#"{"id":"m","inputs":[{"name":"a","datatype":"UINT8","shape":[2],"data":[[1],[2]]},
-        {"name":"s","datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":6}}],
-        "outputs":[{"name":"y","parameters":{"binary_data":true}}],"parameters":{"binary_data_output":false}}"#;
-    let mut mixed_body = mixed.as_bytes().to_vec();
-    mixed_body.extend([2, 0, 0, 0, b'o', b'k']);
-    let tensors = vec![
-        Tensor::from_f32("x", vec![2, 3], &[0.5, -1.0, 2.0, 3.25, 1e-3, 7.0]),
-        Tensor {
-            name: "s".into(),
-            datatype: DataType::Bytes,
-            shape: vec![2],
-            data: TensorData::Bytes(vec![b"ab".to_vec(), Vec::new()]),
-        },
-        Tensor {
-            name: "i".into(),
-            datatype: DataType::Int64,
-            shape: vec![1, 2],
-            data: TensorData::Raw([7i64.to_le_bytes(), (-3i64).to_le_bytes()].concat()),
-        },
-        Tensor { name: "e".into(), datatype: DataType::Fp16, shape: vec![0, 4], data: TensorData::Raw(Vec::new()) },
-    ];
-    let mut seeds = vec![(mixed_body, Some(mixed.len()))];
-    for binary in [false, true] {
-        let encoded = encode_request(&tensors, binary, &[RequestedOutput::new("y")], Some("r"));
-        seeds.push((encoded.body, encoded.header_length));
-    }
-    seeds
 }
 
 /// A header length near the true one, or anywhere, or none.
@@ -114,8 +70,8 @@ proptest! {
     /// counts that disagree with shapes, cut and repeated pieces.
     #[test]
     fn damaged_requests_are_refused_or_decoded(
-        (body, header_length) in (0..seeds().len()).prop_flat_map(|i| {
-            let (body, header_length) = seeds().swap_remove(i);
+        (body, header_length) in (0..seeds::rest().len()).prop_flat_map(|i| {
+            let (body, header_length) = seeds::rest().swap_remove(i);
             let len = body.len();
             (damaged(vec![body], text_tokens(), 4), any_header_length(len, header_length))
         }),
