@@ -18,6 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_transport(false)
         .emit_rerun_if_changed(false)
+        // prost's codec, with inference requests checked on the wire first.
+        .codec_path("crate::grpc::codec::Codec")
         .out_dir(&out)
         .compile_fds(descriptors)?;
     Ok(())

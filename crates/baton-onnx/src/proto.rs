@@ -157,6 +157,11 @@ pub enum ProtoError {
 
 type Result<T> = std::result::Result<T, ProtoError>;
 
+/// Messages nested deeper than this (subgraphs in subgraphs) are refused
+/// rather than followed: each level takes stack, and a megabyte of nesting
+/// would overflow a thread's.
+const MAX_DEPTH: usize = 64;
+
 mod externalize;
 mod nested;
 mod node;
@@ -212,7 +217,7 @@ fn parse_graph(mut r: Reader<'_>, model: &mut OnnxModel) -> Result<()> {
         match f {
             1 => {
                 let idx = model.nodes.len();
-                model.nodes.push(node::parse_node(r.sub(v.bytes(f, CTX)?), idx, &mut nested)?);
+                model.nodes.push(node::parse_node(r.sub(v.bytes(f, CTX)?), idx, &mut nested, 0)?);
             }
             5 => {
                 let idx = model.initializers.len();

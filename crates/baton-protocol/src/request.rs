@@ -12,7 +12,7 @@ use crate::error::CodecError;
 use crate::framing::{BinaryCursor, brief, parse_header, split};
 use crate::tensor_decode::{ParsedTensor, parse_tensors};
 use crate::tensor_header::{TensorHeader, check, total_bytes};
-use crate::wire_json::{Checked, RequestJson, RequestedOutputJson};
+use crate::wire_json::{Checked, Entries, RequestJson, RequestedOutputJson, parse_entry};
 
 /// A decoded inference request.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -167,7 +167,7 @@ pub fn parse_request(body: &[u8], header_length: Option<usize>) -> Result<Reques
     let mut cursor = BinaryCursor::new(binary, header_length, "input");
     let inputs = parse_tensors(json, entries, &mut cursor, "input")?;
     cursor.finish()?;
-    let outputs = requested_outputs(header.outputs.unwrap_or_default())?;
+    let outputs = requested_outputs(json, header.outputs.unwrap_or_default())?;
     Ok(RequestHeader { id, outputs, binary_data_output, parameters, json, inputs })
 }
 
@@ -179,10 +179,11 @@ pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<Infer
     parse_request(body, header_length)?.decode()
 }
 
-fn requested_outputs(entries: Vec<RequestedOutputJson>) -> Result<Vec<RequestedOutput>, CodecError> {
+fn requested_outputs(json: &[u8], entries: Entries<'_>) -> Result<Vec<RequestedOutput>, CodecError> {
     let invalid = CodecError::InvalidRequest;
-    let mut outputs: Vec<RequestedOutput> = Vec::with_capacity(entries.len());
+    let mut outputs: Vec<RequestedOutput> = Vec::new();
     for (index, entry) in entries.into_iter().enumerate() {
+        let entry: RequestedOutputJson = parse_entry(json, entry)?;
         let name = match entry.name {
             None => return Err(invalid(format!("requested output {index} has no 'name'"))),
             Some(Checked::Invalid(v)) => {

@@ -13,7 +13,7 @@ use baton_core::tensor_json::{ElementsError, NullFloats, check_json_count, eleme
 use crate::error::CodecError;
 use crate::framing::{BinaryCursor, brief, brief_text, json_error_at};
 use crate::tensor_header::{TensorHeader, bytes_size};
-use crate::wire_json::{Checked, TensorJson};
+use crate::wire_json::{Checked, Entries, TensorJson, offset_in, parse_entry};
 
 /// One tensor of a header, checked, with its data not decoded yet.
 pub(crate) struct ParsedTensor<'a> {
@@ -37,16 +37,17 @@ enum Data<'a> {
 
 /// Parses tensors in order, taking binary data from `cursor` for those
 /// that carry `parameters.binary_data_size`. `json` is the JSON header the
-/// entries came from; `role` is `input` or `output`.
+/// entries came from, each parsed only once those before it are checked;
+/// `role` is `input` or `output`.
 pub(crate) fn parse_tensors<'a>(
     json: &'a [u8],
-    entries: Vec<TensorJson<'a>>,
+    entries: Entries<'a>,
     cursor: &mut BinaryCursor<'a>,
     role: &'static str,
 ) -> Result<Vec<ParsedTensor<'a>>, CodecError> {
-    let mut tensors: Vec<ParsedTensor<'a>> = Vec::with_capacity(entries.len());
+    let mut tensors: Vec<ParsedTensor<'a>> = Vec::new();
     for (index, entry) in entries.into_iter().enumerate() {
-        let tensor = parse_tensor(json, index, entry, &tensors, cursor, role)?;
+        let tensor = parse_tensor(json, index, parse_entry(json, entry)?, &tensors, cursor, role)?;
         tensors.push(tensor);
     }
     Ok(tensors)
@@ -109,7 +110,7 @@ fn parse_tensor<'a>(
             };
             let header = TensorHeader::new(name, datatype, shape, count, bytes);
             // The text is a slice of `json`: its offset there locates errors.
-            let offset = (text.as_ptr() as usize).saturating_sub(json.as_ptr() as usize);
+            let offset = offset_in(json, text);
             check_json_count(text, count)
                 .map_err(|e| elements_error(e, &header, role, NullFloats::Reject, json, offset))?;
             Ok(ParsedTensor { header, data: Data::Json { text, offset } })

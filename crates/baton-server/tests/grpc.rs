@@ -293,6 +293,17 @@ fn oversized_requests_are_resource_exhausted() {
         tx.send(raw_request("ranker", &input, batch)).await.unwrap();
         let result = within("stream answer", responses.message()).await;
         assert_status(result, Code::ResourceExhausted, &["4096"], "an oversized message on a stream");
+
+        // Under the limit, but 2,000 empty inputs would decode to far more
+        // memory than their 4,000 bytes: refused before prost builds them.
+        let empty = ModelInferRequest {
+            model_name: "ranker".into(),
+            inputs: vec![InferInputTensor::default(); 2000],
+            ..ModelInferRequest::default()
+        };
+        let result = within("empty inputs", c.model_infer(empty)).await;
+        let kind = assert_status(result, Code::ResourceExhausted, &["more than 64 times its size"], "empty inputs");
+        assert_eq!(kind, "too_large");
     });
 }
 

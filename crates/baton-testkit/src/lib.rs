@@ -9,6 +9,7 @@
 
 pub mod encoder;
 pub mod fake;
+pub mod fuzz;
 pub mod repo;
 pub mod server;
 

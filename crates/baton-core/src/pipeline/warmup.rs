@@ -171,18 +171,26 @@ fn shipped(dir: &Path) -> Result<Vec<Sample>, WarmupError> {
         .into_iter()
         .map(|path| {
             let file = format!("warmup/{}", path.file_name().unwrap_or_default().to_string_lossy());
-            let bad = |reason: String| WarmupError::BadSample { file: file.clone(), reason };
-            let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
-            let parsed: SampleFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-            let inputs = parsed
-                .inputs
-                .into_iter()
-                .map(|t| tensor_from_json(&t.name, t.datatype, t.shape, &t.data))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(bad)?;
-            Ok(Sample { name: file, inputs })
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| WarmupError::BadSample { file: file.clone(), reason: e.to_string() })?;
+            parse_sample(file, &text)
         })
         .collect()
+}
+
+/// Parses the text of a shipped sample file, named `file` (its path in
+/// the version), checking every tensor's elements against its datatype
+/// and shape.
+pub fn parse_sample(file: String, text: &str) -> Result<Sample, WarmupError> {
+    let bad = |reason: String| WarmupError::BadSample { file: file.clone(), reason };
+    let parsed: SampleFile = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let inputs = parsed
+        .inputs
+        .into_iter()
+        .map(|t| tensor_from_json(&t.name, t.datatype, t.shape, &t.data))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(bad)?;
+    Ok(Sample { name: file, inputs })
 }
 
 /// Runs every sample on every instance; checks outputs and latency.

@@ -10,14 +10,11 @@
 //! it.
 
 use super::wire::{Reader, Val};
-use super::{ProtoError, Result};
+use super::{MAX_DEPTH, ProtoError, Result};
 
 /// TensorProto.data_location, which ONNX Runtime reads to decide.
 const DATA_LOCATION: u32 = 14;
 const EXTERNAL: u64 = 1;
-
-/// Nesting deeper than this is refused rather than followed.
-const MAX_DEPTH: usize = 64;
 
 /// The name of the first tensor outside the main graph's initializers
 /// that keeps its data in an external file, if any. `bytes` is a whole

@@ -2,7 +2,7 @@
 //! and which values an input may take ([`crate::graph`]).
 
 use super::wire::Reader;
-use super::{InitData, Initializer, Result, elem, parse_tensor};
+use super::{InitData, Initializer, MAX_DEPTH, ProtoError, Result, elem, parse_tensor};
 
 /// A graph node (NodeProto), with the attributes baton reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,8 +31,13 @@ impl Node {
 
 /// Parses a NodeProto. Nodes of subgraphs (the bodies of `If`, `Loop`,
 /// `Scan`) are appended to `nested`: they use the outer graph's values too.
-pub(super) fn parse_node(mut r: Reader<'_>, idx: usize, nested: &mut Vec<Node>) -> Result<Node> {
+/// `depth` counts the subgraphs around the node; past [`MAX_DEPTH`] the
+/// model is refused, as reading on would overflow the thread's stack.
+pub(super) fn parse_node(mut r: Reader<'_>, idx: usize, nested: &mut Vec<Node>, depth: usize) -> Result<Node> {
     let ctx = format!("node #{idx}");
+    if depth > MAX_DEPTH {
+        return Err(ProtoError::Unsupported(format!("{ctx}: subgraphs nested more than {MAX_DEPTH} deep")));
+    }
     let mut node = Node {
         op_type: String::new(),
         name: String::new(),
@@ -49,7 +54,7 @@ pub(super) fn parse_node(mut r: Reader<'_>, idx: usize, nested: &mut Vec<Node>) 
             3 => node.name = r.string(v, f, &ctx)?,
             4 => node.op_type = r.string(v, f, &ctx)?,
             5 => {
-                let attribute = parse_attribute(r.sub(v.bytes(f, &ctx)?), &ctx, nested)?;
+                let attribute = parse_attribute(r.sub(v.bytes(f, &ctx)?), &ctx, nested, depth)?;
                 match attribute {
                     Attribute::Int(name, value) => node.ints.push((name, value)),
                     Attribute::Constant(tensor) => constant = Some(tensor),
@@ -78,8 +83,8 @@ enum Attribute {
     Other,
 }
 
-/// Parses an AttributeProto.
-fn parse_attribute(mut r: Reader<'_>, node: &str, nested: &mut Vec<Node>) -> Result<Attribute> {
+/// Parses an AttributeProto of a node `depth` subgraphs deep.
+fn parse_attribute(mut r: Reader<'_>, node: &str, nested: &mut Vec<Node>, depth: usize) -> Result<Attribute> {
     let ctx = format!("an attribute of {node}");
     let (mut name, mut int, mut float) = (String::new(), None, None);
     let (mut tensor, mut floats, mut ints) = (None, Vec::new(), Vec::new());
@@ -89,10 +94,10 @@ fn parse_attribute(mut r: Reader<'_>, node: &str, nested: &mut Vec<Node>) -> Res
             2 => r.fixed(v, f, &ctx, 4, float.get_or_insert_with(Vec::new))?,
             3 => int = Some(v.varint(f, &ctx)? as i64),
             5 => tensor = Some(parse_tensor(r.sub(v.bytes(f, &ctx)?), &ctx)?),
-            6 => parse_subgraph(r.sub(v.bytes(f, &ctx)?), nested)?,
+            6 => parse_subgraph(r.sub(v.bytes(f, &ctx)?), nested, depth + 1)?,
             7 => r.fixed(v, f, &ctx, 4, &mut floats)?,
             8 => r.varints(v, f, &ctx, &mut ints)?,
-            11 => parse_subgraph(r.sub(v.bytes(f, &ctx)?), nested)?,
+            11 => parse_subgraph(r.sub(v.bytes(f, &ctx)?), nested, depth + 1)?,
             _ => {}
         }
     }
@@ -111,14 +116,14 @@ fn parse_attribute(mut r: Reader<'_>, node: &str, nested: &mut Vec<Node>) -> Res
     })
 }
 
-/// Appends the nodes of a subgraph (GraphProto) to `nested`.
-fn parse_subgraph(mut r: Reader<'_>, nested: &mut Vec<Node>) -> Result<()> {
+/// Appends the nodes of a subgraph (GraphProto), `depth` deep, to `nested`.
+fn parse_subgraph(mut r: Reader<'_>, nested: &mut Vec<Node>, depth: usize) -> Result<()> {
     const CTX: &str = "a subgraph";
     while let Some((f, v)) = r.next(CTX)? {
         if f == 1 {
             let idx = nested.len();
             let mut inner = Vec::new();
-            let node = parse_node(r.sub(v.bytes(f, CTX)?), idx, &mut inner)?;
+            let node = parse_node(r.sub(v.bytes(f, CTX)?), idx, &mut inner, depth)?;
             nested.push(node);
             nested.append(&mut inner);
         }

@@ -8,7 +8,12 @@
 //! definitions, so tritonclient and perf_analyzer work unchanged; they hold
 //! only what baton implements. `baton_management.proto` is baton's own.
 
+pub mod codec;
 pub mod convert;
+
+/// The metadata key that carries an error's stable kind (e.g.
+/// `model_not_found`) next to the status code and message.
+pub const KIND_KEY: &str = "baton-error-kind";
 
 /// Code generated from `proto/grpc_service.proto` and
 /// `proto/model_config.proto` (package `inference`): messages, the server

@@ -37,9 +37,7 @@ use crate::error::{Class, ServeError};
 
 pub use baton_protocol::grpc::{pb, pb_baton};
 
-/// The metadata key that carries an error's stable kind (e.g.
-/// `model_not_found`) next to the status code and message.
-pub const KIND_KEY: &str = "baton-error-kind";
+pub use baton_protocol::grpc::KIND_KEY;
 
 /// The gRPC status code of a class of error. Of the choices left open:
 ///

@@ -7,6 +7,11 @@ use crate::tensor::{DataType, Tensor, TensorData, element_count};
 
 use super::Sample;
 
+/// The most bytes warmup generates for one input: a batch size of
+/// `model.toml` times the model's shape may ask for more than the machine
+/// has, and then no inputs are generated (see [`generated`]).
+pub const MAX_GENERATED_BYTES: usize = 1 << 30;
+
 /// Why inputs cannot be generated for a model with this signature and
 /// these input ranges: the first integer input whose valid values are
 /// unknown (left out of `ranges`, or [`ValueRange::Unknown`]).
@@ -34,42 +39,48 @@ fn range_of(ranges: &[InputRange], name: &str) -> ValueRange {
 /// the batch size, other variable ones 1. Floats are spread over [-1, 1];
 /// integers over their range ([`ValueRange::Within`]: its ends first, then
 /// values spread between them), or 0 where any value is safe. Fails with
-/// the reason of [`ungenerable`].
+/// the reason of [`ungenerable`], or when an input would take more than
+/// [`MAX_GENERATED_BYTES`].
 pub fn generated(signature: &Signature, ranges: &[InputRange], batch_sizes: &[usize]) -> Result<Vec<Sample>, String> {
     if let Some(reason) = ungenerable(signature, ranges) {
         return Err(reason);
     }
     let batched = signature.inputs.iter().any(|s| s.shape.first().is_some_and(|d| *d < 0));
     let sizes: Vec<usize> = if batched { batch_sizes.to_vec() } else { vec![1] };
-    Ok(sizes
-        .into_iter()
-        .map(|batch| {
-            let inputs = signature
-                .inputs
+    let mut samples = Vec::with_capacity(sizes.len());
+    for batch in sizes {
+        let mut inputs = Vec::with_capacity(signature.inputs.len());
+        for spec in &signature.inputs {
+            let shape: Vec<i64> = spec
+                .shape
                 .iter()
-                .map(|spec| {
-                    let shape: Vec<i64> = spec
-                        .shape
-                        .iter()
-                        .enumerate()
-                        .map(|(i, d)| {
-                            if *d >= 0 {
-                                *d
-                            } else if i == 0 {
-                                batch as i64
-                            } else {
-                                1
-                            }
-                        })
-                        .collect();
-                    let count = element_count(&shape).unwrap_or(0);
-                    let data = fill(spec.datatype, count, &range_of(ranges, &spec.name));
-                    Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }
+                .enumerate()
+                .map(|(i, d)| {
+                    if *d >= 0 {
+                        *d
+                    } else if i == 0 {
+                        i64::try_from(batch).unwrap_or(-1)
+                    } else {
+                        1
+                    }
                 })
                 .collect();
-            Sample { name: format!("generated-b{batch}"), inputs }
-        })
-        .collect())
+            let element = spec.datatype.size().unwrap_or(size_of::<Vec<u8>>() + b"warmup".len());
+            let count =
+                element_count(&shape).filter(|n| n.checked_mul(element).is_some_and(|b| b <= MAX_GENERATED_BYTES));
+            let Some(count) = count else {
+                return Err(format!(
+                    "input '{}' at batch size {batch} (shape {shape:?}) would take more than the {MAX_GENERATED_BYTES} \
+                     bytes warmup generates for one input",
+                    spec.name
+                ));
+            };
+            let data = fill(spec.datatype, count, &range_of(ranges, &spec.name));
+            inputs.push(Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data });
+        }
+        samples.push(Sample { name: format!("generated-b{batch}"), inputs });
+    }
+    Ok(samples)
 }
 
 /// The values an integer type holds, `None` for other types.
@@ -163,6 +174,18 @@ mod tests {
             outputs: vec![],
         };
         assert_eq!(generated(&fixed, &[], &[1, 8, 32]).unwrap().len(), 1, "no batch dimension, one sample");
+    }
+
+    #[test]
+    fn batch_sizes_past_memory_generate_nothing() {
+        let sig = Signature {
+            inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 256] }],
+            outputs: vec![],
+        };
+        for batch in [1 << 40, usize::MAX, (MAX_GENERATED_BYTES / 1024) + 1] {
+            let e = generated(&sig, &[], &[1, batch]).unwrap_err();
+            assert!(e.contains("input 'x'") && e.contains(&format!("batch size {batch}")), "{e}");
+        }
     }
 
     #[test]
