@@ -66,28 +66,6 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
     }
 }
 
-fn check_batch(target: &Version, max: usize, inputs: &[Tensor]) -> Result<(), ServeError> {
-    if max == 0 {
-        return Ok(());
-    }
-    for input in inputs {
-        // Only a tensor that otherwise fits has a batch size to speak of; for
-        // any other (wrong rank, width or name) the signature check says
-        // precisely what is wrong.
-        let fits = target.signature().input(&input.name).is_some_and(|spec| spec.accepts(&input.shape));
-        if fits
-            && let Some(&batch) = input.shape.first()
-            && batch > max as i64
-        {
-            return Err(ServeError::bad_request(
-                "batch_too_large",
-                format!("input '{}': batch size {batch} exceeds the model's max_batch_size {max}", input.name),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The number of inferences a request asks for: its batch size when the
 /// model batches (`max` > 0), else 1.
 fn batch_size(max: usize, inputs: &[Tensor]) -> u64 {
@@ -146,9 +124,14 @@ pub async fn work_on<T: Send + 'static>(bytes: usize, work: impl FnOnce() -> T +
     let permits = LARGE_WORK.get_or_init(|| tokio::sync::Semaphore::new(cpus));
     // The semaphore is never closed.
     let _permit = permits.acquire().await.ok();
+    blocking(work).await
+}
+
+/// Runs blocking work (file I/O, a large decode) on tokio's blocking pool.
+/// Work that panics panics the caller's task too, as it would inline.
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
     match tokio::task::spawn_blocking(work).await {
         Ok(done) => done,
-        // The work panicked: so does this request's task, as it would inline.
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
@@ -209,8 +192,10 @@ pub fn precheck(app: &App, model: &str, version: Option<u64>) -> Result<(), Serv
     )))
 }
 
-/// Runs one inference on the version the snapshot routes `model` (and
-/// `version`, if named) to, and counts it in the metrics either way.
+/// Runs one inference on `target`, the version the request's snapshot
+/// routed it to (see [`target_of`]), whose `max` batch size its inputs
+/// were checked against before they were decoded; counts it in the
+/// metrics either way.
 ///
 /// The request is queued for one of the version's session threads and
 /// awaited; the async worker never runs it and never waits for a session.
@@ -218,19 +203,13 @@ pub fn precheck(app: &App, model: &str, version: Option<u64>) -> Result<(), Serv
 /// `[admission]` bounds allow, or when its deadline has passed; a request
 /// whose deadline passes while it waits is answered then and taken out of
 /// the queue, never run.
-pub async fn infer<'a>(
+pub async fn infer(
     app: &App,
-    snapshot: &'a Routing,
     model: &str,
-    version: Option<u64>,
+    (target, max): (&Version, usize),
     inputs: Vec<Tensor>,
     ticket: &mut Ticket,
-) -> Result<(&'a Arc<Version>, Vec<Tensor>), ServeError> {
-    let resolved = resolve(app, snapshot, model, version).and_then(|t| {
-        let max = max_batch_size(t);
-        check_batch(t, max, &inputs).map(|()| (t, max))
-    });
-    let (target, max) = resolved.inspect_err(|e| app.metrics.rejected(model, e.kind))?;
+) -> Result<Vec<Tensor>, ServeError> {
     let rows = batch_size(max, &inputs);
     ticket
         .reserve(app, model, output_bytes(target, max > 0, rows))
@@ -259,7 +238,7 @@ pub async fn infer<'a>(
     }
     let outcome = outcome.map_err(ServeError::from);
     series.record(started.elapsed(), rows, outcome.as_ref().err().map(|e| e.kind));
-    Ok((target, outcome?))
+    outcome
 }
 
 /// Counts a request the version did not queue: shed and expired ones as

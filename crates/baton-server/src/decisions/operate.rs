@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use super::{Change, Decision, Kind, StateError, Working, now, view};
 use crate::app::App;
 use crate::error::{Class, ServeError};
+use crate::serving::blocking;
 
 /// Claims `model` for an operation, refusing while another runs on it.
 fn begin(app: &App, model: &str) -> Result<Working, ServeError> {
@@ -41,13 +42,11 @@ fn refuse_if_pinned(app: &App, model: &str, operation: &str) -> Result<(), Serve
     }
 }
 
-/// Runs blocking work (the repository's listing, the state file) on the
-/// blocking pool.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(done) => done,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
+/// Whether the repository has `model` (it reads `model.toml`: off the
+/// async workers).
+async fn in_repository(app: &Arc<App>, model: &str) -> bool {
+    let (app, model) = (Arc::clone(app), model.to_owned());
+    blocking(move || app.registry.source().spec(&model).is_ok()).await
 }
 
 /// The error for a decision that took effect but could not be written.
@@ -115,7 +114,7 @@ pub async fn unload(app: &Arc<App>, model: &str) -> Result<Option<LoadReport>, S
     refuse_if_pinned(app, model, "unload")?;
     let report = match app.registry.unload(model) {
         Ok(handle) => handle.finished().await?,
-        Err(LoadError::NotLoaded { .. }) if app.registry.source().spec(model).is_ok() => return Ok(None),
+        Err(LoadError::NotLoaded { .. }) if in_repository(app, model).await => return Ok(None),
         Err(LoadError::NotLoaded { .. }) => return Err(ServeError::unknown_model(model)),
         Err(e) => return Err(e.into()),
     };
@@ -176,7 +175,7 @@ pub async fn pin(app: &Arc<App>, model: &str, version: u64) -> Result<Value, Ser
 pub async fn unpin(app: &Arc<App>, model: &str) -> Result<Value, ServeError> {
     let _working = begin(app, model)?;
     if app.decisions.get(model).is_none_or(|d| d.kind != Kind::Pin) {
-        if app.registry.status(model).is_none() && app.registry.source().spec(model).is_err() {
+        if app.registry.status(model).is_none() && !in_repository(app, model).await {
             return Err(ServeError::unknown_model(model));
         }
         return Ok(answer(app, model, None));

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use baton_core::version::Version;
 use baton_protocol::grpc::convert;
 use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;
@@ -61,10 +62,10 @@ async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> R
     let mut message = MessageRoom { frames: arrival.frames, bytes: request.encoded_len() as u64 };
     let _in_flight = app.admit(&model).inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
     let mut ticket = Ticket::new(app, None);
-    let (version, mut decoded) = receive(app, &snapshot, &model, request, &arrival, &mut ticket, &mut message).await?;
+    let (target, mut decoded) = receive(app, &snapshot, &model, request, &arrival, &mut ticket, &mut message).await?;
     let inputs = std::mem::take(&mut decoded.inputs);
-    let (target, outputs) = serving::infer(app, &snapshot, &model, version, inputs, &mut ticket).await?;
-    let number = target.number();
+    let outputs = serving::infer(app, &model, (&target.0, target.1), inputs, &mut ticket).await?;
+    let number = target.0.number();
     let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
         convert::encode_response(&model, number, decoded.id, outputs, &decoded.outputs, decoded.raw)
     });
@@ -82,7 +83,7 @@ async fn receive(
     arrival: &Arrival<'_>,
     ticket: &mut Ticket,
     message: &mut MessageRoom<'_>,
-) -> Result<(Option<u64>, convert::Decoded), ServeError> {
+) -> Result<((Arc<Version>, usize), convert::Decoded), ServeError> {
     let rejected = |e: ServeError| {
         app.metrics.rejected(model, e.kind);
         e
@@ -99,7 +100,7 @@ async fn receive(
     let decoded =
         serving::work_on(message.bytes as usize, move || parsed.decode()).await.map_err(|e| rejected(e.into()))?;
     message.release();
-    Ok((version, decoded))
+    Ok(((target, max_batch), decoded))
 }
 
 /// The version the request names; sets its deadline.

@@ -106,12 +106,12 @@ struct Call<'a> {
 /// Reads, decodes, runs and encodes. An error says whether the body was
 /// left partly unread.
 async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result<Response, (ApiError, bool)> {
-    let Call { app, model, version, .. } = *call;
+    let Call { app, model, .. } = *call;
     let snapshot = app.registry.snapshot();
-    let mut request = receive(call, &snapshot, body, ticket).await?;
+    let (target, max_batch, mut request) = receive(call, &snapshot, body, ticket).await?;
     let inputs = std::mem::take(&mut request.inputs);
     let fail = |e: ApiError| (e, false);
-    let (target, outputs) = serving::infer(app, &snapshot, model, version, inputs, ticket).await.map_err(fail)?;
+    let outputs = serving::infer(app, model, (&target, max_batch), inputs, ticket).await.map_err(fail)?;
     let (name, number) = (model.to_owned(), target.number());
     let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
         encode_response(&name, number, request.id.as_deref(), outputs, &request)
@@ -141,7 +141,7 @@ async fn receive(
     snapshot: &Routing,
     body: &mut Body,
     ticket: &mut Ticket,
-) -> Result<InferRequest, (ApiError, bool)> {
+) -> Result<(Arc<Version>, usize, InferRequest), (ApiError, bool)> {
     let Call { app, model, version, headers, header_length, arrived } = *call;
     let rejected = |unread: bool| {
         move |e: ApiError| {
@@ -193,7 +193,7 @@ async fn receive(
     let body_bytes = body.len() as u64;
     drop(body);
     ticket.memory.release(body_bytes);
-    Ok(request)
+    Ok((target, max_batch, request))
 }
 
 /// What decoding a body came to.
