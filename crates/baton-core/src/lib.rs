@@ -36,6 +36,7 @@ pub mod manifest;
 mod memory;
 pub mod pipeline;
 pub mod registry;
+pub mod rollout;
 pub mod routing;
 pub mod short_reads;
 pub mod signature;

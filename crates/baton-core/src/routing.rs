@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, mpsc};
 
 use crate::error::InferError;
+use crate::rollout::{Mode, Role, Rollout, assign};
 use crate::sync::Lock;
 use crate::tensor::Tensor;
 use crate::version::Version;
@@ -23,13 +24,45 @@ pub struct ModelRoute {
     pub stable: Arc<Version>,
     /// Earlier versions kept loaded for rollback, newest first.
     pub previous: Vec<Arc<Version>>,
+    /// The rollout in progress, if any: its candidate, mode and weight.
+    pub rollout: Option<Rollout>,
 }
 
 impl ModelRoute {
-    /// Every version of this route, stable first.
-    pub fn versions(&self) -> impl Iterator<Item = &Arc<Version>> {
-        std::iter::once(&self.stable).chain(&self.previous)
+    /// A route with a stable version, previous ones and no rollout.
+    pub fn new(stable: Arc<Version>, previous: Vec<Arc<Version>>) -> ModelRoute {
+        ModelRoute { stable, previous, rollout: None }
     }
+
+    /// Every version of this route: stable, the candidate, then previous.
+    pub fn versions(&self) -> impl Iterator<Item = &Arc<Version>> {
+        std::iter::once(&self.stable).chain(self.rollout.as_ref().map(|r| &r.candidate)).chain(&self.previous)
+    }
+
+    /// The role `version` plays in this route.
+    pub fn role_of(&self, version: &Version) -> Role {
+        if std::ptr::eq(version, Arc::as_ptr(&self.stable)) {
+            Role::Stable
+        } else if self.rollout.as_ref().is_some_and(|r| std::ptr::eq(version, Arc::as_ptr(&r.candidate))) {
+            Role::Candidate
+        } else {
+            Role::Previous
+        }
+    }
+}
+
+/// Where one request goes: the version that answers it, in which role, and
+/// whether a copy of it is to be run on the other side of a rollout, off
+/// the response path, to compare their outputs.
+#[derive(Clone, Debug)]
+pub struct Routed<'a> {
+    /// The version that answers.
+    pub version: &'a Arc<Version>,
+    /// Its role.
+    pub role: Role,
+    /// The rollout to compare in, when this request is copied: to the
+    /// candidate (shadow mode) or, paired, to the stable version.
+    pub compare: Option<&'a Rollout>,
 }
 
 /// One immutable routing table.
@@ -85,6 +118,31 @@ impl Routing {
                 .find(|x| x.number() == v)
                 .ok_or_else(|| InferError::VersionNotFound { model: model.to_owned(), version: v }),
         }
+    }
+
+    /// Where a request goes. A request that names a version gets it, in the
+    /// role it plays; one that names none gets the stable version, or the
+    /// candidate when its bucket (its sticky `key`'s, else a random one)
+    /// falls within the candidate's weight in canary and A/B modes.
+    pub fn route(&self, model: &str, version: Option<u64>, key: Option<&[u8]>) -> Result<Routed<'_>, InferError> {
+        let route = self.models.get(model).ok_or_else(|| InferError::ModelNotFound(model.to_owned()))?;
+        if let Some(v) = version {
+            let target = self.resolve(model, Some(v))?;
+            return Ok(Routed { version: target, role: route.role_of(target), compare: None });
+        }
+        let stable = Routed { version: &route.stable, role: Role::Stable, compare: None };
+        let Some(rollout) = &route.rollout else { return Ok(stable) };
+        let bucket = key.map_or_else(assign::random_bucket, assign::bucket);
+        let chosen = assign::to_candidate(bucket, rollout.weight);
+        Ok(match (rollout.mode, chosen) {
+            (_, false) => stable,
+            (Mode::Shadow, true) => Routed { compare: Some(rollout), ..stable },
+            (Mode::Canary | Mode::Ab, true) => Routed {
+                version: &rollout.candidate,
+                role: Role::Candidate,
+                compare: rollout.paired.then_some(rollout),
+            },
+        })
     }
 
     /// Runs an inference on the version this snapshot routes to, blocking

@@ -39,6 +39,9 @@
 //! max_in_flight = 80         # waiting and running; default: the queue plus what the instances run at once
 //! inline_us = 1000           # cheaper requests may run on the async worker when a session is free
 //!
+//! [rollout]                  # canary, A/B or shadow; see rollout::plan
+//! auto = false
+//!
 //! [engine]                   # passed to the backend as is
 //! sessions = 2
 //! ```
@@ -85,6 +88,10 @@ pub struct ModelSpec {
     /// How many requests a version takes before it refuses more.
     #[serde(default)]
     pub admission: AdmissionPolicy,
+    /// How a new version is rolled out beside the stable one, and the
+    /// guards it is held to ([`crate::rollout::plan`]).
+    #[serde(default)]
+    pub rollout: crate::rollout::plan::RolloutPolicy,
     /// Backend-specific settings, handed to the backend unparsed.
     #[serde(default)]
     pub engine: toml::Table,

@@ -255,7 +255,7 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
         let mut kept: Vec<Arc<Version>> = previous.map(|r| r.versions().cloned().collect()).unwrap_or_default();
         kept.retain(|v| v.number() != number);
         kept.truncate(keep);
-        models.insert(model, ModelRoute { stable: version, previous: kept });
+        models.insert(model, ModelRoute::new(version, kept));
         replaced
     });
     // Published on the agent, at serving priority; see the module's documentation.

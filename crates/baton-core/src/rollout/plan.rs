@@ -1,0 +1,191 @@
+//! How a rollout proceeds: `model.toml`'s `[rollout]` section, and the plan
+//! a rollout runs by (the section, with whatever the operator overrode when
+//! starting it).
+//!
+//! ```toml
+//! [rollout]
+//! auto = false               # a newly published version starts a rollout, not a full swap
+//! mode = "canary"            # canary | ab | shadow
+//! steps = [1, 5, 25, 50, 100] # percent of traffic (ab and shadow hold the first)
+//! interval_ms = 30000        # one window: judged at its end
+//! failure_limit = 1          # failed windows that roll the candidate back
+//! max_inconclusive = 10      # inconclusive windows in a row that pause the rollout
+//! paired = true              # canary/ab: also run answered requests on stable, off the response path, to compare
+//! queue = 64                 # comparison copies waiting at most; more are dropped and counted
+//!
+//! [rollout.guards]           # see Guards
+//! min_samples = 100
+//! max_error_rate_increase = 0.01
+//! max_p99_ratio = 1.5
+//! max_rel_l2 = 0.05
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::guard::Guards;
+use super::{FULL, Mode};
+
+/// `model.toml`'s `[rollout]` section.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutPolicy {
+    /// Whether a newly published version starts a rollout rather than a
+    /// full swap (the repository watcher's choice; an explicit load still
+    /// swaps).
+    pub auto: bool,
+    /// The mode a rollout starts in unless told otherwise.
+    pub mode: Mode,
+    /// The candidate's share at each step, in percent.
+    pub steps: Vec<f64>,
+    /// The length of a window; a window is judged at its end.
+    pub interval_ms: u64,
+    /// Failed windows that roll the candidate back.
+    pub failure_limit: u32,
+    /// Inconclusive windows in a row after which the rollout pauses.
+    pub max_inconclusive: u32,
+    /// In canary and A/B modes, whether requests the candidate answers are
+    /// also run on the stable version, off the response path, so that the
+    /// drift guards have pairs to compare.
+    pub paired: bool,
+    /// Comparison copies that may wait; a copy beyond it is dropped and
+    /// counted, never waited for.
+    pub queue: usize,
+    /// What each window is held to.
+    pub guards: Guards,
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> Self {
+        RolloutPolicy {
+            auto: false,
+            mode: Mode::Canary,
+            steps: vec![1.0, 5.0, 25.0, 50.0, 100.0],
+            interval_ms: 30_000,
+            failure_limit: 1,
+            max_inconclusive: 10,
+            paired: true,
+            queue: 64,
+            guards: Guards::default(),
+        }
+    }
+}
+
+/// What an operator may override when starting a rollout; unset fields
+/// come from the model's `[rollout]` section.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Overrides {
+    /// The mode.
+    pub mode: Option<Mode>,
+    /// The steps, in percent.
+    pub steps: Option<Vec<f64>>,
+    /// The window length, in milliseconds.
+    pub interval_ms: Option<u64>,
+    /// Failed windows that roll back.
+    pub failure_limit: Option<u32>,
+    /// Inconclusive windows in a row that pause.
+    pub max_inconclusive: Option<u32>,
+    /// Whether answered requests are paired with the stable version.
+    pub paired: Option<bool>,
+    /// The guards, whole.
+    pub guards: Option<Guards>,
+}
+
+/// The plan one rollout runs by.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The mode.
+    pub mode: Mode,
+    /// The candidate's share at each step, in basis points.
+    pub steps: Vec<u32>,
+    /// The window length, in milliseconds.
+    pub interval_ms: u64,
+    /// Failed windows that roll back.
+    pub failure_limit: u32,
+    /// Inconclusive windows in a row that pause.
+    pub max_inconclusive: u32,
+    /// Whether answered requests are paired with the stable version.
+    pub paired: bool,
+    /// Comparison copies that may wait.
+    pub queue: usize,
+    /// What each window is held to.
+    pub guards: Guards,
+}
+
+/// Why a plan cannot run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid rollout plan: {0}")]
+pub struct PlanError(pub String);
+
+impl Plan {
+    /// The plan `policy` makes with `overrides` applied, checked.
+    pub fn new(policy: &RolloutPolicy, overrides: &Overrides) -> Result<Plan, PlanError> {
+        let percents = overrides.steps.as_ref().unwrap_or(&policy.steps);
+        let mut steps = Vec::with_capacity(percents.len());
+        for &p in percents {
+            if !(p.is_finite() && p > 0.0 && p <= 100.0) {
+                return Err(PlanError(format!("a step must be a percentage above 0 and at most 100, not {p}")));
+            }
+            let bp = (p * f64::from(FULL) / 100.0).round() as u32;
+            if steps.last().is_some_and(|&last| bp <= last) {
+                return Err(PlanError(format!("steps must rise; {p}% does not rise above the step before")));
+            }
+            steps.push(bp.max(1));
+        }
+        if steps.is_empty() {
+            return Err(PlanError("a rollout needs at least one step".to_owned()));
+        }
+        let plan = Plan {
+            mode: overrides.mode.unwrap_or(policy.mode),
+            steps,
+            interval_ms: overrides.interval_ms.unwrap_or(policy.interval_ms),
+            failure_limit: overrides.failure_limit.unwrap_or(policy.failure_limit),
+            max_inconclusive: overrides.max_inconclusive.unwrap_or(policy.max_inconclusive),
+            paired: overrides.paired.unwrap_or(policy.paired),
+            queue: policy.queue,
+            guards: overrides.guards.clone().unwrap_or_else(|| policy.guards.clone()),
+        };
+        if plan.interval_ms < 10 {
+            return Err(PlanError(format!("interval_ms must be at least 10, not {}", plan.interval_ms)));
+        }
+        if plan.failure_limit == 0 || plan.max_inconclusive == 0 {
+            return Err(PlanError("failure_limit and max_inconclusive must be at least 1".to_owned()));
+        }
+        Ok(plan)
+    }
+
+    /// The window length.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_become_basis_points_and_must_rise() {
+        let policy = RolloutPolicy::default();
+        let plan = Plan::new(&policy, &Overrides::default()).unwrap();
+        assert_eq!(plan.steps, vec![100, 500, 2500, 5000, 10_000]);
+        let falling = Overrides { steps: Some(vec![10.0, 5.0]), ..Overrides::default() };
+        assert!(Plan::new(&policy, &falling).is_err());
+        let zero = Overrides { steps: Some(vec![0.0]), ..Overrides::default() };
+        assert!(Plan::new(&policy, &zero).is_err());
+        let nan = Overrides { steps: Some(vec![f64::NAN]), ..Overrides::default() };
+        assert!(Plan::new(&policy, &nan).is_err());
+    }
+
+    #[test]
+    fn the_section_parses_with_guards() {
+        let text = "mode = \"shadow\"\nsteps = [100]\n[guards]\nmax_rel_l2 = 0.05\nmin_samples = 20\n";
+        let policy: RolloutPolicy = toml::from_str(text).unwrap();
+        assert_eq!(policy.mode, Mode::Shadow);
+        assert_eq!(policy.guards.max_rel_l2, Some(0.05));
+        assert_eq!(policy.guards.min_samples, 20);
+        assert_eq!(policy.guards.max_p99_ratio, Some(1.5));
+    }
+}
