@@ -54,6 +54,29 @@ pub enum LoadError {
         /// The model.
         model: String,
     },
+    /// A rollout of the model is in progress; the operation would cut
+    /// across it.
+    #[error("model '{model}' has a rollout of version {candidate} in progress; promote or abort it first")]
+    RolloutInProgress {
+        /// The model.
+        model: String,
+        /// The candidate being rolled out.
+        candidate: u64,
+    },
+    /// No rollout of the model is in progress.
+    #[error("model '{model}' has no rollout in progress")]
+    NoRollout {
+        /// The model.
+        model: String,
+    },
+    /// The rollout cannot start as asked.
+    #[error("model '{model}': {reason}")]
+    RolloutRefused {
+        /// The model.
+        model: String,
+        /// Why, in words.
+        reason: String,
+    },
     /// The registry is shutting down and takes no new work.
     #[error("the registry is shutting down")]
     ShuttingDown,
@@ -106,6 +129,9 @@ impl LoadError {
             LoadError::NoPrevious { .. } => "no_previous_version",
             LoadError::NotLoaded { .. } => "not_loaded",
             LoadError::NotRetirable { .. } => "not_retirable",
+            LoadError::RolloutInProgress { .. } => "rollout_in_progress",
+            LoadError::NoRollout { .. } => "no_rollout",
+            LoadError::RolloutRefused { .. } => "rollout_refused",
             LoadError::ShuttingDown => "shutting_down",
             LoadError::Fetch(_) => "fetch_failed",
             LoadError::Verify(_) => "verify_failed",

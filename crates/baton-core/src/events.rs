@@ -119,6 +119,13 @@ pub enum Operation {
     Unload,
     /// A kept previous version dropped from the routing table.
     Retire,
+    /// A candidate through the whole load transaction, then into a rollout
+    /// beside the stable version.
+    Rollout,
+    /// A rollout's candidate made stable, by pointer store.
+    Promote,
+    /// A rollout's candidate taken out of traffic, by pointer store.
+    Abort,
 }
 
 /// How an operation that went through went.
@@ -234,6 +241,20 @@ pub enum EventKind {
         /// What happened, for people.
         message: String,
     },
+    /// A rollout's controller or an operator decided: a start, a step, a
+    /// hold, a pause, a promotion, a rollback. It carries the measured
+    /// values, the thresholds and the sample counts it was decided on.
+    Rollout {
+        /// The decision, as the model's status records it.
+        decision: Box<crate::rollout::control::Decision>,
+    },
+}
+
+impl EventKind {
+    /// A rollout decision: what was decided, by whom, on which values.
+    pub fn rollout(decision: crate::rollout::control::Decision) -> EventKind {
+        EventKind::Rollout { decision: Box::new(decision) }
+    }
 }
 
 /// Receiving end of the event stream.

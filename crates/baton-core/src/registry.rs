@@ -22,7 +22,8 @@ use crate::error::LoadError;
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
 pub use crate::events::{LoadReport, Operation};
 use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
-use crate::pipeline;
+use crate::pipeline::{self, RolloutStart};
+use crate::rollout::control::{Action, By, Effect, Phase, Progress, RolloutStatus};
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
 use crate::step_aside::StepAside;
@@ -95,6 +96,8 @@ pub struct ModelStatus {
     /// Versions whose last load failed, and how; a later successful load of
     /// a version clears its entry.
     pub failed_versions: BTreeMap<u64, Failure>,
+    /// The rollout in progress, or else the last one that ended.
+    pub rollout: Option<RolloutStatus>,
 }
 
 /// Resolves when an operation has finished, drain included.
@@ -126,6 +129,8 @@ struct ModelEntry {
     last_error: Option<Failure>,
     failed_versions: BTreeMap<u64, Failure>,
     working_on: Option<u64>,
+    /// The last rollout that ended, as it ended.
+    ended_rollout: Option<RolloutStatus>,
 }
 
 impl ModelEntry {
@@ -147,6 +152,8 @@ pub(crate) struct Inner {
     pub(crate) backends: BTreeMap<String, Arc<dyn Backend>>,
     pub(crate) memory: Arc<Memory>,
     pub(crate) releaser: Releaser,
+    /// The controller's state of each rollout in progress.
+    pub(crate) rollouts: Lock<BTreeMap<String, Progress>>,
     step_aside: StepAside,
 }
 
@@ -185,8 +192,10 @@ impl Registry {
             backends: backends.into_iter().map(|b| (b.name().to_owned(), b)).collect(),
             memory,
             releaser,
+            rollouts: Lock::new(BTreeMap::new()),
             step_aside: config.step_aside,
         });
+        start_controller(&inner);
         Registry { inner, jobs }
     }
 
@@ -225,6 +234,7 @@ impl Registry {
     /// [`LoadError::InProgress`] while another operation on the model runs.
     pub fn load(&self, model: &str, version: Option<u64>) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
+        self.refuse_during_rollout(model)?;
         let (tx, rx) = oneshot::channel();
         let inner = Arc::clone(&self.inner);
         let job: Job = Box::new(move || {
@@ -240,6 +250,7 @@ impl Registry {
     /// and freed once its requests finish. The handle resolves after drain.
     pub fn rollback(&self, model: &str) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
+        self.refuse_during_rollout(model)?;
         let (tx, rx) = oneshot::channel();
         pipeline::rollback(Arc::clone(&self.inner), busy, tx)?;
         Ok(LoadHandle { rx })
@@ -249,6 +260,7 @@ impl Registry {
     /// requests pinned to them finish.
     pub fn unload(&self, model: &str) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
+        self.refuse_during_rollout(model)?;
         let (tx, rx) = oneshot::channel();
         pipeline::unload(Arc::clone(&self.inner), busy, tx)?;
         Ok(LoadHandle { rx })
@@ -284,7 +296,115 @@ impl Registry {
             last: entry.and_then(|e| e.last.clone()),
             last_error: entry.and_then(|e| e.last_error.clone()),
             failed_versions: entry.map(|e| e.failed_versions.clone()).unwrap_or_default(),
+            rollout: self
+                .inner
+                .rollouts
+                .lock()
+                .get(model)
+                .map(|p| p.status(model))
+                .or_else(|| entry.and_then(|e| e.ended_rollout.clone())),
         })
+    }
+
+    /// Refused while a rollout of `model` is in progress: a load, rollback
+    /// or unload would cut across it.
+    fn refuse_during_rollout(&self, model: &str) -> Result<(), LoadError> {
+        match self.inner.current().model(model).and_then(|r| r.rollout.as_ref()) {
+            Some(r) => Err(LoadError::RolloutInProgress { model: model.to_owned(), candidate: r.candidate.number() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a rollout: the candidate goes through the whole load
+    /// transaction, then takes the first step's share beside the stable
+    /// version, by one store. Refused while another operation or rollout of
+    /// the model runs, and for a model that serves no stable version.
+    pub fn start_rollout(&self, model: &str, start: RolloutStart) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        self.refuse_during_rollout(model)?;
+        if self.inner.current().model(model).is_none() {
+            return Err(LoadError::NotLoaded { model: model.to_owned() });
+        }
+        let (tx, rx) = oneshot::channel();
+        let inner = Arc::clone(&self.inner);
+        let job: Job = Box::new(move || {
+            let step_aside = inner.step_aside;
+            crate::heap::build_on_own_heap(step_aside, move |heap| {
+                pipeline::rollout::start(inner, busy, start, tx, heap)
+            })
+        });
+        self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
+        Ok(LoadHandle { rx })
+    }
+
+    /// The rollout of `model` in progress, or the last one that ended.
+    pub fn rollout(&self, model: &str) -> Option<RolloutStatus> {
+        if let Some(progress) = self.inner.rollouts.lock().get(model) {
+            return Some(progress.status(model));
+        }
+        self.inner.models.lock().get(model).and_then(|e| e.ended_rollout.clone())
+    }
+
+    /// Stops judging windows; the candidate keeps its share until resumed,
+    /// promoted or aborted.
+    pub fn pause_rollout(&self, model: &str, reason: &str) -> Result<RolloutStatus, LoadError> {
+        self.steer(model, |progress| {
+            (progress.phase == Phase::Running).then(|| {
+                progress.phase = Phase::Paused;
+                progress.paused = Some(reason.to_owned());
+                Action::Paused
+            })
+        })
+    }
+
+    /// Judges windows again, starting a fresh window now.
+    pub fn resume_rollout(&self, model: &str) -> Result<RolloutStatus, LoadError> {
+        self.steer(model, |progress| {
+            (progress.phase == Phase::Paused).then(|| {
+                progress.phase = Phase::Running;
+                progress.paused = None;
+                progress.inconclusive = 0;
+                progress.window_started = std::time::Instant::now();
+                // What was observed while paused is not judged.
+                progress.observations.take();
+                Action::Resumed
+            })
+        })
+    }
+
+    /// Applies an operator's pause or resume; a no-op when it is in that
+    /// phase already.
+    fn steer(
+        &self,
+        model: &str,
+        change: impl FnOnce(&mut Progress) -> Option<Action>,
+    ) -> Result<RolloutStatus, LoadError> {
+        let mut rollouts = self.inner.rollouts.lock();
+        let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
+        if let Some(action) = change(progress) {
+            let decision = progress.decide(model, action, By::Operator, None);
+            self.inner.emit(model, Some(decision.candidate), EventKind::rollout(decision));
+        }
+        Ok(progress.status(model))
+    }
+
+    /// Makes the candidate stable now, by one store.
+    pub fn promote_rollout(&self, model: &str) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        self.inner.end_rollout(model, Action::Promoted, By::Operator)?;
+        let (tx, rx) = oneshot::channel();
+        pipeline::rollout::promote(Arc::clone(&self.inner), busy, tx)?;
+        Ok(LoadHandle { rx })
+    }
+
+    /// Takes the candidate out of traffic now, by one store; it is freed
+    /// once the requests it is answering finish.
+    pub fn abort_rollout(&self, model: &str) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        self.inner.end_rollout(model, Action::Aborted, By::Operator)?;
+        let (tx, rx) = oneshot::channel();
+        pipeline::rollout::remove(Arc::clone(&self.inner), busy, tx)?;
+        Ok(LoadHandle { rx })
     }
 
     /// Statuses of every model the registry has touched or serves.
@@ -346,7 +466,96 @@ impl Drop for Busy {
     }
 }
 
+/// How often the controller looks for windows to judge.
+const TICK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Starts the thread that judges rollout windows, at the caller's (serving)
+/// priority. It holds the registry weakly and ends with it.
+fn start_controller(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    let spawned = std::thread::Builder::new().name("baton-rollout".into()).spawn(move || {
+        while let Some(inner) = weak.upgrade() {
+            inner.judge_due_windows();
+            drop(inner);
+            std::thread::sleep(TICK);
+        }
+    });
+    if let Err(error) = spawned {
+        tracing::error!(%error, "Could not start the rollout controller; rollouts will not advance by themselves.");
+    }
+}
+
 impl Inner {
+    /// Judges every rollout window that has run its interval, and applies
+    /// what each decision changes. A model another operation holds is
+    /// judged on a later tick.
+    fn judge_due_windows(self: &Arc<Self>) {
+        let now = std::time::Instant::now();
+        let due: Vec<String> =
+            self.rollouts.lock().iter().filter(|(_, p)| p.due(now)).map(|(m, _)| m.clone()).collect();
+        for model in due {
+            let Ok(busy) = Busy::take(self, &model) else { continue };
+            let current = self.current();
+            let Some(rollout) = current.model(&model).and_then(|r| r.rollout.as_ref()) else { continue };
+            let window = rollout.observations.take();
+            drop(current);
+            let judged = self.rollouts.lock().get_mut(&model).map(|p| p.judge(&model, window));
+            let Some((decision, effect)) = judged else { continue };
+            tracing::info!(
+                model = %model,
+                candidate = decision.candidate,
+                action = decision.action.as_str(),
+                weight_percent = decision.weight_percent,
+                "{}",
+                decision.message
+            );
+            self.emit(&model, Some(decision.candidate), EventKind::rollout(decision));
+            let (tx, _ignored) = oneshot::channel();
+            let applied = match effect {
+                Effect::None => Ok(()),
+                Effect::Weight(weight) => {
+                    pipeline::rollout::set_weight(self, &model, weight);
+                    Ok(())
+                }
+                Effect::Promote => {
+                    self.file_ended(&model);
+                    pipeline::rollout::promote(Arc::clone(self), busy, tx)
+                }
+                Effect::RollBack => {
+                    self.file_ended(&model);
+                    pipeline::rollout::remove(Arc::clone(self), busy, tx)
+                }
+            };
+            if let Err(error) = applied {
+                tracing::error!(model = %model, %error, "A rollout decision could not be applied.");
+            }
+        }
+    }
+
+    /// Ends the rollout of `model` by an operator's `action`: records the
+    /// decision and files the rollout's final status.
+    fn end_rollout(&self, model: &str, action: Action, by: By) -> Result<(), LoadError> {
+        let decision = {
+            let mut rollouts = self.rollouts.lock();
+            let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
+            progress.phase = if action == Action::Promoted { Phase::Promoted } else { Phase::Aborted };
+            progress.paused = None;
+            progress.decide(model, action, by, None)
+        };
+        tracing::info!(model, candidate = decision.candidate, action = action.as_str(), "{}", decision.message);
+        self.emit(model, Some(decision.candidate), EventKind::rollout(decision));
+        self.file_ended(model);
+        Ok(())
+    }
+
+    /// Moves an ended rollout's status from the controller to the model's
+    /// record.
+    fn file_ended(&self, model: &str) {
+        let Some(progress) = self.rollouts.lock().remove(model) else { return };
+        let status = progress.status(model);
+        self.models.lock().entry(model.to_owned()).or_default().ended_rollout = Some(status);
+    }
+
     /// The current table.
     pub(crate) fn current(&self) -> Snapshot {
         self.routing.load_full()

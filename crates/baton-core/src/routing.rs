@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, mpsc};
 
 use crate::error::InferError;
-use crate::rollout::{Mode, Role, Rollout, assign};
+use crate::rollout::{Compare, Mode, Role, Rollout, assign};
 use crate::sync::Lock;
 use crate::tensor::Tensor;
 use crate::version::Version;
@@ -60,9 +60,13 @@ pub struct Routed<'a> {
     pub version: &'a Arc<Version>,
     /// Its role.
     pub role: Role,
-    /// The rollout to compare in, when this request is copied: to the
-    /// candidate (shadow mode) or, paired, to the stable version.
-    pub compare: Option<&'a Rollout>,
+    /// Where a copy of this request goes to compare outputs, when it is
+    /// copied: to the candidate (shadow mode) or, paired, to the stable
+    /// version.
+    pub compare: Option<Compare<'a>>,
+    /// The rollout this request's model is in, if any: where its latency
+    /// and errors are recorded.
+    pub rollout: Option<&'a Rollout>,
 }
 
 /// One immutable routing table.
@@ -128,19 +132,27 @@ impl Routing {
         let route = self.models.get(model).ok_or_else(|| InferError::ModelNotFound(model.to_owned()))?;
         if let Some(v) = version {
             let target = self.resolve(model, Some(v))?;
-            return Ok(Routed { version: target, role: route.role_of(target), compare: None });
+            let role = route.role_of(target);
+            let rollout = route.rollout.as_ref().filter(|_| role != Role::Previous);
+            return Ok(Routed { version: target, role, compare: None, rollout });
         }
-        let stable = Routed { version: &route.stable, role: Role::Stable, compare: None };
-        let Some(rollout) = &route.rollout else { return Ok(stable) };
+        let Some(rollout) = &route.rollout else {
+            return Ok(Routed { version: &route.stable, role: Role::Stable, compare: None, rollout: None });
+        };
+        let stable = Routed { version: &route.stable, role: Role::Stable, compare: None, rollout: Some(rollout) };
         let bucket = key.map_or_else(assign::random_bucket, assign::bucket);
         let chosen = assign::to_candidate(bucket, rollout.weight);
         Ok(match (rollout.mode, chosen) {
             (_, false) => stable,
-            (Mode::Shadow, true) => Routed { compare: Some(rollout), ..stable },
+            (Mode::Shadow, true) => Routed {
+                compare: Some(Compare { rollout, other: &rollout.candidate, role: Role::Candidate }),
+                ..stable
+            },
             (Mode::Canary | Mode::Ab, true) => Routed {
                 version: &rollout.candidate,
                 role: Role::Candidate,
-                compare: rollout.paired.then_some(rollout),
+                compare: rollout.paired.then_some(Compare { rollout, other: &route.stable, role: Role::Stable }),
+                rollout: Some(rollout),
             },
         })
     }

@@ -185,6 +185,27 @@ impl Version {
         !limit.is_zero() && !self.batches() && self.executor().estimate(rows) <= limit
     }
 
+    /// Runs one inference on the calling thread, on whichever of the
+    /// engine's instances is free, waiting for one if none is. For a
+    /// lowered thread running comparison copies on a rollout's shadow
+    /// candidate, whose instances serve no one else: it runs at that
+    /// thread's priority, below serving.
+    pub fn run_here(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
+        self.signature().check_inputs(inputs).map_err(InferError::InvalidInput)?;
+        self.engine().infer(inputs).map_err(InferError::from)
+    }
+
+    /// Queues a copy of a request only when the version has an instance
+    /// free and nobody waiting, so that it never holds up a request of its
+    /// own; refused with [`InferError::Overloaded`] otherwise.
+    pub fn submit_spare(&self, inputs: Vec<Tensor>) -> Result<Pending, InferError> {
+        if !self.executor().has_spare() {
+            let shed = crate::admission::Shed::QueueFull;
+            return Err(InferError::Overloaded { model: self.model.clone(), version: self.number, shed });
+        }
+        self.submit(inputs, None)
+    }
+
     /// Runs one inference through the session threads and blocks the
     /// calling thread until it is answered. For synchronous callers (tools,
     /// tests); never call it from an async task, which awaits

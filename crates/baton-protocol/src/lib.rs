@@ -86,5 +86,5 @@ pub use client::{InferResponse, decode_response, encode_request};
 pub use error::CodecError;
 pub use metadata::{is_batched, model_config, model_metadata, triton_data_type};
 pub use request::{InferRequest, RequestHeader, RequestedOutput, decode_request, parse_request};
-pub use response::{Encoded, encode_response};
+pub use response::{Encoded, encode_response, encode_response_with};
 pub use tensor_header::TensorHeader;

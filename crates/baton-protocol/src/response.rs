@@ -25,6 +25,8 @@ struct ResponseHeader<'a> {
     model_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    parameters: std::collections::BTreeMap<&'a str, &'a str>,
     outputs: Vec<TensorEntry<'a>>,
 }
 
@@ -52,6 +54,19 @@ pub fn encode_response(
     id: Option<&str>,
     outputs: Vec<Tensor>,
     request: &InferRequest,
+) -> Result<Encoded, CodecError> {
+    encode_response_with(model_name, model_version, id, outputs, request, &[])
+}
+
+/// [`encode_response`], with string `parameters` in the response (the
+/// server's, such as the role of the version that answered).
+pub fn encode_response_with(
+    model_name: &str,
+    model_version: u64,
+    id: Option<&str>,
+    outputs: Vec<Tensor>,
+    request: &InferRequest,
+    parameters: &[(&str, &str)],
 ) -> Result<Encoded, CodecError> {
     let selected: Vec<(&Tensor, bool)> = if request.outputs.is_empty() {
         outputs.iter().map(|t| (t, request.binary_data_output)).collect()
@@ -93,7 +108,13 @@ pub fn encode_response(
     }
     let any_binary = entries.iter().any(|e| e.binary_size.is_some());
 
-    let header = ResponseHeader { model_name, model_version: model_version.to_string(), id, outputs: entries };
+    let header = ResponseHeader {
+        model_name,
+        model_version: model_version.to_string(),
+        id,
+        parameters: parameters.iter().copied().collect(),
+        outputs: entries,
+    };
     let mut body = Vec::with_capacity(json_hint.saturating_add(binary_total));
     write_json(&mut body, &header).map_err(|e| CodecError::InvalidOutput(e.to_string()))?;
     let header_length = body.len();

@@ -128,9 +128,12 @@ impl From<InferError> for ServeError {
 impl From<LoadError> for ServeError {
     fn from(e: LoadError) -> ServeError {
         let class = match &e {
-            LoadError::InProgress { .. } | LoadError::NoPrevious { .. } | LoadError::NotRetirable { .. } => {
-                Class::Conflict
-            }
+            LoadError::InProgress { .. }
+            | LoadError::NoPrevious { .. }
+            | LoadError::NotRetirable { .. }
+            | LoadError::RolloutInProgress { .. }
+            | LoadError::NoRollout { .. } => Class::Conflict,
+            LoadError::RolloutRefused { .. } => Class::BadRequest,
             LoadError::UnknownModel { .. }
             | LoadError::NoVersion { .. }
             | LoadError::NotLoaded { .. }

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use baton_core::events::{Event, EventKind, Operation, Stage};
 use baton_core::registry::Registry;
+use baton_core::rollout::Role;
+use baton_core::rollout::control::Phase;
 
 use crate::budget::Budget;
 
@@ -131,6 +133,7 @@ struct LoadMetrics {
     stages: BTreeMap<(String, Stage), Histogram>,
     failures: BTreeMap<(String, Stage), u64>,
     rollbacks: BTreeMap<String, u64>,
+    rollout_decisions: BTreeMap<(String, &'static str), u64>,
     unloads: BTreeMap<String, u64>,
     /// Sum of every free's residual: growth of unaccounted memory since
     /// just before the first free.
@@ -144,9 +147,9 @@ struct LoadMetrics {
 /// All of baton's metrics.
 #[derive(Default)]
 pub struct Metrics {
-    /// By model, then version: a request's lookup borrows the model name
+    /// By model, then version and the role it answered in: a request's lookup borrows the model name
     /// instead of allocating a key.
-    versions: RwLock<BTreeMap<String, BTreeMap<u64, Arc<VersionMetrics>>>>,
+    versions: RwLock<BTreeMap<String, BTreeMap<(u64, Role), Arc<VersionMetrics>>>>,
     rejected: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Requests refused at once by admission control, by model and reason.
     shed: Mutex<BTreeMap<(String, &'static str), u64>>,
@@ -158,6 +161,73 @@ pub struct Metrics {
     /// knows. Requests for any other name are counted under `model=""`,
     /// so a client cannot create series by naming models.
     known: Option<Registry>,
+}
+
+/// The gauges of rollouts in progress, and the decisions counted so far.
+fn render_rollouts(
+    out: &mut String,
+    statuses: &[baton_core::registry::ModelStatus],
+    decisions: &BTreeMap<(String, &'static str), u64>,
+) {
+    let help = |out: &mut String, name: &str, kind: &str, text: &str| {
+        let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
+    };
+    let running: Vec<_> = statuses
+        .iter()
+        .filter_map(|s| s.rollout.as_ref())
+        .filter(|r| matches!(r.phase, Phase::Running | Phase::Paused))
+        .collect();
+    help(out, "baton_rollout_weight", "gauge", "The candidate's share of a rollout in progress, 0 to 1.");
+    for r in &running {
+        let (model, mode) = (escape(&r.model), r.mode.as_str());
+        let _ = writeln!(out, "baton_rollout_weight{{model=\"{model}\",mode=\"{mode}\"}} {}", r.weight_percent / 100.0);
+    }
+    help(out, "baton_rollout_step", "gauge", "The step a rollout in progress has reached, from 0.");
+    for r in &running {
+        let _ = writeln!(out, "baton_rollout_step{{model=\"{}\"}} {}", escape(&r.model), r.step);
+    }
+    help(out, "baton_rollout_paused", "gauge", "1 while a rollout is paused.");
+    for r in &running {
+        let _ = writeln!(
+            out,
+            "baton_rollout_paused{{model=\"{}\"}} {}",
+            escape(&r.model),
+            u8::from(r.phase == Phase::Paused)
+        );
+    }
+    help(out, "baton_rollout_guard_value", "gauge", "Each guard's value in the last judged window.");
+    for r in &running {
+        let checks =
+            r.decisions.iter().rev().find_map(|d| d.verdict.as_ref()).map(|v| v.checks.as_slice()).unwrap_or(&[]);
+        for c in checks.iter().filter(|c| c.value.is_some_and(f64::is_finite)) {
+            let (model, guard) = (escape(&r.model), escape(&c.guard));
+            let _ = writeln!(
+                out,
+                "baton_rollout_guard_value{{model=\"{model}\",guard=\"{guard}\"}} {}",
+                c.value.unwrap_or_default()
+            );
+        }
+    }
+    help(out, "baton_rollout_guard_threshold", "gauge", "Each guard's threshold.");
+    for r in &running {
+        let checks =
+            r.decisions.iter().rev().find_map(|d| d.verdict.as_ref()).map(|v| v.checks.as_slice()).unwrap_or(&[]);
+        for c in checks {
+            let (model, guard) = (escape(&r.model), escape(&c.guard));
+            let _ =
+                writeln!(out, "baton_rollout_guard_threshold{{model=\"{model}\",guard=\"{guard}\"}} {}", c.threshold);
+        }
+    }
+    help(out, "baton_rollout_shadow_dropped_total", "counter", "Comparison copies dropped in a rollout in progress.");
+    for r in &running {
+        let _ =
+            writeln!(out, "baton_rollout_shadow_dropped_total{{model=\"{}\"}} {}", escape(&r.model), r.totals.dropped);
+    }
+    help(out, "baton_rollout_decisions_total", "counter", "Rollout decisions, by what was decided.");
+    for ((model, decision), n) in decisions {
+        let _ =
+            writeln!(out, "baton_rollout_decisions_total{{model=\"{}\",decision=\"{decision}\"}} {n}", escape(model));
+    }
 }
 
 fn escape(value: &str) -> String {
@@ -188,22 +258,33 @@ impl Metrics {
         }
     }
 
-    /// The series of one model version, created on first use.
-    pub fn version(&self, model: &str, version: u64) -> Arc<VersionMetrics> {
+    /// The series of one model version in one role, created on first use.
+    pub fn version(&self, model: &str, version: u64, role: Role) -> Arc<VersionMetrics> {
         let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = versions.get(model).and_then(|v| v.get(&version)) {
+        if let Some(found) = versions.get(model).and_then(|v| v.get(&(version, role))) {
             return Arc::clone(found);
         }
         drop(versions);
         let mut versions = self.versions.write().unwrap_or_else(|e| e.into_inner());
-        Arc::clone(versions.entry(model.to_owned()).or_default().entry(version).or_default())
+        Arc::clone(versions.entry(model.to_owned()).or_default().entry((version, role)).or_default())
     }
 
-    /// The counters of one model version; all zero when it has served no
-    /// request (the series is not created).
+    /// The counters of one model version, every role summed; all zero when
+    /// it has served no request (the series is not created).
     pub fn version_stats(&self, model: &str, version: u64) -> VersionStats {
         let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
-        versions.get(model).and_then(|v| v.get(&version)).map(|m| m.stats()).unwrap_or_default()
+        let Some(series) = versions.get(model) else { return VersionStats::default() };
+        series.range((version, Role::Stable)..=(version, Role::Previous)).map(|(_, m)| m.stats()).fold(
+            VersionStats::default(),
+            |a, b| VersionStats {
+                successes: a.successes + b.successes,
+                success_nanos: a.success_nanos + b.success_nanos,
+                failures: a.failures + b.failures,
+                failure_nanos: a.failure_nanos + b.failure_nanos,
+                inferences: a.inferences + b.inferences,
+                last_ms: a.last_ms.max(b.last_ms),
+            },
+        )
     }
 
     /// Counts a request refused before it reached a version.
@@ -244,7 +325,11 @@ impl Metrics {
                 match report.operation {
                     Operation::Load => loads.durations.entry(model.clone()).or_default().observe(report.total),
                     Operation::Rollback => *loads.rollbacks.entry(model.clone()).or_default() += 1,
-                    Operation::Unload | Operation::Retire => {}
+                    Operation::Unload
+                    | Operation::Retire
+                    | Operation::Rollout
+                    | Operation::Promote
+                    | Operation::Abort => {}
                 }
                 for stage in &report.stages {
                     loads.stages.entry((model.clone(), stage.stage)).or_default().observe(stage.duration);
@@ -258,6 +343,9 @@ impl Metrics {
                 if let Some(version) = event.version {
                     loads.residual_last.insert((model, version), *residual);
                 }
+            }
+            EventKind::Rollout { decision } => {
+                *loads.rollout_decisions.entry((model, decision.action.as_str())).or_default() += 1;
             }
             EventKind::Transition { .. } | EventKind::DrainTimedOut { .. } | EventKind::Decision { .. } => {}
         }
@@ -281,22 +369,26 @@ impl Metrics {
         let _ = writeln!(out, "baton_inflight_requests {}", self.inflight.load(Ordering::Relaxed));
 
         let versions = self.versions.read().unwrap_or_else(|e| e.into_inner());
-        let series = || versions.iter().flat_map(|(model, v)| v.iter().map(move |(version, m)| (model, version, m)));
+        let series = || {
+            versions
+                .iter()
+                .flat_map(|(model, v)| v.iter().map(move |((version, role), m)| (model, version, role.as_str(), m)))
+        };
         help(&mut out, "baton_inference_requests_total", "counter", "Inference requests that reached a version.");
-        for (model, version, m) in series() {
+        for (model, version, role, m) in series() {
             let _ = writeln!(
                 out,
-                "baton_inference_requests_total{{model=\"{}\",version=\"{version}\"}} {}",
+                "baton_inference_requests_total{{model=\"{}\",version=\"{version}\",role=\"{role}\"}} {}",
                 escape(model),
                 m.requests.load(Ordering::Relaxed)
             );
         }
         help(&mut out, "baton_inference_errors_total", "counter", "Failed inference requests by error kind.");
-        for (model, version, m) in series() {
+        for (model, version, role, m) in series() {
             for (kind, n) in m.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
                 let _ = writeln!(
                     out,
-                    "baton_inference_errors_total{{model=\"{}\",version=\"{version}\",kind=\"{kind}\"}} {n}",
+                    "baton_inference_errors_total{{model=\"{}\",version=\"{version}\",role=\"{role}\",kind=\"{kind}\"}} {n}",
                     escape(model)
                 );
             }
@@ -304,16 +396,16 @@ impl Metrics {
         for ((model, kind), n) in self.rejected.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(
                 out,
-                "baton_inference_errors_total{{model=\"{}\",version=\"\",kind=\"{kind}\"}} {n}",
+                "baton_inference_errors_total{{model=\"{}\",version=\"\",role=\"\",kind=\"{kind}\"}} {n}",
                 escape(model)
             );
         }
         help(&mut out, "baton_inference_duration_seconds", "histogram", "Inference latency inside the server.");
-        for (model, version, m) in series() {
+        for (model, version, role, m) in series() {
             m.latency.render(
                 &mut out,
                 "baton_inference_duration_seconds",
-                &format!("model=\"{}\",version=\"{version}\"", escape(model)),
+                &format!("model=\"{}\",version=\"{version}\",role=\"{role}\"", escape(model)),
             );
         }
         drop(versions);
@@ -342,6 +434,7 @@ impl Metrics {
         for (model, n) in &loads.rollbacks {
             let _ = writeln!(out, "baton_rollbacks_total{{model=\"{}\"}} {n}", escape(model));
         }
+        let loads_decisions = loads.rollout_decisions.clone();
         help(&mut out, "baton_unloads_total", "counter", "Versions freed.");
         for (model, n) in &loads.unloads {
             let _ = writeln!(out, "baton_unloads_total{{model=\"{}\"}} {n}", escape(model));
@@ -413,6 +506,22 @@ impl Metrics {
         for s in statuses.iter() {
             let _ = writeln!(out, "baton_model_load_in_progress{{model=\"{}\"}} {}", escape(&s.name), u8::from(s.busy));
         }
+        help(
+            &mut out,
+            "baton_model_operation_in_progress",
+            "gauge",
+            "1 while a load, rollback, unload or rollout of the model is in progress; mute alerts on it.",
+        );
+        for s in statuses.iter() {
+            let rolling = s.rollout.as_ref().is_some_and(|r| matches!(r.phase, Phase::Running | Phase::Paused));
+            let _ = writeln!(
+                out,
+                "baton_model_operation_in_progress{{model=\"{}\"}} {}",
+                escape(&s.name),
+                u8::from(s.busy || rolling)
+            );
+        }
+        render_rollouts(&mut out, &statuses, &loads_decisions);
         help(&mut out, "baton_model_state", "gauge", "1 for the state the model is in.");
         for s in statuses.iter() {
             let _ =
@@ -501,13 +610,15 @@ mod tests {
     #[test]
     fn each_model_version_has_one_series() {
         let metrics = Metrics::default();
-        let a1 = metrics.version("a", 1);
-        assert!(Arc::ptr_eq(&a1, &metrics.version("a", 1)));
-        assert!(!Arc::ptr_eq(&a1, &metrics.version("a", 2)));
-        assert!(!Arc::ptr_eq(&a1, &metrics.version("b", 1)));
+        let a1 = metrics.version("a", 1, Role::Stable);
+        assert!(Arc::ptr_eq(&a1, &metrics.version("a", 1, Role::Stable)));
+        assert!(!Arc::ptr_eq(&a1, &metrics.version("a", 2, Role::Stable)));
+        assert!(!Arc::ptr_eq(&a1, &metrics.version("b", 1, Role::Stable)));
+        assert!(!Arc::ptr_eq(&a1, &metrics.version("a", 1, Role::Candidate)));
         a1.record(Duration::from_millis(2), 3, None);
-        metrics.version("b", 1).record(Duration::from_millis(1), 1, Some("invalid_input"));
-        assert_eq!(metrics.version_stats("a", 1).inferences, 3);
+        metrics.version("a", 1, Role::Candidate).record(Duration::from_millis(2), 2, None);
+        metrics.version("b", 1, Role::Stable).record(Duration::from_millis(1), 1, Some("invalid_input"));
+        assert_eq!(metrics.version_stats("a", 1).inferences, 5);
         assert_eq!(metrics.version_stats("a", 1).failures, 0);
         assert_eq!(metrics.version_stats("b", 1).failures, 1);
         assert_eq!(metrics.version_stats("a", 2).successes, 0);

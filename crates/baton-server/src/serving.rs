@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use baton_core::error::InferError;
+use baton_core::rollout::{Role, Rollout};
 use baton_core::routing::Routing;
 use baton_core::tensor::Tensor;
 use baton_core::version::Version;
@@ -153,25 +154,69 @@ fn output_bytes(target: &Version, batched: bool, rows: u64) -> u64 {
     target.signature().outputs.iter().filter_map(one).fold(0, u64::saturating_add)
 }
 
+/// The name of the HTTP header and gRPC metadata key that carries a
+/// request's sticky key, which keeps it on one side of a rollout.
+pub const STICKY_KEY_HEADER: &str = "baton-sticky-key";
+
+/// The request parameter that carries a sticky key, for clients that set
+/// parameters more easily than headers. A header wins over it.
+pub const STICKY_KEY_PARAMETER: &str = "baton_sticky_key";
+
+/// The HTTP response header, and the response parameter, naming the role
+/// of the version that answered: `stable`, `candidate` or `previous`.
+pub const ROLE_HEADER: &str = "baton-role";
+
+/// The response parameter naming the role of the version that answered.
+pub const ROLE_PARAMETER: &str = "baton_role";
+
+/// Where a request goes, resolved once from its snapshot: the version, its
+/// batch limit, its role, and the rollout it takes part in.
+#[derive(Clone)]
+pub struct Target {
+    /// The version that answers.
+    pub version: Arc<Version>,
+    /// Its largest batch; 0 when it does not batch.
+    pub max_batch: usize,
+    /// The role it answers in.
+    pub role: Role,
+    /// The rollout the request takes part in, if its model has one.
+    pub rollout: Option<Rollout>,
+    /// Where a copy of the request goes to be compared, and in which role.
+    pub compare: Option<(Arc<Version>, Role)>,
+}
+
 /// The version a request will be queued on, resolved before its tensors
 /// are decoded so that they are checked against its signature and batch
 /// limit first: a request the model cannot take is refused before any
-/// memory is allocated for its tensors. The caller counts the error.
+/// memory is allocated for its tensors. A request that names no version is
+/// assigned a side of a rollout here, by its sticky `key` if it has one.
+/// The caller counts the error.
 pub fn target_of(
     app: &App,
     snapshot: &Routing,
     model: &str,
     version: Option<u64>,
-) -> Result<(Arc<Version>, usize), ServeError> {
-    let target = resolve(app, snapshot, model, version)?;
-    Ok((Arc::clone(target), max_batch_size(target)))
+    key: Option<&[u8]>,
+) -> Result<Target, ServeError> {
+    let routed = match snapshot.route(model, version, key) {
+        Ok(routed) => routed,
+        Err(InferError::ModelNotFound(_)) => return Err(not_serving(app, model)),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Target {
+        max_batch: max_batch_size(routed.version),
+        version: Arc::clone(routed.version),
+        role: routed.role,
+        rollout: routed.rollout.cloned(),
+        compare: routed.compare.map(|c| (Arc::clone(c.other), c.role)),
+    })
 }
 
 /// Counts a request that reached `target` but whose inputs it cannot take
 /// as one of the version's failures, as Triton's statistics count it, and
 /// gives the error back.
-pub fn refused_by(app: &App, model: &str, target: &Version, arrived: Instant, e: ServeError) -> ServeError {
-    app.metrics.version(model, target.number()).record(arrived.elapsed(), 0, Some(e.kind));
+pub fn refused_by(app: &App, model: &str, target: &Target, arrived: Instant, e: ServeError) -> ServeError {
+    app.metrics.version(model, target.version.number(), target.role).record(arrived.elapsed(), 0, Some(e.kind));
     e
 }
 
@@ -206,20 +251,27 @@ pub fn precheck(app: &App, model: &str, version: Option<u64>) -> Result<(), Serv
 pub async fn infer(
     app: &App,
     model: &str,
-    (target, max): (&Version, usize),
+    routed: &Target,
     inputs: Vec<Tensor>,
     ticket: &mut Ticket,
 ) -> Result<Vec<Tensor>, ServeError> {
+    let (target, max) = (&*routed.version, routed.max_batch);
     let rows = batch_size(max, &inputs);
     ticket
         .reserve(app, model, output_bytes(target, max > 0, rows))
         .await
         .inspect_err(|e| app.metrics.rejected(model, e.kind))?;
-    let series = app.metrics.version(model, target.number());
+    let series = app.metrics.version(model, target.number(), routed.role);
+    // The copy for a comparison is made before the inputs go to the engine.
+    let copied = routed.compare.as_ref().map(|_| inputs.clone());
     let started = Instant::now();
     let pending = match target.submit(inputs, ticket.deadline) {
         Ok(pending) => pending,
-        Err(e) => return Err(refused(app, model, &series, started, rows, e)),
+        Err(e) => {
+            let e = refused(app, model, &series, started, rows, e);
+            observe(routed, started, Some(&e));
+            return Err(e);
+        }
     };
     let outcome = match ticket.deadline {
         None => pending.await,
@@ -238,7 +290,35 @@ pub async fn infer(
     }
     let outcome = outcome.map_err(ServeError::from);
     series.record(started.elapsed(), rows, outcome.as_ref().err().map(|e| e.kind));
+    observe(routed, started, outcome.as_ref().err());
+    if let (Ok(outputs), Some(inputs)) = (&outcome, copied) {
+        compare(routed, inputs, outputs);
+    }
     outcome
+}
+
+/// Records a request in its rollout's window, as its role's: its latency,
+/// and whether it failed for a reason of the server's (a malformed request
+/// is not the version's failure).
+fn observe(routed: &Target, started: Instant, error: Option<&ServeError>) {
+    let Some(rollout) = &routed.rollout else { return };
+    let failed = error.is_some_and(|e| !matches!(e.class, Class::BadRequest | Class::NotFound | Class::TooLarge));
+    rollout.observations.record(routed.role, started.elapsed(), failed);
+}
+
+/// Starts the copy of an answered request on the other side of its
+/// rollout, off the response path: it is awaited by a task of its own, and
+/// dropped and counted when the other side has no instance free.
+fn compare(routed: &Target, inputs: Vec<Tensor>, outputs: &[Tensor]) {
+    let (Some(rollout), Some((other, role))) = (&routed.rollout, &routed.compare) else { return };
+    let side = baton_core::rollout::Compare { rollout, other, role: *role };
+    let Some(mut copy) = side.start(inputs) else { return };
+    let answered = outputs.to_vec();
+    let started = Instant::now();
+    tokio::spawn(async move {
+        let outcome = (&mut copy.pending).await;
+        copy.finish(&answered, outcome, started.elapsed());
+    });
 }
 
 /// Counts a request the version did not queue: shed and expired ones as

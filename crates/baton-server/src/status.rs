@@ -33,6 +33,7 @@ fn idle(model: &str) -> ModelStatus {
         last: None,
         last_error: None,
         failed_versions: Default::default(),
+        rollout: None,
     }
 }
 

@@ -210,6 +210,12 @@ impl Executor {
         Load { queued: state.jobs.len(), running: state.running }
     }
 
+    /// Whether an instance is free and no request waits for one.
+    pub fn has_spare(&self) -> bool {
+        let state = self.shared.state.lock();
+        state.jobs.is_empty() && !state.free.is_empty()
+    }
+
     /// Whether a request would be admitted now. A hint, for refusing a
     /// request before its body is read; [`Executor::submit`] decides.
     pub fn would_admit(&self) -> bool {

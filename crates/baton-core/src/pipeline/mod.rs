@@ -14,6 +14,8 @@
 //! serving priority and the drain thread, which the commit starts, does not
 //! inherit the build thread's idle priority.
 
+pub(crate) mod rollout;
+pub use rollout::RolloutStart;
 pub mod validate;
 pub mod warmup;
 

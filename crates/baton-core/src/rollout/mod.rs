@@ -14,14 +14,19 @@
 
 pub mod assign;
 pub mod compare;
+pub mod control;
 pub mod guard;
 pub mod plan;
 pub mod window;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::InferError;
+use crate::executor::Pending;
+use crate::tensor::Tensor;
 use crate::version::Version;
 
 /// How a candidate takes part in traffic.
@@ -104,4 +109,109 @@ pub struct Rollout {
     pub paired: bool,
     /// What requests observe, shared by every table of this rollout.
     pub observations: Arc<window::Observations>,
+    /// Comparison copies running now, and how many may.
+    pub copies: Arc<CopyGate>,
+}
+
+/// Bounds the comparison copies of one rollout that run at once.
+#[derive(Debug)]
+pub struct CopyGate {
+    running: AtomicUsize,
+    limit: usize,
+}
+
+impl CopyGate {
+    /// A gate letting `limit` copies run at once.
+    pub fn new(limit: usize) -> CopyGate {
+        CopyGate { running: AtomicUsize::new(0), limit: limit.max(1) }
+    }
+
+    /// Copies running now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+}
+
+/// A comparison copy on its way: the other side's answer to await, and
+/// the room it holds in the gate until dropped.
+pub struct Copy {
+    /// The other side's answer.
+    pub pending: Pending,
+    /// The role of the version running the copy.
+    pub role: Role,
+    /// Where to record what it came to.
+    pub observations: Arc<window::Observations>,
+    gate: Arc<CopyGate>,
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        self.gate.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for Copy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Copy").field("role", &self.role).finish_non_exhaustive()
+    }
+}
+
+/// The other side of a request that is compared: the version that runs
+/// its copy, and in which role.
+#[derive(Clone, Copy, Debug)]
+pub struct Compare<'a> {
+    /// The rollout.
+    pub rollout: &'a Rollout,
+    /// The version that runs the copy: the candidate in shadow mode, the
+    /// stable version for a paired request the candidate answered.
+    pub other: &'a Arc<Version>,
+    /// Its role.
+    pub role: Role,
+}
+
+impl Compare<'_> {
+    /// Starts the copy of a request on the other side, off the response
+    /// path: only when that version has an instance free and nobody
+    /// waiting, and fewer than the plan's `queue` copies run, so that a
+    /// copy never holds up a request. Otherwise the copy is dropped and
+    /// counted. The caller awaits [`Copy::pending`] apart from the answer
+    /// and records what it came to with [`Copy::finish`].
+    pub fn start(&self, inputs: Vec<Tensor>) -> Option<Copy> {
+        let gate = &self.rollout.copies;
+        if gate.running.fetch_add(1, Ordering::Relaxed) >= gate.limit {
+            gate.running.fetch_sub(1, Ordering::Relaxed);
+            self.rollout.observations.record_dropped();
+            return None;
+        }
+        let copy = |pending| Copy {
+            pending,
+            role: self.role,
+            observations: Arc::clone(&self.rollout.observations),
+            gate: Arc::clone(gate),
+        };
+        match self.other.submit_spare(inputs) {
+            Ok(pending) => Some(copy(pending)),
+            Err(_) => {
+                gate.running.fetch_sub(1, Ordering::Relaxed);
+                self.rollout.observations.record_dropped();
+                None
+            }
+        }
+    }
+}
+
+impl Copy {
+    /// Records what the copy came to, given the answer the request got
+    /// (`answered`) and how long the copy took. A shadow copy's latency and
+    /// failure count as the candidate's.
+    pub fn finish(self, answered: &[Tensor], outcome: Result<Vec<Tensor>, InferError>, took: std::time::Duration) {
+        if self.role == Role::Candidate {
+            self.observations.record(Role::Candidate, took, outcome.is_err());
+        }
+        match (self.role, outcome) {
+            (Role::Candidate, Ok(candidate)) => self.observations.record_comparison(answered, &candidate),
+            (_, Ok(stable)) => self.observations.record_comparison(&stable, answered),
+            (_, Err(_)) => self.observations.record_comparison_error(),
+        }
+    }
 }

@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use baton_core::version::Version;
 use baton_protocol::grpc::convert;
 use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;
@@ -50,6 +49,8 @@ struct Arrival<'a> {
     at: Instant,
     call_deadline: Option<Instant>,
     frames: Option<&'a Frames>,
+    /// The call's sticky key (`baton-sticky-key` metadata), if it has one.
+    key: Option<&'a [u8]>,
 }
 
 /// Runs one inference request on the routing snapshot taken when it
@@ -64,12 +65,23 @@ async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> R
     let mut ticket = Ticket::new(app, None);
     let (target, mut decoded) = receive(app, &snapshot, &model, request, &arrival, &mut ticket, &mut message).await?;
     let inputs = std::mem::take(&mut decoded.inputs);
-    let outputs = serving::infer(app, &model, (&target.0, target.1), inputs, &mut ticket).await?;
-    let number = target.0.number();
+    let outputs = serving::infer(app, &model, &target, inputs, &mut ticket).await?;
+    let number = target.version.number();
     let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
         convert::encode_response(&model, number, decoded.id, outputs, &decoded.outputs, decoded.raw)
     });
-    Ok(encoded.await?)
+    let mut response = encoded.await?;
+    let role = InferParameter { parameter_choice: Some(ParameterChoice::StringParam(target.role.as_str().to_owned())) };
+    response.parameters.insert(serving::ROLE_PARAMETER.to_owned(), role);
+    Ok(response)
+}
+
+/// A request's sticky key: the call's metadata, else its parameter.
+fn sticky_key<'a>(request: &'a ModelInferRequest, arrival: &Arrival<'a>) -> Option<&'a [u8]> {
+    arrival.key.or_else(|| match request.parameters.get(serving::STICKY_KEY_PARAMETER)?.parameter_choice.as_ref()? {
+        ParameterChoice::StringParam(key) => Some(key.as_bytes()),
+        _ => None,
+    })
 }
 
 /// Everything before the request is queued: its version and deadline, and
@@ -83,7 +95,7 @@ async fn receive(
     arrival: &Arrival<'_>,
     ticket: &mut Ticket,
     message: &mut MessageRoom<'_>,
-) -> Result<((Arc<Version>, usize), convert::Decoded), ServeError> {
+) -> Result<(serving::Target, convert::Decoded), ServeError> {
     let rejected = |e: ServeError| {
         app.metrics.rejected(model, e.kind);
         e
@@ -91,16 +103,16 @@ async fn receive(
     let version = version_and_deadline(app, &request, arrival, ticket).map_err(rejected)?;
     // Checked against the version before any tensor is packed, and the
     // tensors' room reserved before they are.
-    let (target, max_batch) = serving::target_of(app, snapshot, model, version).map_err(rejected)?;
+    let target = serving::target_of(app, snapshot, model, version, sticky_key(&request, arrival)).map_err(rejected)?;
     let parsed = convert::parse_request(request).map_err(|e| rejected(e.into()))?;
     parsed
-        .check(target.signature(), max_batch)
+        .check(target.version.signature(), target.max_batch)
         .map_err(|e| serving::refused_by(app, model, &target, arrival.at, e.into()))?;
     ticket.reserve(app, model, parsed.tensor_bytes() as u64).await.map_err(rejected)?;
     let decoded =
         serving::work_on(message.bytes as usize, move || parsed.decode()).await.map_err(|e| rejected(e.into()))?;
     message.release();
-    Ok(((target, max_batch), decoded))
+    Ok((target, decoded))
 }
 
 /// The version the request names; sets its deadline.
@@ -243,8 +255,18 @@ impl GrpcInferenceService for Inference {
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let (at, call_deadline, frames) = arrival_of(&request);
-        let arrival = Arrival { at, call_deadline, frames: frames.as_ref() };
-        Ok(Response::new(infer(&self.app, request.into_inner(), arrival).await?))
+        let key = request.metadata().get(serving::STICKY_KEY_HEADER).map(|v| v.as_bytes().to_vec());
+        let arrival = Arrival { at, call_deadline, frames: frames.as_ref(), key: key.as_deref() };
+        let response = infer(&self.app, request.into_inner(), arrival).await?;
+        let role = response.parameters.get(serving::ROLE_PARAMETER).and_then(|p| match p.parameter_choice.as_ref() {
+            Some(ParameterChoice::StringParam(role)) => tonic::metadata::MetadataValue::try_from(role.as_str()).ok(),
+            _ => None,
+        });
+        let mut response = Response::new(response);
+        if let Some(role) = role {
+            response.metadata_mut().insert(serving::ROLE_HEADER, role);
+        }
+        Ok(response)
     }
 
     type ModelStreamInferStream = ReceiverStream<Result<ModelStreamInferResponse, Status>>;
@@ -261,6 +283,7 @@ impl GrpcInferenceService for Inference {
         // The call's deadline covers every request of the stream; each
         // request's own timeout counts from when it arrived.
         let (_, call_deadline, frames) = arrival_of(&request);
+        let key = request.metadata().get(serving::STICKY_KEY_HEADER).map(|v| v.as_bytes().to_vec());
         let mut inbound = request.into_inner();
         let app = Arc::clone(&self.app);
         let (tx, rx) = tokio::sync::mpsc::channel(16);
@@ -281,7 +304,8 @@ impl GrpcInferenceService for Inference {
                 };
                 let answer = match next {
                     Ok(Some(request)) => {
-                        let arrival = Arrival { at: Instant::now(), call_deadline, frames: frames.as_ref() };
+                        let arrival =
+                            Arrival { at: Instant::now(), call_deadline, frames: frames.as_ref(), key: key.as_deref() };
                         stream_answer(&app, request, arrival).await
                     }
                     Ok(None) => return,

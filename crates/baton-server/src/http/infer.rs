@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use baton_core::routing::Routing;
 use baton_core::version::Version;
-use baton_protocol::{InferRequest, encode_response, parse_request};
+use baton_protocol::{InferRequest, encode_response_with, parse_request};
 
 use super::body;
 use super::error::ApiError;
@@ -108,18 +108,20 @@ struct Call<'a> {
 async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result<Response, (ApiError, bool)> {
     let Call { app, model, .. } = *call;
     let snapshot = app.registry.snapshot();
-    let (target, max_batch, mut request) = receive(call, &snapshot, body, ticket).await?;
+    let (target, mut request) = receive(call, &snapshot, body, ticket).await?;
     let inputs = std::mem::take(&mut request.inputs);
     let fail = |e: ApiError| (e, false);
-    let outputs = serving::infer(app, model, (&target, max_batch), inputs, ticket).await.map_err(fail)?;
-    let (name, number) = (model.to_owned(), target.number());
+    let outputs = serving::infer(app, model, &target, inputs, ticket).await.map_err(fail)?;
+    let (name, number, role) = (model.to_owned(), target.version.number(), target.role.as_str());
     let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
-        encode_response(&name, number, request.id.as_deref(), outputs, &request)
+        let parameters = [(serving::ROLE_PARAMETER, role)];
+        encode_response_with(&name, number, request.id.as_deref(), outputs, &request, &parameters)
     })
     .await
     .map_err(|e| fail(e.into()))?;
     let mut response = encoded.body.into_response();
     let headers = response.headers_mut();
+    headers.insert(serving::ROLE_HEADER, HeaderValue::from_static(role));
     match encoded.header_length {
         Some(n) => {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
@@ -141,7 +143,7 @@ async fn receive(
     snapshot: &Routing,
     body: &mut Body,
     ticket: &mut Ticket,
-) -> Result<(Arc<Version>, usize, InferRequest), (ApiError, bool)> {
+) -> Result<(serving::Target, InferRequest), (ApiError, bool)> {
     let Call { app, model, version, headers, header_length, arrived } = *call;
     let rejected = |unread: bool| {
         move |e: ApiError| {
@@ -159,14 +161,16 @@ async fn receive(
         }),
     }
     .map_err(rejected(true))?;
-    let (target, max_batch) = serving::target_of(app, snapshot, model, version).map_err(rejected(false))?;
+    let key = headers.get(serving::STICKY_KEY_HEADER).map(HeaderValue::as_bytes);
+    let mut target = serving::target_of(app, snapshot, model, version, key).map_err(rejected(false))?;
+    let max_batch = target.max_batch;
     let mut body = body;
     let mut reserved = false;
     let request = loop {
         // The memory reservation goes along to the decoding thread, which
         // grows it by the tensors' bytes, if they fit now, before decoding.
         let memory = std::mem::replace(&mut ticket.memory, app.budget.empty());
-        let version = Arc::clone(&target);
+        let version = Arc::clone(&target.version);
         let (returned, memory, outcome) = serving::work_on(body.len(), move || {
             let mut memory = memory;
             let outcome = decode_checked(&body, header_length, &version, max_batch, &mut memory, reserved);
@@ -193,7 +197,34 @@ async fn receive(
     let body_bytes = body.len() as u64;
     drop(body);
     ticket.memory.release(body_bytes);
-    Ok((target, max_batch, request))
+    if key.is_none() && version.is_none() && target.rollout.is_some() {
+        target = by_parameter(call, snapshot, target, &request).map_err(rejected(false))?;
+    }
+    Ok((target, request))
+}
+
+/// Assigns a request that carries its sticky key as a parameter rather
+/// than a header to its key's side of the rollout: known only once the body
+/// is decoded. A request moved to the other version is held to that
+/// version's batch limit; its signature is checked when it is queued.
+fn by_parameter(
+    call: &Call<'_>,
+    snapshot: &Routing,
+    target: serving::Target,
+    request: &InferRequest,
+) -> Result<serving::Target, ApiError> {
+    let Some(key) = request.parameters.get(serving::STICKY_KEY_PARAMETER).and_then(|v| v.as_str()) else {
+        return Ok(target);
+    };
+    let keyed = serving::target_of(call.app, snapshot, call.model, None, Some(key.as_bytes()))?;
+    let rows = request.inputs.first().and_then(|t| t.shape.first()).copied().unwrap_or(1);
+    if keyed.max_batch > 0 && usize::try_from(rows).is_ok_and(|rows| rows > keyed.max_batch) {
+        return Err(ApiError::bad_request(
+            "batch_too_large",
+            format!("batch of {rows} is larger than version {}'s limit of {}", keyed.version.number(), keyed.max_batch),
+        ));
+    }
+    Ok(keyed)
 }
 
 /// What decoding a body came to.

@@ -1,0 +1,168 @@
+//! The operations of a rollout that change the routing table: its start (a
+//! candidate through the whole load transaction, then into the route beside
+//! the stable version at the first step's weight), a new weight, the
+//! promotion of the candidate and its removal. Each is one store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Change, Finish, Run, prepare};
+use crate::error::LoadError;
+use crate::events::{EventKind, Stage, State};
+use crate::heap::HeapLease;
+use crate::registry::{Busy, Inner, Operation, Reply};
+use crate::rollout::control::{Action, By, Phase, Progress};
+use crate::rollout::plan::{Overrides, Plan};
+use crate::rollout::window::Observations;
+use crate::rollout::{CopyGate, Rollout};
+
+/// How a rollout starts.
+#[derive(Clone, Debug, Default)]
+pub struct RolloutStart {
+    /// The candidate; the newest complete version when `None`.
+    pub version: Option<u64>,
+    /// What the operator overrode of the model's `[rollout]` section.
+    pub overrides: Overrides,
+    /// A whole plan, as a restart restores it; overrides are then ignored.
+    pub plan: Option<Plan>,
+    /// The step to start at (0-based): a restart resumes where it was.
+    pub step: usize,
+    /// Start paused, for this reason.
+    pub paused: Option<String>,
+    /// Whether a restart restores it (rather than an operator or the
+    /// repository watcher starting it).
+    pub restored: bool,
+}
+
+/// On a build thread: loads the candidate through the whole transaction,
+/// then has the agent put it into the route.
+pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: Reply, heap: HeapLease) {
+    let mut run = Run::new(inner, busy, Operation::Rollout);
+    let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(&mut run, start.version, heap)));
+    let (candidate, _, timeout) = match prepared {
+        Ok(Ok(prepared)) => prepared,
+        Ok(Err(error)) => return run.fail(error, reply),
+        Err(payload) => {
+            let stage = run.current.unwrap_or(Stage::Fetch);
+            let message = crate::agent::panic_message(payload.as_ref());
+            return run.fail(LoadError::Panicked { stage, message }, reply);
+        }
+    };
+    let model = run.model().to_owned();
+    let refused = |model: &str, reason: String| LoadError::RolloutRefused { model: model.to_owned(), reason };
+    let plan = match start.plan.clone() {
+        Some(plan) => Ok(plan),
+        None => Plan::new(&candidate.spec().rollout, &start.overrides).map_err(|e| refused(&model, e.to_string())),
+    };
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(error) => return run.fail(error, reply),
+    };
+    let observations = Arc::new(Observations::default());
+    let rollout = Rollout {
+        candidate: Arc::clone(&candidate),
+        mode: plan.mode,
+        weight: plan.steps[start.step.min(plan.steps.len() - 1)],
+        paired: plan.paired,
+        observations: Arc::clone(&observations),
+        copies: Arc::new(CopyGate::new(plan.queue)),
+    };
+    let finish = Finish { timeout, bytes_held: candidate.bytes_held(), end: State::Ready, reply };
+    let agent = run.inner.agent.clone();
+    agent.send(move || {
+        let current = run.inner.current();
+        let stable = current.model(&model).map(|r| r.stable.number());
+        let blocked = match (stable, current.model(&model).and_then(|r| r.rollout.as_ref())) {
+            (None, _) => Some(LoadError::NotLoaded { model: model.clone() }),
+            (_, Some(r)) => {
+                Some(LoadError::RolloutInProgress { model: model.clone(), candidate: r.candidate.number() })
+            }
+            (Some(s), None) if s == candidate.number() => {
+                Some(refused(&model, format!("version {s} already serves as stable; there is nothing to roll out")))
+            }
+            _ => None,
+        };
+        drop(current);
+        if let Some(error) = blocked {
+            return run.report_failure(error, finish.reply);
+        }
+        let stable = stable.unwrap_or_default();
+        let mut progress = Progress::new(stable, candidate.number(), plan, start.step, observations);
+        let by = if start.restored { By::Restart } else { By::Operator };
+        let decision = progress.decide(&model, Action::Started, by, None);
+        if let Some(reason) = start.paused {
+            progress.phase = Phase::Paused;
+            progress.paused = Some(reason);
+        }
+        let paused = (progress.phase == Phase::Paused).then(|| progress.decide(&model, Action::Paused, by, None));
+        run.inner.rollouts.lock().insert(model.clone(), progress);
+        let route_model = model.clone();
+        let change: Change = Box::new(move |models| {
+            if let Some(route) = models.get_mut(&route_model) {
+                route.rollout = Some(rollout);
+            }
+            None
+        });
+        run.inner.emit(&model, Some(decision.candidate), EventKind::rollout(decision));
+        if let Some(paused) = paused {
+            run.inner.emit(&model, Some(paused.candidate), EventKind::rollout(paused));
+        }
+        run.commit_then_drain(change, finish);
+    });
+}
+
+/// Publishes the candidate's new weight: one store, nothing to drain.
+pub(crate) fn set_weight(inner: &Inner, model: &str, weight: u32) {
+    inner.publish(|models| {
+        if let Some(rollout) = models.get_mut(model).and_then(|r| r.rollout.as_mut()) {
+            rollout.weight = weight;
+        }
+    });
+}
+
+/// Makes the candidate stable by one store; the old stable version is kept
+/// as previous, as a load keeps it. Versions beyond `keep_previous` leave
+/// and are drained.
+pub(crate) fn promote(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+    let model = busy.model.clone();
+    let (candidate, keep, timeout) = {
+        let current = inner.current();
+        let rollout = current
+            .model(&model)
+            .and_then(|r| r.rollout.as_ref())
+            .ok_or_else(|| LoadError::NoRollout { model: model.clone() })?;
+        let spec = rollout.candidate.spec();
+        (rollout.candidate.number(), spec.policy.keep_previous, Duration::from_millis(spec.policy.drain_timeout_ms))
+    };
+    let mut run = Run::new(inner, busy, Operation::Promote);
+    run.version = Some(candidate);
+    let change: Change = Box::new(move |models| {
+        let route = models.get_mut(&model)?;
+        let rollout = route.rollout.take()?;
+        let old = std::mem::replace(&mut route.stable, rollout.candidate);
+        let replaced = old.number();
+        route.previous.retain(|v| v.number() != candidate);
+        route.previous.insert(0, old);
+        route.previous.truncate(keep);
+        Some(replaced)
+    });
+    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
+    Ok(())
+}
+
+/// Takes the candidate out of traffic by one store: its weight is 0 from
+/// that table on; requests it is answering finish, then it is freed.
+pub(crate) fn remove(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+    let model = busy.model.clone();
+    let (stable, timeout) = {
+        let current = inner.current();
+        let route = current.model(&model).ok_or_else(|| LoadError::NoRollout { model: model.clone() })?;
+        let rollout = route.rollout.as_ref().ok_or_else(|| LoadError::NoRollout { model: model.clone() })?;
+        (route.stable.number(), Duration::from_millis(rollout.candidate.spec().policy.drain_timeout_ms))
+    };
+    let mut run = Run::new(inner, busy, Operation::Abort);
+    run.version = Some(stable);
+    let change: Change = Box::new(move |models| models.get_mut(&model)?.rollout.take().map(|r| r.candidate.number()));
+    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
+    Ok(())
+}

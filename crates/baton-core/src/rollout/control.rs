@@ -1,0 +1,354 @@
+//! The controller's side of a rollout: where it stands (the step, the
+//! failures, whether it is paused), what it decided and on which values,
+//! and the rules that turn a judged window into the next decision.
+//!
+//! The registry keeps one [`Progress`] per rollout and ticks it from a
+//! thread of its own at serving priority ([`crate::registry`]); what a
+//! decision changes in the routing table (a weight, a promotion, a
+//! rollback) is one store there.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::guard::{self, Outcome, Verdict};
+use super::plan::Plan;
+use super::window::{Observations, Window};
+use super::{FULL, Mode};
+
+/// Decisions kept per rollout for its status.
+const KEPT_DECISIONS: usize = 32;
+
+/// What a decision did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// The candidate started taking traffic at the first step.
+    Started,
+    /// A window passed and the candidate moved to the next step.
+    Advanced,
+    /// A window was judged and the step held: inconclusive, failed below
+    /// the failure limit, or passed in a mode that waits for an operator.
+    Held,
+    /// The candidate became stable.
+    Promoted,
+    /// The candidate was taken out of traffic because its guards failed.
+    RolledBack,
+    /// The rollout stopped judging: too many inconclusive windows, an
+    /// operator, or a restart that could not vouch for it.
+    Paused,
+    /// The rollout judges windows again.
+    Resumed,
+    /// An operator took the candidate out of traffic.
+    Aborted,
+}
+
+impl Action {
+    /// The name, as in events and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Started => "started",
+            Action::Advanced => "advanced",
+            Action::Held => "held",
+            Action::Promoted => "promoted",
+            Action::RolledBack => "rolled_back",
+            Action::Paused => "paused",
+            Action::Resumed => "resumed",
+            Action::Aborted => "aborted",
+        }
+    }
+}
+
+/// Who decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum By {
+    /// The guards, judging a window.
+    Guards,
+    /// An operator, through the management API.
+    Operator,
+    /// The server, restoring the rollout after a restart.
+    Restart,
+}
+
+/// One decision, with what it was decided on.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Decision {
+    /// The model.
+    pub model: String,
+    /// The candidate.
+    pub candidate: u64,
+    /// The stable version when it was decided.
+    pub stable: u64,
+    /// What was decided.
+    pub action: Action,
+    /// Who decided.
+    pub by: By,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// The step after the decision (0-based).
+    pub step: usize,
+    /// The candidate's share after the decision, in percent.
+    pub weight_percent: f64,
+    /// The judged window's verdict: every guard's value, threshold and
+    /// sample count.
+    pub verdict: Option<Verdict>,
+    /// What happened, for people.
+    pub message: String,
+}
+
+/// Where a rollout stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Windows are judged and decide.
+    Running,
+    /// Windows are not judged; the candidate keeps its share.
+    Paused,
+    /// Ended: the candidate is stable.
+    Promoted,
+    /// Ended: the guards took the candidate out.
+    RolledBack,
+    /// Ended: an operator took the candidate out.
+    Aborted,
+}
+
+/// A rollout as status shows it: the plan, where it stands, the values of
+/// the last judged window and the decisions so far.
+#[derive(Clone, Debug, Serialize)]
+pub struct RolloutStatus {
+    /// The model.
+    pub model: String,
+    /// The stable version when it started.
+    pub stable: u64,
+    /// The candidate.
+    pub candidate: u64,
+    /// The mode.
+    pub mode: Mode,
+    /// Where it stands.
+    pub phase: Phase,
+    /// Why it is paused, when it is.
+    pub paused: Option<String>,
+    /// The step reached (0-based).
+    pub step: usize,
+    /// The candidate's share now, in percent.
+    pub weight_percent: f64,
+    /// Failed windows so far.
+    pub failures: u32,
+    /// Inconclusive windows in a row.
+    pub inconclusive: u32,
+    /// When the open window is judged, in milliseconds from now (running
+    /// rollouts only).
+    pub next_window_ms: Option<u64>,
+    /// The plan.
+    pub plan: Plan,
+    /// The last judged window.
+    pub last_window: Option<Window>,
+    /// Everything observed since the start.
+    pub totals: Window,
+    /// The decisions, oldest first (the latest few).
+    pub decisions: Vec<Decision>,
+}
+
+/// The controller's state for one rollout.
+pub(crate) struct Progress {
+    pub(crate) stable: u64,
+    pub(crate) candidate: u64,
+    pub(crate) plan: Plan,
+    pub(crate) step: usize,
+    pub(crate) phase: Phase,
+    pub(crate) paused: Option<String>,
+    pub(crate) failures: u32,
+    pub(crate) inconclusive: u32,
+    pub(crate) window_started: Instant,
+    pub(crate) last_window: Option<Window>,
+    pub(crate) decisions: VecDeque<Decision>,
+    pub(crate) observations: Arc<Observations>,
+}
+
+/// What the registry must do to the routing table after a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// Nothing.
+    None,
+    /// Publish the candidate's new weight.
+    Weight(u32),
+    /// Make the candidate stable.
+    Promote,
+    /// Take the candidate out.
+    RollBack,
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A weight in basis points as a percentage.
+pub fn percent(weight: u32) -> f64 {
+    f64::from(weight) * 100.0 / f64::from(FULL)
+}
+
+impl Progress {
+    pub(crate) fn new(stable: u64, candidate: u64, plan: Plan, step: usize, observations: Arc<Observations>) -> Self {
+        let step = step.min(plan.steps.len() - 1);
+        Progress {
+            stable,
+            candidate,
+            plan,
+            step,
+            phase: Phase::Running,
+            paused: None,
+            failures: 0,
+            inconclusive: 0,
+            window_started: Instant::now(),
+            last_window: None,
+            decisions: VecDeque::new(),
+            observations,
+        }
+    }
+
+    /// The candidate's share at the current step, in basis points.
+    pub(crate) fn weight(&self) -> u32 {
+        self.plan.steps[self.step]
+    }
+
+    /// Whether the open window has run its interval.
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.phase == Phase::Running && now.duration_since(self.window_started) >= self.plan.interval()
+    }
+
+    /// Records a decision and returns it, for the event.
+    pub(crate) fn decide(&mut self, model: &str, action: Action, by: By, verdict: Option<Verdict>) -> Decision {
+        let weight = match action {
+            Action::RolledBack | Action::Aborted => 0,
+            Action::Promoted => FULL,
+            _ => self.weight(),
+        };
+        let message = describe(model, self, action, by, verdict.as_ref());
+        let decision = Decision {
+            model: model.to_owned(),
+            candidate: self.candidate,
+            stable: self.stable,
+            action,
+            by,
+            at_ms: now_ms(),
+            step: self.step,
+            weight_percent: percent(weight),
+            verdict,
+            message,
+        };
+        if self.decisions.len() == KEPT_DECISIONS {
+            self.decisions.pop_front();
+        }
+        self.decisions.push_back(decision.clone());
+        decision
+    }
+
+    /// Judges the window that just ended and decides what follows.
+    pub(crate) fn judge(&mut self, model: &str, window: Window) -> (Decision, Effect) {
+        self.window_started = Instant::now();
+        let verdict = guard::evaluate(&self.plan.guards, &window);
+        self.last_window = Some(window);
+        let (action, effect) = match verdict.outcome {
+            Outcome::Fail => {
+                self.failures += 1;
+                self.inconclusive = 0;
+                if self.failures >= self.plan.failure_limit {
+                    self.phase = Phase::RolledBack;
+                    (Action::RolledBack, Effect::RollBack)
+                } else {
+                    (Action::Held, Effect::None)
+                }
+            }
+            Outcome::Inconclusive => {
+                self.inconclusive += 1;
+                if self.inconclusive >= self.plan.max_inconclusive {
+                    self.phase = Phase::Paused;
+                    self.paused =
+                        Some(format!("{} windows in a row were inconclusive ({})", self.inconclusive, verdict.reason));
+                    (Action::Paused, Effect::None)
+                } else {
+                    (Action::Held, Effect::None)
+                }
+            }
+            Outcome::Pass => {
+                self.inconclusive = 0;
+                match self.plan.mode {
+                    Mode::Canary if self.step + 1 < self.plan.steps.len() => {
+                        self.step += 1;
+                        (Action::Advanced, Effect::Weight(self.weight()))
+                    }
+                    Mode::Canary => {
+                        self.phase = Phase::Promoted;
+                        (Action::Promoted, Effect::Promote)
+                    }
+                    Mode::Ab | Mode::Shadow => (Action::Held, Effect::None),
+                }
+            }
+        };
+        (self.decide(model, action, By::Guards, Some(verdict)), effect)
+    }
+
+    /// The status of this rollout, for `model`.
+    pub(crate) fn status(&self, model: &str) -> RolloutStatus {
+        let weight = match self.phase {
+            Phase::RolledBack | Phase::Aborted => 0,
+            Phase::Promoted => FULL,
+            _ => self.weight(),
+        };
+        let next_window_ms = (self.phase == Phase::Running)
+            .then(|| self.plan.interval().saturating_sub(self.window_started.elapsed()).as_millis() as u64);
+        RolloutStatus {
+            model: model.to_owned(),
+            stable: self.stable,
+            candidate: self.candidate,
+            mode: self.plan.mode,
+            phase: self.phase,
+            paused: self.paused.clone(),
+            step: self.step,
+            weight_percent: percent(weight),
+            failures: self.failures,
+            inconclusive: self.inconclusive,
+            next_window_ms,
+            plan: self.plan.clone(),
+            last_window: self.last_window.clone(),
+            totals: self.observations.totals(),
+            decisions: self.decisions.iter().cloned().collect(),
+        }
+    }
+}
+
+/// A sentence for a decision.
+fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&Verdict>) -> String {
+    let who = match by {
+        By::Guards => "the guards",
+        By::Operator => "an operator",
+        By::Restart => "a restart",
+    };
+    let why = verdict.map(|v| format!(": {}", v.reason)).unwrap_or_default();
+    let share = percent(p.weight());
+    let (stable, candidate) = (p.stable, p.candidate);
+    match action {
+        Action::Started => format!(
+            "Model {model} started a {} rollout of version {candidate} beside version {stable}, at {share}%.",
+            p.plan.mode.as_str()
+        ),
+        Action::Advanced => format!("Model {model} version {candidate} advanced to {share}% ({who}){why}."),
+        Action::Held => format!("Model {model} version {candidate} holds at {share}% ({who}){why}."),
+        Action::Promoted => format!("Model {model} version {candidate} was promoted to stable by {who}{why}."),
+        Action::RolledBack => {
+            format!("Model {model} version {candidate} was rolled back by {who}; version {stable} serves all{why}.")
+        }
+        Action::Paused => format!(
+            "Model {model} rollout of version {candidate} paused at {share}% by {who}: {}.",
+            p.paused.as_deref().unwrap_or("no reason given")
+        ),
+        Action::Resumed => format!("Model {model} rollout of version {candidate} resumed at {share}% by {who}."),
+        Action::Aborted => {
+            format!("Model {model} rollout of version {candidate} was aborted by {who}; version {stable} serves all.")
+        }
+    }
+}
