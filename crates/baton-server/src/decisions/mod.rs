@@ -10,7 +10,9 @@
 //! not in the core.
 
 pub mod file;
+pub mod journal;
 pub mod operate;
+pub mod rollout;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

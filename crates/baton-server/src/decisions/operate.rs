@@ -42,6 +42,13 @@ fn refuse_if_pinned(app: &App, model: &str, operation: &str) -> Result<(), Serve
     }
 }
 
+/// Claims `model` for an operation that pinning forbids.
+pub(crate) fn claim(app: &App, model: &str, operation: &str) -> Result<Working, ServeError> {
+    let working = begin(app, model)?;
+    refuse_if_pinned(app, model, operation)?;
+    Ok(working)
+}
+
 /// Whether the repository has `model` (it reads `model.toml`: off the
 /// async workers).
 async fn in_repository(app: &Arc<App>, model: &str) -> bool {
