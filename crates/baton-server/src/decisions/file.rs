@@ -32,6 +32,9 @@ pub enum Kind {
     Unload,
     /// Pinned a version: it serves until unpinned, whatever is published.
     Pin,
+    /// Started a rollout: the version serves as stable, beside the
+    /// rollout's candidate, until the rollout ends.
+    Rollout,
 }
 
 impl Kind {
@@ -42,12 +45,13 @@ impl Kind {
             Kind::Load => "load",
             Kind::Unload => "unload",
             Kind::Pin => "pin",
+            Kind::Rollout => "rollout",
         }
     }
 }
 
 /// One model's decision in force.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Decision {
     /// What was decided.
@@ -61,6 +65,24 @@ pub struct Decision {
     /// decided. A version newer than this one supersedes the decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yields_to: Option<u64>,
+    /// For a rollout: how far it had gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutRecord>,
+}
+
+/// What a restart needs to take a rollout up where it was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutRecord {
+    /// The candidate.
+    pub candidate: u64,
+    /// The plan it runs by.
+    pub plan: baton_core::rollout::plan::Plan,
+    /// The step reached (0-based).
+    pub step: usize,
+    /// Why it was paused, when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
 }
 
 impl Decision {
@@ -68,7 +90,7 @@ impl Decision {
     /// this decision. A pin never yields.
     pub fn superseded_by(&self, newest: Option<u64>) -> bool {
         match (self.kind, self.yields_to, newest) {
-            (Kind::Pin, _, _) => false,
+            (Kind::Pin | Kind::Rollout, _, _) => false,
             (_, Some(until), Some(newest)) => newest > until,
             _ => false,
         }
@@ -81,6 +103,10 @@ impl Decision {
             (Kind::Rollback | Kind::Load | Kind::Pin, None, _) => Some("it names no version"),
             (Kind::Pin, _, Some(_)) => Some("a pin yields to no version"),
             (Kind::Rollback | Kind::Load | Kind::Unload, _, None) => Some("it has no yields_to"),
+            (Kind::Rollout, None, _) => Some("it names no stable version"),
+            _ if (self.kind == Kind::Rollout) != self.rollout.is_some() => {
+                Some("a rollout, and only a rollout, records how far it had gone")
+            }
             _ => None,
         }
     }
@@ -176,7 +202,7 @@ mod tests {
     use super::*;
 
     fn decision(kind: Kind, version: Option<u64>, yields_to: Option<u64>) -> Decision {
-        Decision { kind, version, at: 1_700_000_000, yields_to }
+        Decision { kind, version, at: 1_700_000_000, yields_to, rollout: None }
     }
 
     #[test]

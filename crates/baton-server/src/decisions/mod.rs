@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use baton_core::events::EventKind;
 use baton_core::registry::Registry;
 use baton_core::sync::Lock;
-pub use file::{Decision, Kind, StateError};
+pub use file::{Decision, Kind, RolloutRecord, StateError};
 use serde_json::{Value, json};
 
 /// What happens to a model's decision.
@@ -175,6 +175,10 @@ fn describe(model: &str, decision: &Decision, change: &Change) -> String {
         (Kind::Pin, Some(v)) => format!("pinned to version {v}"),
         (Kind::Rollback, Some(v)) => format!("rolled back to version {v}"),
         (Kind::Load, Some(v)) => format!("held at version {v}"),
+        (Kind::Rollout, Some(v)) => match &decision.rollout {
+            Some(r) => format!("rolling out version {} beside version {v}", r.candidate),
+            None => format!("rolling out beside version {v}"),
+        },
     };
     match change {
         Change::Recorded(_) => format!("Model {model} is {what} {}.", holds(decision)),
@@ -189,6 +193,7 @@ fn describe(model: &str, decision: &Decision, change: &Change) -> String {
 /// How long a decision holds, in words.
 fn holds(decision: &Decision) -> String {
     match decision.yields_to {
+        _ if decision.kind == Kind::Rollout => "until the rollout ends".to_owned(),
         Some(newest) if decision.kind != Kind::Pin => format!("until a version newer than {newest} is published"),
         _ => "until unpinned".to_owned(),
     }

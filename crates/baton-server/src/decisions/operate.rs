@@ -74,7 +74,7 @@ fn newest(app: &App, model: &str) -> Option<u64> {
 }
 
 /// Writes what an operation that went through decided, from its report.
-async fn settle(app: &Arc<App>, kind: Kind, report: &LoadReport) -> Result<(), ServeError> {
+pub(crate) async fn settle(app: &Arc<App>, kind: Kind, report: &LoadReport) -> Result<(), ServeError> {
     let (app, model) = (Arc::clone(app), report.model.clone());
     let (chosen, replaced) = (report.version, report.replaced);
     let written = blocking(move || {
@@ -82,9 +82,9 @@ async fn settle(app: &Arc<App>, kind: Kind, report: &LoadReport) -> Result<(), S
         // best guess at its newest.
         let newest = newest(&app, &model).or(chosen.max(replaced));
         let change = match (kind, chosen, newest) {
-            (Kind::Unload, _, _) => Change::Recorded(Decision { kind, version: None, at: now(), yields_to: newest }),
+            (Kind::Unload, _, _) => Change::Recorded(Decision { kind, version: None, at: now(), yields_to: newest, rollout: None }),
             (_, Some(v), Some(newest)) if v < newest => {
-                Change::Recorded(Decision { kind, version: Some(v), at: now(), yields_to: Some(newest) })
+                Change::Recorded(Decision { kind, version: Some(v), at: now(), yields_to: Some(newest), rollout: None })
             }
             _ => Change::Removed,
         };
@@ -166,7 +166,7 @@ pub async fn pin(app: &Arc<App>, model: &str, version: u64) -> Result<Value, Ser
     let serving = app.registry.snapshot().model(model).map(|r| r.stable.number());
     let report =
         if serving == Some(version) { None } else { Some(app.registry.load(model, Some(version))?.finished().await?) };
-    let decision = Decision { kind: Kind::Pin, version: Some(version), at: now(), yields_to: None };
+    let decision = Decision { kind: Kind::Pin, version: Some(version), at: now(), yields_to: None, rollout: None };
     let (shared, name) = (Arc::clone(app), model.to_owned());
     blocking(move || shared.decisions.apply(&shared.registry, &name, Change::Recorded(decision)))
         .await

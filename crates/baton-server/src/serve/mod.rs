@@ -535,6 +535,7 @@ async fn serve(
     };
     // Subscribed before the first load starts, so every load is counted.
     tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
+    tokio::spawn(crate::decisions::journal::follow(Arc::clone(&app), app.registry.subscribe()));
 
     let (stop_watching, stop) = std::sync::mpsc::channel::<()>();
     let watcher_app = Arc::clone(&app);

@@ -41,7 +41,15 @@ use baton_core::error::LoadError;
 use baton_core::source::Presence;
 
 use crate::app::App;
-use crate::decisions::{Change, Decision, Kind};
+use baton_core::pipeline::RolloutStart;
+use baton_core::rollout::control::Phase;
+
+use crate::decisions::{Change, Decision, Kind, now};
+
+/// Whether a rollout in this phase is still in progress.
+fn in_progress(phase: Phase) -> bool {
+    matches!(phase, Phase::Running | Phase::Paused)
+}
 
 /// Polls in a row a model or a kept version must be found missing before
 /// the watcher unloads or retires it, unless `--missing-polls` says
@@ -208,6 +216,11 @@ impl Watcher {
         if status.as_ref().is_some_and(|s| s.busy) || working.is_none() {
             return; // Come back next pass; nothing is marked seen.
         }
+        // A rollout in progress is not cut across: versions published
+        // meanwhile are taken up once it ends.
+        if status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| in_progress(r.phase)) {
+            return;
+        }
         let serving = status.as_ref().and_then(|s| s.serving);
         let fresh: Vec<u64> = fresh
             .into_iter()
@@ -229,19 +242,55 @@ impl Watcher {
                             "A new version appeared in the repository; the operator's decision holds, so it is not loaded."
                         );
                     } else {
-                        tracing::info!(
-                            model,
-                            version = newest,
-                            "A new version appeared in the repository; loading it."
-                        );
-                        if let Err(error) = registry.load(model, Some(newest)) {
-                            self.forget(model, newest, &error);
-                        }
+                        self.take_up(model, newest);
                     }
                 }
                 self.retire_removed(model, &versions, current);
             }
             None => {}
+        }
+    }
+
+    /// Takes up a new version of a serving model: a rollout when its
+    /// `model.toml` asks for one (`[rollout] auto`), else a load.
+    fn take_up(&mut self, model: &str, newest: u64) {
+        let registry = &self.app.registry;
+        let auto = registry.source().spec(model).is_ok_and(|s| s.rollout.auto);
+        let started = if auto {
+            tracing::info!(model, version = newest, "A new version appeared in the repository; rolling it out.");
+            let start = RolloutStart { version: Some(newest), ..RolloutStart::default() };
+            registry.start_rollout(model, start)
+        } else {
+            tracing::info!(model, version = newest, "A new version appeared in the repository; loading it.");
+            registry.load(model, Some(newest))
+        };
+        if let Err(error) = started {
+            self.forget(model, newest, &error);
+        }
+    }
+
+    /// Takes a rollout recorded in the state file up where it was, once its
+    /// stable version serves. One that cannot be (its candidate is gone or
+    /// refused) leaves the stable version serving all, held until a version
+    /// newer than the candidate is published.
+    fn resume_rollout(&mut self, model: &str, decision: &Decision) {
+        let (Some(record), Some(stable)) = (decision.rollout.clone(), decision.version) else { return };
+        let candidate = record.candidate;
+        tracing::info!(model, stable, candidate, step = record.step, "Taking up the rollout the state file records.");
+        let start = RolloutStart {
+            version: Some(candidate),
+            plan: Some(record.plan),
+            step: record.step,
+            paused: record.paused,
+            restored: true,
+            ..RolloutStart::default()
+        };
+        if let Err(error) = self.app.registry.start_rollout(model, start).and_then(|h| h.wait()) {
+            let reason = format!("the rollout of version {candidate} could not be taken up: {error}");
+            tracing::warn!(model, candidate, %reason, "Version {stable} serves all traffic.");
+            let held =
+                Decision { kind: Kind::Load, version: Some(stable), at: now(), yields_to: Some(candidate), rollout: None };
+            self.change(model, Change::Recorded(held));
         }
     }
 
@@ -268,7 +317,7 @@ impl Watcher {
     /// Brings a model that does not serve into service as the operator
     /// last chose, or with its newest good version.
     fn start_model(&mut self, model: &str, versions: &[u64]) {
-        let (kind, version) = match self.in_force(model, versions.last().copied()) {
+        let decision = match self.in_force(model, versions.last().copied()) {
             None => return self.load_newest_good(model, versions),
             Some(Decision { kind: Kind::Unload, yields_to, .. }) => {
                 tracing::info!(
@@ -278,11 +327,13 @@ impl Watcher {
                 );
                 return;
             }
-            Some(Decision { kind, version, .. }) => (kind, version.unwrap_or_default()),
+            Some(decision) => decision,
         };
+        let (kind, version) = (decision.kind, decision.version.unwrap_or_default());
         let reason = if versions.contains(&version) {
             tracing::info!(model, version, decision = kind.as_str(), "Loading the version the operator chose.");
             match self.app.registry.load(model, Some(version)).and_then(|h| h.wait()) {
+                Ok(_) if kind == Kind::Rollout => return self.resume_rollout(model, &decision),
                 Ok(_) => return,
                 Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
                 Err(error) => format!("version {version} was refused: {error}"),
