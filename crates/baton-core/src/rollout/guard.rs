@@ -111,7 +111,7 @@ pub fn evaluate(guards: &Guards, window: &Window) -> Verdict {
         };
         checks.push(judge(guards, "p99_ratio", value, threshold, both, Bound::Max));
     }
-    let drift: [(&str, Option<f64>, Bound, fn(&OutputDrift) -> Option<f64>); 4] = [
+    let drift: [(&str, Option<f64>, Bound, ReadDrift); 4] = [
         ("max_abs_diff", guards.max_abs_diff, Bound::Max, |d| Some(d.max_abs_diff)),
         ("rel_l2", guards.max_rel_l2, Bound::Max, |d| Some(d.rel_l2)),
         ("cosine", guards.min_cosine, Bound::Min, |d| Some(d.cosine)),
@@ -142,6 +142,9 @@ pub fn evaluate(guards: &Guards, window: &Window) -> Verdict {
     let reason = reason(outcome, &checks, guards.min_samples);
     Verdict { outcome, checks: checks.into_iter().map(|(c, _)| c).collect(), reason }
 }
+
+/// Reads one statistic of an output's drift, when it has it.
+type ReadDrift = fn(&OutputDrift) -> Option<f64>;
 
 /// Which side of its threshold a value must stay on.
 #[derive(Clone, Copy)]
