@@ -13,43 +13,319 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Role;
+use super::compare::{Comparison, Top1, compare_outputs};
+use crate::sync::Lock;
 use crate::tensor::Tensor;
 
 /// Shared by the requests of one rollout and its controller.
 #[derive(Debug, Default)]
-pub struct Observations {}
+pub struct Observations {
+    state: Lock<State>,
+}
+
+/// The open window and the totals of the windows taken before it.
+#[derive(Debug, Default)]
+struct State {
+    open: Tally,
+    taken: Tally,
+}
 
 impl Observations {
     /// Counts one request `role` answered (or failed) in `latency`. Requests
     /// to [`Role::Previous`] are not counted.
     pub fn record(&self, role: Role, latency: Duration, failed: bool) {
-        let _ = (role, latency, failed);
+        let mut state = self.state.lock();
+        let side = match role {
+            Role::Stable => &mut state.open.stable,
+            Role::Candidate => &mut state.open.candidate,
+            Role::Previous => return,
+        };
+        side.requests += 1;
+        side.errors += u64::from(failed);
+        side.latency.record(latency);
     }
 
     /// Compares the outputs the stable version gave for one request with
-    /// the candidate's, output by output (matched by name).
+    /// the candidate's, output by output (matched by name). The comparison
+    /// runs before the lock is taken; under it, only sums are added (an
+    /// output name is allocated the first time it is seen).
     pub fn record_comparison(&self, stable: &[Tensor], candidate: &[Tensor]) {
-        let _ = (stable, candidate);
+        let mut compared = Vec::with_capacity(stable.len());
+        compare_outputs(stable, candidate, |name, comparison| compared.push((name, comparison)));
+        let mut state = self.state.lock();
+        state.open.compared += 1;
+        for (name, comparison) in compared {
+            match state.open.outputs.get_mut(name) {
+                Some(drift) => drift.add(&comparison),
+                None => {
+                    let mut drift = Drift::default();
+                    drift.add(&comparison);
+                    state.open.outputs.insert(name.to_owned(), drift);
+                }
+            }
+        }
     }
 
     /// Counts a comparison that could not run: the candidate (or, paired,
     /// the stable version) failed on the copy.
-    pub fn record_comparison_error(&self) {}
+    pub fn record_comparison_error(&self) {
+        self.state.lock().open.comparison_errors += 1;
+    }
 
     /// Counts a copy dropped because the comparison queue was full.
-    pub fn record_dropped(&self) {}
+    pub fn record_dropped(&self) {
+        self.state.lock().open.dropped += 1;
+    }
 
     /// The window since the last take; starts the next one and adds this
     /// one into the totals.
     pub fn take(&self) -> Window {
-        Window::default()
+        let mut state = self.state.lock();
+        let State { open, taken } = &mut *state;
+        let window = open.window();
+        taken.merge(open);
+        open.clear();
+        window
     }
 
     /// Everything observed since the rollout began, the open window
     /// included.
     pub fn totals(&self) -> Window {
-        Window::default()
+        let all = {
+            let state = self.state.lock();
+            let mut all = state.taken.clone();
+            all.merge(&state.open);
+            all
+        };
+        all.window()
     }
+}
+
+/// The sums behind a [`Window`], which add up window after window.
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    stable: SideTally,
+    candidate: SideTally,
+    /// Kept across windows with zeroed sums, so that a known output costs
+    /// no allocation; outputs without samples are left out of a window.
+    outputs: BTreeMap<String, Drift>,
+    compared: u64,
+    comparison_errors: u64,
+    dropped: u64,
+}
+
+impl Tally {
+    fn merge(&mut self, other: &Tally) {
+        self.stable.merge(&other.stable);
+        self.candidate.merge(&other.candidate);
+        for (name, drift) in other.outputs.iter().filter(|(_, d)| d.samples > 0) {
+            match self.outputs.get_mut(name) {
+                Some(mine) => mine.merge(drift),
+                None => {
+                    self.outputs.insert(name.clone(), drift.clone());
+                }
+            }
+        }
+        self.compared += other.compared;
+        self.comparison_errors += other.comparison_errors;
+        self.dropped += other.dropped;
+    }
+
+    /// Zeroes every sum, keeping the output names.
+    fn clear(&mut self) {
+        let mut outputs = std::mem::take(&mut self.outputs);
+        outputs.values_mut().for_each(|drift| *drift = Drift::default());
+        *self = Tally { outputs, ..Tally::default() };
+    }
+
+    fn window(&self) -> Window {
+        Window {
+            stable: self.stable.side(),
+            candidate: self.candidate.side(),
+            outputs: self
+                .outputs
+                .iter()
+                .filter(|(_, d)| d.samples > 0)
+                .map(|(name, drift)| (name.clone(), drift.output()))
+                .collect(),
+            compared: self.compared,
+            comparison_errors: self.comparison_errors,
+            dropped: self.dropped,
+        }
+    }
+}
+
+/// One role's counts and latencies.
+#[derive(Clone, Debug, Default)]
+struct SideTally {
+    requests: u64,
+    errors: u64,
+    latency: Histogram,
+}
+
+impl SideTally {
+    fn merge(&mut self, other: &SideTally) {
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.latency.merge(&other.latency);
+    }
+
+    fn side(&self) -> Side {
+        Side { requests: self.requests, errors: self.errors, p99_ms: self.latency.quantile_ms(0.99) }
+    }
+}
+
+/// The sums of one output's comparisons.
+#[derive(Clone, Debug, Default)]
+struct Drift {
+    samples: u64,
+    mismatched: u64,
+    /// NaN once any comparison's was (see [`nan_max`]).
+    max_abs_diff: f64,
+    rel_l2_sum: f64,
+    cosine_sum: f64,
+    top1: Top1,
+}
+
+impl Drift {
+    fn add(&mut self, c: &Comparison) {
+        self.samples += 1;
+        self.mismatched += u64::from(c.mismatched);
+        self.max_abs_diff = nan_max(self.max_abs_diff, c.max_abs_diff);
+        self.rel_l2_sum += c.rel_l2;
+        self.cosine_sum += c.cosine;
+        if let Some(top1) = c.top1 {
+            self.add_top1(&top1);
+        }
+    }
+
+    fn add_top1(&mut self, top1: &Top1) {
+        self.top1.rows += top1.rows;
+        self.top1.agreeing += top1.agreeing;
+        self.top1.unknown += top1.unknown;
+    }
+
+    fn merge(&mut self, other: &Drift) {
+        self.samples += other.samples;
+        self.mismatched += other.mismatched;
+        self.max_abs_diff = nan_max(self.max_abs_diff, other.max_abs_diff);
+        self.rel_l2_sum += other.rel_l2_sum;
+        self.cosine_sum += other.cosine_sum;
+        self.add_top1(&other.top1);
+    }
+
+    /// Means over the samples; a NaN anywhere stays NaN. Only called with
+    /// samples.
+    fn output(&self) -> OutputDrift {
+        let n = self.samples as f64;
+        let top1_agreement = (self.top1.rows > 0)
+            .then(|| if self.top1.unknown > 0 { f64::NAN } else { self.top1.agreeing as f64 / self.top1.rows as f64 });
+        OutputDrift {
+            samples: self.samples,
+            max_abs_diff: self.max_abs_diff,
+            rel_l2: self.rel_l2_sum / n,
+            cosine: self.cosine_sum / n,
+            top1_agreement,
+            mismatched: self.mismatched,
+        }
+    }
+}
+
+/// The larger of two values, NaN when either is (`f64::max` would drop
+/// the NaN, and with it the sign that the window cannot be judged).
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+}
+
+/// Latencies in log-spaced buckets: whole microseconds below 8 µs, then
+/// eight buckets per power of two up to 2^27 µs (about 134 s), and one
+/// bucket above. A bucket spans at most an eighth of its lower bound, so a
+/// quantile read from it is off by at most 12.5%, and usually far less:
+/// within its bucket the quantile is interpolated linearly by rank, and it
+/// is never above the largest latency recorded.
+#[derive(Clone, Debug)]
+struct Histogram {
+    counts: [u64; BUCKETS],
+    total: u64,
+    max_nanos: u64,
+}
+
+/// Sub-buckets per power of two, as a power of two.
+const SUB_BITS: u32 = 3;
+/// Below this many microseconds, one bucket per microsecond.
+const EXACT: u64 = 1 << SUB_BITS;
+/// The first power of two (in microseconds) that goes into the last bucket.
+const TOP_BIT: u32 = 27;
+const BUCKETS: usize = EXACT as usize + ((TOP_BIT - SUB_BITS) as usize) * EXACT as usize + 1;
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram { counts: [0; BUCKETS], total: 0, max_nanos: 0 }
+    }
+}
+
+impl Histogram {
+    fn record(&mut self, latency: Duration) {
+        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.counts[bucket_of(nanos / 1000)] += 1;
+        self.total += 1;
+        self.max_nanos = self.max_nanos.max(nanos);
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        self.counts.iter_mut().zip(&other.counts).for_each(|(mine, theirs)| *mine += theirs);
+        self.total += other.total;
+        self.max_nanos = self.max_nanos.max(other.max_nanos);
+    }
+
+    /// The `q` quantile in milliseconds, `None` when nothing was recorded.
+    fn quantile_ms(&self, q: f64) -> Option<f64> {
+        if self.total == 0 {
+            return None;
+        }
+        let max_micros = self.max_nanos as f64 / 1000.0;
+        // The rank (from 1) of the quantile's request.
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut below = 0;
+        for (index, &count) in self.counts.iter().enumerate() {
+            if below + count >= rank {
+                let (low, high) = bucket_bounds(index);
+                let high = high.unwrap_or(max_micros);
+                let micros = low + (high - low) * (rank - below) as f64 / count as f64;
+                return Some(micros.min(max_micros) / 1000.0);
+            }
+            below += count;
+        }
+        Some(max_micros / 1000.0)
+    }
+}
+
+/// The bucket of a latency in whole microseconds.
+fn bucket_of(micros: u64) -> usize {
+    if micros < EXACT {
+        return micros as usize;
+    }
+    let bit = 63 - micros.leading_zeros();
+    if bit >= TOP_BIT {
+        return BUCKETS - 1;
+    }
+    let sub = (micros >> (bit - SUB_BITS)) - EXACT;
+    (EXACT + u64::from(bit - SUB_BITS) * EXACT + sub) as usize
+}
+
+/// A bucket's bounds in microseconds, lower included; the last bucket has
+/// no upper bound.
+fn bucket_bounds(index: usize) -> (f64, Option<f64>) {
+    let index = index as u64;
+    if index < EXACT {
+        return (index as f64, Some((index + 1) as f64));
+    }
+    if index as usize == BUCKETS - 1 {
+        return ((1u64 << TOP_BIT) as f64, None);
+    }
+    let shift = (index - EXACT) / EXACT;
+    let sub = (index - EXACT) % EXACT;
+    (((EXACT + sub) << shift) as f64, Some(((EXACT + sub + 1) << shift) as f64))
 }
 
 /// What one window (or the whole rollout) observed.
@@ -103,4 +379,152 @@ pub struct OutputDrift {
     /// more scores): the share of rows whose highest score is the same
     /// class on both sides.
     pub top1_agreement: Option<f64>,
+    /// Of the samples, comparisons where the output could not be compared
+    /// element by element (left out, another shape, another kind of data):
+    /// each counts as the worst drift (see [`super::compare`]).
+    pub mismatched: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn scores(values: &[f32]) -> Vec<Tensor> {
+        vec![Tensor::from_f32("scores", vec![1, values.len() as i64], values)]
+    }
+
+    #[test]
+    fn requests_count_per_role_and_previous_is_ignored() {
+        let o = Observations::default();
+        o.record(Role::Stable, ms(1), false);
+        o.record(Role::Stable, ms(1), true);
+        o.record(Role::Candidate, ms(2), false);
+        o.record(Role::Previous, ms(3), true);
+        let w = o.take();
+        assert_eq!((w.stable.requests, w.stable.errors), (2, 1));
+        assert_eq!((w.candidate.requests, w.candidate.errors), (1, 0));
+        assert_eq!(w.stable.error_rate(), Some(0.5));
+    }
+
+    #[test]
+    fn take_starts_a_new_window_and_totals_include_the_open_one() {
+        let o = Observations::default();
+        o.record(Role::Stable, ms(1), false);
+        o.record_comparison(&scores(&[0.2, 0.8]), &scores(&[0.3, 0.7]));
+        o.record_comparison_error();
+        o.record_dropped();
+        let first = o.take();
+        assert_eq!((first.stable.requests, first.compared, first.comparison_errors, first.dropped), (1, 1, 1, 1));
+        assert_eq!(first.outputs["scores"].samples, 1);
+        o.record(Role::Stable, ms(1), true);
+        let open = o.totals();
+        assert_eq!((open.stable.requests, open.stable.errors, open.compared, open.dropped), (2, 1, 1, 1));
+        assert_eq!(open.outputs["scores"].samples, 1);
+        let second = o.take();
+        assert_eq!((second.stable.requests, second.compared, second.dropped), (1, 0, 0));
+        assert!(second.outputs.is_empty(), "an output without samples is left out: {:?}", second.outputs);
+        assert!(o.take().stable.p99_ms.is_none());
+        assert_eq!(o.totals().stable.requests, 2);
+    }
+
+    #[test]
+    fn drift_is_averaged_and_its_maximum_kept() {
+        let o = Observations::default();
+        // rel_l2 0 and 1, cosine 1 and 0 (stable (1, 0) against (1, 0) then (0, 1)).
+        o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[1.0, 0.0]));
+        o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[0.0, 1.0]));
+        let d = &o.take().outputs["scores"];
+        assert_eq!(d.samples, 2);
+        assert_eq!(d.max_abs_diff, 1.0);
+        assert!((d.rel_l2 - 2f64.sqrt() / 2.0).abs() < 1e-12, "{}", d.rel_l2);
+        assert!((d.cosine - 0.5).abs() < 1e-12, "{}", d.cosine);
+        assert_eq!(d.top1_agreement, Some(0.5));
+        assert_eq!(d.mismatched, 0);
+    }
+
+    #[test]
+    fn a_nan_survives_into_the_window_and_the_totals() {
+        let o = Observations::default();
+        o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[f32::NAN, 0.0]));
+        // A larger, ordinary difference after it must not hide the NaN.
+        o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[9.0, 0.0]));
+        let d = o.take().outputs["scores"].clone();
+        assert!(d.max_abs_diff.is_nan() && d.rel_l2.is_nan() && d.cosine.is_nan(), "{d:?}");
+        assert!(d.top1_agreement.is_some_and(f64::is_nan));
+        o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[1.0, 0.0]));
+        assert!(o.take().outputs["scores"].max_abs_diff == 0.0, "a new window starts clean");
+        assert!(o.totals().outputs["scores"].max_abs_diff.is_nan());
+    }
+
+    #[test]
+    fn a_missing_output_is_a_counted_mismatch() {
+        let o = Observations::default();
+        o.record_comparison(&scores(&[1.0, 0.0]), &[]);
+        let w = o.take();
+        let d = &w.outputs["scores"];
+        assert_eq!((d.samples, d.mismatched, d.rel_l2, d.top1_agreement), (1, 1, f64::INFINITY, Some(0.0)));
+        assert_eq!(w.compared, 1);
+    }
+
+    #[test]
+    fn outputs_not_class_scores_have_no_top1() {
+        let o = Observations::default();
+        let y = [Tensor::from_f32("y", vec![4, 1], &[1.0, 2.0, 3.0, 4.0])];
+        o.record_comparison(&y, &y);
+        assert_eq!(o.take().outputs["y"].top1_agreement, None);
+    }
+
+    #[test]
+    fn buckets_cover_their_range_without_gaps() {
+        let mut last = None;
+        for micros in (0..1 << 12).chain([(1 << 27) - 1, 1 << 27, u64::MAX]) {
+            let b = bucket_of(micros);
+            let (low, high) = bucket_bounds(b);
+            assert!(low <= micros as f64 && high.is_none_or(|h| (micros as f64) < h), "{micros} µs in bucket {b}");
+            if let Some(previous) = last {
+                assert!(b >= previous);
+            }
+            last = Some(b);
+        }
+        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+        assert_eq!(bucket_bounds(BUCKETS - 2).1, Some((1u64 << 27) as f64));
+    }
+
+    #[test]
+    fn p99_is_within_a_tenth_of_the_true_value() {
+        // 1 000 latencies spread from 100 µs to 100 ms, log-uniformly.
+        let latencies: Vec<Duration> =
+            (0..1000).map(|i| Duration::from_secs_f64(1e-4 * 1000f64.powf(f64::from(i) / 999.0))).collect();
+        let mut h = Histogram::default();
+        latencies.iter().for_each(|&l| h.record(l));
+        let truth = latencies[989].as_secs_f64() * 1000.0;
+        let got = h.quantile_ms(0.99).unwrap();
+        assert!((got / truth - 1.0).abs() < 0.1, "p99 {got} ms, truly {truth} ms");
+        // One request: its own latency, not the top of its bucket.
+        let mut one = Histogram::default();
+        one.record(Duration::from_micros(1234));
+        assert!((one.quantile_ms(0.99).unwrap() - 1.234).abs() < 0.16);
+        assert!(one.quantile_ms(0.99).unwrap() <= 1.234);
+        // Beyond the last bucket: the largest latency.
+        let mut slow = Histogram::default();
+        slow.record(Duration::from_secs(500));
+        assert_eq!(slow.quantile_ms(0.99), Some(500_000.0));
+    }
+
+    #[test]
+    fn totals_merge_latencies_of_every_window() {
+        let o = Observations::default();
+        (0..99).for_each(|_| o.record(Role::Candidate, ms(1), false));
+        let _ = o.take();
+        o.record(Role::Candidate, ms(1000), false);
+        o.record(Role::Candidate, ms(1000), false);
+        let all = o.totals().candidate;
+        assert_eq!(all.requests, 101);
+        let p99 = all.p99_ms.unwrap();
+        assert!(p99 > 875.0 && p99 <= 1000.0, "{p99}");
+    }
 }

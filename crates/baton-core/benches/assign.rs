@@ -1,0 +1,86 @@
+//! What picking a request's side of a rollout costs: the route a request
+//! takes through a table with a canary rollout, with and without a sticky
+//! key, and the sticky bucket of a key alone.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+
+use baton_core::backend::{BackendError, Model, Weight, WeightsError};
+use baton_core::manifest::Manifest;
+use baton_core::pipeline::warmup::Warmed;
+use baton_core::rollout::window::Observations;
+use baton_core::rollout::{Mode, Rollout, assign};
+use baton_core::routing::{ModelRoute, Routing};
+use baton_core::signature::Signature;
+use baton_core::spec::ModelSpec;
+use baton_core::tensor::Tensor;
+use baton_core::version::{Version, VersionParts};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+/// An engine that is never run: routing only needs versions to exist.
+#[derive(Default)]
+struct Idle {
+    signature: Signature,
+}
+
+impl Model for Idle {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn visit_weights(&self, _: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
+        Ok(())
+    }
+
+    fn infer(&self, _: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        Err(BackendError::new("not_run", "the benchmark engine runs nothing"))
+    }
+}
+
+fn version(number: u64) -> Arc<Version> {
+    let parts = VersionParts {
+        model: "m".to_owned(),
+        number,
+        spec: Arc::new(ModelSpec::parse("").expect("an empty model.toml parses")),
+        manifest: Manifest::default(),
+        warmup: Vec::new(),
+        warmed: Warmed::default(),
+        bytes_held: 0,
+        engine: Box::new(Idle::default()),
+        heap: None,
+    };
+    Arc::new(Version::new(parts, None))
+}
+
+/// A table routing model `m`: version 1 stable, version 2 a canary at 5%.
+fn table() -> Routing {
+    let mut route = ModelRoute::new(version(1), Vec::new());
+    route.rollout = Some(Rollout {
+        candidate: version(2),
+        mode: Mode::Canary,
+        weight: 500,
+        paired: true,
+        observations: Arc::new(Observations::default()),
+    });
+    Routing::new(1, BTreeMap::from([("m".to_owned(), route)]))
+}
+
+fn route(c: &mut Criterion) {
+    let table = table();
+    let key = b"user-0123456789a";
+    c.bench_function("route/canary/keyed", |b| {
+        b.iter(|| table.route(black_box("m"), None, Some(black_box(&key[..]))).map(|r| r.role))
+    });
+    c.bench_function("route/canary/unkeyed", |b| b.iter(|| table.route(black_box("m"), None, None).map(|r| r.role)));
+}
+
+fn bucket(c: &mut Criterion) {
+    let short = [7u8; 16];
+    let long = [7u8; 64];
+    c.bench_function("bucket/16_bytes", |b| b.iter(|| assign::bucket(black_box(&short))));
+    c.bench_function("bucket/64_bytes", |b| b.iter(|| assign::bucket(black_box(&long))));
+}
+
+criterion_group!(benches, route, bucket);
+criterion_main!(benches);
