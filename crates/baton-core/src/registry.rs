@@ -509,14 +509,14 @@ impl Inner {
                 "{}",
                 decision.message
             );
+            // A new weight is in the table before its event is out.
+            if let Effect::Weight(weight) = effect {
+                pipeline::rollout::set_weight(self, &model, weight);
+            }
             self.emit(&model, Some(decision.candidate), EventKind::rollout(decision));
             let (tx, _ignored) = oneshot::channel();
             let applied = match effect {
-                Effect::None => Ok(()),
-                Effect::Weight(weight) => {
-                    pipeline::rollout::set_weight(self, &model, weight);
-                    Ok(())
-                }
+                Effect::None | Effect::Weight(_) => Ok(()),
                 Effect::Promote => {
                     self.file_ended(&model);
                     pipeline::rollout::promote(Arc::clone(self), busy, tx)

@@ -165,6 +165,25 @@ impl Routing {
         Ok(Inference { version: target.number(), outputs })
     }
 
+    /// Serves one request that names no version as the server does, on the
+    /// calling thread: assigns it a side of a rollout by its `key`, runs
+    /// it, records it in the rollout's window, and runs its comparison copy
+    /// when it has one, waiting for it. For tools and tests; the server
+    /// runs copies off the response path.
+    pub fn serve(&self, model: &str, key: Option<&[u8]>, inputs: &[Tensor]) -> Result<(Inference, Role), InferError> {
+        let routed = self.route(model, None, key)?;
+        let started = std::time::Instant::now();
+        let outcome = routed.version.infer(inputs);
+        if let Some(rollout) = routed.rollout {
+            rollout.observations.record(routed.role, started.elapsed(), outcome.is_err());
+        }
+        let outputs = outcome?;
+        if let Some(copy) = routed.compare.and_then(|c| c.start(inputs.to_vec())) {
+            copy.wait(&outputs);
+        }
+        Ok((Inference { version: routed.version.number(), outputs }, routed.role))
+    }
+
     /// Takes the receiver that reports when this table is dropped. Only the
     /// first caller gets it.
     pub(crate) fn take_released(&self) -> Option<mpsc::Receiver<()>> {

@@ -141,12 +141,15 @@ pub struct Copy {
     pub role: Role,
     /// Where to record what it came to.
     pub observations: Arc<window::Observations>,
-    gate: Arc<CopyGate>,
+    _slot: Slot,
 }
 
-impl Drop for Copy {
+/// A copy's room in its gate, given back on drop.
+struct Slot(Arc<CopyGate>);
+
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.gate.running.fetch_sub(1, Ordering::Relaxed);
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -187,7 +190,7 @@ impl Compare<'_> {
             pending,
             role: self.role,
             observations: Arc::clone(&self.rollout.observations),
-            gate: Arc::clone(gate),
+            _slot: Slot(Arc::clone(gate)),
         };
         match self.other.submit_spare(inputs) {
             Ok(pending) => Some(copy(pending)),
@@ -201,17 +204,38 @@ impl Compare<'_> {
 }
 
 impl Copy {
+    /// Blocks until the copy is answered and records what it came to. For
+    /// synchronous callers (tools, tests); an async task awaits
+    /// [`Copy::pending`] instead.
+    pub fn wait(self, answered: &[Tensor]) {
+        let started = std::time::Instant::now();
+        let Copy { pending, role, observations, _slot } = self;
+        let outcome = pending.wait();
+        Copy::record(&observations, role, answered, outcome, started.elapsed());
+    }
+
     /// Records what the copy came to, given the answer the request got
-    /// (`answered`) and how long the copy took. A shadow copy's latency and
-    /// failure count as the candidate's.
+    /// (`answered`) and how long the copy took. Its latency and failure
+    /// count as its version's, in its role.
     pub fn finish(self, answered: &[Tensor], outcome: Result<Vec<Tensor>, InferError>, took: std::time::Duration) {
-        if self.role == Role::Candidate {
-            self.observations.record(Role::Candidate, took, outcome.is_err());
-        }
-        match (self.role, outcome) {
-            (Role::Candidate, Ok(candidate)) => self.observations.record_comparison(answered, &candidate),
-            (_, Ok(stable)) => self.observations.record_comparison(&stable, answered),
-            (_, Err(_)) => self.observations.record_comparison_error(),
+        Copy::record(&self.observations, self.role, answered, outcome, took);
+    }
+
+    fn record(
+        observations: &window::Observations,
+        role: Role,
+        answered: &[Tensor],
+        outcome: Result<Vec<Tensor>, InferError>,
+        took: std::time::Duration,
+    ) {
+        // A copy runs on the version's own session threads like a request,
+        // so it counts as that version's: a canary at 100 % still gives the
+        // stable side of its windows samples.
+        observations.record(role, took, outcome.is_err());
+        match (role, outcome) {
+            (Role::Candidate, Ok(candidate)) => observations.record_comparison(answered, &candidate),
+            (_, Ok(stable)) => observations.record_comparison(&stable, answered),
+            (_, Err(_)) => observations.record_comparison_error(),
         }
     }
 }

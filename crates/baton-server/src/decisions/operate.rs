@@ -82,7 +82,9 @@ pub(crate) async fn settle(app: &Arc<App>, kind: Kind, report: &LoadReport) -> R
         // best guess at its newest.
         let newest = newest(&app, &model).or(chosen.max(replaced));
         let change = match (kind, chosen, newest) {
-            (Kind::Unload, _, _) => Change::Recorded(Decision { kind, version: None, at: now(), yields_to: newest, rollout: None }),
+            (Kind::Unload, _, _) => {
+                Change::Recorded(Decision { kind, version: None, at: now(), yields_to: newest, rollout: None })
+            }
             (_, Some(v), Some(newest)) if v < newest => {
                 Change::Recorded(Decision { kind, version: Some(v), at: now(), yields_to: Some(newest), rollout: None })
             }

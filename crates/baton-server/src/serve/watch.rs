@@ -288,8 +288,13 @@ impl Watcher {
         if let Err(error) = self.app.registry.start_rollout(model, start).and_then(|h| h.wait()) {
             let reason = format!("the rollout of version {candidate} could not be taken up: {error}");
             tracing::warn!(model, candidate, %reason, "Version {stable} serves all traffic.");
-            let held =
-                Decision { kind: Kind::Load, version: Some(stable), at: now(), yields_to: Some(candidate), rollout: None };
+            let held = Decision {
+                kind: Kind::Load,
+                version: Some(stable),
+                at: now(),
+                yields_to: Some(candidate),
+                rollout: None,
+            };
             self.change(model, Change::Recorded(held));
         }
     }
