@@ -288,7 +288,7 @@ fn close(want: &Tensor, got: &Tensor, atol: f64, rtol: f64, nan_equal: bool) -> 
     let Some((i, _)) = worst else {
         return Ok(());
     };
-    let nan = if nan_equal { "" } else { "; NaN matches nothing, not even NaN (nan_equal is false)" };
+    let nan = if e[i].is_nan() && g[i].is_nan() { "; a NaN matches a NaN only with nan_equal" } else { "" };
     Err(format!(
         "element {i} {} is {}, expected {}: outside atol {atol} + rtol {rtol}·|expected| ({outside} of {} elements \
          outside{nan})",
@@ -504,7 +504,7 @@ mod tests {
         golden.outputs[0].tensor = fp32("scores", &[2, 3], &[f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0]);
         let nan_got = fp32("scores", &[2, 3], &[f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0]);
         let e = compare(&golden.outputs[0], &nan_got).unwrap_err();
-        assert!(e.contains("element 0 at [0, 0] is NaN, expected NaN") && e.contains("nan_equal is false"), "{e}");
+        assert!(e.contains("element 0 at [0, 0] is NaN, expected NaN") && e.contains("only with nan_equal"), "{e}");
         golden.outputs[0].rule = Rule::Close { atol: 0.0, rtol: 0.0, nan_equal: true };
         assert_eq!(compare(&golden.outputs[0], &nan_got), Ok(()));
         let finite = fp32("scores", &[2, 3], &[1.0; 6]);
