@@ -16,7 +16,7 @@
 //! A floating-point element passes when |got − expected| ≤ atol + rtol·|expected|
 //! (defaults [`DEFAULT_ATOL`], [`DEFAULT_RTOL`]; `atol`, `rtol` and
 //! `nan_equal` set at the top apply to every output, set on an output to
-//! that one). An expected NaN is matched by a NaN only with
+//! that one). An expected NaN (`null`) is matched by a NaN only with
 //! `"nan_equal": true`; an infinity only by itself. `"top1": true` on an
 //! output compares only which element of each row (the last dimension) is
 //! largest. Integer, BOOL and BYTES outputs compare exactly.
@@ -30,7 +30,7 @@ use crate::backend::Model;
 use crate::pipeline::warmup::{SampleTensor, json_files};
 use crate::signature::Signature;
 use crate::tensor::{DataType, Tensor, TensorData, f16_to_f32};
-use crate::tensor_json::{tensor_from_json, tensor_to_json};
+use crate::tensor_json::{NullFloats, tensor_from_json_with, tensor_to_json};
 
 /// The absolute tolerance of a floating-point output the file leaves unset.
 pub const DEFAULT_ATOL: f64 = 1e-5;
@@ -209,7 +209,8 @@ fn expected(
         ));
     }
     let tolerance_set = out.atol.is_some() || out.rtol.is_some() || out.nan_equal.is_some();
-    let tensor = tensor_from_json(name, out.datatype, out.shape, &out.data)?;
+    // `null` is NaN, as baton writes NaN in its answers.
+    let tensor = tensor_from_json_with(name, out.datatype, out.shape, &out.data, NullFloats::AsNan)?;
     let rule = if out.top1 {
         if tolerance_set {
             return Err(format!("output '{name}' is compared by top1; atol, rtol and nan_equal do not apply"));
@@ -499,9 +500,13 @@ mod tests {
 
     #[test]
     fn nan_matches_nan_only_when_the_file_says_so() {
-        // NaN cannot be written in JSON: the expected NaN comes in as FP32 bits.
-        let mut golden = parsed(&file(scores(json!([0, 0, 0, 0, 0, 0]), json!({})), json!({}))).unwrap();
-        golden.outputs[0].tensor = fp32("scores", &[2, 3], &[f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        // An expected NaN is written `null`.
+        let mut golden = parsed(&file(scores(json!([null, 0, 0, 0, 0, 0]), json!({})), json!({}))).unwrap();
+        let equal = parsed(&file(scores(json!([null, 0, 0, 0, 0, 0]), json!({"nan_equal": true})), json!({})));
+        assert_eq!(
+            equal.unwrap().outputs[0].rule,
+            Rule::Close { atol: DEFAULT_ATOL, rtol: DEFAULT_RTOL, nan_equal: true }
+        );
         let nan_got = fp32("scores", &[2, 3], &[f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0]);
         let e = compare(&golden.outputs[0], &nan_got).unwrap_err();
         assert!(e.contains("element 0 at [0, 0] is NaN, expected NaN") && e.contains("only with nan_equal"), "{e}");
