@@ -16,8 +16,20 @@ use crate::tensor::{DataType, Tensor, TensorData, element_count};
 /// datatype and the element count against the shape. Messages name the
 /// tensor and say what was expected.
 pub fn tensor_from_json(name: &str, datatype: DataType, shape: Vec<i64>, data: &Value) -> Result<Tensor, String> {
+    tensor_from_json_with(name, datatype, shape, data, NullFloats::Reject)
+}
+
+/// [`tensor_from_json`], with `null` elements of a floating-point tensor
+/// taken as `nulls` says.
+pub fn tensor_from_json_with(
+    name: &str,
+    datatype: DataType,
+    shape: Vec<i64>,
+    data: &Value,
+    nulls: NullFloats,
+) -> Result<Tensor, String> {
     let count = element_count(&shape).ok_or_else(|| format!("tensor '{name}': invalid shape {shape:?}"))?;
-    let data = elements_from_value(data, datatype, count, NullFloats::Reject).map_err(|e| match e {
+    let data = elements_from_value(data, datatype, count, nulls).map_err(|e| match e {
         ElementsError::Count { found } => {
             format!("tensor '{name}': shape {shape:?} needs {count} elements, got {found}")
         }

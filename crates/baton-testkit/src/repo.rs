@@ -1,5 +1,6 @@
 //! Model repositories on disk for tests: `model.toml`, version directories
-//! with generated ONNX models, warmup samples, and a MANIFEST written last —
+//! with generated ONNX models, warmup and golden samples, and a MANIFEST
+//! written last —
 //! plus every kind of damage the load transaction must refuse.
 
 use std::path::{Path, PathBuf};
@@ -178,6 +179,21 @@ fn damage_dir(dir: &Path, damage: Damage) {
 pub fn sample_json(name: &str, batch: usize, width: usize, values: &[f32]) -> Vec<u8> {
     serde_json::json!({
         "inputs": [{ "name": name, "datatype": "FP32", "shape": [batch, width], "data": values }]
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// A golden sample file for an MLP with the default tensor names: `batch`
+/// rows of `input` and, as the expected `output`, what `mlp` computes for
+/// them ([`Mlp::forward`]), with the default tolerances. Given the weights
+/// of the version it ships with, the version passes; given other weights,
+/// it is refused as `golden_mismatch`.
+pub fn golden_json(mlp: &Mlp, input: &[f32], batch: usize) -> Vec<u8> {
+    let expected = mlp.forward(input, batch);
+    serde_json::json!({
+        "inputs": [{ "name": "input", "datatype": "FP32", "shape": [batch, mlp.input_width()], "data": input }],
+        "outputs": [{ "name": "output", "datatype": "FP32", "shape": [batch, mlp.output_width()], "data": expected }],
     })
     .to_string()
     .into_bytes()

@@ -3,20 +3,23 @@
 //! version keeps answering as if nothing happened. That includes versions
 //! whose files reach outside their directory (a symlink out, an external
 //! data location with `..` or an absolute path); a symlink between files of
-//! the version, or one out that `model.toml` allows, loads.
+//! the version, or one out that `model.toml` allows, loads. A version whose
+//! golden set the model does not reproduce is refused the same way.
 
 use std::path::{Path, PathBuf};
 
+use baton_core::error::LoadError;
 use baton_core::events::{Stage, State};
 use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
-use baton_testkit::repo::{Damage, TestRepo, mlp_toml, sample_json};
+use baton_testkit::repo::{Damage, TestRepo, golden_json, mlp_toml, sample_json};
 use baton_testkit::{infer_mlp, max_diff, registry};
 
 const SIZES: [usize; 3] = [8, 16, 2];
 
 /// Publishes version 1, loads it, lets `breaks` publish a broken version 2,
-/// loads version 2 and checks the refusal and that version 1 still serves.
-fn refused(stage: Stage, reason: &str, breaks: impl FnOnce(&TestRepo, &Mlp)) {
+/// loads version 2 and checks the refusal and that version 1 still serves;
+/// returns the refusal.
+fn refused(stage: Stage, reason: &str, breaks: impl FnOnce(&TestRepo, &Mlp)) -> LoadError {
     let repo = TestRepo::new();
     let good = Mlp::new(&SIZES, 1);
     repo.add_model("m", &mlp_toml(&good, ""));
@@ -39,6 +42,7 @@ fn refused(stage: Stage, reason: &str, breaks: impl FnOnce(&TestRepo, &Mlp)) {
     let failure = status.last_error.expect("the failure is recorded");
     assert_eq!((failure.stage, failure.version, failure.reason), (Some(stage), Some(2), reason));
     assert!(!status.busy, "a failed load does not leave the model locked");
+    error
 }
 
 fn with_weight(mut mlp: Mlp, value: f32) -> Mlp {
@@ -120,6 +124,32 @@ refused!(warmup_too_slow, Warmup, "too_slow", |repo, mlp| {
     // A zero budget: any real run is over it, whatever the machine's speed.
     repo.add_model("m", &mlp_toml(mlp, "[warmup]\nmax_latency_ms = 0"));
     repo.publish_mlp("m", 2, mlp)
+});
+refused!(golden_set_of_other_weights, Validate, "golden_mismatch", |repo, mlp| {
+    publish_with_golden(repo, mlp, &golden_json(&Mlp::new(&SIZES, 3), &sample_input(SIZES[0], 2, 7), 2))
+});
+refused!(golden_file_unparsable, Validate, "golden_invalid", |repo, mlp| {
+    publish_with_golden(repo, mlp, b"{\"inputs\": [")
+});
+refused!(golden_file_names_an_unknown_output, Validate, "golden_invalid", |repo, mlp| {
+    let golden = golden_json(mlp, &sample_input(SIZES[0], 1, 7), 1);
+    publish_with_golden(repo, mlp, &String::from_utf8(golden).unwrap().replace("\"output\"", "\"logits\"").into_bytes())
+});
+refused!(golden_output_of_the_wrong_shape, Validate, "golden_invalid", |repo, mlp| {
+    let golden = serde_json::json!({
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, SIZES[0]], "data": sample_input(SIZES[0], 1, 7)}],
+        "outputs": [{"name": "output", "datatype": "FP32", "shape": [1, 3], "data": [0, 0, 0]}],
+    });
+    publish_with_golden(repo, mlp, golden.to_string().as_bytes())
+});
+refused!(golden_file_changed_after_packaging, Verify, "digest_mismatch", |repo, mlp| {
+    publish_with_golden(repo, mlp, &golden_json(mlp, &sample_input(SIZES[0], 1, 7), 1));
+    // One digit changed, the size kept: only the digest can tell.
+    let path = repo.version_dir("m", 2).join("golden/a.json");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let digit = bytes.iter().rposition(u8::is_ascii_digit).unwrap();
+    bytes[digit] = b'0' + (bytes[digit] - b'0' + 1) % 10;
+    std::fs::write(&path, bytes).unwrap()
 });
 refused!(missing_version, Fetch, "version_not_found", |repo, _mlp| assert!(!repo.version_dir("m", 2).exists()));
 refused!(symlink_out_of_the_version, Verify, "outside_version", |repo, mlp| {
@@ -220,4 +250,36 @@ fn a_shipped_warmup_sample_is_run_and_kept() {
     let version = &snapshot.model("m").unwrap().stable;
     let names: Vec<&str> = version.warmup().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["warmup/two.json"]);
+}
+
+/// Publishes `mlp` as version 2 of `m` with `golden` as its `golden/a.json`.
+fn publish_with_golden(repo: &TestRepo, mlp: &Mlp, golden: &[u8]) {
+    repo.publish_mlp_with("m", 2, mlp, &OnnxOptions::default(), &[("golden/a.json", golden)]);
+}
+
+#[test]
+fn a_golden_set_the_model_reproduces_lets_it_load_and_serve() {
+    let (version, output, want) = load_second("", |repo, mlp| {
+        publish_with_golden(repo, mlp, &golden_json(mlp, &sample_input(SIZES[0], 3, 7), 3))
+    });
+    assert_eq!(version, 2);
+    assert!(max_diff(&output, &want) < 1e-5);
+}
+
+#[test]
+fn a_golden_mismatch_names_the_file_output_element_values_and_tolerance() {
+    let error = refused(Stage::Validate, "golden_mismatch", |repo, mlp| {
+        // The expected outputs come from version 1's weights, not version 2's.
+        publish_with_golden(repo, mlp, &golden_json(&Mlp::new(&SIZES, 1), &sample_input(SIZES[0], 2, 7), 2))
+    });
+    assert_eq!(error.kind(), "validate_failed");
+    let message = error.to_string();
+    for part in [
+        "validate failed: golden sample golden/a.json: output 'output' element ",
+        " expected ",
+        "outside atol 0.00001 + rtol 0.0001·|expected|",
+        " of 4 elements outside",
+    ] {
+        assert!(message.contains(part), "'{part}' is missing from: {message}");
+    }
 }

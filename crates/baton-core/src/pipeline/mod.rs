@@ -14,6 +14,7 @@
 //! serving priority and the drain thread, which the commit starts, does not
 //! inherit the build thread's idle priority.
 
+pub mod golden;
 pub(crate) mod rollout;
 pub use rollout::RolloutStart;
 pub mod validate;
@@ -311,7 +312,10 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
     })?;
     // The backend has what it read; the version's files close here.
     let manifest = verified.into_manifest();
-    run.stage(Stage::Validate, |_| Ok(validate::validate(engine.as_ref(), &spec)?))?;
+    run.stage(Stage::Validate, |_| {
+        validate::validate(engine.as_ref(), &spec)?;
+        Ok(golden::check(&dir, engine.as_ref()).map_err(validate::ValidateError::from)?)
+    })?;
     let (samples, warmed) = run.stage(Stage::Warmup, |_| {
         let samples = warmup::samples(&dir, &spec, engine.as_ref())?;
         let warmed = warmup::run(engine.as_ref(), &samples, &spec)?;

@@ -1,7 +1,8 @@
 //! The validate stage: the model's declared inputs and outputs against
 //! `model.toml`, and every weight tensor read from the model file against the
 //! model's validation policy ([`crate::spec::ValidationPolicy`] says which
-//! checks a tensor gets, by its role and content).
+//! checks a tensor gets, by its role and content). The version's golden set
+//! ([`crate::pipeline::golden`]) runs in this stage too, after these checks.
 
 use thiserror::Error;
 
@@ -9,6 +10,7 @@ mod rule;
 mod stats;
 
 use crate::backend::{Model, Weight, WeightsError};
+use crate::pipeline::golden::GoldenError;
 use crate::spec::ModelSpec;
 use crate::tensor::DataType;
 
@@ -37,6 +39,9 @@ pub enum ValidateError {
     /// The weights could not be read.
     #[error("{0}")]
     Read(String),
+    /// The golden set refused the model, or could not be used.
+    #[error("{0}")]
+    Golden(#[from] GoldenError),
 }
 
 impl ValidateError {
@@ -47,6 +52,7 @@ impl ValidateError {
             ValidateError::Tensor { kind, .. } => kind,
             ValidateError::MissingTensor(_) => "missing_tensor",
             ValidateError::Read(_) => "unreadable_weights",
+            ValidateError::Golden(e) => e.kind(),
         }
     }
 }

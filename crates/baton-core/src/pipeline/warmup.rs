@@ -124,18 +124,26 @@ struct SampleFile {
     inputs: Vec<SampleTensor>,
 }
 
+/// One tensor of a sample file, in the KServe V2 JSON form.
 #[derive(Deserialize)]
-struct SampleTensor {
+pub(crate) struct SampleTensor {
     name: String,
     datatype: DataType,
     shape: Vec<i64>,
     data: serde_json::Value,
 }
 
+impl SampleTensor {
+    /// The tensor, its elements checked against its datatype and shape.
+    pub(crate) fn into_tensor(self) -> Result<Tensor, String> {
+        tensor_from_json(&self.name, self.datatype, self.shape, &self.data)
+    }
+}
+
 /// The version's shipped samples followed by generated ones, unless inputs
 /// cannot be generated for `model` (see [`ungenerable`]); that is logged.
 pub fn samples(dir: &Path, spec: &ModelSpec, model: &dyn Model) -> Result<Vec<Sample>, WarmupError> {
-    let mut out = shipped(&dir.join("warmup"))?;
+    let mut out = shipped(dir)?;
     if spec.warmup.generated {
         match generated(model.signature(), &model.input_ranges(), &spec.warmup.batch_sizes) {
             Ok(samples) => out.extend(samples),
@@ -157,9 +165,23 @@ pub fn samples(dir: &Path, spec: &ModelSpec, model: &dyn Model) -> Result<Vec<Sa
     Ok(out)
 }
 
-fn shipped(dir: &Path) -> Result<Vec<Sample>, WarmupError> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(Vec::new());
+fn shipped(version: &Path) -> Result<Vec<Sample>, WarmupError> {
+    json_files(version, "warmup")
+        .into_iter()
+        .map(|(file, text)| {
+            let text = text.map_err(|e| WarmupError::BadSample { file: file.clone(), reason: e.to_string() })?;
+            parse_sample(file, &text)
+        })
+        .collect()
+}
+
+/// The `*.json` files of the version's directory `folder`, sorted, each
+/// named by its path in the version (`warmup/a.json`) with its text; none
+/// when the version has no such directory. Read by path: see
+/// docs/hot-swap.md, "What the verify stage guarantees".
+pub(crate) fn json_files(version: &Path, folder: &str) -> Vec<(String, std::io::Result<String>)> {
+    let Ok(entries) = std::fs::read_dir(version.join(folder)) else {
+        return Vec::new();
     };
     let mut files: Vec<_> = entries
         .filter_map(Result::ok)
@@ -170,10 +192,8 @@ fn shipped(dir: &Path) -> Result<Vec<Sample>, WarmupError> {
     files
         .into_iter()
         .map(|path| {
-            let file = format!("warmup/{}", path.file_name().unwrap_or_default().to_string_lossy());
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| WarmupError::BadSample { file: file.clone(), reason: e.to_string() })?;
-            parse_sample(file, &text)
+            let file = format!("{folder}/{}", path.file_name().unwrap_or_default().to_string_lossy());
+            (file, std::fs::read_to_string(&path))
         })
         .collect()
 }
@@ -184,12 +204,8 @@ fn shipped(dir: &Path) -> Result<Vec<Sample>, WarmupError> {
 pub fn parse_sample(file: String, text: &str) -> Result<Sample, WarmupError> {
     let bad = |reason: String| WarmupError::BadSample { file: file.clone(), reason };
     let parsed: SampleFile = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-    let inputs = parsed
-        .inputs
-        .into_iter()
-        .map(|t| tensor_from_json(&t.name, t.datatype, t.shape, &t.data))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(bad)?;
+    let inputs =
+        parsed.inputs.into_iter().map(SampleTensor::into_tensor).collect::<Result<Vec<_>, _>>().map_err(bad)?;
     Ok(Sample { name: file, inputs })
 }
 
@@ -303,12 +319,12 @@ mod tests {
             r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[[0.5,1]]}]}"#,
         )
         .unwrap();
-        let got = shipped(&warm).unwrap();
+        let got = shipped(dir.path()).unwrap();
         assert_eq!(got[0].name, "warmup/a.json");
         assert_eq!(got[0].inputs[0].to_f32().unwrap(), vec![0.5, 1.0]);
         std::fs::write(warm.join("b.json"), r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1]}]}"#)
             .unwrap();
-        let e = shipped(&warm).unwrap_err();
+        let e = shipped(dir.path()).unwrap_err();
         assert!(e.to_string().contains("warmup/b.json") && e.to_string().contains("needs 2 elements"), "{e}");
     }
 }
