@@ -2,8 +2,8 @@
 # Installs the clients baton is tested against into .baton/venv: NVIDIA's
 # tritonclient (HTTP and gRPC) with the perf_analyzer binary inside its
 # wheel, numpy and pytest; plus what perf_analyzer needs to start on a
-# machine without a GPU: libb64 from apt and a libcudart.so.12 from the
-# nvidia-cuda-runtime-cu12 wheel (no GPU is used).
+# machine without a GPU: libb64 from apt (scripts/setup-packages.sh) and a
+# libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel (no GPU is used).
 #
 # Afterwards `.baton/bin/perf_analyzer` runs perf_analyzer with its library
 # path set. Idempotent.
@@ -21,12 +21,7 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-if ! ldconfig -p | grep -q 'libb64\.so\.0d'; then
-  if ! apt-get install -y -q libb64-0d >/dev/null 2>&1; then
-    apt-get update -q >/dev/null
-    apt-get install -y -q libb64-0d >/dev/null
-  fi
-fi
+bash scripts/setup-packages.sh
 
 cudart_dir=$("$venv/bin/python" -c 'import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], "lib"))')
 mkdir -p .baton/bin
