@@ -10,7 +10,7 @@ use baton_core::backend::{BackendError, Model, Weight, WeightsError};
 use baton_core::manifest::Manifest;
 use baton_core::pipeline::warmup::Warmed;
 use baton_core::rollout::window::Observations;
-use baton_core::rollout::{Mode, Rollout, assign};
+use baton_core::rollout::{CopyGate, Mode, Rollout, assign};
 use baton_core::routing::{ModelRoute, Routing};
 use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
@@ -62,6 +62,7 @@ fn table() -> Routing {
         weight: 500,
         paired: true,
         observations: Arc::new(Observations::default()),
+        copies: Arc::new(CopyGate::new(64)),
     });
     Routing::new(1, BTreeMap::from([("m".to_owned(), route)]))
 }
