@@ -9,12 +9,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Metrics the rules use that the server does not expose yet: the gauge of
-/// any operation in progress (loads, rollbacks, unloads and rollouts) and
-/// the rollout metrics. Remove each name once the server exposes it.
-const NOT_YET_EXPOSED: [&str; 3] =
-    ["baton_model_operation_in_progress", "baton_rollout_paused", "baton_rollout_decisions_total"];
-
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -97,10 +91,6 @@ fn the_rules_name_only_metrics_the_server_exposes() {
         exposed.iter().any(|e| e == name || e == base)
     };
     let missing: Vec<&String> =
-        used.iter().filter(|n| !is_exposed(n) && !NOT_YET_EXPOSED.contains(&n.as_str())).collect();
+        used.iter().filter(|n| !is_exposed(n)).collect();
     assert!(missing.is_empty(), "the alert rules use metrics the server does not expose: {missing:?}");
-    let stale: Vec<&str> = NOT_YET_EXPOSED.iter().copied().filter(|n| is_exposed(n)).collect();
-    assert!(stale.is_empty(), "the server exposes {stale:?} now: remove them from NOT_YET_EXPOSED");
-    let unused: Vec<&str> = NOT_YET_EXPOSED.iter().copied().filter(|n| !used.iter().any(|u| u == n)).collect();
-    assert!(unused.is_empty(), "NOT_YET_EXPOSED lists {unused:?}, which the rules do not use");
 }
