@@ -7,7 +7,8 @@
 use baton_core::rollout::Mode;
 use baton_core::rollout::guard::Guards;
 use baton_core::rollout::plan::{Overrides, Plan, RolloutPolicy};
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::error::ServeError;
 
@@ -25,42 +26,51 @@ pub struct StartRequest {
     pub overrides: Overrides,
 }
 
-/// The JSON body of `POST /baton/v1/models/{m}/rollout`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct Body {
-    version: Option<u64>,
-    mode: Option<Mode>,
-    steps: Option<Vec<f64>>,
-    interval_ms: Option<u64>,
-    failure_limit: Option<u32>,
-    max_inconclusive: Option<u32>,
-    paired: Option<bool>,
-    guards: Option<Guards>,
-}
+/// The fields of the JSON body of `POST /baton/v1/models/{m}/rollout`.
+const FIELDS: [&str; 8] =
+    ["version", "mode", "steps", "interval_ms", "failure_limit", "max_inconclusive", "paired", "guards"];
 
 /// Reads a start request from a JSON body; an empty body asks for the
 /// newest version with the model's own section. Malformed JSON is
-/// `invalid_json`; an unknown field, a value of the wrong type or a plan
-/// that cannot run is [`INVALID`]; both are 400 and say what is wrong.
+/// `invalid_json`; a body that is not an object, an unknown field, a value
+/// of the wrong type or a plan that cannot run is [`INVALID`]; both are
+/// 400 and say what is wrong, naming the field.
 pub fn from_json(body: &[u8]) -> Result<StartRequest, ServeError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(StartRequest::default());
     }
-    let body: Body = serde_json::from_slice(body).map_err(|e| {
-        let kind = if e.is_data() { INVALID } else { "invalid_json" };
-        ServeError::bad_request(kind, format!("rollout request body: {e}"))
-    })?;
-    let overrides = Overrides {
-        mode: body.mode,
-        steps: body.steps,
-        interval_ms: body.interval_ms,
-        failure_limit: body.failure_limit,
-        max_inconclusive: body.max_inconclusive,
-        paired: body.paired,
-        guards: body.guards,
+    let body: Value = serde_json::from_slice(body)
+        .map_err(|e| ServeError::bad_request("invalid_json", format!("rollout request body: {e}")))?;
+    let Value::Object(fields) = body else {
+        return Err(ServeError::bad_request(INVALID, "the rollout request body must be a JSON object"));
     };
-    checked(StartRequest { version: body.version, overrides })
+    let mut request = StartRequest::default();
+    let o = &mut request.overrides;
+    for (name, value) in fields {
+        match name.as_str() {
+            "version" => request.version = field(&name, value)?,
+            "mode" => o.mode = field(&name, value)?,
+            "steps" => o.steps = field(&name, value)?,
+            "interval_ms" => o.interval_ms = field(&name, value)?,
+            "failure_limit" => o.failure_limit = field(&name, value)?,
+            "max_inconclusive" => o.max_inconclusive = field(&name, value)?,
+            "paired" => o.paired = field(&name, value)?,
+            "guards" => o.guards = field(&name, value)?,
+            other => {
+                return Err(ServeError::bad_request(
+                    INVALID,
+                    format!("unknown rollout request field '{other}'; the fields are {}", FIELDS.join(", ")),
+                ));
+            }
+        }
+    }
+    checked(request)
+}
+
+/// One field of the body, read as its type.
+fn field<T: DeserializeOwned>(name: &str, value: Value) -> Result<T, ServeError> {
+    serde_json::from_value(value)
+        .map_err(|e| ServeError::bad_request(INVALID, format!("rollout request field '{name}': {e}")))
 }
 
 /// Parses a mode name, refusing an unknown one with the names baton takes.
@@ -119,8 +129,11 @@ mod tests {
         assert_eq!(kind(r#"{"interval_ms": 1}"#), INVALID);
         assert_eq!(kind(r#"{"failure_limit": 0}"#), INVALID);
         assert_eq!(kind(r#"{"guards": {"max_rel": 1}}"#), INVALID);
-        let error = from_json(br#"{"versoin": 2}"#).unwrap_err();
-        assert!(error.message.contains("versoin"), "{}", error.message);
+        assert_eq!(kind("[1]"), INVALID);
+        for (body, needle) in [(r#"{"versoin": 2}"#, "versoin"), (r#"{"steps": "1,5"}"#, "'steps'")] {
+            let error = from_json(body.as_bytes()).unwrap_err();
+            assert!(error.message.contains(needle), "{}", error.message);
+        }
         assert_eq!(mode("shadow").unwrap(), Mode::Shadow);
         assert!(mode("blue").unwrap_err().message.contains("canary, ab or shadow"));
         assert!(guards("{\"nope\": 1}").is_err());

@@ -4,7 +4,8 @@
 //! stable version serving alone; promote makes the candidate stable. gRPC
 //! starts, shows and aborts the same way; the CLI starts, shows (once, and
 //! watching until the rollout ends) and promotes. With an admin token the
-//! operations need it while status stays open; malformed start bodies are
+//! operations need it while status stays open; with an admin listener they
+//! move there while status is served on both; malformed start bodies are
 //! refused with 400 and a kind that says what is wrong.
 //!
 //! Windows last ten minutes here, so the controller never decides during a
@@ -36,8 +37,23 @@ fn two_versions(args: &[&str]) -> (TestRepo, Server) {
     all.extend_from_slice(args);
     let server = start(&repo, &all);
     server.wait_settled("m", 1);
+    if !args.contains(&"--admin-http") {
+        wait_free(server.base());
+    }
     repo.publish_mlp("m", 2, &mlp(2));
     (repo, server)
+}
+
+/// Waits until an operation on `m` at `url` is no longer refused because
+/// the start's load still holds the model: its claim is let go just after
+/// the model settles. An abort with no rollout changes nothing, and says
+/// `no_rollout` once it gets past the claim.
+fn wait_free(url: &str) {
+    let auth = format!("Bearer {TOKEN}");
+    eventually("m to take operations", || {
+        let answer = post_with(url, &rollout_path("abort"), &json!({}), &[("authorization", &auth)]);
+        (answer.json()["kind"] == "no_rollout").then_some(())
+    });
 }
 
 fn ok(answer: Answer, what: &str) -> Value {
@@ -153,7 +169,10 @@ fn rest_promote_makes_the_candidate_stable() {
     let (_repo, server) = two_versions(&[]);
     let started = ok(server.post_json(&rollout_path(""), &json!({ "mode": "ab", "steps": [50] })), "start");
     assert_rollout(&started, 1, "running");
-    assert_eq!((started["rollout"]["mode"].clone(), started["rollout"]["weight_percent"].clone()), (json!("ab"), json!(50.0)));
+    assert_eq!(
+        (started["rollout"]["mode"].clone(), started["rollout"]["weight_percent"].clone()),
+        (json!("ab"), json!(50.0))
+    );
     assert_sides(&server, 5000, [(1, "stable"), (2, "candidate")]);
 
     let promoted = ok(server.post_json(&rollout_path("promote"), &json!({})), "promote");
@@ -205,7 +224,8 @@ fn grpc_start_status_and_abort() {
         let bad = pb_baton::RolloutStartRequest { model: "m".into(), mode: Some("blue".into()), ..Default::default() };
         let refused = within("bad start", manage.rollout_start(bad)).await;
         assert_eq!(assert_status(refused, Code::InvalidArgument, &["blue"], "bad mode"), "invalid_rollout");
-        let bad = pb_baton::RolloutStartRequest { model: "m".into(), guards_json: Some("{".into()), ..Default::default() };
+        let bad =
+            pb_baton::RolloutStartRequest { model: "m".into(), guards_json: Some("{".into()), ..Default::default() };
         let refused = within("bad guards", manage.rollout_start(bad)).await;
         assert_eq!(assert_status(refused, Code::InvalidArgument, &["guards"], "bad guards"), "invalid_rollout");
 
@@ -269,7 +289,8 @@ fn the_operations_need_the_token_and_status_does_not() {
         let wrong = post_with(&url, &rollout_path(action), &json!({}), &[("authorization", "Bearer nope")]);
         assert_eq!(wrong.status, 401, "POST {} with another token", rollout_path(action));
     }
-    let started = ok(post_with(&url, &rollout_path(""), &json!({ "version": 2 }), &[("authorization", &auth)]), "start");
+    let started =
+        ok(post_with(&url, &rollout_path(""), &json!({ "version": 2 }), &[("authorization", &auth)]), "start");
     assert_rollout(&started, 1, "running");
     // Status is a read: open, like the other status endpoints.
     assert_rollout(&ok(Client::new(&url).get(&rollout_path("")), "status without a token"), 1, "running");
@@ -291,6 +312,33 @@ fn the_operations_need_the_token_and_status_does_not() {
         let paused = within("pause", manage.rollout_pause(with_token(pause(), TOKEN))).await.expect("pause");
         assert_eq!(paused.into_inner().phase, "paused");
         let aborted = within("abort", manage.rollout_abort(with_token(model(), TOKEN))).await.expect("abort");
+        assert_eq!(aborted.into_inner().phase, "aborted");
+    });
+    common::assert_no_panic(&server);
+}
+
+#[test]
+fn an_admin_listener_takes_the_operations_and_status_stays_on_both() {
+    let (_repo, mut server) = two_versions(&["--admin-http", "127.0.0.1:0", "--admin-grpc", "127.0.0.1:0"]);
+    let admin = format!("http://{}", common::listening_address(&server.next_line()));
+    let admin_grpc = common::listening_address(&server.next_line());
+    wait_free(&admin);
+    let refused = post_with(server.base(), &rollout_path(""), &json!({}), &[]);
+    assert_eq!((refused.status, refused.json()["kind"].clone()), (403, json!("wrong_listener")));
+    assert_rollout(&ok(post_with(&admin, &rollout_path(""), &json!({}), &[]), "start on the admin port"), 1, "running");
+    for url in [server.base(), admin.as_str()] {
+        assert_rollout(&ok(Client::new(url).get(&rollout_path("")), "status"), 1, "running");
+    }
+    let rt = runtime();
+    rt.block_on(async {
+        let model = || pb_baton::RolloutRequest { model: "m".into() };
+        let (_, mut inference_port) = clients_at(server.grpc_address()).await;
+        let refused = within("abort", inference_port.rollout_abort(model())).await;
+        assert_eq!(assert_status(refused, Code::PermissionDenied, &["admin"], "abort"), "wrong_listener");
+        let status = within("status", inference_port.rollout_status(model())).await.expect("status");
+        assert_eq!(status.into_inner().phase, "running");
+        let (_, mut admin_port) = clients_at(&admin_grpc).await;
+        let aborted = within("abort", admin_port.rollout_abort(model())).await.expect("abort on the admin port");
         assert_eq!(aborted.into_inner().phase, "aborted");
     });
     common::assert_no_panic(&server);

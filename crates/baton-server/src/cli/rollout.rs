@@ -190,7 +190,10 @@ impl RolloutArgs {
     fn check(&self, verb: &str) -> anyhow::Result<()> {
         let start_only = self.start_options();
         if verb != "start" && !start_only.is_empty() {
-            bail!("{} can only be given when starting a rollout (baton rollout MODEL ...), not with {verb}", start_only.join(", "));
+            bail!(
+                "{} can only be given when starting a rollout (baton rollout MODEL ...), not with {verb}",
+                start_only.join(", ")
+            );
         }
         if verb != "pause" && self.reason.is_some() {
             bail!("--reason goes with pause only");

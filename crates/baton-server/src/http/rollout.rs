@@ -19,7 +19,11 @@ use crate::rollout_start;
 
 /// `POST /baton/v1/models/{name}/rollout` with an optional JSON body of
 /// overrides ([`rollout_start::from_json`]).
-pub async fn start(State(app): State<Arc<App>>, Path(model): Path<String>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub async fn start(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let request = rollout_start::from_json(&body)?;
     Ok(Json(rollout::start(&app, &model, request.version, request.overrides).await?))
 }
@@ -38,7 +42,11 @@ struct PauseBody {
 
 /// `POST /baton/v1/models/{name}/rollout/pause` with an optional
 /// `{"reason": "..."}`.
-pub async fn pause(State(app): State<Arc<App>>, Path(model): Path<String>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub async fn pause(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let body: PauseBody = super::repository::parse_body(&body)?;
     Ok(Json(rollout::pause(&app, &model, body.reason).await?))
 }
