@@ -14,14 +14,14 @@
 mod common;
 
 use std::io::Read;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use baton_core::rollout::assign::bucket;
 use baton_protocol::grpc::pb_baton;
 use baton_testkit::repo::TestRepo;
 use baton_testkit::server::{Answer, Client, PATIENCE, Server, eventually};
 use common::grpc::{assert_status, clients_at, runtime, with_token, within};
-use common::{bin, mlp, post_with, repo_with, start, token_file};
+use common::{Reaper, bin, mlp, post_with, repo_with, start, text, token_file};
 use serde_json::{Value, json};
 use tonic::Code;
 
@@ -354,22 +354,6 @@ fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     command.args(args).env_remove("BATON_URL").env_remove("BATON_TOKEN_FILE").env_remove("BATON_TOKEN");
     command.env_remove("BATON_ADMIN_URL").env_remove("BATON_LOG").envs(env.iter().copied());
     command
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Kills a child process the test started if the test ends early.
-struct Reaper(Option<Child>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 #[test]
