@@ -13,6 +13,7 @@ mod grpc;
 mod http;
 mod metrics;
 mod repository;
+mod rollout_start;
 mod serve;
 mod serving;
 mod status;
@@ -77,6 +78,9 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
+    /// Start a rollout (`baton rollout MODEL [--version N] ...`), or show, pause, resume, promote or abort one
+    /// (`baton rollout status|pause|resume|promote|abort MODEL`).
+    Rollout(Box<cli::RolloutArgs>),
     /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
     Drill(Box<baton_drill::DrillArgs>),
     /// Print state transitions and other events as they happen.
@@ -118,6 +122,7 @@ pub fn main() -> ExitCode {
         Command::Rollback { name, target } => cli::rollback(&target, &name),
         Command::Pin { name, version, target } => cli::pin(&target, &name, version),
         Command::Unpin { name, target } => cli::unpin(&target, &name),
+        Command::Rollout(args) => cli::rollout(&args),
         Command::Events { json, target } => cli::events(&target, json),
         Command::Drill(args) => return baton_drill::run(*args),
     };

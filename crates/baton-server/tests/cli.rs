@@ -9,7 +9,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -17,28 +17,12 @@ use baton_onnx::mlp::{OnnxOptions, encode_mlp};
 use baton_testkit::onnx::sample_input;
 use baton_testkit::repo::{Damage, TestRepo};
 use baton_testkit::server::{PATIENCE, eventually};
-use common::{SIZES, assert_close, bin, infer, mlp, repo_with, start};
+use common::{Reaper, SIZES, assert_close, bin, infer, mlp, repo_with, start, text};
 use serde_json::json;
 
 /// Runs `baton args...` to completion.
 fn baton(args: &[&str]) -> Output {
     Command::new(bin()).args(args).env_remove("BATON_URL").env_remove("BATON_LOG").output().expect("running baton")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Kills a child process we started if the test ends early.
-struct Reaper(Option<Child>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 #[test]

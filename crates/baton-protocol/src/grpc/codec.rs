@@ -93,6 +93,10 @@ unchecked!(
     super::pb_baton::UnpinRequest,
     super::pb_baton::DecisionResponse,
     super::pb_baton::OperationReport,
+    super::pb_baton::RolloutStartRequest,
+    super::pb_baton::RolloutRequest,
+    super::pb_baton::RolloutPauseRequest,
+    super::pb_baton::RolloutResponse,
 );
 
 /// Decodes an inference request as baton's gRPC server does: checked on

@@ -1,17 +1,21 @@
 //! The commands that talk to a running server over HTTP: `status`, `load`,
-//! `rollback`, `pin`, `unpin`, `events`. The management ones (`load`,
-//! `rollback`, `pin`, `unpin`) go to the admin listener when one is named
+//! `rollback`, `pin`, `unpin`, `rollout`, `events`. The management ones
+//! (`load`, `rollback`, `pin`, `unpin`, and every `rollout` but its
+//! `status`) go to the admin listener when one is named
 //! (`--admin-url`), and every command sends the admin token when one is
 //! given (`--token-file`, or `BATON_TOKEN` holding the token).
 
 mod client;
 mod render;
+mod render_rollout;
+mod rollout;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
 pub use client::Client;
+pub use rollout::{RolloutArgs, run as rollout};
 use serde_json::{Value, json};
 
 /// Options every client command takes.
@@ -21,8 +25,8 @@ pub struct Target {
     #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
     /// The REST address of the server's admin listener (`baton serve
-    /// --admin-http`), where `load`, `rollback`, `pin` and `unpin` go;
-    /// without it, --url.
+    /// --admin-http`), where `load`, `rollback`, `pin`, `unpin` and the
+    /// rollout operations go; without it, --url.
     #[arg(long, env = "BATON_ADMIN_URL")]
     pub admin_url: Option<String>,
     /// A file holding the admin token (the server's --admin-token-file).

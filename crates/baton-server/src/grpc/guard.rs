@@ -16,7 +16,7 @@ use crate::access::{Access, Listener, Scope};
 
 /// The scope of a gRPC method, from its path `/package.Service/Method`.
 /// Reads and health are open; the repository's load and unload and every
-/// management RPC but `Status` and `Events` manage; the rest of the
+/// management RPC but `Status`, `RolloutStatus` and `Events` manage; the rest of the
 /// inference service is inference. Paths of no service baton serves are
 /// open, so that they are answered `UNIMPLEMENTED`.
 pub fn scope(path: &str) -> Scope {
@@ -29,7 +29,7 @@ pub fn scope(path: &str) -> Scope {
         }
         ("inference.GRPCInferenceService", "RepositoryModelLoad" | "RepositoryModelUnload") => Scope::Management,
         ("inference.GRPCInferenceService", _) => Scope::Inference,
-        ("baton.v1.Management", "Status" | "Events") => Scope::Open,
+        ("baton.v1.Management", "Status" | "RolloutStatus" | "Events") => Scope::Open,
         ("baton.v1.Management", _) => Scope::Management,
         _ => Scope::Open,
     }
@@ -112,6 +112,10 @@ mod tests {
         assert_eq!((management("Status"), management("Events")), (Scope::Open, Scope::Open));
         assert_eq!((management("Load"), management("Rollback")), (Scope::Management, Scope::Management));
         assert_eq!((management("Pin"), management("Unpin")), (Scope::Management, Scope::Management));
+        assert_eq!(management("RolloutStatus"), Scope::Open);
+        for manage in ["RolloutStart", "RolloutPause", "RolloutResume", "RolloutPromote", "RolloutAbort"] {
+            assert_eq!(management(manage), Scope::Management, "{manage}");
+        }
         assert_eq!(management("Anything"), Scope::Management, "an RPC added later is guarded until classified");
         assert_eq!(scope("/other.Service/X"), Scope::Open);
     }

@@ -1,5 +1,5 @@
 //! `baton.v1.Management`: the registry's event stream, status, load,
-//! rollback, pin and unpin over gRPC. Payloads are the JSON the REST management API
+//! rollback, pin, unpin and the rollout operations over gRPC. Payloads are the JSON the REST management API
 //! writes, so there is one format for both.
 
 use std::pin::Pin;
@@ -15,11 +15,12 @@ use tonic::{Request, Response, Status};
 
 use super::pb_baton::management_server;
 use super::pb_baton::{
-    DecisionResponse, Event, EventsRequest, LoadRequest, OperationReport, PinRequest, RollbackRequest, StatusRequest,
-    StatusResponse, UnpinRequest,
+    DecisionResponse, Event, EventsRequest, LoadRequest, OperationReport, PinRequest, RollbackRequest,
+    RolloutPauseRequest, RolloutRequest, RolloutResponse, RolloutStartRequest, StatusRequest, StatusResponse,
+    UnpinRequest,
 };
 use crate::app::App;
-use crate::decisions::operate;
+use crate::decisions::{operate, rollout};
 use crate::error::ServeError;
 
 /// The service, sharing the app with every other front end.
@@ -125,5 +126,39 @@ impl management_server::Management for Management {
         let model = request.into_inner().model;
         let answer = operate::unpin(&self.app, &model).await?;
         Ok(Response::new(decision_message(&model, &answer)))
+    }
+
+    async fn rollout_start(&self, request: Request<RolloutStartRequest>) -> Result<Response<RolloutResponse>, Status> {
+        let message = request.into_inner();
+        let model = message.model.clone();
+        let start = super::rollout::start_request(message)?;
+        let answer = rollout::start(&self.app, &model, start.version, start.overrides).await?;
+        Ok(Response::new(super::rollout::response(&answer)))
+    }
+
+    async fn rollout_status(&self, request: Request<RolloutRequest>) -> Result<Response<RolloutResponse>, Status> {
+        let answer = rollout::status(&self.app, &request.into_inner().model)?;
+        Ok(Response::new(super::rollout::response(&answer)))
+    }
+
+    async fn rollout_pause(&self, request: Request<RolloutPauseRequest>) -> Result<Response<RolloutResponse>, Status> {
+        let request = request.into_inner();
+        let answer = rollout::pause(&self.app, &request.model, request.reason).await?;
+        Ok(Response::new(super::rollout::response(&answer)))
+    }
+
+    async fn rollout_resume(&self, request: Request<RolloutRequest>) -> Result<Response<RolloutResponse>, Status> {
+        let answer = rollout::resume(&self.app, &request.into_inner().model).await?;
+        Ok(Response::new(super::rollout::response(&answer)))
+    }
+
+    async fn rollout_promote(&self, request: Request<RolloutRequest>) -> Result<Response<RolloutResponse>, Status> {
+        let answer = rollout::promote(&self.app, &request.into_inner().model).await?;
+        Ok(Response::new(super::rollout::response(&answer)))
+    }
+
+    async fn rollout_abort(&self, request: Request<RolloutRequest>) -> Result<Response<RolloutResponse>, Status> {
+        let answer = rollout::abort(&self.app, &request.into_inner().model).await?;
+        Ok(Response::new(super::rollout::response(&answer)))
     }
 }

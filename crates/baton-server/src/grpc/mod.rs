@@ -1,7 +1,7 @@
 //! The gRPC front end, on its own port beside REST: the KServe V2 / Open
 //! Inference Protocol service `inference.GRPCInferenceService` with the
 //! Triton extensions its clients use, and baton's own `baton.v1.Management`
-//! (the event stream, status, load, rollback).
+//! (the event stream, status, load, rollback, pins and rollouts).
 //!
 //! It shares everything but the encoding with REST: the registry, readiness,
 //! the metrics, the serving path ([`crate::serving::infer`]) and the error
@@ -23,6 +23,7 @@ mod inference;
 mod manage;
 mod model_config;
 mod repository;
+mod rollout;
 
 use std::sync::Arc;
 

@@ -9,6 +9,7 @@ mod infer;
 mod manage;
 mod models;
 mod repository;
+mod rollout;
 
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/events", get(manage::events))
         .route("/baton/v1/unloads", get(manage::unloads))
         .route("/baton/v1/models/{name}/status", get(manage::model_status))
+        .route("/baton/v1/models/{name}/rollout", get(rollout::status))
         .route("/metrics", get(metrics));
     let inference = Router::new()
         .route("/v2/models/{name}", get(models::model_metadata))
@@ -55,7 +57,12 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/models/{name}/load", post(manage::load))
         .route("/baton/v1/models/{name}/rollback", post(manage::rollback))
         .route("/baton/v1/models/{name}/pin", put(manage::pin).delete(manage::unpin))
-        .route("/baton/v1/models/{name}/versions/{version}/retire", post(manage::retire));
+        .route("/baton/v1/models/{name}/versions/{version}/retire", post(manage::retire))
+        .route("/baton/v1/models/{name}/rollout", post(rollout::start))
+        .route("/baton/v1/models/{name}/rollout/pause", post(rollout::pause))
+        .route("/baton/v1/models/{name}/rollout/resume", post(rollout::resume))
+        .route("/baton/v1/models/{name}/rollout/promote", post(rollout::promote))
+        .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort));
     open.merge(guarded(inference, &access, listener, Scope::Inference))
         .merge(guarded(management, &access, listener, Scope::Management))
         .fallback(not_found)

@@ -20,7 +20,8 @@ struct IndexRequest {
     ready: bool,
 }
 
-fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, ApiError> {
+/// Parses a JSON body; an empty one (whitespace only) is the default.
+pub fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }

@@ -223,3 +223,20 @@ pub fn post_with(url: &str, path: &str, body: &Value, headers: &[(&str, &str)]) 
     all.extend_from_slice(headers);
     baton_testkit::server::Client::new(url).post_raw(path, body.to_string().as_bytes(), &all)
 }
+
+/// Bytes a command wrote, as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Kills a child process the test started if the test ends early.
+pub struct Reaper(pub Option<std::process::Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
