@@ -95,6 +95,9 @@ pub struct Decision {
     /// The judged window's verdict: every guard's value, threshold and
     /// sample count.
     pub verdict: Option<Verdict>,
+    /// When the judged window ended, in milliseconds since the Unix epoch:
+    /// the decision follows within one tick of the controller.
+    pub window_end_ms: Option<u64>,
     /// What happened, for people.
     pub message: String,
 }
@@ -238,6 +241,7 @@ impl Progress {
             step: self.step,
             weight_percent: percent(weight),
             verdict,
+            window_end_ms: None,
             message,
         };
         if self.decisions.len() == KEPT_DECISIONS {
@@ -249,6 +253,8 @@ impl Progress {
 
     /// Judges the window that just ended and decides what follows.
     pub(crate) fn judge(&mut self, model: &str, window: Window) -> (Decision, Effect) {
+        let late = self.window_started.elapsed().saturating_sub(self.plan.interval());
+        let window_end_ms = now_ms().saturating_sub(late.as_millis() as u64);
         self.window_started = Instant::now();
         let verdict = guard::evaluate(&self.plan.guards, &window);
         self.last_window = Some(window);
@@ -289,7 +295,12 @@ impl Progress {
                 }
             }
         };
-        (self.decide(model, action, By::Guards, Some(verdict)), effect)
+        let mut decision = self.decide(model, action, By::Guards, Some(verdict));
+        decision.window_end_ms = Some(window_end_ms);
+        if let Some(kept) = self.decisions.back_mut() {
+            kept.window_end_ms = Some(window_end_ms);
+        }
+        (decision, effect)
     }
 
     /// The status of this rollout, for `model`.
