@@ -144,12 +144,15 @@ struct LoadMetrics {
     events_missed: u64,
 }
 
+/// One model's request series, by version and the role it answered in.
+type SeriesByVersion = BTreeMap<(u64, Role), Arc<VersionMetrics>>;
+
 /// All of baton's metrics.
 #[derive(Default)]
 pub struct Metrics {
     /// By model, then version and the role it answered in: a request's lookup borrows the model name
     /// instead of allocating a key.
-    versions: RwLock<BTreeMap<String, BTreeMap<(u64, Role), Arc<VersionMetrics>>>>,
+    versions: RwLock<BTreeMap<String, SeriesByVersion>>,
     rejected: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Requests refused at once by admission control, by model and reason.
     shed: Mutex<BTreeMap<(String, &'static str), u64>>,

@@ -286,6 +286,9 @@ fn an_engine_panic_fails_its_request_and_the_session_serves_the_next() {
         let answer = within("the next gRPC request", grpc.model_infer(grpc_request("fragile", 2, 1.0))).await;
         assert_eq!(answer.expect("the session serves on").into_inner().outputs[0].shape, [2, 4]);
     });
-    assert_eq!(f.metric(r#"baton_inference_errors_total{model="fragile",version="1",kind="engine_panicked"}"#), 2.0);
+    assert_eq!(
+        f.metric(r#"baton_inference_errors_total{model="fragile",version="1",role="stable",kind="engine_panicked"}"#),
+        2.0
+    );
     assert_eq!(f.rest.get("/v2/health/ready").status, 200);
 }

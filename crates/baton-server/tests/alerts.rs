@@ -90,7 +90,6 @@ fn the_rules_name_only_metrics_the_server_exposes() {
         let base = ["_bucket", "_count", "_sum"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
         exposed.iter().any(|e| e == name || e == base)
     };
-    let missing: Vec<&String> =
-        used.iter().filter(|n| !is_exposed(n)).collect();
+    let missing: Vec<&String> = used.iter().filter(|n| !is_exposed(n)).collect();
     assert!(missing.is_empty(), "the alert rules use metrics the server does not expose: {missing:?}");
 }

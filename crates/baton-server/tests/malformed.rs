@@ -438,11 +438,11 @@ fn unknown_names_leave_no_state() {
     assert!(!listed.contains("ghost"), "the server's status lists no unknown model: {listed}");
     let text = server.metrics();
     assert!(!text.contains("ghost"), "no series is named after an unknown model");
-    let refused = "baton_inference_errors_total{model=\"\",version=\"\",kind=\"model_not_found\"}";
+    let refused = "baton_inference_errors_total{model=\"\",version=\"\",role=\"\",kind=\"model_not_found\"}";
     assert_eq!(metric(&text, refused), Some(names.len() as f64 * 2.0), "they are counted, under model=\"\"");
     // The known model is untouched and still counted under its own name.
     assert_eq!(infer(&server, "m", &input, 1).0, 1);
     let text = server.metrics();
-    assert_eq!(metric(&text, "baton_inference_requests_total{model=\"m\",version=\"1\"}"), Some(1.0));
+    assert_eq!(metric(&text, "baton_inference_requests_total{model=\"m\",version=\"1\",role=\"stable\"}"), Some(1.0));
     assert_no_panic(&server);
 }

@@ -185,20 +185,21 @@ fn metrics_expose_every_family_with_its_labels() {
     }
     assert_eq!(metric(&text, "baton_ready"), Some(1.0));
     assert_eq!(metric(&text, "baton_inflight_requests"), Some(0.0), "no inference runs while /metrics answers");
-    let v2 = "model=\"m\",version=\"2\"";
+    let v2 = "model=\"m\",version=\"2\",role=\"stable\"";
     // The request refused by the version's signature reached version 2 too.
     let sent = sent + 1;
     assert_eq!(metric(&text, &format!("baton_inference_requests_total{{{v2}}}")), Some(sent as f64));
-    assert_eq!(metric(&text, "baton_inference_requests_total{model=\"m\",version=\"1\"}"), Some(1.0));
+    assert_eq!(metric(&text, "baton_inference_requests_total{model=\"m\",version=\"1\",role=\"previous\"}"), Some(1.0));
     assert_eq!(metric(&text, &format!("baton_inference_duration_seconds_count{{{v2}}}")), Some(sent as f64));
     assert_eq!(
         metric(&text, &format!("baton_inference_duration_seconds_bucket{{{v2},le=\"+Inf\"}}")),
         Some(sent as f64)
     );
     assert!(metric(&text, &format!("baton_inference_duration_seconds_sum{{{v2}}}")).is_some_and(|s| s > 0.0));
-    let refused_json = "baton_inference_errors_total{model=\"m\",version=\"\",kind=\"invalid_json\"}";
+    let refused_json = "baton_inference_errors_total{model=\"m\",version=\"\",role=\"\",kind=\"invalid_json\"}";
     assert_eq!(metric(&text, refused_json), Some(1.0), "a request refused before a version was chosen");
-    let invalid_input = "baton_inference_errors_total{model=\"m\",version=\"2\",kind=\"invalid_input\"}";
+    let invalid_input =
+        "baton_inference_errors_total{model=\"m\",version=\"2\",role=\"stable\",kind=\"invalid_input\"}";
     assert_eq!(metric(&text, invalid_input), Some(1.0), "a request refused by the version's signature");
 
     // Two loads went through (1, 2): each stage timed twice.

@@ -124,7 +124,7 @@ fn assert_sides(server: &Server, weight: u32, sides: [(u64, &str); 2]) {
 fn rest_start_status_pause_resume_and_abort() {
     let (_repo, server) = two_versions(&[]);
     let none = server.get(&rollout_path(""));
-    assert_eq!((none.status, none.json()["kind"].clone()), (409, json!("no_rollout")), "{}", none.error());
+    assert_eq!((none.status, none.json()["kind"].clone()), (404, json!("no_rollout")), "{}", none.error());
 
     let started = ok(server.post_json(&rollout_path(""), &json!({ "version": 2 })), "start");
     assert_rollout(&started, 1, "running");
@@ -206,7 +206,7 @@ fn malformed_start_bodies_are_refused_with_what_is_wrong() {
     let pause = server.post_json(&rollout_path("pause"), &json!({ "why": "x" }));
     assert_eq!(pause.status, 400, "an unknown pause field: {}", String::from_utf8_lossy(&pause.body));
     // Nothing started: the refusals came before any load.
-    assert_eq!(server.get(&rollout_path("")).status, 409);
+    assert_eq!(server.get(&rollout_path("")).status, 404);
     assert_eq!(server.status("m")["serving"], 1);
     common::assert_no_panic(&server);
 }
@@ -219,7 +219,7 @@ fn grpc_start_status_and_abort() {
         let (_, mut manage) = clients_at(server.grpc_address()).await;
         let model = || pb_baton::RolloutRequest { model: "m".into() };
         let none = within("status", manage.rollout_status(model())).await;
-        assert_eq!(assert_status(none, Code::Aborted, &["no rollout"], "status before"), "no_rollout");
+        assert_eq!(assert_status(none, Code::NotFound, &["no rollout"], "status before"), "no_rollout");
 
         let bad = pb_baton::RolloutStartRequest { model: "m".into(), mode: Some("blue".into()), ..Default::default() };
         let refused = within("bad start", manage.rollout_start(bad)).await;

@@ -76,7 +76,8 @@ fn versions_swap_under_http_traffic_without_a_failed_or_mixed_response() {
     // Every client is answered by version 1 before anything changes.
     baton_testkit::server::eventually("every client to be answered", || {
         let text = server.metrics();
-        let answered = metric(&text, "baton_inference_requests_total{model=\"m\",version=\"1\"}").unwrap_or(0.0);
+        let answered =
+            metric(&text, "baton_inference_requests_total{model=\"m\",version=\"1\",role=\"stable\"}").unwrap_or(0.0);
         (answered >= (CLIENTS * 2) as f64).then_some(())
     });
     for version in 2..=LAST {

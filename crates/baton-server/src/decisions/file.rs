@@ -67,7 +67,7 @@ pub struct Decision {
     pub yields_to: Option<u64>,
     /// For a rollout: how far it had gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<RolloutRecord>,
+    pub rollout: Option<Box<RolloutRecord>>,
 }
 
 /// What a restart needs to take a rollout up where it was.

@@ -45,12 +45,12 @@ pub fn record_now(app: &App, model: &str) -> Result<(), StateError> {
             version: Some(rollout.stable),
             at: now(),
             yields_to: None,
-            rollout: Some(RolloutRecord {
+            rollout: Some(Box::new(RolloutRecord {
                 candidate: rollout.candidate,
                 plan: rollout.plan.clone(),
                 step: rollout.step,
                 paused: rollout.paused.clone(),
-            }),
+            })),
         }),
         Phase::Promoted | Phase::RolledBack | Phase::Aborted => {
             // A decision other than this rollout's (a pin made since) is

@@ -6,13 +6,12 @@
 
 use std::sync::Arc;
 
-use baton_core::error::LoadError;
 use baton_core::pipeline::RolloutStart;
 use baton_core::rollout::plan::Overrides;
 use serde_json::{Value, json};
 
 use crate::app::App;
-use crate::error::ServeError;
+use crate::error::{Class, ServeError};
 
 /// The answer to every rollout operation: the model, what serves, and the
 /// rollout (in progress, or the last one that ended).
@@ -41,7 +40,11 @@ pub async fn start(
 pub fn status(app: &App, model: &str) -> Result<Value, ServeError> {
     match app.registry.rollout(model) {
         Some(_) => Ok(view(app, model)),
-        None => Err(LoadError::NoRollout { model: model.to_owned() }.into()),
+        None => Err(ServeError::new(
+            Class::NotFound,
+            "no_rollout",
+            format!("model '{model}' has had no rollout since the server started"),
+        )),
     }
 }
 

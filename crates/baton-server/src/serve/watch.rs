@@ -274,7 +274,7 @@ impl Watcher {
     /// refused) leaves the stable version serving all, held until a version
     /// newer than the candidate is published.
     fn resume_rollout(&mut self, model: &str, decision: &Decision) {
-        let (Some(record), Some(stable)) = (decision.rollout.clone(), decision.version) else { return };
+        let (Some(record), Some(stable)) = (decision.rollout.as_deref().cloned(), decision.version) else { return };
         let candidate = record.candidate;
         tracing::info!(model, stable, candidate, step = record.step, "Taking up the rollout the state file records.");
         let start = RolloutStart {
