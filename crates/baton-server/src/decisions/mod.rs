@@ -14,7 +14,7 @@ pub mod journal;
 pub mod operate;
 pub mod rollout;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -63,8 +63,9 @@ pub struct Decisions {
     /// Serialises changes, so the file is always written from the latest
     /// state and no change is lost.
     writer: Lock<()>,
-    /// Models an operation that records a decision is working on.
-    working: Lock<BTreeSet<String>>,
+    /// Models an operation that records a decision is working on, and
+    /// whether the repository watcher is the one working.
+    working: Lock<BTreeMap<String, bool>>,
 }
 
 /// The right to run one decision-making operation on a model; released
@@ -92,7 +93,7 @@ impl Decisions {
     /// operator's rollback.
     pub fn open(path: PathBuf) -> Result<Decisions, StateError> {
         let models = file::read(&path)?;
-        Ok(Decisions { path, models: Lock::new(models), writer: Lock::new(()), working: Lock::new(BTreeSet::new()) })
+        Ok(Decisions { path, models: Lock::new(models), writer: Lock::new(()), working: Lock::new(BTreeMap::new()) })
     }
 
     /// The decision in force for `model`.
@@ -105,12 +106,31 @@ impl Decisions {
         self.models.lock().clone()
     }
 
-    /// Claims `model` for one operation; `None` while another runs.
+    /// Claims `model` for one operator's operation; `None` while another
+    /// runs.
     pub fn begin(self: &Arc<Self>, model: &str) -> Option<Working> {
-        self.working
-            .lock()
-            .insert(model.to_owned())
-            .then(|| Working { decisions: Arc::clone(self), model: model.to_owned() })
+        self.claim(model, false)
+    }
+
+    /// Claims `model` for the repository watcher's pass over it; `None`
+    /// while another operation runs.
+    pub fn begin_watching(self: &Arc<Self>, model: &str) -> Option<Working> {
+        self.claim(model, true)
+    }
+
+    /// Whether the watcher holds `model` now: an operator's call waits for
+    /// it rather than being refused.
+    pub fn watcher_holds(&self, model: &str) -> bool {
+        self.working.lock().get(model).copied().unwrap_or(false)
+    }
+
+    fn claim(self: &Arc<Self>, model: &str, watcher: bool) -> Option<Working> {
+        let mut working = self.working.lock();
+        if working.contains_key(model) {
+            return None;
+        }
+        working.insert(model.to_owned(), watcher);
+        Some(Working { decisions: Arc::clone(self), model: model.to_owned() })
     }
 
     /// Applies `change` to `model`'s decision: in memory at once (it is

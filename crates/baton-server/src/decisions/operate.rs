@@ -23,9 +23,26 @@ use crate::app::App;
 use crate::error::{Class, ServeError};
 use crate::serving::blocking;
 
-/// Claims `model` for an operation, refusing while another runs on it.
-fn begin(app: &App, model: &str) -> Result<Working, ServeError> {
-    app.decisions.begin(model).ok_or_else(|| LoadError::InProgress { model: model.to_owned() }.into())
+/// How long an operator's call waits for the repository watcher's pass
+/// over the model (a pass that starts a model's first load holds it until
+/// that load ends).
+const WATCHER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Claims `model` for an operation, refusing while another operator's
+/// runs on it. The watcher's pass over the model is waited for, within
+/// [`WATCHER_WAIT`]: a call that lands while the watcher looks at the
+/// model is not the conflict a concurrent operation is.
+async fn begin(app: &App, model: &str) -> Result<Working, ServeError> {
+    let until = std::time::Instant::now() + WATCHER_WAIT;
+    loop {
+        if let Some(working) = app.decisions.begin(model) {
+            return Ok(working);
+        }
+        if !app.decisions.watcher_holds(model) || std::time::Instant::now() >= until {
+            return Err(LoadError::InProgress { model: model.to_owned() }.into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
 }
 
 /// Refuses an operation other than unpin on a pinned model.
@@ -43,8 +60,8 @@ fn refuse_if_pinned(app: &App, model: &str, operation: &str) -> Result<(), Serve
 }
 
 /// Claims `model` for an operation that pinning forbids.
-pub(crate) fn claim(app: &App, model: &str, operation: &str) -> Result<Working, ServeError> {
-    let working = begin(app, model)?;
+pub(crate) async fn claim(app: &App, model: &str, operation: &str) -> Result<Working, ServeError> {
+    let working = begin(app, model).await?;
     refuse_if_pinned(app, model, operation)?;
     Ok(working)
 }
@@ -99,7 +116,7 @@ pub(crate) async fn settle(app: &Arc<App>, kind: Kind, report: &LoadReport) -> R
 /// Loads a version (the newest when `None`) and records it when it is older
 /// than the newest.
 pub async fn load(app: &Arc<App>, model: &str, version: Option<u64>) -> Result<LoadReport, ServeError> {
-    let _working = begin(app, model)?;
+    let _working = begin(app, model).await?;
     refuse_if_pinned(app, model, "load")?;
     let report = app.registry.load(model, version)?.finished().await?;
     settle(app, Kind::Load, &report).await?;
@@ -108,7 +125,7 @@ pub async fn load(app: &Arc<App>, model: &str, version: Option<u64>) -> Result<L
 
 /// Rolls back to the kept previous version and records it.
 pub async fn rollback(app: &Arc<App>, model: &str) -> Result<LoadReport, ServeError> {
-    let _working = begin(app, model)?;
+    let _working = begin(app, model).await?;
     refuse_if_pinned(app, model, "roll back")?;
     let report = app.registry.rollback(model)?.finished().await?;
     settle(app, Kind::Rollback, &report).await?;
@@ -119,7 +136,7 @@ pub async fn rollback(app: &Arc<App>, model: &str) -> Result<LoadReport, ServeEr
 /// when the model is known but was not loaded (not an error, and nothing
 /// is recorded).
 pub async fn unload(app: &Arc<App>, model: &str) -> Result<Option<LoadReport>, ServeError> {
-    let _working = begin(app, model)?;
+    let _working = begin(app, model).await?;
     refuse_if_pinned(app, model, "unload")?;
     let report = match app.registry.unload(model) {
         Ok(handle) => handle.finished().await?,
@@ -145,7 +162,7 @@ fn answer(app: &App, model: &str, report: Option<&LoadReport>) -> Value {
 
 /// Pins `version`: loads it if it does not serve, then records the pin.
 pub async fn pin(app: &Arc<App>, model: &str, version: u64) -> Result<Value, ServeError> {
-    let _working = begin(app, model)?;
+    let _working = begin(app, model).await?;
     let listed = {
         let (app, model) = (Arc::clone(app), model.to_owned());
         blocking(move || app.registry.source().versions(&model)).await
@@ -182,7 +199,7 @@ pub async fn pin(app: &Arc<App>, model: &str, version: u64) -> Result<Value, Ser
 /// until another loads. Unpinning a model that is not pinned changes
 /// nothing.
 pub async fn unpin(app: &Arc<App>, model: &str) -> Result<Value, ServeError> {
-    let _working = begin(app, model)?;
+    let _working = begin(app, model).await?;
     if app.decisions.get(model).is_none_or(|d| d.kind != Kind::Pin) {
         if app.registry.status(model).is_none() && !in_repository(app, model).await {
             return Err(ServeError::unknown_model(model));

@@ -29,7 +29,7 @@ pub async fn start(
     version: Option<u64>,
     overrides: Overrides,
 ) -> Result<Value, ServeError> {
-    let _working = super::operate::claim(app, model, "roll out")?;
+    let _working = super::operate::claim(app, model, "roll out").await?;
     let start = RolloutStart { version, overrides, ..RolloutStart::default() };
     app.registry.start_rollout(model, start)?.finished().await?;
     super::journal::record(app, model).await?;
@@ -66,7 +66,7 @@ pub async fn resume(app: &Arc<App>, model: &str) -> Result<Value, ServeError> {
 
 /// Promotes the candidate now.
 pub async fn promote(app: &Arc<App>, model: &str) -> Result<Value, ServeError> {
-    let _working = super::operate::claim(app, model, "promote")?;
+    let _working = super::operate::claim(app, model, "promote").await?;
     app.registry.promote_rollout(model)?.finished().await?;
     super::journal::record(app, model).await?;
     Ok(view(app, model))
@@ -74,7 +74,7 @@ pub async fn promote(app: &Arc<App>, model: &str) -> Result<Value, ServeError> {
 
 /// Aborts the rollout: the candidate leaves traffic now.
 pub async fn abort(app: &Arc<App>, model: &str) -> Result<Value, ServeError> {
-    let _working = super::operate::claim(app, model, "abort")?;
+    let _working = super::operate::claim(app, model, "abort").await?;
     app.registry.abort_rollout(model)?.finished().await?;
     super::journal::record(app, model).await?;
     Ok(view(app, model))

@@ -211,7 +211,7 @@ impl Watcher {
         // An operator's operation on the model holds it until its decision
         // is written. The claim is taken only once the repository has been
         // read, so that an operator's call rarely meets it.
-        let working = self.app.decisions.begin(model);
+        let working = self.app.decisions.begin_watching(model);
         let status = registry.status(model);
         if status.as_ref().is_some_and(|s| s.busy) || working.is_none() {
             return; // Come back next pass; nothing is marked seen.
