@@ -5,6 +5,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/fetch-onnxruntime.sh
 bash scripts/setup-packages.sh
+# The black-box tests drive baton with tritonclient too.
+bash scripts/setup-clients.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
