@@ -170,3 +170,46 @@ fn sticky_keys_keep_a_client_on_one_side_over_http_and_grpc() {
     assert_eq!(server.status("m")["rollout"]["phase"], "running", "the rollout did not move during the test");
     common::assert_no_panic(&server);
 }
+
+#[test]
+fn a_candidate_the_guards_roll_back_stays_out_after_a_restart() {
+    // Windows of 300 ms with 20 samples a side, drift guarded: version 2
+    // (other weights) fails its first judged window.
+    let policy = "[rollout]\nauto = true\nsteps = [50, 100]\ninterval_ms = 300\n\
+                  [rollout.guards]\nmin_samples = 20\nmax_p99_ratio = 1e9\nmax_rel_l2 = 0.05";
+    let repo = repo_with("m", &[1], policy);
+    let mut server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    repo.publish_mlp("m", 2, &mlp(2));
+    eventually("a rollout of version 2", || (server.status("m")["rollout"]["candidate"] == 2).then_some(()));
+    let input = baton_testkit::onnx::sample_input(common::SIZES[0], 1, 7);
+    let mut failed = 0;
+    let status = eventually("the guards to roll version 2 back", || {
+        for _ in 0..20 {
+            if server.post_json("/v2/models/m/infer", &request(&input, 1)).status != 200 {
+                failed += 1;
+            }
+        }
+        let status = server.status("m");
+        (status["rollout"]["phase"] == "rolled_back").then_some(status)
+    });
+    assert_eq!(failed, 0, "requests failed while the candidate was rolled back");
+    let last = status["rollout"]["decisions"].as_array().and_then(|d| d.last()).cloned().unwrap_or_default();
+    assert_eq!(last["action"], "rolled_back", "{status}");
+    let checks = last["verdict"]["checks"].as_array().cloned().unwrap_or_default();
+    let drift = checks.iter().find(|c| c["guard"].as_str().is_some_and(|g| g.starts_with("rel_l2"))).cloned();
+    let drift = drift.unwrap_or_else(|| panic!("the decision carries the drift it was made on: {last}"));
+    assert!(drift["value"].as_f64().unwrap_or(0.0) > 0.05 && drift["samples"].as_u64().unwrap_or(0) >= 20, "{drift}");
+    let held = eventually("the state file to hold version 1", || {
+        let state = state_file(&state_path(&repo))?;
+        (state["models"]["m"]["kind"] == "load").then_some(state)
+    });
+    assert_eq!((&held["models"]["m"]["version"], &held["models"]["m"]["yields_to"]), (&1.into(), &2.into()), "{held}");
+    assert!(server.terminate().success(), "baton did not stop cleanly");
+
+    let server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    let status = server.status("m");
+    assert_eq!(status["serving"], 1, "the rolled-back candidate must not come back: {status}");
+    assert!(status["rollout"].is_null(), "no rollout after the restart: {status}");
+}

@@ -38,7 +38,12 @@ pub async fn record(app: &Arc<App>, model: &str) -> Result<(), ServeError> {
 /// [`record`], on the calling thread (blocking).
 pub fn record_now(app: &App, model: &str) -> Result<(), StateError> {
     let Some(rollout) = app.registry.rollout(model) else { return Ok(()) };
-    let serving = app.registry.snapshot().model(model).map(|r| r.stable.number());
+    // What serves once the ending's store is made, which may not have
+    // happened yet when its decision's event arrives.
+    let serving = match rollout.phase {
+        Phase::Promoted => Some(rollout.candidate),
+        _ => Some(rollout.stable),
+    };
     let change = match rollout.phase {
         Phase::Running | Phase::Paused => Change::Recorded(Decision {
             kind: Kind::Rollout,
@@ -53,9 +58,10 @@ pub fn record_now(app: &App, model: &str) -> Result<(), StateError> {
             })),
         }),
         Phase::Promoted | Phase::RolledBack | Phase::Aborted => {
-            // A decision other than this rollout's (a pin made since) is
-            // not this rollout's to change.
-            if app.decisions.get(model).is_some_and(|d| d.kind != Kind::Rollout) {
+            // A decision an operator made after the rollout ended (a pin,
+            // a load) is not this rollout's to change.
+            let ended_s = rollout.decisions.last().map_or(0, |d| d.at_ms / 1000);
+            if app.decisions.get(model).is_some_and(|d| d.kind != Kind::Rollout && d.at >= ended_s) {
                 return Ok(());
             }
             let newest = app.registry.source().versions(model).ok().and_then(|v| v.last().copied());
@@ -78,14 +84,23 @@ pub fn record_now(app: &App, model: &str) -> Result<(), StateError> {
 /// Writes each rollout decision the controller makes as its event
 /// arrives (the file is written on the blocking pool), until the events
 /// end. A burst that overflows the event buffer is caught up by writing
-/// every model's rollout.
+/// every rollout in progress.
 pub async fn follow(app: Arc<App>, mut events: baton_core::events::EventReceiver) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         let models: Vec<String> = match events.recv().await {
             Ok(event) if matches!(event.kind, EventKind::Rollout { .. }) => vec![event.model],
             Ok(_) => continue,
-            Err(RecvError::Lagged(_)) => app.registry.statuses().into_iter().map(|s| s.name).collect(),
+            // Caught up on the rollouts in progress. One that ended among
+            // the missed events keeps its last record: a restart takes it
+            // up again, and its guards judge it anew.
+            Err(RecvError::Lagged(_)) => app
+                .registry
+                .statuses()
+                .into_iter()
+                .filter(|s| s.rollout.as_ref().is_some_and(|r| matches!(r.phase, Phase::Running | Phase::Paused)))
+                .map(|s| s.name)
+                .collect(),
             Err(RecvError::Closed) => return,
         };
         let shared = Arc::clone(&app);
