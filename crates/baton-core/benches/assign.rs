@@ -63,6 +63,7 @@ fn table() -> Routing {
         paired: true,
         observations: Arc::new(Observations::default()),
         copies: Arc::new(CopyGate::new(64)),
+        shadow: None,
     });
     Routing::new(1, BTreeMap::from([("m".to_owned(), route)]))
 }

@@ -154,6 +154,8 @@ pub(crate) struct Inner {
     pub(crate) releaser: Releaser,
     /// The controller's state of each rollout in progress.
     pub(crate) rollouts: Lock<BTreeMap<String, Progress>>,
+    /// The nice value, and whether `SCHED_IDLE`, of lowered threads.
+    pub(crate) lowering: (i32, bool),
     step_aside: StepAside,
 }
 
@@ -193,6 +195,7 @@ impl Registry {
             memory,
             releaser,
             rollouts: Lock::new(BTreeMap::new()),
+            lowering: (nice, idle),
             step_aside: config.step_aside,
         });
         start_controller(&inner);

@@ -178,7 +178,7 @@ impl Routing {
             rollout.observations.record(routed.role, started.elapsed(), outcome.is_err());
         }
         let outputs = outcome?;
-        if let Some(copy) = routed.compare.and_then(|c| c.start(inputs.to_vec())) {
+        if let Some(copy) = routed.compare.and_then(|c| c.start(inputs.to_vec(), &outputs)) {
             copy.wait(&outputs);
         }
         Ok((Inference { version: routed.version.number(), outputs }, routed.role))

@@ -307,12 +307,13 @@ fn observe(routed: &Target, started: Instant, error: Option<&ServeError>) {
 }
 
 /// Starts the copy of an answered request on the other side of its
-/// rollout, off the response path: it is awaited by a task of its own, and
-/// dropped and counted when the other side has no instance free.
+/// rollout, off the response path: a shadow copy goes to the rollout's
+/// lowered runner; a paired copy is awaited by a task of its own, and
+/// dropped and counted when the stable version has no instance free.
 fn compare(routed: &Target, inputs: Vec<Tensor>, outputs: &[Tensor]) {
     let (Some(rollout), Some((other, role))) = (&routed.rollout, &routed.compare) else { return };
     let side = baton_core::rollout::Compare { rollout, other, role: *role };
-    let Some(mut copy) = side.start(inputs) else { return };
+    let Some(mut copy) = side.start(inputs, outputs) else { return };
     let answered = outputs.to_vec();
     let started = Instant::now();
     tokio::spawn(async move {

@@ -14,6 +14,7 @@ use baton_core::events::{Event, EventKind};
 use baton_core::pipeline::RolloutStart;
 use baton_core::registry::Registry;
 use baton_core::rollout::control::{Action, Decision, Phase};
+use baton_core::rollout::guard::Outcome;
 use baton_core::rollout::plan::Overrides;
 use baton_core::rollout::{Role, assign};
 use baton_core::tensor::Tensor;
@@ -249,4 +250,49 @@ fn a_plan_that_cannot_run_is_refused_and_nothing_changes() {
     assert_eq!(same.unwrap().wait().unwrap_err().kind(), "rollout_refused");
     // A key's bucket is fixed: the same key, the same side.
     assert_eq!(assign::bucket(b"user-1"), assign::bucket(b"user-1"));
+}
+
+#[test]
+fn a_shadow_never_answers_and_its_drift_rolls_it_back() {
+    let (v1, v2) = (Mlp::new(&[8, 16, 1], 1), Mlp::new(&[8, 16, 1], 2));
+    let rollout = section("100", 300, 20, "mode = \"shadow\"\n");
+    let (_repo, registry) = two_versions(&v1, &v2, &rollout);
+    let mut events = registry.subscribe();
+    registry.start_rollout("m", RolloutStart { version: Some(2), ..RolloutStart::default() }).unwrap().wait().unwrap();
+    let mut seed = 0;
+    let mut answered_by_stable = 0;
+    let event = loop {
+        // Every answer comes from stable; the copies run off the path, on
+        // the lowered runner, and are judged.
+        for _ in 0..20 {
+            seed += 1;
+            let (answer, role) = registry.snapshot().serve("m", None, &[input(seed)]).unwrap();
+            assert_eq!((answer.version, role), (1, Role::Stable));
+            answered_by_stable += 1;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_millis(1);
+        let found = loop {
+            match events.try_recv() {
+                Ok(e) if decision(&e).is_some_and(|d| d.action != Action::Started && d.action != Action::Held) => {
+                    break Some(e);
+                }
+                Ok(_) => continue,
+                Err(_) if std::time::Instant::now() < deadline => continue,
+                Err(_) => break None,
+            }
+        };
+        if let Some(event) = found {
+            break event;
+        }
+        assert!(answered_by_stable < 1_000_000, "no decision after {answered_by_stable} requests");
+    };
+    let d = decision(&event).unwrap();
+    assert_eq!(d.action, Action::RolledBack, "{}", d.message);
+    let verdict = d.verdict.as_ref().unwrap();
+    assert!(verdict.checks.iter().any(|c| c.guard.starts_with("rel_l2") && c.outcome == Outcome::Fail), "{verdict:?}");
+    let status = registry.rollout("m").unwrap();
+    assert!(status.totals.candidate.requests >= 20, "the shadow ran copies: {:?}", status.totals.candidate);
+    let misused: Vec<_> =
+        baton_core::sync::misuses().into_iter().filter(|m| m.thread.as_deref() == Some("baton-shadow")).collect();
+    assert!(misused.is_empty(), "the lowered shadow runner took a serving lock: {misused:?}");
 }

@@ -13,8 +13,9 @@ use crate::heap::HeapLease;
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Phase, Progress};
 use crate::rollout::plan::{Overrides, Plan};
+use crate::rollout::shadow::Shadow;
 use crate::rollout::window::Observations;
-use crate::rollout::{CopyGate, Rollout};
+use crate::rollout::{CopyGate, Mode, Rollout};
 
 /// How a rollout starts.
 #[derive(Clone, Debug, Default)]
@@ -66,9 +67,11 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         paired: plan.paired,
         observations: Arc::clone(&observations),
         copies: Arc::new(CopyGate::new(plan.queue)),
+        shadow: None,
     };
     let finish = Finish { timeout, bytes_held: candidate.bytes_held(), end: State::Ready, reply };
     let agent = run.inner.agent.clone();
+    let mut rollout = rollout;
     agent.send(move || {
         let current = run.inner.current();
         let stable = current.model(&model).map(|r| r.stable.number());
@@ -85,6 +88,17 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         drop(current);
         if let Some(error) = blocked {
             return run.report_failure(error, finish.reply);
+        }
+        if rollout.mode == Mode::Shadow {
+            let (nice, idle) = run.inner.lowering;
+            let observations = Arc::clone(&rollout.observations);
+            match Shadow::start(Arc::clone(&candidate), observations, run.inner.agent.clone(), nice, idle) {
+                Ok(shadow) => rollout.shadow = Some(shadow),
+                Err(error) => {
+                    let reason = format!("could not start the thread that runs shadow copies: {error}");
+                    return run.report_failure(refused(&model, reason), finish.reply);
+                }
+            }
         }
         let stable = stable.unwrap_or_default();
         let mut progress = Progress::new(stable, candidate.number(), plan, start.step, observations);

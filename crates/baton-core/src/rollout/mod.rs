@@ -17,6 +17,7 @@ pub mod compare;
 pub mod control;
 pub mod guard;
 pub mod plan;
+pub mod shadow;
 pub mod window;
 
 use std::sync::Arc;
@@ -111,6 +112,8 @@ pub struct Rollout {
     pub observations: Arc<window::Observations>,
     /// Comparison copies running now, and how many may.
     pub copies: Arc<CopyGate>,
+    /// In shadow mode, the lowered runner of the candidate's copies.
+    pub shadow: Option<shadow::Shadow>,
 }
 
 /// Bounds the comparison copies of one rollout that run at once.
@@ -145,7 +148,7 @@ pub struct Copy {
 }
 
 /// A copy's room in its gate, given back on drop.
-struct Slot(Arc<CopyGate>);
+pub(crate) struct Slot(Arc<CopyGate>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -174,28 +177,40 @@ pub struct Compare<'a> {
 
 impl Compare<'_> {
     /// Starts the copy of a request on the other side, off the response
-    /// path: only when that version has an instance free and nobody
-    /// waiting, and fewer than the plan's `queue` copies run, so that a
-    /// copy never holds up a request. Otherwise the copy is dropped and
-    /// counted. The caller awaits [`Copy::pending`] apart from the answer
-    /// and records what it came to with [`Copy::finish`].
-    pub fn start(&self, inputs: Vec<Tensor>) -> Option<Copy> {
+    /// path, given the answer the request got. Only while fewer than the
+    /// plan's `queue` copies run; otherwise the copy is dropped and counted.
+    ///
+    /// - A shadow copy goes to the rollout's lowered runner
+    ///   ([`shadow`]), which records what it came to itself: `None`.
+    /// - A paired copy runs on the stable version only when it has an
+    ///   instance free and nobody waiting, so that it never holds up a
+    ///   request (else it is dropped and counted). The caller awaits
+    ///   [`Copy::pending`] apart from the answer and records what it came
+    ///   to with [`Copy::finish`].
+    pub fn start(&self, inputs: Vec<Tensor>, answered: &[Tensor]) -> Option<Copy> {
         let gate = &self.rollout.copies;
         if gate.running.fetch_add(1, Ordering::Relaxed) >= gate.limit {
             gate.running.fetch_sub(1, Ordering::Relaxed);
             self.rollout.observations.record_dropped();
             return None;
         }
-        let copy = |pending| Copy {
-            pending,
-            role: self.role,
-            observations: Arc::clone(&self.rollout.observations),
-            _slot: Slot(Arc::clone(gate)),
-        };
+        let slot = Slot(Arc::clone(gate));
+        if let (Role::Candidate, Some(shadow)) = (self.role, &self.rollout.shadow) {
+            let job = shadow::Job { inputs, answered: answered.to_vec(), slot };
+            if shadow.send(job).is_err() {
+                self.rollout.observations.record_dropped();
+            }
+            return None;
+        }
         match self.other.submit_spare(inputs) {
-            Ok(pending) => Some(copy(pending)),
+            Ok(pending) => Some(Copy {
+                pending,
+                role: self.role,
+                observations: Arc::clone(&self.rollout.observations),
+                _slot: slot,
+            }),
             Err(_) => {
-                gate.running.fetch_sub(1, Ordering::Relaxed);
+                drop(slot);
                 self.rollout.observations.record_dropped();
                 None
             }

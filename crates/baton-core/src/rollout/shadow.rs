@@ -1,0 +1,83 @@
+//! Shadow copies run below serving: a thread of each shadow rollout, at the
+//! loader's priority (nice 19 and, by default, `SCHED_IDLE`), runs the
+//! candidate on the copies of the requests chosen for shadowing, one at a
+//! time, on the calling thread's own CPU time. Serving threads get a core
+//! before it does; under sustained full load the copies wait, the queue
+//! fills and further copies are dropped and counted rather than taking
+//! CPU from answers.
+//!
+//! A lowered thread takes no lock serving threads take, so what a copy
+//! came to (its latency, its outputs' comparison) is recorded by the
+//! registry's agent, and the runner hands its reference to the candidate
+//! to the agent too when it ends, so that the version is never freed on
+//! it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::window::Observations;
+use super::{Role, Slot};
+use crate::agent::Agent;
+use crate::sync::Sender;
+use crate::tensor::Tensor;
+use crate::version::Version;
+
+/// One copy for the runner: the request's inputs, the answer stable gave,
+/// and its room in the rollout's gate.
+pub(crate) struct Job {
+    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) answered: Vec<Tensor>,
+    pub(crate) slot: Slot,
+}
+
+/// The queue of a shadow rollout's runner. The runner ends once every
+/// table holding the rollout is gone.
+#[derive(Clone)]
+pub struct Shadow {
+    tx: Sender<Job>,
+}
+
+impl std::fmt::Debug for Shadow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shadow").finish_non_exhaustive()
+    }
+}
+
+impl Shadow {
+    /// Starts the runner of `candidate`'s copies, lowered to `nice` (and
+    /// `SCHED_IDLE` with `idle`). Call it at serving priority.
+    pub(crate) fn start(
+        candidate: Arc<Version>,
+        observations: Arc<Observations>,
+        agent: Agent,
+        nice: i32,
+        idle: bool,
+    ) -> std::io::Result<Shadow> {
+        let tx = crate::sync::spawn_receiver::<Job>("baton-shadow", move |jobs| {
+            crate::agent::lower_current_thread(&agent, nice, idle);
+            while let Some(job) = jobs.recv() {
+                let started = Instant::now();
+                let outcome = candidate.run_here(&job.inputs);
+                let took = started.elapsed();
+                let observations = Arc::clone(&observations);
+                let Job { answered, slot, .. } = job;
+                drop(slot);
+                agent.send(move || {
+                    observations.record(Role::Candidate, took, outcome.is_err());
+                    match outcome {
+                        Ok(outputs) => observations.record_comparison(&answered, &outputs),
+                        Err(_) => observations.record_comparison_error(),
+                    }
+                });
+            }
+            // The version is let go of at serving priority.
+            agent.send(move || drop(candidate));
+        })?;
+        Ok(Shadow { tx })
+    }
+
+    /// Queues a copy; gives it back when the runner is gone.
+    pub(crate) fn send(&self, job: Job) -> Result<(), Job> {
+        self.tx.send(job)
+    }
+}
