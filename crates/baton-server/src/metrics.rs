@@ -226,6 +226,13 @@ fn render_rollouts(
         let _ =
             writeln!(out, "baton_rollout_shadow_dropped_total{{model=\"{}\"}} {}", escape(&r.model), r.totals.dropped);
     }
+    help(out, "baton_rollout_last_decision", "gauge", "1 for what the latest rollout of the model last decided.");
+    for r in statuses.iter().filter_map(|s| s.rollout.as_ref()) {
+        if let Some(last) = r.decisions.last() {
+            let (model, decision) = (escape(&r.model), last.action.as_str());
+            let _ = writeln!(out, "baton_rollout_last_decision{{model=\"{model}\",decision=\"{decision}\"}} 1");
+        }
+    }
     help(out, "baton_rollout_decisions_total", "counter", "Rollout decisions, by what was decided.");
     for ((model, decision), n) in decisions {
         let _ =

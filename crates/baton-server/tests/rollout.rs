@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use baton_testkit::repo::TestRepo;
-use baton_testkit::server::{Server, eventually};
+use baton_testkit::server::{Server, eventually, metric};
 use common::{assert_close, mlp, output_f32, repo_with, request, start, version_of};
 use serde_json::Value;
 
@@ -95,6 +95,17 @@ fn a_restart_mid_rollout_takes_it_up_where_it_was() {
         assert_eq!(answer.header("baton-role"), Some(role), "version {version} answered: {body}");
         assert_eq!(body["parameters"]["baton_role"], role, "{body}");
         assert_close(&output_f32(&body, "output"), &mlp(version).forward(&input, 1), "the answer");
+    }
+    // The rollout's gauges, and the one that mutes alerts while it runs.
+    let text = String::from_utf8_lossy(&server.get("/metrics").body).into_owned();
+    for (series, value) in [
+        ("baton_rollout_weight{model=\"m\",mode=\"canary\"}", 0.1),
+        ("baton_rollout_step{model=\"m\"}", 0.0),
+        ("baton_rollout_paused{model=\"m\"}", 0.0),
+        ("baton_model_operation_in_progress{model=\"m\"}", 1.0),
+        ("baton_rollout_last_decision{model=\"m\",decision=\"started\"}", 1.0),
+    ] {
+        assert_eq!(metric(&text, series), Some(value), "{series} in:\n{text}");
     }
     common::assert_no_panic(&server);
 }
