@@ -5,7 +5,8 @@ use std::fmt::Write;
 use crate::analyze::Analysis;
 use crate::analyze::stats::Stats;
 
-fn ms(v: Option<f64>) -> String {
+/// Milliseconds with a precision that suits their size; `-` for none.
+pub fn ms(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
         Some(v) if v < 1.0 => format!("{v:.3}"),
@@ -130,6 +131,9 @@ pub fn render(title: &str, a: &Analysis) -> String {
                 let _ = writeln!(out, "  swap {}: {note}", s.index);
             }
         }
+    }
+    if let Some(r) = &a.rollout {
+        super::rollout_table::render(&mut out, r);
     }
     if a.swaps.len() < a.planned_swaps {
         let _ =

@@ -75,7 +75,7 @@ fn set(phase: &Phase, text: String) {
 }
 
 /// Sleeps until `at_ns`; false if the load stopped first.
-fn wait_until(live: &Live, at_ns: u64) -> bool {
+pub fn wait_until(live: &Live, at_ns: u64) -> bool {
     loop {
         if live.stopped() {
             return false;
