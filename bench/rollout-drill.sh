@@ -13,8 +13,11 @@
 #               the candidate's last answer and to the server's store of
 #               its weight 0. REPEAT times (default 3).
 #   2. shadow   the overhead of a shadow rollout: the same open-loop load
-#               (RATE requests/s; default half the capacity a closed loop of
-#               4 workers measures first) run PAIRS times (default 5)
+#               (RATE requests/s; default a quarter of the capacity a closed
+#               loop of 4 workers measures first: at 100 % the shadow runs
+#               every request twice, so that is half the capacity with it;
+#               at half the capacity without it, the shadow's copies
+#               saturated the 2 cores and the stable p99 went to seconds) run PAIRS times (default 5)
 #               without a rollout and then with a shadow rollout of version
 #               2 at 100 % (steps [100], a 10 min window: it never decides),
 #               alternating. Each pair's p99 is over the requests started
@@ -87,6 +90,7 @@ drift() {
   python3 - "$results" "$repeat" <<'PY' | tee "$results/rollout-drift.summary"
 import json, statistics, sys
 results, n = sys.argv[1], int(sys.argv[2])
+fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"
 rows = []
 for i in range(1, n + 1):
     r = json.load(open(f"{results}/rollout-drift.{i}.json"))
@@ -98,15 +102,15 @@ for i in range(1, n + 1):
                  t.get("candidate_answers_started_after_weight_zero")))
     print(f"run {i}: {r['requests']} requests, {r['failed']} failed, {ro['outcome']}; p99 ms "
           + ", ".join(f"{k} {v:.2f}" for k, v in p99.items() if v is not None)
-          + f"; from the window's end: decided {t.get('decided_ms')} ms, last candidate answer "
-          f"{t.get('last_candidate_answer_ms')} ms, weight 0 stored {t.get('weight_zero_ms')} ms; "
+          + f"; from the window's end: decided {fmt(t.get('decided_ms'))} ms, last candidate answer "
+          f"{fmt(t.get('last_candidate_answer_ms'))} ms, weight 0 stored {fmt(t.get('weight_zero_ms'))} ms; "
           f"candidate answers after the store {t.get('candidate_answers_started_after_weight_zero')}")
 med = lambda xs: statistics.median([x for x in xs if x is not None]) if any(x is not None for x in xs) else None
 print(f"median of {n}: failed {sum(r[1] for r in rows)} of {sum(r[0] for r in rows)}; "
-      f"decided {med([r[4] for r in rows])} ms, last candidate answer {med([r[5] for r in rows])} ms, "
-      f"weight 0 stored {med([r[6] for r in rows])} ms after the failing window's end")
+      f"decided {fmt(med([r[4] for r in rows]))} ms, last candidate answer {fmt(med([r[5] for r in rows]))} ms, "
+      f"weight 0 stored {fmt(med([r[6] for r in rows]))} ms after the failing window's end")
 for phase in ["before", "step 1 (10%)", "after rolled_back"]:
-    print(f"  p99 {phase}: median {med([r[3].get(phase) for r in rows])} ms")
+    print(f"  p99 {phase}: median {fmt(med([r[3].get(phase) for r in rows]), 2)} ms")
 PY
 }
 
@@ -117,7 +121,7 @@ shadow() {
     note "capacity"
     "$baton" drill mlp --url "$url" "${load[@]}" --concurrency 4 --swaps 0 --duration 8s --quiet \
       --json "$results/rollout-capacity.json" --svg /dev/null | tail -n +2 | head -1
-    rate="$(jq '.rate_per_s / 2 | floor' "$results/rollout-capacity.json")"
+    rate="$(jq '.rate_per_s / 4 | floor' "$results/rollout-capacity.json")"
   fi
   echo "shadow: open loop at $rate requests/s, $pairs pairs of $duration"
   local common=(mlp --url "$url" "${load[@]}" --rate "$rate" --duration "$duration" --warmup 3s --records --quiet)
@@ -129,6 +133,7 @@ shadow() {
     "$baton" drill "${common[@]}" --swap rollout --rollout-version 2 --rollout-mode shadow --rollout-steps 100 \
       --rollout-interval 10m --rollout-guards '{"min_samples": 100, "max_p99_ratio": 1e9}' \
       --json "$results/rollout-shadow.$i.json" --svg "$results/rollout-shadow.$i.svg" >"$results/rollout-shadow.$i.txt" || true
+    curl -sf "$url/baton/v1/models/mlp/rollout" >"$results/rollout-shadow.$i.status.json" || true
     abort
   done
   stop_server
@@ -150,6 +155,11 @@ for i in range(1, n + 1):
     t0 = step["from_s"] * 1000
     (p_with, n_with), (p_without, n_without) = p99_after(shadow, t0), p99_after(plain, t0)
     roles = ", ".join(f"{s['role']} {s['share']*100:.1f}%" for s in step["roles"])
+    try:
+        totals = json.load(open(f"{results}/rollout-shadow.{i}.status.json"))["rollout"]["totals"]
+        roles += f"; shadow copies run {totals['candidate']['requests']}, compared {totals['compared']}, dropped {totals['dropped']}"
+    except (OSError, KeyError, ValueError):
+        pass
     ratios.append(p_with / p_without)
     print(f"pair {i}: from {t0/1000:.2f} s, p99 without {p_without:.3f} ms ({n_without} requests, "
           f"{plain['failed']} failed), with shadow {p_with:.3f} ms ({n_with} requests, {shadow['failed']} failed; "
