@@ -254,8 +254,8 @@ impl DrillArgs {
         ensure!(self.swap == SwapMethod::Rollout || !rollout_options, "--rollout-* options need --swap rollout");
         if self.swap == SwapMethod::Rollout {
             if let Some(guards) = &self.rollout_guards {
-                let value: serde_json::Value = serde_json::from_str(guards)
-                    .map_err(|e| anyhow::anyhow!("--rollout-guards is not JSON: {e}"))?;
+                let value: serde_json::Value =
+                    serde_json::from_str(guards).map_err(|e| anyhow::anyhow!("--rollout-guards is not JSON: {e}"))?;
                 ensure!(value.is_object(), "--rollout-guards must be a JSON object");
             }
             ensure!(

@@ -216,11 +216,16 @@ pub fn measure(r: &RolloutRecord, records: &[Record], end: u64) -> RolloutReport
 }
 
 /// The timing of the decision that took the candidate out, if one did.
-fn rollback(r: &RolloutRecord, decisions: &[crate::rollout::DecisionSeen], records: &[Record]) -> Option<RollbackTiming> {
+fn rollback(
+    r: &RolloutRecord,
+    decisions: &[crate::rollout::DecisionSeen],
+    records: &[Record],
+) -> Option<RollbackTiming> {
     let out = decisions.iter().rev().find(|d| matches!(d.action.as_str(), "rolled_back" | "aborted"))?;
     // An operator's abort judges no window: time it from the decision.
     let from = out.window_end.unwrap_or(out.at);
-    let weight_zero = r.operations.iter().filter(|o| o.operation == "abort" && o.at >= out.at.min(from)).map(|o| o.at).min();
+    let weight_zero =
+        r.operations.iter().filter(|o| o.operation == "abort" && o.at >= out.at.min(from)).map(|o| o.at).min();
     let candidate = records.iter().filter(|rec| rec.ok() && rec.role == role::CANDIDATE);
     let last = candidate.clone().map(Record::end).max();
     Some(RollbackTiming {
@@ -301,7 +306,10 @@ mod tests {
         assert_eq!(spans, [(0.0, 0.1), (0.1, 0.4), (0.4, 1.01), (1.01, 1.2)]);
         let step1 = &report.phases[1];
         assert_eq!((step1.stats.requests, step1.stats.failed), (3, 0));
-        assert_eq!(step1.roles.iter().map(|r| (r.role, r.answers)).collect::<Vec<_>>(), [("stable", 2), ("candidate", 1)]);
+        assert_eq!(
+            step1.roles.iter().map(|r| (r.role, r.answers)).collect::<Vec<_>>(),
+            [("stable", 2), ("candidate", 1)]
+        );
         assert!((step1.roles[1].share - 1.0 / 3.0).abs() < 1e-9);
         // A failed request counts in its phase, not in the role shares.
         let step2 = &report.phases[2];
@@ -315,7 +323,8 @@ mod tests {
     #[test]
     fn a_rollback_is_timed_from_the_failing_windows_end() {
         // The candidate's last answer ends at 1005 ms, inside the decision's tick.
-        let records = [rec(900, 2, role::CANDIDATE, 0), rec(1000, 5, role::CANDIDATE, 0), rec(1001, 1, role::STABLE, 0)];
+        let records =
+            [rec(900, 2, role::CANDIDATE, 0), rec(1000, 5, role::CANDIDATE, 0), rec(1001, 1, role::STABLE, 0)];
         let t = measure(&rolled_back(), &records, 1200 * MS).rollback.expect("a rollback");
         assert_eq!(t.window_end_s, 1.0);
         assert_eq!(t.decided_ms, 10.0);
@@ -336,7 +345,8 @@ mod tests {
         let report = measure(&promoted, &[], 1200 * MS);
         assert!(report.rollback.is_none());
         assert_eq!(report.phases.last().unwrap().name, "after promoted");
-        let failed = RolloutRecord { ok: false, detail: "HTTP 409: rollout_in_progress".into(), ..RolloutRecord::default() };
+        let failed =
+            RolloutRecord { ok: false, detail: "HTTP 409: rollout_in_progress".into(), ..RolloutRecord::default() };
         let report = measure(&failed, &[rec(10, 1, role::NONE, 0)], 100 * MS);
         assert_eq!(report.phases.len(), 1);
         assert_eq!(report.phases[0].roles[0].role, "none");

@@ -36,8 +36,7 @@ pub fn render(out: &mut String, r: &RolloutReport) {
         "phase", "from–to (s)", "requests", "failed", "p50", "p99"
     );
     for p in &r.phases {
-        let roles: Vec<String> =
-            p.roles.iter().map(|s| format!("{} {:.1}%", s.role, s.share * 100.0)).collect();
+        let roles: Vec<String> = p.roles.iter().map(|s| format!("{} {:.1}%", s.role, s.share * 100.0)).collect();
         let _ = writeln!(
             out,
             "  {:<20} {:>13} {:>9} {:>6} {:>8} {:>8}  {}",

@@ -72,13 +72,11 @@ impl Parser {
 pub fn spawn(url: String, model: String, bound: Duration, live: Arc<Live>) -> Arc<Lock<Stream>> {
     let stream = Arc::new(Lock::new(Stream::default()));
     let shared = Arc::clone(&stream);
-    let started = std::thread::Builder::new()
-        .name("drill-events".into())
-        .spawn(move || {
-            if let Err(error) = read(&url, &model, bound, &live, &shared) {
-                shared.lock().error = Some(error);
-            }
-        });
+    let started = std::thread::Builder::new().name("drill-events".into()).spawn(move || {
+        if let Err(error) = read(&url, &model, bound, &live, &shared) {
+            shared.lock().error = Some(error);
+        }
+    });
     if let Err(e) = started {
         stream.lock().error = Some(format!("starting the event reader: {e}"));
     }

@@ -280,7 +280,10 @@ impl Driver {
             _ => None,
         };
         if let Some(operation) = operation {
-            set(phase, format!("rollout: {}; waiting for its {operation} to finish", record.phase.as_deref().unwrap_or("")));
+            set(
+                phase,
+                format!("rollout: {}; waiting for its {operation} to finish", record.phase.as_deref().unwrap_or("")),
+            );
             let by = live.now() + self.settle.as_nanos() as u64;
             let finished = || {
                 stream.lock().events.iter().any(|s| s.name == "finished" && s.data["report"]["operation"] == operation)
@@ -373,8 +376,16 @@ mod tests {
         let parse = |args: &[&str]| Cli::parse_from([&["drill", "m", "--swap", "rollout"][..], args].concat()).drill;
         assert_eq!(start_body(&parse(&[])).unwrap(), json!({}));
         let args = parse(&[
-            "--rollout-version", "2", "--rollout-mode", "shadow", "--rollout-steps", "10,50,100",
-            "--rollout-interval", "2s", "--rollout-guards", r#"{"max_rel_l2":0.05}"#,
+            "--rollout-version",
+            "2",
+            "--rollout-mode",
+            "shadow",
+            "--rollout-steps",
+            "10,50,100",
+            "--rollout-interval",
+            "2s",
+            "--rollout-guards",
+            r#"{"max_rel_l2":0.05}"#,
         ]);
         args.check().unwrap();
         assert_eq!(
