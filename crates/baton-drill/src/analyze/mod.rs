@@ -200,7 +200,8 @@ pub struct Analysis {
     pub verdict: Verdict,
 }
 
-fn secs(ns: u64) -> f64 {
+/// Nanoseconds as seconds.
+pub(crate) fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 

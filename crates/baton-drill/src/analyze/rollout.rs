@@ -6,14 +6,11 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use super::secs;
 use super::stats::{Collector, Stats};
 use crate::record::Record;
 use crate::role;
 use crate::rollout::RolloutRecord;
-
-fn secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
 
 /// Milliseconds from `from` to `to` (negative when `to` is earlier).
 fn ms_between(from: u64, to: u64) -> f64 {

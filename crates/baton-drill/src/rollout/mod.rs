@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use crate::args::{DrillArgs, RolloutMode};
 use crate::caller::error_message;
 use crate::record::Live;
-use crate::swap::Phase;
 use crate::swap::action::admin_url;
+use crate::swap::{Phase, set};
 use crate::target::Endpoint;
 
 /// A decision of the rollout, its times in ns since the load started.
@@ -321,10 +321,6 @@ impl Driver {
         }
         serde_json::from_str(&text).map_err(|e| format!("{method} {url}: the answer is not JSON: {e}"))
     }
-}
-
-fn set(phase: &Phase, text: String) {
-    *phase.lock().unwrap_or_else(|e| e.into_inner()) = text;
 }
 
 /// Notes the versions, mode and phase an answer of the rollout API names.

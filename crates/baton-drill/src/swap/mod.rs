@@ -70,7 +70,8 @@ impl Schedule {
 /// What the driver is doing, for the progress line.
 pub type Phase = Arc<Mutex<String>>;
 
-fn set(phase: &Phase, text: String) {
+/// Says what the driver is doing now.
+pub fn set(phase: &Phase, text: String) {
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = text;
 }
 
