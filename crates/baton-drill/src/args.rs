@@ -26,6 +26,22 @@ pub enum SwapMethod {
     Publish,
     /// Run --command with `sh -c`.
     Command,
+    /// One rollout through baton's rollout API (`POST
+    /// /baton/v1/models/{m}/rollout`), followed until it ends; --swaps
+    /// does not apply.
+    Rollout,
+}
+
+/// How a rollout's candidate takes part in traffic.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RolloutMode {
+    /// The candidate answers a rising share of requests.
+    Canary,
+    /// The candidate answers a fixed share; an operator promotes.
+    Ab,
+    /// The candidate runs beside the stable version; the stable one answers.
+    Shadow,
 }
 
 /// Options of `baton drill`.
@@ -120,6 +136,32 @@ pub struct DrillArgs {
     /// the --url.
     #[arg(long)]
     pub command: Option<String>,
+    /// rollout: the version rolled out (default: the repository's newest).
+    #[arg(long, value_name = "V")]
+    pub rollout_version: Option<u64>,
+    /// rollout: the mode (default: the model's own `[rollout]` section).
+    #[arg(long, value_enum)]
+    pub rollout_mode: Option<RolloutMode>,
+    /// rollout: the candidate's shares in percent, rising, e.g. 10,50,100.
+    #[arg(long, value_delimiter = ',', value_name = "PERCENT,…")]
+    pub rollout_steps: Vec<f64>,
+    /// rollout: how long each window lasts before it is judged.
+    #[arg(long, value_parser = parse_duration)]
+    pub rollout_interval: Option<Duration>,
+    /// rollout: failed windows that roll the candidate back.
+    #[arg(long, value_name = "N")]
+    pub rollout_failure_limit: Option<u32>,
+    /// rollout: inconclusive windows in a row that pause the rollout.
+    #[arg(long, value_name = "N")]
+    pub rollout_max_inconclusive: Option<u32>,
+    /// rollout: the guards, as the JSON object the start takes, e.g.
+    /// '{"min_samples":20,"max_rel_l2":0.05}'.
+    #[arg(long, value_name = "JSON")]
+    pub rollout_guards: Option<String>,
+    /// rollout: the longest the drill follows the rollout; it then stops
+    /// following and leaves the rollout as it is.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub rollout_timeout: Duration,
     /// The longest a swap action may take, and the longest to wait for its
     /// new version to answer.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -202,9 +244,27 @@ impl DrillArgs {
         ensure!(self.timeout > Duration::ZERO, "--timeout must be positive");
         ensure!(self.rss_interval >= Duration::from_millis(1), "--rss-interval must be at least 1ms");
         ensure!(self.threads != Some(0), "--threads must be at least 1");
-        if self.swaps > 0 {
+        let rollout_options = self.rollout_version.is_some()
+            || self.rollout_mode.is_some()
+            || !self.rollout_steps.is_empty()
+            || self.rollout_interval.is_some()
+            || self.rollout_failure_limit.is_some()
+            || self.rollout_max_inconclusive.is_some()
+            || self.rollout_guards.is_some();
+        ensure!(self.swap == SwapMethod::Rollout || !rollout_options, "--rollout-* options need --swap rollout");
+        if self.swap == SwapMethod::Rollout {
+            if let Some(guards) = &self.rollout_guards {
+                let value: serde_json::Value =
+                    serde_json::from_str(guards).map_err(|e| anyhow::anyhow!("--rollout-guards is not JSON: {e}"))?;
+                ensure!(value.is_object(), "--rollout-guards must be a JSON object");
+            }
+            ensure!(
+                self.rollout_steps.iter().all(|s| s.is_finite() && *s > 0.0 && *s <= 100.0),
+                "--rollout-steps are percentages above 0 and at most 100"
+            );
+        } else if self.swaps > 0 {
             match self.swap {
-                SwapMethod::LoadApi => {}
+                SwapMethod::LoadApi | SwapMethod::Rollout => {}
                 SwapMethod::Publish => {
                     ensure!(self.repo.is_some(), "--swap publish needs --repo, the repository the server watches");
                     ensure!(

@@ -44,8 +44,8 @@ impl Caller {
     }
 
     /// Sends one request; on success, the version that answered (empty
-    /// when the server did not say).
-    pub async fn call(&mut self, timeout: Duration) -> Result<&str, Failure> {
+    /// when the server did not say) and the role it named ([`crate::role`]).
+    pub async fn call(&mut self, timeout: Duration) -> Result<(&str, u8), Failure> {
         match self {
             Caller::Http(http) => http.call(timeout).await,
             Caller::Grpc(grpc) => grpc.call(timeout).await,
@@ -89,7 +89,7 @@ impl HttpCaller {
         Ok(())
     }
 
-    async fn call(&mut self, timeout: Duration) -> Result<&str, Failure> {
+    async fn call(&mut self, timeout: Duration) -> Result<(&str, u8), Failure> {
         let deadline = tokio::time::Instant::now() + timeout;
         match tokio::time::timeout_at(deadline, self.exchange()).await {
             Ok(Ok(())) => {}
@@ -112,7 +112,7 @@ impl HttpCaller {
         let answer = baton_protocol::decode_response(&self.reply.body, self.reply.header_length)
             .map_err(|e| Failure::new("bad answer", e.to_string()))?;
         self.version = answer.model_version;
-        Ok(&self.version)
+        Ok((&self.version, self.reply.role))
     }
 
     async fn exchange(&mut self) -> Result<(), HttpError> {

@@ -78,8 +78,8 @@ impl GrpcCaller {
         Ok(())
     }
 
-    /// Sends the request; the version that answered.
-    pub async fn call(&mut self, timeout: Duration) -> Result<&str, Failure> {
+    /// Sends the request; the version that answered and the role it named.
+    pub async fn call(&mut self, timeout: Duration) -> Result<(&str, u8), Failure> {
         if self.client.is_none() {
             self.connect().await?;
         }
@@ -92,8 +92,12 @@ impl GrpcCaller {
             }
             Ok(Err(status)) => Err(Failure::new(format!("grpc {:?}", status.code()), status.message().to_owned())),
             Ok(Ok(response)) => {
+                let role = response
+                    .metadata()
+                    .get(crate::role::HEADER)
+                    .map_or(crate::role::NONE, |v| crate::role::parse(v.as_bytes()));
                 self.version = response.into_inner().model_version;
-                Ok(&self.version)
+                Ok((&self.version, role))
             }
         }
     }

@@ -68,6 +68,8 @@ pub struct Reply {
     pub body: Vec<u8>,
     /// Whether the server will close the connection after this answer.
     pub close: bool,
+    /// The role the answer names (`baton-role`), as a [`crate::role`] code.
+    pub role: u8,
 }
 
 enum Framing {
@@ -166,6 +168,7 @@ impl Conn {
             }
             reply.status = status;
             reply.header_length = None;
+            reply.role = crate::role::NONE;
             reply.close = response.version == Some(0);
             let mut framing = Framing::UntilClose;
             for header in response.headers.iter() {
@@ -183,6 +186,8 @@ impl Conn {
                 } else if name.eq_ignore_ascii_case("connection") {
                     let value = value.to_ascii_lowercase();
                     reply.close = value.contains("close") || (reply.close && !value.contains("keep-alive"));
+                } else if name.eq_ignore_ascii_case(crate::role::HEADER) {
+                    reply.role = crate::role::parse(header.value);
                 } else if name.eq_ignore_ascii_case("inference-header-content-length") {
                     reply.header_length = Some(
                         value

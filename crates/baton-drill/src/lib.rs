@@ -20,6 +20,8 @@ pub mod payload;
 pub mod progress;
 pub mod record;
 pub mod report;
+pub mod role;
+pub mod rollout;
 pub mod rss;
 pub mod stalls;
 pub mod swap;
@@ -67,7 +69,12 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         rss::read_rss(pid).with_context(|| format!("--pid {pid}: cannot read the process's memory"))?;
     }
     let inputs = payload::tensors(&http, args)?;
+    let rollout = match args.swap {
+        args::SwapMethod::Rollout => Some(rollout::Driver::from_args(args, &http)?),
+        _ => None,
+    };
     let action = match args.swaps {
+        _ if rollout.is_some() => None,
         0 => None,
         _ => Some(swap::action::Action::from_args(args, &http)?),
     };
@@ -111,6 +118,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         let schedule = swap::Schedule::from_args(args);
         swap::spawn(action, schedule, args.versions.clone(), Arc::clone(&live), Arc::clone(&phase))
     });
+    let follower = rollout.map(|driver| driver.spawn(Arc::clone(&live), Arc::clone(&phase)));
     let progress = (!args.quiet).then(|| progress::spawn(Arc::clone(&live), Arc::clone(&phase)));
 
     let plan = Plan { mode, duration: args.duration, max_requests: args.max_requests, timeout: args.timeout };
@@ -121,6 +129,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         let _ = p.join();
     }
     let swaps = driver.map(|d| d.join().unwrap_or_default()).unwrap_or_default();
+    let rollout = follower.map(|f| f.join().unwrap_or_default());
     let samples = sampler.map(|s| s.join().unwrap_or_default());
     let probe = probe.map(stalls::Probes::join);
     drop(runtime);
@@ -133,11 +142,12 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         errors,
         end,
         swaps,
-        planned_swaps: args.swaps,
+        planned_swaps: if rollout.is_some() { 0 } else { args.swaps },
         window: args.window.as_nanos() as u64,
         rss: args.pid.zip(samples),
         allow: args.allow_versions.clone(),
         probe,
+        rollout,
     };
     let analysis = analyze::analyze(&run);
     let report = report::Report {
@@ -175,6 +185,7 @@ fn title(args: &DrillArgs, mode: &Mode) -> String {
         Mode::Open { rate, connections } => format!("open loop {rate}/s over ≤{connections} connections"),
     };
     let swaps = match args.swaps {
+        _ if args.swap == args::SwapMethod::Rollout => "a rollout".to_owned(),
         0 => "no swaps".to_owned(),
         1 => format!("1 swap by {}", value_name(args.swap)),
         n => format!("{n} swaps by {}", value_name(args.swap)),
@@ -211,6 +222,10 @@ fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::t
         "repo": args.repo,
         "template": args.template,
         "command": args.command,
+        "rollout": (args.swap == args::SwapMethod::Rollout).then(|| json!({
+            "body": rollout::start_body(args).ok(),
+            "timeout_s": args.rollout_timeout.as_secs_f64(),
+        })),
         "window_ms": args.window.as_secs_f64() * 1e3,
         "tail_s": args.tail.as_secs_f64(),
         "allow_versions": args.allow_versions,

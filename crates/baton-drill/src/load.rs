@@ -100,26 +100,26 @@ fn note(
     last: &mut Versions,
     start: Instant,
     end: Instant,
-    result: Result<&str, Failure>,
+    result: Result<(&str, u8), Failure>,
 ) -> bool {
     let start_ns = live.offset(start);
     let latency = end.saturating_duration_since(start).as_nanos() as u64;
     let worker = log.worker;
     match result {
-        Ok(version) => {
+        Ok((version, role)) => {
             let same = log.versions.get(last.local as usize).is_some_and(|v| v == version);
             if !same {
                 last.local = log.version_id(version);
                 last.shared = live.version_id(version);
             }
             live.answered(worker as usize, last.shared, start_ns + latency);
-            log.records.push(Record { start: start_ns, latency, version: last.local, error: 0, worker });
+            log.records.push(Record { start: start_ns, latency, version: last.local, error: 0, worker, role });
             live.finished(latency, true);
             false
         }
         Err(failure) => {
             let error = log.error_id(&failure.kind, &failure.message);
-            log.records.push(Record { start: start_ns, latency, version: 0, error, worker });
+            log.records.push(Record { start: start_ns, latency, version: 0, error, worker, role: 0 });
             live.finished(latency, false);
             failure.kind == "connect"
         }

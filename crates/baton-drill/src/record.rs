@@ -19,6 +19,8 @@ pub struct Record {
     pub error: u32,
     /// The worker (connection) that sent it.
     pub worker: u32,
+    /// The role the answer named in a rollout ([`crate::role`]; 0: none).
+    pub role: u8,
 }
 
 impl Record {

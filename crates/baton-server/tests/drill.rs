@@ -362,3 +362,76 @@ fn a_refused_version_is_a_failed_swap_while_the_old_one_keeps_serving() {
     let problems = r["verdict"]["problems"].to_string();
     assert!(problems.contains("swap 1: the action failed"), "{problems}");
 }
+
+/// A rollout under fire whose candidate drifts (other weights than the
+/// stable version's): the drill starts it through the rollout API, follows
+/// it until the guards roll it back, and reports the phases, the decisions
+/// with the drift they measured, and how long the candidate lasted after
+/// the failing window. No request fails.
+#[test]
+fn a_rollout_drill_reports_the_rollback_of_a_drifting_candidate() {
+    let (stable, drifting) = (Mlp::new(&[8, 16, 1], 1), Mlp::new(&[8, 16, 1], 2));
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&stable, ""));
+    repo.publish_mlp("m", 1, &stable);
+    let server = Server::start(bin(), repo.root(), &["--no-watch"]);
+    server.wait_settled("m", 1);
+    repo.publish_mlp("m", 2, &drifting);
+    let guards = r#"{"min_samples": 20, "max_rel_l2": 0.05, "max_p99_ratio": 1e9}"#;
+    let rollout = [
+        "--swap",
+        "rollout",
+        "--rollout-version",
+        "2",
+        "--rollout-mode",
+        "canary",
+        "--rollout-steps",
+        "50,100",
+        "--rollout-interval",
+        "300ms",
+        "--rollout-guards",
+        guards,
+        "--duration",
+        "60s",
+    ];
+    let outcome = drill(server.base(), &[&TWO[..], &rollout].concat());
+    let (r, ctx) = (&outcome.report, outcome.context());
+    assert!(outcome.status.success(), "exit {:?}\n{ctx}", outcome.status);
+    assert_eq!(r["failed"], 0, "{ctx}");
+    let rollout = &r["rollout"];
+    assert_eq!(rollout["started"], true, "{rollout}");
+    assert_eq!((rollout["stable"].clone(), rollout["candidate"].clone()), (1.into(), 2.into()), "{rollout}");
+    assert_eq!(rollout["outcome"], "rolled_back", "{rollout}");
+    // The decisions: the start, then the rollback on a window whose drift
+    // went over its threshold with enough samples.
+    let decisions = rollout["decisions"].as_array().expect("decisions");
+    assert_eq!(decisions.first().map(|d| &d["action"]), Some(&"started".into()), "{rollout}");
+    let back = decisions.last().expect("a decision");
+    assert_eq!(back["action"], "rolled_back", "{back}");
+    let drift = back["verdict"]["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["guard"].as_str().is_some_and(|g| g.starts_with("rel_l2"))))
+        .expect("a drift check");
+    assert!(drift["value"].as_f64() > drift["threshold"].as_f64(), "{drift}");
+    assert!(drift["samples"].as_u64().is_some_and(|s| s >= 20), "{drift}");
+    // The phases: stable alone before, both at the step.
+    let phases = rollout["phases"].as_array().expect("phases");
+    let names: Vec<&str> = phases.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["before", "step 1 (50%)", "after rolled_back"], "{rollout}");
+    let roles = |p: &Value| -> Vec<String> {
+        p["roles"].as_array().unwrap().iter().map(|s| s["role"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(roles(&phases[0]), ["stable"], "{}", phases[0]);
+    assert_eq!(roles(&phases[1]), ["stable", "candidate"], "{}", phases[1]);
+    assert!(phases.iter().all(|p| p["stats"]["failed"] == 0 && p["stats"]["requests"].as_u64() > Some(0)), "{rollout}");
+    // The rollback's timing, measured: the decision, the candidate's last
+    // answer and the server's store of its weight 0, each from the end of
+    // the failing window; nothing the candidate answered started after that store.
+    let timing = &rollout["rollback"];
+    assert!(timing["decided_ms"].as_f64().is_some_and(|t| t >= 0.0), "{timing}");
+    assert!(timing["last_candidate_answer_ms"].is_number(), "{timing}");
+    assert!(timing["weight_zero_ms"].as_f64().is_some_and(|t| t >= 0.0), "{timing}");
+    assert_eq!(timing["candidate_answers_started_after_weight_zero"], 0, "{timing}");
+    assert!(outcome.stdout.contains("rollback: window ended"), "{}", outcome.stdout);
+    assert!(outcome.stdout.contains("answers by role"), "{}", outcome.stdout);
+}

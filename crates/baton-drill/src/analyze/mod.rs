@@ -2,6 +2,7 @@
 //! steady windows against swap windows, each swap, errors grouped,
 //! versions, unexpected answers, RSS, the time series and the verdict.
 
+pub mod rollout;
 pub mod series;
 pub mod stalls;
 pub mod stats;
@@ -41,6 +42,8 @@ pub struct Run {
     pub allow: Vec<String>,
     /// What the stall probe saw, when --stall-probe was given.
     pub probe: Option<Probe>,
+    /// The rollout, with --swap rollout.
+    pub rollout: Option<crate::rollout::RolloutRecord>,
 }
 
 /// Merges the workers' logs into one table of records sorted by start.
@@ -191,11 +194,14 @@ pub struct Analysis {
     pub stalls: Option<stalls::StallReport>,
     /// Latency over time.
     pub series: Series,
+    /// The rollout, with --swap rollout.
+    pub rollout: Option<rollout::RolloutReport>,
     /// The verdict.
     pub verdict: Verdict,
 }
 
-fn secs(ns: u64) -> f64 {
+/// Nanoseconds as seconds.
+pub(crate) fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
@@ -254,6 +260,7 @@ pub fn analyze(run: &Run) -> Analysis {
             .as_ref()
             .map(|p| stalls::report(p, &spans, run.end, records, [&slowest_steady, &slowest_in_swaps])),
         series: series::series(records, &run.versions, run.end),
+        rollout: run.rollout.as_ref().map(|r| rollout::measure(r, records, run.end)),
         verdict: Verdict { clean: true, problems: Vec::new() },
     };
     analysis.verdict = verdict(&analysis);
@@ -401,6 +408,9 @@ fn verdict(a: &Analysis) -> Verdict {
             a.swaps.len(),
             a.planned_swaps
         ));
+    }
+    if let Some(r) = a.rollout.as_ref().filter(|r| !r.started) {
+        problems.push(format!("the rollout did not start: {}", r.detail));
     }
     if a.unexpected.total > 0 {
         problems.push(format!("{} answers came from an unexpected version", a.unexpected.total));

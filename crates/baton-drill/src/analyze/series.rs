@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn buckets() {
         let versions = vec![String::new(), "1".into(), "2".into()];
-        let r = |start: u64, version: u32| Record { start, latency: 1_000_000, version, error: 0, worker: 0 };
+        let r = |start: u64, version: u32| Record { start, latency: 1_000_000, version, error: 0, worker: 0, role: 0 };
         let s = series(&[r(0, 1), r(50_000_000, 1), r(150_000_000, 2)], &versions, 200_000_000);
         assert_eq!(s.bucket_ms, 100);
         assert_eq!(s.points.len(), 3);

@@ -189,7 +189,7 @@ mod tests {
     }
 
     fn request(start: u64, latency: u64, error: u32) -> Record {
-        Record { start, latency, version: 1, error, worker: 0 }
+        Record { start, latency, version: 1, error, worker: 0, role: 0 }
     }
 
     #[test]

@@ -172,7 +172,7 @@ mod tests {
     use super::*;
 
     fn rec(start: u64, latency: u64, version: u32, worker: u32) -> Record {
-        Record { start, latency, version, error: 0, worker }
+        Record { start, latency, version, error: 0, worker, role: 0 }
     }
 
     fn swap(trigger: u64, done: u64, version: &str) -> SwapRecord {

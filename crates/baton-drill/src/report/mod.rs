@@ -1,6 +1,7 @@
 //! The drill's outputs: the JSON report with everything, the table on the
 //! terminal, and the SVG chart.
 
+pub mod rollout_table;
 pub mod svg;
 pub mod table;
 
@@ -25,6 +26,9 @@ pub struct Records<'a> {
     pub error: Vec<u32>,
     /// The worker (connection).
     pub worker: Vec<u32>,
+    /// The role the answer named in a rollout: 0 none, 1 stable, 2
+    /// candidate, 3 previous, 4 another.
+    pub role: Vec<u8>,
     /// The version table.
     pub versions: &'a [String],
     /// The error table: (kind, message).
@@ -42,6 +46,7 @@ impl<'a> Records<'a> {
             version: r.iter().map(|r| r.version).collect(),
             error: r.iter().map(|r| r.error).collect(),
             worker: r.iter().map(|r| r.worker).collect(),
+            role: r.iter().map(|r| r.role).collect(),
             versions: &run.versions,
             errors: &run.errors,
         }

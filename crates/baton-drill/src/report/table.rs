@@ -5,7 +5,8 @@ use std::fmt::Write;
 use crate::analyze::Analysis;
 use crate::analyze::stats::Stats;
 
-fn ms(v: Option<f64>) -> String {
+/// Milliseconds with a precision that suits their size; `-` for none.
+pub fn ms(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
         Some(v) if v < 1.0 => format!("{v:.3}"),
@@ -68,7 +69,9 @@ pub fn render(title: &str, a: &Analysis) -> String {
         "latency (ms)", "requests", "failed", "p50", "p99", "p99.9", "max"
     );
     stats_row(&mut out, "steady", &a.steady);
-    stats_row(&mut out, "swap windows", &a.in_swaps);
+    if a.rollout.is_none() || a.in_swaps.requests > 0 {
+        stats_row(&mut out, "swap windows", &a.in_swaps);
+    }
     if a.in_swaps.requests > 0 {
         stats_row(&mut out, "  trigger to commit", &a.in_swaps_loading);
         stats_row(&mut out, "  after commit", &a.in_swaps_after_commit);
@@ -130,6 +133,9 @@ pub fn render(title: &str, a: &Analysis) -> String {
                 let _ = writeln!(out, "  swap {}: {note}", s.index);
             }
         }
+    }
+    if let Some(r) = &a.rollout {
+        super::rollout_table::render(&mut out, r);
     }
     if a.swaps.len() < a.planned_swaps {
         let _ =
@@ -211,7 +217,8 @@ pub fn render(title: &str, a: &Analysis) -> String {
         }
     }
     if a.verdict.clean {
-        let _ = writeln!(out, "\nverdict: clean — no failed request, every swap served, no unexpected version");
+        let made = if a.rollout.is_some() { "the rollout started" } else { "every swap served" };
+        let _ = writeln!(out, "\nverdict: clean — no failed request, {made}, no unexpected version");
     } else {
         let _ = writeln!(out, "\nverdict: NOT clean");
         for p in &a.verdict.problems {

@@ -78,6 +78,7 @@ impl Action {
                 ensure!(template.is_dir(), "the template {} is not a directory", template.display());
                 Action::Publish { model_dir, template }
             }
+            SwapMethod::Rollout => bail!("--swap rollout is driven by the rollout driver, not as a swap action"),
             SwapMethod::Command => Action::Shell {
                 command: args.command.clone().context("--swap command needs --command")?,
                 model: args.model.clone(),
@@ -114,10 +115,14 @@ impl Action {
 
 /// Where loads go: the admin listener when one is named, else the REST address.
 fn load_url(args: &DrillArgs, http: &Endpoint) -> String {
-    let path = format!("/v2/repository/models/{}/load", args.model);
+    admin_url(args, http, &format!("/v2/repository/models/{}/load", args.model))
+}
+
+/// `path` on the admin listener when one is named, else on the REST address.
+pub fn admin_url(args: &DrillArgs, http: &Endpoint, path: &str) -> String {
     match &args.admin_url {
         Some(admin) => format!("{}{path}", admin.trim_end_matches('/')),
-        None => http.url(&path),
+        None => http.url(path),
     }
 }
 

@@ -70,12 +70,13 @@ impl Schedule {
 /// What the driver is doing, for the progress line.
 pub type Phase = Arc<Mutex<String>>;
 
-fn set(phase: &Phase, text: String) {
+/// Says what the driver is doing now.
+pub fn set(phase: &Phase, text: String) {
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = text;
 }
 
 /// Sleeps until `at_ns`; false if the load stopped first.
-fn wait_until(live: &Live, at_ns: u64) -> bool {
+pub fn wait_until(live: &Live, at_ns: u64) -> bool {
     loop {
         if live.stopped() {
             return false;
