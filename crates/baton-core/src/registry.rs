@@ -554,9 +554,11 @@ impl Inner {
     /// Moves an ended rollout's status from the controller to the model's
     /// record.
     fn file_ended(&self, model: &str) {
-        let Some(progress) = self.rollouts.lock().remove(model) else { return };
-        let status = progress.status(model);
+        // Filed before it leaves the controller, so that a reader always
+        // finds it in one place or the other.
+        let Some(status) = self.rollouts.lock().get(model).map(|p| p.status(model)) else { return };
         self.models.lock().entry(model.to_owned()).or_default().ended_rollout = Some(status);
+        self.rollouts.lock().remove(model);
     }
 
     /// The current table.
