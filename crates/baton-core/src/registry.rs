@@ -283,6 +283,8 @@ impl Registry {
     pub fn status(&self, model: &str) -> Option<ModelStatus> {
         let snapshot = self.snapshot();
         let route = snapshot.model(model);
+        // Read before the model's entry is locked: it takes that lock too.
+        let rollout = self.rollout(model);
         let models = self.inner.models.lock();
         let entry = models.get(model);
         if route.is_none() && entry.is_none() {
@@ -299,13 +301,7 @@ impl Registry {
             last: entry.and_then(|e| e.last.clone()),
             last_error: entry.and_then(|e| e.last_error.clone()),
             failed_versions: entry.map(|e| e.failed_versions.clone()).unwrap_or_default(),
-            rollout: self
-                .inner
-                .rollouts
-                .lock()
-                .get(model)
-                .map(|p| p.status(model))
-                .or_else(|| entry.and_then(|e| e.ended_rollout.clone())),
+            rollout,
         })
     }
 

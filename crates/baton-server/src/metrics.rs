@@ -17,7 +17,8 @@ use std::time::Duration;
 use baton_core::events::{Event, EventKind, Operation, Stage};
 use baton_core::registry::Registry;
 use baton_core::rollout::Role;
-use baton_core::rollout::control::Phase;
+use baton_core::rollout::control::{Phase, RolloutStatus};
+use baton_core::rollout::guard::Check;
 
 use crate::budget::Budget;
 
@@ -166,20 +167,24 @@ pub struct Metrics {
     known: Option<Registry>,
 }
 
+/// A rollout's guard checks in its last judged window.
+fn last_checks(r: &RolloutStatus) -> &[Check] {
+    r.decisions.iter().rev().find_map(|d| d.verdict.as_ref()).map_or(&[], |v| v.checks.as_slice())
+}
+
+/// Writes a metric family's help and type lines.
+fn help(out: &mut String, name: &str, kind: &str, text: &str) {
+    let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
+}
+
 /// The gauges of rollouts in progress, and the decisions counted so far.
 fn render_rollouts(
     out: &mut String,
     statuses: &[baton_core::registry::ModelStatus],
     decisions: &BTreeMap<(String, &'static str), u64>,
 ) {
-    let help = |out: &mut String, name: &str, kind: &str, text: &str| {
-        let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
-    };
-    let running: Vec<_> = statuses
-        .iter()
-        .filter_map(|s| s.rollout.as_ref())
-        .filter(|r| matches!(r.phase, Phase::Running | Phase::Paused))
-        .collect();
+    let running: Vec<_> =
+        statuses.iter().filter_map(|s| s.rollout.as_ref()).filter(|r| r.phase.in_progress()).collect();
     help(out, "baton_rollout_weight", "gauge", "The candidate's share of a rollout in progress, 0 to 1.");
     for r in &running {
         let (model, mode) = (escape(&r.model), r.mode.as_str());
@@ -200,9 +205,7 @@ fn render_rollouts(
     }
     help(out, "baton_rollout_guard_value", "gauge", "Each guard's value in the last judged window.");
     for r in &running {
-        let checks =
-            r.decisions.iter().rev().find_map(|d| d.verdict.as_ref()).map(|v| v.checks.as_slice()).unwrap_or(&[]);
-        for c in checks.iter().filter(|c| c.value.is_some_and(f64::is_finite)) {
+        for c in last_checks(r).iter().filter(|c| c.value.is_some_and(f64::is_finite)) {
             let (model, guard) = (escape(&r.model), escape(&c.guard));
             let _ = writeln!(
                 out,
@@ -213,9 +216,7 @@ fn render_rollouts(
     }
     help(out, "baton_rollout_guard_threshold", "gauge", "Each guard's threshold.");
     for r in &running {
-        let checks =
-            r.decisions.iter().rev().find_map(|d| d.verdict.as_ref()).map(|v| v.checks.as_slice()).unwrap_or(&[]);
-        for c in checks {
+        for c in last_checks(r) {
             let (model, guard) = (escape(&r.model), escape(&c.guard));
             let _ =
                 writeln!(out, "baton_rollout_guard_threshold{{model=\"{model}\",guard=\"{guard}\"}} {}", c.threshold);
@@ -369,9 +370,6 @@ impl Metrics {
     /// The exposition text.
     pub fn render(&self, registry: &Registry, ready: bool, budget: &Budget) -> String {
         let mut out = String::with_capacity(16 * 1024);
-        let help = |out: &mut String, name: &str, kind: &str, text: &str| {
-            let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
-        };
 
         help(&mut out, "baton_ready", "gauge", "1 when the server is ready for traffic.");
         let _ = writeln!(out, "baton_ready {}", u8::from(ready));
@@ -523,7 +521,7 @@ impl Metrics {
             "1 while a load, rollback, unload or rollout of the model is in progress; mute alerts on it.",
         );
         for s in statuses.iter() {
-            let rolling = s.rollout.as_ref().is_some_and(|r| matches!(r.phase, Phase::Running | Phase::Paused));
+            let rolling = s.rollout.as_ref().is_some_and(|r| r.phase.in_progress());
             let _ = writeln!(
                 out,
                 "baton_model_operation_in_progress{{model=\"{}\"}} {}",
@@ -561,9 +559,6 @@ impl Metrics {
     /// Admission control: what was shed and what expired, what each version
     /// holds, and the request memory budget.
     fn render_admission(&self, out: &mut String, registry: &Registry, budget: &Budget) {
-        let help = |out: &mut String, name: &str, kind: &str, text: &str| {
-            let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
-        };
         help(out, "baton_requests_shed_total", "counter", "Requests refused at once by admission control, by reason.");
         for ((model, reason), n) in self.shed.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "baton_requests_shed_total{{model=\"{}\",reason=\"{reason}\"}} {n}", escape(model));

@@ -238,15 +238,9 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
         return;
     }
     let mut run = Run::new(inner, busy, Operation::Load);
-    let outcome = catch_unwind(AssertUnwindSafe(|| prepare(&mut run, version, heap)));
-    let prepared = match outcome {
-        Ok(Ok(prepared)) => prepared,
-        Ok(Err(error)) => return run.fail(error, reply),
-        Err(payload) => {
-            let stage = run.current.unwrap_or(Stage::Fetch);
-            let error = LoadError::Panicked { stage, message: panic_message(payload.as_ref()) };
-            return run.fail(error, reply);
-        }
+    let prepared = match prepare_caught(&mut run, version, heap) {
+        Ok(prepared) => prepared,
+        Err(error) => return run.fail(error, reply),
     };
     let (version, keep, timeout) = prepared;
     let finish = Finish { timeout, bytes_held: version.bytes_held(), end: State::Ready, reply };
@@ -279,6 +273,14 @@ fn unknown_model(inner: &Inner, model: &str) -> Option<LoadError> {
 }
 
 type Prepared = (Arc<Version>, usize, Duration);
+
+/// [`prepare`], with a panic in a stage turned into that stage's error.
+fn prepare_caught(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepared, LoadError> {
+    catch_unwind(AssertUnwindSafe(|| prepare(run, version, heap))).unwrap_or_else(|payload| {
+        let stage = run.current.unwrap_or(Stage::Fetch);
+        Err(LoadError::Panicked { stage, message: panic_message(payload.as_ref()) })
+    })
+}
 
 /// Every stage before commit. Nothing here touches the routing table.
 fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepared, LoadError> {

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Change, Finish, Run, prepare};
+use super::{Change, Finish, Run, prepare_caught};
 use crate::error::LoadError;
-use crate::events::{EventKind, Stage, State};
+use crate::events::{EventKind, State};
 use crate::heap::HeapLease;
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Phase, Progress};
@@ -39,15 +39,9 @@ pub struct RolloutStart {
 /// then has the agent put it into the route.
 pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: Reply, heap: HeapLease) {
     let mut run = Run::new(inner, busy, Operation::Rollout);
-    let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(&mut run, start.version, heap)));
-    let (candidate, _, timeout) = match prepared {
-        Ok(Ok(prepared)) => prepared,
-        Ok(Err(error)) => return run.fail(error, reply),
-        Err(payload) => {
-            let stage = run.current.unwrap_or(Stage::Fetch);
-            let message = crate::agent::panic_message(payload.as_ref());
-            return run.fail(LoadError::Panicked { stage, message }, reply);
-        }
+    let (candidate, _, timeout) = match prepare_caught(&mut run, start.version, heap) {
+        Ok(prepared) => prepared,
+        Err(error) => return run.fail(error, reply),
     };
     let model = run.model().to_owned();
     let refused = |model: &str, reason: String| LoadError::RolloutRefused { model: model.to_owned(), reason };

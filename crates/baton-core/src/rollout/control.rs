@@ -118,6 +118,14 @@ pub enum Phase {
     Aborted,
 }
 
+impl Phase {
+    /// Whether a rollout in this phase is still in progress: running or
+    /// paused, not ended.
+    pub fn in_progress(self) -> bool {
+        matches!(self, Phase::Running | Phase::Paused)
+    }
+}
+
 /// A rollout as status shows it: the plan, where it stands, the values of
 /// the last judged window and the decisions so far.
 #[derive(Clone, Debug, Serialize)]

@@ -226,31 +226,33 @@ impl Copy {
         let started = std::time::Instant::now();
         let Copy { pending, role, observations, _slot } = self;
         let outcome = pending.wait();
-        Copy::record(&observations, role, answered, outcome, started.elapsed());
+        record_copy(&observations, role, answered, outcome, started.elapsed());
     }
 
     /// Records what the copy came to, given the answer the request got
     /// (`answered`) and how long the copy took. Its latency and failure
     /// count as its version's, in its role.
     pub fn finish(self, answered: &[Tensor], outcome: Result<Vec<Tensor>, InferError>, took: std::time::Duration) {
-        Copy::record(&self.observations, self.role, answered, outcome, took);
+        record_copy(&self.observations, self.role, answered, outcome, took);
     }
+}
 
-    fn record(
-        observations: &window::Observations,
-        role: Role,
-        answered: &[Tensor],
-        outcome: Result<Vec<Tensor>, InferError>,
-        took: std::time::Duration,
-    ) {
-        // A copy runs on the version's own session threads like a request,
-        // so it counts as that version's: a canary at 100 % still gives the
-        // stable side of its windows samples.
-        observations.record(role, took, outcome.is_err());
-        match (role, outcome) {
-            (Role::Candidate, Ok(candidate)) => observations.record_comparison(answered, &candidate),
-            (_, Ok(stable)) => observations.record_comparison(&stable, answered),
-            (_, Err(_)) => observations.record_comparison_error(),
-        }
+/// Records what a copy run by the version in `role` came to, given the
+/// answer the request got: its latency and failure as that version's, and
+/// the comparison of the two answers.
+pub(crate) fn record_copy(
+    observations: &window::Observations,
+    role: Role,
+    answered: &[Tensor],
+    outcome: Result<Vec<Tensor>, InferError>,
+    took: std::time::Duration,
+) {
+    // A copy counts as its version's request: a canary at 100 % still
+    // gives the stable side of its windows samples.
+    observations.record(role, took, outcome.is_err());
+    match (role, outcome) {
+        (Role::Candidate, Ok(candidate)) => observations.record_comparison(answered, &candidate),
+        (_, Ok(stable)) => observations.record_comparison(&stable, answered),
+        (_, Err(_)) => observations.record_comparison_error(),
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::window::Observations;
-use super::{Role, Slot};
+use super::{Role, Slot, record_copy};
 use crate::agent::Agent;
 use crate::sync::Sender;
 use crate::tensor::Tensor;
@@ -62,13 +62,7 @@ impl Shadow {
                 let observations = Arc::clone(&observations);
                 let Job { answered, slot, .. } = job;
                 drop(slot);
-                agent.send(move || {
-                    observations.record(Role::Candidate, took, outcome.is_err());
-                    match outcome {
-                        Ok(outputs) => observations.record_comparison(&answered, &outputs),
-                        Err(_) => observations.record_comparison_error(),
-                    }
-                });
+                agent.send(move || record_copy(&observations, Role::Candidate, &answered, outcome, took));
             }
             // The version is let go of at serving priority.
             agent.send(move || drop(candidate));

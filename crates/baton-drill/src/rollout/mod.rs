@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::args::{DrillArgs, RolloutMode};
 use crate::caller::error_message;
 use crate::record::Live;
-use crate::swap::action::admin_url;
+use crate::swap::action::{admin_agent, admin_url};
 use crate::swap::{Phase, set};
 use crate::target::Endpoint;
 
@@ -143,11 +143,7 @@ impl Driver {
             status_url: http.url(&path),
             events_url: http.url("/baton/v1/events"),
             token: baton_protocol::token::client_token(args.token_file.as_deref())?,
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(args.swap_timeout))
-                .build()
-                .into(),
+            agent: admin_agent(args),
             body: start_body(args)?,
             model: args.model.clone(),
             warmup: args.warmup,

@@ -61,11 +61,7 @@ impl Action {
             SwapMethod::LoadApi => Action::LoadApi {
                 url: load_url(args, http),
                 token: baton_protocol::token::client_token(args.token_file.as_deref())?,
-                agent: ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .timeout_global(Some(args.swap_timeout))
-                    .build()
-                    .into(),
+                agent: admin_agent(args),
             },
             SwapMethod::Publish => {
                 let repo = args.repo.as_ref().context("--swap publish needs --repo")?;
@@ -116,6 +112,12 @@ impl Action {
 /// Where loads go: the admin listener when one is named, else the REST address.
 fn load_url(args: &DrillArgs, http: &Endpoint) -> String {
     admin_url(args, http, &format!("/v2/repository/models/{}/load", args.model))
+}
+
+/// The HTTP client of management calls: answers of every status are read,
+/// not raised, and each call is bounded by `--swap-timeout`.
+pub fn admin_agent(args: &DrillArgs) -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(args.swap_timeout)).build().into()
 }
 
 /// `path` on the admin listener when one is named, else on the REST address.

@@ -98,7 +98,7 @@ pub async fn follow(app: Arc<App>, mut events: baton_core::events::EventReceiver
                 .registry
                 .statuses()
                 .into_iter()
-                .filter(|s| s.rollout.as_ref().is_some_and(|r| matches!(r.phase, Phase::Running | Phase::Paused)))
+                .filter(|s| s.rollout.as_ref().is_some_and(|r| r.phase.in_progress()))
                 .map(|s| s.name)
                 .collect(),
             Err(RecvError::Closed) => return,

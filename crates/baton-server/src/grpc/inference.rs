@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use baton_core::rollout::Role;
 use baton_protocol::grpc::convert;
 use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;
@@ -55,7 +56,13 @@ struct Arrival<'a> {
 
 /// Runs one inference request on the routing snapshot taken when it
 /// arrived, through the serving path REST uses.
-async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> Result<ModelInferResponse, ServeError> {
+/// Answers with the role of the version that answered, which the
+/// response's parameters also carry.
+async fn infer(
+    app: &App,
+    request: ModelInferRequest,
+    arrival: Arrival<'_>,
+) -> Result<(ModelInferResponse, Role), ServeError> {
     let snapshot = app.registry.snapshot();
     let model = request.model_name.clone();
     // Whatever becomes of the request, its message's room in the call's
@@ -73,7 +80,7 @@ async fn infer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> R
     let mut response = encoded.await?;
     let role = InferParameter { parameter_choice: Some(ParameterChoice::StringParam(target.role.as_str().to_owned())) };
     response.parameters.insert(serving::ROLE_PARAMETER.to_owned(), role);
-    Ok(response)
+    Ok((response, target.role))
 }
 
 /// A request's sticky key: the call's metadata, else its parameter.
@@ -166,7 +173,7 @@ impl Drop for MessageRoom<'_> {
 async fn stream_answer(app: &App, request: ModelInferRequest, arrival: Arrival<'_>) -> ModelStreamInferResponse {
     let (model_name, id) = (request.model_name.clone(), request.id.clone());
     match infer(app, request, arrival).await {
-        Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
+        Ok((response, _)) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
         Err(e) => ModelStreamInferResponse {
             error_message: e.message,
             infer_response: Some(ModelInferResponse { model_name, id, ..ModelInferResponse::default() }),
@@ -257,15 +264,11 @@ impl GrpcInferenceService for Inference {
         let (at, call_deadline, frames) = arrival_of(&request);
         let key = request.metadata().get(serving::STICKY_KEY_HEADER).map(|v| v.as_bytes().to_vec());
         let arrival = Arrival { at, call_deadline, frames: frames.as_ref(), key: key.as_deref() };
-        let response = infer(&self.app, request.into_inner(), arrival).await?;
-        let role = response.parameters.get(serving::ROLE_PARAMETER).and_then(|p| match p.parameter_choice.as_ref() {
-            Some(ParameterChoice::StringParam(role)) => tonic::metadata::MetadataValue::try_from(role.as_str()).ok(),
-            _ => None,
-        });
+        let (response, role) = infer(&self.app, request.into_inner(), arrival).await?;
         let mut response = Response::new(response);
-        if let Some(role) = role {
-            response.metadata_mut().insert(serving::ROLE_HEADER, role);
-        }
+        response
+            .metadata_mut()
+            .insert(serving::ROLE_HEADER, tonic::metadata::MetadataValue::from_static(role.as_str()));
         Ok(response)
     }
 

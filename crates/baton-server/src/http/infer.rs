@@ -17,6 +17,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use baton_core::routing::Routing;
+use baton_core::signature::InputShape;
 use baton_core::version::Version;
 use baton_protocol::{InferRequest, encode_response_with, parse_request};
 
@@ -205,8 +206,9 @@ async fn receive(
 
 /// Assigns a request that carries its sticky key as a parameter rather
 /// than a header to its key's side of the rollout: known only once the body
-/// is decoded. A request moved to the other version is held to that
-/// version's batch limit; its signature is checked when it is queued.
+/// is decoded. A request moved to the other version is checked against
+/// that version's signature and batch limit, as every request is before it
+/// is decoded.
 fn by_parameter(
     call: &Call<'_>,
     snapshot: &Routing,
@@ -217,13 +219,8 @@ fn by_parameter(
         return Ok(target);
     };
     let keyed = serving::target_of(call.app, snapshot, call.model, None, Some(key.as_bytes()))?;
-    let rows = request.inputs.first().and_then(|t| t.shape.first()).copied().unwrap_or(1);
-    if keyed.max_batch > 0 && usize::try_from(rows).is_ok_and(|rows| rows > keyed.max_batch) {
-        return Err(ApiError::bad_request(
-            "batch_too_large",
-            format!("batch of {rows} is larger than version {}'s limit of {}", keyed.version.number(), keyed.max_batch),
-        ));
-    }
+    let shapes: Vec<InputShape<'_>> = request.inputs.iter().map(InputShape::of).collect();
+    keyed.version.signature().check_request(&shapes, keyed.max_batch)?;
     Ok(keyed)
 }
 

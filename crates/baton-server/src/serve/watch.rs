@@ -42,14 +42,8 @@ use baton_core::source::Presence;
 
 use crate::app::App;
 use baton_core::pipeline::RolloutStart;
-use baton_core::rollout::control::Phase;
 
 use crate::decisions::{Change, Decision, Kind, now};
-
-/// Whether a rollout in this phase is still in progress.
-fn in_progress(phase: Phase) -> bool {
-    matches!(phase, Phase::Running | Phase::Paused)
-}
 
 /// Polls in a row a model or a kept version must be found missing before
 /// the watcher unloads or retires it, unless `--missing-polls` says
@@ -218,7 +212,7 @@ impl Watcher {
         }
         // A rollout in progress is not cut across: versions published
         // meanwhile are taken up once it ends.
-        if status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| in_progress(r.phase)) {
+        if status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| r.phase.in_progress()) {
             return;
         }
         let serving = status.as_ref().and_then(|s| s.serving);
