@@ -421,7 +421,12 @@ fn a_rollout_drill_reports_the_rollback_of_a_drifting_candidate() {
     let roles = |p: &Value| -> Vec<String> {
         p["roles"].as_array().unwrap().iter().map(|s| s["role"].as_str().unwrap().to_owned()).collect()
     };
-    assert_eq!(roles(&phases[0]), ["stable"], "{}", phases[0]);
+    // Before the start, stable answers. A request the drill stamped just
+    // before the start's decision but that reached the server after the
+    // candidate's store is answered by the candidate: a handful at most.
+    assert_eq!(roles(&phases[0]).first().map(String::as_str), Some("stable"), "{}", phases[0]);
+    let early = phases[0]["roles"].as_array().unwrap().iter().find(|s| s["role"] == "candidate");
+    assert!(early.is_none_or(|s| s["share"].as_f64() < Some(0.01)), "{}", phases[0]);
     assert_eq!(roles(&phases[1]), ["stable", "candidate"], "{}", phases[1]);
     assert!(phases.iter().all(|p| p["stats"]["failed"] == 0 && p["stats"]["requests"].as_u64() > Some(0)), "{rollout}");
     // The rollback's timing, measured: the decision, the candidate's last
