@@ -23,7 +23,8 @@ use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTi
 pub use crate::events::{LoadReport, Operation};
 use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
 use crate::pipeline::{self, RolloutStart};
-use crate::rollout::control::{Action, By, Effect, Phase, Progress, RolloutStatus};
+use crate::rollout::control::{Action, By, Effect, Ending, Phase, Progress, RolloutStatus};
+use crate::rollout::window::Sums;
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
 use crate::step_aside::StepAside;
@@ -389,21 +390,70 @@ impl Registry {
 
     /// Makes the candidate stable now, by one store.
     pub fn promote_rollout(&self, model: &str) -> Result<LoadHandle, LoadError> {
-        let busy = Busy::take(&self.inner, model)?;
-        self.inner.end_rollout(model, Action::Promoted, By::Operator)?;
-        let (tx, rx) = oneshot::channel();
-        pipeline::rollout::promote(Arc::clone(&self.inner), busy, tx)?;
-        Ok(LoadHandle { rx })
+        self.end_rollout(model, Ending::Promote, By::Operator)
     }
 
     /// Takes the candidate out of traffic now, by one store; it is freed
     /// once the requests it is answering finish.
     pub fn abort_rollout(&self, model: &str) -> Result<LoadHandle, LoadError> {
+        self.end_rollout(model, Ending::Abort, By::Operator)
+    }
+
+    /// Ends the rollout of `model` as `by` decided: promotes the candidate,
+    /// or takes it out (rolled back or aborted), by one store. The store
+    /// is done when this returns; the handle finishes once what left the
+    /// route has drained.
+    pub fn end_rollout(&self, model: &str, ending: Ending, by: By) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
-        self.inner.end_rollout(model, Action::Aborted, By::Operator)?;
+        let action = match ending {
+            Ending::Promote => Action::Promoted,
+            Ending::RollBack => Action::RolledBack,
+            Ending::Abort => Action::Aborted,
+        };
+        self.inner.end_rollout(model, action, by)?;
         let (tx, rx) = oneshot::channel();
-        pipeline::rollout::remove(Arc::clone(&self.inner), busy, tx)?;
+        match ending {
+            Ending::Promote => pipeline::rollout::promote(Arc::clone(&self.inner), busy, tx)?,
+            Ending::RollBack | Ending::Abort => pipeline::rollout::remove(Arc::clone(&self.inner), busy, tx)?,
+        }
         Ok(LoadHandle { rx })
+    }
+
+    /// Moves a rollout to step `step` of its plan and publishes the share,
+    /// by one store: how a fleet's coordinator moves a steered rollout. A
+    /// no-op when it is at that step already.
+    pub fn step_rollout(&self, model: &str, step: usize, by: By) -> Result<RolloutStatus, LoadError> {
+        let (moved, status) = {
+            let mut rollouts = self.inner.rollouts.lock();
+            let progress =
+                rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
+            if step >= progress.plan.steps.len() {
+                let steps = progress.plan.steps.len();
+                return Err(LoadError::RolloutRefused {
+                    model: model.to_owned(),
+                    reason: format!("step {step} is beyond the plan's {steps} steps"),
+                });
+            }
+            let moved = (progress.step != step).then(|| {
+                progress.step = step;
+                (progress.weight(), progress.decide(model, Action::Advanced, by, None))
+            });
+            (moved, progress.status(model))
+        };
+        if let Some((weight, decision)) = moved {
+            pipeline::rollout::set_weight(&self.inner, model, weight);
+            tracing::info!(model, candidate = decision.candidate, step, "{}", decision.message);
+            self.inner.emit(model, Some(decision.candidate), EventKind::rollout(decision));
+        }
+        Ok(status)
+    }
+
+    /// What the rollout of `model` observed since the last take, as sums
+    /// that merge across servers; the next window starts now. `None` when
+    /// no rollout is in the route.
+    pub fn take_rollout_sums(&self, model: &str) -> Option<Sums> {
+        let current = self.inner.current();
+        current.model(model)?.rollout.as_ref().map(|r| r.observations.take_sums())
     }
 
     /// Statuses of every model the registry has touched or serves.
@@ -537,7 +587,11 @@ impl Inner {
         let decision = {
             let mut rollouts = self.rollouts.lock();
             let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
-            progress.phase = if action == Action::Promoted { Phase::Promoted } else { Phase::Aborted };
+            progress.phase = match action {
+                Action::Promoted => Phase::Promoted,
+                Action::RolledBack => Phase::RolledBack,
+                _ => Phase::Aborted,
+            };
             progress.paused = None;
             progress.decide(model, action, by, None)
         };

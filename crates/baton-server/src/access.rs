@@ -102,6 +102,7 @@ pub struct Access {
     token: Option<Token>,
     admin_listener: bool,
     control: ModelControl,
+    fleet: bool,
 }
 
 impl Access {
@@ -109,7 +110,14 @@ impl Access {
     /// on admin listeners when `admin_listener`, and is refused under
     /// [`ModelControl::None`].
     pub fn new(token: Option<Token>, admin_listener: bool, control: ModelControl) -> Access {
-        Access { token, admin_listener, control }
+        Access { token, admin_listener, control, fleet: false }
+    }
+
+    /// The same policy on a replica of a fleet: its models are what the
+    /// fleet commits, so the API's model operations are refused.
+    pub fn managed_by_fleet(mut self) -> Access {
+        self.fleet = true;
+        self
     }
 
     /// Whether requests of `scope` on `listener` pass without a look: the
@@ -168,6 +176,14 @@ impl Access {
                 };
                 return Err(ServeError::new(Class::Unauthorized, "unauthorized", message));
             }
+        }
+        if self.fleet {
+            return Err(ServeError::new(
+                Class::Forbidden,
+                "fleet_managed",
+                "this replica serves what its fleet commits (baton serve --cluster): change versions with \
+                 `baton fleet rollout`, not on one replica",
+            ));
         }
         if self.control == ModelControl::None {
             return Err(ServeError::new(

@@ -56,6 +56,10 @@ pub struct App {
     /// Whether the repository has been listed once, so `required` is known.
     listed: AtomicBool,
     required: RwLock<BTreeSet<String>>,
+    /// Held not ready by the fleet: converging on its committed version.
+    held: AtomicBool,
+    /// The replica's part in a fleet, in cluster mode.
+    pub cluster: std::sync::OnceLock<Arc<baton_cluster::Health>>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
@@ -72,6 +76,8 @@ impl App {
             draining: AtomicBool::new(false),
             listed: AtomicBool::new(false),
             required: RwLock::new(BTreeSet::new()),
+            held: AtomicBool::new(false),
+            cluster: std::sync::OnceLock::new(),
             shutdown: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -81,7 +87,7 @@ impl App {
     /// acts on: before the first listing the required models are not known
     /// yet, and an empty list must not read as "all of them serve".
     pub fn ready(&self) -> bool {
-        if self.draining() || !self.listed.load(Ordering::SeqCst) {
+        if self.draining() || !self.listed.load(Ordering::SeqCst) || self.held.load(Ordering::SeqCst) {
             return false;
         }
         let snapshot = self.registry.snapshot();
@@ -129,6 +135,17 @@ impl App {
     pub fn set_required(&self, models: BTreeSet<String>) {
         *self.required.write().unwrap_or_else(|e| e.into_inner()) = models;
         self.listed.store(true, Ordering::SeqCst);
+    }
+
+    /// Not ready until [`App::release`]: the fleet is converging.
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    /// Ready again once `models` serve: the fleet converged.
+    pub fn release(&self, models: BTreeSet<String>) {
+        self.set_required(models);
+        self.held.store(false, Ordering::SeqCst);
     }
 
     /// The models readiness waits for.

@@ -6,6 +6,7 @@ mod access;
 mod app;
 mod budget;
 mod cli;
+mod cluster;
 mod deadline;
 mod decisions;
 mod error;

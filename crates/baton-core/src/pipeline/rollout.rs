@@ -33,6 +33,11 @@ pub struct RolloutStart {
     /// Whether a restart restores it (rather than an operator or the
     /// repository watcher starting it).
     pub restored: bool,
+    /// Steered by a fleet's coordinator: windows are not judged here; the
+    /// coordinator moves the step and ends the rollout
+    /// ([`crate::registry::Registry::step_rollout`] and
+    /// [`crate::registry::Registry::end_rollout`]).
+    pub steered: bool,
 }
 
 /// On a build thread: loads the candidate through the whole transaction,
@@ -96,7 +101,12 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         }
         let stable = stable.unwrap_or_default();
         let mut progress = Progress::new(stable, candidate.number(), plan, start.step, observations);
-        let by = if start.restored { By::Restart } else { By::Operator };
+        progress.steered = start.steered;
+        let by = match (start.steered, start.restored) {
+            (true, _) => By::Fleet,
+            (false, true) => By::Restart,
+            (false, false) => By::Operator,
+        };
         let decision = progress.decide(&model, Action::Started, by, None);
         if let Some(reason) = start.paused {
             progress.phase = Phase::Paused;

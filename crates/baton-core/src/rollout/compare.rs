@@ -39,7 +39,7 @@ pub struct Comparison {
 }
 
 /// Rows of class scores with the same top class on both sides.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Top1 {
     /// Rows compared.
     pub rows: u64,

@@ -61,6 +61,17 @@ impl Action {
     }
 }
 
+/// How a rollout ends when it is told to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The candidate becomes stable.
+    Promote,
+    /// The candidate leaves because it was judged bad.
+    RollBack,
+    /// The candidate leaves because someone stopped the rollout.
+    Abort,
+}
+
 /// Who decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -71,6 +82,9 @@ pub enum By {
     Operator,
     /// The server, restoring the rollout after a restart.
     Restart,
+    /// A fleet's coordinator, which judges the fleet's windows and steers
+    /// every server's rollout.
+    Fleet,
 }
 
 /// One decision, with what it was decided on.
@@ -155,6 +169,10 @@ pub struct RolloutStatus {
     pub next_window_ms: Option<u64>,
     /// The plan.
     pub plan: Plan,
+    /// Whether a fleet's coordinator steers it: this server does not judge
+    /// its windows, and its share changes only when the coordinator says.
+    #[serde(default)]
+    pub steered: bool,
     /// The last judged window.
     pub last_window: Option<Window>,
     /// Everything observed since the start.
@@ -177,6 +195,9 @@ pub(crate) struct Progress {
     pub(crate) last_window: Option<Window>,
     pub(crate) decisions: VecDeque<Decision>,
     pub(crate) observations: Arc<Observations>,
+    /// Steered from outside (a fleet's coordinator): windows are not
+    /// judged here, and the share changes only when told.
+    pub(crate) steered: bool,
 }
 
 /// What the registry must do to the routing table after a decision.
@@ -218,6 +239,7 @@ impl Progress {
             last_window: None,
             decisions: VecDeque::new(),
             observations,
+            steered: false,
         }
     }
 
@@ -228,7 +250,7 @@ impl Progress {
 
     /// Whether the open window has run its interval.
     pub(crate) fn due(&self, now: Instant) -> bool {
-        self.phase == Phase::Running && now.duration_since(self.window_started) >= self.plan.interval()
+        !self.steered && self.phase == Phase::Running && now.duration_since(self.window_started) >= self.plan.interval()
     }
 
     /// Records a decision and returns it, for the event.
@@ -318,7 +340,7 @@ impl Progress {
             Phase::Promoted => FULL,
             _ => self.weight(),
         };
-        let next_window_ms = (self.phase == Phase::Running)
+        let next_window_ms = (self.phase == Phase::Running && !self.steered)
             .then(|| self.plan.interval().saturating_sub(self.window_started.elapsed()).as_millis() as u64);
         RolloutStatus {
             model: model.to_owned(),
@@ -333,6 +355,7 @@ impl Progress {
             inconclusive: self.inconclusive,
             next_window_ms,
             plan: self.plan.clone(),
+            steered: self.steered,
             last_window: self.last_window.clone(),
             totals: self.observations.totals(),
             decisions: self.decisions.iter().cloned().collect(),
@@ -346,6 +369,7 @@ fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&
         By::Guards => "the guards",
         By::Operator => "an operator",
         By::Restart => "a restart",
+        By::Fleet => "the fleet's coordinator",
     };
     let why = verdict.map(|v| format!(": {}", v.reason)).unwrap_or_default();
     let share = percent(p.weight());

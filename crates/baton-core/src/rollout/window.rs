@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Role;
 use super::compare::{Comparison, Top1, compare_outputs};
@@ -26,8 +26,8 @@ pub struct Observations {
 /// The open window and the totals of the windows taken before it.
 #[derive(Debug, Default)]
 struct State {
-    open: Tally,
-    taken: Tally,
+    open: Sums,
+    taken: Sums,
 }
 
 impl Observations {
@@ -80,12 +80,18 @@ impl Observations {
     /// The window since the last take; starts the next one and adds this
     /// one into the totals.
     pub fn take(&self) -> Window {
+        self.take_sums().window()
+    }
+
+    /// [`Observations::take`], as sums that add up across windows and
+    /// across servers: what a fleet's coordinator merges before it judges.
+    pub fn take_sums(&self) -> Sums {
         let mut state = self.state.lock();
         let State { open, taken } = &mut *state;
-        let window = open.window();
+        let sums = open.clone();
         taken.merge(open);
         open.clear();
-        window
+        sums
     }
 
     /// Everything observed since the rollout began, the open window
@@ -101,9 +107,12 @@ impl Observations {
     }
 }
 
-/// The sums behind a [`Window`], which add up window after window.
-#[derive(Clone, Debug, Default)]
-struct Tally {
+/// The sums behind a [`Window`], which add up window after window and
+/// server after server. Serialised, they are what each server of a fleet
+/// publishes for its coordinator to merge.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Sums {
     stable: SideTally,
     candidate: SideTally,
     /// Kept across windows with zeroed sums, so that a known output costs
@@ -114,8 +123,9 @@ struct Tally {
     dropped: u64,
 }
 
-impl Tally {
-    fn merge(&mut self, other: &Tally) {
+impl Sums {
+    /// Adds `other`'s sums to these.
+    pub fn merge(&mut self, other: &Sums) {
         self.stable.merge(&other.stable);
         self.candidate.merge(&other.candidate);
         for (name, drift) in other.outputs.iter().filter(|(_, d)| d.samples > 0) {
@@ -135,10 +145,11 @@ impl Tally {
     fn clear(&mut self) {
         let mut outputs = std::mem::take(&mut self.outputs);
         outputs.values_mut().for_each(|drift| *drift = Drift::default());
-        *self = Tally { outputs, ..Tally::default() };
+        *self = Sums { outputs, ..Sums::default() };
     }
 
-    fn window(&self) -> Window {
+    /// The window these sums make: counts, p99s and drift means.
+    pub fn window(&self) -> Window {
         Window {
             stable: self.stable.side(),
             candidate: self.candidate.side(),
@@ -156,7 +167,8 @@ impl Tally {
 }
 
 /// One role's counts and latencies.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 struct SideTally {
     requests: u64,
     errors: u64,
@@ -176,7 +188,8 @@ impl SideTally {
 }
 
 /// The sums of one output's comparisons.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 struct Drift {
     samples: u64,
     mismatched: u64,
@@ -243,11 +256,41 @@ fn nan_max(a: f64, b: f64) -> f64 {
 /// quantile read from it is off by at most 12.5%, and usually far less:
 /// within its bucket the quantile is interpolated linearly by rank, and it
 /// is never above the largest latency recorded.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(into = "Sparse", try_from = "Sparse")]
 struct Histogram {
     counts: [u64; BUCKETS],
     total: u64,
     max_nanos: u64,
+}
+
+/// A histogram as it travels: only the buckets that counted something.
+#[derive(Serialize, Deserialize)]
+struct Sparse {
+    /// (bucket, count) pairs.
+    buckets: Vec<(usize, u64)>,
+    max_nanos: u64,
+}
+
+impl From<Histogram> for Sparse {
+    fn from(h: Histogram) -> Sparse {
+        let buckets = h.counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(i, c)| (i, *c)).collect();
+        Sparse { buckets, max_nanos: h.max_nanos }
+    }
+}
+
+impl TryFrom<Sparse> for Histogram {
+    type Error = String;
+
+    fn try_from(s: Sparse) -> Result<Histogram, String> {
+        let mut h = Histogram { max_nanos: s.max_nanos, ..Histogram::default() };
+        for (index, count) in s.buckets {
+            let slot = h.counts.get_mut(index).ok_or_else(|| format!("latency bucket {index} does not exist"))?;
+            *slot = slot.saturating_add(count);
+            h.total = h.total.saturating_add(count);
+        }
+        Ok(h)
+    }
 }
 
 /// Sub-buckets per power of two, as a power of two.

@@ -143,6 +143,9 @@ pub struct ServeArgs {
     /// .baton-state.json: for a repository baton cannot write to.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Taking part in a fleet.
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
 }
 
 /// How models come and go, resolved from `--model-control`, `--load-model`
@@ -333,7 +336,11 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
         args.insecure_management,
     )?;
     let admin_listener = args.admin_http.is_some() || args.admin_grpc.is_some();
-    let access = Arc::new(Access::new(token.as_deref().map(Token::new), admin_listener, control.mode));
+    let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode);
+    if args.cluster.cluster.is_some() {
+        access = access.managed_by_fleet();
+    }
+    let access = Arc::new(access);
     Ok((control, access))
 }
 
@@ -535,7 +542,11 @@ async fn serve(
     };
     // Subscribed before the first load starts, so every load is counted.
     tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
-    tokio::spawn(crate::decisions::journal::follow(Arc::clone(&app), app.registry.subscribe()));
+    // In a fleet, etcd keeps what serves; the state file is left alone.
+    let in_fleet = args.cluster.cluster.is_some();
+    if !in_fleet {
+        tokio::spawn(crate::decisions::journal::follow(Arc::clone(&app), app.registry.subscribe()));
+    }
 
     let (stop_watching, stop) = std::sync::mpsc::channel::<()>();
     let watcher_app = Arc::clone(&app);
@@ -547,6 +558,10 @@ async fn serve(
         // load again beside the ones named.
         let restore = watcher_app.decisions.all().into_iter().filter(|(_, d)| d.kind != Kind::Unload).map(|(m, _)| m);
         let restore = restore.collect();
+        if in_fleet {
+            // The fleet's participant loads what the fleet committed.
+            return;
+        }
         let mut watcher = watch::Watcher::new(watcher_app, root, missing_polls);
         if let Some(models) = at_start {
             watcher = watcher.only(models).restore(restore);
@@ -563,6 +578,9 @@ async fn serve(
         admin_http: admin_http.as_ref().map(|(_, a)| *a),
         admin_grpc: admin_grpc.as_ref().map(|(_, a)| *a),
     };
+    if let Some(health) = crate::cluster::start(&app, &args.cluster, format!("http://{address}")) {
+        let _ = app.cluster.set(health);
+    }
     listening(&bound);
     tracing::info!(
         %address,

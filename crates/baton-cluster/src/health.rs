@@ -1,0 +1,95 @@
+//! What a process knows of its own part in the fleet, for status and
+//! metrics: connected or not, and the timings of the last phases.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use baton_core::sync::Lock;
+use serde::Serialize;
+
+use crate::records::{SwitchSummary, now_ms};
+
+/// Shared by the participant (and the coordinator it may run) and the
+/// server's status and metrics.
+#[derive(Debug, Default)]
+pub struct Health {
+    connected: AtomicBool,
+    state: Lock<State>,
+}
+
+/// A copy of [`Health`] for status.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct State {
+    /// Whether the replica holds a live lease and watches the store.
+    pub connected: bool,
+    /// Since when it has not, in milliseconds since the epoch.
+    pub disconnected_since_ms: Option<u64>,
+    /// Why it lost the store last.
+    pub last_error: Option<String>,
+    /// Per model, how long the last prepare took, in seconds.
+    pub prepare_seconds: BTreeMap<String, f64>,
+    /// Per model, from the last commit write to this replica's switch, in
+    /// seconds.
+    pub commit_delay_seconds: BTreeMap<String, f64>,
+    /// Per model, the last fleet switch this process coordinated.
+    pub fleet_switch: BTreeMap<String, SwitchSummary>,
+    /// Rollouts this process aborted or rolled back, by reason.
+    pub aborted: BTreeMap<String, u64>,
+    /// Live replicas it saw last.
+    pub replicas: usize,
+}
+
+impl Health {
+    /// Whether the store is reachable and the lease live.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+
+    /// A copy for status and metrics.
+    pub fn state(&self) -> State {
+        let mut state = self.state.lock().clone();
+        state.connected = self.connected();
+        state
+    }
+
+    /// Marks the store reached.
+    pub fn connect(&self) {
+        self.connected.store(true, Ordering::SeqCst);
+        self.state.lock().disconnected_since_ms = None;
+    }
+
+    /// Marks the store lost, with why.
+    pub fn disconnect(&self, why: String) {
+        let was = self.connected.swap(false, Ordering::SeqCst);
+        let mut state = self.state.lock();
+        if was || state.disconnected_since_ms.is_none() {
+            state.disconnected_since_ms = Some(now_ms());
+        }
+        state.last_error = Some(why);
+    }
+
+    /// Records a prepare's duration.
+    pub fn prepared(&self, model: &str, seconds: f64) {
+        self.state.lock().prepare_seconds.insert(model.to_owned(), seconds);
+    }
+
+    /// Records this replica's delay from the commit write to its switch.
+    pub fn switched(&self, model: &str, seconds: f64) {
+        self.state.lock().commit_delay_seconds.insert(model.to_owned(), seconds);
+    }
+
+    /// Records a fleet switch this process coordinated.
+    pub fn switched_fleet(&self, model: &str, summary: &SwitchSummary) {
+        self.state.lock().fleet_switch.insert(model.to_owned(), summary.clone());
+    }
+
+    /// Counts a rollout this process ended without promoting.
+    pub fn aborted(&self, reason: &str) {
+        *self.state.lock().aborted.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    /// Records how many replicas are live.
+    pub fn replicas(&self, count: usize) {
+        self.state.lock().replicas = count;
+    }
+}

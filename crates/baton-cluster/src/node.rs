@@ -1,0 +1,62 @@
+//! What a participant drives: a baton registry in the same process, or,
+//! through the sidecar agent, another KServe V2 server.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+
+use baton_core::rollout::window::Sums;
+
+use crate::records::Serving;
+
+/// Why a node could not do what it was told: the stage and the reason, as
+/// the fleet's status shows them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The stage that failed (`fetch`, `verify`, `validate`, `load`, …).
+    pub stage: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.stage, self.reason)
+    }
+}
+
+/// A server taking part in fleet rollouts.
+///
+/// The switches (`share_all`, `promote`, `drop_candidate`) return once the
+/// server answers with the new version: for a baton registry that is one
+/// store, done before the call returns.
+pub trait Node: Send + Sync + 'static {
+    /// The models the node can serve, each with its newest version.
+    fn available(&self) -> impl Future<Output = Result<BTreeMap<String, Option<u64>>, Refusal>> + Send;
+
+    /// What the node serves of `model` now.
+    fn serving(&self, model: &str) -> Serving;
+
+    /// Fetches, verifies, loads, validates and warms `version` beside the
+    /// stable one, with no traffic.
+    fn prepare(&self, model: &str, version: u64) -> impl Future<Output = Result<(), Refusal>> + Send;
+
+    /// The prepared candidate takes all of the node's traffic; the stable
+    /// version stays loaded, to go back to.
+    fn share_all(&self, model: &str) -> impl Future<Output = Result<(), Refusal>> + Send;
+
+    /// The candidate becomes the stable version.
+    fn promote(&self, model: &str) -> impl Future<Output = Result<(), Refusal>> + Send;
+
+    /// The candidate leaves; the stable version serves everything.
+    fn drop_candidate(&self, model: &str, rolled_back: bool) -> impl Future<Output = Result<(), Refusal>> + Send;
+
+    /// Serves `version` as stable, by a whole load: how a replica that
+    /// missed a commit (or just started) converges.
+    fn converge(&self, model: &str, version: u64) -> impl Future<Output = Result<(), Refusal>> + Send;
+
+    /// What the candidate's rollout observed since the last call.
+    fn take_sums(&self, model: &str) -> Option<Sums>;
+
+    /// Reports ready, waiting for `models` to serve, or not ready (`None`).
+    fn set_ready(&self, ready: Option<BTreeSet<String>>);
+}

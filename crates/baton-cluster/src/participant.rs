@@ -1,0 +1,472 @@
+//! A replica's part in the fleet: it registers under a lease, serves what
+//! the fleet committed before it reports ready, prepares candidates when a
+//! rollout asks, switches when the commit arrives, publishes what it
+//! observes, and, when allowed, coordinates a rollout whose coordinator
+//! is gone. When the store is lost it keeps serving what it serves, and
+//! converges once it is back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_core::rollout::window::Sums;
+use baton_core::sync::Lock;
+use etcd_client::EventType;
+
+use crate::coordinator;
+use crate::error::ClusterError;
+use crate::health::Health;
+use crate::node::{Node, Refusal};
+use crate::records::{
+    Ack, Desired, FleetPhase, ReplicaRecord, RolloutRecord, Serving, StepSums, Switched, now_ms, now_us,
+};
+use crate::store::Store;
+
+/// How long to wait before trying the store again.
+const RETRY: Duration = Duration::from_millis(500);
+/// How often sums are published and the registration refreshed.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Who a replica is and how it takes part.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// The etcd endpoints: `etcd://HOST:PORT[,HOST:PORT]`.
+    pub cluster: String,
+    /// The cluster's name: its keys live under `/baton/<name>/`.
+    pub name: String,
+    /// The replica's ID, unique in the cluster.
+    pub id: String,
+    /// Where it serves inference, for people and load balancers.
+    pub address: String,
+    /// Its labels, for gray release by selector.
+    pub labels: BTreeMap<String, String>,
+    /// Its lease's time to live, in seconds: a replica that dies is gone
+    /// from the fleet this long after.
+    pub lease_ttl: i64,
+    /// Whether it takes over rollouts whose coordinator is gone.
+    pub coordinate: bool,
+    /// A sidecar agent speaking for another server.
+    pub agent: bool,
+}
+
+/// What a replica remembers of one model's rollout.
+#[derive(Debug, Default)]
+struct Local {
+    /// The rollout it prepared for (or is preparing for).
+    acked: Option<u64>,
+    /// The last switch it made: rollout, phase, step.
+    switched: Option<(u64, FleetPhase, Option<usize>)>,
+    /// What it observed during the committed step.
+    sums: Option<(u64, usize, Sums)>,
+    /// The latest record seen.
+    record: Option<RolloutRecord>,
+}
+
+/// A replica taking part in the fleet through `node`.
+pub struct Participant<N: Node> {
+    config: ReplicaConfig,
+    node: Arc<N>,
+    health: Arc<Health>,
+    local: Lock<BTreeMap<String, Local>>,
+    /// The models readiness waits for, once converged.
+    required: Lock<Option<BTreeSet<String>>>,
+    /// Models being converged: not ready until done.
+    converging: Lock<BTreeSet<String>>,
+    coordinating: Lock<BTreeSet<String>>,
+}
+
+impl<N: Node> Participant<N> {
+    /// A participant for `node`.
+    pub fn new(config: ReplicaConfig, node: Arc<N>, health: Arc<Health>) -> Arc<Participant<N>> {
+        Arc::new(Participant {
+            config,
+            node,
+            health,
+            local: Lock::default(),
+            required: Lock::default(),
+            converging: Lock::default(),
+            coordinating: Lock::default(),
+        })
+    }
+
+    /// Takes part until `stop` turns true; reconnects whenever the store
+    /// is lost. Not ready until the first convergence.
+    pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        self.node.set_ready(None);
+        loop {
+            let why = match Store::connect(&self.config.cluster, &self.config.name).await {
+                Ok(store) => match self.session(&store, &mut stop).await {
+                    Ok(()) => return,
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            };
+            if self.health.connected() || self.health.state().disconnected_since_ms.is_none() {
+                tracing::warn!(replica = %self.config.id, error = %why, "Lost the cluster store; serving what is served, and retrying.");
+            }
+            self.health.disconnect(why.to_string());
+            tokio::select! {
+                () = tokio::time::sleep(RETRY) => {}
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+        }
+    }
+
+    /// One connection to the store, until it is lost (an error) or the
+    /// replica stops.
+    async fn session(
+        self: &Arc<Self>,
+        store: &Store,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), ClusterError> {
+        let keys = &store.keys;
+        let lease = store.grant(self.config.lease_ttl).await?;
+        // Acks written under an earlier lease are gone with it: ack again.
+        self.local.lock().values_mut().for_each(|l| l.acked = None);
+        let (desired, revision) = store.list::<Desired>(&keys.desired_all()).await?;
+        let desired: BTreeMap<String, Desired> =
+            desired.into_iter().map(|d| (crate::keys::Keys::last(&d.key).to_owned(), d.value)).collect();
+        self.converge_all(store, desired).await?;
+        let (records, _) = store.list::<RolloutRecord>(&keys.records()).await?;
+        for record in records {
+            self.apply(store, lease, record.value).await;
+        }
+        self.register(store, lease).await?;
+        self.health.connect();
+        tracing::info!(replica = %self.config.id, cluster = %self.config.name, "Joined the fleet.");
+
+        let mut records = store.watch(&keys.records(), revision + 1).await?;
+        let mut desired = store.watch(&keys.desired_all(), revision + 1).await?;
+        let keep_alive = store.keep_alive(lease, self.config.lease_ttl);
+        tokio::pin!(keep_alive);
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                error = &mut keep_alive => return Err(error),
+                message = records.message() => {
+                    let response = message?.ok_or_else(|| ClusterError::Unreachable("the watch ended".into()))?;
+                    for event in response.events() {
+                        if event.event_type() != EventType::Put { continue }
+                        let Some(kv) = event.kv() else { continue };
+                        match serde_json::from_slice::<RolloutRecord>(kv.value()) {
+                            Ok(record) => self.apply(store, lease, record).await,
+                            Err(error) => tracing::warn!(%error, "Skipped a rollout record that cannot be read."),
+                        }
+                    }
+                }
+                message = desired.message() => {
+                    let response = message?.ok_or_else(|| ClusterError::Unreachable("the watch ended".into()))?;
+                    for event in response.events() {
+                        if event.event_type() != EventType::Put { continue }
+                        let Some(kv) = event.kv() else { continue };
+                        if let Ok(d) = serde_json::from_slice::<Desired>(kv.value()) {
+                            let model = crate::keys::Keys::last(kv.key_str().unwrap_or_default()).to_owned();
+                            self.follow_desired(store, &model, d.version).await;
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    self.publish_sums(store).await?;
+                    self.register(store, lease).await?;
+                    if self.config.coordinate {
+                        self.take_over(store, lease).await;
+                    }
+                }
+                _ = stop.changed() => {
+                    if *stop.borrow() {
+                        let _ = store.revoke(lease).await;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves, for every model the node can serve, what the fleet
+    /// committed; a model the fleet has no version for is seeded with the
+    /// node's newest, unless another replica seeds it first.
+    async fn converge_all(self: &Arc<Self>, store: &Store, desired: BTreeMap<String, Desired>) -> Result<(), ClusterError> {
+        let available = match self.node.available().await {
+            Ok(available) => available,
+            Err(refusal) => {
+                tracing::error!(replica = %self.config.id, %refusal, "Could not list the models to serve.");
+                BTreeMap::new()
+            }
+        };
+        let mut required = BTreeSet::new();
+        for (model, newest) in available {
+            let target = match desired.get(&model) {
+                Some(d) => d.version,
+                None => {
+                    let Some(newest) = newest else { continue };
+                    let seed = Desired { version: newest, rollout: None, at_ms: now_ms() };
+                    if store.create(&store.keys.desired(&model), &seed, None).await? {
+                        tracing::info!(model = %model, version = newest, "Seeded the fleet's version of a model.");
+                        newest
+                    } else {
+                        match store.get::<Desired>(&store.keys.desired(&model)).await? {
+                            Some(d) => d.value.version,
+                            None => newest,
+                        }
+                    }
+                }
+            };
+            required.insert(model.clone());
+            *self.required.lock() = Some(required.clone());
+            self.converge(&model, target).await;
+        }
+        *self.required.lock() = Some(required);
+        self.report_ready();
+        Ok(())
+    }
+
+    /// Serves `version` of `model` as stable; not ready meanwhile.
+    async fn converge(&self, model: &str, version: u64) {
+        let serving = self.node.serving(model);
+        if serving.stable == Some(version) && serving.candidate.is_none() {
+            return;
+        }
+        self.converging.lock().insert(model.to_owned());
+        self.report_ready();
+        tracing::info!(model, version, replica = %self.config.id, "Converging on the version the fleet committed.");
+        match self.node.converge(model, version).await {
+            Ok(()) => {
+                self.converging.lock().remove(model);
+                tracing::info!(model, version, "Converged.");
+            }
+            Err(refusal) => {
+                // It stays not ready: it cannot serve what the fleet serves.
+                tracing::error!(model, version, %refusal, "Could not converge on the fleet's version; not ready.");
+            }
+        }
+        self.report_ready();
+    }
+
+    /// Ready once every required model converged.
+    fn report_ready(&self) {
+        let required = self.required.lock().clone();
+        let converging = !self.converging.lock().is_empty();
+        self.node.set_ready(if converging { None } else { required });
+    }
+
+    /// A committed version changed outside a rollout this replica took
+    /// part in: follow it, unless a rollout of the model is in progress.
+    async fn follow_desired(self: &Arc<Self>, _store: &Store, model: &str, version: u64) {
+        let in_progress = self
+            .local
+            .lock()
+            .get(model)
+            .and_then(|l| l.record.as_ref())
+            .is_some_and(|r| r.phase.in_progress() || (r.phase == FleetPhase::Promoted && r.version == version));
+        if !in_progress && self.node.serving(model).stable.is_some() {
+            self.converge(model, version).await;
+        }
+    }
+
+    /// Acts on a rollout record: prepare, switch, promote or drop. Boxed:
+    /// it spawns a prepare that may apply again, so the future's type would
+    /// otherwise contain itself.
+    fn apply<'a>(
+        self: &'a Arc<Self>,
+        store: &'a Store,
+        lease: i64,
+        record: RolloutRecord,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(self.apply_now(store, lease, record))
+    }
+
+    async fn apply_now(self: &Arc<Self>, store: &Store, lease: i64, record: RolloutRecord) {
+        let me = self.config.id.clone();
+        let model = record.model.clone();
+        self.local.lock().entry(model.clone()).or_default().record = Some(record.clone());
+        let serving = self.node.serving(&model);
+        let holds_candidate = serving.candidate == Some(record.version);
+        match record.phase {
+            FleetPhase::Preparing if record.participants.contains(&me) => {
+                let fresh = {
+                    let mut local = self.local.lock();
+                    let entry = local.entry(model.clone()).or_default();
+                    let fresh = entry.acked != Some(record.id);
+                    entry.acked = Some(record.id);
+                    fresh
+                };
+                if fresh {
+                    let this = Arc::clone(self);
+                    let store = store.clone();
+                    tokio::spawn(async move { this.prepare(&store, lease, record).await });
+                }
+            }
+            FleetPhase::Committed if record.members.contains(&me) && holds_candidate => {
+                let key = (record.id, FleetPhase::Committed, record.step);
+                if self.switched(&model) != Some(key) {
+                    let result = self.node.share_all(&model).await;
+                    self.report_switch(store, &record, key, result).await;
+                }
+            }
+            FleetPhase::Promoted => {
+                let key = (record.id, FleetPhase::Promoted, record.step);
+                if holds_candidate && self.switched(&model) != Some(key) {
+                    let result = self.node.promote(&model).await;
+                    self.report_switch(store, &record, key, result).await;
+                } else if serving.stable.is_some() && serving.stable != Some(record.version) && !holds_candidate {
+                    // It missed the commit, or was left out: a whole load.
+                    self.converge(&model, record.version).await;
+                }
+            }
+            FleetPhase::RolledBack | FleetPhase::Aborted if holds_candidate => {
+                let rolled_back = record.phase == FleetPhase::RolledBack;
+                if let Err(refusal) = self.node.drop_candidate(&model, rolled_back).await {
+                    tracing::error!(model = %model, %refusal, "Could not drop the candidate of an ended fleet rollout.");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn switched(&self, model: &str) -> Option<(u64, FleetPhase, Option<usize>)> {
+        self.local.lock().get(model).and_then(|l| l.switched)
+    }
+
+    /// Records a switch: when it happened and how long after the commit
+    /// write, in the store and in health.
+    async fn report_switch(
+        &self,
+        store: &Store,
+        record: &RolloutRecord,
+        key: (u64, FleetPhase, Option<usize>),
+        result: Result<(), Refusal>,
+    ) {
+        let at_us = now_us();
+        let model = &record.model;
+        if let Err(refusal) = result {
+            tracing::error!(model = %model, version = record.version, %refusal, "Could not switch as the fleet committed.");
+            return;
+        }
+        self.local.lock().entry(model.clone()).or_default().switched = Some(key);
+        let delay_us = at_us as i64 - record.commit_us.unwrap_or(at_us) as i64;
+        self.health.switched(model, delay_us as f64 / 1e6);
+        let report = Switched { rollout: record.id, phase: key.1, step: key.2, at_us, delay_us };
+        if let Err(error) = store.put(&store.keys.switched(model, &self.config.id), &report, None).await {
+            tracing::warn!(model = %model, %error, "Could not report the switch.");
+        }
+    }
+
+    /// Prepares the candidate and acks under the lease; if the rollout
+    /// moved on meanwhile, acts on where it is now.
+    async fn prepare(self: Arc<Self>, store: &Store, lease: i64, record: RolloutRecord) {
+        let model = record.model.clone();
+        let started = Instant::now();
+        tracing::info!(model = %model, version = record.version, "Preparing a fleet rollout's candidate.");
+        let result = self.node.prepare(&model, record.version).await;
+        let prepare_ms = started.elapsed().as_millis() as u64;
+        self.health.prepared(&model, started.elapsed().as_secs_f64());
+        let ack = match &result {
+            Ok(()) => Ack { rollout: record.id, ok: true, stage: None, reason: None, prepare_ms },
+            Err(r) => Ack {
+                rollout: record.id,
+                ok: false,
+                stage: Some(r.stage.clone()),
+                reason: Some(r.reason.clone()),
+                prepare_ms,
+            },
+        };
+        match &result {
+            Ok(()) => tracing::info!(model = %model, version = record.version, prepare_ms, "Prepared."),
+            Err(r) => tracing::warn!(model = %model, version = record.version, refusal = %r, "Could not prepare."),
+        }
+        if let Err(error) = store.put(&store.keys.ack(&model, &self.config.id), &ack, Some(lease)).await {
+            tracing::warn!(model = %model, %error, "Could not ack the prepare.");
+        }
+        // The rollout may have ended (or committed) while this one loaded.
+        if let Ok(Some(now)) = store.get::<RolloutRecord>(&store.keys.record(&model)).await
+            && now.value.id == record.id
+            && now.value.phase != FleetPhase::Preparing
+        {
+            self.apply(store, lease, now.value).await;
+        }
+    }
+
+    /// Publishes what each committed step's rollout observed here.
+    async fn publish_sums(&self, store: &Store) -> Result<(), ClusterError> {
+        let committed: Vec<RolloutRecord> = self
+            .local
+            .lock()
+            .values()
+            .filter_map(|l| l.record.clone())
+            .filter(|r| r.phase == FleetPhase::Committed && r.participants.contains(&self.config.id))
+            .collect();
+        for record in committed {
+            let Some(step) = record.step else { continue };
+            let Some(sums) = self.node.take_sums(&record.model) else { continue };
+            let report = {
+                let mut local = self.local.lock();
+                let entry = local.entry(record.model.clone()).or_default();
+                match &mut entry.sums {
+                    Some((id, s, total)) if *id == record.id && *s == step => total.merge(&sums),
+                    other => *other = Some((record.id, step, sums)),
+                }
+                entry.sums.as_ref().map(|(_, _, total)| StepSums { rollout: record.id, step, sums: total.clone() })
+            };
+            if let Some(report) = report {
+                store.put(&store.keys.sums(&record.model, &self.config.id), &report, None).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the replica's registration under the lease.
+    async fn register(&self, store: &Store, lease: i64) -> Result<(), ClusterError> {
+        let required = self.required.lock().clone().unwrap_or_default();
+        let models: BTreeMap<String, Serving> = required.iter().map(|m| (m.clone(), self.node.serving(m))).collect();
+        let converging = !self.converging.lock().is_empty();
+        let record = ReplicaRecord {
+            id: self.config.id.clone(),
+            address: self.config.address.clone(),
+            labels: self.config.labels.clone(),
+            models,
+            ready: !converging && !required.is_empty(),
+            agent: self.config.agent,
+            note: self.health.state().last_error,
+            since_ms: now_ms(),
+        };
+        store.put(&store.keys.replica(&self.config.id), &record, Some(lease)).await.map(drop)
+    }
+
+    /// Coordinates any rollout in progress whose coordinator is gone.
+    async fn take_over(self: &Arc<Self>, store: &Store, lease: i64) {
+        let orphans: Vec<String> = self
+            .local
+            .lock()
+            .iter()
+            .filter(|(_, l)| l.record.as_ref().is_some_and(|r| r.phase.in_progress()))
+            .map(|(m, _)| m.clone())
+            .collect();
+        for model in orphans {
+            if self.coordinating.lock().contains(&model) {
+                continue;
+            }
+            match coordinator::campaign(store, &model, &self.config.id, lease).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(error) => {
+                    tracing::debug!(model = %model, %error, "Could not campaign to coordinate.");
+                    continue;
+                }
+            }
+            tracing::info!(model = %model, replica = %self.config.id, "Coordinating a fleet rollout whose coordinator is gone.");
+            self.coordinating.lock().insert(model.clone());
+            let this = Arc::clone(self);
+            let store = store.clone();
+            tokio::spawn(async move {
+                if let Err(error) = coordinator::coordinate(&store, &model, &this.config.id, &this.health).await {
+                    tracing::warn!(model = %model, %error, "Stopped coordinating a fleet rollout.");
+                }
+                coordinator::resign(&store, &model).await;
+                this.coordinating.lock().remove(&model);
+            });
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The records a fleet keeps in etcd, as JSON.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use baton_core::rollout::guard::{Guards, Verdict};
+use baton_core::rollout::window::Sums;
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
+/// Microseconds since the Unix epoch, now: the clock replicas stamp their
+/// switches with (one clock when they share a host; NTP's accuracy across
+/// hosts).
+pub fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// A live replica, under its lease.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReplicaRecord {
+    /// Its ID (a pod name, a host name).
+    pub id: String,
+    /// Where it serves inference.
+    pub address: String,
+    /// Its labels, for gray release by selector.
+    pub labels: BTreeMap<String, String>,
+    /// What it serves, per model.
+    pub models: BTreeMap<String, Serving>,
+    /// Whether it serves what the fleet committed.
+    pub ready: bool,
+    /// A sidecar agent speaking for another server, rather than a baton
+    /// replica.
+    pub agent: bool,
+    /// Whether it has lost the store since it registered (then it may
+    /// have missed a commit until it converges).
+    pub note: Option<String>,
+    /// When it registered.
+    pub since_ms: u64,
+}
+
+/// What a replica serves of one model.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Serving {
+    /// The stable version.
+    pub stable: Option<u64>,
+    /// The candidate prepared or committed beside it.
+    pub candidate: Option<u64>,
+    /// The candidate's share of this replica's traffic, in percent.
+    pub candidate_percent: f64,
+}
+
+/// The version the fleet committed for a model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desired {
+    /// The version every replica serves.
+    pub version: u64,
+    /// The rollout that committed it; none when a replica seeded it.
+    pub rollout: Option<u64>,
+    /// When it was written.
+    pub at_ms: u64,
+}
+
+/// How a fleet rollout proceeds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetPlan {
+    /// Replicas committed at each step, in percent of the participants;
+    /// the last is 100 (every replica promotes). `[100]` is a plain
+    /// two-phase commit.
+    pub steps: Vec<f64>,
+    /// Labels that pick the first step's replicas instead of a share.
+    pub selector: BTreeMap<String, String>,
+    /// How long the committed subset is observed before it is judged.
+    pub interval_ms: u64,
+    /// How long replicas have to prepare before the rollout aborts.
+    pub prepare_timeout_ms: u64,
+    /// Failed judgements that roll the subset back.
+    pub failure_limit: u32,
+    /// Inconclusive judgements in a row that pause the rollout.
+    pub max_inconclusive: u32,
+    /// Participants that may be lost (or fail to prepare) before the
+    /// commit without aborting: they are left out and converge later.
+    pub allow_missing: usize,
+    /// What the subset is held to, over the fleet's merged observations.
+    pub guards: Guards,
+}
+
+impl Default for FleetPlan {
+    fn default() -> Self {
+        FleetPlan {
+            steps: vec![100.0],
+            selector: BTreeMap::new(),
+            interval_ms: 30_000,
+            prepare_timeout_ms: 120_000,
+            failure_limit: 1,
+            max_inconclusive: 10,
+            allow_missing: 0,
+            guards: Guards::default(),
+        }
+    }
+}
+
+impl FleetPlan {
+    /// Refuses a plan that cannot run.
+    pub fn check(&self) -> Result<(), String> {
+        if self.steps.is_empty() {
+            return Err("a plan needs at least one step".into());
+        }
+        let mut last = 0.0;
+        for &step in &self.steps {
+            if !(step > last && step <= 100.0) {
+                return Err(format!("steps must rise within (0, 100]: {:?}", self.steps));
+            }
+            last = step;
+        }
+        if last != 100.0 {
+            return Err(format!("the last step must be 100 (every replica): {:?}", self.steps));
+        }
+        if self.interval_ms == 0 || self.prepare_timeout_ms == 0 {
+            return Err("the interval and the prepare timeout must be above 0".into());
+        }
+        if self.failure_limit == 0 || self.max_inconclusive == 0 {
+            return Err("failure_limit and max_inconclusive must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Where a fleet rollout stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetPhase {
+    /// Participants prepare the candidate beside their stable version,
+    /// with no traffic.
+    Preparing,
+    /// A subset of the replicas serves the candidate and is being judged.
+    Committed,
+    /// Every replica promotes the candidate; the fleet committed it.
+    Promoted,
+    /// The guards failed: the subset went back to the stable version.
+    RolledBack,
+    /// Stopped before any switch, or by an operator: every replica drops
+    /// the candidate.
+    Aborted,
+}
+
+impl FleetPhase {
+    /// Whether the rollout is still in progress.
+    pub fn in_progress(self) -> bool {
+        matches!(self, FleetPhase::Preparing | FleetPhase::Committed)
+    }
+
+    /// The name, as in metrics and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetPhase::Preparing => "preparing",
+            FleetPhase::Committed => "committed",
+            FleetPhase::Promoted => "promoted",
+            FleetPhase::RolledBack => "rolled_back",
+            FleetPhase::Aborted => "aborted",
+        }
+    }
+}
+
+/// One fleet rollout: the coordinator's whole state. Whoever coordinates
+/// reads it, decides, and writes the next state with a compare-and-swap,
+/// so a coordinator that dies is replaced without losing anything.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// Unique per rollout (microseconds since the epoch when it began).
+    pub id: u64,
+    /// The model.
+    pub model: String,
+    /// The candidate.
+    pub version: u64,
+    /// The version the fleet served when it began.
+    pub from: Option<u64>,
+    /// How it proceeds.
+    pub plan: FleetPlan,
+    /// The replicas taking part, fixed when it began.
+    pub participants: Vec<String>,
+    /// Participants left out (lost or failed to prepare, within
+    /// `allow_missing`).
+    #[serde(default)]
+    pub missing: Vec<String>,
+    /// Where it stands.
+    pub phase: FleetPhase,
+    /// The step committed (0-based), once committed.
+    pub step: Option<usize>,
+    /// The replicas serving the candidate: the committed steps' subsets.
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// Set while paused: why.
+    pub paused: Option<String>,
+    /// Failed judgements so far at this step.
+    #[serde(default)]
+    pub failures: u32,
+    /// Inconclusive judgements in a row.
+    #[serde(default)]
+    pub inconclusive: u32,
+    /// When the current step was committed, in microseconds since the
+    /// epoch on the coordinator's clock (the commit write).
+    pub commit_us: Option<u64>,
+    /// When the committed subset is judged next, in milliseconds since the
+    /// epoch.
+    #[serde(default)]
+    pub judge_at_ms: Option<u64>,
+    /// Why it ended, when it did not promote.
+    pub reason: Option<String>,
+    /// What it decided so far, newest last (the latest few).
+    #[serde(default)]
+    pub decisions: Vec<FleetDecision>,
+    /// The switch timings, once every member reported.
+    pub switch: Option<SwitchSummary>,
+    /// When it began.
+    pub started_ms: u64,
+}
+
+/// One decision of a fleet rollout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FleetDecision {
+    /// When.
+    pub at_ms: u64,
+    /// What: prepared, committed, advanced, promoted, rolled_back,
+    /// aborted, paused, resumed, held.
+    pub action: String,
+    /// Who: coordinator ID or `operator`.
+    pub by: String,
+    /// The fleet's merged verdict, when a judgement decided it.
+    pub verdict: Option<Verdict>,
+    /// What happened, for people.
+    pub message: String,
+}
+
+/// How far apart the replicas switched, from their own timestamps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SwitchSummary {
+    /// Replicas that reported.
+    pub replicas: usize,
+    /// The last switch minus the first, in milliseconds.
+    pub skew_ms: f64,
+    /// From the commit write to the first and the last switch, in
+    /// milliseconds.
+    pub first_ms: f64,
+    /// See `first_ms`.
+    pub last_ms: f64,
+}
+
+/// A replica's prepare result, under its lease.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ack {
+    /// The rollout.
+    pub rollout: u64,
+    /// Prepared: loaded, verified, validated and warmed, with no traffic.
+    pub ok: bool,
+    /// The stage that failed.
+    pub stage: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+    /// How long preparing took, in milliseconds.
+    pub prepare_ms: u64,
+}
+
+/// When a replica switched.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Switched {
+    /// The rollout.
+    pub rollout: u64,
+    /// The phase it switched for: committed (a subset) or promoted.
+    pub phase: FleetPhase,
+    /// The step.
+    pub step: Option<usize>,
+    /// When the store happened, in microseconds since the epoch.
+    pub at_us: u64,
+    /// From the commit write, in microseconds (negative across hosts
+    /// whose clocks disagree).
+    pub delay_us: i64,
+}
+
+/// What a replica observed during one step, as sums the coordinator merges.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StepSums {
+    /// The rollout.
+    pub rollout: u64,
+    /// The step.
+    pub step: usize,
+    /// Everything observed since the replica saw the step committed.
+    pub sums: Sums,
+}
