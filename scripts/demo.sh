@@ -6,5 +6,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/fetch-onnxruntime.sh
+bash scripts/setup-packages.sh --build-only
 cargo build --release --locked -p baton-server
 exec target/release/baton serve "$@"

@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Installs the Debian packages baton's tests need: libb64 for perf_analyzer
-# (scripts/compat.sh), and prometheus for promtool, which checks and
-# unit-tests the alert rules in deploy/prometheus (the `alerts` test).
+# Installs the Debian packages baton needs beyond Rust:
+# - protobuf-compiler: protoc, which the etcd client crate's build runs;
+#   `--build-only` installs just this, for building baton (scripts/demo.sh);
+# - libb64 for perf_analyzer (scripts/compat.sh);
+# - prometheus for promtool, which checks and unit-tests the alert rules in
+#   deploy/prometheus (the `alerts` test);
+# - etcd-server (etcd 3.4) and etcd-client (etcdctl): cluster-mode tests
+#   start their own etcd (baton-testkit's `etcd` module).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
 packages=()
-ldconfig -p | grep -q 'libb64\.so\.0d' || packages+=(libb64-0d)
-command -v promtool >/dev/null || packages+=(prometheus)
+command -v protoc >/dev/null || packages+=(protobuf-compiler)
+if [ "${1:-}" != "--build-only" ]; then
+  ldconfig -p | grep -q 'libb64\.so\.0d' || packages+=(libb64-0d)
+  command -v promtool >/dev/null || packages+=(prometheus)
+  [ -x /usr/bin/etcd ] || packages+=(etcd-server)
+  command -v etcdctl >/dev/null || packages+=(etcd-client)
+fi
 [ ${#packages[@]} -eq 0 ] && exit 0
 
 if ! apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null 2>&1; then
@@ -15,9 +25,12 @@ if ! apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null 2
   apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null
 fi
 
-# Only promtool is wanted: where systemd runs, the package also starts a
-# Prometheus server; stop it and keep it from starting at boot.
-if [[ " ${packages[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
-  systemctl disable --now prometheus.service >/dev/null 2>&1 || true
-fi
+# Only the programs are wanted: where systemd runs, the prometheus and
+# etcd-server packages also start a server; stop it and keep it from starting
+# at boot (tests start their own). Each entry is package:service.
+for entry in prometheus:prometheus etcd-server:etcd; do
+  if [[ " ${packages[*]} " == *" ${entry%%:*} "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now "${entry#*:}.service" >/dev/null 2>&1 || true
+  fi
+done
 echo "Packages installed: ${packages[*]}"

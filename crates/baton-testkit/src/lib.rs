@@ -1,13 +1,15 @@
 //! Test helpers for baton: ONNX models generated in code, model
 //! repositories with every kind of damage, a fake backend whose loads can be
 //! held, a registry wired to the real ONNX Runtime backend, and ONNX Runtime
-//! run directly, to compare baton's answers with ([`encoder::reference`]).
+//! run directly, to compare baton's answers with ([`encoder::reference`]),
+//! and a real etcd for cluster mode ([`etcd::Etcd`]).
 //!
 //! Nothing here is downloaded: every model a test uses is written by
 //! [`onnx::encode_mlp`], [`encoder::Encoder`] or
 //! [`baton_onnx::writer::GraphWriter`] from weights generated from a seed.
 
 pub mod encoder;
+pub mod etcd;
 pub mod fake;
 pub mod fuzz;
 pub mod repo;

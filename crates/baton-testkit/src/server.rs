@@ -54,6 +54,13 @@ impl Answer {
     }
 }
 
+/// A loopback port that was free a moment ago, for a program that must be
+/// told its port rather than pick one and print it (as baton does with
+/// `127.0.0.1:0`). Another process may take it before the program binds it.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free loopback port").port()
+}
+
 /// Polls `check` until it returns `Some`, or panics after [`PATIENCE`].
 pub fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + PATIENCE;

@@ -1,0 +1,226 @@
+//! Starts the real etcd (Debian's 3.4 server) as a single-member cluster on
+//! free loopback ports with a fresh data directory, for tests of baton's
+//! cluster mode. It can be killed and restarted on the same port and data
+//! directory, to play an outage. Its log goes to a file that failing tests
+//! print.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::{Value, json};
+
+use crate::server::free_port;
+
+/// How long etcd may take to answer its health check after a start.
+const START_LIMIT: Duration = Duration::from_secs(20);
+/// How long a SIGTERM may take before etcd is killed.
+const STOP_LIMIT: Duration = Duration::from_secs(10);
+/// How many fresh pairs of ports a start tries when another process took
+/// one between picking it and etcd binding it.
+const PORT_TRIES: usize = 3;
+
+/// Tells members started by one test process apart.
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A running single-member etcd. Dropping it stops the process.
+pub struct Etcd {
+    child: Option<Child>,
+    binary: PathBuf,
+    name: String,
+    client: u16,
+    peer: u16,
+    dir: tempfile::TempDir,
+    agent: ureq::Agent,
+}
+
+impl Etcd {
+    /// Starts etcd and waits until it reports itself healthy. Panics when
+    /// the binary is missing (saying how to install it) or when etcd does
+    /// not come up within a bounded time (with its log's tail).
+    pub fn start() -> Etcd {
+        let binary = find_binary();
+        let dir = tempfile::tempdir().expect("a temporary dir for etcd");
+        let name = format!("baton-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let agent =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(STOP_LIMIT)).build().into();
+        let mut etcd = Etcd { child: None, binary, name, client: 0, peer: 0, dir, agent };
+        for _ in 0..PORT_TRIES {
+            etcd.client = free_port();
+            etcd.peer = free_port();
+            etcd.spawn();
+            if etcd.wait_healthy() {
+                return etcd;
+            }
+            // Only a port taken meanwhile is worth another try.
+            if !etcd.log_tail().contains("address already in use") {
+                break;
+            }
+        }
+        panic!("etcd did not become healthy within {START_LIMIT:?}\n--- etcd log ---\n{}", etcd.log_tail());
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:41234`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.client
+    }
+
+    /// The process id, or 0 when etcd is not running.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for etcd to exit; kills it when it has not
+    /// exited after a bounded wait. Does nothing when it is not running.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        let pid = child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).stderr(Stdio::null()).status();
+        let deadline = Instant::now() + STOP_LIMIT;
+        while Instant::now() < deadline {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Kills etcd with SIGKILL, as a crash would, and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data directory (after
+    /// [`Etcd::kill`] or [`Etcd::stop`]; stops it first if it still runs)
+    /// and waits until it is healthy. Panics with the log's tail otherwise.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        assert!(
+            self.wait_healthy(),
+            "etcd did not come back within {START_LIMIT:?}\n--- etcd log ---\n{}",
+            self.log_tail()
+        );
+    }
+
+    /// The last lines etcd logged, over all its starts.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// Writes `key` = `value` through etcd's v3 JSON gateway.
+    pub fn put(&self, key: &str, value: &[u8]) {
+        self.gateway("/v3/kv/put", &json!({ "key": STANDARD.encode(key), "value": STANDARD.encode(value) }));
+    }
+
+    /// Reads `key` through etcd's v3 JSON gateway; `None` when it is absent.
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        let answer = self.gateway("/v3/kv/range", &json!({ "key": STANDARD.encode(key) }));
+        let value = answer["kvs"].get(0)?["value"].as_str().unwrap_or_default();
+        Some(STANDARD.decode(value).unwrap_or_else(|e| panic!("etcd sent a value that is not base64 ({e}): {value}")))
+    }
+
+    /// POSTs a JSON body to the gateway and returns the answer (panics
+    /// unless 200).
+    fn gateway(&self, path: &str, body: &Value) -> Value {
+        let request = self.agent.post(&format!("{}{path}", self.endpoint())).header("content-type", "application/json");
+        let mut response = request.send(body.to_string()).unwrap_or_else(|e| panic!("POST {path} to etcd failed: {e}"));
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().expect("reading etcd's answer");
+        assert_eq!(status, 200, "POST {path} to etcd: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("etcd's answer is not JSON ({e}): {text}"))
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// Starts the process; its output is appended to the log file, so the
+    /// log spans restarts.
+    fn spawn(&mut self) {
+        let log = OpenOptions::new().create(true).append(true).open(self.log_path()).expect("etcd's log file");
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let child = Command::new(&self.binary)
+            .args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("{}={peer}", self.name), "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &self.name])
+            // A lone member elects itself quickly with short ticks.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "250", "--snapshot-count", "10000"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("etcd's log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
+        self.child = Some(child);
+    }
+
+    /// Polls `/health` until it says `"health":"true"` (true) or etcd exits
+    /// or the start limit passes (false; the process is then stopped).
+    fn wait_healthy(&mut self) -> bool {
+        let url = format!("{}/health", self.endpoint());
+        let deadline = Instant::now() + START_LIMIT;
+        while Instant::now() < deadline {
+            let exited = self.child.as_mut().is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            if exited {
+                self.child = None;
+                return false;
+            }
+            let probe = self.agent.get(&url).config().timeout_global(Some(Duration::from_secs(1))).build().call();
+            if let Ok(mut response) = probe {
+                let text = response.body_mut().read_to_string().unwrap_or_default();
+                if text.replace(' ', "").contains(r#""health":"true""#) {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        false
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- etcd log ({}) ---\n{}", self.name, self.log_tail());
+        }
+    }
+}
+
+/// `/usr/bin/etcd`, else `etcd` on the PATH; panics saying how to install
+/// it when neither exists.
+fn find_binary() -> PathBuf {
+    let debian = Path::new("/usr/bin/etcd");
+    if debian.is_file() {
+        return debian.to_owned();
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|dir| dir.join("etcd")).find(|p| p.is_file()))
+        .unwrap_or_default();
+    on_path.unwrap_or_else(|| {
+        panic!("etcd is needed for this test but was not found: run `bash scripts/setup-packages.sh` to install it")
+    })
+}
