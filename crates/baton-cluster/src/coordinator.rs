@@ -166,7 +166,9 @@ async fn commit(
         let share = next.plan.steps[index] / 100.0;
         let count = ((share * counted.len() as f64).ceil() as usize).clamp(1, counted.len());
         let mut members = next.members.clone();
-        members.extend(counted.iter().filter(|p| !next.members.contains(p)).take(count.saturating_sub(members.len())).cloned());
+        members.extend(
+            counted.iter().filter(|p| !next.members.contains(p)).take(count.saturating_sub(members.len())).cloned(),
+        );
         members
     };
     if members.is_empty() {

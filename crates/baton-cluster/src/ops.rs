@@ -6,9 +6,7 @@ use std::collections::BTreeSet;
 
 use crate::error::ClusterError;
 use crate::keys::Keys;
-use crate::records::{
-    Desired, FleetDecision, FleetPhase, FleetPlan, ReplicaRecord, RolloutRecord, now_ms, now_us,
-};
+use crate::records::{Desired, FleetDecision, FleetPhase, FleetPlan, ReplicaRecord, RolloutRecord, now_ms, now_us};
 use crate::store::{Read, Store, encode};
 
 /// Decisions kept in a record.
@@ -19,7 +17,13 @@ pub fn decide(record: &mut RolloutRecord, action: &str, by: &str, message: Strin
     if record.decisions.len() == KEPT {
         record.decisions.remove(0);
     }
-    record.decisions.push(FleetDecision { at_ms: now_ms(), action: action.into(), by: by.into(), verdict: None, message });
+    record.decisions.push(FleetDecision {
+        at_ms: now_ms(),
+        action: action.into(),
+        by: by.into(),
+        verdict: None,
+        message,
+    });
 }
 
 /// Starts a fleet rollout of `model` to `version`: every live replica that

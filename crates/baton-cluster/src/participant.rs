@@ -188,7 +188,11 @@ impl<N: Node> Participant<N> {
     /// Serves, for every model the node can serve, what the fleet
     /// committed; a model the fleet has no version for is seeded with the
     /// node's newest, unless another replica seeds it first.
-    async fn converge_all(self: &Arc<Self>, store: &Store, desired: BTreeMap<String, Desired>) -> Result<(), ClusterError> {
+    async fn converge_all(
+        self: &Arc<Self>,
+        store: &Store,
+        desired: BTreeMap<String, Desired>,
+    ) -> Result<(), ClusterError> {
         let available = match self.node.available().await {
             Ok(available) => available,
             Err(refusal) => {

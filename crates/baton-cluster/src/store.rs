@@ -42,7 +42,9 @@ pub fn endpoints(spec: &str) -> Result<Vec<String>, ClusterError> {
     let list: Vec<String> =
         rest.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| format!("http://{s}")).collect();
     if list.is_empty() {
-        return Err(ClusterError::Refused(format!("'{spec}' names no etcd endpoint; use etcd://HOST:PORT[,HOST:PORT]")));
+        return Err(ClusterError::Refused(format!(
+            "'{spec}' names no etcd endpoint; use etcd://HOST:PORT[,HOST:PORT]"
+        )));
     }
     Ok(list)
 }
@@ -58,18 +60,22 @@ impl Store {
         let client = tokio::time::timeout(CALL_TIMEOUT, Client::connect(endpoints, Some(options)))
             .await
             .map_err(|_| ClusterError::Unreachable(format!("no answer from {spec} within {CALL_TIMEOUT:?}")))??;
-        Ok(Store { client, keys: Keys::new(name) })
+        let store = Store { client, keys: Keys::new(name) };
+        // The channel connects lazily: ask once, so that an unreachable
+        // etcd is an error here and not at the first use.
+        bounded(store.client.clone().get(store.keys.root(), Some(GetOptions::new().with_count_only())))
+            .await
+            .map_err(|e| ClusterError::Unreachable(format!("{spec}: {e}")))?;
+        Ok(store)
     }
 
     /// The record at `key`, if any.
     pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Read<T>>, ClusterError> {
         let response = bounded(self.client.clone().get(key, None)).await?;
         match response.kvs().first() {
-            Some(kv) => Ok(Some(Read {
-                value: decode(key, kv.value())?,
-                key: key.to_owned(),
-                revision: kv.mod_revision(),
-            })),
+            Some(kv) => {
+                Ok(Some(Read { value: decode(key, kv.value())?, key: key.to_owned(), revision: kv.mod_revision() }))
+            }
             None => Ok(None),
         }
     }
@@ -100,9 +106,11 @@ impl Store {
     /// Writes `value` at `key` only if nothing is there; whether it did.
     pub async fn create<T: Serialize>(&self, key: &str, value: &T, lease: Option<i64>) -> Result<bool, ClusterError> {
         let options = lease.map(|l| PutOptions::new().with_lease(l));
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, encode(value)?, options)]);
+        let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key,
+            encode(value)?,
+            options,
+        )]);
         Ok(bounded(self.client.clone().txn(txn)).await?.succeeded())
     }
 
@@ -176,9 +184,7 @@ impl Store {
 }
 
 /// Runs one call to etcd with the call timeout.
-async fn bounded<T>(
-    call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, ClusterError> {
+async fn bounded<T>(call: impl std::future::Future<Output = Result<T, etcd_client::Error>>) -> Result<T, ClusterError> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(result) => result.map_err(ClusterError::from),
         Err(_) => Err(ClusterError::Unreachable(format!("etcd did not answer within {CALL_TIMEOUT:?}"))),

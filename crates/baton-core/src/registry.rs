@@ -425,8 +425,7 @@ impl Registry {
     pub fn step_rollout(&self, model: &str, step: usize, by: By) -> Result<RolloutStatus, LoadError> {
         let (moved, status) = {
             let mut rollouts = self.inner.rollouts.lock();
-            let progress =
-                rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
+            let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
             if step >= progress.plan.steps.len() {
                 let steps = progress.plan.steps.len();
                 return Err(LoadError::RolloutRefused {
