@@ -169,7 +169,7 @@ impl<N: Node> Participant<N> {
                     }
                 }
                 _ = tick.tick() => {
-                    self.publish_sums(store).await?;
+                    Box::pin(self.publish_sums(store)).await?;
                     self.register(store, lease).await?;
                     if self.config.coordinate {
                         self.take_over(store, lease).await;

@@ -82,6 +82,8 @@ enum Command {
     /// Start a rollout (`baton rollout MODEL [--version N] ...`), or show, pause, resume, promote or abort one
     /// (`baton rollout status|pause|resume|promote|abort MODEL`).
     Rollout(Box<cli::RolloutArgs>),
+    /// A fleet of replicas over etcd: its status, and rollouts across it.
+    Fleet(Box<cli::FleetArgs>),
     /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
     Drill(Box<baton_drill::DrillArgs>),
     /// Print state transitions and other events as they happen.
@@ -124,6 +126,7 @@ pub fn main() -> ExitCode {
         Command::Pin { name, version, target } => cli::pin(&target, &name, version),
         Command::Unpin { name, target } => cli::unpin(&target, &name),
         Command::Rollout(args) => cli::rollout(&args),
+        Command::Fleet(args) => cli::fleet(&args),
         Command::Events { json, target } => cli::events(&target, json),
         Command::Drill(args) => return baton_drill::run(*args),
     };

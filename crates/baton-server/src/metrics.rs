@@ -177,6 +177,53 @@ fn help(out: &mut String, name: &str, kind: &str, text: &str) {
     let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
 }
 
+/// A fleet replica's metrics: connected or not, the timings of its last
+/// prepare and switch per model, the fleet switches it coordinated, and
+/// the rollouts it ended without promoting.
+pub fn render_cluster(out: &mut String, state: &baton_cluster::health::State) {
+    help(out, "baton_cluster_connected", "gauge", "1 while the replica holds its lease and watches the fleet's store.");
+    let _ = writeln!(out, "baton_cluster_connected {}", u8::from(state.connected));
+    help(out, "baton_cluster_replicas", "gauge", "Live replicas of the fleet, as last seen.");
+    let _ = writeln!(out, "baton_cluster_replicas {}", state.replicas);
+    let per_model = [
+        ("baton_cluster_prepare_seconds", "How long this replica's last prepare took.", &state.prepare_seconds),
+        (
+            "baton_cluster_commit_delay_seconds",
+            "From the last commit write to this replica's switch.",
+            &state.commit_delay_seconds,
+        ),
+    ];
+    for (name, text, values) in per_model {
+        help(out, name, "gauge", text);
+        for (model, seconds) in values {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {seconds}", escape(model));
+        }
+    }
+    help(
+        out,
+        "baton_cluster_commit_skew_seconds",
+        "gauge",
+        "Last switch minus first, in the last fleet switch this process coordinated.",
+    );
+    for (model, summary) in &state.fleet_switch {
+        let _ = writeln!(
+            out,
+            "baton_cluster_commit_skew_seconds{{model=\"{}\"}} {}",
+            escape(model),
+            summary.skew_ms / 1000.0
+        );
+    }
+    help(
+        out,
+        "baton_cluster_rollouts_aborted_total",
+        "counter",
+        "Fleet rollouts this process ended without promoting, by reason.",
+    );
+    for (reason, n) in &state.aborted {
+        let _ = writeln!(out, "baton_cluster_rollouts_aborted_total{{reason=\"{}\"}} {n}", escape(reason));
+    }
+}
+
 /// The gauges of rollouts in progress, and the decisions counted so far.
 fn render_rollouts(
     out: &mut String,

@@ -53,10 +53,15 @@ pub fn server(app: &App) -> Value {
     }
     statuses.sort_by(|a, b| a.name.cmp(&b.name));
     let models: Vec<Value> = statuses.iter().map(|s| with_decision(app, s)).collect();
-    json!({
+    let mut status = json!({
         "ready": app.ready(),
         "draining": app.draining(),
         "required": app.required(),
         "models": models,
-    })
+    });
+    // In a fleet: whether the replica holds its lease, and its timings.
+    if let Some(health) = app.cluster.get() {
+        status["cluster"] = serde_json::to_value(health.state()).unwrap_or_default();
+    }
+    status
 }

@@ -6,7 +6,9 @@
 //! given (`--token-file`, or `BATON_TOKEN` holding the token).
 
 mod client;
+mod fleet;
 mod render;
+mod render_fleet;
 mod render_rollout;
 mod rollout;
 
@@ -15,6 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 pub use client::Client;
+pub use fleet::{FleetArgs, run as fleet};
 pub use rollout::{RolloutArgs, run as rollout};
 use serde_json::{Value, json};
 

@@ -110,7 +110,7 @@ pub struct GuardFlags {
 
 impl GuardFlags {
     /// The flags given, as the JSON of `[rollout.guards]`; `None` when none was.
-    fn json(&self) -> Option<Value> {
+    pub(crate) fn json(&self) -> Option<Value> {
         let mut guards = Map::new();
         if let Some(n) = self.min_samples {
             guards.insert("min_samples".into(), json!(n));

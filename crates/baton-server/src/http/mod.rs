@@ -105,7 +105,10 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
-    let text = app.metrics.render(&app.registry, app.ready(), &app.budget);
+    let mut text = app.metrics.render(&app.registry, app.ready(), &app.budget);
+    if let Some(health) = app.cluster.get() {
+        crate::metrics::render_cluster(&mut text, &health.state());
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

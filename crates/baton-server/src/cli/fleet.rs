@@ -1,0 +1,260 @@
+//! `baton fleet`: the fleet's status, and rollouts across it, straight
+//! from etcd. `baton fleet rollout` starts a rollout and coordinates it to
+//! its end (unless `--detach`); if it dies, a replica takes over.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::Context;
+use baton_cluster::ops::{self, Request};
+use baton_cluster::records::{Ack, Desired, FleetPhase, FleetPlan, ReplicaRecord, RolloutRecord};
+use baton_cluster::{Health, Store, coordinator};
+use baton_core::rollout::guard::Guards;
+
+use super::rollout::GuardFlags;
+
+/// `baton fleet`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct FleetArgs {
+    /// The fleet's etcd: `etcd://HOST:PORT[,HOST:PORT…]`.
+    #[arg(long, env = "BATON_CLUSTER")]
+    pub cluster: String,
+    /// The fleet's name.
+    #[arg(long, default_value = "baton")]
+    pub cluster_name: String,
+    #[command(subcommand)]
+    pub command: FleetCommand,
+}
+
+/// What `baton fleet` does.
+#[derive(clap::Subcommand, Debug)]
+pub enum FleetCommand {
+    /// Every replica's state and versions, and each model's rollout.
+    Status {
+        /// Refresh every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Print the records as JSON.
+        #[arg(long, conflicts_with = "watch")]
+        json: bool,
+    },
+    /// Rolls MODEL out to VERSION across the fleet: every replica prepares
+    /// it, then all switch at once (or a subset first, with --steps).
+    Rollout(Box<FleetRollout>),
+    /// Stops judging; the committed subset keeps the candidate.
+    Pause {
+        /// The model.
+        model: String,
+    },
+    /// Judges again.
+    Resume {
+        /// The model.
+        model: String,
+    },
+    /// Every replica promotes the candidate now.
+    Promote {
+        /// The model.
+        model: String,
+    },
+    /// Every replica drops the candidate now.
+    Abort {
+        /// The model.
+        model: String,
+    },
+}
+
+/// `baton fleet rollout`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct FleetRollout {
+    /// The model.
+    pub model: String,
+    /// The candidate version.
+    #[arg(long)]
+    pub version: u64,
+    /// Replicas committed at each step, in percent; the last is 100.
+    /// The default, 100, is a plain two-phase commit.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub steps: Option<Vec<f64>>,
+    /// Labels that pick the first step's replicas, `key=value`; repeat
+    /// for more.
+    #[arg(long = "selector", value_name = "KEY=VALUE", value_parser = crate::cluster::parse_label)]
+    pub selector: Vec<(String, String)>,
+    /// How long a committed subset is observed before it is judged.
+    #[arg(long, value_parser = baton_drill::args::parse_duration, default_value = "30s")]
+    pub interval: Duration,
+    /// How long replicas have to prepare.
+    #[arg(long, value_parser = baton_drill::args::parse_duration, default_value = "120s")]
+    pub prepare_timeout: Duration,
+    /// Participants that may be lost or fail to prepare without aborting;
+    /// they converge later.
+    #[arg(long, default_value_t = 0)]
+    pub allow_missing: usize,
+    /// Failed judgements that roll the subset back.
+    #[arg(long, default_value_t = 1)]
+    pub failure_limit: u32,
+    /// Inconclusive judgements in a row that pause.
+    #[arg(long, default_value_t = 10)]
+    pub max_inconclusive: u32,
+    #[command(flatten)]
+    pub guard: GuardFlags,
+    /// Start it and return; the replicas coordinate it.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+impl FleetRollout {
+    fn plan(&self) -> anyhow::Result<FleetPlan> {
+        let guards = match self.guard.json() {
+            Some(json) => serde_json::from_value::<Guards>(json).context("the guard flags")?,
+            None => Guards::default(),
+        };
+        Ok(FleetPlan {
+            steps: self.steps.clone().unwrap_or_else(|| vec![100.0]),
+            selector: self.selector.iter().cloned().collect(),
+            interval_ms: self.interval.as_millis() as u64,
+            prepare_timeout_ms: self.prepare_timeout.as_millis() as u64,
+            failure_limit: self.failure_limit,
+            max_inconclusive: self.max_inconclusive,
+            allow_missing: self.allow_missing,
+            guards,
+        })
+    }
+}
+
+/// Runs `baton fleet`.
+pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let store = Store::connect(&args.cluster, &args.cluster_name)
+            .await
+            .with_context(|| format!("no fleet can be reached at {}", args.cluster))?;
+        let me = format!("operator@{}", crate::cluster::replica_id(None));
+        match &args.command {
+            FleetCommand::Status { watch, json } => status(&store, *watch, *json).await,
+            FleetCommand::Rollout(rollout) => Box::pin(start(&store, rollout, &me)).await,
+            FleetCommand::Pause { model } => operate(&store, model, Request::Pause, &me).await,
+            FleetCommand::Resume { model } => operate(&store, model, Request::Resume, &me).await,
+            FleetCommand::Promote { model } => operate(&store, model, Request::Promote, &me).await,
+            FleetCommand::Abort { model } => operate(&store, model, Request::Abort, &me).await,
+        }
+    })
+}
+
+async fn operate(store: &Store, model: &str, what: Request, me: &str) -> anyhow::Result<()> {
+    let record = ops::request(store, model, what, me).await?;
+    println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
+    Ok(())
+}
+
+/// Starts the rollout, then coordinates it to its end, printing each
+/// decision; the lease it coordinates under dies with this process.
+async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Result<()> {
+    let record = ops::start(store, &rollout.model, rollout.version, rollout.plan()?, me).await?;
+    println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
+    if rollout.detach {
+        println!("Detached: the fleet's replicas coordinate it. Follow it with `baton fleet status --watch`.");
+        return Ok(());
+    }
+    let lease = store.grant(5).await?;
+    if !coordinator::campaign(store, &rollout.model, me, lease).await? {
+        println!("Another process coordinates it.");
+        return Ok(());
+    }
+    let health = Health::default();
+    let printer = print_decisions(store, &rollout.model, record.decisions.len());
+    let done = tokio::select! {
+        done = coordinator::coordinate(store, &rollout.model, me, &health) => done?,
+        error = store.keep_alive(lease, 5) => return Err(error.into()),
+    };
+    coordinator::resign(store, &rollout.model).await;
+    printer.abort();
+    for decision in done.decisions.iter().skip(record.decisions.len()) {
+        println!("{}", decision.message);
+    }
+    if let Some(switch) = &done.switch {
+        println!(
+            "{} replicas switched within {:.1} ms of each other, {:.1}–{:.1} ms after the commit write.",
+            switch.replicas, switch.skew_ms, switch.first_ms, switch.last_ms
+        );
+    }
+    match done.phase {
+        FleetPhase::Promoted => Ok(()),
+        phase => anyhow::bail!(
+            "the rollout ended {}: {}",
+            phase.as_str(),
+            done.reason.as_deref().unwrap_or("no reason given")
+        ),
+    }
+}
+
+/// Prints the rollout's decisions as they are written, from the `from`th.
+fn print_decisions(store: &Store, model: &str, from: usize) -> tokio::task::JoinHandle<()> {
+    let (store, model) = (store.clone(), model.to_owned());
+    tokio::spawn(async move {
+        let mut printed = from;
+        loop {
+            if let Ok(Some(r)) = store.get::<RolloutRecord>(&store.keys.record(&model)).await {
+                for decision in r.value.decisions.iter().skip(printed) {
+                    println!("{}", decision.message);
+                }
+                printed = printed.max(r.value.decisions.len());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// What `baton fleet status` reads.
+#[derive(serde::Serialize)]
+struct Snapshot {
+    replicas: Vec<ReplicaRecord>,
+    desired: BTreeMap<String, Desired>,
+    rollouts: Vec<RolloutRecord>,
+    acks: BTreeMap<String, BTreeMap<String, Ack>>,
+}
+
+async fn snapshot(store: &Store) -> anyhow::Result<Snapshot> {
+    let keys = &store.keys;
+    let (replicas, _) = store.list::<ReplicaRecord>(&keys.replicas()).await?;
+    let (desired, _) = store.list::<Desired>(&keys.desired_all()).await?;
+    let (rollouts, _) = store.list::<RolloutRecord>(&keys.records()).await?;
+    let mut acks = BTreeMap::new();
+    for rollout in &rollouts {
+        let (list, _) = store.list::<Ack>(&keys.acks(&rollout.value.model)).await?;
+        let of_this = list.into_iter().filter(|a| a.value.rollout == rollout.value.id);
+        let by_replica = of_this.map(|a| (baton_cluster::keys::Keys::last(&a.key).to_owned(), a.value)).collect();
+        acks.insert(rollout.value.model.clone(), by_replica);
+    }
+    Ok(Snapshot {
+        replicas: replicas.into_iter().map(|r| r.value).collect(),
+        desired: desired.into_iter().map(|d| (baton_cluster::keys::Keys::last(&d.key).to_owned(), d.value)).collect(),
+        rollouts: rollouts.into_iter().map(|r| r.value).collect(),
+        acks,
+    })
+}
+
+async fn status(store: &Store, watch: bool, json: bool) -> anyhow::Result<()> {
+    loop {
+        let snapshot = snapshot(store).await?;
+        let text = if json {
+            serde_json::to_string_pretty(&snapshot)?
+        } else {
+            super::render_fleet::render(&snapshot_view(&snapshot))
+        };
+        let mut out = std::io::stdout().lock();
+        if watch && out.is_terminal() {
+            write!(out, "\x1b[2J\x1b[H")?;
+        }
+        writeln!(out, "{text}")?;
+        out.flush()?;
+        if !watch {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn snapshot_view(s: &Snapshot) -> super::render_fleet::View<'_> {
+    super::render_fleet::View { replicas: &s.replicas, desired: &s.desired, rollouts: &s.rollouts, acks: &s.acks }
+}

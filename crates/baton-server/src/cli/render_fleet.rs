@@ -1,0 +1,91 @@
+//! `baton fleet status` as text: one line per replica, then each model's
+//! committed version and rollout.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use baton_cluster::records::{Ack, Desired, FleetPhase, ReplicaRecord, RolloutRecord};
+
+/// What the status shows.
+pub struct View<'a> {
+    /// Live replicas.
+    pub replicas: &'a [ReplicaRecord],
+    /// Committed versions per model.
+    pub desired: &'a BTreeMap<String, Desired>,
+    /// Each model's rollout (in progress or last).
+    pub rollouts: &'a [RolloutRecord],
+    /// Per model, the acks of its rollout by replica.
+    pub acks: &'a BTreeMap<String, BTreeMap<String, Ack>>,
+}
+
+/// The text.
+pub fn render(view: &View<'_>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{} live replicas", view.replicas.len());
+    let _ = writeln!(out, "{:<20} {:<6} {:<28} {:<24} LABELS", "REPLICA", "READY", "ADDRESS", "MODELS");
+    for r in view.replicas {
+        let models: Vec<String> = r
+            .models
+            .iter()
+            .map(|(m, s)| {
+                let stable = s.stable.map_or("-".into(), |v| v.to_string());
+                match s.candidate {
+                    Some(c) => format!("{m}:{stable}+{c}@{}%", s.candidate_percent),
+                    None => format!("{m}:{stable}"),
+                }
+            })
+            .collect();
+        let labels: Vec<String> = r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let id = if r.agent { format!("{} (agent)", r.id) } else { r.id.clone() };
+        let ready = if r.ready { "yes" } else { "no" };
+        let _ = writeln!(out, "{id:<20} {ready:<6} {:<28} {:<24} {}", r.address, models.join(" "), labels.join(","));
+    }
+    for (model, d) in view.desired {
+        let _ = writeln!(out, "\nmodel {model}: the fleet serves version {}", d.version);
+        let Some(r) = view.rollouts.iter().find(|r| &r.model == model) else { continue };
+        rollout(&mut out, r, view.acks.get(model));
+    }
+    out
+}
+
+fn rollout(out: &mut String, r: &RolloutRecord, acks: Option<&BTreeMap<String, Ack>>) {
+    let step = r.step.map_or("-".into(), |s| format!("{}/{}", s + 1, r.plan.steps.len()));
+    let _ = writeln!(
+        out,
+        "  rollout of version {} (from {}): {}{}, step {step}, {} of {} replicas serve it",
+        r.version,
+        r.from.map_or("-".into(), |v| v.to_string()),
+        r.phase.as_str(),
+        r.paused.as_ref().map(|p| format!(" (paused: {p})")).unwrap_or_default(),
+        if r.phase == FleetPhase::Promoted || r.phase.in_progress() { r.members.len() } else { 0 },
+        r.participants.len()
+    );
+    if r.phase == FleetPhase::Preparing {
+        for id in &r.participants {
+            let state = match acks.and_then(|a| a.get(id)) {
+                Some(a) if a.ok => format!("prepared in {} ms", a.prepare_ms),
+                Some(a) => format!(
+                    "FAILED at {}: {}",
+                    a.stage.as_deref().unwrap_or("?"),
+                    a.reason.as_deref().unwrap_or("no reason given")
+                ),
+                None if r.missing.contains(id) => "left out".into(),
+                None => "preparing…".into(),
+            };
+            let _ = writeln!(out, "    {id:<18} {state}");
+        }
+    }
+    if let Some(reason) = &r.reason {
+        let _ = writeln!(out, "  reason: {reason}");
+    }
+    if let Some(s) = &r.switch {
+        let _ = writeln!(
+            out,
+            "  switched: {} replicas within {:.1} ms, {:.1}–{:.1} ms after the commit write",
+            s.replicas, s.skew_ms, s.first_ms, s.last_ms
+        );
+    }
+    for d in r.decisions.iter().rev().take(5).collect::<Vec<_>>().into_iter().rev() {
+        let _ = writeln!(out, "  - {}", d.message);
+    }
+}
