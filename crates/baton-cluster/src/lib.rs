@@ -20,6 +20,7 @@ pub mod ops;
 pub mod participant;
 pub mod records;
 pub mod registry_node;
+pub mod sim;
 pub mod store;
 
 pub use error::ClusterError;

@@ -73,6 +73,9 @@ pub struct Participant<N: Node> {
     /// Models being converged: not ready until done.
     converging: Lock<BTreeSet<String>>,
     coordinating: Lock<BTreeSet<String>>,
+    /// The registration last written, and under which lease: rewritten
+    /// only when it changes.
+    registered: Lock<Option<(i64, ReplicaRecord)>>,
 }
 
 impl<N: Node> Participant<N> {
@@ -86,6 +89,7 @@ impl<N: Node> Participant<N> {
             required: Lock::default(),
             converging: Lock::default(),
             coordinating: Lock::default(),
+            registered: Lock::default(),
         })
     }
 
@@ -434,9 +438,15 @@ impl<N: Node> Participant<N> {
             ready: !converging && !required.is_empty(),
             agent: self.config.agent,
             note: self.health.state().last_error,
-            since_ms: now_ms(),
+            since_ms: 0,
         };
-        store.put(&store.keys.replica(&self.config.id), &record, Some(lease)).await.map(drop)
+        if self.registered.lock().as_ref().is_some_and(|(l, r)| *l == lease && *r == record) {
+            return Ok(());
+        }
+        let written = ReplicaRecord { since_ms: now_ms(), ..record.clone() };
+        store.put(&store.keys.replica(&self.config.id), &written, Some(lease)).await?;
+        *self.registered.lock() = Some((lease, record));
+        Ok(())
     }
 
     /// Coordinates any rollout in progress whose coordinator is gone.

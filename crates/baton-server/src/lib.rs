@@ -111,9 +111,12 @@ fn package(dir: &std::path::Path) -> anyhow::Result<()> {
 /// The `baton` command: parses the command line and runs what it asks for.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `baton fleet` prints what happens itself; its library's log lines
+    // would say it twice.
+    let default_filter = if matches!(cli.command, Command::Fleet(_)) { "warn" } else { "info,ort=warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| "info,ort=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -61,6 +63,22 @@ pub enum FleetCommand {
     Abort {
         /// The model.
         model: String,
+    },
+    /// Runs simulated replicas that speak the protocol with no model
+    /// behind them, until interrupted: for measuring the protocol at scale.
+    Simulate {
+        /// How many.
+        #[arg(long, default_value_t = 100)]
+        replicas: usize,
+        /// Their IDs' prefix.
+        #[arg(long, default_value = "sim")]
+        prefix: String,
+        /// The models they offer (version 1 each).
+        #[arg(long = "model", default_value = "m")]
+        models: Vec<String>,
+        /// How long preparing a candidate takes them.
+        #[arg(long, value_parser = baton_drill::args::parse_duration, default_value = "50ms")]
+        prepare: Duration,
     },
 }
 
@@ -124,6 +142,9 @@ impl FleetRollout {
 
 /// Runs `baton fleet`.
 pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
+    if let FleetCommand::Simulate { replicas, prefix, models, prepare } = &args.command {
+        return simulate(args, *replicas, prefix, models.clone(), *prepare);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let store = Store::connect(&args.cluster, &args.cluster_name)
@@ -137,7 +158,30 @@ pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
             FleetCommand::Resume { model } => operate(&store, model, Request::Resume, &me).await,
             FleetCommand::Promote { model } => operate(&store, model, Request::Promote, &me).await,
             FleetCommand::Abort { model } => operate(&store, model, Request::Abort, &me).await,
+            FleetCommand::Simulate { .. } => unreachable!("handled above"),
         }
+    })
+}
+
+/// `baton fleet simulate`: until SIGINT or SIGTERM.
+fn simulate(args: &FleetArgs, replicas: usize, prefix: &str, models: Vec<String>, prepare: Duration) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let cluster = (args.cluster.clone(), args.cluster_name.clone());
+        let run = baton_cluster::sim::simulate(&cluster.0, &cluster.1, prefix, replicas, models, prepare, stopped);
+        println!("Running {replicas} simulated replicas ({prefix}-0 …); interrupt to stop.");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::pin!(run);
+        tokio::select! {
+            () = &mut run => {}
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = stop.send(true);
+        // Each revokes its lease on the way out, so the fleet sees them go.
+        let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+        Ok(())
     })
 }
 
@@ -162,14 +206,15 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
         return Ok(());
     }
     let health = Health::default();
-    let printer = print_decisions(store, &rollout.model, record.decisions.len());
+    let printed = Arc::new(AtomicUsize::new(record.decisions.len()));
+    let printer = print_decisions(store, &rollout.model, Arc::clone(&printed));
     let done = tokio::select! {
         done = coordinator::coordinate(store, &rollout.model, me, &health) => done?,
         error = store.keep_alive(lease, 5) => return Err(error.into()),
     };
     coordinator::resign(store, &rollout.model).await;
     printer.abort();
-    for decision in done.decisions.iter().skip(record.decisions.len()) {
+    for decision in done.decisions.iter().skip(printed.load(Ordering::SeqCst)) {
         println!("{}", decision.message);
     }
     if let Some(switch) = &done.switch {
@@ -188,17 +233,18 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
     }
 }
 
-/// Prints the rollout's decisions as they are written, from the `from`th.
-fn print_decisions(store: &Store, model: &str, from: usize) -> tokio::task::JoinHandle<()> {
+/// Prints the rollout's decisions as they are written, counting them in
+/// `printed` (decisions are only appended while a rollout runs).
+fn print_decisions(store: &Store, model: &str, printed: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
     let (store, model) = (store.clone(), model.to_owned());
     tokio::spawn(async move {
-        let mut printed = from;
         loop {
             if let Ok(Some(r)) = store.get::<RolloutRecord>(&store.keys.record(&model)).await {
-                for decision in r.value.decisions.iter().skip(printed) {
+                let from = printed.load(Ordering::SeqCst);
+                for decision in r.value.decisions.iter().skip(from) {
                     println!("{}", decision.message);
                 }
-                printed = printed.max(r.value.decisions.len());
+                printed.store(from.max(r.value.decisions.len()), Ordering::SeqCst);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
