@@ -26,6 +26,8 @@ use crate::store::Store;
 const RETRY: Duration = Duration::from_millis(500);
 /// How often sums are published and the registration refreshed.
 const TICK: Duration = Duration::from_millis(500);
+/// Every how many ticks a replica that may coordinate counts the replicas.
+const COUNT_EVERY: u64 = 10;
 
 /// Who a replica is and how it takes part.
 #[derive(Clone, Debug)]
@@ -147,6 +149,7 @@ impl<N: Node> Participant<N> {
         let keep_alive = store.keep_alive(lease, self.config.lease_ttl);
         tokio::pin!(keep_alive);
         let mut tick = tokio::time::interval(TICK);
+        let mut ticks: u64 = 0;
         loop {
             tokio::select! {
                 error = &mut keep_alive => return Err(error),
@@ -173,10 +176,17 @@ impl<N: Node> Participant<N> {
                     }
                 }
                 _ = tick.tick() => {
+                    ticks += 1;
                     Box::pin(self.publish_sums(store)).await?;
                     self.register(store, lease).await?;
                     if self.config.coordinate {
                         self.take_over(store, lease).await;
+                        // Now and then: how many replicas are live, for
+                        // status and metrics.
+                        if ticks % COUNT_EVERY == 1 {
+                            let (replicas, _) = store.list::<ReplicaRecord>(&keys.replicas()).await?;
+                            self.health.replicas(replicas.len());
+                        }
                     }
                 }
                 _ = stop.changed() => {

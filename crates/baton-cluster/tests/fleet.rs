@@ -375,3 +375,55 @@ fn without_etcd_replicas_keep_serving_rollouts_are_refused_and_all_resumes_when_
     wait_until("r1 serves 1", || r1.serves() == Some(1));
     let _ = r1.stop.send(true);
 }
+
+#[test]
+fn a_prepare_that_outlasts_its_timeout_aborts_the_rollout() {
+    let fleet = Fleet::new();
+    let store = fleet.store();
+    // A replica that needs a minute to prepare, against a 300 ms limit.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (spec, name) = (fleet.spec(), fleet.name.clone());
+    let slow = fleet.runtime.spawn(async move {
+        let prepare = Duration::from_secs(60);
+        baton_cluster::sim::simulate(&spec, &name, "slow", 1, vec!["m".into()], prepare, stopped).await;
+    });
+    wait_until("the slow replica registered", || fleet.registered(&store, "slow-0"));
+    let plan = FleetPlan { prepare_timeout_ms: 300, ..plain() };
+    fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
+    let done = fleet.runtime.block_on(fleet.coordinate(&store, "coordinator")).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Aborted);
+    let reason = done.reason.unwrap();
+    assert!(reason.contains("prepare timed out") && reason.contains("slow-0"), "{reason}");
+    let _ = stop.send(true);
+    fleet.runtime.block_on(slow).unwrap();
+}
+
+#[test]
+fn an_operator_pauses_resumes_and_promotes_a_gray_release_fleet_wide() {
+    let fleet = Fleet::new();
+    let (v1, v2) = mlps();
+    let versions = [(1, &v1, None), (2, &v2, None)];
+    let store = fleet.store();
+    let seed = Desired { version: 1, rollout: None, at_ms: 0 };
+    fleet.runtime.block_on(store.put(&store.keys.desired("m"), &seed, None)).unwrap();
+    let replicas: Vec<Replica> = (1..=2).map(|i| fleet.replica(&format!("r{i}"), &versions, false)).collect();
+    wait_until("both are ready", || replicas.iter().all(Replica::ready));
+    // Windows too long to be judged while the test runs.
+    let plan = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 600_000, ..plain() };
+    fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
+    let coordinator = fleet.coordinate(&store, "coordinator");
+    wait_until("half the fleet serves the candidate", || {
+        fleet.record(&store).is_some_and(|r| r.phase == FleetPhase::Committed && r.members.len() == 1)
+    });
+    let paused = fleet.runtime.block_on(ops::request(&store, "m", Request::Pause, "alice")).unwrap();
+    assert_eq!(paused.paused.as_deref(), Some("paused by alice"));
+    let resumed = fleet.runtime.block_on(ops::request(&store, "m", Request::Resume, "alice")).unwrap();
+    assert!(resumed.paused.is_none() && resumed.phase == FleetPhase::Committed);
+    fleet.runtime.block_on(ops::request(&store, "m", Request::Promote, "alice")).unwrap();
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted);
+    assert_eq!(done.members.len(), 2);
+    wait_until("both serve 2", || replicas.iter().all(|r| r.serves() == Some(2) && r.candidate().is_none()));
+    let actions: Vec<&str> = done.decisions.iter().map(|d| d.action.as_str()).collect();
+    assert_eq!(actions, ["started", "committed", "paused", "resumed", "promoted"]);
+}

@@ -454,6 +454,35 @@ mod tests {
     }
 
     #[test]
+    fn sums_travel_as_json_and_merge_across_servers_as_one_server_would_count() {
+        let (a, b, both) = (Observations::default(), Observations::default(), Observations::default());
+        for (i, o) in [&a, &b].into_iter().enumerate() {
+            for n in 0..50u64 {
+                let latency = ms(1 + n % 7 + i as u64 * 3);
+                o.record(Role::Stable, latency, n % 10 == 0);
+                both.record(Role::Stable, latency, n % 10 == 0);
+            }
+            let drifted = if i == 0 { [0.3, 0.7] } else { [0.9, 0.1] };
+            o.record_comparison(&scores(&[0.2, 0.8]), &scores(&drifted));
+            both.record_comparison(&scores(&[0.2, 0.8]), &scores(&drifted));
+        }
+        let mut merged = Sums::default();
+        for o in [&a, &b] {
+            let json = serde_json::to_string(&o.take_sums()).unwrap();
+            merged.merge(&serde_json::from_str::<Sums>(&json).unwrap());
+        }
+        let (got, want) = (merged.window(), both.take());
+        assert_eq!((got.stable.requests, got.stable.errors), (100, 10));
+        assert_eq!(got.stable.p99_ms, want.stable.p99_ms, "the latency histogram merges exactly");
+        assert_eq!(got.compared, 2);
+        let (g, w) = (&got.outputs["scores"], &want.outputs["scores"]);
+        assert_eq!((g.samples, g.top1_agreement), (w.samples, w.top1_agreement));
+        assert!((g.rel_l2 - w.rel_l2).abs() < 1e-12);
+        let bad = r#"{"stable":{"latency":{"buckets":[[100000,1]],"max_nanos":1}}}"#;
+        assert!(serde_json::from_str::<Sums>(bad).is_err(), "a bucket that does not exist is refused");
+    }
+
+    #[test]
     fn take_starts_a_new_window_and_totals_include_the_open_one() {
         let o = Observations::default();
         o.record(Role::Stable, ms(1), false);

@@ -164,7 +164,13 @@ pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
 }
 
 /// `baton fleet simulate`: until SIGINT or SIGTERM.
-fn simulate(args: &FleetArgs, replicas: usize, prefix: &str, models: Vec<String>, prepare: Duration) -> anyhow::Result<()> {
+fn simulate(
+    args: &FleetArgs,
+    replicas: usize,
+    prefix: &str,
+    models: Vec<String>,
+    prepare: Duration,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let (stop, stopped) = tokio::sync::watch::channel(false);
