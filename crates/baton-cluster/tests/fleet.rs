@@ -106,6 +106,19 @@ impl Fleet {
         Replica { registry, ready, health, task, stop, _repo: repo }
     }
 
+    /// Two replicas, r1 (zone a) and r2 (zone b), with versions 1 and 2,
+    /// serving 1 as the fleet committed it; returns once both are ready.
+    fn on_version_one(&self, store: &Store, coordinate: bool) -> Vec<Replica> {
+        let (v1, v2) = mlps();
+        let versions = [(1, &v1, None), (2, &v2, None)];
+        let seed = Desired { version: 1, rollout: None, at_ms: 0 };
+        self.runtime.block_on(store.put(&store.keys.desired("m"), &seed, None)).unwrap();
+        let replicas: Vec<Replica> = (1..=2).map(|i| self.replica(&format!("r{i}"), &versions, coordinate)).collect();
+        wait_until("both are ready", || replicas.iter().all(Replica::ready));
+        assert!(replicas.iter().all(|r| r.serves() == Some(1)));
+        replicas
+    }
+
     fn registered(&self, store: &Store, id: &str) -> bool {
         let key = store.keys.replica(id);
         self.runtime.block_on(store.get::<baton_cluster::records::ReplicaRecord>(&key)).unwrap().is_some()
@@ -283,14 +296,9 @@ fn a_replica_lost_during_prepare_aborts_unless_the_plan_lets_it_go_then_it_conve
 #[test]
 fn a_coordinator_that_dies_mid_rollout_is_replaced_and_the_rollout_finishes() {
     let fleet = Fleet::new();
-    let (v1, v2) = mlps();
-    let versions = [(1, &v1, None), (2, &v2, None)];
     let store = fleet.store();
-    let seed = Desired { version: 1, rollout: None, at_ms: 0 };
-    fleet.runtime.block_on(store.put(&store.keys.desired("m"), &seed, None)).unwrap();
     // These replicas take over orphaned rollouts.
-    let replicas: Vec<Replica> = (1..=2).map(|i| fleet.replica(&format!("r{i}"), &versions, true)).collect();
-    wait_until("both are ready", || replicas.iter().all(Replica::ready));
+    let replicas = fleet.on_version_one(&store, true);
     let traffic = Traffic::start(replicas.iter().map(|r| r.registry.clone()).collect());
     // Gray: half first, judged after 1.5 s on guards any sane candidate passes.
     let guards =
@@ -317,13 +325,8 @@ fn a_coordinator_that_dies_mid_rollout_is_replaced_and_the_rollout_finishes() {
 #[test]
 fn gray_release_judges_the_subset_on_merged_observations_and_rolls_a_drifting_one_back() {
     let fleet = Fleet::new();
-    let (v1, v2) = mlps();
-    let versions = [(1, &v1, None), (2, &v2, None)];
     let store = fleet.store();
-    let seed = Desired { version: 1, rollout: None, at_ms: 0 };
-    fleet.runtime.block_on(store.put(&store.keys.desired("m"), &seed, None)).unwrap();
-    let replicas: Vec<Replica> = (1..=2).map(|i| fleet.replica(&format!("r{i}"), &versions, false)).collect();
-    wait_until("both are ready", || replicas.iter().all(Replica::ready));
+    let replicas = fleet.on_version_one(&store, false);
     let traffic = Traffic::start(replicas.iter().map(|r| r.registry.clone()).collect());
     // v2 has other weights: its answers drift far beyond 5 % relative L2.
     let guards = Guards { min_samples: 20, max_p99_ratio: Some(1e9), max_rel_l2: Some(0.05), ..Guards::default() };
@@ -401,13 +404,8 @@ fn a_prepare_that_outlasts_its_timeout_aborts_the_rollout() {
 #[test]
 fn an_operator_pauses_resumes_and_promotes_a_gray_release_fleet_wide() {
     let fleet = Fleet::new();
-    let (v1, v2) = mlps();
-    let versions = [(1, &v1, None), (2, &v2, None)];
     let store = fleet.store();
-    let seed = Desired { version: 1, rollout: None, at_ms: 0 };
-    fleet.runtime.block_on(store.put(&store.keys.desired("m"), &seed, None)).unwrap();
-    let replicas: Vec<Replica> = (1..=2).map(|i| fleet.replica(&format!("r{i}"), &versions, false)).collect();
-    wait_until("both are ready", || replicas.iter().all(Replica::ready));
+    let replicas = fleet.on_version_one(&store, false);
     // Windows too long to be judged while the test runs.
     let plan = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 600_000, ..plain() };
     fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
