@@ -74,7 +74,8 @@ pub struct Participant<N: Node> {
     required: Lock<Option<BTreeSet<String>>>,
     /// Models being converged: not ready until done.
     converging: Lock<BTreeSet<String>>,
-    coordinating: Lock<BTreeSet<String>>,
+    /// Rollouts this replica coordinates, under this session's lease.
+    coordinating: Lock<BTreeMap<String, tokio::task::AbortHandle>>,
     /// The registration last written, and under which lease: rewritten
     /// only when it changes.
     registered: Lock<Option<(i64, ReplicaRecord)>>,
@@ -128,6 +129,20 @@ impl<N: Node> Participant<N> {
         store: &Store,
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<(), ClusterError> {
+        let result = self.connected(store, stop).await;
+        // What it coordinated, it did under this session's lease, which is
+        // gone or going: another process takes over from the record.
+        for (_, task) in std::mem::take(&mut *self.coordinating.lock()) {
+            task.abort();
+        }
+        result
+    }
+
+    async fn connected(
+        self: &Arc<Self>,
+        store: &Store,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), ClusterError> {
         let keys = &store.keys;
         let lease = store.grant(self.config.lease_ttl).await?;
         // Acks written under an earlier lease are gone with it: ack again.
@@ -135,11 +150,13 @@ impl<N: Node> Participant<N> {
         let (desired, revision) = store.list::<Desired>(&keys.desired_all()).await?;
         let desired: BTreeMap<String, Desired> =
             desired.into_iter().map(|d| (crate::keys::Keys::last(&d.key).to_owned(), d.value)).collect();
-        self.converge_all(store, desired).await?;
+        // Rollouts first: a candidate resident for a rollout that committed
+        // meanwhile is promoted (one store) rather than loaded again.
         let (records, _) = store.list::<RolloutRecord>(&keys.records()).await?;
         for record in records {
             self.apply(store, lease, record.value).await;
         }
+        self.converge_all(store, desired).await?;
         self.register(store, lease).await?;
         self.health.connect();
         tracing::info!(replica = %self.config.id, cluster = %self.config.name, "Joined the fleet.");
@@ -243,8 +260,8 @@ impl<N: Node> Participant<N> {
 
     /// Serves `version` of `model` as stable; not ready meanwhile.
     async fn converge(&self, model: &str, version: u64) {
-        let serving = self.node.serving(model);
-        if serving.stable == Some(version) && serving.candidate.is_none() {
+        // A candidate beside it is the rollouts' business, not this.
+        if self.node.serving(model).stable == Some(version) {
             return;
         }
         self.converging.lock().insert(model.to_owned());
@@ -469,7 +486,7 @@ impl<N: Node> Participant<N> {
             .map(|(m, _)| m.clone())
             .collect();
         for model in orphans {
-            if self.coordinating.lock().contains(&model) {
+            if self.coordinating.lock().contains_key(&model) {
                 continue;
             }
             match coordinator::campaign(store, &model, &self.config.id, lease).await {
@@ -481,16 +498,17 @@ impl<N: Node> Participant<N> {
                 }
             }
             tracing::info!(model = %model, replica = %self.config.id, "Coordinating a fleet rollout whose coordinator is gone.");
-            self.coordinating.lock().insert(model.clone());
             let this = Arc::clone(self);
-            let store = store.clone();
-            tokio::spawn(async move {
+            let (store, coordinated) = (store.clone(), model.clone());
+            let task = tokio::spawn(async move {
+                let model = coordinated;
                 if let Err(error) = coordinator::coordinate(&store, &model, &this.config.id, &this.health).await {
                     tracing::warn!(model = %model, %error, "Stopped coordinating a fleet rollout.");
                 }
                 coordinator::resign(&store, &model).await;
                 this.coordinating.lock().remove(&model);
             });
+            self.coordinating.lock().insert(model, task.abort_handle());
         }
     }
 }
