@@ -200,17 +200,28 @@ async fn operate(store: &Store, model: &str, what: Request, me: &str) -> anyhow:
 /// Starts the rollout, then coordinates it to its end, printing each
 /// decision; the lease it coordinates under dies with this process.
 async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Result<()> {
-    let record = ops::start(store, &rollout.model, rollout.version, rollout.plan()?, me).await?;
-    println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
+    let (model, plan) = (rollout.model.as_str(), rollout.plan()?);
     if rollout.detach {
+        let record = ops::start(store, model, rollout.version, plan, me).await?;
+        println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
         println!("Detached: the fleet's replicas coordinate it. Follow it with `baton fleet status --watch`.");
         return Ok(());
     }
+    // The coordinator key is taken before the rollout exists, so that no
+    // replica takes the rollout over in between.
     let lease = store.grant(5).await?;
-    if !coordinator::campaign(store, &rollout.model, me, lease).await? {
-        println!("Another process coordinates it.");
-        return Ok(());
+    if !coordinator::campaign(store, model, me, lease).await? {
+        let _ = store.revoke(lease).await;
+        anyhow::bail!("another process coordinates a rollout of model {model}; wait for it to end or abort it");
     }
+    let record = match ops::start(store, model, rollout.version, plan, me).await {
+        Ok(record) => record,
+        Err(error) => {
+            let _ = store.revoke(lease).await;
+            return Err(error.into());
+        }
+    };
+    println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
     let health = Health::default();
     let printed = Arc::new(AtomicUsize::new(record.decisions.len()));
     let printer = print_decisions(store, &rollout.model, Arc::clone(&printed));
@@ -218,7 +229,7 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
         done = coordinator::coordinate(store, &rollout.model, me, &health) => done?,
         error = store.keep_alive(lease, 5) => return Err(error.into()),
     };
-    coordinator::resign(store, &rollout.model).await;
+    let _ = store.revoke(lease).await;
     printer.abort();
     for decision in done.decisions.iter().skip(printed.load(Ordering::SeqCst)) {
         println!("{}", decision.message);
