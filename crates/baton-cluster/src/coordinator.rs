@@ -20,6 +20,8 @@ use crate::store::{Read, Store};
 
 /// How often the coordinator looks again when nothing woke it.
 const TICK: Duration = Duration::from_millis(100);
+/// How long a look waits for changes that follow the one that woke it.
+const BATCH: Duration = Duration::from_millis(5);
 /// How long, after the final commit, it waits for every switch report.
 const SWITCH_REPORTS: Duration = Duration::from_secs(10);
 
@@ -50,9 +52,17 @@ pub async fn coordinate(store: &Store, model: &str, me: &str, health: &Health) -
         if next {
             continue;
         }
-        // Woken by any change in the cluster, or after a tick.
+        // Woken by any change in the cluster, or after a tick. Changes that
+        // follow within a few milliseconds (a fleet's acks arrive together)
+        // are taken in the same look.
         tokio::select! {
-            message = events.message() => { message?; }
+            message = events.message() => {
+                message?;
+                let until = tokio::time::Instant::now() + BATCH;
+                while let Ok(message) = tokio::time::timeout_at(until, events.message()).await {
+                    message?;
+                }
+            }
             () = tokio::time::sleep(TICK) => {}
         }
     }
