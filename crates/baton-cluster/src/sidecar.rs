@@ -119,6 +119,12 @@ impl SidecarNode {
         self.ready.lock().clone()
     }
 
+    /// What the agent put into place, per model it handled.
+    pub fn placed_models(&self) -> BTreeMap<String, Serving> {
+        let models: Vec<String> = self.placed.lock().keys().cloned().collect();
+        models.into_iter().map(|m| (m.clone(), self.serving(&m))).collect()
+    }
+
     fn placed(&self, model: &str) -> Placed {
         self.placed.lock().get(model).copied().unwrap_or_default()
     }
