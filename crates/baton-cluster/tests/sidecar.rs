@@ -204,29 +204,46 @@ fn answering_version(client: &Client) -> Option<String> {
     answer.json()["model_version"].as_str().map(str::to_owned)
 }
 
-/// A baton without cluster mode, loading only what it is told.
-fn baton_target(target: &Path) -> Server {
-    let server = Server::start(&baton_bin(), target, &["--model-control", "explicit"]);
+/// A baton target serving `m` version 1 through the agent.
+struct OnBaton {
+    fleet: Fleet,
+    store: Store,
+    source: TestRepo,
+    target: tempfile::TempDir,
+    server: Server,
+    agent: Agent,
+    v2: Mlp,
+}
+
+/// Starts a baton without cluster mode, loading only what it is told, and
+/// its agent over a source holding `m` version 1 (and 2 unless
+/// `only_one`); waits until the agent is ready and the server serves 1.
+/// Unless `seeded`, the fleet has no version yet and the agent seeds its
+/// newest.
+fn on_baton(only_one: bool, seeded: bool) -> OnBaton {
+    let fleet = Fleet::new();
+    let store = fleet.store();
+    if seeded {
+        fleet.seed(&store, 1);
+    }
+    let (v1, v2) = mlps();
+    let source = source(&v1, &v2, only_one);
+    let target = tempfile::tempdir().unwrap();
+    let server = Server::start(&baton_bin(), target.path(), &["--model-control", "explicit"]);
     server.wait_ready();
-    server
+    let agent = fleet.agent(source.root(), target.path(), server.base(), TargetLayout::Baton);
+    wait_until("the agent is ready", || agent.ready());
+    server.wait_serving("m", 1);
+    assert_eq!(placed(target.path()), ["1"]);
+    OnBaton { fleet, store, source, target, server, agent, v2 }
 }
 
 #[test]
 fn a_fleet_rollout_makes_the_agent_stage_verify_place_and_load_the_candidate_on_a_baton() {
-    let fleet = Fleet::new();
-    let (v1, v2) = mlps();
-    let source = source(&v1, &v2, true);
-    let target = tempfile::tempdir().unwrap();
-    let server = baton_target(target.path());
-    let agent = fleet.agent(source.root(), target.path(), server.base(), TargetLayout::Baton);
     // The fleet has no version yet: the agent seeds its newest, 1, and has
     // the server load it before it reports ready.
-    wait_until("the agent is ready", || agent.ready());
-    server.wait_serving("m", 1);
-    assert_eq!(placed(target.path()), ["1"]);
-
+    let OnBaton { fleet, store, source, target, server, agent, v2 } = on_baton(true, false);
     source.publish_mlp("m", 2, &v2);
-    let store = fleet.store();
     let done = fleet.roll_out(&store, 2, plain());
     assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
     assert_eq!(done.switch.as_ref().map(|s| s.replicas), Some(1), "the agent reported its switch");
@@ -240,17 +257,8 @@ fn a_fleet_rollout_makes_the_agent_stage_verify_place_and_load_the_candidate_on_
 
 #[test]
 fn a_damaged_candidate_aborts_with_the_agents_verify_reason_and_the_server_keeps_its_version() {
-    let fleet = Fleet::new();
-    let (v1, v2) = mlps();
-    let source = source(&v1, &v2, true);
-    let target = tempfile::tempdir().unwrap();
-    let server = baton_target(target.path());
-    let agent = fleet.agent(source.root(), target.path(), server.base(), TargetLayout::Baton);
-    wait_until("the agent is ready", || agent.ready());
-    server.wait_serving("m", 1);
-
+    let OnBaton { fleet, store, source, target, server, agent, v2 } = on_baton(true, false);
     source.publish_damaged("m", 2, &v2, Damage::FlipByte);
-    let store = fleet.store();
     let done = fleet.roll_out(&store, 2, plain());
     assert_eq!(done.phase, FleetPhase::Aborted);
     let reason = done.reason.unwrap_or_default();
@@ -266,17 +274,8 @@ fn a_damaged_candidate_aborts_with_the_agents_verify_reason_and_the_server_keeps
 
 #[test]
 fn a_subset_step_switches_the_server_whole_and_an_abort_brings_the_kept_version_back() {
-    let fleet = Fleet::new();
-    let (v1, v2) = mlps();
-    let source = source(&v1, &v2, false);
-    let target = tempfile::tempdir().unwrap();
-    let server = baton_target(target.path());
-    let store = fleet.store();
-    fleet.seed(&store, 1);
-    let agent = fleet.agent(source.root(), target.path(), server.base(), TargetLayout::Baton);
-    wait_until("the agent is ready", || agent.ready());
-    server.wait_serving("m", 1);
-
+    // The source must outlive the test: the agent stages from it.
+    let OnBaton { fleet, store, source: _source, target, server, agent, .. } = on_baton(false, true);
     // Gray: the first step's subset is this agent alone. It sends no
     // observations, so the judgement can only be inconclusive and the
     // rollout holds at the step until an operator acts.
