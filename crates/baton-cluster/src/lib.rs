@@ -20,6 +20,7 @@ pub mod ops;
 pub mod participant;
 pub mod records;
 pub mod registry_node;
+pub mod sidecar;
 pub mod sim;
 pub mod store;
 
@@ -28,4 +29,5 @@ pub use health::Health;
 pub use node::{Node, Refusal};
 pub use participant::{Participant, ReplicaConfig};
 pub use registry_node::RegistryNode;
+pub use sidecar::{SidecarConfig, SidecarNode, TargetLayout};
 pub use store::Store;

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 use baton_core::rollout::window::Sums;
+use baton_core::source::{FetchError, Source};
 
 use crate::records::Serving;
 
@@ -59,4 +60,15 @@ pub trait Node: Send + Sync + 'static {
 
     /// Reports ready, waiting for `models` to serve, or not ready (`None`).
     fn set_ready(&self, ready: Option<BTreeSet<String>>);
+}
+
+/// Every model of `source` with its newest complete version. Blocks: call
+/// it from `spawn_blocking`.
+pub fn newest_versions(source: &dyn Source) -> Result<BTreeMap<String, Option<u64>>, FetchError> {
+    let mut newest = BTreeMap::new();
+    for model in source.models()? {
+        let version = source.versions(&model).ok().and_then(|v| v.into_iter().max());
+        newest.insert(model, version);
+    }
+    Ok(newest)
 }

@@ -56,16 +56,7 @@ fn refusal(error: &LoadError) -> Refusal {
 impl Node for RegistryNode {
     async fn available(&self) -> Result<BTreeMap<String, Option<u64>>, Refusal> {
         let source = Arc::clone(self.registry.source());
-        let listed = tokio::task::spawn_blocking(move || {
-            let models = source.models()?;
-            let mut newest = BTreeMap::new();
-            for model in models {
-                let version = source.versions(&model).ok().and_then(|v| v.into_iter().max());
-                newest.insert(model, version);
-            }
-            Ok::<_, baton_core::source::FetchError>(newest)
-        })
-        .await;
+        let listed = tokio::task::spawn_blocking(move || crate::node::newest_versions(source.as_ref())).await;
         match listed {
             Ok(Ok(newest)) => Ok(newest),
             Ok(Err(error)) => Err(Refusal { stage: "fetch".into(), reason: error.to_string() }),

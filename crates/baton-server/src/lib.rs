@@ -3,6 +3,7 @@
 //! backends the binary does not have ([`InProcess`]).
 
 mod access;
+mod agent;
 mod app;
 mod budget;
 mod cli;
@@ -84,6 +85,8 @@ enum Command {
     Rollout(Box<cli::RolloutArgs>),
     /// A fleet of replicas over etcd: its status, and rollouts across it.
     Fleet(Box<cli::FleetArgs>),
+    /// Take part in a fleet on behalf of another KServe V2 server (baton, MLServer, Triton) as its sidecar.
+    Agent(Box<agent::AgentArgs>),
     /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
     Drill(Box<baton_drill::DrillArgs>),
     /// Print state transitions and other events as they happen.
@@ -131,6 +134,7 @@ pub fn main() -> ExitCode {
         Command::Rollout(args) => cli::rollout(&args),
         Command::Fleet(args) => cli::fleet(&args),
         Command::Events { json, target } => cli::events(&target, json),
+        Command::Agent(args) => agent::run(*args),
         Command::Drill(args) => return baton_drill::run(*args),
     };
     match result {

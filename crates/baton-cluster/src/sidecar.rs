@@ -1,0 +1,326 @@
+//! The sidecar agent: takes part in fleet rollouts on behalf of a KServe V2
+//! server that has the model-repository extension (another baton without
+//! cluster mode, Triton, MLServer) and shares a file system with it.
+//!
+//! Versions are published in a source repository in baton's layout. To
+//! prepare, the agent verifies a version against its MANIFEST and copies it
+//! into a staging directory beside the target's repository, in the layout
+//! that server reads ([`TargetLayout`]); the server sees nothing. To switch,
+//! it renames the staged version into the target's repository (the one in
+//! place moves aside) and asks the server to load the model; the switch is
+//! done when that call returns and the version answers ready.
+//!
+//! What this cannot give, compared with a baton replica (see
+//! docs/fleet-sidecar.md):
+//! - a switch is a whole load by the server, not one store: the server may
+//!   answer from either version while it loads;
+//! - a subset step ([`Node::share_all`]) is that same whole switch on this
+//!   server — it cannot split traffic — and going back is a load of the
+//!   version kept aside;
+//! - no observations ([`Node::take_sums`] is `None`): a sidecar sees no
+//!   requests, so the fleet's guards judge on baton replicas' alone;
+//! - the lease says the agent lives, not the server.
+
+pub mod area;
+pub mod layout;
+pub mod target;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use baton_core::rollout::window::Sums;
+use baton_core::source::{FetchError, LocalRepository, Source};
+use baton_core::sync::Lock;
+use tokio::sync::Semaphore;
+
+pub use area::Area;
+pub use layout::TargetLayout;
+pub use target::Target;
+
+use crate::node::{Node, Refusal};
+use crate::records::Serving;
+
+/// Where the agent reads versions, where it puts them, and whom it tells.
+#[derive(Clone, Debug)]
+pub struct SidecarConfig {
+    /// The source repository, in baton's layout.
+    pub source: PathBuf,
+    /// The target server's model repository.
+    pub target_repo: PathBuf,
+    /// Where candidates are staged, on the target repository's file system;
+    /// by default `<target_repo>/.baton-agent`.
+    pub staging: Option<PathBuf>,
+    /// The target's REST base URL, `http://HOST:PORT`.
+    pub target_url: String,
+    /// A bearer token for the target's load calls.
+    pub target_token: Option<String>,
+    /// The kind of server.
+    pub layout: TargetLayout,
+    /// How long one load, readiness included, may take.
+    pub load_timeout: Duration,
+}
+
+/// What the agent put into place for one model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Placed {
+    /// The version the agent put into place and the server loaded.
+    stable: Option<u64>,
+    /// The version staged (or, when `shared`, in place).
+    candidate: Option<u64>,
+    /// The candidate is in place and loaded; `stable` is kept aside.
+    shared: bool,
+}
+
+/// Another server, driven through its repository and its load call.
+pub struct SidecarNode {
+    source: LocalRepository,
+    area: Area,
+    target: Target,
+    layout: TargetLayout,
+    placed: Lock<BTreeMap<String, Placed>>,
+    /// One operation on the target at a time: a switch is several file
+    /// moves and a load, which must not interleave with another's.
+    turn: Semaphore,
+    ready: Lock<Option<BTreeSet<String>>>,
+}
+
+fn refusal(stage: &str, reason: impl std::fmt::Display) -> Refusal {
+    Refusal { stage: stage.to_owned(), reason: reason.to_string() }
+}
+
+/// Runs blocking work (files, HTTP) off the async workers.
+async fn blocking<T: Send + 'static>(
+    stage: &'static str,
+    work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+) -> Result<T, Refusal> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| Err(refusal(stage, e)))
+}
+
+impl SidecarNode {
+    /// An agent for the server and repositories of `config`. It has put
+    /// nothing into place yet: on joining the fleet it loads the committed
+    /// version once, whatever the server serves.
+    pub fn new(config: SidecarConfig) -> SidecarNode {
+        SidecarNode {
+            source: LocalRepository::new(config.source),
+            area: Area::new(config.target_repo, config.staging),
+            target: Target::new(&config.target_url, config.target_token, config.load_timeout),
+            layout: config.layout,
+            placed: Lock::default(),
+            turn: Semaphore::new(1),
+            ready: Lock::default(),
+        }
+    }
+
+    /// What the participant reported last: ready with these models, or not
+    /// ready (`None`).
+    pub fn readiness(&self) -> Option<BTreeSet<String>> {
+        self.ready.lock().clone()
+    }
+
+    /// What the agent put into place, per model it handled.
+    pub fn placed_models(&self) -> BTreeMap<String, Serving> {
+        let models: Vec<String> = self.placed.lock().keys().cloned().collect();
+        models.into_iter().map(|m| (m.clone(), self.serving(&m))).collect()
+    }
+
+    fn placed(&self, model: &str) -> Placed {
+        self.placed.lock().get(model).copied().unwrap_or_default()
+    }
+
+    fn set_placed(&self, model: &str, placed: Placed) {
+        self.placed.lock().insert(model.to_owned(), placed);
+    }
+
+    async fn take_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Refusal> {
+        self.turn.acquire().await.map_err(|e| refusal("agent", e))
+    }
+
+    /// Stages `version` (see [`Area::stage`]).
+    async fn stage(&self, model: &str, version: u64) -> Result<(), Refusal> {
+        let (source, area, layout, name) = (self.source.clone(), self.area.clone(), self.layout, model.to_owned());
+        blocking("fetch", move || {
+            let fetch = |e: FetchError| refusal("fetch", e);
+            let dir = source.fetch(&name, version).map_err(fetch)?;
+            let options = source.spec(&name).map_err(fetch)?.policy.verify_options();
+            area.stage(&dir, &options, layout, &name, version)
+        })
+        .await?;
+        let mut placed = self.placed(model);
+        placed.candidate = Some(version);
+        self.set_placed(model, placed);
+        tracing::info!(model, version, target = %self.target.base(), "Staged a verified version for the target server.");
+        Ok(())
+    }
+
+    /// Asks the server to load `version` of `model`, now in place, and waits
+    /// until it answers ready.
+    async fn load(&self, model: &str, version: u64) -> Result<(), Refusal> {
+        let (target, name, body) = (self.target.clone(), model.to_owned(), self.layout.load_body(version));
+        let started = Instant::now();
+        blocking("load", move || {
+            target.load(&name, &body).and_then(|()| target.wait_ready(&name, version)).map_err(|e| refusal("load", e))
+        })
+        .await?;
+        let load_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(model, version, load_ms, target = %self.target.base(), "The target server loaded a version.");
+        Ok(())
+    }
+
+    /// Puts the staged candidate into place and loads it. The version in
+    /// place moves aside; it is kept when `keep`, else deleted once the load
+    /// succeeded. A failed load puts the files back as they were.
+    async fn switch(&self, model: &str, version: u64, keep: bool) -> Result<(), Refusal> {
+        let (area, layout, name) = (self.area.clone(), self.layout, model.to_owned());
+        let source_model = self.source.root().join(model);
+        blocking("place", move || {
+            let place = |e: std::io::Error| refusal("place", e);
+            layout.finish_model(&area.model_dir(&name), &source_model, &name).map_err(place)?;
+            area.put_in_place(&name, version).map_err(place)
+        })
+        .await?;
+        if let Err(failed) = self.load(model, version).await {
+            let (area, name) = (self.area.clone(), model.to_owned());
+            let undone =
+                blocking("place", move || area.take_back(&name, version, true).map_err(|e| refusal("place", e)));
+            if let Err(refused) = undone.await {
+                tracing::error!(model, version, %refused, "Could not put the target's repository back after a failed load.");
+            }
+            return Err(failed);
+        }
+        if !keep {
+            self.forget_kept(model).await;
+        }
+        Ok(())
+    }
+
+    /// Deletes the version kept aside; a failure only leaves files behind.
+    async fn forget_kept(&self, model: &str) {
+        let (area, name) = (self.area.clone(), model.to_owned());
+        let forgotten = blocking("place", move || area.forget_kept(&name).map_err(|e| refusal("place", e)));
+        if let Err(refused) = forgotten.await {
+            tracing::warn!(model, %refused, "Could not delete the version kept aside.");
+        }
+    }
+
+    /// Removes the candidate: a staged one is deleted; one in place after a
+    /// subset switch is deleted and the kept version returns and is loaded.
+    async fn drop_now(&self, model: &str) -> Result<(), Refusal> {
+        let placed = self.placed(model);
+        let Some(candidate) = placed.candidate else { return Ok(()) };
+        let (area, name) = (self.area.clone(), model.to_owned());
+        if placed.shared {
+            blocking("place", move || area.take_back(&name, candidate, false).map_err(|e| refusal("place", e))).await?;
+            self.set_placed(model, Placed { candidate: None, shared: false, ..placed });
+            if let Some(stable) = placed.stable {
+                self.load(model, stable).await?;
+            }
+        } else {
+            blocking("place", move || area.unstage(&name, candidate).map_err(|e| refusal("place", e))).await?;
+            self.set_placed(model, Placed { candidate: None, ..placed });
+        }
+        Ok(())
+    }
+}
+
+impl Node for SidecarNode {
+    async fn available(&self) -> Result<BTreeMap<String, Option<u64>>, Refusal> {
+        let source = self.source.clone();
+        blocking("fetch", move || crate::node::newest_versions(&source).map_err(|e| refusal("fetch", e))).await
+    }
+
+    /// What the agent last put into place (stable) and staged (candidate);
+    /// the candidate has all of this server's traffic after a subset switch.
+    fn serving(&self, model: &str) -> Serving {
+        let placed = self.placed(model);
+        Serving {
+            stable: placed.stable,
+            candidate: placed.candidate,
+            candidate_percent: if placed.shared { 100.0 } else { 0.0 },
+        }
+    }
+
+    /// Stages and verifies the version; the server sees no change.
+    async fn prepare(&self, model: &str, version: u64) -> Result<(), Refusal> {
+        let _turn = self.take_turn().await?;
+        let placed = self.placed(model);
+        if placed.candidate == Some(version) {
+            return Ok(());
+        }
+        self.drop_now(model).await?;
+        self.stage(model, version).await
+    }
+
+    /// A server behind a sidecar cannot split its traffic: a subset step
+    /// switches it whole, keeping the stable version aside to go back to.
+    async fn share_all(&self, model: &str) -> Result<(), Refusal> {
+        let _turn = self.take_turn().await?;
+        let placed = self.placed(model);
+        let Some(candidate) = placed.candidate else {
+            return Err(refusal("place", format!("model {model} has no staged candidate")));
+        };
+        if !placed.shared {
+            self.switch(model, candidate, true).await?;
+            self.set_placed(model, Placed { shared: true, ..placed });
+        }
+        Ok(())
+    }
+
+    /// The candidate becomes stable: put into place and loaded, unless a
+    /// subset switch did that already; the version moved aside is deleted.
+    async fn promote(&self, model: &str) -> Result<(), Refusal> {
+        let _turn = self.take_turn().await?;
+        let placed = self.placed(model);
+        let Some(candidate) = placed.candidate else {
+            return Err(refusal("place", format!("model {model} has no staged candidate")));
+        };
+        if placed.shared {
+            self.forget_kept(model).await;
+        } else {
+            self.switch(model, candidate, false).await?;
+        }
+        self.set_placed(model, Placed { stable: Some(candidate), candidate: None, shared: false });
+        Ok(())
+    }
+
+    /// Before a subset switch, deletes the staged copy; after one, brings
+    /// the kept version back and loads it again (rolled back or aborted
+    /// alike).
+    async fn drop_candidate(&self, model: &str, _rolled_back: bool) -> Result<(), Refusal> {
+        let _turn = self.take_turn().await?;
+        self.drop_now(model).await
+    }
+
+    /// Stages, verifies, puts into place and loads `version`.
+    async fn converge(&self, model: &str, version: u64) -> Result<(), Refusal> {
+        let _turn = self.take_turn().await?;
+        self.drop_now(model).await?;
+        if self.placed(model).stable == Some(version) {
+            return Ok(());
+        }
+        self.stage(model, version).await?;
+        self.switch(model, version, false).await?;
+        self.set_placed(model, Placed { stable: Some(version), candidate: None, shared: false });
+        Ok(())
+    }
+
+    /// A sidecar sees no requests: the fleet's guards judge on what baton
+    /// replicas observe.
+    fn take_sums(&self, _model: &str) -> Option<Sums> {
+        None
+    }
+
+    fn set_ready(&self, ready: Option<BTreeSet<String>>) {
+        let mut now = self.ready.lock();
+        if *now != ready {
+            match &ready {
+                Some(models) => {
+                    tracing::info!(models = ?models, "The agent is ready: the target serves what the fleet committed.")
+                }
+                None => tracing::info!("The agent is not ready."),
+            }
+        }
+        *now = ready;
+    }
+}

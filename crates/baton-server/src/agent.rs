@@ -1,0 +1,169 @@
+//! `baton agent`: the sidecar agent. It takes part in a fleet on behalf of
+//! another KServe V2 server with the model-repository extension (a baton
+//! without cluster mode, MLServer, Triton) that reads its models from a
+//! directory the agent can write: it stages and verifies each candidate
+//! beside that repository, puts it into place and has the server load it.
+//! See docs/fleet-sidecar.md for what this gives and what it cannot.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use baton_cluster::{Health, Participant, ReplicaConfig, SidecarConfig, SidecarNode, TargetLayout};
+use serde_json::{Value, json};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::cluster::{ClusterArgs, replica_id};
+
+/// The options of `baton agent`.
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// The target server's REST address, e.g. http://127.0.0.1:8080.
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+    /// The target server's model repository: the agent puts versions there.
+    #[arg(long, value_name = "DIR")]
+    pub target_repo: PathBuf,
+    /// What the target is, which decides the layout of its repository.
+    #[arg(long, value_name = "KIND", value_parser = TargetLayout::parse)]
+    pub target_kind: TargetLayout,
+    /// Where versions are published, in baton's layout (model.toml,
+    /// <version>/ with a MANIFEST).
+    #[arg(long, value_name = "DIR")]
+    pub source_repo: PathBuf,
+    /// Where candidates are staged; on the target repository's file system.
+    /// Defaults to <target-repo>/.baton-agent.
+    #[arg(long, value_name = "DIR")]
+    pub staging: Option<PathBuf>,
+    /// A bearer token for the target's load calls.
+    #[arg(long, env = "BATON_TARGET_TOKEN", hide_env_values = true)]
+    pub target_token: Option<String>,
+    /// How long one load by the target may take, readiness included, in
+    /// seconds.
+    #[arg(long, default_value_t = 600)]
+    pub load_timeout_s: u64,
+    /// Serve the agent's health and state on this address
+    /// (/v2/health/live, /v2/health/ready, /baton/v1/agent).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// What the health endpoint reads.
+struct Shared {
+    node: Arc<SidecarNode>,
+    health: Arc<Health>,
+    id: String,
+    target: String,
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let cluster = args.cluster.cluster.clone().context("baton agent needs --cluster etcd://HOST:PORT")?;
+    anyhow::ensure!(
+        args.source_repo.is_dir(),
+        "the source repository {} is not a directory",
+        args.source_repo.display()
+    );
+    anyhow::ensure!(
+        args.target_repo.is_dir(),
+        "the target repository {} is not a directory",
+        args.target_repo.display()
+    );
+    let node = Arc::new(SidecarNode::new(SidecarConfig {
+        source: args.source_repo.clone(),
+        target_repo: args.target_repo.clone(),
+        staging: args.staging.clone(),
+        target_url: args.target.clone(),
+        target_token: args.target_token.clone(),
+        layout: args.target_kind,
+        load_timeout: Duration::from_secs(args.load_timeout_s),
+    }));
+    let config = ReplicaConfig {
+        cluster,
+        name: args.cluster.cluster_name.clone(),
+        id: replica_id(args.cluster.replica_id.as_deref()),
+        address: args.target.clone(),
+        labels: args.cluster.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+        lease_ttl: args.cluster.lease_ttl,
+        coordinate: !args.cluster.no_coordinate,
+        agent: true,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async move {
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let health = Arc::new(Health::default());
+        let shared = Arc::new(Shared {
+            node: Arc::clone(&node),
+            health: Arc::clone(&health),
+            id: config.id.clone(),
+            target: args.target.clone(),
+        });
+        if let Some(address) = &args.http {
+            serve_health(address, shared).await?;
+        }
+        tracing::info!(
+            replica = %config.id,
+            cluster = %config.name,
+            target = %args.target,
+            kind = args.target_kind.as_str(),
+            "The agent takes part in the fleet for its target server."
+        );
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let participant = tokio::spawn(Participant::new(config, node, health).run(stopped));
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "Leaving the fleet.");
+        let _ = stop.send(true);
+        participant.await.context("the participant ended abnormally")
+    })
+}
+
+/// Binds `address`, prints it, and serves the agent's health from a task.
+async fn serve_health(address: &str, shared: Arc<Shared>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+    let bound = listener.local_addr().context("reading the bound address")?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "Listening on http://{bound} (baton agent health).");
+        let _ = out.flush();
+    }
+    let router = axum::Router::new()
+        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(ready))
+        .route("/baton/v1/agent", get(state))
+        .with_state(shared);
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "The agent's health listener stopped.");
+        }
+    });
+    Ok(())
+}
+
+/// Ready once the target serves what the fleet committed.
+async fn ready(State(shared): State<Arc<Shared>>) -> StatusCode {
+    if shared.node.readiness().is_some() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+}
+
+/// The agent's part in the fleet and what it put into place.
+async fn state(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    Json(json!({
+        "replica": shared.id,
+        "target": shared.target,
+        "ready": shared.node.readiness().is_some(),
+        "models": shared.node.placed_models(),
+        "fleet": shared.health.state(),
+    }))
+}
