@@ -7,6 +7,8 @@ bash scripts/fetch-onnxruntime.sh
 bash scripts/setup-packages.sh
 # The black-box tests drive baton with tritonclient too.
 bash scripts/setup-clients.sh
+# The sidecar agent is tested against a real MLServer.
+bash bench/setup-peers.sh --only mlserver
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

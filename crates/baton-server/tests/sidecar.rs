@@ -1,8 +1,8 @@
 //! The sidecar agent speaking for another server in a fleet, against a real
 //! etcd and a real target server started as a child process: a baton
-//! without cluster mode in explicit model control (always), and MLServer
-//! from the benchmarks' virtual environment (ignored unless asked for: it
-//! needs `bash bench/setup-peers.sh`). A rollout makes the agent stage,
+//! without cluster mode in explicit model control, and MLServer from the
+//! benchmarks' virtual environment (`scripts/test.sh` installs it with
+//! `bash bench/setup-peers.sh --only mlserver`). A rollout makes the agent stage,
 //! verify, place and load the candidate; a damaged candidate aborts the
 //! rollout at the agent's verify stage with the server untouched; a subset
 //! step switches the server whole and an abort brings the kept version
@@ -37,26 +37,9 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The `baton` binary, built by cargo if needed: another package's binary
-/// is not built for this one's tests. `BATON_BIN` names one instead.
+/// The `baton` binary under test.
 fn baton_bin() -> PathBuf {
-    if let Ok(bin) = std::env::var("BATON_BIN") {
-        return PathBuf::from(bin);
-    }
-    let exe = std::env::current_exe().expect("the test's path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") | None => "dev".to_owned(),
-        Some(other) => other.to_owned(),
-    };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = Command::new(cargo)
-        .args(["build", "--quiet", "-p", "baton-server", "--bin", "baton", "--profile", &profile])
-        .current_dir(workspace())
-        .status()
-        .expect("running cargo build");
-    assert!(built.success(), "cargo build -p baton-server failed");
-    profile_dir.join("baton")
+    PathBuf::from(env!("CARGO_BIN_EXE_baton"))
 }
 
 /// A fleet of one sidecar agent, over a real etcd.
@@ -317,7 +300,7 @@ impl Mlserver {
         let venv = root.join(".baton/bench-venv-mlserver/bin/mlserver");
         assert!(
             venv.is_file(),
-            "not run: MLServer is not installed at {} (run `bash bench/setup-peers.sh`)",
+            "MLServer is not installed at {} (run `bash bench/setup-peers.sh --only mlserver`)",
             venv.display()
         );
         let port = free_port();
@@ -342,7 +325,6 @@ impl Drop for Mlserver {
 }
 
 #[test]
-#[ignore = "needs MLServer from `bash bench/setup-peers.sh`; run with --ignored"]
 fn against_mlserver_the_agent_places_versions_in_its_layout_and_rolls_forward_and_back() {
     let fleet = Fleet::new();
     let (v1, v2) = mlps();
