@@ -189,6 +189,7 @@ async fn commit(
     next.step = Some(index);
     next.members = members;
     next.commit_us = Some(now_us());
+    next.switch_at_us = ops::switch_at(next);
     next.judge_at_ms = Some(now_ms() + next.plan.interval_ms);
     next.failures = 0;
     next.inconclusive = 0;
@@ -270,7 +271,7 @@ async fn finish(store: &Store, read: Read<RolloutRecord>, health: &Health) -> Re
         stamps = reports
             .into_iter()
             .filter(|r| r.value.rollout == record.id && r.value.phase == FleetPhase::Promoted)
-            .map(|r| r.value.at_us)
+            .map(|r| (r.value.seen_us, r.value.at_us))
             .collect::<Vec<_>>();
         if stamps.len() >= record.members.len() || tokio::time::Instant::now() >= deadline {
             break;
@@ -293,16 +294,20 @@ async fn finish(store: &Store, read: Read<RolloutRecord>, health: &Health) -> Re
     Ok(filed)
 }
 
-/// How far apart the stamps are, and how far after the commit write.
-pub fn summarize(stamps: &[u64], commit_us: u64) -> Option<SwitchSummary> {
-    let first = *stamps.iter().min()?;
-    let last = *stamps.iter().max()?;
+/// How far apart the switches (and the deliveries of the commit) are, and
+/// how far after the commit write; `stamps` holds (seen, switched) pairs.
+pub fn summarize(stamps: &[(u64, u64)], commit_us: u64) -> Option<SwitchSummary> {
+    let spread = |values: Vec<u64>| -> Option<(u64, u64)> { Some((*values.iter().min()?, *values.iter().max()?)) };
+    let (first, last) = spread(stamps.iter().map(|s| s.1).collect())?;
+    let (first_seen, last_seen) = spread(stamps.iter().map(|s| s.0).collect())?;
     let ms = |us: i64| us as f64 / 1000.0;
     Some(SwitchSummary {
         replicas: stamps.len(),
         skew_ms: ms((last - first) as i64),
         first_ms: ms(first as i64 - commit_us as i64),
         last_ms: ms(last as i64 - commit_us as i64),
+        delivery_skew_ms: ms(last_seen as i64 - first_seen as i64),
+        last_seen_ms: ms(last_seen as i64 - commit_us as i64),
     })
 }
 
@@ -312,8 +317,10 @@ mod tests {
 
     #[test]
     fn the_skew_is_last_minus_first_and_delays_count_from_the_commit() {
-        let s = summarize(&[1_002_000, 1_000_500, 1_004_000], 1_000_000).unwrap();
+        let stamps = [(1_001_000, 1_002_000), (1_000_100, 1_000_500), (1_003_000, 1_004_000)];
+        let s = summarize(&stamps, 1_000_000).unwrap();
         assert_eq!((s.replicas, s.skew_ms, s.first_ms, s.last_ms), (3, 3.5, 0.5, 4.0));
+        assert_eq!((s.delivery_skew_ms, s.last_seen_ms), (2.9, 3.0));
         assert!(summarize(&[], 0).is_none());
     }
 }

@@ -77,6 +77,7 @@ pub async fn start(
         inconclusive: 0,
         commit_us: None,
         judge_at_ms: None,
+        switch_at_us: None,
         reason: None,
         decisions: Vec::new(),
         switch: None,
@@ -162,6 +163,7 @@ pub fn promote(record: &mut RolloutRecord, by: &str, keys: &Keys) -> Result<(Str
     record.phase = FleetPhase::Promoted;
     record.step = Some(record.plan.steps.len() - 1);
     record.commit_us = Some(now_us());
+    record.switch_at_us = switch_at(record);
     record.judge_at_ms = None;
     record.paused = None;
     let message = format!(
@@ -173,6 +175,13 @@ pub fn promote(record: &mut RolloutRecord, by: &str, keys: &Keys) -> Result<(Str
     decide(record, "promoted", by, message);
     let desired = Desired { version: record.version, rollout: Some(record.id), at_ms: now_ms() };
     Ok((keys.desired(&record.model), encode(&desired)?))
+}
+
+/// When replicas switch to a step committed now: the commit time plus
+/// the plan's lead, or on delivery when the lead is 0.
+pub fn switch_at(record: &RolloutRecord) -> Option<u64> {
+    let lead = record.plan.switch_lead_ms;
+    (lead > 0).then(|| record.commit_us.unwrap_or_else(now_us) + lead * 1000)
 }
 
 /// Ends a record without promoting.

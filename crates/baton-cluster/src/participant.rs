@@ -29,6 +29,19 @@ const TICK: Duration = Duration::from_millis(500);
 /// Every how many ticks a replica that may coordinate counts the replicas.
 const COUNT_EVERY: u64 = 10;
 
+/// Waits until the record's switch time on this replica's clock; at once
+/// when there is none or it has passed. The commit is durable before any
+/// replica sees it, so however this clock is off, no replica switches to
+/// a version the fleet did not commit.
+async fn wait_for_switch_time(record: &RolloutRecord) {
+    if let Some(at) = record.switch_at_us {
+        let now = now_us();
+        if at > now {
+            tokio::time::sleep(Duration::from_micros(at - now)).await;
+        }
+    }
+}
+
 /// Who a replica is and how it takes part.
 #[derive(Clone, Debug)]
 pub struct ReplicaConfig {
@@ -337,15 +350,19 @@ impl<N: Node> Participant<N> {
             FleetPhase::Committed if record.members.contains(&me) && holds_candidate => {
                 let key = (record.id, FleetPhase::Committed, record.step);
                 if self.switched(&model) != Some(key) {
+                    let seen_us = now_us();
+                    wait_for_switch_time(&record).await;
                     let result = self.node.share_all(&model).await;
-                    self.report_switch(store, &record, key, result).await;
+                    self.report_switch(store, &record, key, seen_us, result).await;
                 }
             }
             FleetPhase::Promoted => {
                 let key = (record.id, FleetPhase::Promoted, record.step);
                 if holds_candidate && self.switched(&model) != Some(key) {
+                    let seen_us = now_us();
+                    wait_for_switch_time(&record).await;
                     let result = self.node.promote(&model).await;
-                    self.report_switch(store, &record, key, result).await;
+                    self.report_switch(store, &record, key, seen_us, result).await;
                 } else if serving.stable.is_some() && serving.stable != Some(record.version) && !holds_candidate {
                     // It missed the commit, or was left out: a whole load.
                     self.converge(&model, record.version).await;
@@ -372,6 +389,7 @@ impl<N: Node> Participant<N> {
         store: &Store,
         record: &RolloutRecord,
         key: (u64, FleetPhase, Option<usize>),
+        seen_us: u64,
         result: Result<(), Refusal>,
     ) {
         let at_us = now_us();
@@ -383,7 +401,7 @@ impl<N: Node> Participant<N> {
         self.local.lock().entry(model.clone()).or_default().switched = Some(key);
         let delay_us = at_us as i64 - record.commit_us.unwrap_or(at_us) as i64;
         self.health.switched(model, delay_us as f64 / 1e6);
-        let report = Switched { rollout: record.id, phase: key.1, step: key.2, at_us, delay_us };
+        let report = Switched { rollout: record.id, phase: key.1, step: key.2, at_us, seen_us, delay_us };
         if let Err(error) = store.put(&store.keys.switched(model, &self.config.id), &report, None).await {
             tracing::warn!(model = %model, %error, "Could not report the switch.");
         }

@@ -66,6 +66,11 @@ pub struct Desired {
     pub at_ms: u64,
 }
 
+/// The default lead from the commit write to the switch: long enough for
+/// the commit to reach every replica of a fleet of hundreds under load
+/// (docs/BENCHMARKS.md), short next to any prepare.
+pub const DEFAULT_SWITCH_LEAD_MS: u64 = 250;
+
 /// How a fleet rollout proceeds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -89,6 +94,11 @@ pub struct FleetPlan {
     pub allow_missing: usize,
     /// What the subset is held to, over the fleet's merged observations.
     pub guards: Guards,
+    /// How long after the commit write every replica switches, at one
+    /// instant on its clock, rather than each when its watch delivers the
+    /// commit: replicas then switch together however unevenly the commit
+    /// reaches them. 0 switches on delivery.
+    pub switch_lead_ms: u64,
 }
 
 impl Default for FleetPlan {
@@ -102,6 +112,7 @@ impl Default for FleetPlan {
             max_inconclusive: 10,
             allow_missing: 0,
             guards: Guards::default(),
+            switch_lead_ms: DEFAULT_SWITCH_LEAD_MS,
         }
     }
 }
@@ -211,6 +222,11 @@ pub struct RolloutRecord {
     /// epoch.
     #[serde(default)]
     pub judge_at_ms: Option<u64>,
+    /// When replicas switch to the committed step, in microseconds since
+    /// the epoch: the commit write plus the plan's lead. A replica that
+    /// learns of the commit later switches at once.
+    #[serde(default)]
+    pub switch_at_us: Option<u64>,
     /// Why it ended, when it did not promote.
     pub reason: Option<String>,
     /// What it decided so far, newest last (the latest few).
@@ -250,6 +266,13 @@ pub struct SwitchSummary {
     pub first_ms: f64,
     /// See `first_ms`.
     pub last_ms: f64,
+    /// The last replica to learn of the commit minus the first: the skew a
+    /// switch on delivery would have had.
+    #[serde(default)]
+    pub delivery_skew_ms: f64,
+    /// From the commit write to the last replica learning of it.
+    #[serde(default)]
+    pub last_seen_ms: f64,
 }
 
 /// A replica's prepare result, under its lease.
@@ -278,6 +301,9 @@ pub struct Switched {
     pub step: Option<usize>,
     /// When the store happened, in microseconds since the epoch.
     pub at_us: u64,
+    /// When the replica's watch delivered the commit.
+    #[serde(default)]
+    pub seen_us: u64,
     /// From the commit write, in microseconds (negative across hosts
     /// whose clocks disagree).
     pub delay_us: i64,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use baton_cluster::ops::{self, Request};
-use baton_cluster::records::{Desired, FleetPhase, FleetPlan, RolloutRecord};
+use baton_cluster::records::{Desired, FleetPhase, FleetPlan, RolloutRecord, Switched};
 use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, Store, coordinator};
 use baton_core::registry::Registry;
 use baton_core::rollout::guard::Guards;
@@ -219,6 +219,11 @@ fn a_two_phase_rollout_switches_every_replica_with_no_failed_request() {
         let switch = done.switch.expect("the switch was summarised");
         assert_eq!(switch.replicas, 3);
         assert!(switch.skew_ms >= 0.0 && switch.last_ms >= switch.first_ms);
+        // Every replica waited for the instant the commit named.
+        let at = done.switch_at_us.expect("a switch time");
+        let (reports, _) = fleet.runtime.block_on(store.list::<Switched>(&store.keys.switches("m"))).unwrap();
+        assert_eq!(reports.len(), 3);
+        assert!(reports.iter().all(|r| r.value.at_us >= at && r.value.seen_us < r.value.at_us), "{reports:?}");
         wait_until("every replica serves the committed version", || {
             replicas.iter().all(|r| r.serves() == Some(version) && r.candidate().is_none())
         });

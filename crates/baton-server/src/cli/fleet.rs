@@ -116,6 +116,10 @@ pub struct FleetRollout {
     pub max_inconclusive: u32,
     #[command(flatten)]
     pub guard: GuardFlags,
+    /// How long after the commit write every replica switches, at one
+    /// instant; 0 switches each replica when the commit reaches it.
+    #[arg(long, value_parser = baton_drill::args::parse_duration, default_value = "250ms")]
+    pub switch_lead: Duration,
     /// Start it and return; the replicas coordinate it.
     #[arg(long)]
     pub detach: bool,
@@ -136,6 +140,7 @@ impl FleetRollout {
             max_inconclusive: self.max_inconclusive,
             allow_missing: self.allow_missing,
             guards,
+            switch_lead_ms: self.switch_lead.as_millis() as u64,
         })
     }
 }
@@ -236,8 +241,14 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
     }
     if let Some(switch) = &done.switch {
         println!(
-            "{} replicas switched within {:.1} ms of each other, {:.1}–{:.1} ms after the commit write.",
-            switch.replicas, switch.skew_ms, switch.first_ms, switch.last_ms
+            "{} replicas switched within {:.1} ms of each other, {:.1}–{:.1} ms after the commit write \
+             (the commit reached them within {:.1} ms of each other, the last {:.1} ms after the write).",
+            switch.replicas,
+            switch.skew_ms,
+            switch.first_ms,
+            switch.last_ms,
+            switch.delivery_skew_ms,
+            switch.last_seen_ms
         );
     }
     match done.phase {
