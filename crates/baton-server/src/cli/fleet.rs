@@ -205,21 +205,21 @@ async fn operate(store: &Store, model: &str, what: Request, me: &str) -> anyhow:
 /// Starts the rollout, then coordinates it to its end, printing each
 /// decision; the lease it coordinates under dies with this process.
 async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Result<()> {
-    let (model, plan) = (rollout.model.as_str(), rollout.plan()?);
     if rollout.detach {
-        let record = ops::start(store, model, rollout.version, plan, me).await?;
+        let record = ops::start(store, &rollout.model, rollout.version, rollout.plan()?, me).await?;
         println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
         println!("Detached: the fleet's replicas coordinate it. Follow it with `baton fleet status --watch`.");
         return Ok(());
     }
-    // The coordinator key is taken before the rollout exists, so that no
-    // replica takes the rollout over in between.
+    // The coordinator key is taken before the record is written: a record
+    // in progress with no coordinator is an orphan, and a replica would
+    // take it over before this process could.
     let lease = store.grant(5).await?;
-    if !coordinator::campaign(store, model, me, lease).await? {
-        let _ = store.revoke(lease).await;
-        anyhow::bail!("another process coordinates a rollout of model {model}; wait for it to end or abort it");
+    tokio::select! {
+        claimed = claim(store, &rollout.model, me, lease) => claimed?,
+        error = store.keep_alive(lease, 5) => return Err(error.into()),
     }
-    let record = match ops::start(store, model, rollout.version, plan, me).await {
+    let record = match ops::start(store, &rollout.model, rollout.version, rollout.plan()?, me).await {
         Ok(record) => record,
         Err(error) => {
             let _ = store.revoke(lease).await;
@@ -259,6 +259,31 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
             done.reason.as_deref().unwrap_or("no reason given")
         ),
     }
+}
+
+/// Takes the coordinator key of `model` under `lease`. A coordinator that
+/// just ended a rollout holds it while it files the switch timings (a few
+/// seconds at most), so it is asked for again until CLAIM passes; a
+/// rollout still in progress is refused at once.
+async fn claim(store: &Store, model: &str, me: &str, lease: i64) -> anyhow::Result<()> {
+    const CLAIM: Duration = Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + CLAIM;
+    while !coordinator::campaign(store, model, me, lease).await? {
+        if let Some(r) = store.get::<RolloutRecord>(&store.keys.record(model)).await?
+            && r.value.phase.in_progress()
+        {
+            anyhow::bail!(
+                "a fleet rollout of model {model} version {} is in progress ({}); abort it first",
+                r.value.version,
+                r.value.phase.as_str()
+            );
+        }
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("another process has coordinated model {model} for {CLAIM:?}; try again once it is done");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 /// Prints the rollout's decisions as they are written, counting them in
