@@ -26,7 +26,8 @@ use crate::store::Store;
 const RETRY: Duration = Duration::from_millis(500);
 /// How often sums are published and the registration refreshed.
 const TICK: Duration = Duration::from_millis(500);
-/// Every how many ticks a replica that may coordinate counts the replicas.
+/// Every how many ticks a replica that may coordinate counts the
+/// replicas, and a convergence that failed is tried again.
 const COUNT_EVERY: u64 = 10;
 
 /// Waits until the record's switch time on this replica's clock; at once
@@ -85,8 +86,9 @@ pub struct Participant<N: Node> {
     local: Lock<BTreeMap<String, Local>>,
     /// The models readiness waits for, once converged.
     required: Lock<Option<BTreeSet<String>>>,
-    /// Models being converged: not ready until done.
-    converging: Lock<BTreeSet<String>>,
+    /// Models being converged, with the version: not ready until done.
+    /// One that failed is tried again every few seconds.
+    converging: Lock<BTreeMap<String, u64>>,
     /// Rollouts this replica coordinates, under this session's lease.
     coordinating: Lock<BTreeMap<String, tokio::task::AbortHandle>>,
     /// The registration last written, and under which lease: rewritten
@@ -209,6 +211,13 @@ impl<N: Node> Participant<N> {
                     ticks += 1;
                     Box::pin(self.publish_sums(store)).await?;
                     self.register(store, lease).await?;
+                    if ticks % COUNT_EVERY == 0 {
+                        let failed: Vec<(String, u64)> =
+                            self.converging.lock().iter().map(|(m, v)| (m.clone(), *v)).collect();
+                        for (model, version) in failed {
+                            self.converge(&model, version).await;
+                        }
+                    }
                     if self.config.coordinate {
                         self.take_over(store, lease).await;
                         // Now and then: how many replicas are live, for
@@ -275,9 +284,12 @@ impl<N: Node> Participant<N> {
     async fn converge(&self, model: &str, version: u64) {
         // A candidate beside it is the rollouts' business, not this.
         if self.node.serving(model).stable == Some(version) {
+            if self.converging.lock().remove(model).is_some() {
+                self.report_ready();
+            }
             return;
         }
-        self.converging.lock().insert(model.to_owned());
+        self.converging.lock().insert(model.to_owned(), version);
         self.report_ready();
         tracing::info!(model, version, replica = %self.config.id, "Converging on the version the fleet committed.");
         match self.node.converge(model, version).await {
@@ -287,7 +299,12 @@ impl<N: Node> Participant<N> {
             }
             Err(refusal) => {
                 // It stays not ready: it cannot serve what the fleet serves.
-                tracing::error!(model, version, %refusal, "Could not converge on the fleet's version; not ready.");
+                tracing::error!(
+                    model,
+                    version,
+                    %refusal,
+                    "Could not converge on the fleet's version; not ready, and trying again in a few seconds."
+                );
             }
         }
         self.report_ready();
