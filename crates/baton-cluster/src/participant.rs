@@ -211,7 +211,7 @@ impl<N: Node> Participant<N> {
                     ticks += 1;
                     Box::pin(self.publish_sums(store)).await?;
                     self.register(store, lease).await?;
-                    if ticks % COUNT_EVERY == 0 {
+                    if ticks.is_multiple_of(COUNT_EVERY) {
                         let failed: Vec<(String, u64)> =
                             self.converging.lock().iter().map(|(m, v)| (m.clone(), *v)).collect();
                         for (model, version) in failed {
