@@ -22,8 +22,15 @@ use crate::records::{
 };
 use crate::store::Store;
 
-/// How long to wait before trying the store again.
+/// How long to wait, on average, before trying the store again.
 const RETRY: Duration = Duration::from_millis(500);
+
+/// [`RETRY`], spread by ±50 % at random: replicas that lost the store
+/// together do not all come back at the same instant.
+fn retry_after() -> Duration {
+    let spread = baton_core::rollout::assign::random_bucket(); // 0..10,000
+    RETRY / 2 + RETRY * spread / 10_000
+}
 /// How often sums are published and the registration refreshed.
 const TICK: Duration = Duration::from_millis(500);
 /// Every how many ticks a replica that may coordinate counts the
@@ -128,7 +135,7 @@ impl<N: Node> Participant<N> {
             }
             self.health.disconnect(why.to_string());
             tokio::select! {
-                () = tokio::time::sleep(RETRY) => {}
+                () = tokio::time::sleep(retry_after()) => {}
                 _ = stop.changed() => return,
             }
             if *stop.borrow() {
