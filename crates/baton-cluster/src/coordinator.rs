@@ -75,6 +75,8 @@ async fn step(store: &Store, read: &Read<RolloutRecord>, me: &str, health: &Heal
     let model = record.model.as_str();
     let mut next = record.clone();
     let mut also = Vec::new();
+    // Why the rollout ends here without promoting, counted once written.
+    let mut ends: Option<&'static str> = None;
     match record.phase {
         FleetPhase::Preparing => {
             let (replicas, _) = store.list::<ReplicaRecord>(&store.keys.replicas()).await?;
@@ -83,7 +85,7 @@ async fn step(store: &Store, read: &Read<RolloutRecord>, me: &str, health: &Heal
             let acks: BTreeMap<String, Ack> = acks
                 .into_iter()
                 .filter(|a| a.value.rollout == record.id)
-                .map(|a| (crate::keys::Keys::last(&a.key).to_owned(), a.value))
+                .map(|a| (a.name().to_owned(), a.value))
                 .collect();
             // Participants that cannot take part, with why; and whether
             // any of them failed to prepare (rather than lost its lease).
@@ -106,8 +108,7 @@ async fn step(store: &Store, read: &Read<RolloutRecord>, me: &str, health: &Heal
             if !trouble.is_empty() {
                 if record.missing.len() + trouble.len() > record.plan.allow_missing {
                     let reason = trouble.iter().map(|(_, why)| why.as_str()).collect::<Vec<_>>().join("; ");
-                    let kind = if failed { "prepare_failed" } else { "lease_lost" };
-                    health.aborted(kind);
+                    ends = Some(if failed { "prepare_failed" } else { "lease_lost" });
                     ops::end(&mut next, FleetPhase::Aborted, reason, me);
                 } else {
                     for (id, why) in trouble {
@@ -116,14 +117,14 @@ async fn step(store: &Store, read: &Read<RolloutRecord>, me: &str, health: &Heal
                     }
                 }
             } else if waiting.is_empty() {
-                commit(&mut next, 0, me, store).await?.into_iter().for_each(|w| also.push(w));
+                also.extend(commit(&mut next, 0, me, store).await?);
             } else if now_ms().saturating_sub(record.started_ms) > record.plan.prepare_timeout_ms {
                 let reason = format!(
                     "prepare timed out after {} ms waiting for {}",
                     record.plan.prepare_timeout_ms,
                     waiting.join(", ")
                 );
-                health.aborted("prepare_timeout");
+                ends = Some("prepare_timeout");
                 ops::end(&mut next, FleetPhase::Aborted, reason, me);
             } else {
                 return Ok(false);
@@ -134,11 +135,19 @@ async fn step(store: &Store, read: &Read<RolloutRecord>, me: &str, health: &Heal
             if record.paused.is_some() || !due {
                 return Ok(false);
             }
-            judge(store, &mut next, me, health).await?.into_iter().for_each(|w| also.push(w));
+            also.extend(judge(store, &mut next, me).await?);
         }
         _ => return Ok(false),
     }
+    if next.phase == FleetPhase::RolledBack {
+        ends = Some("guards");
+    } else if next.phase == FleetPhase::Aborted && ends.is_none() {
+        ends = Some("no_members");
+    }
     if store.swap(&store.keys.record(model), &next, read.revision, also).await? {
+        if let Some(reason) = ends {
+            health.aborted(reason);
+        }
         tracing::info!(
             model,
             version = next.version,
@@ -207,12 +216,7 @@ async fn commit(
 
 /// Judges the committed subset on what every participant observed during
 /// the step, merged: the guards and their minimum samples hold fleet-wide.
-async fn judge(
-    store: &Store,
-    next: &mut RolloutRecord,
-    me: &str,
-    health: &Health,
-) -> Result<Option<(String, Vec<u8>)>, ClusterError> {
+async fn judge(store: &Store, next: &mut RolloutRecord, me: &str) -> Result<Option<(String, Vec<u8>)>, ClusterError> {
     let step = next.step.unwrap_or(0);
     let (reports, _) = store.list::<StepSums>(&store.keys.all_sums(&next.model)).await?;
     let mut merged = Sums::default();
@@ -233,7 +237,6 @@ async fn judge(
         Outcome::Fail => {
             next.failures += 1;
             if next.failures >= next.plan.failure_limit {
-                health.aborted("guards");
                 ops::end(next, FleetPhase::RolledBack, format!("the guards failed: {}", verdict.reason), me);
             } else {
                 decide(next, "held", me, format!("A judgement failed ({}); the step holds.", verdict.reason));

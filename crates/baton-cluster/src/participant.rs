@@ -37,6 +37,24 @@ const TICK: Duration = Duration::from_millis(500);
 /// replicas, and a convergence that failed is tried again.
 const COUNT_EVERY: u64 = 10;
 
+/// The records a watch message puts, with their keys; a record that
+/// cannot be read is skipped with a warning. An error or the end of the
+/// watch is the store lost.
+fn puts<T: serde::de::DeserializeOwned>(
+    message: Result<Option<etcd_client::WatchResponse>, etcd_client::Error>,
+) -> Result<Vec<(String, T)>, ClusterError> {
+    let response = message?.ok_or_else(|| ClusterError::Unreachable("the watch ended".into()))?;
+    let mut records = Vec::new();
+    for kv in response.events().iter().filter(|e| e.event_type() == EventType::Put).filter_map(|e| e.kv()) {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        match serde_json::from_slice(kv.value()) {
+            Ok(record) => records.push((key, record)),
+            Err(error) => tracing::warn!(%key, %error, "Skipped a cluster record that cannot be read."),
+        }
+    }
+    Ok(records)
+}
+
 /// Waits until the record's switch time on this replica's clock; at once
 /// when there is none or it has passed. The commit is durable before any
 /// replica sees it, so however this clock is off, no replica switches to
@@ -170,8 +188,7 @@ impl<N: Node> Participant<N> {
         // Acks written under an earlier lease are gone with it: ack again.
         self.local.lock().values_mut().for_each(|l| l.acked = None);
         let (desired, revision) = store.list::<Desired>(&keys.desired_all()).await?;
-        let desired: BTreeMap<String, Desired> =
-            desired.into_iter().map(|d| (crate::keys::Keys::last(&d.key).to_owned(), d.value)).collect();
+        let desired: BTreeMap<String, Desired> = desired.into_iter().map(|d| (d.name().to_owned(), d.value)).collect();
         // Rollouts first: a candidate resident for a rollout that committed
         // meanwhile is promoted (one store) rather than loaded again.
         let (records, _) = store.list::<RolloutRecord>(&keys.records()).await?;
@@ -193,25 +210,13 @@ impl<N: Node> Participant<N> {
             tokio::select! {
                 error = &mut keep_alive => return Err(error),
                 message = records.message() => {
-                    let response = message?.ok_or_else(|| ClusterError::Unreachable("the watch ended".into()))?;
-                    for event in response.events() {
-                        if event.event_type() != EventType::Put { continue }
-                        let Some(kv) = event.kv() else { continue };
-                        match serde_json::from_slice::<RolloutRecord>(kv.value()) {
-                            Ok(record) => self.apply(store, lease, record).await,
-                            Err(error) => tracing::warn!(%error, "Skipped a rollout record that cannot be read."),
-                        }
+                    for (_, record) in puts::<RolloutRecord>(message)? {
+                        self.apply(store, lease, record).await;
                     }
                 }
                 message = desired.message() => {
-                    let response = message?.ok_or_else(|| ClusterError::Unreachable("the watch ended".into()))?;
-                    for event in response.events() {
-                        if event.event_type() != EventType::Put { continue }
-                        let Some(kv) = event.kv() else { continue };
-                        if let Ok(d) = serde_json::from_slice::<Desired>(kv.value()) {
-                            let model = crate::keys::Keys::last(kv.key_str().unwrap_or_default()).to_owned();
-                            self.follow_desired(store, &model, d.version).await;
-                        }
+                    for (key, d) in puts::<Desired>(message)? {
+                        self.follow_desired(crate::keys::Keys::last(&key), d.version).await;
                     }
                 }
                 _ = tick.tick() => {
@@ -260,7 +265,7 @@ impl<N: Node> Participant<N> {
                 BTreeMap::new()
             }
         };
-        let mut required = BTreeSet::new();
+        let mut targets = Vec::new();
         for (model, newest) in available {
             let target = match desired.get(&model) {
                 Some(d) => d.version,
@@ -278,11 +283,14 @@ impl<N: Node> Participant<N> {
                     }
                 }
             };
-            required.insert(model.clone());
-            *self.required.lock() = Some(required.clone());
+            targets.push((model, target));
+        }
+        // Every model is required before any converges: readiness then
+        // waits for all of them, not for the first.
+        *self.required.lock() = Some(targets.iter().map(|(m, _)| m.clone()).collect());
+        for (model, target) in targets {
             self.converge(&model, target).await;
         }
-        *self.required.lock() = Some(required);
         self.report_ready();
         Ok(())
     }
@@ -326,7 +334,7 @@ impl<N: Node> Participant<N> {
 
     /// A committed version changed outside a rollout this replica took
     /// part in: follow it, unless a rollout of the model is in progress.
-    async fn follow_desired(self: &Arc<Self>, _store: &Store, model: &str, version: u64) {
+    async fn follow_desired(self: &Arc<Self>, model: &str, version: u64) {
         let in_progress = self
             .local
             .lock()
@@ -440,19 +448,13 @@ impl<N: Node> Participant<N> {
         let result = self.node.prepare(&model, record.version).await;
         let prepare_ms = started.elapsed().as_millis() as u64;
         self.health.prepared(&model, started.elapsed().as_secs_f64());
-        let ack = match &result {
-            Ok(()) => Ack { rollout: record.id, ok: true, stage: None, reason: None, prepare_ms },
-            Err(r) => Ack {
-                rollout: record.id,
-                ok: false,
-                stage: Some(r.stage.clone()),
-                reason: Some(r.reason.clone()),
-                prepare_ms,
-            },
-        };
-        match &result {
+        let mut ack = Ack { rollout: record.id, ok: result.is_ok(), stage: None, reason: None, prepare_ms };
+        match result {
             Ok(()) => tracing::info!(model = %model, version = record.version, prepare_ms, "Prepared."),
-            Err(r) => tracing::warn!(model = %model, version = record.version, refusal = %r, "Could not prepare."),
+            Err(r) => {
+                tracing::warn!(model = %model, version = record.version, refusal = %r, "Could not prepare.");
+                (ack.stage, ack.reason) = (Some(r.stage), Some(r.reason));
+            }
         }
         if let Err(error) = store.put(&store.keys.ack(&model, &self.config.id), &ack, Some(lease)).await {
             tracing::warn!(model = %model, %error, "Could not ack the prepare.");
@@ -542,6 +544,9 @@ impl<N: Node> Participant<N> {
             tracing::info!(model = %model, replica = %self.config.id, "Coordinating a fleet rollout whose coordinator is gone.");
             let this = Arc::clone(self);
             let (store, coordinated) = (store.clone(), model.clone());
+            // Held while spawning, so the task cannot remove its entry
+            // before it is there.
+            let mut coordinating = self.coordinating.lock();
             let task = tokio::spawn(async move {
                 let model = coordinated;
                 if let Err(error) = coordinator::coordinate(&store, &model, &this.config.id, &this.health).await {
@@ -550,7 +555,7 @@ impl<N: Node> Participant<N> {
                 coordinator::resign(&store, &model).await;
                 this.coordinating.lock().remove(&model);
             });
-            self.coordinating.lock().insert(model, task.abort_handle());
+            coordinating.insert(model, task.abort_handle());
         }
     }
 }

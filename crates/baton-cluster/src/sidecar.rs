@@ -11,7 +11,7 @@
 //! done when that call returns and the version answers ready.
 //!
 //! What this cannot give, compared with a baton replica (see
-//! docs/fleet-sidecar.md):
+//! docs/fleet.md, "The sidecar agent"):
 //! - a switch is a whole load by the server, not one store: the server may
 //!   answer from either version while it loads;
 //! - a subset step ([`Node::share_all`]) is that same whole switch on this

@@ -28,6 +28,13 @@ pub struct Read<T> {
     pub revision: i64,
 }
 
+impl<T> Read<T> {
+    /// The last part of its key: the replica's ID or the model's name.
+    pub fn name(&self) -> &str {
+        Keys::last(&self.key)
+    }
+}
+
 /// A connection to one cluster's keys in etcd. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {

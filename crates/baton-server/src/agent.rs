@@ -3,9 +3,8 @@
 //! without cluster mode, MLServer, Triton) that reads its models from a
 //! directory the agent can write: it stages and verifies each candidate
 //! beside that repository, puts it into place and has the server load it.
-//! See docs/fleet-sidecar.md for what this gives and what it cannot.
+//! See docs/fleet.md ("The sidecar agent") for what this gives and what it cannot.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,11 +14,11 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use baton_cluster::{Health, Participant, ReplicaConfig, SidecarConfig, SidecarNode, TargetLayout};
+use baton_cluster::{Health, Participant, SidecarConfig, SidecarNode, TargetLayout};
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cluster::{ClusterArgs, replica_id};
+use crate::cluster::ClusterArgs;
 
 /// The options of `baton agent`.
 #[derive(clap::Args, Debug)]
@@ -86,16 +85,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         layout: args.target_kind,
         load_timeout: Duration::from_secs(args.load_timeout_s),
     }));
-    let config = ReplicaConfig {
-        cluster,
-        name: args.cluster.cluster_name.clone(),
-        id: replica_id(args.cluster.replica_id.as_deref()),
-        address: args.target.clone(),
-        labels: args.cluster.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
-        lease_ttl: args.cluster.lease_ttl,
-        coordinate: !args.cluster.no_coordinate,
-        agent: true,
-    };
+    let config = args.cluster.replica(cluster, args.target.clone(), true);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

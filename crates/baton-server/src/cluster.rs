@@ -37,6 +37,23 @@ pub struct ClusterArgs {
     pub no_coordinate: bool,
 }
 
+impl ClusterArgs {
+    /// Who this process is in the fleet at `cluster`: a replica serving at
+    /// `address`, or an agent speaking for the server there.
+    pub fn replica(&self, cluster: String, address: String, agent: bool) -> ReplicaConfig {
+        ReplicaConfig {
+            cluster,
+            name: self.cluster_name.clone(),
+            id: replica_id(self.replica_id.as_deref()),
+            address,
+            labels: self.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+            lease_ttl: self.lease_ttl,
+            coordinate: !self.no_coordinate,
+            agent,
+        }
+    }
+}
+
 /// Parses `key=value`.
 pub fn parse_label(text: &str) -> Result<(String, String), String> {
     let (key, value) = text.split_once('=').ok_or_else(|| format!("'{text}' is not key=value"))?;
@@ -67,16 +84,7 @@ pub fn start(app: &Arc<App>, args: &ClusterArgs, address: String) -> Option<Arc<
         None => ready_app.hold(),
     });
     let node = Arc::new(RegistryNode::new(app.registry.clone(), ready));
-    let config = ReplicaConfig {
-        cluster,
-        name: args.cluster_name.clone(),
-        id: replica_id(args.replica_id.as_deref()),
-        address,
-        labels: args.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
-        lease_ttl: args.lease_ttl,
-        coordinate: !args.no_coordinate,
-        agent: false,
-    };
+    let config = args.replica(cluster, address, false);
     tracing::info!(replica = %config.id, cluster = %config.name, "Taking part in a fleet.");
     let participant = Participant::new(config, node, Arc::clone(&health));
     let stop = app.shutdown_signal();

@@ -14,6 +14,7 @@ use baton_cluster::records::{Ack, Desired, FleetPhase, FleetPlan, ReplicaRecord,
 use baton_cluster::{Health, Store, coordinator};
 use baton_core::rollout::guard::Guards;
 
+use super::render_fleet::Fleet;
 use super::rollout::GuardFlags;
 
 /// `baton fleet`'s arguments.
@@ -98,28 +99,30 @@ pub struct FleetRollout {
     /// for more.
     #[arg(long = "selector", value_name = "KEY=VALUE", value_parser = crate::cluster::parse_label)]
     pub selector: Vec<(String, String)>,
-    /// How long a committed subset is observed before it is judged.
-    #[arg(long, value_parser = baton_drill::args::parse_duration, default_value = "30s")]
-    pub interval: Duration,
-    /// How long replicas have to prepare.
-    #[arg(long, value_parser = baton_drill::args::parse_duration, default_value = "120s")]
-    pub prepare_timeout: Duration,
+    /// How long a committed subset is observed before it is judged
+    /// (default 30s).
+    #[arg(long, value_parser = baton_drill::args::parse_duration)]
+    pub interval: Option<Duration>,
+    /// How long replicas have to prepare (default 120s).
+    #[arg(long, value_parser = baton_drill::args::parse_duration)]
+    pub prepare_timeout: Option<Duration>,
     /// Participants that may be lost or fail to prepare without aborting;
-    /// they converge later.
-    #[arg(long, default_value_t = 0)]
-    pub allow_missing: usize,
-    /// Failed judgements that roll the subset back.
-    #[arg(long, default_value_t = 1)]
-    pub failure_limit: u32,
-    /// Inconclusive judgements in a row that pause.
-    #[arg(long, default_value_t = 10)]
-    pub max_inconclusive: u32,
+    /// they converge later (default 0).
+    #[arg(long)]
+    pub allow_missing: Option<usize>,
+    /// Failed judgements that roll the subset back (default 1).
+    #[arg(long)]
+    pub failure_limit: Option<u32>,
+    /// Inconclusive judgements in a row that pause (default 10).
+    #[arg(long)]
+    pub max_inconclusive: Option<u32>,
     #[command(flatten)]
     pub guard: GuardFlags,
     /// How long after the commit write every replica switches, at one
-    /// instant; 0 switches each replica when the commit reaches it.
-    #[arg(long, value_parser = baton_drill::args::parse_duration, default_value = "250ms")]
-    pub switch_lead: Duration,
+    /// instant (default 250ms); 0 switches each replica when the commit
+    /// reaches it.
+    #[arg(long, value_parser = baton_drill::args::parse_duration)]
+    pub switch_lead: Option<Duration>,
     /// Start it and return; the replicas coordinate it.
     #[arg(long)]
     pub detach: bool,
@@ -131,16 +134,19 @@ impl FleetRollout {
             Some(json) => serde_json::from_value::<Guards>(json).context("the guard flags")?,
             None => Guards::default(),
         };
+        // What is not given is the plan's default.
+        let base = FleetPlan::default();
+        let ms = |given: Option<Duration>, default: u64| given.map_or(default, |d| d.as_millis() as u64);
         Ok(FleetPlan {
-            steps: self.steps.clone().unwrap_or_else(|| vec![100.0]),
+            steps: self.steps.clone().unwrap_or(base.steps),
             selector: self.selector.iter().cloned().collect(),
-            interval_ms: self.interval.as_millis() as u64,
-            prepare_timeout_ms: self.prepare_timeout.as_millis() as u64,
-            failure_limit: self.failure_limit,
-            max_inconclusive: self.max_inconclusive,
-            allow_missing: self.allow_missing,
+            interval_ms: ms(self.interval, base.interval_ms),
+            prepare_timeout_ms: ms(self.prepare_timeout, base.prepare_timeout_ms),
+            failure_limit: self.failure_limit.unwrap_or(base.failure_limit),
+            max_inconclusive: self.max_inconclusive.unwrap_or(base.max_inconclusive),
+            allow_missing: self.allow_missing.unwrap_or(base.allow_missing),
             guards,
-            switch_lead_ms: self.switch_lead.as_millis() as u64,
+            switch_lead_ms: ms(self.switch_lead, base.switch_lead_ms),
         })
     }
 }
@@ -304,16 +310,7 @@ fn print_decisions(store: &Store, model: &str, printed: Arc<AtomicUsize>) -> tok
     })
 }
 
-/// What `baton fleet status` reads.
-#[derive(serde::Serialize)]
-struct Snapshot {
-    replicas: Vec<ReplicaRecord>,
-    desired: BTreeMap<String, Desired>,
-    rollouts: Vec<RolloutRecord>,
-    acks: BTreeMap<String, BTreeMap<String, Ack>>,
-}
-
-async fn snapshot(store: &Store) -> anyhow::Result<Snapshot> {
+async fn snapshot(store: &Store) -> anyhow::Result<Fleet> {
     let keys = &store.keys;
     let (replicas, _) = store.list::<ReplicaRecord>(&keys.replicas()).await?;
     let (desired, _) = store.list::<Desired>(&keys.desired_all()).await?;
@@ -322,12 +319,12 @@ async fn snapshot(store: &Store) -> anyhow::Result<Snapshot> {
     for rollout in &rollouts {
         let (list, _) = store.list::<Ack>(&keys.acks(&rollout.value.model)).await?;
         let of_this = list.into_iter().filter(|a| a.value.rollout == rollout.value.id);
-        let by_replica = of_this.map(|a| (baton_cluster::keys::Keys::last(&a.key).to_owned(), a.value)).collect();
+        let by_replica = of_this.map(|a| (a.name().to_owned(), a.value)).collect();
         acks.insert(rollout.value.model.clone(), by_replica);
     }
-    Ok(Snapshot {
+    Ok(Fleet {
         replicas: replicas.into_iter().map(|r| r.value).collect(),
-        desired: desired.into_iter().map(|d| (baton_cluster::keys::Keys::last(&d.key).to_owned(), d.value)).collect(),
+        desired: desired.into_iter().map(|d| (d.name().to_owned(), d.value)).collect(),
         rollouts: rollouts.into_iter().map(|r| r.value).collect(),
         acks,
     })
@@ -336,11 +333,7 @@ async fn snapshot(store: &Store) -> anyhow::Result<Snapshot> {
 async fn status(store: &Store, watch: bool, json: bool) -> anyhow::Result<()> {
     loop {
         let snapshot = snapshot(store).await?;
-        let text = if json {
-            serde_json::to_string_pretty(&snapshot)?
-        } else {
-            super::render_fleet::render(&snapshot_view(&snapshot))
-        };
+        let text = if json { serde_json::to_string_pretty(&snapshot)? } else { super::render_fleet::render(&snapshot) };
         let mut out = std::io::stdout().lock();
         if watch && out.is_terminal() {
             write!(out, "\x1b[2J\x1b[H")?;
@@ -352,8 +345,4 @@ async fn status(store: &Store, watch: bool, json: bool) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-}
-
-fn snapshot_view(s: &Snapshot) -> super::render_fleet::View<'_> {
-    super::render_fleet::View { replicas: &s.replicas, desired: &s.desired, rollouts: &s.rollouts, acks: &s.acks }
 }

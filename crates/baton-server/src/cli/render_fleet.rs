@@ -6,24 +6,25 @@ use std::fmt::Write;
 
 use baton_cluster::records::{Ack, Desired, FleetPhase, ReplicaRecord, RolloutRecord};
 
-/// What the status shows.
-pub struct View<'a> {
+/// What `baton fleet status` reads, shown as text or as JSON.
+#[derive(serde::Serialize)]
+pub struct Fleet {
     /// Live replicas.
-    pub replicas: &'a [ReplicaRecord],
+    pub replicas: Vec<ReplicaRecord>,
     /// Committed versions per model.
-    pub desired: &'a BTreeMap<String, Desired>,
+    pub desired: BTreeMap<String, Desired>,
     /// Each model's rollout (in progress or last).
-    pub rollouts: &'a [RolloutRecord],
+    pub rollouts: Vec<RolloutRecord>,
     /// Per model, the acks of its rollout by replica.
-    pub acks: &'a BTreeMap<String, BTreeMap<String, Ack>>,
+    pub acks: BTreeMap<String, BTreeMap<String, Ack>>,
 }
 
 /// The text.
-pub fn render(view: &View<'_>) -> String {
+pub fn render(view: &Fleet) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{} live replicas", view.replicas.len());
     let _ = writeln!(out, "{:<20} {:<6} {:<28} {:<24} LABELS", "REPLICA", "READY", "ADDRESS", "MODELS");
-    for r in view.replicas {
+    for r in &view.replicas {
         let models: Vec<String> = r
             .models
             .iter()
@@ -40,7 +41,7 @@ pub fn render(view: &View<'_>) -> String {
         let ready = if r.ready { "yes" } else { "no" };
         let _ = writeln!(out, "{id:<20} {ready:<6} {:<28} {:<24} {}", r.address, models.join(" "), labels.join(","));
     }
-    for (model, d) in view.desired {
+    for (model, d) in &view.desired {
         let _ = writeln!(out, "\nmodel {model}: the fleet serves version {}", d.version);
         let Some(r) = view.rollouts.iter().find(|r| &r.model == model) else { continue };
         rollout(&mut out, r, view.acks.get(model));
