@@ -64,6 +64,12 @@ pub trait Model: Send + Sync + 'static {
         let _ = instance;
         self.infer(inputs)
     }
+
+    /// What the version's weights cost and what kind of update it was, as
+    /// far as the engine knows; the default knows nothing.
+    fn weights(&self) -> WeightsInfo {
+        WeightsInfo::default()
+    }
 }
 
 /// One weight tensor, borrowed from the backend while it is checked.
@@ -124,6 +130,40 @@ pub struct InputRange {
     pub range: ValueRange,
 }
 
+/// Which kind of update a version is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateKind {
+    /// New weights for a graph the server already knows (a weights-only
+    /// version).
+    Weights,
+    /// A whole model: graph and weights.
+    #[default]
+    Graph,
+}
+
+impl UpdateKind {
+    /// `weights` or `graph`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateKind::Weights => "weights",
+            UpdateKind::Graph => "graph",
+        }
+    }
+}
+
+/// A loaded version's weights as the engine holds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightsInfo {
+    /// Bytes of the weights every instance shares (one copy for all).
+    pub shared: u64,
+    /// Of those, bytes taken from another live version of the same model
+    /// because the tensors are identical, and so not held again.
+    pub reused: u64,
+    /// Which kind of update the version was.
+    pub update: UpdateKind,
+}
+
 /// An engine failure while loading or running a model.
 #[derive(Debug, Error)]
 #[error("{message}")]
@@ -132,12 +172,21 @@ pub struct BackendError {
     pub kind: &'static str,
     /// What happened, for people.
     pub message: String,
+    /// The tensor the engine refused while loading, when the version's
+    /// weights disagree with its graph: the load pipeline reports such a
+    /// refusal as a failure of the validate stage, which it is.
+    pub tensor: Option<String>,
 }
 
 impl BackendError {
     /// A new error.
     pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
-        BackendError { kind, message: message.into() }
+        BackendError { kind, message: message.into(), tensor: None }
+    }
+
+    /// A tensor of the version refused while loading (see [`BackendError::tensor`]).
+    pub fn refused_tensor(kind: &'static str, tensor: impl Into<String>, message: impl Into<String>) -> Self {
+        BackendError { kind, message: message.into(), tensor: Some(tensor.into()) }
     }
 }
 

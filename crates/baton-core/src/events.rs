@@ -4,6 +4,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use crate::backend::UpdateKind;
+
 /// The state of a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -146,6 +148,9 @@ pub struct LoadReport {
     pub total: Duration,
     /// Memory the new version holds (measured RSS growth across its load).
     pub bytes_held: u64,
+    /// Which kind of update the loaded version was (`weights` or `graph`),
+    /// when the operation loaded one.
+    pub update: Option<UpdateKind>,
     /// Requests still pinned to the old routing table when the drain gave up.
     pub stragglers: usize,
     /// Whether the drain timed out.

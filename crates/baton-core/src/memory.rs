@@ -67,6 +67,10 @@ pub struct LiveVersion {
     pub version: u64,
     /// Bytes it holds.
     pub bytes_held: u64,
+    /// Its memory, split up.
+    pub memory: crate::version::VersionMemory,
+    /// Which kind of update it was.
+    pub update: crate::backend::UpdateKind,
 }
 
 struct Released {
@@ -313,7 +317,12 @@ impl Memory {
             .iter()
             .filter(|(m, _)| m == model)
             .filter_map(|(_, w)| w.upgrade())
-            .map(|v| LiveVersion { version: v.number(), bytes_held: v.bytes_held() })
+            .map(|v| LiveVersion {
+                version: v.number(),
+                bytes_held: v.bytes_held(),
+                memory: v.memory(),
+                update: v.weights().update,
+            })
             .collect();
         out.sort_by_key(|v| v.version);
         out

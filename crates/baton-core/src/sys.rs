@@ -318,7 +318,8 @@ mod tests {
     fn rss_is_positive_and_grows_with_touched_memory() {
         let before = trimmed_rss().expect("rss readable on linux");
         assert!(before > 0);
-        let block = vec![1u8; 64 << 20];
+        // black_box: an optimised build would not allocate an unused block.
+        let block = std::hint::black_box(vec![1u8; 64 << 20]);
         let after = rss_bytes().expect("rss readable");
         assert!(after >= before + (32 << 20), "before {before} after {after}");
         drop(block);

@@ -39,6 +39,23 @@ pub struct Version {
     heap: Option<HeapLease>,
 }
 
+/// A live version's memory, as status shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VersionMemory {
+    /// Bytes of its weights: the tensors its instances share, or, for an
+    /// engine that does not share them, the size of the version's files.
+    pub weights: u64,
+    /// Of those, bytes held once for this version and another live version
+    /// of the model, whose tensors are identical.
+    pub shared: u64,
+    /// What it holds beyond its own weights (`total` minus `weights` plus
+    /// `shared`): the engine's sessions, their packed weights' padding,
+    /// arenas and threads.
+    pub session_overhead: u64,
+    /// Everything it holds (`bytes_held`, measured while it loaded).
+    pub total: u64,
+}
+
 /// Everything a version is built from; see [`Version::new`].
 pub struct VersionParts {
     /// Model name.
@@ -131,6 +148,24 @@ impl Version {
     /// When the version was committed to memory.
     pub fn loaded_at(&self) -> SystemTime {
         self.loaded_at
+    }
+
+    /// What the engine says of the version's weights.
+    pub fn weights(&self) -> crate::backend::WeightsInfo {
+        self.engine().weights()
+    }
+
+    /// The version's memory, split into its weights, what it shares with
+    /// another version and what its sessions add (see [`VersionMemory`]).
+    pub fn memory(&self) -> VersionMemory {
+        let info = self.weights();
+        let weights = if info.shared > 0 { info.shared } else { self.manifest.total_bytes() };
+        VersionMemory {
+            weights,
+            shared: info.reused,
+            session_overhead: self.bytes_held.saturating_sub(weights - info.reused.min(weights)),
+            total: self.bytes_held,
+        }
     }
 
     fn engine(&self) -> &dyn Model {

@@ -1,16 +1,19 @@
 //! [`OnnxBackend`]: loads `model.onnx` into a pool of ONNX Runtime sessions.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::ops::DerefMut;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
-use baton_core::backend::{Backend, BackendError, InputRange, Model, ValueRange, Weight, WeightsError};
+use baton_core::backend::{
+    Backend, BackendError, InputRange, Model, UpdateKind, ValueRange, Weight, WeightsError, WeightsInfo,
+};
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
 use baton_core::tensor::Tensor;
 use baton_core::verified::Verified;
-use ort::session::builder::{AutoDevicePolicy, SessionBuilder};
+use ort::session::builder::{AutoDevicePolicy, PrepackedWeights, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, ValueType};
 
@@ -21,6 +24,7 @@ use crate::options::EngineOptions;
 use crate::pool::Pool;
 use crate::proto::ExternalFiles;
 use crate::runtime::{PoolThreads, runtime};
+use crate::shared::{SharedTensor, SharedWeights};
 
 /// The model file a version directory must hold.
 pub const MODEL_FILE: &str = "model.onnx";
@@ -62,12 +66,20 @@ impl OnnxModel {
         // Staged under the temporary directory ($TMPDIR, else /tmp).
         let file = ModelFile::read(version, &std::env::temp_dir(), options.stage_weights)?;
         let path = file.path().to_path_buf();
+        let shared = share(&file, version)?;
+        // One container of packed weights for the pool: the sessions after
+        // the first use what the first packed from the shared tensors.
+        let packed = PrepackedWeights::new();
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
-            let session =
-                guarded(|| create_session(&file, &options), "model_invalid", "creating an ONNX Runtime session")?;
+            let session = guarded(
+                || create_session(&file, &options, &packed, &shared),
+                "model_invalid",
+                "creating an ONNX Runtime session",
+            )?;
             sessions.push(session);
         }
+        shared.release();
         // Whatever the sessions were built from has been read by now, be it
         // by baton or by ONNX Runtime: the files must still be the hashed ones.
         file.unchanged()?;
@@ -92,7 +104,16 @@ impl OnnxModel {
                 "ONNX model loaded"
             );
         });
-        Ok(OnnxModel { file: file.keep(), signature, sessions: Pool::new(sessions), ranges: OnceLock::new() })
+        shared.publish();
+        let update = if file.is_weights_only() { UpdateKind::Weights } else { UpdateKind::Graph };
+        Ok(OnnxModel {
+            file: file.keep(),
+            signature,
+            sessions: Pool::new(sessions),
+            shared,
+            update,
+            ranges: OnceLock::new(),
+        })
     }
 }
 
@@ -116,7 +137,22 @@ fn prime() -> Result<(), BackendError> {
     Ok(())
 }
 
-fn create_session(file: &ModelFile, options: &EngineOptions) -> Result<Session, BackendError> {
+/// The staged weights mapped once for every session; none when the model
+/// was not staged (small models, `stage_weights = false`).
+fn share(file: &ModelFile, version: &Verified) -> Result<SharedWeights, BackendError> {
+    let Some((staged, (data, len))) = file.staged().and_then(|s| s.data().map(|d| (s, d))) else {
+        return Ok(SharedWeights::default());
+    };
+    SharedWeights::new(&crate::shared::model_dir(version.dir()), data, *len, staged.placed())
+        .map_err(|e| BackendError::new("staging_failed", format!("{}: {e}", file.path().display())))
+}
+
+fn create_session(
+    file: &ModelFile,
+    options: &EngineOptions,
+    packed: &PrepackedWeights,
+    shared: &SharedWeights,
+) -> Result<Session, BackendError> {
     let env = &runtime()?.env;
     let setup = |e: ort::Error<SessionBuilder>| {
         BackendError::new("invalid_engine_options", format!("configuring the ONNX Runtime session: {e}"))
@@ -134,7 +170,12 @@ fn create_session(file: &ModelFile, options: &EngineOptions) -> Result<Session, 
         .with_inter_threads(options.inter_op_threads)
         .map_err(setup)?
         .with_parallel_execution(options.inter_op_threads > 1)
+        .map_err(setup)?
+        .with_prepacked_weights(packed)
         .map_err(setup)?;
+    for (name, value) in shared.values() {
+        builder = builder.with_initializer(name, value).map_err(setup)?;
+    }
     if options.has_worker_threads() {
         // Created on this (low-priority loader) thread, the workers would
         // inherit its priority; PoolThreads has them spawned elsewhere.
@@ -180,6 +221,11 @@ struct OnnxModel {
     file: KeptFile,
     signature: Signature,
     sessions: Pool<Session>,
+    /// The weights the sessions share; after the sessions, so that they
+    /// are dropped first.
+    shared: SharedWeights,
+    /// Whether the version brought weights alone or a whole model.
+    update: UpdateKind,
     /// The integer inputs' ranges, read from the graph when the weights
     /// are visited, or when first asked for.
     ranges: OnceLock<Vec<InputRange>>,
@@ -212,20 +258,28 @@ impl Model for OnnxModel {
         let external = |location: &str| files.external(location);
         let mut scratch = weights.scratch(&model);
         let constants = model.nodes.iter().filter_map(|n| n.constant.as_ref());
+        // Shared tensors are read where the sessions read them, in place.
+        let shared: HashMap<&str, &SharedTensor> =
+            self.shared.tensors().iter().map(|t| (t.name(), t.as_ref())).collect();
         for tensor in model.initializers.iter().chain(constants) {
             let datatype = datatype_of_onnx(tensor.data_type).filter(|d| d.size().is_some());
-            let data: &[u8] = match datatype {
-                Some(_) => {
+            let in_place = shared
+                .get(tensor.name.as_str())
+                .filter(|t| t.data_type() == tensor.data_type && t.dims() == tensor.dims.as_slice());
+            let data: &[u8] = match (datatype, in_place) {
+                (Some(_), Some(t)) => t.bytes(),
+                (Some(_), None) => {
                     crate::proto::initializer_bytes(tensor, weights.raw(), ExternalFiles::Open(&external), &mut scratch)
                         .map_err(|e| unreadable(&e))?
                 }
                 // STRING, bfloat16 and types baton has no datatype for.
-                None => &[],
+                (None, _) => &[],
             };
             let role = graph.role(&tensor.name);
             let weight = Weight { name: &tensor.name, datatype, shape: &tensor.dims, data, role };
             visit(&weight).map_err(WeightsError::Refused)?;
         }
+        self.shared.release();
         // What was visited was read from the verified files; they must
         // still be as they were hashed.
         files.unchanged().map_err(|e| WeightsError::Read(e.to_string()))
@@ -256,6 +310,10 @@ impl Model for OnnxModel {
 
     fn instances(&self) -> usize {
         self.sessions.len()
+    }
+
+    fn weights(&self) -> WeightsInfo {
+        WeightsInfo { shared: self.shared.bytes(), reused: self.shared.reused(), update: self.update }
     }
 
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

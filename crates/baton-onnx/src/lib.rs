@@ -42,7 +42,10 @@ mod options;
 mod pool;
 pub mod proto;
 mod runtime;
+pub mod safetensors;
+mod shared;
 mod staged;
+mod weights_only;
 pub mod writer;
 
 pub use backend::{MODEL_FILE, OnnxBackend};
@@ -50,3 +53,4 @@ pub use options::{EngineOptions, MAX_SESSIONS, MAX_THREADS, Optimization};
 pub use runtime::{
     PoolThreads, RUNTIME_RELATIVE_PATH, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME, environment, init, runtime_path,
 };
+pub use weights_only::{GRAPH_FILE, graph_for_weights};

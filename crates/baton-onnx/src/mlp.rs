@@ -185,6 +185,27 @@ pub fn encode_mlp(mlp: &Mlp, opts: &OnnxOptions) -> (Vec<u8>, Option<Vec<u8>>) {
     (graph.model(opts.opset), ext)
 }
 
+/// The MLP's weights as a safetensors file, named as [`encode_mlp`] names
+/// its initializers: a weights-only version of the same graph.
+pub fn mlp_safetensors(mlp: &Mlp) -> Vec<u8> {
+    let tensors: Vec<(String, Vec<i64>, Vec<u8>)> = mlp
+        .layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, layer)| {
+            let (inp, out) = (mlp.sizes[i] as i64, mlp.sizes[i + 1] as i64);
+            let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            [
+                (format!("fc{i}.weight"), vec![inp, out], bytes(&layer.weight)),
+                (format!("fc{i}.bias"), vec![out], bytes(&layer.bias)),
+            ]
+        })
+        .collect();
+    let borrowed: Vec<_> =
+        tensors.iter().map(|(n, d, b)| (n.as_str(), elem::FLOAT, d.as_slice(), b.as_slice())).collect();
+    crate::safetensors::encode(&borrowed).expect("FLOAT has a safetensors dtype")
+}
+
 /// Encodes `output = Identity(input)` for `[batch, width]` tensors of an
 /// ONNX element type (see [`crate::proto::elem`]): a model with no weights
 /// that returns its input, for carrying every datatype end to end.

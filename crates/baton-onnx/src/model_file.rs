@@ -99,6 +99,9 @@ pub(crate) struct ModelFile {
     staged: Option<Staged>,
     /// The verified model file's `/proc/self/fd` path.
     fd_path: PathBuf,
+    /// Whether the bytes are a weights-only version's graph as rewritten
+    /// to take its weights file's tensors, which the file on disk is not.
+    rewritten: bool,
 }
 
 impl ModelFile {
@@ -106,15 +109,26 @@ impl ModelFile {
     /// data; stages it under `temp` when it has external data, or when it is
     /// large and `stage_weights` is on.
     pub(crate) fn read(version: &Verified, temp: &Path, stage_weights: bool) -> Result<ModelFile, BackendError> {
-        let name = version.dir().join(crate::MODEL_FILE);
+        let weights_only = crate::weights_only::graph(version)?;
+        let rewritten = weights_only.is_some();
+        let (name, model, whole, mut bytes) = match weights_only {
+            Some(graph) => (graph.name, graph.file, true, graph.bytes),
+            None => {
+                let name = version.dir().join(crate::MODEL_FILE);
+                let invalid =
+                    |e: &dyn std::fmt::Display| BackendError::new("model_invalid", format!("{}: {e}", name.display()));
+                let model =
+                    version.file(crate::MODEL_FILE).ok_or_else(|| invalid(&"not a file of the version"))?.clone();
+                let whole = model.size() <= READ_ONCE_LIMIT;
+                let bytes = match whole {
+                    true => model.read_all().map_err(|e| invalid(&e))?,
+                    false => proto::read_skeleton(model.file(), &name).map_err(|e| invalid(&e))?,
+                };
+                (name, model, whole, bytes)
+            }
+        };
         let invalid =
             |e: &dyn std::fmt::Display| BackendError::new("model_invalid", format!("{}: {e}", name.display()));
-        let model = version.file(crate::MODEL_FILE).ok_or_else(|| invalid(&"not a file of the version"))?;
-        let whole = model.size() <= READ_ONCE_LIMIT;
-        let mut bytes = match whole {
-            true => model.read_all().map_err(|e| invalid(&e))?,
-            false => proto::read_skeleton(model.file(), &name).map_err(|e| invalid(&e))?,
-        };
         let parsed = proto::parse(&bytes).map_err(|e| invalid(&e))?;
         if let Some(tensor) = proto::nested_external_data(&bytes).map_err(|e| invalid(&e))? {
             return Err(BackendError::new(
@@ -127,7 +141,7 @@ impl ModelFile {
                 ),
             ));
         }
-        let files = Files { model: model.clone(), external: external_files(version, &parsed, &name)?, name };
+        let files = Files { model, external: external_files(version, &parsed, &name)?, name };
         let has_external = !files.external.is_empty();
         let mut staged = None;
         if has_external || (!whole && stage_weights) {
@@ -170,7 +184,7 @@ impl ModelFile {
             return Err(BackendError::new("staging_failed", format!("{}: nothing was staged", files.name.display())));
         }
         let fd_path = files.model.fd_path();
-        Ok(ModelFile { files, bytes: whole.then_some(bytes), staged, fd_path })
+        Ok(ModelFile { files, bytes: whole.then_some(bytes), staged, fd_path, rewritten })
     }
 
     /// The model file's path, for messages.
@@ -192,6 +206,16 @@ impl ModelFile {
         self.staged.is_some()
     }
 
+    /// The staged copy, if any.
+    pub(crate) fn staged(&self) -> Option<&Staged> {
+        self.staged.as_ref()
+    }
+
+    /// Whether this is a weights-only version.
+    pub(crate) fn is_weights_only(&self) -> bool {
+        self.rewritten
+    }
+
     /// Whether every file read is still as the verify stage hashed it.
     pub(crate) fn unchanged(&self) -> Result<(), VerifyError> {
         self.files.unchanged()
@@ -201,7 +225,7 @@ impl ModelFile {
     /// and removes the staged copy, if any: the sessions exist, and map what
     /// they still use of it.
     pub(crate) fn keep(self) -> KeptFile {
-        KeptFile { files: self.files, bytes: Mutex::new(self.bytes) }
+        KeptFile { files: self.files, bytes: Mutex::new(self.bytes), rewritten: self.rewritten }
     }
 }
 
@@ -286,6 +310,8 @@ impl Weights {
 pub(crate) struct KeptFile {
     files: Files,
     bytes: Mutex<Option<Vec<u8>>>,
+    /// Keep the bytes for every read (see [`ModelFile`]'s field).
+    rewritten: bool,
 }
 
 impl KeptFile {
@@ -299,7 +325,9 @@ impl KeptFile {
     /// version's weights are visited once, by validation, so later reads
     /// are rare).
     pub(crate) fn take(&self) -> std::io::Result<Weights> {
-        let kept = self.bytes.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        let mut held = self.bytes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let kept = if self.rewritten { held.clone() } else { held.take() };
+        drop(held);
         if let Some(bytes) = kept {
             return Ok(Weights::Whole(bytes));
         }

@@ -168,7 +168,7 @@ mod node;
 mod skeleton;
 mod wire;
 
-pub use externalize::{Externalized, FileLength, Move, Origin, externalize};
+pub use externalize::{Externalized, FileLength, Move, Origin, Placement, externalize, point_at};
 pub use nested::nested_external_data;
 pub use node::Node;
 pub use skeleton::read_skeleton;

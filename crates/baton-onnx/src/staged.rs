@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::proto::{self, InitData, Origin};
+use crate::shared::Placed;
 
 /// Payloads smaller than this stay inline: mapping works in whole pages.
 pub(crate) const MIN_MOVED: usize = 4096;
@@ -59,6 +60,10 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 pub(crate) struct Staged {
     dir: PathBuf,
     model: PathBuf,
+    /// The data file, open for reading, and its length.
+    data: Option<(File, u64)>,
+    /// The tensors moved to the data file, where each now is.
+    placed: Vec<Placed>,
 }
 
 /// What [`Staged::create`] stages.
@@ -88,6 +93,16 @@ impl Staged {
     /// The staged model file, to create sessions from.
     pub(crate) fn model(&self) -> &Path {
         &self.model
+    }
+
+    /// The data file and its length, once written.
+    pub(crate) fn data(&self) -> Option<&(File, u64)> {
+        self.data.as_ref()
+    }
+
+    /// The initializers whose payloads are in the data file.
+    pub(crate) fn placed(&self) -> &[Placed] {
+        &self.placed
     }
 
     /// Stages the model under `parent`. `Ok(None)` when there is nothing to
@@ -136,7 +151,8 @@ impl Staged {
         let dir = parent.join(dir_name);
         DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         // From here on, dropping `staged` removes the directory.
-        let staged = Staged { model: dir.join(crate::MODEL_FILE), dir };
+        let placed = placed_in(&layout.model).map_err(|e| e.to_string())?;
+        let mut staged = Staged { model: dir.join(crate::MODEL_FILE), dir, data: None, placed };
         let fail = |what: &str, e: std::io::Error| format!("{what} in {}: {e}", staged.dir.display());
         std::fs::write(&staged.model, &layout.model).map_err(|e| fail("writing the model", e))?;
         let mut data = File::create(staged.dir.join(DATA_FILE)).map_err(|e| fail("creating the data file", e))?;
@@ -158,8 +174,28 @@ impl Staged {
             }
         }
         data.set_len(layout.data_len).map_err(|e| fail("sizing the data file", e))?;
+        let reader = File::open(staged.dir.join(DATA_FILE)).map_err(|e| fail("opening the data file", e))?;
+        staged.data = Some((reader, layout.data_len));
         Ok(Some(staged))
     }
+}
+
+/// The initializers of a staged model whose payloads are in its data file.
+fn placed_in(model: &[u8]) -> Result<Vec<Placed>, proto::ProtoError> {
+    let parsed = proto::parse(model)?;
+    Ok(parsed
+        .initializers
+        .into_iter()
+        .filter_map(|init| match init.data {
+            InitData::External { location, offset, length: Some(length) } if location == DATA_FILE => Some(Placed {
+                name: init.name,
+                data_type: init.data_type,
+                dims: init.dims,
+                range: offset..offset + length,
+            }),
+            _ => None,
+        })
+        .collect())
 }
 
 impl Drop for Staged {

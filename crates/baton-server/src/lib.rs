@@ -41,9 +41,17 @@ enum Command {
     /// Serve a model repository over KServe V2 (a generated demo repository without --repo).
     Serve(Box<serve::ServeArgs>),
     /// Write DIR/MANIFEST listing every file of a version with its size and SHA-256.
+    /// With --graph-from, first write DIR/graph.onnx for a weights-only
+    /// version (DIR/weights.safetensors): the graph of an earlier version's
+    /// model.onnx (or any ONNX file), its initializers taken from the
+    /// weights file after checking each tensor's name, type and shape.
     Package {
         /// The version directory, e.g. models/ranker/3.
         dir: PathBuf,
+        /// An earlier version's directory, or an ONNX file, whose graph the
+        /// weights-only version in DIR uses.
+        #[arg(long, value_name = "VERSION_DIR|MODEL.onnx")]
+        graph_from: Option<PathBuf>,
     },
     /// Show every model's state, versions, last load and last error.
     Status(#[command(flatten)] cli::Target),
@@ -99,14 +107,41 @@ enum Command {
     },
 }
 
-fn package(dir: &std::path::Path) -> anyhow::Result<()> {
+fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>) -> anyhow::Result<()> {
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    if let Some(source) = graph_from {
+        write_weights_graph(dir, source)?;
+    }
     let manifest = baton_core::manifest::write(dir).with_context(|| format!("packaging {}", dir.display()))?;
     println!(
         "Wrote {} listing {} files, {} bytes.",
         dir.join(baton_core::manifest::MANIFEST).display(),
         manifest.entries.len(),
         manifest.total_bytes()
+    );
+    Ok(())
+}
+
+/// Writes `dir/graph.onnx` from the graph of `source` (a version directory
+/// or an ONNX file) for the weights file in `dir`.
+fn write_weights_graph(dir: &std::path::Path, source: &std::path::Path) -> anyhow::Result<()> {
+    use baton_onnx::{GRAPH_FILE, MODEL_FILE, safetensors::WEIGHTS_FILE};
+    let source = match source.is_dir() {
+        true if source.join(MODEL_FILE).is_file() => source.join(MODEL_FILE),
+        true => source.join(GRAPH_FILE),
+        false => source.to_path_buf(),
+    };
+    let graph = std::fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
+    let weights_path = dir.join(WEIGHTS_FILE);
+    let weights = std::fs::File::open(&weights_path).with_context(|| format!("opening {}", weights_path.display()))?;
+    let rewritten = baton_onnx::graph_for_weights(&graph, &weights)
+        .map_err(|e| anyhow::anyhow!("{} does not fit {}: {e}", weights_path.display(), source.display()))?;
+    std::fs::write(dir.join(GRAPH_FILE), &rewritten).with_context(|| format!("writing {GRAPH_FILE}"))?;
+    println!(
+        "Wrote {} ({} bytes), the graph of {}.",
+        dir.join(GRAPH_FILE).display(),
+        rewritten.len(),
+        source.display()
     );
     Ok(())
 }
@@ -125,7 +160,7 @@ pub fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Package { dir } => package(&dir),
+        Command::Package { dir, graph_from } => package(&dir, graph_from.as_deref()),
         Command::Status(target) => cli::status(&target),
         Command::Load { name, version, target } => cli::load(&target, &name, version),
         Command::Rollback { name, target } => cli::rollback(&target, &name),

@@ -125,6 +125,32 @@ impl TestRepo {
         dir
     }
 
+    /// Publishes a weights-only version: `weights`' tensors as
+    /// `weights.safetensors` and the graph of `graph`'s model as
+    /// `graph.onnx`, as `baton package --graph-from` writes it, plus
+    /// `extra` files; then seals it.
+    pub fn publish_weights(
+        &self,
+        name: &str,
+        version: u64,
+        graph: &Mlp,
+        weights: &[u8],
+        extra: &[(&str, &[u8])],
+    ) -> PathBuf {
+        let dir = self.version_dir(name, version);
+        std::fs::create_dir_all(&dir).expect("creating the version directory");
+        let weights_path = dir.join(baton_onnx::safetensors::WEIGHTS_FILE);
+        std::fs::write(&weights_path, weights).expect("writing the weights");
+        let (model, _) = encode_mlp(graph, &OnnxOptions::default());
+        let file = std::fs::File::open(&weights_path).expect("opening the weights");
+        let rewritten = baton_onnx::graph_for_weights(&model, &file).expect("the weights fit the graph");
+        let mut files: Vec<(&str, &[u8])> = vec![(baton_onnx::GRAPH_FILE, &rewritten)];
+        files.extend_from_slice(extra);
+        self.write_files(name, version, &files);
+        self.seal(name, version);
+        dir
+    }
+
     /// Damages a sealed version.
     pub fn damage(&self, name: &str, version: u64, damage: Damage) {
         damage_dir(&self.version_dir(name, version), damage);

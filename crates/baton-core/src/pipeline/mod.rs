@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::agent::panic_message;
+use crate::backend::UpdateKind;
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
 use crate::heap::HeapLease;
@@ -54,8 +55,23 @@ type Change = Box<dyn FnOnce(&mut BTreeMap<String, ModelRoute>) -> Option<u64> +
 struct Finish {
     timeout: Duration,
     bytes_held: u64,
+    /// The loaded version's kind of update, when the run loaded one.
+    update: Option<UpdateKind>,
     end: State,
     reply: Reply,
+}
+
+impl Finish {
+    /// The end of a run that loaded `version`.
+    fn loaded(timeout: Duration, version: &Version, reply: Reply) -> Finish {
+        let (bytes_held, update) = (version.bytes_held(), Some(version.weights().update));
+        Finish { timeout, bytes_held, update, end: State::Ready, reply }
+    }
+
+    /// The end of a run that only moved pointers (or unloaded), ending in `end`.
+    fn switched(timeout: Duration, end: State, reply: Reply) -> Finish {
+        Finish { timeout, bytes_held: 0, update: None, end, reply }
+    }
 }
 
 impl Run {
@@ -176,6 +192,7 @@ impl Run {
             stages: self.stages.clone(),
             total: self.started.elapsed(),
             bytes_held: finish.bytes_held,
+            update: finish.update,
             stragglers,
             drain_timed_out: timed_out,
         };
@@ -243,7 +260,7 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
         Err(error) => return run.fail(error, reply),
     };
     let (version, keep, timeout) = prepared;
-    let finish = Finish { timeout, bytes_held: version.bytes_held(), end: State::Ready, reply };
+    let finish = Finish::loaded(timeout, &version, reply);
     let number = version.number();
     let model = run.model().to_owned();
     let change: Change = Box::new(move |models| {
@@ -310,7 +327,13 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
                 format!("model.toml names backend '{}', which this server does not have", spec.backend),
             )
         })?;
-        Ok(backend.load(&verified, &spec)?)
+        backend.load(&verified, &spec).map_err(|e| match e.tensor {
+            // The weights disagree with the graph: a validation failure.
+            Some(tensor) => {
+                LoadError::Validate(validate::ValidateError::Tensor { kind: e.kind, tensor, problem: e.message })
+            }
+            None => LoadError::Load(e),
+        })
     })?;
     // The backend has what it read; the version's files close here.
     let manifest = verified.into_manifest();
@@ -352,7 +375,7 @@ pub(crate) fn rollback(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<()
         let stable = route.previous.remove(0);
         Some(std::mem::replace(&mut route.stable, stable).number())
     });
-    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
+    run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }
 
@@ -377,7 +400,7 @@ pub(crate) fn retire(inner: Arc<Inner>, busy: Busy, version: u64, reply: Reply) 
         }
         Some(version)
     });
-    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
+    run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }
 
@@ -391,6 +414,6 @@ pub(crate) fn unload(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), 
     };
     let run = Run::new(inner, busy, Operation::Unload);
     let change: Change = Box::new(move |models| models.remove(&model).map(|r| r.stable.number()));
-    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Idle, reply });
+    run.commit_then_drain(change, Finish::switched(timeout, State::Idle, reply));
     Ok(())
 }

@@ -68,7 +68,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         copies: Arc::new(CopyGate::new(plan.queue)),
         shadow: None,
     };
-    let finish = Finish { timeout, bytes_held: candidate.bytes_held(), end: State::Ready, reply };
+    let finish = Finish::loaded(timeout, &candidate, reply);
     let agent = run.inner.agent.clone();
     let mut rollout = rollout;
     agent.send(move || {
@@ -164,7 +164,7 @@ pub(crate) fn promote(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(),
         route.previous.truncate(keep);
         Some(replaced)
     });
-    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
+    run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }
 
@@ -181,6 +181,6 @@ pub(crate) fn remove(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), 
     let mut run = Run::new(inner, busy, Operation::Abort);
     run.version = Some(stable);
     let change: Change = Box::new(move |models| models.get_mut(&model)?.rollout.take().map(|r| r.candidate.number()));
-    run.commit_then_drain(change, Finish { timeout, bytes_held: 0, end: State::Ready, reply });
+    run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }

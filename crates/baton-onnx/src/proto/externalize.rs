@@ -155,21 +155,67 @@ impl Plan<'_> {
             }
             start = fields.pos;
         }
-        for (key, value) in
-            [("location", self.location.to_owned()), ("offset", to.to_string()), ("length", len.to_string())]
-        {
-            let mut entry = Vec::new();
-            put_bytes(&mut entry, 1, key.as_bytes());
-            put_bytes(&mut entry, 2, value.as_bytes());
-            put_bytes(&mut out, EXTERNAL_DATA, &entry);
-        }
-        put_varint(&mut out, u64::from(DATA_LOCATION) << 3);
-        put_varint(&mut out, EXTERNAL);
+        put_external(&mut out, self.location, to, len);
         self.moves.push(moved);
         self.data_len =
             to.checked_add(len).ok_or_else(|| ProtoError::Malformed("external data over 2^64 bytes".into()))?;
         Ok(Some(out))
     }
+}
+
+/// Appends `external_data` entries for `len` bytes at `offset` of
+/// `location`, and `data_location` EXTERNAL, to a TensorProto's fields.
+fn put_external(out: &mut Vec<u8>, location: &str, offset: u64, len: u64) {
+    for (key, value) in [("location", location.to_owned()), ("offset", offset.to_string()), ("length", len.to_string())]
+    {
+        let mut entry = Vec::new();
+        put_bytes(&mut entry, 1, key.as_bytes());
+        put_bytes(&mut entry, 2, value.as_bytes());
+        put_bytes(out, EXTERNAL_DATA, &entry);
+    }
+    put_varint(out, u64::from(DATA_LOCATION) << 3);
+    put_varint(out, EXTERNAL);
+}
+
+/// Where a tensor's bytes are, by its name: `(offset, length)` in a file.
+pub type Placement<'a> = &'a dyn Fn(&str) -> Option<(u64, u64)>;
+
+/// Rewrites a whole model file so that each graph initializer `placement`
+/// places refers to those bytes of `location` instead of its own data,
+/// whatever form that data had (raw, typed fields or external). Every other
+/// field of every message is kept byte for byte. For a weights-only
+/// version: its graph's initializers come from its weights file.
+pub fn point_at(bytes: &[u8], location: &str, placement: Placement<'_>) -> Result<Vec<u8>> {
+    replace_field(Reader::new(bytes), "ModelProto", 7, |graph| {
+        replace_field(graph, "GraphProto", 5, |tensor| placed_tensor(tensor, location, placement)).map(Some)
+    })
+}
+
+/// A TensorProto pointed at its placed bytes; `None` when it is not placed.
+fn placed_tensor(r: Reader<'_>, location: &str, placement: Placement<'_>) -> Result<Option<Vec<u8>>> {
+    const CTX: &str = "a graph initializer";
+    /// TensorProto.name, and the fields that hold data.
+    const NAME: u32 = 8;
+    const DATA_FIELDS: [u32; 9] = [4, 5, 6, 7, RAW_DATA, 10, 11, EXTERNAL_DATA, DATA_LOCATION];
+    let mut scan = r.sub(r.pos..r.end);
+    let mut name = None;
+    while let Some((f, v)) = scan.next(CTX)? {
+        if f == NAME {
+            name = Some(scan.string(v, f, CTX)?);
+        }
+    }
+    let Some((offset, len)) = name.as_deref().and_then(placement) else { return Ok(None) };
+    let mut out = Vec::new();
+    let mut fields = r;
+    let mut start = fields.pos;
+    while let Some((f, _)) = fields.next(CTX)? {
+        if !DATA_FIELDS.contains(&f) {
+            out.extend_from_slice(&fields.buf[start..fields.pos]);
+        }
+        start = fields.pos;
+    }
+    put_external(&mut out, location, offset, len);
+    Ok(Some(out))
 }
 
 /// Where an initializer's external data is, from its `external_data`

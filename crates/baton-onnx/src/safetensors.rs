@@ -1,0 +1,292 @@
+//! The safetensors format: a weights-only version's tensors.
+//!
+//! A safetensors file is an 8-byte little-endian header length `n`, `n`
+//! bytes of JSON, then the tensors' bytes. The JSON object maps each
+//! tensor's name to its `dtype`, `shape` and `data_offsets` (`[begin, end)`
+//! relative to the first byte after the header); an optional
+//! `__metadata__` entry maps strings to strings.
+//!
+//! [`Header::parse`] trusts nothing in the file: the header must be valid
+//! JSON of that shape within [`MAX_HEADER`] bytes, every tensor's byte
+//! range must lie inside the file, hold exactly `product(shape) ×
+//! element size` bytes and overlap no other tensor's. A file that breaks
+//! any of these is refused with a message naming what is wrong; nothing
+//! is read past the end of the buffer and no size is trusted before it is
+//! checked.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use crate::proto::elem;
+
+/// The largest header accepted: 100 MiB of JSON describes millions of
+/// tensors; a larger length is a damaged file, not a model.
+pub const MAX_HEADER: u64 = 100 << 20;
+
+/// The weights file of a weights-only version.
+pub const WEIGHTS_FILE: &str = "weights.safetensors";
+
+/// One tensor as the header describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Its name.
+    pub name: String,
+    /// The ONNX element type ([`elem`]) of its dtype.
+    pub data_type: i32,
+    /// Its dimensions.
+    pub dims: Vec<i64>,
+    /// Its bytes, as offsets in the whole file.
+    pub range: Range<u64>,
+}
+
+/// A parsed and checked header.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    /// Every tensor, ordered by where its bytes begin.
+    pub tensors: Vec<TensorInfo>,
+    /// Where the data begins: 8 plus the header's length.
+    pub data_start: u64,
+    /// The `__metadata__` entries.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Why a safetensors file was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct HeaderError(pub String);
+
+impl Header {
+    /// Reads the header from the first bytes of a file of `file_len`
+    /// bytes. `prefix` must hold at least the 8 length bytes; when it is
+    /// shorter than the header, the error says how many bytes are needed
+    /// ([`Header::needed`] reads them first).
+    pub fn parse(prefix: &[u8], file_len: u64) -> Result<Header, HeaderError> {
+        let refuse = |m: String| Err(HeaderError(m));
+        let len = Header::needed(prefix, file_len)?;
+        let Some(json) = prefix.get(8..len as usize) else {
+            return refuse(format!("the header needs {len} bytes but only {} were given", prefix.len()));
+        };
+        let value: serde_json::Value = match serde_json::from_slice(json) {
+            Ok(v) => v,
+            Err(e) => return refuse(format!("the header is not valid JSON: {e}")),
+        };
+        let serde_json::Value::Object(entries) = value else {
+            return refuse("the header is not a JSON object".to_owned());
+        };
+        let data_start = len;
+        let data_len = file_len - data_start;
+        let mut header = Header { tensors: Vec::with_capacity(entries.len()), data_start, metadata: BTreeMap::new() };
+        for (name, entry) in entries {
+            if name == "__metadata__" {
+                header.metadata = metadata(&entry)?;
+                continue;
+            }
+            header.tensors.push(tensor(&name, &entry, data_start, data_len)?);
+        }
+        header.tensors.sort_by_key(|t| (t.range.start, t.range.end));
+        for pair in header.tensors.windows(2) {
+            if pair[1].range.start < pair[0].range.end {
+                return refuse(format!("tensors '{}' and '{}' overlap", pair[0].name, pair[1].name));
+            }
+        }
+        Ok(header)
+    }
+
+    /// How many bytes from the start of the file the header takes (its
+    /// 8 length bytes included), checked against the file's length.
+    pub fn needed(prefix: &[u8], file_len: u64) -> Result<u64, HeaderError> {
+        let Some(bytes) = prefix.get(..8) else {
+            return Err(HeaderError(format!("the file has {file_len} bytes, fewer than the 8 of a header length")));
+        };
+        let mut le = [0u8; 8];
+        le.copy_from_slice(bytes);
+        let n = u64::from_le_bytes(le);
+        if n > MAX_HEADER {
+            return Err(HeaderError(format!("the header claims {n} bytes, more than the {MAX_HEADER} accepted")));
+        }
+        if n + 8 > file_len {
+            return Err(HeaderError(format!("the header claims {n} bytes but the file has only {file_len}")));
+        }
+        Ok(n + 8)
+    }
+
+    /// The tensor named `name`.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+fn metadata(entry: &serde_json::Value) -> Result<BTreeMap<String, String>, HeaderError> {
+    let refuse = || HeaderError("__metadata__ must map strings to strings".to_owned());
+    let map = entry.as_object().ok_or_else(refuse)?;
+    map.iter().map(|(k, v)| Ok((k.clone(), v.as_str().ok_or_else(refuse)?.to_owned()))).collect()
+}
+
+fn tensor(name: &str, entry: &serde_json::Value, data_start: u64, data_len: u64) -> Result<TensorInfo, HeaderError> {
+    let refuse = |m: String| HeaderError(format!("tensor '{name}': {m}"));
+    let dtype = entry.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| refuse("no dtype".to_owned()))?;
+    let (data_type, size) = dtype_of(dtype).ok_or_else(|| refuse(format!("dtype {dtype} is not one baton serves")))?;
+    let shape = entry.get("shape").and_then(|s| s.as_array()).ok_or_else(|| refuse("no shape".to_owned()))?;
+    let mut dims = Vec::with_capacity(shape.len());
+    let mut elements: u64 = 1;
+    for d in shape {
+        let d = d
+            .as_u64()
+            .filter(|&d| d <= i64::MAX as u64)
+            .ok_or_else(|| refuse(format!("dimension {d} is not a size")))?;
+        elements = elements.checked_mul(d).ok_or_else(|| refuse("its shape overflows".to_owned()))?;
+        dims.push(d as i64);
+    }
+    let offsets = entry
+        .get("data_offsets")
+        .and_then(|o| o.as_array())
+        .filter(|o| o.len() == 2)
+        .ok_or_else(|| refuse("data_offsets must be [begin, end]".to_owned()))?;
+    let (Some(begin), Some(end)) = (offsets[0].as_u64(), offsets[1].as_u64()) else {
+        return Err(refuse("data_offsets must be two byte offsets".to_owned()));
+    };
+    if begin > end || end > data_len {
+        return Err(refuse(format!("its bytes [{begin}, {end}) are not within the {data_len} data bytes")));
+    }
+    let expected = elements.checked_mul(size).ok_or_else(|| refuse("its size overflows".to_owned()))?;
+    if end - begin != expected {
+        return Err(refuse(format!("{dtype} {dims:?} needs {expected} bytes, data_offsets give {}", end - begin)));
+    }
+    Ok(TensorInfo { name: name.to_owned(), data_type, dims, range: data_start + begin..data_start + end })
+}
+
+/// The ONNX element type and element size of a safetensors dtype.
+fn dtype_of(dtype: &str) -> Option<(i32, u64)> {
+    Some(match dtype {
+        "F32" => (elem::FLOAT, 4),
+        "F16" => (elem::FLOAT16, 2),
+        "F64" => (elem::DOUBLE, 8),
+        "I8" => (elem::INT8, 1),
+        "U8" => (elem::UINT8, 1),
+        "I16" => (elem::INT16, 2),
+        "U16" => (elem::UINT16, 2),
+        "I32" => (elem::INT32, 4),
+        "U32" => (elem::UINT32, 4),
+        "I64" => (elem::INT64, 8),
+        "U64" => (elem::UINT64, 8),
+        "BOOL" => (elem::BOOL, 1),
+        _ => return None,
+    })
+}
+
+/// The safetensors dtype of an ONNX element type.
+pub fn dtype_name(data_type: i32) -> Option<&'static str> {
+    Some(match data_type {
+        elem::FLOAT => "F32",
+        elem::FLOAT16 => "F16",
+        elem::DOUBLE => "F64",
+        elem::INT8 => "I8",
+        elem::UINT8 => "U8",
+        elem::INT16 => "I16",
+        elem::UINT16 => "U16",
+        elem::INT32 => "I32",
+        elem::UINT32 => "U32",
+        elem::INT64 => "I64",
+        elem::UINT64 => "U64",
+        elem::BOOL => "BOOL",
+        _ => return None,
+    })
+}
+
+/// Writes a safetensors file of `tensors` (name, ONNX element type,
+/// dimensions, little-endian bytes), in the order given, the header padded
+/// with spaces so that the data starts at a multiple of 8. For tests,
+/// benchmarks and `baton package`.
+pub fn encode(tensors: &[(&str, i32, &[i64], &[u8])]) -> Result<Vec<u8>, HeaderError> {
+    let mut entries = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, data_type, dims, bytes) in tensors {
+        let dtype = dtype_name(*data_type).ok_or_else(|| HeaderError(format!("'{name}': no safetensors dtype")))?;
+        let end = at + bytes.len() as u64;
+        entries.insert(
+            (*name).to_owned(),
+            serde_json::json!({ "dtype": dtype, "shape": dims, "data_offsets": [at, end] }),
+        );
+        at = end;
+    }
+    let mut json = serde_json::to_vec(&entries).map_err(|e| HeaderError(e.to_string()))?;
+    while (json.len() + 8) % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len() + at as usize);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    for (_, _, _, bytes) in tensors {
+        out.extend_from_slice(bytes);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(json: &str, data: usize) -> Vec<u8> {
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(json.as_bytes());
+        out.resize(out.len() + data, 0);
+        out
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Header, HeaderError> {
+        Header::parse(bytes, bytes.len() as u64)
+    }
+
+    #[test]
+    fn what_is_encoded_parses_back_with_offsets_in_the_file() {
+        let (a, b) = ([1u8; 24], [2u8; 8]);
+        let bytes = encode(&[("w", elem::FLOAT, &[2, 3], &a), ("b", elem::INT64, &[1], &b)]).unwrap();
+        let header = parse(&bytes).unwrap();
+        assert_eq!(header.data_start % 8, 0);
+        let w = header.get("w").unwrap();
+        assert_eq!((w.data_type, w.dims.as_slice()), (elem::FLOAT, &[2i64, 3][..]));
+        assert_eq!(&bytes[w.range.start as usize..w.range.end as usize], &a);
+        let b_info = header.get("b").unwrap();
+        assert_eq!(&bytes[b_info.range.start as usize..b_info.range.end as usize], &b);
+        assert_eq!(header.tensors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["w", "b"]);
+    }
+
+    #[test]
+    fn damaged_headers_are_refused_with_the_reason() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (vec![1, 2, 3], "fewer than the 8"),
+            (u64::MAX.to_le_bytes().to_vec(), "more than the"),
+            ((100u64).to_le_bytes().to_vec(), "file has only 8"),
+            (file("{not json", 0), "not valid JSON"),
+            (file("[1,2]", 0), "not a JSON object"),
+            (file(r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 4), "not within the 4 data bytes"),
+            (file(r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8), "needs 12 bytes"),
+            (
+                file(
+                    r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+                    12,
+                ),
+                "overlap",
+            ),
+            (file(r#"{"w":{"dtype":"Q4","shape":[2],"data_offsets":[0,1]}}"#, 1), "not one baton serves"),
+            (file(r#"{"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#, 4), "not a size"),
+            (file(r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}}"#, 8), "not within"),
+            (
+                file(r#"{"w":{"dtype":"U8","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,1]}}"#, 1),
+                "overflows",
+            ),
+            (file(r#"{"__metadata__":{"k":1}}"#, 0), "strings to strings"),
+        ];
+        for (bytes, expected) in cases {
+            let e = parse(&bytes).unwrap_err();
+            assert!(e.0.contains(expected), "{expected:?} not in {e}");
+        }
+    }
+
+    #[test]
+    fn metadata_is_kept_and_not_taken_for_a_tensor() {
+        let header = parse(&file(r#"{"__metadata__":{"format":"pt"}}"#, 0)).unwrap();
+        assert_eq!(header.metadata.get("format").map(String::as_str), Some("pt"));
+        assert!(header.tensors.is_empty());
+    }
+}

@@ -1,0 +1,309 @@
+//! One copy of a version's weights for every session of its pool, and for
+//! the next version where a tensor did not change.
+//!
+//! Left to itself, each ONNX Runtime session holds its own copy of the
+//! weights: with a pool of four sessions, four copies. Instead, baton maps
+//! the staged data file (a copy baton made of the verified bytes, in a
+//! directory only it writes) and gives every session the same tensors over
+//! that mapping (`AddInitializer`), with one container of pre-packed
+//! weights for the pool: the first session packs a matrix, the others use
+//! its packed copy. After the sessions exist and after validation has read
+//! them, the mapped pages are dropped from the process's resident memory
+//! (`MADV_DONTNEED`): they stay in the page cache, and a kernel that reads
+//! one again (an embedding table, which is not packed) faults it back in
+//! from there.
+//!
+//! A tensor that has the same name, type, shape and bytes as one of a live
+//! version of the same model is not mapped a second time: the new version
+//! uses the live tensor, kept alive by a reference count for as long as
+//! either version is. Equality is decided by comparing the bytes, so no
+//! claim in the version's files can make two different tensors share.
+
+// Mapping a file and handing ONNX Runtime values over the mapped bytes
+// needs the system calls and raw pointers this module keeps to itself.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use ort::memory::MemoryInfo;
+use ort::value::{DynValue, PrimitiveTensorElementType, Shape, TensorRefMut};
+
+use crate::proto::elem;
+
+/// A read-only mapping of a whole file, unmapped when the last tensor over
+/// it goes.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and never moves; any thread may read it.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `file` (of `len` bytes) read-only.
+    pub(crate) fn map(file: &File, len: u64) -> std::io::Result<Mapping> {
+        let len = usize::try_from(len).map_err(std::io::Error::other)?;
+        if len == 0 {
+            return Err(std::io::Error::other("the data file is empty"));
+        }
+        // SAFETY: a fresh shared read-only mapping of an open file; the
+        // result is checked before use.
+        let ptr =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: ptr.cast(), len })
+    }
+
+    /// The bytes of `range`, which must lie inside the mapping.
+    pub(crate) fn bytes(&self, range: &Range<usize>) -> Option<&[u8]> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        // SAFETY: the range was checked against the mapping's length, and
+        // the mapping lives as long as `self`.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(range.start), range.len()) })
+    }
+
+    /// Drops the pages of `range` from this process's resident memory; the
+    /// next read faults them back in from the file.
+    fn release(&self, range: &Range<usize>) {
+        const PAGE: usize = 4096;
+        let start = range.start.next_multiple_of(PAGE);
+        let end = range.end.min(self.len) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: a page-aligned range inside the mapping; for a shared
+            // read-only file mapping DONTNEED changes no contents.
+            unsafe { libc::madvise(self.ptr.add(start).cast(), end - start, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapped once, when nothing refers to it any more.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// One tensor over a mapping, as every session of a version (and of later
+/// versions holding the same bytes) is given it.
+pub(crate) struct SharedTensor {
+    /// The ONNX Runtime value over the mapped bytes. Declared first so it
+    /// is dropped before the mapping it points into.
+    value: Arc<DynValue>,
+    name: String,
+    data_type: i32,
+    dims: Vec<i64>,
+    range: Range<usize>,
+    mapping: Arc<Mapping>,
+}
+
+impl SharedTensor {
+    /// The tensor's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // The range was checked when the tensor was made.
+        self.mapping.bytes(&self.range).unwrap_or(&[])
+    }
+
+    /// Its name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its dimensions.
+    pub(crate) fn dims(&self) -> &[i64] {
+        &self.dims
+    }
+
+    /// Its ONNX element type.
+    pub(crate) fn data_type(&self) -> i32 {
+        self.data_type
+    }
+
+    fn same_kind(&self, name: &str, data_type: i32, dims: &[i64]) -> bool {
+        self.name == name && self.data_type == data_type && self.dims == dims
+    }
+}
+
+/// A tensor of the staged data file: its name, element type, dimensions
+/// and bytes in the file.
+#[derive(Clone, Debug)]
+pub(crate) struct Placed {
+    pub(crate) name: String,
+    pub(crate) data_type: i32,
+    pub(crate) dims: Vec<i64>,
+    pub(crate) range: Range<u64>,
+}
+
+/// The shared tensors of one version.
+#[derive(Default)]
+pub(crate) struct SharedWeights {
+    tensors: Vec<Arc<SharedTensor>>,
+    /// Bytes of the tensors taken from a live version.
+    reused: u64,
+    /// Which model's versions may share with this one.
+    model: PathBuf,
+}
+
+/// Live versions' tensors, by model directory: what a new version may
+/// reuse. Entries whose tensors are gone are pruned at each load.
+static LIVE: Mutex<Vec<(PathBuf, Weak<SharedTensor>)>> = Mutex::new(Vec::new());
+
+impl SharedWeights {
+    /// Maps `data` and makes one value per placed tensor, reusing a live
+    /// tensor of the same model (`model`, its repository directory) with
+    /// the same name, type, shape and bytes. A tensor whose bytes are not
+    /// aligned to its element size is left out: ONNX Runtime then reads it
+    /// itself.
+    pub(crate) fn new(model: &Path, data: &File, len: u64, placed: &[Placed]) -> Result<SharedWeights, String> {
+        let mapping = Arc::new(Mapping::map(data, len).map_err(|e| format!("mapping the staged weights: {e}"))?);
+        let live = live_tensors(model);
+        let mut shared = SharedWeights { model: model.to_owned(), ..SharedWeights::default() };
+        for p in placed {
+            let (Ok(start), Ok(end)) = (usize::try_from(p.range.start), usize::try_from(p.range.end)) else { continue };
+            let range = start..end;
+            let Some(bytes) = mapping.bytes(&range) else {
+                return Err(format!("tensor '{}' lies past the end of the staged weights", p.name));
+            };
+            let reusable = live.iter().find(|t| t.same_kind(&p.name, p.data_type, &p.dims) && t.bytes() == bytes);
+            // Comparing read the live tensor's pages back in.
+            if let Some(t) = reusable {
+                t.mapping.release(&t.range);
+            }
+            let reusable = reusable.cloned();
+            let tensor = match reusable {
+                Some(tensor) => {
+                    shared.reused += bytes.len() as u64;
+                    mapping.release(&range);
+                    tensor
+                }
+                None => {
+                    let Some(value) = value_over(&mapping, &range, p.data_type, &p.dims)? else { continue };
+                    let (name, data_type, dims) = (p.name.clone(), p.data_type, p.dims.clone());
+                    Arc::new(SharedTensor { value, name, data_type, dims, range, mapping: Arc::clone(&mapping) })
+                }
+            };
+            shared.tensors.push(tensor);
+        }
+        Ok(shared)
+    }
+
+    /// The tensors, to give to each session.
+    pub(crate) fn values(&self) -> impl Iterator<Item = (&str, Arc<DynValue>)> {
+        self.tensors.iter().map(|t| (t.name.as_str(), Arc::clone(&t.value)))
+    }
+
+    /// The tensors themselves, for validation to read in place.
+    pub(crate) fn tensors(&self) -> &[Arc<SharedTensor>] {
+        &self.tensors
+    }
+
+    /// Bytes of all shared tensors.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.range.len() as u64).sum()
+    }
+
+    /// Bytes taken from a live version instead of held again.
+    pub(crate) fn reused(&self) -> u64 {
+        self.reused
+    }
+
+    /// Makes this version's tensors reusable by later versions of its model.
+    pub(crate) fn publish(&self) {
+        let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        live.retain(|(_, weak)| weak.strong_count() > 0);
+        for tensor in &self.tensors {
+            if !live.iter().any(|(_, w)| w.as_ptr() == Arc::as_ptr(tensor)) {
+                live.push((self.model.clone(), Arc::downgrade(tensor)));
+            }
+        }
+    }
+
+    /// Drops every tensor's pages from resident memory (see the module's
+    /// documentation).
+    pub(crate) fn release(&self) {
+        for tensor in &self.tensors {
+            tensor.mapping.release(&tensor.range);
+        }
+    }
+}
+
+/// The live tensors of `model`'s versions.
+fn live_tensors(model: &Path) -> Vec<Arc<SharedTensor>> {
+    let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    live.retain(|(_, weak)| weak.strong_count() > 0);
+    live.iter().filter(|(m, _)| m == model).filter_map(|(_, w)| w.upgrade()).collect()
+}
+
+
+/// An ONNX Runtime tensor over `range` of `mapping`; `None` when the bytes
+/// are not aligned to the element size or the type is not one baton maps.
+fn value_over(
+    mapping: &Mapping,
+    range: &Range<usize>,
+    data_type: i32,
+    dims: &[i64],
+) -> Result<Option<Arc<DynValue>>, String> {
+    macro_rules! typed {
+        ($t:ty) => {{
+            if range.start % std::mem::align_of::<$t>() != 0 {
+                return Ok(None);
+            }
+            let elements: i64 = dims.iter().product();
+            if elements as usize * std::mem::size_of::<$t>() != range.len() {
+                return Err(format!("a tensor of {dims:?} does not fill its {} bytes", range.len()));
+            }
+            let data = mapping.bytes(range).ok_or("a tensor lies outside the mapping")?.as_ptr();
+            // SAFETY: the pointer is aligned and valid for the tensor's
+            // bytes for as long as the mapping lives, which outlives the
+            // value (SharedTensor drops the value first); ONNX Runtime only
+            // reads initializers.
+            let tensor = unsafe {
+                TensorRefMut::<$t>::from_raw(MemoryInfo::default(), data.cast_mut().cast(), Shape::new(dims.to_vec()))
+            }
+            .map_err(|e| e.to_string())?;
+            Ok(Some(Arc::new(owned(tensor).into_dyn())))
+        }};
+    }
+    match data_type {
+        elem::FLOAT => typed!(f32),
+        elem::FLOAT16 => typed!(half::f16),
+        elem::DOUBLE => typed!(f64),
+        elem::INT8 => typed!(i8),
+        elem::UINT8 => typed!(u8),
+        elem::INT16 => typed!(i16),
+        elem::UINT16 => typed!(u16),
+        elem::INT32 => typed!(i32),
+        elem::UINT32 => typed!(u32),
+        elem::INT64 => typed!(i64),
+        elem::UINT64 => typed!(u64),
+        elem::BOOL => typed!(bool),
+        _ => Ok(None),
+    }
+}
+
+/// The value a [`TensorRefMut`] wraps, as an owned value: dropping it
+/// releases the ONNX Runtime value and never the memory it points to, which
+/// the value does not own.
+fn owned<T: PrimitiveTensorElementType + std::fmt::Debug>(tensor: TensorRefMut<'static, T>) -> ort::value::Tensor<T> {
+    // The wrapper holds exactly this value and has no drop of its own.
+    let wrapper = std::mem::ManuallyDrop::new(tensor);
+    // SAFETY: the wrapper is never dropped, so reading the value out of it
+    // moves it: it is released once, by its new owner.
+    unsafe { std::ptr::read(&**wrapper) }
+}
+
+/// A model's registry of live shared tensors is per repository directory.
+pub(crate) fn model_dir(version_dir: &Path) -> PathBuf {
+    version_dir.parent().map(Path::to_path_buf).unwrap_or_default()
+}

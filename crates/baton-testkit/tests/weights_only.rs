@@ -1,0 +1,197 @@
+//! Weights-only versions (a graph and a safetensors file) and tensors
+//! shared between versions, through the real engine: a weights-only
+//! version serves exactly what the same model in one ONNX file serves; a
+//! weights file that disagrees with its graph, or whose header is damaged,
+//! is refused at the stage that catches it while the serving version keeps
+//! answering; a version whose tensors are partly those of the serving one
+//! holds only the changed ones, and either can go first while requests run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use baton_core::backend::UpdateKind;
+use baton_core::events::Stage;
+use baton_onnx::mlp::mlp_safetensors;
+use baton_onnx::proto::elem;
+use baton_onnx::safetensors;
+use baton_testkit::onnx::{Mlp, OnnxOptions, sample_input};
+use baton_testkit::repo::{TestRepo, mlp_toml};
+use baton_testkit::{infer_mlp, registry};
+
+/// Wide enough that a full model is staged (over 4 MiB) and so shared.
+const SIZES: [usize; 4] = [64, 1100, 1000, 4];
+
+fn bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn a_weights_only_version_serves_exactly_what_the_whole_model_serves() {
+    let repo = TestRepo::new();
+    let (old, new) = (Mlp::new(&SIZES, 1), Mlp::new(&SIZES, 2));
+    repo.add_model("m", &mlp_toml(&old, ""));
+    repo.publish_mlp("m", 1, &old);
+    repo.publish_weights("m", 2, &old, &mlp_safetensors(&new), &[]);
+    repo.publish_mlp("m", 3, &new);
+    let registry = registry(repo.root());
+    let input = sample_input(SIZES[0], 3, 9);
+    let mut answers = Vec::new();
+    for version in [1, 2, 3] {
+        let report = registry.load("m", Some(version)).unwrap().wait().unwrap();
+        let expected = if version == 2 { UpdateKind::Weights } else { UpdateKind::Graph };
+        assert_eq!(report.update, Some(expected), "version {version}");
+        let status = registry.status("m").unwrap();
+        let live = status.live.iter().find(|v| v.version == version).unwrap();
+        assert_eq!(live.update, expected);
+        assert!(live.memory.weights > 0 && live.memory.total == live.bytes_held);
+        answers.push(infer_mlp(&registry.snapshot(), "m", &input, 3).unwrap());
+    }
+    assert_eq!(answers[1].0, 2);
+    assert_eq!(answers[1].1, answers[2].1, "weights-only and whole model answer bit for bit alike");
+    assert_ne!(answers[0].1, answers[1].1, "the new weights are the ones served");
+}
+
+/// Loads a weights-only version 2 whose weights file is `weights` over
+/// version 1's graph, expects it refused at `stage` with `reason` and a
+/// message containing `says`, and version 1 still serving.
+fn refused(weights: Vec<u8>, stage: Stage, reason: &str, says: &str) {
+    let repo = TestRepo::new();
+    let good = Mlp::new(&[8, 16, 2], 1);
+    repo.add_model("m", &mlp_toml(&good, ""));
+    repo.publish_mlp("m", 1, &good);
+    // Written by hand: `baton package` would refuse to write such a graph.
+    let (graph, _) = baton_onnx::mlp::encode_mlp(&good, &OnnxOptions::default());
+    repo.write_files("m", 2, &[(safetensors::WEIGHTS_FILE, &weights), (baton_onnx::GRAPH_FILE, &graph)]);
+    repo.seal("m", 2);
+    let registry = registry(repo.root());
+    registry.load("m", Some(1)).unwrap().wait().unwrap();
+    let error = registry.load("m", Some(2)).unwrap().wait().unwrap_err();
+    assert_eq!((error.stage(), error.reason()), (Some(stage), reason), "{error}");
+    assert!(error.to_string().starts_with(stage.as_str()), "the stage is named: {error}");
+    assert!(error.to_string().contains(says), "{says:?} not in: {error}");
+    let input = sample_input(8, 1, 2);
+    let (version, output) = infer_mlp(&registry.snapshot(), "m", &input, 1).unwrap();
+    assert_eq!(version, 1, "the active version keeps serving");
+    assert!(baton_testkit::max_diff(&output, &good.forward(&input, 1)) < 1e-5);
+}
+
+#[test]
+fn a_weights_file_that_disagrees_with_the_graph_is_refused_at_validate() {
+    let mlp = Mlp::new(&[8, 16, 2], 2);
+    let (w0, b0, w1, b1) = (
+        bytes(&mlp.layers[0].weight),
+        bytes(&mlp.layers[0].bias),
+        bytes(&mlp.layers[1].weight),
+        bytes(&mlp.layers[1].bias),
+    );
+    let with = |t: &[(&str, i32, &[i64], &[u8])]| safetensors::encode(t).unwrap();
+    let f = elem::FLOAT;
+    // A tensor the graph does not have.
+    let extra = with(&[("fc0.weight", f, &[8, 16], &w0), ("fc9.weight", f, &[2], &b1)]);
+    refused(extra, Stage::Validate, "weights_mismatch", "not an initializer of the graph");
+    // The right bytes under another type.
+    let as_int = with(&[("fc0.weight", elem::INT32, &[8, 16], &w0), ("fc0.bias", f, &[16], &b0)]);
+    refused(as_int, Stage::Validate, "weights_mismatch", "is I32 in the weights file but F32 in the graph");
+    // Another shape of the same size.
+    let reshaped = with(&[("fc0.weight", f, &[16, 8], &w0), ("fc1.weight", f, &[16, 2], &w1)]);
+    refused(reshaped, Stage::Validate, "weights_mismatch", "has shape [16, 8] in the weights file but [8, 16]");
+}
+
+#[test]
+fn a_damaged_weights_header_is_refused_at_load_not_a_crash() {
+    let header = |json: &str, data: usize| {
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(json.as_bytes());
+        out.resize(out.len() + data, 0);
+        out
+    };
+    refused(header("{\"fc0.bias\": {", 64), Stage::Load, "weights_invalid", "not valid JSON");
+    refused(
+        header(r#"{"fc0.bias":{"dtype":"F32","shape":[16],"data_offsets":[0,64]}}"#, 32),
+        Stage::Load,
+        "weights_invalid",
+        "not within the 32 data bytes",
+    );
+    refused(
+        header(
+            r#"{"fc0.bias":{"dtype":"F32","shape":[16],"data_offsets":[0,64]},"fc1.bias":{"dtype":"F32","shape":[2],"data_offsets":[60,68]}}"#,
+            68,
+        ),
+        Stage::Load,
+        "weights_invalid",
+        "overlap",
+    );
+    refused(vec![0xff; 8], Stage::Load, "weights_invalid", "more than the");
+}
+
+#[test]
+fn unchanged_tensors_are_held_once_and_survive_either_version_going_under_concurrent_swaps() {
+    let repo = TestRepo::new();
+    let base = Mlp::new(&SIZES, 1);
+    // A fine-tune of the last layer only.
+    let mut tuned = base.clone();
+    tuned.layers[2] = Mlp::new(&SIZES, 7).layers[2].clone();
+    repo.add_model("m", &mlp_toml(&base, "[policy]\nkeep_previous = 0"));
+    repo.publish_mlp("m", 1, &base);
+    repo.publish_weights("m", 2, &base, &mlp_safetensors(&tuned), &[]);
+    repo.publish_mlp("m", 3, &base);
+    let registry = Arc::new(registry(repo.root()));
+    registry.load("m", Some(1)).unwrap().wait().unwrap();
+
+    let input = sample_input(SIZES[0], 2, 5);
+    let expected = [(1, base.forward(&input, 2)), (2, tuned.forward(&input, 2)), (3, base.forward(&input, 2))];
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (registry, stop, input, expected) =
+                (Arc::clone(&registry), Arc::clone(&stop), input.clone(), expected.clone());
+            std::thread::spawn(move || {
+                let mut answered = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let (version, output) = infer_mlp(&registry.snapshot(), "m", &input, 2).unwrap();
+                    let want = &expected.iter().find(|(v, _)| *v == version).unwrap().1;
+                    let diff = baton_testkit::max_diff(&output, want);
+                    assert!(diff < 1e-4, "version {version} answered {diff} away from its own weights");
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    // Each load shares with the version it replaces, which is then freed
+    // (keep_previous = 0): the shared tensors must outlive it.
+    let layer_bytes = |i: usize| ((SIZES[i] * SIZES[i + 1] + SIZES[i + 1]) * 4) as u64;
+    for round in 0..3 {
+        for version in [2, 3] {
+            registry.load("m", Some(version)).unwrap().wait().unwrap();
+            let status = registry.status("m").unwrap();
+            let live = status.live.iter().find(|v| v.version == version).unwrap();
+            let unchanged = layer_bytes(0) + layer_bytes(1);
+            // The two layers that did not change are shared; the bias of
+            // the last layer is under the 4 KiB kept inline, the rest too.
+            assert!(
+                live.memory.shared >= unchanged - 8 * 1024 && live.memory.shared <= unchanged,
+                "round {round}, version {version}: shared {} of {unchanged} unchanged bytes",
+                live.memory.shared
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        assert!(client.join().expect("a client thread panicked") > 0);
+    }
+    // Once every version is freed, a new load has nothing to share with.
+    let freed_before = registry.unload_records().len();
+    registry.unload("m").unwrap().wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !registry.unload_records()[freed_before..].iter().any(|r| r.version == 3) {
+        assert!(std::time::Instant::now() < deadline, "version 3 was never freed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    registry.load("m", Some(2)).unwrap().wait().unwrap();
+    let live = registry.status("m").unwrap().live;
+    assert_eq!(live.iter().find(|v| v.version == 2).unwrap().memory.shared, 0, "nothing is left to share with");
+    let (version, output) = infer_mlp(&registry.snapshot(), "m", &input, 2).unwrap();
+    assert_eq!(version, 2);
+    assert!(baton_testkit::max_diff(&output, &expected[1].1) < 1e-4);
+}
