@@ -173,6 +173,9 @@ fn create_session(
         .map_err(setup)?
         .with_prepacked_weights(packed)
         .map_err(setup)?;
+    if !options.prepack {
+        builder = builder.with_prepacking(false).map_err(setup)?;
+    }
     for (name, value) in shared.values() {
         builder = builder.with_initializer(name, value).map_err(setup)?;
     }

@@ -7,6 +7,7 @@
 //! inter_op_threads = 1     # threads running independent operators in parallel
 //! optimization = "all"     # "disable" | "basic" | "extended" | "all"
 //! stage_weights = true     # map a large model's weights instead of copying them
+//! prepack = true           # pack matrices once per version for faster products
 //! ```
 //!
 //! Parsing is strict: an unknown key or a value of the wrong type is an
@@ -25,7 +26,8 @@ pub const MAX_THREADS: usize = 256;
 /// The default pool size never exceeds this, whatever the CPU count.
 const DEFAULT_SESSIONS_CAP: usize = 4;
 
-const KEYS: [&str; 5] = ["sessions", "intra_op_threads", "inter_op_threads", "optimization", "stage_weights"];
+const KEYS: [&str; 6] =
+    ["sessions", "intra_op_threads", "inter_op_threads", "optimization", "stage_weights", "prepack"];
 
 /// ONNX Runtime graph optimization level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +83,12 @@ pub struct EngineOptions {
     /// has external data is staged either way (its data copied from the
     /// verified files); off, its inline weights stay inline.
     pub stage_weights: bool,
+    /// Whether ONNX Runtime packs weight matrices into its own layout once
+    /// per version (shared by the pool), for faster products on batches.
+    /// On by default. Off, the sessions compute from the one mapped copy of
+    /// the weights: a version holds its weights once and loads faster, and
+    /// batched products run slower (docs/memory.md has the figures).
+    pub prepack: bool,
 }
 
 impl Default for EngineOptions {
@@ -92,6 +100,7 @@ impl Default for EngineOptions {
             inter_op_threads: 1,
             optimization: Optimization::All,
             stage_weights: true,
+            prepack: true,
         }
     }
 }
@@ -105,11 +114,8 @@ impl EngineOptions {
                 "sessions" => options.sessions = count(key, value, MAX_SESSIONS)?,
                 "intra_op_threads" => options.intra_op_threads = count(key, value, MAX_THREADS)?,
                 "inter_op_threads" => options.inter_op_threads = count(key, value, MAX_THREADS)?,
-                "stage_weights" => {
-                    options.stage_weights = value.as_bool().ok_or_else(|| {
-                        invalid(format!("engine option 'stage_weights' must be true or false; got {value}"))
-                    })?
-                }
+                "stage_weights" => options.stage_weights = flag(key, value)?,
+                "prepack" => options.prepack = flag(key, value)?,
                 "optimization" => {
                     options.optimization = match value.as_str() {
                         Some("disable") => Optimization::Disable,
@@ -148,6 +154,10 @@ fn count(key: &str, value: &toml::Value, max: usize) -> Result<usize, BackendErr
         .ok_or_else(|| invalid(format!("engine option '{key}' must be an integer from 1 to {max}; got {value}")))
 }
 
+fn flag(key: &str, value: &toml::Value) -> Result<bool, BackendError> {
+    value.as_bool().ok_or_else(|| invalid(format!("engine option '{key}' must be true or false; got {value}")))
+}
+
 fn invalid(message: String) -> BackendError {
     BackendError::new("invalid_engine_options", message)
 }
@@ -173,7 +183,8 @@ mod tests {
     #[test]
     fn every_key_parses() {
         let options = parse(
-            "sessions = 3\nintra_op_threads = 2\ninter_op_threads = 4\noptimization = \"basic\"\nstage_weights = false",
+            "sessions = 3\nintra_op_threads = 2\ninter_op_threads = 4\noptimization = \"basic\"\nstage_weights = false\n\
+             prepack = false",
         )
         .unwrap();
         assert_eq!(
@@ -184,6 +195,7 @@ mod tests {
                 inter_op_threads: 4,
                 optimization: Optimization::Basic,
                 stage_weights: false,
+                prepack: false,
             }
         );
         assert!(options.has_worker_threads());

@@ -245,7 +245,6 @@ fn live_tensors(model: &Path) -> Vec<Arc<SharedTensor>> {
     live.iter().filter(|(m, _)| m == model).filter_map(|(_, w)| w.upgrade()).collect()
 }
 
-
 /// An ONNX Runtime tensor over `range` of `mapping`; `None` when the bytes
 /// are not aligned to the element size or the type is not one baton maps.
 fn value_over(

@@ -1,28 +1,106 @@
-//! Experiment (ignored): what a version of a large MLP holds for pool
-//! sizes 1, 2 and 4. `cargo test --release -p baton-testkit --test
-//! weights_memory -- --ignored --nocapture`.
+//! Memory and load-time figures of shared weights, printed for the
+//! benchmark (`bash bench/weights.sh`); ignored in the test suite, since
+//! they measure rather than check. Each prints one `figure:` line per
+//! measurement.
 
+use baton_onnx::mlp::mlp_safetensors;
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{TestRepo, mlp_toml};
 
+const MIB: f64 = 1048576.0;
+
+fn weights_of(mlp: &Mlp) -> u64 {
+    mlp.layers.iter().map(|l| (l.weight.len() + l.bias.len()) as u64 * 4).sum()
+}
+
+fn stages(report: &baton_core::events::LoadReport) -> String {
+    report
+        .stages
+        .iter()
+        .map(|s| format!("{} {:.0}", s.stage.as_str(), s.duration.as_secs_f64() * 1e3))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[test]
-#[ignore = "an experiment that prints memory figures"]
+#[ignore = "a benchmark: prints memory figures"]
 fn bytes_held_per_pool_size() {
     let mlp = Mlp::new(&[1024, 4096, 4096, 1], 3);
-    let weights = (1024 * 4096 + 4096 * 4096 + 4096) * 4;
-    for sessions in [1, 2, 4] {
+    let weights = weights_of(&mlp);
+    for (sessions, prepack) in [(1, true), (2, true), (4, true), (1, false), (2, false), (4, false)] {
         let repo = TestRepo::new();
-        repo.add_model("m", &mlp_toml(&mlp, &format!("[engine]\nsessions = {sessions}")));
+        let engine = format!("[engine]\nsessions = {sessions}\nprepack = {prepack}");
+        repo.add_model("m", &mlp_toml(&mlp, &engine));
         repo.publish_mlp("m", 1, &mlp);
         let registry = baton_testkit::registry(repo.root());
         let report = registry.load("m", Some(1)).unwrap().wait().unwrap();
-        let held = registry.snapshot().model("m").unwrap().stable.bytes_held();
+        let held = report.bytes_held;
         println!(
-            "sessions {sessions}: bytes_held {:.1} MiB = {:.2}x the weights ({:.1} MiB); load {:?} ms",
-            held as f64 / 1048576.0,
+            "figure: pool {sessions}, prepack {prepack}: bytes_held {:.1} MiB = {:.3}x the weights ({:.1} MiB); stages ms: {}",
+            held as f64 / MIB,
             held as f64 / weights as f64,
-            weights as f64 / 1048576.0,
-            report.stages.iter().map(|s| (s.stage.as_str(), s.duration.as_millis())).collect::<Vec<_>>()
+            weights as f64 / MIB,
+            stages(&report)
         );
     }
+}
+
+#[test]
+#[ignore = "a benchmark: prints load times"]
+fn a_gigabyte_of_safetensors_loads() {
+    // Four 8192 × 8192 FP32 layers: 1 GiB.
+    let graph = Mlp::new(&[8192, 8192, 8192, 8192, 8192, 1], 1);
+    let weights = mlp_safetensors(&graph);
+    let prepack = std::env::var("PREPACK").map_or(true, |v| v != "false");
+    let repo = TestRepo::new();
+    let toml = format!("[warmup]\ngenerated = false\n[engine]\nsessions = 1\nprepack = {prepack}");
+    repo.add_model("m", &mlp_toml(&graph, &toml));
+    repo.publish_weights("m", 1, &graph, &weights, &[]);
+    drop(weights);
+    let registry = baton_testkit::registry(repo.root());
+    // The file is in the page cache: it was just written. The second load
+    // replaces the first with the same version.
+    for version in [1, 1] {
+        let report = registry.load("m", Some(version)).unwrap().wait().unwrap();
+        let to_commit: f64 = report
+            .stages
+            .iter()
+            .take_while(|s| s.stage != baton_core::events::Stage::Drain)
+            .map(|s| s.duration.as_secs_f64())
+            .sum();
+        println!(
+            "figure: 1 GiB safetensors, prepack {prepack}, version {version}: committed in {:.3} s; stages ms: {}; bytes_held {:.1} MiB",
+            to_commit,
+            stages(&report),
+            report.bytes_held as f64 / MIB
+        );
+    }
+}
+
+#[test]
+#[ignore = "a benchmark: prints memory figures"]
+fn memory_added_by_a_version_changing_one_layer_in_ten() {
+    let sizes = [1024; 11];
+    let base = Mlp::new(&sizes, 1);
+    let mut tuned = base.clone();
+    tuned.layers[9] = Mlp::new(&sizes, 2).layers[9].clone();
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&base, "[policy]\nkeep_previous = 1"));
+    repo.publish_mlp("m", 1, &base);
+    repo.publish_weights("m", 2, &base, &mlp_safetensors(&tuned), &[]);
+    let registry = baton_testkit::registry(repo.root());
+    let first = registry.load("m", Some(1)).unwrap().wait().unwrap();
+    let second = registry.load("m", Some(2)).unwrap().wait().unwrap();
+    let live = registry.live_versions("m");
+    let memory = live.iter().find(|v| v.version == 2).unwrap().memory;
+    let weights = weights_of(&base) as f64;
+    println!(
+        "figure: 1 of 10 layers changed: version 1 holds {:.1} MiB ({:.2}x), version 2 adds {:.1} MiB ({:.2}x the weights); \
+         shared {:.1} MiB",
+        first.bytes_held as f64 / MIB,
+        first.bytes_held as f64 / weights,
+        second.bytes_held as f64 / MIB,
+        second.bytes_held as f64 / weights,
+        memory.shared as f64 / MIB
+    );
 }

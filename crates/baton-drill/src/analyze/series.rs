@@ -87,6 +87,10 @@ pub struct RssReport {
     pub max_bytes: u64,
     /// The last sample before each swap's trigger.
     pub before_swaps: Vec<u64>,
+    /// The largest sample from each swap's trigger to the next swap's
+    /// (or the end): the peak while that swap ran, both versions resident
+    /// under the availability policy, one under the resource policy.
+    pub peak_during_swaps: Vec<u64>,
     /// Growth per swap, bytes: see `growth_method`.
     pub growth_per_swap_bytes: Option<f64>,
     /// How the growth per swap is computed.
@@ -129,6 +133,14 @@ pub fn rss(pid: u32, samples: &Samples, triggers: &[u64]) -> Option<RssReport> {
     } else {
         None
     };
+    let peak_during_swaps = triggers
+        .iter()
+        .enumerate()
+        .map(|(i, &from)| {
+            let until = triggers.get(i + 1).copied().unwrap_or(u64::MAX);
+            points.iter().filter(|(at, _)| *at >= from && *at < until).map(|p| p.1).max().unwrap_or(0)
+        })
+        .collect();
     let stride = points.len().div_ceil(3000).max(1);
     Some(RssReport {
         pid,
@@ -138,6 +150,7 @@ pub fn rss(pid: u32, samples: &Samples, triggers: &[u64]) -> Option<RssReport> {
         min_bytes: points.iter().map(|p| p.1).min().unwrap_or(first),
         max_bytes: points.iter().map(|p| p.1).max().unwrap_or(first),
         before_swaps,
+        peak_during_swaps,
         growth_per_swap_bytes: growth,
         growth_method: GROWTH_METHOD,
         stopped: samples.stopped.clone(),

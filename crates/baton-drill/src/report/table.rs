@@ -182,6 +182,16 @@ pub fn render(title: &str, a: &Analysis) -> String {
             mib(r.max_bytes as f64),
             growth.map(|g| format!("; {g} (slope over RSS before each swap and at the end)")).unwrap_or_default()
         );
+        let peaks = r.before_swaps.iter().zip(&r.peak_during_swaps).filter(|&(_, &peak)| peak > 0);
+        if let Some((before, peak)) = peaks.max_by_key(|&(before, peak)| peak.saturating_sub(*before)) {
+            let _ = writeln!(
+                out,
+                "  peak during a swap: {} ({} over the RSS just before it; the highest of {} swaps)",
+                mib(*peak as f64),
+                mib(peak.saturating_sub(*before) as f64),
+                r.peak_during_swaps.len()
+            );
+        }
         if let Some(why) = &r.stopped {
             let _ = writeln!(out, "  sampling stopped early: {why}");
         }
