@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::DerefMut;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use baton_core::backend::{
     Backend, BackendError, InputRange, Model, UpdateKind, ValueRange, Weight, WeightsError, WeightsInfo,
@@ -24,7 +24,7 @@ use crate::options::EngineOptions;
 use crate::pool::Pool;
 use crate::proto::ExternalFiles;
 use crate::runtime::{PoolThreads, runtime};
-use crate::shared::{SharedTensor, SharedWeights};
+use crate::shared::{Chain, SharedTensor, SharedWeights};
 
 /// The model file a version directory must hold.
 pub const MODEL_FILE: &str = "model.onnx";
@@ -67,13 +67,14 @@ impl OnnxModel {
         let file = ModelFile::read(version, &std::env::temp_dir(), options.stage_weights)?;
         let path = file.path().to_path_buf();
         let shared = share(&file, version)?;
-        // One container of packed weights for the pool: the sessions after
-        // the first use what the first packed from the shared tensors.
-        let packed = PrepackedWeights::new();
+        // One container of packed weights for the pool, and for later
+        // versions with identical matrices: the sessions after the first
+        // use what the first packed from the shared tensors.
+        let chain = Chain::for_version(&shared);
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
             let session = guarded(
-                || create_session(&file, &options, &packed, &shared),
+                || create_session(&file, &options, chain.container(), &shared),
                 "model_invalid",
                 "creating an ONNX Runtime session",
             )?;
@@ -110,6 +111,7 @@ impl OnnxModel {
             file: file.keep(),
             signature,
             sessions: Pool::new(sessions),
+            _chain: chain,
             shared,
             update,
             ranges: OnceLock::new(),
@@ -224,6 +226,9 @@ struct OnnxModel {
     file: KeptFile,
     signature: Signature,
     sessions: Pool<Session>,
+    /// The container of packed weights the sessions use (they hold it too;
+    /// kept here so the model's chain outlives its sessions' creation).
+    _chain: Arc<Chain>,
     /// The weights the sessions share; after the sessions, so that they
     /// are dropped first.
     shared: SharedWeights,

@@ -27,9 +27,11 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use ort::memory::MemoryInfo;
+use ort::session::builder::PrepackedWeights;
 use ort::value::{DynValue, PrimitiveTensorElementType, Shape, TensorRefMut};
 
 use crate::proto::elem;
@@ -305,4 +307,63 @@ fn owned<T: PrimitiveTensorElementType + std::fmt::Debug>(tensor: TensorRefMut<'
 /// A model's registry of live shared tensors is per repository directory.
 pub(crate) fn model_dir(version_dir: &Path) -> PathBuf {
     version_dir.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// A container of packed weights shared by successive versions of a model.
+///
+/// ONNX Runtime files a packed matrix in the container under a hash of its
+/// packed bytes, so a version whose matrix is identical to one already in
+/// the container uses that packed copy instead of holding its own: a
+/// fine-tune of one layer in ten packs only that layer. The container keeps
+/// what it holds until the last version using it goes, so the packed
+/// matrices of versions that are gone stay in it; to bound that, a version
+/// joins the container of the live versions only while what the container
+/// holds, with what the version adds, stays within [`CHAIN_LIMIT`] times the
+/// version's weights. Otherwise it starts a new container, and the old one
+/// goes with the last version using it.
+pub(crate) struct Chain {
+    container: PrepackedWeights,
+    /// What the container is estimated to hold: the bytes of every tensor
+    /// that was new when its version joined.
+    held: AtomicU64,
+}
+
+/// How much a container may hold, in multiples of one version's weights.
+pub(crate) const CHAIN_LIMIT: u64 = 2;
+
+/// The live container of each model (by repository directory).
+static CHAINS: Mutex<Vec<(PathBuf, Weak<Chain>)>> = Mutex::new(Vec::new());
+
+impl Chain {
+    /// The container the sessions of a version with `shared` weights use:
+    /// the model's live one when it has room (see [`Chain`]), else a new
+    /// one, which becomes the model's live container.
+    pub(crate) fn for_version(shared: &SharedWeights) -> Arc<Chain> {
+        let (weights, added) = (shared.bytes(), shared.bytes() - shared.reused());
+        let fresh = || Arc::new(Chain { container: PrepackedWeights::new(), held: AtomicU64::new(weights) });
+        if weights == 0 {
+            // Nothing shared: ONNX Runtime packs into the container only
+            // what sessions share, so there is nothing to chain.
+            return fresh();
+        }
+        let mut chains = CHAINS.lock().unwrap_or_else(PoisonError::into_inner);
+        chains.retain(|(_, weak)| weak.strong_count() > 0);
+        let live = chains.iter().find(|(m, _)| *m == shared.model).and_then(|(_, w)| w.upgrade());
+        if let Some(chain) = live {
+            let held = chain.held.load(Ordering::Relaxed);
+            if held + added <= CHAIN_LIMIT * weights {
+                chain.held.store(held + added, Ordering::Relaxed);
+                return chain;
+            }
+        }
+        let chain = fresh();
+        chains.retain(|(m, _)| *m != shared.model);
+        chains.push((shared.model.clone(), Arc::downgrade(&chain)));
+        chain
+    }
+
+    /// The container, for the session builder.
+    pub(crate) fn container(&self) -> &PrepackedWeights {
+        &self.container
+    }
 }
