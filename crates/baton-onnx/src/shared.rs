@@ -367,3 +367,51 @@ impl Chain {
         &self.container
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// Weights of one FP32 tensor named `w` filled with `value`.
+    fn weights(model: &Path, value: f32) -> (SharedWeights, tempfile::NamedTempFile) {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        let bytes: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), 4096).flatten().collect();
+        file.write_all(&bytes).unwrap();
+        let placed = [Placed { name: "w".into(), data_type: elem::FLOAT, dims: vec![64, 64], range: 0..16384 }];
+        let shared = SharedWeights::new(model, file.as_file(), 16384, &placed).unwrap();
+        shared.publish();
+        (shared, file)
+    }
+
+    #[test]
+    fn identical_tensors_are_reused_and_a_chain_is_left_when_it_would_hold_too_much() {
+        if let Err(e) = crate::init() {
+            panic!("ONNX Runtime is required for this test [{}]: {}", e.kind, e.message);
+        }
+        let model = tempfile::tempdir().unwrap();
+        let (first, _f1) = weights(model.path(), 1.0);
+        let chain = Chain::for_version(&first);
+        // New bytes: the chain holds twice the weights once it joins.
+        let (second, _f2) = weights(model.path(), 2.0);
+        assert_eq!(second.reused(), 0);
+        assert!(Arc::ptr_eq(&Chain::for_version(&second), &chain), "the chain had room");
+        // A third set of new bytes would make it hold three: a new chain.
+        let (third, _f3) = weights(model.path(), 3.0);
+        let next = Chain::for_version(&third);
+        assert!(!Arc::ptr_eq(&next, &chain));
+        // Identical bytes are reused and add nothing: the new chain is joined.
+        let (fourth, _f4) = weights(model.path(), 3.0);
+        assert_eq!(fourth.reused(), 16384);
+        assert!(Arc::ptr_eq(&fourth.tensors()[0], &third.tensors()[0]), "one buffer for both versions");
+        assert!(Arc::ptr_eq(&Chain::for_version(&fourth), &next));
+        // Another model never shares.
+        let other = tempfile::tempdir().unwrap();
+        let (elsewhere, _f5) = weights(other.path(), 3.0);
+        assert_eq!(elsewhere.reused(), 0);
+        // The reused tensor outlives the version that mapped it.
+        drop(third);
+        assert!(fourth.tensors()[0].bytes().chunks_exact(4).all(|c| c == 3.0f32.to_le_bytes()));
+    }
+}
