@@ -44,7 +44,7 @@ pub struct RolloutStart {
 /// then has the agent put it into the route.
 pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: Reply, heap: HeapLease) {
     let mut run = Run::new(inner, busy, Operation::Rollout);
-    let (candidate, _, timeout) = match prepare_caught(&mut run, start.version, heap) {
+    let (candidate, _, timeout) = match prepare_caught(&mut run, start.version, &mut Some(heap), false) {
         Ok(prepared) => prepared,
         Err(error) => return run.fail(error, reply),
     };
