@@ -4,7 +4,6 @@
 //! version, a candidate refused by verify pauses nothing, and one that
 //! fails after the pause brings the old version back.
 
-use std::sync::{Arc, Barrier, Mutex};
 use baton_core::error::LoadError;
 use baton_core::events::{Event, EventKind, Stage, State};
 use baton_core::registry::Registry;
@@ -13,6 +12,7 @@ use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
 use baton_testkit::{drain_events, infer_mlp, registry_with};
+use std::sync::{Arc, Barrier, Mutex};
 
 const RESOURCE: &str = "[policy]\nswap = \"resource\"\nkeep_previous = 1\n";
 
@@ -139,7 +139,11 @@ fn a_damaged_candidate_pauses_nothing_and_a_failed_one_brings_the_old_version_ba
     let status = registry.status("f").unwrap();
     assert_eq!((status.serving, status.paused), (Some(1), false));
     let failure = status.last_error.unwrap();
-    assert_eq!((failure.stage, failure.version), (Some(Stage::Load), Some(3)), "the failure names the candidate's stage");
+    assert_eq!(
+        (failure.stage, failure.version),
+        (Some(Stage::Load), Some(3)),
+        "the failure names the candidate's stage"
+    );
     assert_eq!(fake_request(&registry).unwrap(), 1);
 }
 

@@ -383,7 +383,12 @@ fn prepare(
 /// The stages that make a version of verified files: load, validate
 /// (unless `restoring` a version that passed it before), warmup, each
 /// measured against the memory budgets (unless `restoring`).
-fn build(run: &mut Run, files: Files, heap: &mut Option<HeapLease>, restoring: bool) -> Result<Arc<Version>, LoadError> {
+fn build(
+    run: &mut Run,
+    files: Files,
+    heap: &mut Option<HeapLease>,
+    restoring: bool,
+) -> Result<Arc<Version>, LoadError> {
     let Files { number, spec, dir, verified } = files;
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
@@ -425,17 +430,7 @@ fn build(run: &mut Run, files: Files, heap: &mut Option<HeapLease>, restoring: b
     let bytes_held = grown();
     within_budget(bytes_held)?;
     let version = Arc::new(Version::new(
-        VersionParts {
-            model,
-            number,
-            spec,
-            manifest,
-            warmup: samples,
-            warmed,
-            bytes_held,
-            engine,
-            heap: heap.take(),
-        },
+        VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine, heap: heap.take() },
         Some(inner.releaser.clone()),
     ));
     // Tracked before the window closes, so that no free counts this
