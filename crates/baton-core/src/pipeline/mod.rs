@@ -260,7 +260,8 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
     }
     let mut run = Run::new(inner, busy, Operation::Load);
     let mut heap = Some(heap);
-    let prepared = match prepare_caught(&mut run, version, &mut heap, true) {
+    // The heap lease goes into the version, and stays here if the load fails.
+    let prepared = match caught(&mut run, |run| prepare(run, version, &mut heap, true)) {
         Ok(prepared) => prepared,
         Err(error) => {
             // A resource swap that paused brings the old version back first.
@@ -300,19 +301,8 @@ fn unknown_model(inner: &Inner, model: &str) -> Option<LoadError> {
 
 type Prepared = (Arc<Version>, usize, Duration);
 
-/// [`prepare`], with a panic in a stage turned into that stage's error.
-/// The heap lease goes into the version, and stays with the caller when
-/// the load fails.
-fn prepare_caught(
-    run: &mut Run,
-    version: Option<u64>,
-    heap: &mut Option<HeapLease>,
-    may_pause: bool,
-) -> Result<Prepared, LoadError> {
-    caught(run, |run| prepare(run, version, heap, may_pause))
-}
-
-/// Runs `work`, a panic in a stage turned into that stage's error.
+/// Runs `work` (a stage or several), a panic in a stage turned into that
+/// stage's error.
 fn caught<T>(run: &mut Run, work: impl FnOnce(&mut Run) -> Result<T, LoadError>) -> Result<T, LoadError> {
     catch_unwind(AssertUnwindSafe(|| work(run))).unwrap_or_else(|payload| {
         let stage = run.current.unwrap_or(Stage::Fetch);
