@@ -6,6 +6,7 @@ use thiserror::Error;
 
 use crate::admission::Shed;
 use crate::backend::BackendError;
+use crate::budget::BudgetError;
 use crate::events::Stage;
 use crate::manifest::VerifyError;
 use crate::pipeline::validate::ValidateError;
@@ -89,6 +90,11 @@ pub enum LoadError {
     /// The engine could not load the model.
     #[error("load failed: {0}")]
     Load(#[from] BackendError),
+    /// Live versions and the candidate would hold more memory than a budget
+    /// allows: refused at stage `load`, by estimate before the engine loads
+    /// it or by measurement after.
+    #[error("load refused: {0}")]
+    MemoryBudget(#[from] BudgetError),
     /// The validate stage refused the model.
     #[error("validate failed: {0}")]
     Validate(#[from] ValidateError),
@@ -111,7 +117,7 @@ impl LoadError {
         match self {
             LoadError::Fetch(_) => Some(Stage::Fetch),
             LoadError::Verify(_) => Some(Stage::Verify),
-            LoadError::Load(_) => Some(Stage::Load),
+            LoadError::Load(_) | LoadError::MemoryBudget(_) => Some(Stage::Load),
             LoadError::Validate(_) => Some(Stage::Validate),
             LoadError::Warmup(_) => Some(Stage::Warmup),
             LoadError::Panicked { stage, .. } => Some(*stage),
@@ -136,6 +142,7 @@ impl LoadError {
             LoadError::Fetch(_) => "fetch_failed",
             LoadError::Verify(_) => "verify_failed",
             LoadError::Load(_) => "load_failed",
+            LoadError::MemoryBudget(_) => "memory_budget_exceeded",
             LoadError::Validate(_) => "validate_failed",
             LoadError::Warmup(_) => "warmup_failed",
             LoadError::Panicked { .. } => "internal",

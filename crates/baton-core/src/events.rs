@@ -49,6 +49,9 @@ pub enum Stage {
     Fetch,
     /// Check every file against the manifest.
     Verify,
+    /// Under the resource swap policy: wait for the versions being replaced
+    /// to finish their requests and be freed, before the candidate loads.
+    Vacate,
     /// Create the engine's runnable model.
     Load,
     /// Check tensors and the signature.
@@ -69,6 +72,7 @@ impl Stage {
         match self {
             Stage::Fetch => "fetch",
             Stage::Verify => "verify",
+            Stage::Vacate => "vacate",
             Stage::Load => "load",
             Stage::Validate => "validate",
             Stage::Warmup => "warmup",
@@ -84,7 +88,7 @@ impl Stage {
             Stage::Fetch | Stage::Verify | Stage::Load | Stage::Validate => State::Loading,
             Stage::Warmup => State::Warming,
             Stage::Commit => State::Swapping,
-            Stage::Drain | Stage::Unload => State::Draining,
+            Stage::Vacate | Stage::Drain | Stage::Unload => State::Draining,
         }
     }
 }
@@ -107,6 +111,13 @@ pub struct StageTiming {
 
 pub(crate) fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+fn ser_opt_ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => ser_ms(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// What an operation on a model was.
@@ -155,6 +166,12 @@ pub struct LoadReport {
     pub stragglers: usize,
     /// Whether the drain timed out.
     pub drain_timed_out: bool,
+    /// Under the resource swap policy: how long the model had no version
+    /// serving, from the pause (once the candidate was verified) to the
+    /// commit; requests waited meanwhile. In milliseconds; `null` when
+    /// nothing paused.
+    #[serde(rename = "paused_ms", serialize_with = "ser_opt_ms")]
+    pub paused: Option<Duration>,
 }
 
 impl LoadReport {
@@ -211,6 +228,25 @@ pub enum EventKind {
     DrainTimedOut {
         /// Requests still holding the old routing table.
         stragglers: usize,
+    },
+    /// Under the resource swap policy, the model stopped serving so that
+    /// its old version could be freed before the new one loads; requests
+    /// wait.
+    Paused {
+        /// The version leaving memory.
+        replacing: u64,
+    },
+    /// The pause ended: the new version serves, or the old one was loaded
+    /// back after the new one failed (or, when that failed too, nothing
+    /// serves).
+    Resumed {
+        /// How long requests had no version, in milliseconds.
+        #[serde(rename = "paused_ms", serialize_with = "ser_ms")]
+        paused: Duration,
+        /// The version serving now, if any.
+        serving: Option<u64>,
+        /// Whether it is the old version, loaded back.
+        restored: bool,
     },
     /// An operation went through, drain included.
     Finished {

@@ -21,8 +21,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, MutexGuard, Weak};
-use std::time::SystemTime;
+use std::sync::{Arc, Condvar, MutexGuard, Weak};
+use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -34,7 +34,8 @@ use crate::sync::{self, Lock};
 use crate::trimmer::Trimmer;
 use crate::version::Version;
 
-/// How many unload records are kept.
+/// How many unload records are kept, and how many freed versions are
+/// remembered for loads waiting for them.
 const UNLOAD_HISTORY: usize = 256;
 
 /// What freeing one version gave back.
@@ -168,6 +169,19 @@ pub(crate) struct Memory {
     /// Where the lowered threads' changes to the book are applied.
     agent: Agent,
     events: EventSender,
+    /// Versions the keeper has freed, newest last: what a load under the
+    /// resource swap policy waits for. Lowered threads only.
+    freed: Lock<VecDeque<(String, u64)>>,
+    freed_signal: Condvar,
+}
+
+/// What live versions hold, for a load's memory budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct InUse {
+    /// Every model's live versions, and engines waiting to be freed.
+    pub all: u64,
+    /// The loading model's live versions.
+    pub model: u64,
 }
 
 fn signed(bytes: u64) -> i64 {
@@ -191,6 +205,8 @@ impl Memory {
             trimmer: Trimmer::start(),
             agent: agent.clone(),
             events,
+            freed: Lock::among_lowered(VecDeque::new()),
+            freed_signal: Condvar::new(),
         });
         let book = Arc::downgrade(&memory);
         let tx = sync::spawn_receiver::<Released>("baton-release", move |jobs| {
@@ -229,8 +245,72 @@ impl Memory {
         self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
         let after = self.trimmed_rss().unwrap_or(0);
         let book = Arc::clone(self);
+        let (model, version) = (job.model.clone(), job.version);
         let freed = Freed { model: job.model, version: job.version, held: job.held, before, after, unaccounted_before };
         self.agent.call(move || book.settle(freed));
+        let mut list = self.freed.lock();
+        if list.len() == UNLOAD_HISTORY {
+            list.pop_front();
+        }
+        list.push_back((model, version));
+        self.freed_signal.notify_all();
+    }
+
+    /// On a lowered thread: waits until the keeper has freed every one of
+    /// `versions` of `model`, or `until` passes; returns the versions not
+    /// freed by then.
+    pub(crate) fn wait_freed(&self, model: &str, versions: &[u64], until: Instant) -> Vec<u64> {
+        let mut list = self.freed.lock();
+        loop {
+            let left: Vec<u64> =
+                versions.iter().copied().filter(|v| !list.iter().any(|(m, f)| m == model && f == v)).collect();
+            let now = Instant::now();
+            if left.is_empty() || now >= until {
+                return left;
+            }
+            list = self.freed_signal.wait_timeout(list, until - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Forgets that versions of `model` were freed, before a load waits for
+    /// some of them (a version number can be loaded and freed again).
+    pub(crate) fn forget_freed(&self, model: &str) {
+        self.freed.lock().retain(|(m, _)| m != model);
+    }
+
+    /// What live versions hold: every model's (with engines queued for
+    /// freeing) and `model`'s, leaving out `leaving`, the versions a swap
+    /// frees before its candidate loads. Read on the agent, since the book
+    /// is the serving threads'.
+    pub(crate) fn in_use(self: &Arc<Self>, model: &str, leaving: Vec<Weak<Version>>) -> InUse {
+        let (book, model) = (Arc::clone(self), model.to_owned());
+        self.agent.call(move || {
+            let live: Vec<(String, Weak<Version>)> = book.live.lock().clone();
+            let mut in_use = InUse { all: book.queued.load(Ordering::Relaxed), model: 0 };
+            for (name, weak) in live {
+                let Some(version) = weak.upgrade() else { continue };
+                if leaving.iter().any(|l| l.ptr_eq(&weak)) {
+                    continue;
+                }
+                in_use.all = in_use.all.saturating_add(version.bytes_held());
+                if name == model {
+                    in_use.model = in_use.model.saturating_add(version.bytes_held());
+                }
+            }
+            in_use
+        })
+    }
+
+    /// What a version of `model` whose files add up to `files` bytes is
+    /// expected to hold: the footprint measured for one of that size, and
+    /// never less than the files; and whether a footprint was known.
+    pub(crate) fn estimate(self: &Arc<Self>, model: &str, files: u64) -> (u64, crate::budget::Basis) {
+        let (book, model) = (Arc::clone(self), model.to_owned());
+        let footprint = self.agent.call(move || book.footprints.0.lock().get(&(model, files)).copied());
+        match footprint {
+            Some(bytes) if bytes > files => (bytes, crate::budget::Basis::Footprint),
+            _ => (files, crate::budget::Basis::Files),
+        }
     }
 
     /// On the agent: records a measured free and announces it.

@@ -22,6 +22,7 @@ use crate::error::LoadError;
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
 pub use crate::events::{LoadReport, Operation};
 use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
+use crate::pause::Pause;
 use crate::pipeline::{self, RolloutStart};
 use crate::rollout::control::{Action, By, Effect, Ending, Phase, Progress, RolloutStatus};
 use crate::rollout::window::Sums;
@@ -48,11 +49,21 @@ pub struct RegistryConfig {
     pub step_aside: StepAside,
     /// Events buffered per subscriber before a slow one starts missing some.
     pub event_capacity: usize,
+    /// The most memory every model's live versions may hold together, in
+    /// bytes; a load that would go beyond it is refused
+    /// ([`crate::budget`]). None by default.
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { loader_nice: 19, loader_idle: true, step_aside: StepAside::OFF, event_capacity: 1024 }
+        RegistryConfig {
+            loader_nice: 19,
+            loader_idle: true,
+            step_aside: StepAside::OFF,
+            event_capacity: 1024,
+            memory_budget: None,
+        }
     }
 }
 
@@ -88,6 +99,9 @@ pub struct ModelStatus {
     pub live: Vec<LiveVersion>,
     /// Whether a load, rollback or unload is running.
     pub busy: bool,
+    /// Whether the model is paused: under the resource swap policy, its old
+    /// version is gone and requests wait for the new one.
+    pub paused: bool,
     /// The version a running operation works on, once known.
     pub working_on: Option<u64>,
     /// The last operation that went through.
@@ -158,6 +172,8 @@ pub(crate) struct Inner {
     /// The nice value, and whether `SCHED_IDLE`, of lowered threads.
     pub(crate) lowering: (i32, bool),
     step_aside: StepAside,
+    /// The server's memory budget over every model's live versions.
+    pub(crate) memory_budget: Option<u64>,
 }
 
 /// The model registry. Cheap to clone; all clones share one state.
@@ -198,6 +214,7 @@ impl Registry {
             rollouts: Lock::new(BTreeMap::new()),
             lowering: (nice, idle),
             step_aside: config.step_aside,
+            memory_budget: config.memory_budget,
         });
         start_controller(&inner);
         Registry { inner, jobs }
@@ -209,11 +226,25 @@ impl Registry {
         self.inner.routing.load_full()
     }
 
+    /// A routing table in which `model` is not paused: while a swap under
+    /// the resource policy replaces its version, waits (holding no table)
+    /// until the pause ends. The caller bounds the wait (a request's
+    /// deadline, say); a model that is not paused gets the current table at
+    /// once.
+    pub async fn snapshot_serving(&self, model: &str) -> Snapshot {
+        loop {
+            let snapshot = self.snapshot();
+            let Some(resumed) = snapshot.paused(model).map(|p| p.resumed()) else { return snapshot };
+            drop(snapshot);
+            resumed.await;
+        }
+    }
+
     /// Whether the registry knows `model`: it serves a version, or an
     /// operation on it has run. A name that is in neither (a request or a
     /// load for a model the source does not have) leaves no trace.
     pub fn knows(&self, model: &str) -> bool {
-        self.inner.routing.load().model(model).is_some() || self.inner.models.lock().contains_key(model)
+        self.inner.routing.load().holds(model) || self.inner.models.lock().contains_key(model)
     }
 
     /// Subscribes to state transitions and other events.
@@ -284,11 +315,12 @@ impl Registry {
     pub fn status(&self, model: &str) -> Option<ModelStatus> {
         let snapshot = self.snapshot();
         let route = snapshot.model(model);
+        let paused = snapshot.paused(model).is_some();
         // Read before the model's entry is locked: it takes that lock too.
         let rollout = self.rollout(model);
         let models = self.inner.models.lock();
         let entry = models.get(model);
-        if route.is_none() && entry.is_none() {
+        if route.is_none() && entry.is_none() && !paused {
             return None;
         }
         Some(ModelStatus {
@@ -298,6 +330,7 @@ impl Registry {
             previous: route.map(|r| r.previous.iter().map(|v| v.number()).collect()).unwrap_or_default(),
             live: self.inner.memory.live(model),
             busy: entry.is_some_and(|e| e.busy),
+            paused,
             working_on: entry.and_then(|e| e.working_on),
             last: entry.and_then(|e| e.last.clone()),
             last_error: entry.and_then(|e| e.last_error.clone()),
@@ -621,11 +654,20 @@ impl Inner {
     /// priority only: on the agent for a load, on the caller's thread for
     /// the other operations.
     pub(crate) fn publish(&self, change: impl FnOnce(&mut BTreeMap<String, ModelRoute>)) -> Snapshot {
+        self.publish_with(|models, _| change(models))
+    }
+
+    /// [`Inner::publish`], changing the paused models' gates too.
+    pub(crate) fn publish_with(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<String, ModelRoute>, &mut BTreeMap<String, Arc<Pause>>),
+    ) -> Snapshot {
         let _serial = self.publish.lock();
         let current = self.routing.load_full();
         let mut models = current.models().clone();
-        change(&mut models);
-        let next = Arc::new(Routing::new(current.generation() + 1, models));
+        let mut paused = current.all_paused().clone();
+        change(&mut models, &mut paused);
+        let next = Arc::new(Routing::with_paused(current.generation() + 1, models, paused));
         self.routing.swap(next)
     }
 

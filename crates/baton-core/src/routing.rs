@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, mpsc};
 
 use crate::error::InferError;
+use crate::pause::Pause;
 use crate::rollout::{Compare, Mode, Role, Rollout, assign};
 use crate::sync::Lock;
 use crate::tensor::Tensor;
@@ -73,6 +74,9 @@ pub struct Routed<'a> {
 pub struct Routing {
     generation: u64,
     models: BTreeMap<String, ModelRoute>,
+    /// Models whose version is being replaced under the resource swap
+    /// policy: no route, a gate to wait at.
+    paused: BTreeMap<String, Arc<Pause>>,
     _alive: mpsc::Sender<()>,
     released: Lock<Option<mpsc::Receiver<()>>>,
 }
@@ -92,8 +96,36 @@ pub struct Inference {
 impl Routing {
     /// A table with these routes.
     pub fn new(generation: u64, models: BTreeMap<String, ModelRoute>) -> Routing {
+        Routing::with_paused(generation, models, BTreeMap::new())
+    }
+
+    /// A table with these routes and these models paused.
+    pub(crate) fn with_paused(
+        generation: u64,
+        models: BTreeMap<String, ModelRoute>,
+        paused: BTreeMap<String, Arc<Pause>>,
+    ) -> Routing {
         let (alive, released) = mpsc::channel();
-        Routing { generation, models, _alive: alive, released: Lock::new(Some(released)) }
+        Routing { generation, models, paused, _alive: alive, released: Lock::new(Some(released)) }
+    }
+
+    /// The gate of `model` while its version is being replaced under the
+    /// resource swap policy: the model has no route meanwhile, and a
+    /// request waits for the gate to open, without holding this table,
+    /// then takes a new snapshot ([`crate::registry::Registry::snapshot_serving`]).
+    pub fn paused(&self, model: &str) -> Option<&Arc<Pause>> {
+        self.paused.get(model)
+    }
+
+    /// Every paused model's gate, by model name.
+    pub(crate) fn all_paused(&self) -> &BTreeMap<String, Arc<Pause>> {
+        &self.paused
+    }
+
+    /// Whether `model` serves, or is paused while a new version replaces
+    /// the old one: what readiness counts as serving.
+    pub fn holds(&self, model: &str) -> bool {
+        self.models.contains_key(model) || self.paused.contains_key(model)
     }
 
     /// Increases by one with every publish.
@@ -193,6 +225,10 @@ impl Routing {
 
 impl std::fmt::Debug for Routing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Routing").field("generation", &self.generation).field("models", &self.models).finish()
+        f.debug_struct("Routing")
+            .field("generation", &self.generation)
+            .field("models", &self.models)
+            .field("paused", &self.paused.keys())
+            .finish()
     }
 }

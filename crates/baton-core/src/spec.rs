@@ -14,6 +14,8 @@
 //! keep_previous = 1          # versions kept loaded for instant rollback
 //! drain_timeout_ms = 30000   # how long a swap waits for in-flight requests
 //! allow_symlinks_outside_version = false  # files may not lead out of their version
+//! memory_budget = "2GiB"     # refuse a load that would take this model's versions beyond it; none by default
+//! swap = "availability"      # or "resource": free the old version before the new one loads
 //!
 //! [validation]                # see ValidationPolicy for what each check covers
 //! nan = true
@@ -120,11 +122,49 @@ pub struct Policy {
     /// the version changing. Symlinks between files of the version are
     /// always accepted.
     pub allow_symlinks_outside_version: bool,
+    /// The most memory this model's live versions may hold together, in
+    /// bytes (`"2GiB"` or a number in `model.toml`); none by default. A load
+    /// that would go beyond it is refused (see [`crate::budget`]).
+    #[serde(deserialize_with = "crate::bytes::deserialize_optional")]
+    pub memory_budget: Option<u64>,
+    /// Whether a new version loads beside the old one or in its place.
+    pub swap: SwapPolicy,
 }
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy { keep_previous: 1, drain_timeout_ms: 30_000, allow_symlinks_outside_version: false }
+        Policy {
+            keep_previous: 1,
+            drain_timeout_ms: 30_000,
+            allow_symlinks_outside_version: false,
+            memory_budget: None,
+            swap: SwapPolicy::Availability,
+        }
+    }
+}
+
+/// How a load replaces the version that serves (docs/hot-swap.md, "Swap
+/// policy: availability or resource").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwapPolicy {
+    /// The new version loads beside the old one, which serves until the
+    /// commit: no pause, twice the memory for the length of a load.
+    #[default]
+    Availability,
+    /// The old version is drained and freed before the new one loads:
+    /// about one version's memory at the peak, and requests wait for the
+    /// length of a load. No previous version is kept.
+    Resource,
+}
+
+impl SwapPolicy {
+    /// As written in `model.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SwapPolicy::Availability => "availability",
+            SwapPolicy::Resource => "resource",
+        }
     }
 }
 
@@ -347,5 +387,16 @@ mod tests {
         assert_eq!((admission.max_queue, admission.max_in_flight), (Some(0), Some(3)));
         assert!(ModelSpec::parse("[admission]\nmax_in_flight = 0").is_err());
         assert!(ModelSpec::parse("[admission]\nmax_queu = 1").is_err());
+    }
+
+    #[test]
+    fn the_memory_budget_takes_units_and_the_swap_policy_two_names() {
+        let policy = ModelSpec::parse("").unwrap().policy;
+        assert_eq!((policy.memory_budget, policy.swap), (None, SwapPolicy::Availability));
+        let policy = ModelSpec::parse("[policy]\nmemory_budget = \"2GiB\"\nswap = \"resource\"").unwrap().policy;
+        assert_eq!((policy.memory_budget, policy.swap), (Some(2 << 30), SwapPolicy::Resource));
+        assert_eq!(ModelSpec::parse("[policy]\nmemory_budget = 4096").unwrap().policy.memory_budget, Some(4096));
+        assert!(ModelSpec::parse("[policy]\nmemory_budget = \"2GB\"").is_err());
+        assert!(ModelSpec::parse("[policy]\nswap = \"fast\"").is_err());
     }
 }

@@ -21,6 +21,9 @@ pub enum Class {
     TooLarge,
     /// The request was fine, but the version it names cannot be loaded.
     Unprocessable,
+    /// The version could be loaded, but not within a memory budget: the
+    /// server's state, not the version, is what stands in the way.
+    InsufficientMemory,
     /// Not ready: the model is not serving, or the server is shutting down.
     Unavailable,
     /// Overloaded: the request was refused at once because the version or
@@ -142,6 +145,7 @@ impl From<LoadError> for ServeError {
             }
             LoadError::ShuttingDown => Class::Unavailable,
             LoadError::Panicked { .. } => Class::Internal,
+            LoadError::MemoryBudget(_) => Class::InsufficientMemory,
             LoadError::Fetch(_)
             | LoadError::Verify(_)
             | LoadError::Load(_)

@@ -142,6 +142,8 @@ struct LoadMetrics {
     /// Unaccounted memory after the last free.
     unaccounted: Option<u64>,
     residual_last: BTreeMap<(String, u64), i64>,
+    /// How long resource swaps kept each model paused.
+    pauses: BTreeMap<String, Histogram>,
     events_missed: u64,
 }
 
@@ -405,7 +407,11 @@ impl Metrics {
             EventKind::Rollout { decision } => {
                 *loads.rollout_decisions.entry((model, decision.action.as_str())).or_default() += 1;
             }
-            EventKind::Transition { .. } | EventKind::DrainTimedOut { .. } | EventKind::Decision { .. } => {}
+            EventKind::Resumed { paused, .. } => loads.pauses.entry(model).or_default().observe(*paused),
+            EventKind::Transition { .. }
+            | EventKind::DrainTimedOut { .. }
+            | EventKind::Decision { .. }
+            | EventKind::Paused { .. } => {}
         }
     }
 
@@ -484,6 +490,15 @@ impl Metrics {
                 escape(model),
                 stage.as_str()
             );
+        }
+        help(
+            &mut out,
+            "baton_swap_pause_seconds",
+            "histogram",
+            "How long a swap under the resource policy left the model without a version, requests waiting.",
+        );
+        for (model, h) in &loads.pauses {
+            h.render(&mut out, "baton_swap_pause_seconds", &format!("model=\"{}\"", escape(model)));
         }
         help(&mut out, "baton_rollbacks_total", "counter", "Rollbacks to a kept version.");
         for (model, n) in &loads.rollbacks {

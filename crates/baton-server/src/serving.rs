@@ -4,11 +4,11 @@
 //! Protocol front ends only read, decode and encode around it.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use baton_core::error::InferError;
 use baton_core::rollout::{Role, Rollout};
-use baton_core::routing::Routing;
+use baton_core::routing::{Routing, Snapshot};
 use baton_core::tensor::Tensor;
 use baton_core::version::Version;
 
@@ -64,6 +64,44 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
         ServeError::new(Class::Unavailable, "model_not_ready", format!("model '{model}' is not ready (state {state})"))
     } else {
         ServeError::unknown_model(model)
+    }
+}
+
+/// The longest a request waits for a model paused by a swap under the
+/// resource policy, counted from its arrival, when its deadline is later
+/// or unset: about one load of a large model (a 480 MiB model loads in
+/// about 6 s on an idle core), with room to spare.
+pub const PAUSE_WAIT: Duration = Duration::from_secs(30);
+
+/// The routing table a request is served from: the current one, or, while
+/// its model is paused by a swap under the resource policy, the one that
+/// ends the pause, awaited without holding an async worker, up to the
+/// request's deadline or [`PAUSE_WAIT`] after its arrival, whichever comes
+/// first. A request the pause outlasts is refused as overloaded (reason
+/// `model_paused`): it never reached a version, and another server may
+/// answer it. Counted as shed; the caller counts the error.
+pub async fn snapshot(
+    app: &App,
+    model: &str,
+    arrived: Instant,
+    deadline: Option<Instant>,
+) -> Result<Snapshot, ServeError> {
+    let snapshot = app.registry.snapshot();
+    if snapshot.paused(model).is_none() {
+        return Ok(snapshot);
+    }
+    drop(snapshot);
+    let cap = arrived + PAUSE_WAIT;
+    let until = deadline.map_or(cap, |d| d.min(cap));
+    match tokio::time::timeout_at(until.into(), app.registry.snapshot_serving(model)).await {
+        Ok(snapshot) => Ok(snapshot),
+        Err(_) => {
+            app.metrics.shed(model, "model_paused");
+            Err(ServeError::overloaded(format!(
+                "model '{model}' is paused while a new version replaces the old one ([policy] swap = \"resource\") \
+                 and did not resume within this request's wait; retry later or elsewhere"
+            )))
+        }
     }
 }
 

@@ -29,6 +29,7 @@ fn idle(model: &str) -> ModelStatus {
         previous: Vec::new(),
         live: Vec::new(),
         busy: false,
+        paused: false,
         working_on: None,
         last: None,
         last_error: None,

@@ -37,9 +37,14 @@ pub fn registry(root: &Path) -> Registry {
 
 /// A registry over a local repository with the given backends.
 pub fn registry_with(root: &Path, backends: Vec<Arc<dyn Backend>>) -> Registry {
+    registry_configured(root, backends, RegistryConfig::default())
+}
+
+/// A registry over a local repository with the given backends and settings.
+pub fn registry_configured(root: &Path, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
     // Session threads start at the test thread's priority, not the loader's.
     baton_core::executor::start_spawner();
-    Registry::new(Arc::new(LocalRepository::new(root)), backends, RegistryConfig::default())
+    Registry::new(Arc::new(LocalRepository::new(root)), backends, config)
 }
 
 /// Receives events until one matches, or panics after `limit`. The limit is

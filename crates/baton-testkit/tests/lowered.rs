@@ -2,7 +2,8 @@
 //! lock that serving threads take: what they change, the registry's agent
 //! applies at serving priority. Checked over whole cycles of loads, swaps,
 //! a rollback, a retire, a failed load, an unload and the frees they cause,
-//! with the fake backend and with ONNX Runtime: no `baton_core::sync::Lock`
+//! with the fake backend and with ONNX Runtime, and over swaps under the
+//! resource policy and memory budgets (a failed candidate loaded back): no `baton_core::sync::Lock`
 //! is taken by a lowered thread (debug builds record each time), and no
 //! event is logged on one (a tracing layer of this test records each).
 
@@ -16,7 +17,7 @@ use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
 use baton_testkit::server::eventually;
-use baton_testkit::{infer_mlp, registry, registry_with};
+use baton_testkit::{infer_mlp, registry, registry_configured, registry_with};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -137,6 +138,30 @@ fn a_cycle_with_onnx_runtime_takes_no_serving_lock_on_lowered_threads() {
     repo.publish_damaged("m", 4, &mlp(4), Damage::FlipByte);
     let registry = registry(repo.root());
     cycle(&registry, "m", |snapshot| infer_mlp(snapshot, "m", &[0.5; 8], 1).expect("the MLP answers").0);
+    assert_lowered_threads_kept_to_themselves();
+}
+
+#[test]
+fn resource_swaps_and_budget_checks_take_no_serving_lock_on_lowered_threads() {
+    watch_lowered_threads();
+    let repo = TestRepo::new();
+    repo.add_model("r", &format!("{FAKE_TOML}[policy]\nswap = \"resource\"\nmemory_budget = \"1GiB\"\n"));
+    for (version, scale) in [(1, "1"), (2, "2"), (3, "not a number")] {
+        repo.write_files("r", version, &[("fake.txt", scale.as_bytes())]);
+        repo.seal("r", version);
+    }
+    let config = baton_core::registry::RegistryConfig { memory_budget: Some(1 << 30), ..Default::default() };
+    let registry = registry_configured(repo.root(), vec![Arc::new(FakeBackend::new())], config);
+    let serving = |registry: &Registry| {
+        let x = Tensor::from_f32("x", vec![1, 4], &[1.0; 4]);
+        registry.snapshot().infer("r", None, &[x]).expect("the fake answers").version
+    };
+    for version in 1..=2 {
+        finish(&registry, "r", registry.load("r", Some(version)).unwrap(), State::Ready);
+        assert_eq!(serving(&registry), version);
+    }
+    registry.load("r", Some(3)).unwrap().wait().expect_err("version 3 is broken");
+    assert_eq!(serving(&registry), 2, "version 2 was loaded back");
     assert_lowered_threads_kept_to_themselves();
 }
 

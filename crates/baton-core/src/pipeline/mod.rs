@@ -17,16 +17,19 @@
 pub mod golden;
 pub(crate) mod rollout;
 pub use rollout::RolloutStart;
+mod vacate;
 pub mod validate;
 pub mod warmup;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::agent::panic_message;
 use crate::backend::UpdateKind;
+use crate::budget::{Basis, Check};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
 use crate::heap::HeapLease;
@@ -34,6 +37,8 @@ use crate::manifest;
 use crate::registry::{Busy, Failure, Inner, LoadReport, Operation, Reply};
 use crate::routing::{ModelRoute, Snapshot};
 use crate::source::{FetchError, Presence};
+use crate::spec::{ModelSpec, SwapPolicy};
+use crate::verified::Verified;
 use crate::version::{Version, VersionParts};
 
 /// Tracks one operation: its stages, their durations, the model's state.
@@ -46,6 +51,10 @@ struct Run {
     started: Instant,
     stages: Vec<StageTiming>,
     current: Option<Stage>,
+    /// Under the resource swap policy, once the old version left the route.
+    vacated: Option<vacate::Vacated>,
+    /// How long the model was paused, once the pause ended.
+    paused: Option<Duration>,
 }
 
 /// What a commit does to the routes; returns the version it replaced.
@@ -85,6 +94,8 @@ impl Run {
             started: Instant::now(),
             stages: Vec::new(),
             current: None,
+            vacated: None,
+            paused: None,
         }
     }
 
@@ -160,14 +171,23 @@ impl Run {
     /// thread inherits the caller's): on the agent for a load, on the
     /// caller's thread for the other operations.
     fn commit_then_drain(mut self, change: Change, finish: Finish) {
+        let vacated = self.vacated.take();
         let old = self
             .stage(Stage::Commit, |run| {
                 let mut replaced = None;
-                let old = run.inner.publish(|models| replaced = change(models));
+                let model = run.model().to_owned();
+                let old = run.inner.publish_with(|models, paused| {
+                    replaced = change(models);
+                    paused.remove(&model);
+                });
                 run.replaced = replaced;
                 Ok(old)
             })
             .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
+        if let Some(vacated) = vacated {
+            self.replaced = Some(vacated.number);
+            self.paused = Some(vacated.resume(&self.inner, self.model(), self.version, false));
+        }
         crate::sync::expect_serving_priority();
         let spawned = std::thread::Builder::new().name("baton-drain".into()).spawn(move || self.drain(old, finish));
         if let Err(error) = spawned {
@@ -195,6 +215,7 @@ impl Run {
             update: finish.update,
             stragglers,
             drain_timed_out: timed_out,
+            paused: self.paused,
         };
         let agent = self.inner.agent.clone();
         agent.send(move || self.report_success(report, finish));
@@ -255,9 +276,15 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
         return;
     }
     let mut run = Run::new(inner, busy, Operation::Load);
-    let prepared = match prepare_caught(&mut run, version, heap) {
+    let mut heap = Some(heap);
+    // The heap lease goes into the version, and stays here if the load fails.
+    let prepared = match caught(&mut run, |run| prepare(run, version, &mut heap, true)) {
         Ok(prepared) => prepared,
-        Err(error) => return run.fail(error, reply),
+        Err(error) => {
+            // A resource swap that paused brings the old version back first.
+            vacate::restore_and_resume(&mut run, &mut heap);
+            return run.fail(error, reply);
+        }
     };
     let (version, keep, timeout) = prepared;
     let finish = Finish::loaded(timeout, &version, reply);
@@ -291,16 +318,44 @@ fn unknown_model(inner: &Inner, model: &str) -> Option<LoadError> {
 
 type Prepared = (Arc<Version>, usize, Duration);
 
-/// [`prepare`], with a panic in a stage turned into that stage's error.
-fn prepare_caught(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepared, LoadError> {
-    catch_unwind(AssertUnwindSafe(|| prepare(run, version, heap))).unwrap_or_else(|payload| {
+/// Runs `work` (a stage or several), a panic in a stage turned into that
+/// stage's error.
+fn caught<T>(run: &mut Run, work: impl FnOnce(&mut Run) -> Result<T, LoadError>) -> Result<T, LoadError> {
+    catch_unwind(AssertUnwindSafe(|| work(run))).unwrap_or_else(|payload| {
         let stage = run.current.unwrap_or(Stage::Fetch);
         Err(LoadError::Panicked { stage, message: panic_message(payload.as_ref()) })
     })
 }
 
-/// Every stage before commit. Nothing here touches the routing table.
-fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepared, LoadError> {
+/// The files of a version to build, verified.
+struct Files {
+    number: u64,
+    spec: Arc<ModelSpec>,
+    dir: PathBuf,
+    verified: Verified,
+}
+
+/// The budgets a load of `model` under `spec` is checked against, with
+/// what live versions hold now, less `leaving` (the versions a resource
+/// swap frees before its candidate loads).
+fn budgets(inner: &Arc<Inner>, model: &str, spec: &ModelSpec, leaving: Vec<Weak<Version>>) -> Check {
+    let (server, own) = (inner.memory_budget, spec.policy.memory_budget);
+    if server.is_none() && own.is_none() {
+        return Check { server: None, model: None };
+    }
+    let in_use = inner.memory.in_use(model, leaving);
+    Check { server: server.map(|b| (b, in_use.all)), model: own.map(|b| (b, in_use.model)) }
+}
+
+/// Every stage before commit. Nothing here touches the routing table,
+/// except a resource swap's pause ([`vacate`]), which only a plain load
+/// (`may_pause`) makes.
+fn prepare(
+    run: &mut Run,
+    version: Option<u64>,
+    heap: &mut Option<HeapLease>,
+    may_pause: bool,
+) -> Result<Prepared, LoadError> {
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
     let (spec, number, dir) = run.stage(Stage::Fetch, |run| {
@@ -317,9 +372,44 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
     })?;
     let options = spec.policy.verify_options();
     let verified = run.stage(Stage::Verify, |_| Ok(manifest::verify_with(&dir, &options)?))?;
+    let resource = spec.policy.swap == SwapPolicy::Resource;
+    let leaving = if resource && may_pause { vacate::leaving(&inner, &model) } else { Vec::new() };
+    // Refused on the estimate before anything pauses or loads.
+    let (estimate, basis) = inner.memory.estimate(&model, verified.manifest().total_bytes());
+    let weak = leaving.iter().map(|(_, w)| Weak::clone(w)).collect();
+    budgets(&inner, &model, &spec, weak).admit(&model, number, estimate, basis)?;
+    if !leaving.is_empty() {
+        vacate::vacate(run, leaving)?;
+    }
+    let version = build(run, Files { number, spec, dir, verified }, heap, false)?;
+    let keep = if resource { 0 } else { version.spec().policy.keep_previous };
+    let timeout = Duration::from_millis(version.spec().policy.drain_timeout_ms);
+    Ok((version, keep, timeout))
+}
+
+/// The stages that make a version of verified files: load, validate
+/// (unless `restoring` a version that passed it before), warmup, each
+/// measured against the memory budgets (unless `restoring`).
+fn build(
+    run: &mut Run,
+    files: Files,
+    heap: &mut Option<HeapLease>,
+    restoring: bool,
+) -> Result<Arc<Version>, LoadError> {
+    let Files { number, spec, dir, verified } = files;
+    let model = run.model().to_owned();
+    let inner = Arc::clone(&run.inner);
+    // Checked against what it measurably holds so far.
+    let within_budget = |held: u64| -> Result<(), LoadError> {
+        if restoring {
+            return Ok(());
+        }
+        Ok(budgets(&inner, &model, &spec, Vec::new()).admit(&model, number, held, Basis::Measured)?)
+    };
     // The memory window: nothing is freed by the keeper while it is open.
     let window = inner.memory.measure();
     let rss_before = inner.memory.trimmed_rss().unwrap_or(0);
+    let grown = || inner.memory.trimmed_rss().unwrap_or(0).saturating_sub(rss_before);
     let engine = run.stage(Stage::Load, |_| {
         let backend = inner.backends.get(&spec.backend).ok_or_else(|| {
             crate::backend::BackendError::new(
@@ -327,37 +417,40 @@ fn prepare(run: &mut Run, version: Option<u64>, heap: HeapLease) -> Result<Prepa
                 format!("model.toml names backend '{}', which this server does not have", spec.backend),
             )
         })?;
-        backend.load(&verified, &spec).map_err(|e| match e.tensor {
+        let engine = backend.load(&verified, &spec).map_err(|e| match e.tensor {
             // The weights disagree with the graph: a validation failure.
             Some(tensor) => {
                 LoadError::Validate(validate::ValidateError::Tensor { kind: e.kind, tensor, problem: e.message })
             }
             None => LoadError::Load(e),
-        })
+        })?;
+        within_budget(grown())?;
+        Ok(engine)
     })?;
     // The backend has what it read; the version's files close here.
     let manifest = verified.into_manifest();
-    run.stage(Stage::Validate, |_| {
-        validate::validate(engine.as_ref(), &spec)?;
-        Ok(golden::check(&dir, engine.as_ref()).map_err(validate::ValidateError::from)?)
-    })?;
+    if !restoring {
+        run.stage(Stage::Validate, |_| {
+            validate::validate(engine.as_ref(), &spec)?;
+            Ok(golden::check(&dir, engine.as_ref()).map_err(validate::ValidateError::from)?)
+        })?;
+    }
     let (samples, warmed) = run.stage(Stage::Warmup, |_| {
         let samples = warmup::samples(&dir, &spec, engine.as_ref())?;
         let warmed = warmup::run(engine.as_ref(), &samples, &spec)?;
         Ok((samples, warmed))
     })?;
-    let bytes_held = inner.memory.trimmed_rss().unwrap_or(0).saturating_sub(rss_before);
-    let keep = spec.policy.keep_previous;
-    let timeout = Duration::from_millis(spec.policy.drain_timeout_ms);
+    let bytes_held = grown();
+    within_budget(bytes_held)?;
     let version = Arc::new(Version::new(
-        VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine, heap: Some(heap) },
+        VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine, heap: heap.take() },
         Some(inner.releaser.clone()),
     ));
     // Tracked before the window closes, so that no free counts this
     // version's memory as unaccounted.
     inner.memory.track(&version);
     drop(window);
-    Ok((version, keep, timeout))
+    Ok(version)
 }
 
 /// Rollback: the newest previous version becomes stable by one store.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Change, Finish, Run, prepare_caught};
+use super::{Change, Finish, Run, caught, prepare};
 use crate::error::LoadError;
 use crate::events::{EventKind, State};
 use crate::heap::HeapLease;
@@ -44,7 +44,7 @@ pub struct RolloutStart {
 /// then has the agent put it into the route.
 pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: Reply, heap: HeapLease) {
     let mut run = Run::new(inner, busy, Operation::Rollout);
-    let (candidate, _, timeout) = match prepare_caught(&mut run, start.version, heap) {
+    let (candidate, _, timeout) = match caught(&mut run, |run| prepare(run, start.version, &mut Some(heap), false)) {
         Ok(prepared) => prepared,
         Err(error) => return run.fail(error, reply),
     };

@@ -78,6 +78,8 @@ pub fn progress(event: &Value, printed: &mut usize) -> Vec<String> {
         Some("drain_timed_out") => {
             lines.push(format!("drain timed out with {} requests still running", event["stragglers"]))
         }
+        Some("paused") => lines.push(format!("PAUSED: version {} is freed first; requests wait", event["replacing"])),
+        Some("resumed") => lines.push(format!("RESUMED after {}", ms(&event["paused_ms"]))),
         _ => {}
     }
     lines
@@ -97,6 +99,9 @@ pub fn report(report: &Value) -> String {
     );
     if report["drain_timed_out"].as_bool() == Some(true) {
         text.push_str(&format!("; drain timed out with {} stragglers", report["stragglers"]));
+    }
+    if !report["paused_ms"].is_null() {
+        text.push_str(&format!("; paused {} (requests waited)", ms(&report["paused_ms"])));
     }
     text
 }
@@ -147,6 +152,13 @@ pub fn event_line(event: &Value) -> String {
             event["held"], event["returned"], event["residual"], event["unaccounted"]
         ),
         "drain_timed_out" => format!("drain timed out, {} stragglers", event["stragglers"]),
+        "paused" => format!("paused: version {} is freed before the new one loads; requests wait", event["replacing"]),
+        "resumed" => format!(
+            "resumed after {}: version {} serving{}",
+            ms(&event["paused_ms"]),
+            version(&event["serving"]),
+            if event["restored"].as_bool() == Some(true) { " again, loaded back" } else { "" }
+        ),
         "decision" => format!(
             "decision {} ({}): {}",
             event["change"].as_str().unwrap_or("?"),

@@ -63,14 +63,14 @@ async fn infer(
     request: ModelInferRequest,
     arrival: Arrival<'_>,
 ) -> Result<(ModelInferResponse, Role), ServeError> {
-    let snapshot = app.registry.snapshot();
     let model = request.model_name.clone();
     // Whatever becomes of the request, its message's room in the call's
     // frames is given back: once decoded, or when it is refused.
     let mut message = MessageRoom { frames: arrival.frames, bytes: request.encoded_len() as u64 };
     let _in_flight = app.admit(&model).inspect_err(|e| app.metrics.rejected(&model, e.kind))?;
     let mut ticket = Ticket::new(app, None);
-    let (target, mut decoded) = receive(app, &snapshot, &model, request, &arrival, &mut ticket, &mut message).await?;
+    // The snapshot is held until the answer is encoded, as over REST.
+    let (_snapshot, target, mut decoded) = receive(app, &model, request, &arrival, &mut ticket, &mut message).await?;
     let inputs = std::mem::take(&mut decoded.inputs);
     let outputs = serving::infer(app, &model, &target, inputs, &mut ticket).await?;
     let number = target.version.number();
@@ -96,21 +96,22 @@ fn sticky_key<'a>(request: &'a ModelInferRequest, arrival: &Arrival<'a>) -> Opti
 /// message's frames held. Counts what it refuses.
 async fn receive(
     app: &App,
-    snapshot: &baton_core::routing::Routing,
     model: &str,
     request: ModelInferRequest,
     arrival: &Arrival<'_>,
     ticket: &mut Ticket,
     message: &mut MessageRoom<'_>,
-) -> Result<(serving::Target, convert::Decoded), ServeError> {
+) -> Result<(baton_core::routing::Snapshot, serving::Target, convert::Decoded), ServeError> {
     let rejected = |e: ServeError| {
         app.metrics.rejected(model, e.kind);
         e
     };
     let version = version_and_deadline(app, &request, arrival, ticket).map_err(rejected)?;
+    // A model paused by a resource swap is waited for.
+    let snapshot = serving::snapshot(app, model, arrival.at, ticket.deadline).await.map_err(rejected)?;
     // Checked against the version before any tensor is packed, and the
     // tensors' room reserved before they are.
-    let target = serving::target_of(app, snapshot, model, version, sticky_key(&request, arrival)).map_err(rejected)?;
+    let target = serving::target_of(app, &snapshot, model, version, sticky_key(&request, arrival)).map_err(rejected)?;
     let parsed = convert::parse_request(request).map_err(|e| rejected(e.into()))?;
     parsed
         .check(target.version.signature(), target.max_batch)
@@ -119,7 +120,7 @@ async fn receive(
     let decoded =
         serving::work_on(message.bytes as usize, move || parsed.decode()).await.map_err(|e| rejected(e.into()))?;
     message.release();
-    Ok((target, decoded))
+    Ok((snapshot, target, decoded))
 }
 
 /// The version the request names; sets its deadline.

@@ -49,6 +49,9 @@ pub use baton_protocol::grpc::KIND_KEY;
 /// - `Unprocessable` (a version refused by a stage of the load transaction)
 ///   is `FAILED_PRECONDITION`: the request is well formed, the repository's
 ///   content is what is wrong.
+/// - `InsufficientMemory` (a load refused by a memory budget) is
+///   `RESOURCE_EXHAUSTED`: memory is the resource, and freeing some (or a
+///   larger budget) is what lets the load through.
 /// - `Forbidden` (management on an inference listener when an admin
 ///   listener serves it, inference on an admin listener, a model operation
 ///   under `--model-control none`) is `PERMISSION_DENIED`: retrying will not
@@ -58,7 +61,7 @@ pub fn code(class: Class) -> Code {
         Class::BadRequest => Code::InvalidArgument,
         Class::NotFound => Code::NotFound,
         Class::Conflict => Code::Aborted,
-        Class::TooLarge => Code::ResourceExhausted,
+        Class::TooLarge | Class::InsufficientMemory => Code::ResourceExhausted,
         Class::Unprocessable => Code::FailedPrecondition,
         Class::Unavailable | Class::Overloaded => Code::Unavailable,
         Class::DeadlineExceeded => Code::DeadlineExceeded,
@@ -160,6 +163,7 @@ mod tests {
         assert_eq!(code(Class::Conflict), Code::Aborted);
         assert_eq!(code(Class::TooLarge), Code::ResourceExhausted);
         assert_eq!(code(Class::Unprocessable), Code::FailedPrecondition);
+        assert_eq!(code(Class::InsufficientMemory), Code::ResourceExhausted);
         assert_eq!(code(Class::Unavailable), Code::Unavailable);
         assert_eq!(code(Class::Overloaded), Code::Unavailable);
         assert_eq!(code(Class::DeadlineExceeded), Code::DeadlineExceeded);

@@ -18,6 +18,7 @@ pub fn status(class: Class) -> StatusCode {
         Class::Conflict => StatusCode::CONFLICT,
         Class::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Class::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        Class::InsufficientMemory => StatusCode::INSUFFICIENT_STORAGE,
         Class::Unavailable | Class::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         Class::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Class::Internal => StatusCode::INTERNAL_SERVER_ERROR,

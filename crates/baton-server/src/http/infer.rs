@@ -107,8 +107,12 @@ struct Call<'a> {
 /// Reads, decodes, runs and encodes. An error says whether the body was
 /// left partly unread.
 async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result<Response, (ApiError, bool)> {
-    let Call { app, model, .. } = *call;
-    let snapshot = app.registry.snapshot();
+    let Call { app, model, arrived, .. } = *call;
+    // A model paused by a resource swap is waited for, its body unread.
+    let snapshot = serving::snapshot(app, model, arrived, ticket.deadline).await.map_err(|e| {
+        app.metrics.rejected(model, e.kind);
+        (e, true)
+    })?;
     let (target, mut request) = receive(call, &snapshot, body, ticket).await?;
     let inputs = std::mem::take(&mut request.inputs);
     let fail = |e: ApiError| (e, false);

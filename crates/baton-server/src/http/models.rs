@@ -28,7 +28,7 @@ pub async fn ready(State(app): State<Arc<App>>) -> Response {
         return Json(json!({ "ready": true })).into_response();
     }
     let snapshot = app.registry.snapshot();
-    let waiting: Vec<String> = app.required().into_iter().filter(|m| snapshot.model(m).is_none()).collect();
+    let waiting: Vec<String> = app.required().into_iter().filter(|m| !snapshot.holds(m)).collect();
     let body = json!({ "ready": false, "draining": app.draining(), "waiting_for": waiting });
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }

@@ -134,6 +134,11 @@ pub struct ServeArgs {
     /// 100 ms, then is refused (503, gRPC UNAVAILABLE).
     #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
     pub request_memory_budget: u64,
+    /// The most memory every model's loaded versions may hold together,
+    /// e.g. 2GiB or 6GiB (none by default): a load that would go beyond it
+    /// is refused at its load stage, and the serving version keeps serving.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub memory_budget: Option<u64>,
     /// The deadline of a request whose client sets none, e.g. 30s or
     /// 500ms; 0 for none.
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
@@ -169,22 +174,7 @@ impl Control {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeout(pub Option<Duration>);
 
-/// Parses a byte count with an optional binary unit: `1048576`, `512KiB`,
-/// `64MiB`, `2GiB`.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a byte count"))?;
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "KiB" => 10,
-        "MiB" => 20,
-        "GiB" => 30,
-        other => return Err(format!("unknown unit '{other}'; use B, KiB, MiB or GiB")),
-    };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("'{text}' is too large"))
-}
+pub use baton_core::bytes::parse as parse_bytes;
 
 /// [`parse_bytes`], for a size held in a `usize`.
 pub fn parse_usize_bytes(text: &str) -> Result<usize, String> {
@@ -399,6 +389,7 @@ fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>
             loader_nice: args.loader_nice,
             loader_idle: args.loader_idle,
             step_aside: args.step_aside(),
+            memory_budget: args.memory_budget,
             ..RegistryConfig::default()
         },
     );
@@ -720,6 +711,10 @@ mod tests {
         assert_eq!(limits.request_timeout, Some(Duration::from_millis(250)));
         assert_eq!(parse(&["--request-timeout", "0"]).limits().request_timeout, None);
         assert_eq!(parse(&["--max-request-bytes", "4096"]).max_request_bytes, 4096);
+        assert_eq!(parse(&[]).memory_budget, None, "no load memory budget unless asked for");
+        assert_eq!(parse(&["--memory-budget", "6GiB"]).memory_budget, Some(6 << 30));
+        assert_eq!(parse(&["--memory-budget", "1048576"]).memory_budget, Some(1 << 20));
+        assert!(Cli::try_parse_from(["baton", "--memory-budget", "6GB"]).is_err());
         for bad in [["--request-timeout", "30"], ["--request-memory-budget", "1MB"], ["--max-request-bytes", "x"]] {
             assert!(Cli::try_parse_from(std::iter::once("baton").chain(bad)).is_err(), "{bad:?} was accepted");
         }
