@@ -104,3 +104,65 @@ fn memory_added_by_a_version_changing_one_layer_in_ten() {
         memory.shared as f64 / MIB
     );
 }
+
+/// Resident memory now: (anonymous, file-backed) bytes, from /proc/self/status.
+fn rss_split() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    (field("RssAnon:"), field("RssFile:") + field("RssShmem:"))
+}
+
+#[test]
+#[ignore = "a benchmark: prints the peak memory of swaps"]
+fn peak_memory_of_availability_and_resource_swaps() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // The 480 MiB MLP of the drill benchmarks.
+    let sizes = [1024, 8192, 8192, 6144, 1];
+    let (one, two) = (Mlp::new(&sizes, 1), Mlp::new(&sizes, 2));
+    let weights = weights_of(&one) as f64;
+    for policy in ["availability", "resource"] {
+        let repo = TestRepo::new();
+        let sessions = std::env::var("SESSIONS").unwrap_or_else(|_| "2".into());
+        let toml = format!(
+            "[policy]\nkeep_previous = 0\nswap = \"{policy}\"\n[warmup]\ngenerated = false\n[engine]\nsessions = {sessions}"
+        );
+        repo.add_model("m", &mlp_toml(&one, &toml));
+        repo.publish_mlp("m", 1, &one);
+        repo.publish_mlp("m", 2, &two);
+        let registry = baton_testkit::registry(repo.root());
+        let (anon0, file0) = rss_split();
+        registry.load("m", Some(1)).unwrap().wait().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sampler = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let (mut anon, mut total) = (0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let (a, f) = rss_split();
+                    (anon, total) = (anon.max(a), total.max(a + f));
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                (anon, total)
+            })
+        };
+        let report = registry.load("m", Some(2)).unwrap().wait().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let (anon, total) = sampler.join().unwrap();
+        println!(
+            "figure: {policy} swap of a {:.0} MiB model, pool of {sessions}: peak {:.2}x the weights (anonymous {:.2}x, the rest mapped \
+             file pages); paused {}; stages ms: {}",
+            weights / MIB,
+            (total.saturating_sub(anon0 + file0)) as f64 / weights,
+            anon.saturating_sub(anon0) as f64 / weights,
+            report.paused.map_or("no".to_owned(), |p| format!("{:.0} ms", p.as_secs_f64() * 1e3)),
+            stages(&report)
+        );
+    }
+}
