@@ -72,6 +72,23 @@ impl Mlp {
         Mlp { sizes: sizes.to_vec(), layers }
     }
 
+    /// Every weight as [`encode_mlp`] names it, with its dimensions and
+    /// little-endian FP32 bytes, layer by layer.
+    pub fn tensors(&self) -> Vec<(String, Vec<i64>, Vec<u8>)> {
+        let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, layer)| {
+                let (inp, out) = (self.sizes[i] as i64, self.sizes[i + 1] as i64);
+                [
+                    (format!("fc{i}.weight"), vec![inp, out], le(&layer.weight)),
+                    (format!("fc{i}.bias"), vec![out], le(&layer.bias)),
+                ]
+            })
+            .collect()
+    }
+
     /// Input width.
     pub fn input_width(&self) -> usize {
         self.sizes[0]
@@ -188,19 +205,7 @@ pub fn encode_mlp(mlp: &Mlp, opts: &OnnxOptions) -> (Vec<u8>, Option<Vec<u8>>) {
 /// The MLP's weights as a safetensors file, named as [`encode_mlp`] names
 /// its initializers: a weights-only version of the same graph.
 pub fn mlp_safetensors(mlp: &Mlp) -> Vec<u8> {
-    let tensors: Vec<(String, Vec<i64>, Vec<u8>)> = mlp
-        .layers
-        .iter()
-        .enumerate()
-        .flat_map(|(i, layer)| {
-            let (inp, out) = (mlp.sizes[i] as i64, mlp.sizes[i + 1] as i64);
-            let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-            [
-                (format!("fc{i}.weight"), vec![inp, out], bytes(&layer.weight)),
-                (format!("fc{i}.bias"), vec![out], bytes(&layer.bias)),
-            ]
-        })
-        .collect();
+    let tensors = mlp.tensors();
     let borrowed: Vec<_> =
         tensors.iter().map(|(n, d, b)| (n.as_str(), elem::FLOAT, d.as_slice(), b.as_slice())).collect();
     crate::safetensors::encode(&borrowed).expect("FLOAT has a safetensors dtype")

@@ -155,42 +155,31 @@ fn tensor(name: &str, entry: &serde_json::Value, data_start: u64, data_len: u64)
     Ok(TensorInfo { name: name.to_owned(), data_type, dims, range: data_start + begin..data_start + end })
 }
 
+/// Each safetensors dtype baton serves: its name, ONNX element type and
+/// element size.
+const DTYPES: [(&str, i32, u64); 12] = [
+    ("F32", elem::FLOAT, 4),
+    ("F16", elem::FLOAT16, 2),
+    ("F64", elem::DOUBLE, 8),
+    ("I8", elem::INT8, 1),
+    ("U8", elem::UINT8, 1),
+    ("I16", elem::INT16, 2),
+    ("U16", elem::UINT16, 2),
+    ("I32", elem::INT32, 4),
+    ("U32", elem::UINT32, 4),
+    ("I64", elem::INT64, 8),
+    ("U64", elem::UINT64, 8),
+    ("BOOL", elem::BOOL, 1),
+];
+
 /// The ONNX element type and element size of a safetensors dtype.
 fn dtype_of(dtype: &str) -> Option<(i32, u64)> {
-    Some(match dtype {
-        "F32" => (elem::FLOAT, 4),
-        "F16" => (elem::FLOAT16, 2),
-        "F64" => (elem::DOUBLE, 8),
-        "I8" => (elem::INT8, 1),
-        "U8" => (elem::UINT8, 1),
-        "I16" => (elem::INT16, 2),
-        "U16" => (elem::UINT16, 2),
-        "I32" => (elem::INT32, 4),
-        "U32" => (elem::UINT32, 4),
-        "I64" => (elem::INT64, 8),
-        "U64" => (elem::UINT64, 8),
-        "BOOL" => (elem::BOOL, 1),
-        _ => return None,
-    })
+    DTYPES.iter().find(|d| d.0 == dtype).map(|d| (d.1, d.2))
 }
 
 /// The safetensors dtype of an ONNX element type.
 pub fn dtype_name(data_type: i32) -> Option<&'static str> {
-    Some(match data_type {
-        elem::FLOAT => "F32",
-        elem::FLOAT16 => "F16",
-        elem::DOUBLE => "F64",
-        elem::INT8 => "I8",
-        elem::UINT8 => "U8",
-        elem::INT16 => "I16",
-        elem::UINT16 => "U16",
-        elem::INT32 => "I32",
-        elem::UINT32 => "U32",
-        elem::INT64 => "I64",
-        elem::UINT64 => "U64",
-        elem::BOOL => "BOOL",
-        _ => return None,
-    })
+    DTYPES.iter().find(|d| d.1 == data_type).map(|d| d.0)
 }
 
 /// Writes a safetensors file of `tensors` (name, ONNX element type,

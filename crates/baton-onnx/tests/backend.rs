@@ -270,19 +270,7 @@ fn weights_are_visited_inline_and_external() {
     let _staging = staging();
     let backend = backend();
     let mlp = Mlp::new(&[12, 20, 3], 7);
-    let expected: Vec<(String, Vec<i64>, Vec<u8>)> = mlp
-        .layers
-        .iter()
-        .enumerate()
-        .flat_map(|(i, layer)| {
-            let (inp, out) = (mlp.sizes[i] as i64, mlp.sizes[i + 1] as i64);
-            let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-            [
-                (format!("fc{i}.weight"), vec![inp, out], le(&layer.weight)),
-                (format!("fc{i}.bias"), vec![out], le(&layer.bias)),
-            ]
-        })
-        .collect();
+    let expected = mlp.tensors();
     for external in [None, Some("model.onnx.data".to_string())] {
         let dir = tempfile::tempdir().unwrap();
         let opts = OnnxOptions { external_data: external.clone(), ..Default::default() };
