@@ -613,6 +613,29 @@ impl Metrics {
                 );
             }
         }
+        help(
+            &mut out,
+            "baton_version_memory_bytes",
+            "gauge",
+            "A live version's memory by part: its weights, the part of them shared with another live version, \
+             and what its sessions add.",
+        );
+        for s in statuses.iter() {
+            for v in &s.live {
+                let m = &v.memory;
+                for (part, bytes) in
+                    [("weights", m.weights), ("shared", m.shared), ("session_overhead", m.session_overhead)]
+                {
+                    let _ = writeln!(
+                        out,
+                        "baton_version_memory_bytes{{model=\"{}\",version=\"{}\",part=\"{part}\",update=\"{}\"}} {bytes}",
+                        escape(&s.name),
+                        v.version,
+                        v.update.as_str()
+                    );
+                }
+            }
+        }
         out
     }
 }
