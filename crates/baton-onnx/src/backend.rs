@@ -226,8 +226,9 @@ struct OnnxModel {
     file: KeptFile,
     signature: Signature,
     sessions: Pool<Session>,
-    /// The container of packed weights the sessions use (they hold it too;
-    /// kept here so the model's chain outlives its sessions' creation).
+    /// The container of packed weights the sessions use. The sessions hold
+    /// the container itself; this keeps the chain alive for as long as the
+    /// version, so that the model's next version can join it.
     _chain: Arc<Chain>,
     /// The weights the sessions share; after the sessions, so that they
     /// are dropped first.

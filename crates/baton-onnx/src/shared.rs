@@ -14,9 +14,10 @@
 //! from there.
 //!
 //! A tensor that has the same name, type, shape and bytes as one of a live
-//! version of the same model is not mapped a second time: the new version
-//! uses the live tensor, kept alive by a reference count for as long as
-//! either version is. Equality is decided by comparing the bytes, so no
+//! version of the same model is not held a second time: the new version
+//! uses the live tensor's buffer, kept alive by a reference count for as
+//! long as either version is. Packed matrices are shared along successive
+//! versions the same way ([`Chain`]). Equality is decided by comparing the bytes, so no
 //! claim in the version's files can make two different tensors share.
 
 // Mapping a file and handing ONNX Runtime values over the mapped bytes
