@@ -106,14 +106,12 @@ impl OnnxModel {
             );
         });
         shared.publish();
-        let update = if file.is_weights_only() { UpdateKind::Weights } else { UpdateKind::Graph };
         Ok(OnnxModel {
             file: file.keep(),
             signature,
             sessions: Pool::new(sessions),
             _chain: chain,
             shared,
-            update,
             ranges: OnceLock::new(),
         })
     }
@@ -233,8 +231,6 @@ struct OnnxModel {
     /// The weights the sessions share; after the sessions, so that they
     /// are dropped first.
     shared: SharedWeights,
-    /// Whether the version brought weights alone or a whole model.
-    update: UpdateKind,
     /// The integer inputs' ranges, read from the graph when the weights
     /// are visited, or when first asked for.
     ranges: OnceLock<Vec<InputRange>>,
@@ -322,7 +318,8 @@ impl Model for OnnxModel {
     }
 
     fn weights(&self) -> WeightsInfo {
-        WeightsInfo { shared: self.shared.bytes(), reused: self.shared.reused(), update: self.update }
+        let update = if self.file.is_weights_only() { UpdateKind::Weights } else { UpdateKind::Graph };
+        WeightsInfo { shared: self.shared.bytes(), reused: self.shared.reused(), update }
     }
 
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

@@ -115,8 +115,7 @@ impl ModelFile {
             Some(graph) => (graph.name, graph.file, true, graph.bytes),
             None => {
                 let name = version.dir().join(crate::MODEL_FILE);
-                let invalid =
-                    |e: &dyn std::fmt::Display| BackendError::new("model_invalid", format!("{}: {e}", name.display()));
+                let invalid = |e: &dyn std::fmt::Display| model_invalid(&name, e);
                 let model =
                     version.file(crate::MODEL_FILE).ok_or_else(|| invalid(&"not a file of the version"))?.clone();
                 let whole = model.size() <= READ_ONCE_LIMIT;
@@ -127,8 +126,7 @@ impl ModelFile {
                 (name, model, whole, bytes)
             }
         };
-        let invalid =
-            |e: &dyn std::fmt::Display| BackendError::new("model_invalid", format!("{}: {e}", name.display()));
+        let invalid = |e: &dyn std::fmt::Display| model_invalid(&name, e);
         let parsed = proto::parse(&bytes).map_err(|e| invalid(&e))?;
         if let Some(tensor) = proto::nested_external_data(&bytes).map_err(|e| invalid(&e))? {
             return Err(BackendError::new(
@@ -211,11 +209,6 @@ impl ModelFile {
         self.staged.as_ref()
     }
 
-    /// Whether this is a weights-only version.
-    pub(crate) fn is_weights_only(&self) -> bool {
-        self.rewritten
-    }
-
     /// Whether every file read is still as the verify stage hashed it.
     pub(crate) fn unchanged(&self) -> Result<(), VerifyError> {
         self.files.unchanged()
@@ -227,6 +220,11 @@ impl ModelFile {
     pub(crate) fn keep(self) -> KeptFile {
         KeptFile { files: self.files, bytes: Mutex::new(self.bytes), rewritten: self.rewritten }
     }
+}
+
+/// A model file baton cannot read or parse (`model_invalid`).
+fn model_invalid(name: &Path, e: &dyn std::fmt::Display) -> BackendError {
+    BackendError::new("model_invalid", format!("{}: {e}", name.display()))
 }
 
 /// The external data files of `model`'s initializers, each a file of the
@@ -337,6 +335,11 @@ impl KeptFile {
             // Malformed: read whole, so that parsing reports what is wrong.
             Err(_) => file.read_all().map(Weights::Whole),
         }
+    }
+
+    /// Whether this is a weights-only version.
+    pub(crate) fn is_weights_only(&self) -> bool {
+        self.rewritten
     }
 
     /// Whether the bytes are still held.

@@ -69,8 +69,8 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
 
 /// The longest a request waits for a model paused by a swap under the
 /// resource policy, counted from its arrival, when its deadline is later
-/// or unset: about one load of a large model (a 480 MiB model loads in
-/// about 6 s on an idle core), with room to spare.
+/// or unset: many times one load of a large model (a resource swap of the
+/// 480 MiB benchmark MLP paused its model 1.5–1.8 s with warmup off).
 pub const PAUSE_WAIT: Duration = Duration::from_secs(30);
 
 /// The routing table a request is served from: the current one, or, while

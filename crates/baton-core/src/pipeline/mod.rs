@@ -376,10 +376,10 @@ fn prepare(
     let leaving = if resource && may_pause { vacate::leaving(&inner, &model) } else { Vec::new() };
     // Refused on the estimate before anything pauses or loads.
     let (estimate, basis) = inner.memory.estimate(&model, verified.manifest().total_bytes());
-    let weak = leaving.iter().map(|(_, w)| Weak::clone(w)).collect();
+    let (numbers, weak): (Vec<u64>, Vec<Weak<Version>>) = leaving.into_iter().unzip();
     budgets(&inner, &model, &spec, weak).admit(&model, number, estimate, basis)?;
-    if !leaving.is_empty() {
-        vacate::vacate(run, leaving)?;
+    if !numbers.is_empty() {
+        vacate::vacate(run, numbers)?;
     }
     let version = build(run, Files { number, spec, dir, verified }, heap, false)?;
     let keep = if resource { 0 } else { version.spec().policy.keep_previous };

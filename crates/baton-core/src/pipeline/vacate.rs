@@ -59,14 +59,12 @@ pub(super) fn leaving(inner: &Inner, model: &str) -> Vec<(u64, Weak<Version>)> {
 
 /// Stage `vacate`: the model's gate replaces its route, in one store made
 /// on the agent; then waits, up to the old version's drain timeout, for the
-/// requests holding the `leaving` versions to end and for the keeper to
+/// requests holding the versions `numbers` (see [`leaving`]) to end and for the keeper to
 /// free them. Past the timeout the load goes on, with those versions still
 /// in memory until their last requests end.
-pub(super) fn vacate(run: &mut Run, leaving: Vec<(u64, Weak<Version>)>) -> Result<(), LoadError> {
+pub(super) fn vacate(run: &mut Run, numbers: Vec<u64>) -> Result<(), LoadError> {
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
-    let numbers: Vec<u64> = leaving.iter().map(|(n, _)| *n).collect();
-    drop(leaving);
     let stable = {
         let current = inner.current();
         current.model(&model).map(|r| (r.stable.number(), Arc::new(r.stable.spec().clone())))
