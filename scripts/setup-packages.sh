@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages baton needs beyond Rust:
-# - protobuf-compiler: protoc, which the etcd client crate's build runs;
-#   `--build-only` installs just this, for building baton (scripts/demo.sh);
+# Installs the Debian packages baton's tests need beyond Rust and Python.
+# Building baton needs none: its gRPC definitions (KServe's and etcd's) are
+# compiled with pure-Rust tools, so no protoc is involved.
 # - libb64 for perf_analyzer (scripts/compat.sh);
 # - prometheus for promtool, which checks and unit-tests the alert rules in
 #   deploy/prometheus (the `alerts` test);
@@ -11,13 +11,10 @@
 set -euo pipefail
 
 packages=()
-command -v protoc >/dev/null || packages+=(protobuf-compiler)
-if [ "${1:-}" != "--build-only" ]; then
-  ldconfig -p | grep -q 'libb64\.so\.0d' || packages+=(libb64-0d)
-  command -v promtool >/dev/null || packages+=(prometheus)
-  [ -x /usr/bin/etcd ] || packages+=(etcd-server)
-  command -v etcdctl >/dev/null || packages+=(etcd-client)
-fi
+ldconfig -p | grep -q 'libb64\.so\.0d' || packages+=(libb64-0d)
+command -v promtool >/dev/null || packages+=(prometheus)
+[ -x /usr/bin/etcd ] || packages+=(etcd-server)
+command -v etcdctl >/dev/null || packages+=(etcd-client)
 [ ${#packages[@]} -eq 0 ] && exit 0
 
 if ! apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null 2>&1; then

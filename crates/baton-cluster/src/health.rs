@@ -37,6 +37,13 @@ pub struct State {
     pub aborted: BTreeMap<String, u64>,
     /// Live replicas it saw last.
     pub replicas: usize,
+    /// Per model, why this replica does not serve what the fleet
+    /// committed (a switch or a load that failed and is retried, a load
+    /// under way); empty when it does.
+    pub problems: BTreeMap<String, String>,
+    /// Times this process found its lease gone: it expired while the
+    /// process could not renew it, and it registered again.
+    pub leases_lost: u64,
 }
 
 impl Health {
@@ -86,6 +93,21 @@ impl Health {
     /// Counts a rollout this process ended without promoting.
     pub fn aborted(&self, reason: &str) {
         *self.state.lock().aborted.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    /// Records why `model` is not served as the fleet committed, or that
+    /// it is (`None`).
+    pub fn problem(&self, model: &str, why: Option<String>) {
+        let mut state = self.state.lock();
+        match why {
+            Some(why) => state.problems.insert(model.to_owned(), why),
+            None => state.problems.remove(model),
+        };
+    }
+
+    /// Counts a lease found gone.
+    pub fn lease_lost(&self) {
+        self.state.lock().leases_lost += 1;
     }
 
     /// Records how many replicas are live.

@@ -60,6 +60,11 @@ impl Keys {
         format!("{}record/{model}", self.root)
     }
 
+    /// The prefix of the coordinator keys.
+    pub fn coordinators(&self) -> String {
+        format!("{}coordinator/", self.root)
+    }
+
     /// Who coordinates the rollout of `model`.
     pub fn coordinator(&self, model: &str) -> String {
         format!("{}coordinator/{model}", self.root)

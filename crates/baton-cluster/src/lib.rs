@@ -13,6 +13,7 @@
 
 pub mod coordinator;
 pub mod error;
+pub mod etcd;
 pub mod health;
 pub mod keys;
 pub mod node;
@@ -25,6 +26,7 @@ pub mod sim;
 pub mod store;
 
 pub use error::ClusterError;
+pub use etcd::{StoreConfig, TlsFiles};
 pub use health::Health;
 pub use node::{Node, Refusal};
 pub use participant::{Participant, ReplicaConfig};

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use crate::error::ClusterError;
 use crate::keys::Keys;
 use crate::records::{Desired, FleetDecision, FleetPhase, FleetPlan, ReplicaRecord, RolloutRecord, now_ms, now_us};
-use crate::store::{Read, Store, encode};
+use crate::store::{Read, Store, Txn, encode};
 
 /// Decisions kept in a record.
 const KEPT: usize = 32;
@@ -57,9 +57,13 @@ pub async fn start(
     if participants.is_empty() {
         return Err(ClusterError::Refused(format!("no live replica serves model {model}")));
     }
-    // What an earlier rollout left behind would be read as this one's.
-    for prefix in [keys.acks(model), keys.switches(model), keys.all_sums(model)] {
-        store.delete_prefix(&prefix).await?;
+    if plan.allow_missing >= participants.len() {
+        return Err(ClusterError::Refused(format!(
+            "allow_missing ({}) must be below the number of participants ({}): a rollout that may lose every \
+             participant could commit on none",
+            plan.allow_missing,
+            participants.len()
+        )));
     }
     let mut record = RolloutRecord {
         id: now_us(),
@@ -82,14 +86,24 @@ pub async fn start(
         decisions: Vec::new(),
         switch: None,
         started_ms: now_ms(),
+        unknown: Default::default(),
     };
     let message = format!(
         "Fleet rollout of model {model} version {version} began: {} replicas prepare it.",
         record.participants.len()
     );
     decide(&mut record, "started", by, message);
-    let revision = existing.map_or(0, |r| r.revision);
-    if !store.swap(&keys.record(model), &record, revision, Vec::new()).await? {
+    // What an earlier rollout left behind goes in the same transaction,
+    // so that it is never read as this one's, and never deleted when
+    // this start loses a race.
+    let key = keys.record(model);
+    let txn = Txn::new()
+        .if_changed_at(&key, existing.map_or(0, |r| r.revision))
+        .put_record(&key, &record, None)?
+        .delete_prefix(&keys.acks(model))
+        .delete_prefix(&keys.switches(model))
+        .delete_prefix(&keys.all_sums(model));
+    if store.commit(txn).await?.is_none() {
         return Err(ClusterError::Conflict(format!("another rollout of model {model} began meanwhile")));
     }
     tracing::info!(model, version, participants = record.participants.len(), by, "A fleet rollout began.");

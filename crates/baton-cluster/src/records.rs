@@ -5,7 +5,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use baton_core::rollout::guard::{Guards, Verdict};
 use baton_core::rollout::window::Sums;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+/// Fields of a record this baton does not know, written by a newer one:
+/// kept, so that rewriting the record does not drop them.
+pub type Unknown = BTreeMap<String, Value>;
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
@@ -73,7 +78,7 @@ pub const DEFAULT_SWITCH_LEAD_MS: u64 = 250;
 
 /// How a fleet rollout proceeds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct FleetPlan {
     /// Replicas committed at each step, in percent of the participants;
     /// the last is 100 (every replica promotes). `[100]` is a plain
@@ -93,12 +98,16 @@ pub struct FleetPlan {
     /// commit without aborting: they are left out and converge later.
     pub allow_missing: usize,
     /// What the subset is held to, over the fleet's merged observations.
+    #[serde(deserialize_with = "lenient_guards")]
     pub guards: Guards,
     /// How long after the commit write every replica switches, at one
     /// instant on its clock, rather than each when its watch delivers the
     /// commit: replicas then switch together however unevenly the commit
     /// reaches them. 0 switches on delivery.
     pub switch_lead_ms: u64,
+    /// Fields of a newer baton's plan.
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 impl Default for FleetPlan {
@@ -113,6 +122,7 @@ impl Default for FleetPlan {
             allow_missing: 0,
             guards: Guards::default(),
             switch_lead_ms: DEFAULT_SWITCH_LEAD_MS,
+            unknown: Unknown::new(),
         }
     }
 }
@@ -141,6 +151,19 @@ impl FleetPlan {
         }
         Ok(())
     }
+}
+
+/// Guards as a newer baton may write them: the guards this baton knows,
+/// each read as it would be from a model's configuration, and the others
+/// ignored (a guard this baton cannot check is not checked; the newer
+/// coordinator that wrote it checks it).
+fn lenient_guards<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Guards, D::Error> {
+    let mut value = Value::deserialize(deserializer)?;
+    let known = serde_json::to_value(Guards::default()).map_err(serde::de::Error::custom)?;
+    if let (Some(fields), Some(known)) = (value.as_object_mut(), known.as_object()) {
+        fields.retain(|name, _| known.contains_key(name));
+    }
+    serde_json::from_value(value).map_err(serde::de::Error::custom)
 }
 
 /// Where a fleet rollout stands.
@@ -236,6 +259,9 @@ pub struct RolloutRecord {
     pub switch: Option<SwitchSummary>,
     /// When it began.
     pub started_ms: u64,
+    /// Fields of a newer baton's record.
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// One decision of a fleet rollout.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use baton_core::rollout::window::Sums;
 use baton_core::sync::Lock;
 
+use crate::etcd::StoreConfig;
 use crate::health::Health;
 use crate::node::{Node, Refusal};
 use crate::participant::{Participant, ReplicaConfig};
@@ -85,7 +86,7 @@ impl Node for SimNode {
 /// Runs `count` simulated replicas named `<prefix>-<n>`, each with its own
 /// connection and lease, until `stop` turns true.
 pub async fn simulate(
-    cluster: &str,
+    store: &StoreConfig,
     name: &str,
     prefix: &str,
     count: usize,
@@ -96,7 +97,7 @@ pub async fn simulate(
     let mut tasks = Vec::with_capacity(count);
     for n in 0..count {
         let config = ReplicaConfig {
-            cluster: cluster.to_owned(),
+            store: store.clone(),
             name: name.to_owned(),
             id: format!("{prefix}-{n}"),
             address: String::new(),

@@ -1,23 +1,20 @@
 //! The fleet's store: etcd, through JSON records under one cluster's keys.
 //! Every call is bounded by a timeout, so an unreachable etcd is an error
 //! within seconds, never a hang.
+//!
+//! Records are read leniently: a field this baton does not know (written
+//! by a newer one during a rolling upgrade) is ignored, and records that
+//! are rewritten keep it (see [`crate::records`]).
 
-use std::time::Duration;
-
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
-};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::ClusterError;
+use crate::etcd::{Client, StoreConfig, Watch, pb, prefix_end};
 use crate::keys::Keys;
 
-/// How long one call to etcd may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// A record read from the store, with the revision it was last changed at
-/// (for a compare-and-swap).
+/// A record read from the store, with the revisions a compare-and-swap
+/// needs.
 #[derive(Clone, Debug)]
 pub struct Read<T> {
     /// The record.
@@ -26,12 +23,140 @@ pub struct Read<T> {
     pub key: String,
     /// The store's revision of its last change.
     pub revision: i64,
+    /// The revision it was created at: a coordinator key's tenure.
+    pub created: i64,
+    /// The lease it lives under (0: none).
+    pub lease: i64,
 }
 
 impl<T> Read<T> {
     /// The last part of its key: the replica's ID or the model's name.
     pub fn name(&self) -> &str {
         Keys::last(&self.key)
+    }
+}
+
+/// A key and its raw value, as a snapshot reads it.
+#[derive(Clone, Debug)]
+pub struct Kv {
+    /// The key.
+    pub key: String,
+    /// The value's bytes.
+    pub value: Vec<u8>,
+    /// The revision of its last change.
+    pub revision: i64,
+    /// The revision it was created at.
+    pub created: i64,
+    /// Its lease (0: none).
+    pub lease: i64,
+}
+
+impl Kv {
+    fn from_pb(kv: pb::KeyValue) -> Kv {
+        Kv {
+            key: String::from_utf8_lossy(&kv.key).into_owned(),
+            value: kv.value,
+            revision: kv.mod_revision,
+            created: kv.create_revision,
+            lease: kv.lease,
+        }
+    }
+
+    /// The record it holds.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<Read<T>, ClusterError> {
+        Ok(Read {
+            value: decode(&self.key, &self.value)?,
+            key: self.key.clone(),
+            revision: self.revision,
+            created: self.created,
+            lease: self.lease,
+        })
+    }
+}
+
+/// A transaction: writes that happen together, only if every condition
+/// holds.
+#[derive(Clone, Debug, Default)]
+pub struct Txn {
+    compare: Vec<pb::Compare>,
+    success: Vec<pb::RequestOp>,
+}
+
+impl Txn {
+    /// An empty transaction.
+    pub fn new() -> Txn {
+        Txn::default()
+    }
+
+    fn when(mut self, key: &str, target: pb::compare::CompareTarget, union: pb::compare::TargetUnion) -> Txn {
+        self.compare.push(pb::Compare {
+            result: pb::compare::CompareResult::Equal as i32,
+            target: target as i32,
+            key: key.as_bytes().to_vec(),
+            target_union: Some(union),
+        });
+        self
+    }
+
+    /// Only if `key` was last changed at `revision` (0: it is absent).
+    pub fn if_changed_at(self, key: &str, revision: i64) -> Txn {
+        self.when(key, pb::compare::CompareTarget::Mod, pb::compare::TargetUnion::ModRevision(revision))
+    }
+
+    /// Only if `key` was created at `revision` (0: it is absent): the key
+    /// is still the one that was read, not a new one in its place.
+    pub fn if_created_at(self, key: &str, revision: i64) -> Txn {
+        self.when(key, pb::compare::CompareTarget::Create, pb::compare::TargetUnion::CreateRevision(revision))
+    }
+
+    /// Writes `value` at `key`, under `lease` when given.
+    pub fn put(mut self, key: &str, value: Vec<u8>, lease: Option<i64>) -> Txn {
+        let put = pb::PutRequest { key: key.as_bytes().to_vec(), value, lease: lease.unwrap_or(0) };
+        self.success.push(pb::RequestOp { request: Some(pb::request_op::Request::RequestPut(put)) });
+        self
+    }
+
+    /// Writes the record `value` at `key`.
+    pub fn put_record<T: Serialize>(self, key: &str, value: &T, lease: Option<i64>) -> Result<Txn, ClusterError> {
+        Ok(self.put(key, encode(value)?, lease))
+    }
+
+    /// Deletes `key`.
+    pub fn delete(mut self, key: &str) -> Txn {
+        let delete = pb::DeleteRangeRequest { key: key.as_bytes().to_vec(), range_end: Vec::new() };
+        self.success.push(pb::RequestOp { request: Some(pb::request_op::Request::RequestDeleteRange(delete)) });
+        self
+    }
+
+    /// Deletes every key under `prefix`.
+    pub fn delete_prefix(mut self, prefix: &str) -> Txn {
+        let delete =
+            pb::DeleteRangeRequest { key: prefix.as_bytes().to_vec(), range_end: prefix_end(prefix.as_bytes()) };
+        self.success.push(pb::RequestOp { request: Some(pb::request_op::Request::RequestDeleteRange(delete)) });
+        self
+    }
+}
+
+/// Keys read or watched together: every key under a prefix, or one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// Every key that starts with this.
+    Prefix(String),
+    /// This key alone.
+    Key(String),
+}
+
+impl Span {
+    fn range(&self) -> (Vec<u8>, Vec<u8>) {
+        match self {
+            Span::Prefix(p) => (p.as_bytes().to_vec(), prefix_end(p.as_bytes())),
+            Span::Key(k) => (k.as_bytes().to_vec(), Vec::new()),
+        }
+    }
+
+    /// Spans of whole prefixes.
+    pub fn prefixes(prefixes: &[String]) -> Vec<Span> {
+        prefixes.iter().cloned().map(Span::Prefix).collect()
     }
 }
 
@@ -43,82 +168,93 @@ pub struct Store {
     pub keys: Keys,
 }
 
-/// Parses `etcd://HOST:PORT[,HOST:PORT…]` (or `http://…`) into endpoints.
-pub fn endpoints(spec: &str) -> Result<Vec<String>, ClusterError> {
-    let rest = spec.strip_prefix("etcd://").or_else(|| spec.strip_prefix("http://")).unwrap_or(spec);
-    let list: Vec<String> =
-        rest.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| format!("http://{s}")).collect();
-    if list.is_empty() {
-        return Err(ClusterError::Refused(format!(
-            "'{spec}' names no etcd endpoint; use etcd://HOST:PORT[,HOST:PORT]"
-        )));
-    }
-    Ok(list)
-}
-
 impl Store {
-    /// Connects to the endpoints of `spec` for cluster `name`.
-    pub async fn connect(spec: &str, name: &str) -> Result<Store, ClusterError> {
-        let endpoints = endpoints(spec)?;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CALL_TIMEOUT)
-            .with_timeout(CALL_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(1), CALL_TIMEOUT);
-        let client = tokio::time::timeout(CALL_TIMEOUT, Client::connect(endpoints, Some(options)))
-            .await
-            .map_err(|_| ClusterError::Unreachable(format!("no answer from {spec} within {CALL_TIMEOUT:?}")))??;
-        let store = Store { client, keys: Keys::new(name) };
-        // The channel connects lazily: ask once, so that an unreachable
-        // etcd is an error here and not at the first use.
-        bounded(store.client.clone().get(store.keys.root(), Some(GetOptions::new().with_count_only())))
-            .await
-            .map_err(|e| ClusterError::Unreachable(format!("{spec}: {e}")))?;
-        Ok(store)
+    /// Connects to the etcd of `config` for cluster `name`.
+    pub async fn connect(config: &StoreConfig, name: &str) -> Result<Store, ClusterError> {
+        let client = Client::connect(config).await?;
+        Ok(Store { client, keys: Keys::new(name) })
+    }
+
+    /// The endpoint this store speaks to.
+    pub fn endpoint(&self) -> &str {
+        self.client.endpoint()
     }
 
     /// The record at `key`, if any.
     pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Read<T>>, ClusterError> {
-        let response = bounded(self.client.clone().get(key, None)).await?;
-        match response.kvs().first() {
-            Some(kv) => {
-                Ok(Some(Read { value: decode(key, kv.value())?, key: key.to_owned(), revision: kv.mod_revision() }))
-            }
-            None => Ok(None),
-        }
+        let request = pb::RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() };
+        let response = self.client.range(request).await?;
+        response.kvs.into_iter().next().map(|kv| Kv::from_pb(kv).decode()).transpose()
     }
 
     /// Every record under `prefix`, and the store's revision when read.
     /// A record that cannot be read is skipped with a warning.
     pub async fn list<T: DeserializeOwned>(&self, prefix: &str) -> Result<(Vec<Read<T>>, i64), ClusterError> {
-        let response = bounded(self.client.clone().get(prefix, Some(GetOptions::new().with_prefix()))).await?;
-        let revision = response.header().map_or(0, |h| h.revision());
-        let mut records = Vec::new();
-        for kv in response.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            match decode(&key, kv.value()) {
-                Ok(value) => records.push(Read { value, key, revision: kv.mod_revision() }),
-                Err(error) => tracing::warn!(%key, %error, "Skipped a cluster record that cannot be read."),
-            }
-        }
-        Ok((records, revision))
+        let (mut lists, revision) = self.snapshot(&[Span::Prefix(prefix.to_owned())]).await?;
+        Ok((decode_all(lists.pop().unwrap_or_default()), revision))
     }
 
-    /// Writes `value` at `key`, under `lease` when given.
+    /// How many keys are under `prefix`, read without their values.
+    pub async fn count(&self, prefix: &str) -> Result<usize, ClusterError> {
+        let request = pb::RangeRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: prefix_end(prefix.as_bytes()),
+            count_only: true,
+            ..Default::default()
+        };
+        Ok(self.client.range(request).await?.count.max(0) as usize)
+    }
+
+    /// Every key of each of `spans`, read at one revision (one
+    /// transaction), and that revision: watches of all of them from the
+    /// next revision miss nothing and see nothing twice.
+    pub async fn snapshot(&self, spans: &[Span]) -> Result<(Vec<Vec<Kv>>, i64), ClusterError> {
+        let success = spans
+            .iter()
+            .map(|span| {
+                let (key, range_end) = span.range();
+                let range = pb::RangeRequest { key, range_end, ..Default::default() };
+                pb::RequestOp { request: Some(pb::request_op::Request::RequestRange(range)) }
+            })
+            .collect();
+        let response = self.client.txn(pb::TxnRequest { compare: Vec::new(), success, failure: Vec::new() }).await?;
+        let revision = response.header.map_or(0, |h| h.revision);
+        let lists = response
+            .responses
+            .into_iter()
+            .map(|op| match op.response {
+                Some(pb::response_op::Response::ResponseRange(range)) => {
+                    range.kvs.into_iter().map(Kv::from_pb).collect()
+                }
+                _ => Vec::new(),
+            })
+            .collect();
+        Ok((lists, revision))
+    }
+
+    /// Writes `value` at `key`, under `lease` when given; the revision.
     pub async fn put<T: Serialize>(&self, key: &str, value: &T, lease: Option<i64>) -> Result<i64, ClusterError> {
-        let options = lease.map(|l| PutOptions::new().with_lease(l));
-        let response = bounded(self.client.clone().put(key, encode(value)?, options)).await?;
-        Ok(response.header().map_or(0, |h| h.revision()))
+        let request = pb::PutRequest { key: key.as_bytes().to_vec(), value: encode(value)?, lease: lease.unwrap_or(0) };
+        Ok(self.client.put(request).await?.header.map_or(0, |h| h.revision))
     }
 
-    /// Writes `value` at `key` only if nothing is there; whether it did.
-    pub async fn create<T: Serialize>(&self, key: &str, value: &T, lease: Option<i64>) -> Result<bool, ClusterError> {
-        let options = lease.map(|l| PutOptions::new().with_lease(l));
-        let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
-            key,
-            encode(value)?,
-            options,
-        )]);
-        Ok(bounded(self.client.clone().txn(txn)).await?.succeeded())
+    /// Runs `txn`: the store's revision after it when its conditions held
+    /// (and its writes happened), `None` when they did not.
+    pub async fn commit(&self, txn: Txn) -> Result<Option<i64>, ClusterError> {
+        let request = pb::TxnRequest { compare: txn.compare, success: txn.success, failure: Vec::new() };
+        let response = self.client.txn(request).await?;
+        Ok(response.succeeded.then(|| response.header.map_or(0, |h| h.revision)))
+    }
+
+    /// Writes `value` at `key` only if nothing is there: the revision it
+    /// was created at, or `None` when the key existed.
+    pub async fn create<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        lease: Option<i64>,
+    ) -> Result<Option<i64>, ClusterError> {
+        self.commit(Txn::new().if_created_at(key, 0).put_record(key, value, lease)?).await
     }
 
     /// Writes `value` at `key` only if the key is still at `revision` (0:
@@ -130,72 +266,83 @@ impl Store {
         revision: i64,
         also: Vec<(String, Vec<u8>)>,
     ) -> Result<bool, ClusterError> {
-        let mut ops = vec![TxnOp::put(key, encode(value)?, None)];
-        ops.extend(also.into_iter().map(|(k, v)| TxnOp::put(k, v, None)));
-        let txn = Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, revision)]).and_then(ops);
-        Ok(bounded(self.client.clone().txn(txn)).await?.succeeded())
+        let mut txn = Txn::new().if_changed_at(key, revision).put_record(key, value, None)?;
+        for (k, v) in also {
+            txn = txn.put(&k, v, None);
+        }
+        Ok(self.commit(txn).await?.is_some())
     }
 
     /// Deletes `key`.
     pub async fn delete(&self, key: &str) -> Result<(), ClusterError> {
-        bounded(self.client.clone().delete(key, None)).await.map(drop)
+        let request = pb::DeleteRangeRequest { key: key.as_bytes().to_vec(), range_end: Vec::new() };
+        self.client.delete(request).await.map(drop)
     }
 
     /// Deletes every key under `prefix`.
     pub async fn delete_prefix(&self, prefix: &str) -> Result<(), ClusterError> {
-        let options = etcd_client::DeleteOptions::new().with_prefix();
-        bounded(self.client.clone().delete(prefix, Some(options))).await.map(drop)
+        let request =
+            pb::DeleteRangeRequest { key: prefix.as_bytes().to_vec(), range_end: prefix_end(prefix.as_bytes()) };
+        self.client.delete(request).await.map(drop)
     }
 
     /// A new lease of `ttl` seconds.
     pub async fn grant(&self, ttl: i64) -> Result<i64, ClusterError> {
-        Ok(bounded(self.client.clone().lease_grant(ttl, None)).await?.id())
+        self.client.grant(ttl).await
     }
 
     /// Revokes `lease`: its keys go at once.
     pub async fn revoke(&self, lease: i64) -> Result<(), ClusterError> {
-        bounded(self.client.clone().lease_revoke(lease)).await.map(drop)
+        self.client.revoke(lease).await
+    }
+
+    /// Whether `lease` is still alive; renews it if so. A process that
+    /// reconnects keeps its lease this way, and with it its registration,
+    /// its acks and any coordinator key it holds.
+    pub async fn renew(&self, lease: i64) -> Result<bool, ClusterError> {
+        match self.client.keep_alive(lease).await {
+            Ok(_) => Ok(true),
+            Err(ClusterError::LeaseLost(_)) => Ok(false),
+            Err(error) => Err(error),
+        }
     }
 
     /// Keeps `lease` alive until the store stops answering or says it has
     /// expired: returns why. Refreshes at a third of `ttl`.
     pub async fn keep_alive(&self, lease: i64, ttl: i64) -> ClusterError {
-        let (mut keeper, mut answers) = match bounded(self.client.clone().lease_keep_alive(lease)).await {
-            Ok(pair) => pair,
+        let mut keeper = match self.client.keep_alive(lease).await {
+            Ok(keeper) => keeper,
             Err(error) => return error,
         };
-        let every = Duration::from_millis((ttl as u64 * 1000 / 3).max(100));
+        let every = std::time::Duration::from_millis((ttl.max(1) as u64 * 1000 / 3).max(100));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if let Err(error) = bounded(keeper.keep_alive()).await {
+            tick.tick().await;
+            if let Err(error) = keeper.renew().await {
                 return error;
             }
-            match tokio::time::timeout(CALL_TIMEOUT, answers.message()).await {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {}
-                Ok(Ok(Some(_))) => return ClusterError::Refused(format!("lease {lease:x} expired")),
-                Ok(Ok(None)) => return ClusterError::Unreachable("the keep-alive stream ended".into()),
-                Ok(Err(error)) => return error.into(),
-                Err(_) => return ClusterError::Unreachable("no keep-alive answer in time".into()),
-            }
-            tokio::time::sleep(every).await;
         }
     }
 
-    /// Watches every key under `prefix` from `revision` on (0: from now).
-    pub async fn watch(&self, prefix: &str, revision: i64) -> Result<WatchStream, ClusterError> {
-        let mut options = WatchOptions::new().with_prefix();
-        if revision > 0 {
-            options = options.with_start_revision(revision);
-        }
-        bounded(self.client.clone().watch(prefix, Some(options))).await
+    /// Watches every key of each of `spans` from `revision` on (0: from
+    /// now), over one stream.
+    pub async fn watch(&self, spans: &[Span], revision: i64) -> Result<Watch, ClusterError> {
+        self.client.watch(spans.iter().map(Span::range).collect(), revision).await
     }
 }
 
-/// Runs one call to etcd with the call timeout.
-async fn bounded<T>(call: impl std::future::Future<Output = Result<T, etcd_client::Error>>) -> Result<T, ClusterError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(result) => result.map_err(ClusterError::from),
-        Err(_) => Err(ClusterError::Unreachable(format!("etcd did not answer within {CALL_TIMEOUT:?}"))),
+/// The records among `kvs`; one that cannot be read is skipped with a
+/// warning.
+pub fn decode_all<T: DeserializeOwned>(kvs: Vec<Kv>) -> Vec<Read<T>> {
+    let mut records = Vec::with_capacity(kvs.len());
+    for kv in kvs {
+        match kv.decode() {
+            Ok(record) => records.push(record),
+            Err(error) => tracing::warn!(key = %kv.key, %error, "Skipped a cluster record that cannot be read."),
+        }
     }
+    records
 }
 
 /// A record as JSON bytes.
@@ -203,18 +350,7 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, ClusterError> {
     serde_json::to_vec(value).map_err(|e| ClusterError::Invalid(e.to_string()))
 }
 
-fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, ClusterError> {
+/// A record from JSON bytes.
+pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, ClusterError> {
     serde_json::from_slice(bytes).map_err(|e| ClusterError::Invalid(format!("{key}: {e}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::endpoints;
-
-    #[test]
-    fn endpoints_take_the_etcd_scheme_and_lists() {
-        assert_eq!(endpoints("etcd://127.0.0.1:2379").unwrap(), ["http://127.0.0.1:2379"]);
-        assert_eq!(endpoints("etcd://a:1,b:2").unwrap(), ["http://a:1", "http://b:2"]);
-        assert!(endpoints("etcd://").is_err());
-    }
 }

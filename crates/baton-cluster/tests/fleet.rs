@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use baton_cluster::ops::{self, Request};
 use baton_cluster::records::{Desired, FleetPhase, FleetPlan, RolloutRecord, Switched};
-use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, Store, coordinator};
+use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, Store, StoreConfig, coordinator};
 use baton_core::registry::Registry;
 use baton_core::rollout::guard::Guards;
 use baton_core::sync::Lock;
@@ -71,7 +71,7 @@ impl Fleet {
     }
 
     fn store(&self) -> Store {
-        self.runtime.block_on(Store::connect(&self.spec(), &self.name)).unwrap()
+        self.runtime.block_on(Store::connect(&StoreConfig::plain(&self.spec()), &self.name)).unwrap()
     }
 
     /// A replica whose repository holds `m` at the versions given; a
@@ -90,7 +90,7 @@ impl Fleet {
         let seen = Arc::clone(&ready);
         let node = Arc::new(RegistryNode::new(registry.clone(), Arc::new(move |m| *seen.lock() = m)));
         let config = ReplicaConfig {
-            cluster: self.spec(),
+            store: StoreConfig::plain(&self.spec()),
             name: self.name.clone(),
             id: id.into(),
             address: format!("{id}:8000"),
@@ -134,15 +134,15 @@ impl Fleet {
         let me = me.to_owned();
         self.runtime.spawn(async move {
             let lease = store.grant(2).await.map_err(|e| e.to_string())?;
-            assert!(coordinator::campaign(&store, "m", &me, lease).await.unwrap(), "another coordinator holds m");
+            let tenure = coordinator::campaign(&store, "m", &me, lease).await.unwrap().expect("no other coordinator");
             // The lease lives exactly as long as this task: aborting the
             // task is the coordinator dying.
             let health = Health::default();
             let result = tokio::select! {
-                result = coordinator::coordinate(&store, "m", &me, &health) => result,
+                result = coordinator::coordinate(&store, "m", &me, tenure, &health) => result,
                 error = store.keep_alive(lease, 2) => Err(error),
             };
-            coordinator::resign(&store, "m").await;
+            coordinator::resign(&store, "m", tenure).await;
             result.map_err(|e| e.to_string())
         })
     }
@@ -370,7 +370,7 @@ fn without_etcd_replicas_keep_serving_rollouts_are_refused_and_all_resumes_when_
     let input = Tensor::from_f32("input", vec![1, 8], &sample_input(8, 1, 7));
     assert!(r1.registry.snapshot().serve("m", None, &[input]).is_ok());
     let spec = fleet.spec();
-    let refused = fleet.runtime.block_on(async { Store::connect(&spec, "test").await.err() });
+    let refused = fleet.runtime.block_on(async { Store::connect(&StoreConfig::plain(&spec), "test").await.err() });
     let error = refused.expect("connecting to a dead etcd fails");
     assert_eq!(error.kind(), "cluster_unreachable", "{error}");
     fleet.etcd.restart();
@@ -393,7 +393,8 @@ fn a_prepare_that_outlasts_its_timeout_aborts_the_rollout() {
     let (spec, name) = (fleet.spec(), fleet.name.clone());
     let slow = fleet.runtime.spawn(async move {
         let prepare = Duration::from_secs(60);
-        baton_cluster::sim::simulate(&spec, &name, "slow", 1, vec!["m".into()], prepare, stopped).await;
+        baton_cluster::sim::simulate(&StoreConfig::plain(&spec), &name, "slow", 1, vec!["m".into()], prepare, stopped)
+            .await;
     });
     wait_until("the slow replica registered", || fleet.registered(&store, "slow-0"));
     let plan = FleetPlan { prepare_timeout_ms: 300, ..plain() };

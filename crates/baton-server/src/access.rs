@@ -97,6 +97,11 @@ pub fn bearer(value: &[u8]) -> Option<&[u8]> {
     Some(rest.trim_ascii())
 }
 
+/// Set on a request whose caller may see what only the management scope
+/// sees ([`Access::privileged`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Privileged(pub bool);
+
 /// The access policy of a server.
 pub struct Access {
     token: Option<Token>,
@@ -118,6 +123,20 @@ impl Access {
     pub fn managed_by_fleet(mut self) -> Access {
         self.fleet = true;
         self
+    }
+
+    /// Whether a request on `listener` carrying the `authorization` value
+    /// given would pass the management scope's listener and token checks:
+    /// then open reads (status) show it their details too, such as the
+    /// fleet's endpoints and errors.
+    pub fn privileged(&self, listener: Listener, authorization: Option<&[u8]>) -> bool {
+        if listener == Listener::Inference && self.admin_listener {
+            return false;
+        }
+        match &self.token {
+            Some(token) => authorization.and_then(bearer).is_some_and(|p| token.matches(p)),
+            None => true,
+        }
     }
 
     /// Whether requests of `scope` on `listener` pass without a look: the

@@ -40,9 +40,10 @@ pub struct AgentArgs {
     /// Defaults to <target-repo>/.baton-agent.
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// A bearer token for the target's load calls.
-    #[arg(long, env = "BATON_TARGET_TOKEN", hide_env_values = true)]
-    pub target_token: Option<String>,
+    /// A file holding the bearer token for the target's load calls. A
+    /// secret is never taken from the command line.
+    #[arg(long, value_name = "FILE", env = "BATON_TARGET_TOKEN_FILE")]
+    pub target_token_file: Option<PathBuf>,
     /// How long one load by the target may take, readiness included, in
     /// seconds.
     #[arg(long, default_value_t = 600)]
@@ -66,6 +67,13 @@ struct Shared {
 /// Runs the agent until SIGTERM or SIGINT.
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     let cluster = args.cluster.cluster.clone().context("baton agent needs --cluster etcd://HOST:PORT")?;
+    args.cluster.checked_store()?;
+    let target_token = args
+        .target_token_file
+        .as_deref()
+        .map(crate::access::read_token_file)
+        .transpose()
+        .context("reading the target's token")?;
     anyhow::ensure!(
         args.source_repo.is_dir(),
         "the source repository {} is not a directory",
@@ -81,11 +89,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         target_repo: args.target_repo.clone(),
         staging: args.staging.clone(),
         target_url: args.target.clone(),
-        target_token: args.target_token.clone(),
+        target_token,
         layout: args.target_kind,
         load_timeout: Duration::from_secs(args.load_timeout_s),
     }));
-    let config = args.cluster.replica(cluster, args.target.clone(), true);
+    let config = args.cluster.replica(&cluster, args.target.clone(), true);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

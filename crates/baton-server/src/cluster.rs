@@ -4,11 +4,48 @@
 //! waits until the replica serves what the fleet committed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig};
+use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, StoreConfig, TlsFiles};
 
 use crate::app::App;
+
+/// How to reach a secured etcd: TLS and credentials, each secret from a
+/// file. Shared by `baton serve`, `baton agent` and `baton fleet`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct EtcdAccess {
+    /// The certificate authority (PEM) that signed etcd's certificate:
+    /// every endpoint is then spoken to over TLS, never in plaintext.
+    #[arg(long, value_name = "FILE", env = "BATON_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// This process's client certificate (PEM), when etcd asks for one.
+    #[arg(long, value_name = "FILE", env = "BATON_ETCD_CERT", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", env = "BATON_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// The etcd user, when etcd has authentication on.
+    #[arg(long, value_name = "NAME", env = "BATON_ETCD_USER", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// A file holding the etcd user's password.
+    #[arg(long, value_name = "FILE", env = "BATON_ETCD_PASSWORD_FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdAccess {
+    /// The store settings for the etcd at `endpoints`.
+    pub fn store(&self, endpoints: &str) -> StoreConfig {
+        let tls =
+            self.etcd_ca.clone().map(|ca| TlsFiles { ca, cert: self.etcd_cert.clone(), key: self.etcd_key.clone() });
+        StoreConfig {
+            endpoints: endpoints.to_owned(),
+            tls,
+            user: self.etcd_user.clone(),
+            password_file: self.etcd_password_file.clone(),
+        }
+    }
+}
 
 /// The cluster options of `baton serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -35,14 +72,25 @@ pub struct ClusterArgs {
     /// Do not coordinate rollouts whose coordinator is gone.
     #[arg(long)]
     pub no_coordinate: bool,
+    #[command(flatten)]
+    pub etcd: EtcdAccess,
 }
 
 impl ClusterArgs {
+    /// The fleet's store settings, checked (endpoints parse, every file
+    /// named can be read); `None` outside a fleet.
+    pub fn checked_store(&self) -> anyhow::Result<Option<StoreConfig>> {
+        let Some(cluster) = &self.cluster else { return Ok(None) };
+        let store = self.etcd.store(cluster);
+        store.check().map_err(|e| anyhow::anyhow!("the fleet's etcd settings: {e}"))?;
+        Ok(Some(store))
+    }
+
     /// Who this process is in the fleet at `cluster`: a replica serving at
     /// `address`, or an agent speaking for the server there.
-    pub fn replica(&self, cluster: String, address: String, agent: bool) -> ReplicaConfig {
+    pub fn replica(&self, cluster: &str, address: String, agent: bool) -> ReplicaConfig {
         ReplicaConfig {
-            cluster,
+            store: self.etcd.store(cluster),
             name: self.cluster_name.clone(),
             id: replica_id(self.replica_id.as_deref()),
             address,
@@ -84,7 +132,7 @@ pub fn start(app: &Arc<App>, args: &ClusterArgs, address: String) -> Option<Arc<
         None => ready_app.hold(),
     });
     let node = Arc::new(RegistryNode::new(app.registry.clone(), ready));
-    let config = args.replica(cluster, address, false);
+    let config = args.replica(&cluster, address, false);
     tracing::info!(replica = %config.id, cluster = %config.name, "Taking part in a fleet.");
     let participant = Participant::new(config, node, Arc::clone(&health));
     let stop = app.shutdown_signal();

@@ -187,6 +187,22 @@ pub fn render_cluster(out: &mut String, state: &baton_cluster::health::State) {
     let _ = writeln!(out, "baton_cluster_connected {}", u8::from(state.connected));
     help(out, "baton_cluster_replicas", "gauge", "Live replicas of the fleet, as last seen.");
     let _ = writeln!(out, "baton_cluster_replicas {}", state.replicas);
+    help(
+        out,
+        "baton_cluster_leases_lost_total",
+        "counter",
+        "Times this process found its lease expired and registered again.",
+    );
+    let _ = writeln!(out, "baton_cluster_leases_lost_total {}", state.leases_lost);
+    help(
+        out,
+        "baton_cluster_unconverged",
+        "gauge",
+        "1 for a model this replica does not serve as the fleet committed (a load under way, or a switch retried).",
+    );
+    for model in state.problems.keys() {
+        let _ = writeln!(out, "baton_cluster_unconverged{{model=\"{}\"}} 1", escape(model));
+    }
     let per_model = [
         ("baton_cluster_prepare_seconds", "How long this replica's last prepare took.", &state.prepare_seconds),
         (

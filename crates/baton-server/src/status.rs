@@ -44,8 +44,11 @@ pub fn model(app: &App, model: &str) -> Option<Value> {
     Some(with_decision(app, &status))
 }
 
-/// The server's status: readiness and every model.
-pub fn server(app: &App) -> Value {
+/// The server's status: readiness and every model. In a fleet, anyone
+/// sees whether the replica is connected; a `privileged` caller (one the
+/// management scope would let in) also sees the fleet's details: the
+/// errors, which name etcd's endpoints, and the timings.
+pub fn server(app: &App, privileged: bool) -> Value {
     let mut statuses = app.registry.statuses();
     for name in app.decisions.all().into_keys() {
         if !statuses.iter().any(|s| s.name == name) {
@@ -60,9 +63,12 @@ pub fn server(app: &App) -> Value {
         "required": app.required(),
         "models": models,
     });
-    // In a fleet: whether the replica holds its lease, and its timings.
     if let Some(health) = app.cluster.get() {
-        status["cluster"] = serde_json::to_value(health.state()).unwrap_or_default();
+        status["cluster"] = if privileged {
+            serde_json::to_value(health.state()).unwrap_or_default()
+        } else {
+            json!({ "connected": health.connected() })
+        };
     }
     status
 }

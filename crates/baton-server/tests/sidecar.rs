@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use baton_cluster::node::Node;
 use baton_cluster::ops::{self, Request};
 use baton_cluster::records::{Desired, FleetPhase, FleetPlan, RolloutRecord};
-use baton_cluster::{Health, Participant, ReplicaConfig, SidecarConfig, SidecarNode, Store, TargetLayout, coordinator};
+use baton_cluster::{
+    Health, Participant, ReplicaConfig, SidecarConfig, SidecarNode, Store, StoreConfig, TargetLayout, coordinator,
+};
 use baton_testkit::etcd::Etcd;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
@@ -80,7 +82,7 @@ impl Fleet {
     }
 
     fn store(&self) -> Store {
-        self.runtime.block_on(Store::connect(&self.spec(), "test")).unwrap()
+        self.runtime.block_on(Store::connect(&StoreConfig::plain(&self.spec()), "test")).unwrap()
     }
 
     fn agent(&self, source: &Path, target_repo: &Path, target_url: &str, layout: TargetLayout) -> Agent {
@@ -94,7 +96,7 @@ impl Fleet {
             load_timeout: Duration::from_secs(60),
         }));
         let config = ReplicaConfig {
-            cluster: self.spec(),
+            store: StoreConfig::plain(&self.spec()),
             name: "test".into(),
             id: "agent".into(),
             address: target_url.to_owned(),
@@ -128,13 +130,13 @@ impl Fleet {
         let store = store.clone();
         self.runtime.spawn(async move {
             let lease = store.grant(2).await.map_err(|e| e.to_string())?;
-            assert!(coordinator::campaign(&store, "m", "coordinator", lease).await.unwrap(), "m is coordinated");
+            let tenure = coordinator::campaign(&store, "m", "coordinator", lease).await.unwrap().expect("m is free");
             let health = Health::default();
             let result = tokio::select! {
-                result = coordinator::coordinate(&store, "m", "coordinator", &health) => result,
+                result = coordinator::coordinate(&store, "m", "coordinator", tenure, &health) => result,
                 error = store.keep_alive(lease, 2) => Err(error),
             };
-            coordinator::resign(&store, "m").await;
+            coordinator::resign(&store, "m", tenure).await;
             result.map_err(|e| e.to_string())
         })
     }

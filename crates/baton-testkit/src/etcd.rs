@@ -136,6 +136,24 @@ impl Etcd {
         Some(STANDARD.decode(value).unwrap_or_else(|e| panic!("etcd sent a value that is not base64 ({e}): {value}")))
     }
 
+    /// Compacts the store's history up to its current revision, as
+    /// `etcdctl compact` does: watches that start before it are cancelled.
+    /// Returns the revision.
+    pub fn compact(&self) -> i64 {
+        let answer = self.gateway("/v3/kv/range", &json!({ "key": STANDARD.encode("/"), "count_only": true }));
+        let revision: i64 = answer["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("etcd's answer has no revision: {answer}"));
+        self.gateway("/v3/kv/compaction", &json!({ "revision": revision.to_string(), "physical": true }));
+        revision
+    }
+
+    /// Defragments the store, as `etcdctl defrag` does.
+    pub fn defrag(&self) {
+        self.gateway("/v3/maintenance/defragment", &json!({}));
+    }
+
     /// POSTs a JSON body to the gateway and returns the answer (panics
     /// unless 200).
     fn gateway(&self, path: &str, body: &Value) -> Value {

@@ -26,6 +26,8 @@ pub struct FleetArgs {
     /// The fleet's name.
     #[arg(long, default_value = "baton")]
     pub cluster_name: String,
+    #[command(flatten)]
+    pub etcd: crate::cluster::EtcdAccess,
     #[command(subcommand)]
     pub command: FleetCommand,
 }
@@ -147,6 +149,7 @@ impl FleetRollout {
             allow_missing: self.allow_missing.unwrap_or(base.allow_missing),
             guards,
             switch_lead_ms: ms(self.switch_lead, base.switch_lead_ms),
+            unknown: base.unknown,
         })
     }
 }
@@ -158,7 +161,7 @@ pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let store = Store::connect(&args.cluster, &args.cluster_name)
+        let store = Store::connect(&args.etcd.store(&args.cluster), &args.cluster_name)
             .await
             .with_context(|| format!("no fleet can be reached at {}", args.cluster))?;
         let me = format!("operator@{}", crate::cluster::replica_id(None));
@@ -185,8 +188,8 @@ fn simulate(
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let cluster = (args.cluster.clone(), args.cluster_name.clone());
-        let run = baton_cluster::sim::simulate(&cluster.0, &cluster.1, prefix, replicas, models, prepare, stopped);
+        let store = args.etcd.store(&args.cluster);
+        let run = baton_cluster::sim::simulate(&store, &args.cluster_name, prefix, replicas, models, prepare, stopped);
         println!("Running {replicas} simulated replicas ({prefix}-0 …); interrupt to stop.");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::pin!(run);
@@ -221,10 +224,10 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
     // in progress with no coordinator is an orphan, and a replica would
     // take it over before this process could.
     let lease = store.grant(5).await?;
-    tokio::select! {
+    let tenure = tokio::select! {
         claimed = claim(store, &rollout.model, me, lease) => claimed?,
         error = store.keep_alive(lease, 5) => return Err(error.into()),
-    }
+    };
     let record = match ops::start(store, &rollout.model, rollout.version, rollout.plan()?, me).await {
         Ok(record) => record,
         Err(error) => {
@@ -237,7 +240,7 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
     let printed = Arc::new(AtomicUsize::new(record.decisions.len()));
     let printer = print_decisions(store, &rollout.model, Arc::clone(&printed));
     let done = tokio::select! {
-        done = coordinator::coordinate(store, &rollout.model, me, &health) => done?,
+        done = coordinator::coordinate(store, &rollout.model, me, tenure, &health) => done?,
         error = store.keep_alive(lease, 5) => return Err(error.into()),
     };
     let _ = store.revoke(lease).await;
@@ -271,10 +274,13 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
 /// just ended a rollout holds it while it files the switch timings (a few
 /// seconds at most), so it is asked for again until CLAIM passes; a
 /// rollout still in progress is refused at once.
-async fn claim(store: &Store, model: &str, me: &str, lease: i64) -> anyhow::Result<()> {
+async fn claim(store: &Store, model: &str, me: &str, lease: i64) -> anyhow::Result<coordinator::Tenure> {
     const CLAIM: Duration = Duration::from_secs(15);
     let deadline = tokio::time::Instant::now() + CLAIM;
-    while !coordinator::campaign(store, model, me, lease).await? {
+    loop {
+        if let Some(tenure) = coordinator::campaign(store, model, me, lease).await? {
+            return Ok(tenure);
+        }
         if let Some(r) = store.get::<RolloutRecord>(&store.keys.record(model)).await?
             && r.value.phase.in_progress()
         {
@@ -289,7 +295,6 @@ async fn claim(store: &Store, model: &str, me: &str, lease: i64) -> anyhow::Resu
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(())
 }
 
 /// Prints the rollout's decisions as they are written, counting them in

@@ -12,7 +12,7 @@ use axum::http::{Request, Response, header};
 use futures_util::future::Either;
 use tonic::Status;
 
-use crate::access::{Access, Listener, Scope};
+use crate::access::{Access, Listener, Privileged, Scope};
 
 /// The scope of a gRPC method, from its path `/package.Service/Method`.
 /// Reads and health are open; the repository's load and unload and every
@@ -77,7 +77,12 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        if request.uri().path() == "/baton.v1.Management/Status" {
+            let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+            let privileged = Privileged(self.access.privileged(self.listener, authorization));
+            request.extensions_mut().insert(privileged);
+        }
         let path = request.uri().path();
         let scope = scope(path);
         if self.access.is_open(self.listener, scope) {

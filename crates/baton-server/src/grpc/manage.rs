@@ -91,9 +91,10 @@ impl management_server::Management for Management {
     }
 
     async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let privileged = request.extensions().get::<crate::access::Privileged>().is_some_and(|p| p.0);
         let model = request.into_inner().model;
         let json = if model.is_empty() {
-            crate::status::server(&self.app)
+            crate::status::server(&self.app, privileged)
         } else {
             crate::status::model(&self.app, &model).ok_or_else(|| ServeError::unknown_model(&model))?
         };

@@ -21,8 +21,12 @@ use crate::decisions::operate;
 use crate::serving::parse_version;
 
 /// `GET /baton/v1/status`.
-pub async fn status(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(crate::status::server(&app))
+pub async fn status(
+    State(app): State<Arc<App>>,
+    privileged: Option<axum::Extension<crate::access::Privileged>>,
+) -> Json<Value> {
+    let privileged = privileged.is_some_and(|p| p.0.0);
+    Json(crate::status::server(&app, privileged))
 }
 
 /// `GET /baton/v1/models/{name}/status`.

@@ -41,7 +41,8 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/unloads", get(manage::unloads))
         .route("/baton/v1/models/{name}/status", get(manage::model_status))
         .route("/baton/v1/models/{name}/rollout", get(rollout::status))
-        .route("/metrics", get(metrics));
+        .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state((Arc::clone(&access), listener), mark_privileged));
     let inference = Router::new()
         .route("/v2/models/{name}", get(models::model_metadata))
         .route("/v2/models/{name}/ready", get(models::model_ready))
@@ -102,6 +103,18 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
             refused.into_response()
         }
     }
+}
+
+/// Marks whether the caller may see the management scope's details.
+async fn mark_privileged(
+    State((access, listener)): State<(Arc<Access>, Listener)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let privileged = crate::access::Privileged(access.privileged(listener, authorization));
+    request.extensions_mut().insert(privileged);
+    next.run(request).await
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {

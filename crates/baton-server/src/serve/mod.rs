@@ -327,7 +327,7 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
     )?;
     let admin_listener = args.admin_http.is_some() || args.admin_grpc.is_some();
     let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode);
-    if args.cluster.cluster.is_some() {
+    if args.cluster.checked_store()?.is_some() {
         access = access.managed_by_fleet();
     }
     let access = Arc::new(access);

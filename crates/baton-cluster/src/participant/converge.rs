@@ -1,0 +1,167 @@
+//! The task that brings one model on one replica to what the fleet's
+//! records say, one step at a time (see [`super::model`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Participant;
+use super::model::{Action, Model, decide, next_retry, wait};
+use crate::node::{Node, Refusal};
+use crate::records::{Ack, FleetPhase, RolloutRecord, Switched, now_us};
+
+/// Which switch a step makes.
+#[derive(Clone, Copy)]
+enum Switch {
+    Share,
+    Promote,
+}
+
+impl<N: Node> Participant<N> {
+    /// Converges `model` for as long as the participant runs.
+    pub(super) async fn converge(self: Arc<Self>, model: Arc<Model>) {
+        let mut changes = model.subscribe();
+        let mut retry: Option<Duration> = None;
+        loop {
+            changes.borrow_and_update();
+            let now = Instant::now();
+            let action = {
+                let view = model.view.lock();
+                decide(&self.config.id, &view, &self.node.serving(&model.name), now)
+            };
+            let result = match action {
+                Action::Settled => {
+                    self.set_problem(&model, None, true);
+                    retry = None;
+                    wait(&mut changes, None).await;
+                    continue;
+                }
+                Action::Prepare { rollout, version, retry: again } => {
+                    self.prepare(&model, rollout, version, again).await.map_err(|r| ("prepare", r))
+                }
+                Action::Share { at, .. } | Action::Promote { at, .. } if at > now => {
+                    // The named instant: a newer record wakes it earlier.
+                    wait(&mut changes, Some(at)).await;
+                    continue;
+                }
+                Action::Share { record, .. } => {
+                    self.switch(&model, &record, Switch::Share).await.map_err(|r| ("switch", r))
+                }
+                Action::Promote { record, .. } => {
+                    self.switch(&model, &record, Switch::Promote).await.map_err(|r| ("switch", r))
+                }
+                Action::Drop { rolled_back } => {
+                    self.node.drop_candidate(&model.name, rolled_back).await.map_err(|r| ("drop the candidate", r))
+                }
+                Action::Converge { version } => {
+                    let why = format!("loading version {version}, which the fleet committed");
+                    self.set_problem(&model, Some(why), false);
+                    tracing::info!(model = %model.name, version, replica = %self.config.id, "Converging on the version the fleet committed.");
+                    let result = self.node.converge(&model.name, version).await;
+                    if result.is_ok() {
+                        tracing::info!(model = %model.name, version, "Converged.");
+                    }
+                    result.map_err(|r| ("load the committed version", r))
+                }
+            };
+            match result {
+                Ok(()) => retry = None,
+                Err((what, refusal)) => {
+                    let after = next_retry(retry);
+                    retry = Some(after);
+                    tracing::error!(
+                        model = %model.name,
+                        replica = %self.config.id,
+                        %refusal,
+                        retry_ms = after.as_millis() as u64,
+                        "Could not {what} as the fleet's records say; not ready, and trying again."
+                    );
+                    self.set_problem(&model, Some(format!("could not {what}: {refusal}; trying again")), false);
+                    wait(&mut changes, Some(Instant::now() + after)).await;
+                }
+            }
+        }
+    }
+
+    /// Records why the model is not served as the fleet says (or that it
+    /// is), in its view, in health and in readiness.
+    fn set_problem(&self, model: &Model, problem: Option<String>, settled: bool) {
+        {
+            let mut view = model.view.lock();
+            view.problem.clone_from(&problem);
+            view.settled |= settled;
+        }
+        self.health.problem(&model.name, problem);
+        self.report_ready();
+    }
+
+    /// Prepares the candidate and acks under the session's lease. A
+    /// failure is acked with its stage and reason, and not retried, unless
+    /// `retry` (a subset member whose candidate is gone loads it again).
+    async fn prepare(&self, model: &Model, rollout: u64, version: u64, retry: bool) -> Result<(), Refusal> {
+        let name = &model.name;
+        let started = Instant::now();
+        tracing::info!(model = %name, version, "Preparing a fleet rollout's candidate.");
+        let result = self.node.prepare(name, version).await;
+        let prepare_ms = started.elapsed().as_millis() as u64;
+        self.health.prepared(name, started.elapsed().as_secs_f64());
+        let mut ack = Ack { rollout, ok: result.is_ok(), stage: None, reason: None, prepare_ms };
+        match &result {
+            Ok(()) => tracing::info!(model = %name, version, prepare_ms, "Prepared."),
+            Err(r) => {
+                tracing::warn!(model = %name, version, refusal = %r, "Could not prepare.");
+                (ack.stage, ack.reason) = (Some(r.stage.clone()), Some(r.reason.clone()));
+            }
+        }
+        model.update(|v| v.prepared = Some((rollout, ack)));
+        self.write_ack(model).await;
+        if retry { result } else { Ok(()) }
+    }
+
+    /// Writes the prepare's ack under the session's lease, unless it was
+    /// written under that lease already or the rollout moved on. With no
+    /// session, the next one writes it.
+    pub(super) async fn write_ack(&self, model: &Model) {
+        let Some(session) = self.session.borrow().clone() else { return };
+        let ack = {
+            let view = model.view.lock();
+            let preparing = view.record.as_ref().map(|(r, _)| (r.id, r.phase));
+            match &view.prepared {
+                Some((id, ack))
+                    if preparing == Some((*id, FleetPhase::Preparing)) && view.acked != Some((*id, session.lease)) =>
+                {
+                    ack.clone()
+                }
+                _ => return,
+            }
+        };
+        let key = session.store.keys.ack(&model.name, &self.config.id);
+        match session.store.put(&key, &ack, Some(session.lease)).await {
+            Ok(_) => model.view.lock().acked = Some((ack.rollout, session.lease)),
+            Err(error) => tracing::warn!(model = %model.name, %error, "Could not ack the prepare; trying again."),
+        }
+    }
+
+    /// Switches as the record's step says, then reports when.
+    async fn switch(&self, model: &Model, record: &RolloutRecord, how: Switch) -> Result<(), Refusal> {
+        let seen_us = now_us();
+        match how {
+            Switch::Share => self.node.share_all(&model.name).await?,
+            Switch::Promote => self.node.promote(&model.name).await?,
+        }
+        let at_us = now_us();
+        let delay_us = at_us as i64 - record.commit_us.unwrap_or(at_us) as i64;
+        self.health.switched(&model.name, delay_us as f64 / 1e6);
+        let phase = match how {
+            Switch::Share => FleetPhase::Committed,
+            Switch::Promote => FleetPhase::Promoted,
+        };
+        let seen_us = model.view.lock().seen_wall_us().unwrap_or(seen_us);
+        let report = Switched { rollout: record.id, phase, step: record.step, at_us, seen_us, delay_us };
+        let Some(session) = self.session.borrow().clone() else { return Ok(()) };
+        let key = session.store.keys.switched(&model.name, &self.config.id);
+        if let Err(error) = session.store.put(&key, &report, None).await {
+            tracing::warn!(model = %model.name, %error, "Could not report the switch.");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,458 @@
+//! A replica's part in the fleet: it registers under a lease, serves what
+//! the fleet committed before it reports ready, prepares candidates when a
+//! rollout asks, switches when the commit arrives, publishes what it
+//! observes, and, when allowed, coordinates a rollout whose coordinator
+//! is gone. When the store is lost it keeps serving what it serves, and
+//! converges once it is back.
+//!
+//! The session (one connection to etcd) does only short work: it renews
+//! the lease from a task of its own, reads the records, and keeps each
+//! model's view up to date from one watch. Everything long — loads,
+//! prepares, waits for a switch instant, a sidecar's target loads — runs in
+//! one task per model ([`converge`]), which outlives sessions. So a load
+//! of any length never costs the replica its lease, and a reconnect never
+//! starts a second prepare.
+
+mod converge;
+mod election;
+mod model;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_core::sync::Lock;
+
+use crate::error::ClusterError;
+use crate::etcd::{Event, StoreConfig, Watch};
+use crate::health::Health;
+use crate::node::Node;
+use crate::records::{Desired, ReplicaRecord, RolloutRecord, Serving, StepSums, now_ms};
+use crate::store::{Span, Store, decode, decode_all};
+use election::Election;
+use model::Model;
+
+/// How long to wait, on average, before trying the store again.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// [`RETRY`], spread by ±50 % at random: replicas that lost the store
+/// together do not all come back at the same instant.
+fn retry_after() -> Duration {
+    let spread = baton_core::rollout::assign::random_bucket(); // 0..10,000
+    RETRY / 2 + RETRY * spread / 10_000
+}
+/// How often sums are published, acks and the registration written.
+const TICK: Duration = Duration::from_millis(500);
+/// Every how many ticks a replica that may coordinate counts the replicas.
+const COUNT_EVERY: u64 = 10;
+
+/// Who a replica is and how it takes part.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// The fleet's etcd and how to reach it.
+    pub store: StoreConfig,
+    /// The cluster's name: its keys live under `/baton/<name>/`.
+    pub name: String,
+    /// The replica's ID, unique in the cluster.
+    pub id: String,
+    /// Where it serves inference, for people and load balancers.
+    pub address: String,
+    /// Its labels, for gray release by selector.
+    pub labels: BTreeMap<String, String>,
+    /// Its lease's time to live, in seconds: a replica that dies is gone
+    /// from the fleet this long after.
+    pub lease_ttl: i64,
+    /// Whether it takes over rollouts whose coordinator is gone.
+    pub coordinate: bool,
+    /// A sidecar agent speaking for another server.
+    pub agent: bool,
+}
+
+/// The connection and lease a replica acts under now.
+#[derive(Clone)]
+pub(crate) struct Session {
+    pub store: Store,
+    pub lease: i64,
+}
+
+/// A replica taking part in the fleet through `node`.
+pub struct Participant<N: Node> {
+    config: ReplicaConfig,
+    node: Arc<N>,
+    health: Arc<Health>,
+    /// What the replica knows of each model the fleet has records for.
+    models: Lock<BTreeMap<String, Arc<Model>>>,
+    /// The models readiness waits for, once listed.
+    required: Lock<Option<BTreeSet<String>>>,
+    /// The session writes go through; none while the store is lost.
+    session: tokio::sync::watch::Sender<Option<Session>>,
+    /// The lease of the last session, kept when it is still alive.
+    lease: Lock<Option<i64>>,
+    /// The registration last written, and under which lease: rewritten
+    /// only when it changes.
+    registered: Lock<Option<(i64, ReplicaRecord)>>,
+    /// The readiness last reported to the node.
+    reported: Lock<Option<Option<BTreeSet<String>>>>,
+    /// The per-model tasks, which live as long as the participant runs.
+    tasks: Lock<BTreeMap<String, tokio::task::AbortHandle>>,
+    /// Who coordinates which rollout.
+    election: Election,
+}
+
+impl<N: Node> Participant<N> {
+    /// A participant for `node`.
+    pub fn new(config: ReplicaConfig, node: Arc<N>, health: Arc<Health>) -> Arc<Participant<N>> {
+        Arc::new(Participant {
+            config,
+            node,
+            health,
+            models: Lock::default(),
+            required: Lock::default(),
+            session: tokio::sync::watch::channel(None).0,
+            lease: Lock::default(),
+            registered: Lock::default(),
+            reported: Lock::default(),
+            tasks: Lock::default(),
+            election: Election::default(),
+        })
+    }
+
+    /// Takes part until `stop` turns true; reconnects whenever the store
+    /// is lost. Not ready until every model serves what the fleet
+    /// committed.
+    pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        self.node.set_ready(None);
+        loop {
+            let why = match Store::connect(&self.config.store, &self.config.name).await {
+                Ok(store) => match self.session(&store, &mut stop).await {
+                    Ok(()) => break,
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            };
+            self.session.send_replace(None);
+            self.election.stop_all();
+            if self.health.connected() || self.health.state().disconnected_since_ms.is_none() {
+                tracing::warn!(replica = %self.config.id, error = %why, "Lost the cluster store; serving what is served, and retrying.");
+            }
+            self.health.disconnect(why.to_string());
+            tokio::select! {
+                () = tokio::time::sleep(retry_after()) => {}
+                _ = stop.changed() => break,
+            }
+            if *stop.borrow() {
+                break;
+            }
+        }
+        self.session.send_replace(None);
+        self.election.stop_all();
+        for (_, task) in std::mem::take(&mut *self.tasks.lock()) {
+            task.abort();
+        }
+    }
+
+    /// One connection to the store, until it is lost (an error) or the
+    /// replica stops.
+    async fn session(
+        self: &Arc<Self>,
+        store: &Store,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), ClusterError> {
+        let lease = self.lease_for(store).await?;
+        // Renewed from a task of its own: nothing the session awaits can
+        // delay it.
+        let keeper = tokio::spawn({
+            let (store, ttl) = (store.clone(), self.config.lease_ttl);
+            async move { store.keep_alive(lease, ttl).await }
+        });
+        let _keeper_guard = AbortOnDrop(keeper.abort_handle());
+        self.session.send_replace(Some(Session { store: store.clone(), lease }));
+        // Registered at once, not ready: a replica whose first load takes
+        // minutes is in the fleet meanwhile.
+        self.register(store, lease).await?;
+        let prefixes = self.watched(store);
+        let mut watch = self.resync(store, lease, &prefixes).await?;
+        self.join(store).await?;
+        self.health.connect();
+        tracing::info!(replica = %self.config.id, cluster = %self.config.name, endpoint = store.endpoint(), "Joined the fleet.");
+
+        let mut keeper = keeper;
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u64 = 0;
+        loop {
+            let due = self.election.next_due();
+            tokio::select! {
+                ended = &mut keeper => {
+                    let error = ended.unwrap_or_else(|e| ClusterError::Unreachable(format!("the keep-alive task ended: {e}")));
+                    if matches!(error, ClusterError::LeaseLost(_)) {
+                        self.health.lease_lost();
+                        *self.lease.lock() = None;
+                    }
+                    return Err(error);
+                }
+                events = watch.next() => match events {
+                    Ok(events) => self.apply(events),
+                    Err(ClusterError::Compacted(why)) => {
+                        tracing::warn!(replica = %self.config.id, %why, "The store compacted what this replica watched; reading it again.");
+                        watch = self.resync(store, lease, &prefixes).await?;
+                    }
+                    Err(error) => return Err(error),
+                },
+                _ = tick.tick() => {
+                    ticks += 1;
+                    self.on_tick(store, lease, ticks).await?;
+                }
+                () = tokio::time::sleep_until(due.into()), if self.config.coordinate => {
+                    self.election.campaign_due(self, store, lease).await;
+                }
+                _ = stop.changed() => {
+                    if *stop.borrow() {
+                        self.election.stop_all();
+                        let _ = store.revoke(lease).await;
+                        *self.lease.lock() = None;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The lease to act under: the last session's while it is alive (so
+    /// the registration, acks and coordinator keys under it stay), else a
+    /// new one.
+    async fn lease_for(&self, store: &Store) -> Result<i64, ClusterError> {
+        let previous = *self.lease.lock();
+        if let Some(lease) = previous {
+            if store.renew(lease).await? {
+                return Ok(lease);
+            }
+            self.health.lease_lost();
+            tracing::warn!(replica = %self.config.id, lease = format!("{lease:x}"), "The replica's lease expired while the store was lost; registering again.");
+        }
+        let lease = store.grant(self.config.lease_ttl).await?;
+        *self.lease.lock() = Some(lease);
+        *self.registered.lock() = None;
+        Ok(lease)
+    }
+
+    /// What the session watches.
+    fn watched(&self, store: &Store) -> Vec<Span> {
+        let keys = &store.keys;
+        let mut prefixes = vec![keys.records(), keys.desired_all()];
+        if self.config.coordinate {
+            prefixes.push(keys.coordinators());
+        }
+        Span::prefixes(&prefixes)
+    }
+
+    /// Reads every watched record at one revision, takes them in, and
+    /// watches from the next revision: nothing between is missed.
+    async fn resync(self: &Arc<Self>, store: &Store, lease: i64, prefixes: &[Span]) -> Result<Watch, ClusterError> {
+        let (lists, revision) = store.snapshot(prefixes).await?;
+        let mut lists = lists.into_iter();
+        for read in decode_all::<RolloutRecord>(lists.next().unwrap_or_default()) {
+            let model = read.value.model.clone();
+            self.election.observe_record(&model, read.value.phase.in_progress());
+            self.model(&model).update(|v| v.set_record(read.value, read.revision));
+        }
+        for read in decode_all::<Desired>(lists.next().unwrap_or_default()) {
+            let model = read.name().to_owned();
+            self.model(&model).update(|v| v.set_desired(read.value, read.revision));
+        }
+        if self.config.coordinate {
+            self.election.reset(lists.next().unwrap_or_default());
+            self.election.resume_held(self, store, lease);
+        }
+        store.watch(prefixes, revision + 1).await
+    }
+
+    /// Takes in what the watch delivered.
+    fn apply(self: &Arc<Self>, events: Vec<Event>) {
+        let Some(keys) = self.session.borrow().as_ref().map(|s| s.store.keys.clone()) else { return };
+        for event in events {
+            let name = crate::keys::Keys::last(&event.key).to_owned();
+            if event.key.starts_with(&keys.records()) {
+                let Some(value) = &event.value else { continue };
+                match decode::<RolloutRecord>(&event.key, value) {
+                    Ok(record) => {
+                        self.election.observe_record(&record.model, record.phase.in_progress());
+                        let model = record.model.clone();
+                        self.model(&model).update(|v| v.set_record(record, event.revision));
+                    }
+                    Err(error) => {
+                        tracing::warn!(key = %event.key, %error, "Skipped a cluster record that cannot be read.")
+                    }
+                }
+            } else if event.key.starts_with(&keys.desired_all()) {
+                let Some(value) = &event.value else { continue };
+                match decode::<Desired>(&event.key, value) {
+                    Ok(desired) => self.model(&name).update(|v| v.set_desired(desired, event.revision)),
+                    Err(error) => {
+                        tracing::warn!(key = %event.key, %error, "Skipped a cluster record that cannot be read.")
+                    }
+                }
+            } else if event.key.starts_with(&keys.coordinators()) {
+                self.election.observe_key(&name, event.value.is_some().then_some((event.create_revision, event.lease)));
+            }
+        }
+    }
+
+    /// The view of `model`, made on first use.
+    fn model(&self, model: &str) -> Arc<Model> {
+        Arc::clone(self.models.lock().entry(model.to_owned()).or_insert_with(|| Arc::new(Model::new(model))))
+    }
+
+    /// Lists the models the node can serve, seeds the fleet's version of
+    /// any it has none for, and starts a task for each that has none yet.
+    async fn join(self: &Arc<Self>, store: &Store) -> Result<(), ClusterError> {
+        let available = match self.node.available().await {
+            Ok(available) => available,
+            Err(refusal) => {
+                tracing::error!(replica = %self.config.id, %refusal, "Could not list the models to serve.");
+                if self.required.lock().is_some() {
+                    return Ok(());
+                }
+                BTreeMap::new()
+            }
+        };
+        let mut required = BTreeSet::new();
+        for (name, newest) in available {
+            let model = self.model(&name);
+            let known = model.view.lock().desired.is_some();
+            if !known {
+                let Some(newest) = newest else { continue };
+                let seed = Desired { version: newest, rollout: None, at_ms: now_ms() };
+                match store.create(&store.keys.desired(&name), &seed, None).await? {
+                    Some(revision) => {
+                        tracing::info!(model = %name, version = newest, "Seeded the fleet's version of a model.");
+                        model.update(|v| v.set_desired(seed, revision));
+                    }
+                    None => {
+                        if let Some(read) = store.get::<Desired>(&store.keys.desired(&name)).await? {
+                            model.update(|v| v.set_desired(read.value, read.revision));
+                        }
+                    }
+                }
+            }
+            required.insert(name);
+        }
+        // Every model is required before any converges: readiness then
+        // waits for all of them, not for the first.
+        *self.required.lock() = Some(required.clone());
+        for name in required {
+            self.start_task(&name);
+        }
+        self.report_ready();
+        Ok(())
+    }
+
+    /// Starts the task that converges `model`, unless it runs.
+    fn start_task(self: &Arc<Self>, name: &str) {
+        let mut tasks = self.tasks.lock();
+        if tasks.contains_key(name) {
+            return;
+        }
+        let task = tokio::spawn(Arc::clone(self).converge(self.model(name)));
+        tasks.insert(name.to_owned(), task.abort_handle());
+    }
+
+    /// Ready once every required model serves what the fleet committed.
+    fn report_ready(&self) {
+        let required = self.required.lock().clone();
+        let ready = required.filter(|required| {
+            let models = self.models.lock();
+            required.iter().all(|m| {
+                models.get(m).is_some_and(|m| {
+                    let view = m.view.lock();
+                    view.settled && view.problem.is_none()
+                })
+            })
+        });
+        let mut reported = self.reported.lock();
+        if reported.as_ref() != Some(&ready) {
+            *reported = Some(ready.clone());
+            drop(reported);
+            self.node.set_ready(ready);
+        }
+    }
+
+    /// The short, periodic work: acks not yet written under this lease,
+    /// observation sums, the registration, and a count of the replicas.
+    async fn on_tick(self: &Arc<Self>, store: &Store, lease: i64, ticks: u64) -> Result<(), ClusterError> {
+        let models: Vec<Arc<Model>> = self.models.lock().values().cloned().collect();
+        for model in &models {
+            self.write_ack(model).await;
+        }
+        Box::pin(self.publish_sums(store, &models)).await?;
+        self.register(store, lease).await?;
+        if self.config.coordinate && ticks % COUNT_EVERY == 1 {
+            self.health.replicas(store.count(&store.keys.replicas()).await?);
+        }
+        Ok(())
+    }
+
+    /// Publishes what each committed step's rollout observed here.
+    async fn publish_sums(&self, store: &Store, models: &[Arc<Model>]) -> Result<(), ClusterError> {
+        for model in models {
+            let committed = {
+                let view = model.view.lock();
+                view.record.as_ref().map(|(r, _)| r.clone()).filter(|r| {
+                    r.phase == crate::records::FleetPhase::Committed && r.participants.contains(&self.config.id)
+                })
+            };
+            let Some(record) = committed else { continue };
+            let Some(step) = record.step else { continue };
+            let Some(sums) = self.node.take_sums(&model.name) else { continue };
+            let report = {
+                let mut view = model.view.lock();
+                match &mut view.sums {
+                    Some((id, s, total)) if *id == record.id && *s == step => total.merge(&sums),
+                    other => *other = Some((record.id, step, sums)),
+                }
+                view.sums.as_ref().map(|(_, _, total)| StepSums { rollout: record.id, step, sums: total.clone() })
+            };
+            if let Some(report) = report {
+                store.put(&store.keys.sums(&model.name, &self.config.id), &report, None).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the replica's registration under the lease, when it changed.
+    async fn register(&self, store: &Store, lease: i64) -> Result<(), ClusterError> {
+        let required = self.required.lock().clone().unwrap_or_default();
+        let models: BTreeMap<String, Serving> = required.iter().map(|m| (m.clone(), self.node.serving(m))).collect();
+        let ready = self.reported.lock().clone().flatten().is_some();
+        let record = ReplicaRecord {
+            id: self.config.id.clone(),
+            address: self.config.address.clone(),
+            labels: self.config.labels.clone(),
+            models,
+            ready,
+            agent: self.config.agent,
+            note: self.health.state().problems.values().next().cloned(),
+            since_ms: 0,
+        };
+        let since_ms = {
+            let registered = self.registered.lock();
+            match registered.as_ref() {
+                Some((l, r)) if *l == lease && *r == record => return Ok(()),
+                _ => now_ms(),
+            }
+        };
+        let written = ReplicaRecord { since_ms, ..record.clone() };
+        store.put(&store.keys.replica(&self.config.id), &written, Some(lease)).await?;
+        *self.registered.lock() = Some((lease, record));
+        Ok(())
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

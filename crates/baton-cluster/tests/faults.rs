@@ -1,0 +1,559 @@
+//! The faults every etcd deployment sees, against a real etcd and real
+//! registries whose loads a test can hold (the fake backend's gate): loads
+//! longer than the lease, compaction, a rollout nobody prepared, a switch
+//! that fails, a pause during prepare, a reconnect during prepare, two
+//! coordinators at once, records written by a newer baton, and a
+//! coordinator whose clock is far off.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use baton_cluster::node::{Node, Refusal};
+use baton_cluster::ops::{self, Request};
+use baton_cluster::records::{Ack, Desired, FleetPhase, FleetPlan, ReplicaRecord, RolloutRecord, Serving};
+use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, Store, StoreConfig, coordinator};
+use baton_core::registry::Registry;
+use baton_core::rollout::window::Sums;
+use baton_core::sync::Lock;
+use baton_testkit::etcd::Etcd;
+use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
+use baton_testkit::repo::TestRepo;
+
+const LONG: Duration = Duration::from_secs(60);
+const TTL: i64 = 1;
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LONG;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A registry node whose switches and prepares fail while told to.
+struct Flaky {
+    inner: RegistryNode,
+    fail_switch: Arc<AtomicBool>,
+    fail_prepare: Arc<AtomicBool>,
+}
+
+fn injected(what: &str) -> Refusal {
+    Refusal { stage: "switch".into(), reason: format!("the test failed this {what}") }
+}
+
+impl Node for Flaky {
+    async fn available(&self) -> Result<std::collections::BTreeMap<String, Option<u64>>, Refusal> {
+        self.inner.available().await
+    }
+    fn serving(&self, model: &str) -> Serving {
+        self.inner.serving(model)
+    }
+    async fn prepare(&self, model: &str, version: u64) -> Result<(), Refusal> {
+        if self.fail_prepare.load(Ordering::SeqCst) {
+            return Err(Refusal { stage: "load".into(), reason: "the test failed this prepare".into() });
+        }
+        self.inner.prepare(model, version).await
+    }
+    async fn share_all(&self, model: &str) -> Result<(), Refusal> {
+        if self.fail_switch.load(Ordering::SeqCst) {
+            return Err(injected("share"));
+        }
+        self.inner.share_all(model).await
+    }
+    async fn promote(&self, model: &str) -> Result<(), Refusal> {
+        if self.fail_switch.load(Ordering::SeqCst) {
+            return Err(injected("promote"));
+        }
+        self.inner.promote(model).await
+    }
+    async fn drop_candidate(&self, model: &str, rolled_back: bool) -> Result<(), Refusal> {
+        if self.fail_switch.load(Ordering::SeqCst) {
+            return Err(injected("drop"));
+        }
+        self.inner.drop_candidate(model, rolled_back).await
+    }
+    async fn converge(&self, model: &str, version: u64) -> Result<(), Refusal> {
+        self.inner.converge(model, version).await
+    }
+    fn take_sums(&self, model: &str) -> Option<Sums> {
+        self.inner.take_sums(model)
+    }
+    fn set_ready(&self, ready: Option<BTreeSet<String>>) {
+        self.inner.set_ready(ready);
+    }
+}
+
+/// One replica over a repository of fake versions of model `f`.
+struct Replica {
+    id: String,
+    registry: Registry,
+    gate: Gate,
+    ready: Arc<Lock<Option<BTreeSet<String>>>>,
+    health: Arc<Health>,
+    fail_switch: Arc<AtomicBool>,
+    fail_prepare: Arc<AtomicBool>,
+    _task: tokio::task::JoinHandle<()>,
+    _stop: tokio::sync::watch::Sender<bool>,
+    repo: TestRepo,
+}
+
+impl Replica {
+    fn serves(&self) -> Option<u64> {
+        self.registry.snapshot().model("f").map(|r| r.stable.number())
+    }
+
+    fn candidate(&self) -> Option<u64> {
+        self.registry.snapshot().model("f").and_then(|r| r.rollout.as_ref().map(|c| c.candidate.number()))
+    }
+
+    fn ready(&self) -> bool {
+        self.ready.lock().is_some()
+    }
+
+    /// Publishes version `n` (scale `n`); a held one waits at the gate in
+    /// its load stage.
+    fn publish(&self, n: u64, held: bool) {
+        Replica::publisher(&self.repo)(n, held);
+    }
+
+    fn publisher(repo: &TestRepo) -> impl Fn(u64, bool) + '_ {
+        move |n, held| {
+            let scale = n.to_string();
+            let mut files: Vec<(&str, &[u8])> = vec![("fake.txt", scale.as_bytes())];
+            if held {
+                files.push(("hold", b""));
+            }
+            repo.write_files("f", n, &files);
+            repo.seal("f", n);
+        }
+    }
+
+    /// Publishes version `n` so that every load of it fails.
+    fn publish_broken(&self, n: u64) {
+        self.repo.write_files("f", n, &[("fake.txt", b"not a number")]);
+        self.repo.seal("f", n);
+    }
+}
+
+struct Fleet {
+    etcd: Etcd,
+    runtime: tokio::runtime::Runtime,
+    store: Store,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let etcd = Etcd::start();
+        let store = runtime
+            .block_on(Store::connect(&StoreConfig::plain(&format!("etcd://127.0.0.1:{}", etcd.port())), "t"))
+            .unwrap();
+        Fleet { etcd, runtime, store }
+    }
+
+    fn spec(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.etcd.port())
+    }
+
+    /// Seeds the fleet's version of `f`.
+    fn seed(&self, version: u64) {
+        let seed = Desired { version, rollout: None, at_ms: 0 };
+        self.runtime.block_on(self.store.put(&self.store.keys.desired("f"), &seed, None)).unwrap();
+    }
+
+    /// A replica with the versions given (`(n, held)`), not yet started.
+    fn replica(&self, id: &str, versions: &[(u64, bool)], coordinate: bool) -> Replica {
+        let repo = TestRepo::new();
+        repo.add_model("f", FAKE_TOML);
+        let gate = Gate::closed();
+        let registry = baton_testkit::registry_with(repo.root(), vec![Arc::new(FakeBackend::gated(gate.clone()))]);
+        let ready: Arc<Lock<Option<BTreeSet<String>>>> = Arc::default();
+        let seen = Arc::clone(&ready);
+        let inner = RegistryNode::new(registry.clone(), Arc::new(move |m| *seen.lock() = m));
+        let (fail_switch, fail_prepare) = (Arc::<AtomicBool>::default(), Arc::<AtomicBool>::default());
+        let node =
+            Arc::new(Flaky { inner, fail_switch: Arc::clone(&fail_switch), fail_prepare: Arc::clone(&fail_prepare) });
+        let config = ReplicaConfig {
+            store: StoreConfig::plain(&self.spec()),
+            name: "t".into(),
+            id: id.into(),
+            address: format!("{id}:8000"),
+            labels: [("zone".to_owned(), if id.ends_with('1') { "a" } else { "b" }.to_owned())].into(),
+            lease_ttl: TTL,
+            coordinate,
+            agent: false,
+        };
+        let health = Arc::new(Health::default());
+        let participant = Participant::new(config, node, Arc::clone(&health));
+        for &(n, held) in versions {
+            Replica::publisher(&repo)(n, held);
+        }
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = self.runtime.spawn(participant.run(stopped));
+        Replica {
+            id: id.into(),
+            registry,
+            gate,
+            ready,
+            health,
+            fail_switch,
+            fail_prepare,
+            _task: task,
+            _stop: stop,
+            repo,
+        }
+    }
+
+    fn record(&self) -> Option<RolloutRecord> {
+        self.runtime.block_on(self.store.get::<RolloutRecord>(&self.store.keys.record("f"))).unwrap().map(|r| r.value)
+    }
+
+    fn registration(&self, id: &str) -> Option<ReplicaRecord> {
+        let key = self.store.keys.replica(id);
+        self.runtime.block_on(self.store.get::<ReplicaRecord>(&key)).unwrap().map(|r| r.value)
+    }
+
+    fn acks(&self) -> Vec<Ack> {
+        let (acks, _) = self.runtime.block_on(self.store.list::<Ack>(&self.store.keys.acks("f"))).unwrap();
+        acks.into_iter().map(|a| a.value).collect()
+    }
+
+    fn start(&self, version: u64, plan: FleetPlan) -> Result<RolloutRecord, String> {
+        self.runtime.block_on(ops::start(&self.store, "f", version, plan, "test")).map_err(|e| e.to_string())
+    }
+
+    /// Coordinates the rollout of `f` from this test, holding the key.
+    fn coordinate(&self, me: &str) -> tokio::task::JoinHandle<Result<RolloutRecord, String>> {
+        let store = self.store.clone();
+        let me = me.to_owned();
+        self.runtime.spawn(async move {
+            let lease = store.grant(2).await.map_err(|e| e.to_string())?;
+            let tenure = coordinator::campaign(&store, "f", &me, lease).await.unwrap().expect("no other coordinator");
+            let health = Health::default();
+            let result = tokio::select! {
+                result = coordinator::coordinate(&store, "f", &me, tenure, &health) => result,
+                error = store.keep_alive(lease, 2) => Err(error),
+            };
+            coordinator::resign(&store, "f", tenure).await;
+            result.map_err(|e| e.to_string())
+        })
+    }
+
+    fn finish(&self, me: &str) -> RolloutRecord {
+        self.runtime.block_on(self.coordinate(me)).expect("the coordinator did not panic").expect("it coordinated")
+    }
+}
+
+fn plan() -> FleetPlan {
+    FleetPlan { prepare_timeout_ms: 30_000, ..FleetPlan::default() }
+}
+
+/// Holds for several times the lease's time to live: what a load of a big
+/// model does to a replica.
+fn outlast_the_lease() {
+    std::thread::sleep(Duration::from_secs(4 * TTL as u64));
+}
+
+#[test]
+fn a_load_longer_than_the_lease_keeps_the_replica_registered() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, true)], false);
+    r1.gate.wait_for_waiters(1);
+    // Registered, not ready, while its first load is held.
+    wait_until("r1 registered while loading", || fleet.registration("r1").is_some());
+    outlast_the_lease();
+    let during = fleet.registration("r1").expect("still registered after four times its lease");
+    assert!(!during.ready, "not ready while it loads: {during:?}");
+    assert!(r1.health.state().last_error.is_none(), "{:?}", r1.health.state());
+    r1.gate.open();
+    wait_until("r1 is ready", || r1.ready() && r1.serves() == Some(1));
+
+    // Left out of a rollout (its prepare fails), it converges by a whole
+    // load after the commit, again longer than its lease.
+    let r2 = fleet.replica("r2", &[(1, false)], false);
+    wait_until("r2 is ready", || r2.ready());
+    r1.gate.close();
+    for r in [&r1, &r2] {
+        r.publish(2, true);
+    }
+    r2.gate.open();
+    r1.fail_prepare.store(true, Ordering::SeqCst);
+    let done = {
+        fleet.start(2, FleetPlan { allow_missing: 1, ..plan() }).unwrap();
+        fleet.finish("coordinator")
+    };
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    assert_eq!(done.missing, ["r1"]);
+    r1.gate.wait_for_waiters(1);
+    outlast_the_lease();
+    assert!(fleet.registration("r1").is_some(), "r1 kept its registration while converging");
+    r1.gate.open();
+    wait_until("r1 serves 2", || r1.serves() == Some(2) && r1.ready());
+    assert!(r1.health.state().last_error.is_none(), "{:?}", r1.health.state());
+}
+
+#[test]
+fn compaction_while_a_replica_converges_leaves_it_listening_and_the_next_rollout_commits() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
+    wait_until("r1 is ready", || r1.ready());
+    // r2's first load is held while the store moves on and is compacted.
+    let r2 = fleet.replica("r2", &[(1, true), (2, false)], false);
+    r2.gate.wait_for_waiters(1);
+    for n in 0..20 {
+        fleet.etcd.put(&format!("/unrelated/{n}"), b"x");
+    }
+    fleet.etcd.compact();
+    fleet.etcd.defrag();
+    r2.gate.open();
+    wait_until("r2 is ready", || r2.ready());
+    fleet.start(2, FleetPlan { prepare_timeout_ms: 10_000, ..plan() }).unwrap();
+    let done = fleet.finish("coordinator");
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+
+    // Compaction and defragmentation during a rollout, then between two.
+    for r in [&r1, &r2] {
+        r.gate.close();
+        r.publish(3, true);
+    }
+    fleet.start(3, plan()).unwrap();
+    let coordinator = fleet.coordinate("coordinator");
+    r1.gate.wait_for_waiters(1);
+    fleet.etcd.compact();
+    fleet.etcd.defrag();
+    for r in [&r1, &r2] {
+        r.gate.open();
+    }
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    fleet.etcd.compact();
+    fleet.etcd.defrag();
+    fleet.start(2, plan()).unwrap();
+    let done = fleet.finish("coordinator");
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("both serve 2 again", || r1.serves() == Some(2) && r2.serves() == Some(2));
+}
+
+#[test]
+fn a_rollout_nobody_prepared_never_commits_and_a_gray_step_never_panics() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let replicas: Vec<Replica> = (1..=3).map(|i| fleet.replica(&format!("r{i}"), &[(1, false)], false)).collect();
+    wait_until("all ready", || replicas.iter().all(Replica::ready));
+    wait_until("all registered", || replicas.iter().all(|r| fleet.registration(&r.id).is_some()));
+    for r in &replicas {
+        r.gate.open();
+        r.publish_broken(2);
+    }
+    // Leave to lose every participant is no rollout at all.
+    let refused = fleet.start(2, FleetPlan { allow_missing: 3, ..plan() });
+    assert!(refused.as_ref().is_err_and(|e| e.contains("allow_missing")), "{refused:?}");
+
+    // A record that allows it anyway (written by hand, or by an older
+    // baton), with a gray plan: aborted, with no panic.
+    let mut record = fleet.start(2, FleetPlan { allow_missing: 2, steps: vec![50.0, 100.0], ..plan() }).unwrap();
+    let read = fleet.runtime.block_on(fleet.store.get::<RolloutRecord>(&fleet.store.keys.record("f"))).unwrap();
+    record.plan.allow_missing = 3;
+    assert!(
+        fleet
+            .runtime
+            .block_on(fleet.store.swap(&fleet.store.keys.record("f"), &record, read.unwrap().revision, Vec::new()))
+            .unwrap()
+    );
+    let done = fleet.finish("coordinator");
+    assert_eq!(done.phase, FleetPhase::Aborted, "{:?}", done.decisions);
+    assert!(done.reason.as_deref().is_some_and(|r| r.contains("no participant")), "{:?}", done.reason);
+    assert!(replicas.iter().all(|r| r.ready() && r.serves() == Some(1)), "every replica still serves 1, ready");
+}
+
+#[test]
+fn a_replica_whose_switch_failed_is_not_ready_and_retries_until_it_serves_the_commit() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
+    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
+    wait_until("both ready", || r1.ready() && r2.ready());
+    r2.fail_switch.store(true, Ordering::SeqCst);
+    fleet.start(2, plan()).unwrap();
+    let done = fleet.finish("coordinator");
+    assert_eq!(done.phase, FleetPhase::Promoted);
+    wait_until("r1 serves 2", || r1.serves() == Some(2));
+    wait_until("r2, which could not switch, is not ready", || !r2.ready());
+    assert_eq!(r2.serves(), Some(1));
+    r2.fail_switch.store(false, Ordering::SeqCst);
+    wait_until("r2 switched on a retry and is ready", || r2.serves() == Some(2) && r2.ready());
+}
+
+#[test]
+fn a_pause_during_prepare_holds_the_rollout_until_resumed() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, true)], false);
+    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
+    r1.gate.wait_for_waiters(0);
+    wait_until("both ready", || r1.ready() && r2.ready());
+    fleet.start(2, plan()).unwrap();
+    let coordinator = fleet.coordinate("coordinator");
+    r1.gate.wait_for_waiters(1);
+    fleet.runtime.block_on(ops::request(&fleet.store, "f", Request::Pause, "alice")).unwrap();
+    r1.gate.open();
+    wait_until("both acked", || fleet.acks().iter().filter(|a| a.ok).count() == 2);
+    // Held: prepared everywhere, and still not committed.
+    hold_preparing(&fleet, Duration::from_secs(1));
+    assert_eq!((r1.serves(), r2.serves()), (Some(1), Some(1)));
+    fleet.runtime.block_on(ops::request(&fleet.store, "f", Request::Resume, "alice")).unwrap();
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+}
+
+#[test]
+fn a_reconnect_during_prepare_acks_the_prepare_already_running() {
+    let mut fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, true)], false);
+    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
+    wait_until("both ready", || r1.ready() && r2.ready());
+    fleet.start(2, plan()).unwrap();
+    r1.gate.wait_for_waiters(1);
+    fleet.etcd.kill();
+    wait_until("r1 lost the store", || !r1.health.connected());
+    fleet.etcd.restart();
+    wait_until("r1 is back", || r1.health.connected());
+    let store = fleet.runtime.block_on(Store::connect(&StoreConfig::plain(&fleet.spec()), "t")).unwrap();
+    fleet.store = store;
+    // A coordinator looks while r1's first prepare is still held: the
+    // rollout holds, waiting for it.
+    let coordinator = fleet.coordinate("coordinator");
+    hold_preparing(&fleet, Duration::from_secs(1));
+    r1.gate.open();
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+}
+
+/// Asserts the rollout stays in prepare for `how_long`.
+fn hold_preparing(fleet: &Fleet, how_long: Duration) {
+    let until = Instant::now() + how_long;
+    while Instant::now() < until {
+        let record = fleet.record().unwrap();
+        assert_eq!(record.phase, FleetPhase::Preparing, "{:?}", record.decisions);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn only_the_holder_of_the_coordinator_key_acts_and_gives_it_back() {
+    let fleet = Fleet::new();
+    let store = &fleet.store;
+    let key = store.keys.coordinator("f");
+    // A's lease runs out (a long pause, say), and B takes the key.
+    let (a, b) = fleet.runtime.block_on(async { (store.grant(5).await.unwrap(), store.grant(5).await.unwrap()) });
+    let tenure_a = fleet.runtime.block_on(coordinator::campaign(store, "f", "A", a)).unwrap().expect("A holds it");
+    fleet.runtime.block_on(store.revoke(a)).unwrap();
+    let tenure_b = fleet.runtime.block_on(coordinator::campaign(store, "f", "B", b)).unwrap().expect("B holds it");
+    // A, waking up, gives back what it thinks is its key.
+    fleet.runtime.block_on(coordinator::resign(store, "f", tenure_a));
+    let holder = fleet.runtime.block_on(store.get::<String>(&key)).unwrap().map(|r| r.value);
+    assert_eq!(holder.as_deref(), Some("B"), "A deleted B's key");
+
+    // Both drive one rollout at once: only B's decisions are written.
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
+    wait_until("r1 ready", || r1.ready());
+    wait_until("r1 registered", || fleet.registration("r1").is_some());
+    fleet.start(2, plan()).unwrap();
+    let (sa, sb) = (store.clone(), store.clone());
+    let (ha, hb) = (Health::default(), Health::default());
+    let (from_a, from_b) = fleet.runtime.block_on(async {
+        tokio::join!(
+            coordinator::coordinate(&sa, "f", "A", tenure_a, &ha),
+            coordinator::coordinate(&sb, "f", "B", tenure_b, &hb)
+        )
+    });
+    let done = from_b.expect("B coordinated");
+    assert_eq!(done.phase, FleetPhase::Promoted);
+    assert!(from_a.as_ref().is_err_and(|e| e.kind() == "cluster_fenced"), "A acted without the key: {from_a:?}");
+    let by: BTreeSet<&str> = done.decisions.iter().filter(|d| d.by != "test").map(|d| d.by.as_str()).collect();
+    assert_eq!(by, BTreeSet::from(["B"]), "{:?}", done.decisions);
+}
+
+#[test]
+fn records_with_fields_this_baton_does_not_know_are_followed() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
+    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
+    wait_until("both ready", || r1.ready() && r2.ready());
+    wait_until("both registered", || fleet.registration("r1").is_some() && fleet.registration("r2").is_some());
+    // A newer baton's record: a field at the top and one in the plan.
+    let record = fleet.start(2, plan()).unwrap();
+    let mut json = serde_json::to_value(&record).unwrap();
+    json["from_the_future"] = serde_json::json!({ "x": 1 });
+    json["plan"]["warp"] = serde_json::json!(9);
+    fleet.etcd.put(&fleet.store.keys.record("f"), json.to_string().as_bytes());
+    let done = fleet.finish("coordinator");
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+}
+
+#[test]
+fn a_prepare_timeout_is_measured_on_the_coordinators_clock() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, true)], false);
+    wait_until("r1 ready", || r1.ready());
+    wait_until("r1 registered", || fleet.registration("r1").is_some());
+    // Started by a process whose clock is an hour behind the coordinator's.
+    let record = fleet.start(2, FleetPlan { prepare_timeout_ms: 20_000, ..plan() }).unwrap();
+    let mut json = serde_json::to_value(&record).unwrap();
+    json["started_ms"] = serde_json::json!(record.started_ms - 3_600_000);
+    fleet.etcd.put(&fleet.store.keys.record("f"), json.to_string().as_bytes());
+    let coordinator = fleet.coordinate("coordinator");
+    r1.gate.wait_for_waiters(1);
+    std::thread::sleep(Duration::from_millis(500));
+    r1.gate.open();
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+}
+
+#[test]
+fn a_coordinator_clock_far_ahead_delays_no_switch_beyond_the_lead() {
+    let fleet = Fleet::new();
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
+    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
+    wait_until("both ready", || r1.ready() && r2.ready());
+    wait_until("both registered", || fleet.registration("r1").is_some() && fleet.registration("r2").is_some());
+    fleet.start(2, plan()).unwrap();
+    wait_until("both acked", || fleet.acks().iter().filter(|a| a.ok).count() == 2);
+    // Commit as a coordinator whose clock is ten minutes ahead would.
+    let read = fleet.runtime.block_on(fleet.store.get::<RolloutRecord>(&fleet.store.keys.record("f"))).unwrap();
+    let read = read.expect("the record");
+    assert_eq!(read.value.phase, FleetPhase::Preparing);
+    let mut next = read.value.clone();
+    let ahead_us = baton_cluster::records::now_us() + 600_000_000;
+    next.phase = FleetPhase::Promoted;
+    next.members = next.participants.clone();
+    next.step = Some(0);
+    next.commit_us = Some(ahead_us);
+    next.switch_at_us = Some(ahead_us + 250_000);
+    let desired = Desired { version: 2, rollout: Some(next.id), at_ms: 0 };
+    let also = vec![(fleet.store.keys.desired("f"), serde_json::to_vec(&desired).unwrap())];
+    assert!(
+        fleet.runtime.block_on(fleet.store.swap(&fleet.store.keys.record("f"), &next, read.revision, also)).unwrap()
+    );
+    let seen = Instant::now();
+    wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+    assert!(seen.elapsed() < Duration::from_secs(30), "the switch waited for the coordinator's clock");
+    assert!(r1.candidate().is_none());
+}

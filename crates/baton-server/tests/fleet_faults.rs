@@ -1,0 +1,254 @@
+//! A fleet of real `baton serve --cluster` replicas under traffic, with
+//! processes killed for real: a replica killed with SIGKILL while it
+//! prepares a model that takes seconds to prepare, the `baton fleet
+//! rollout` process killed mid-rollout, and etcd restarted while a gray
+//! step is committed. In each case no replica serves a version the fleet
+//! did not commit, every live replica ends on one version, and the live
+//! replicas fail no request.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use baton_testkit::etcd::Etcd;
+use baton_testkit::onnx::Mlp;
+use baton_testkit::repo::{TestRepo, mlp_toml};
+use baton_testkit::server::{Client, Server, eventually};
+use common::{Reaper, bin};
+
+use serde_json::Value;
+
+/// A model that takes seconds to prepare: its warmup runs large batches.
+fn slow_mlp(version: u64) -> Mlp {
+    Mlp::new(&[64, 1024, 1024, 2], 2000 + version)
+}
+
+const SLOW_TOML: &str = "[warmup]\nbatch_sizes = [2048, 4096, 4096, 8192]\nmax_latency_ms = 60000\n";
+
+fn slow_repo(versions: &[u64]) -> TestRepo {
+    let repo = TestRepo::new();
+    repo.add_model("s", &mlp_toml(&slow_mlp(1), SLOW_TOML));
+    for &v in versions {
+        repo.publish_mlp("s", v, &slow_mlp(v));
+    }
+    repo
+}
+
+fn cluster(etcd: &Etcd) -> String {
+    format!("etcd://127.0.0.1:{}", etcd.port())
+}
+
+fn replica(etcd: &Etcd, repo: &TestRepo, id: &str) -> Server {
+    let cluster = cluster(etcd);
+    let args = ["--cluster", &cluster, "--cluster-name", "ff", "--replica-id", id, "--lease-ttl", "2"];
+    common::start(repo, &args)
+}
+
+/// `baton fleet … ARGS`, started and left running.
+fn fleet_child(etcd: &Etcd, args: &[&str]) -> Child {
+    Command::new(bin())
+        .args(["fleet", "--cluster", &cluster(etcd), "--cluster-name", "ff"])
+        .args(args)
+        .env("BATON_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting baton fleet")
+}
+
+/// The JSON record at `key` under the fleet's keys, read from etcd.
+fn read(etcd: &Etcd, key: &str) -> Option<Value> {
+    let bytes = etcd.get(&format!("/baton/ff/{key}"))?;
+    Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{key} is not JSON ({e})")))
+}
+
+/// The rollout record of `s`, if any.
+fn record(etcd: &Etcd) -> Option<Value> {
+    read(etcd, "record/s")
+}
+
+/// The version the fleet committed for `s`.
+fn desired(etcd: &Etcd) -> Option<u64> {
+    read(etcd, "desired/s")?["version"].as_u64()
+}
+
+/// Requests to one replica from a thread until stopped: how many were
+/// sent and failed, and which versions answered.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<BTreeSet<u64>>>,
+    base: String,
+}
+
+impl Traffic {
+    fn start(server: &Server) -> Traffic {
+        let (stop, sent, failed) =
+            (Arc::<AtomicBool>::default(), Arc::<AtomicU64>::default(), Arc::<AtomicU64>::default());
+        let (s, n, f) = (Arc::clone(&stop), Arc::clone(&sent), Arc::clone(&failed));
+        let client: Client = server.client();
+        let thread = std::thread::spawn(move || {
+            let mut versions = BTreeSet::new();
+            let body = common::request(&[0.5; 64], 1);
+            while !s.load(Ordering::Relaxed) {
+                n.fetch_add(1, Ordering::Relaxed);
+                match client.try_post_raw("/v2/models/s/infer", body.to_string().as_bytes(), &[]) {
+                    Ok(answer) if answer.status == 200 => {
+                        versions.insert(common::version_of(&answer.json()));
+                    }
+                    _ => {
+                        f.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            versions
+        });
+        Traffic { stop, sent, failed, thread: Some(thread), base: server.base().to_owned() }
+    }
+
+    /// Stops; returns what was sent, what failed and the versions seen.
+    fn stop(mut self) -> (u64, u64, BTreeSet<u64>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let versions = self.thread.take().expect("running").join().expect("the traffic thread");
+        (self.sent.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed), versions)
+    }
+
+    fn assert_clean(self, allowed: &[u64]) {
+        let base = self.base.clone();
+        let (sent, failed, versions) = self.stop();
+        assert!(sent > 0, "no request was sent to {base}");
+        assert_eq!(failed, 0, "{failed} of {sent} requests to {base} failed");
+        assert!(versions.iter().all(|v| allowed.contains(v)), "{base} answered from {versions:?}");
+    }
+}
+
+/// What `s` serves on a replica, from its status.
+fn serving(server: &Server) -> (Option<u64>, bool) {
+    let status = server.status("s");
+    let phase = status["rollout"]["phase"].as_str().unwrap_or_default();
+    (status["serving"].as_u64(), phase == "running" || phase == "paused")
+}
+
+/// Whether the replica is working on a candidate of `s` (preparing it).
+fn preparing(server: &Server) -> bool {
+    let status = server.status("s");
+    status["busy"] == true
+}
+
+#[test]
+fn a_replica_killed_while_it_prepares_aborts_the_rollout_and_the_others_serve_on() {
+    let etcd = Etcd::start();
+    let repos: Vec<TestRepo> = (0..3).map(|_| slow_repo(&[1])).collect();
+    let mut replicas: Vec<Server> =
+        repos.iter().enumerate().map(|(i, repo)| replica(&etcd, repo, &format!("r{}", i + 1))).collect();
+    for r in &replicas {
+        r.wait_ready();
+    }
+    for repo in &repos {
+        repo.publish_mlp("s", 2, &slow_mlp(2));
+    }
+    let traffic: Vec<Traffic> = replicas.iter().map(Traffic::start).collect();
+    let mut rollout =
+        Reaper(Some(fleet_child(&etcd, &["rollout", "s", "--version", "2", "--prepare-timeout", "120s"])));
+    eventually("r3 to be preparing version 2", || preparing(&replicas[2]).then_some(()));
+    let mut traffic = traffic;
+    let victim_traffic = traffic.pop().expect("three");
+    let _ = victim_traffic.stop();
+    let mut victim = replicas.pop().expect("three");
+    victim.signal("KILL");
+    victim.wait_exit();
+    let output = rollout.0.take().expect("running").wait_with_output().expect("the rollout's end");
+    let out = format!("{}{}", common::text(&output.stdout), common::text(&output.stderr));
+    assert!(!output.status.success(), "the rollout should abort: {out}");
+    assert!(out.contains("r3") && out.contains("lost its lease"), "{out}");
+    eventually("the survivors drop the candidate", || {
+        replicas.iter().all(|r| serving(r) == (Some(1), false)).then_some(())
+    });
+    for t in traffic {
+        t.assert_clean(&[1]);
+    }
+    assert_eq!(desired(&etcd), Some(1));
+    // Restarted, it serves what the fleet committed.
+    let back = replica(&etcd, &repos[2], "r3");
+    back.wait_ready();
+    assert_eq!(serving(&back).0, Some(1));
+}
+
+#[test]
+fn a_rollout_whose_fleet_process_is_killed_is_finished_by_a_replica() {
+    let etcd = Etcd::start();
+    let repos: Vec<TestRepo> = (0..2).map(|_| slow_repo(&[1])).collect();
+    let replicas: Vec<Server> =
+        repos.iter().enumerate().map(|(i, repo)| replica(&etcd, repo, &format!("r{}", i + 1))).collect();
+    for r in &replicas {
+        r.wait_ready();
+    }
+    for repo in &repos {
+        repo.publish_mlp("s", 2, &slow_mlp(2));
+    }
+    let traffic: Vec<Traffic> = replicas.iter().map(Traffic::start).collect();
+    let mut rollout = Reaper(Some(fleet_child(&etcd, &["rollout", "s", "--version", "2"])));
+    eventually("the replicas to be preparing version 2", || {
+        record(&etcd).filter(|r| r["phase"] == "preparing").map(drop)
+    });
+    let mut child = rollout.0.take().expect("running");
+    child.kill().expect("SIGKILL to baton fleet rollout");
+    child.wait().expect("reaping it");
+    assert_eq!(record(&etcd).expect("the record")["phase"], "preparing", "killed before it committed");
+    eventually("a replica to finish the rollout", || record(&etcd).filter(|r| r["phase"] == "promoted").map(drop));
+    eventually("both serve 2", || replicas.iter().all(|r| serving(r) == (Some(2), false)).then_some(()));
+    for t in traffic {
+        t.assert_clean(&[1, 2]);
+    }
+    assert_eq!(desired(&etcd), Some(2));
+}
+
+#[test]
+fn etcd_restarted_while_a_step_is_committed_leaves_every_replica_on_one_version() {
+    let mut etcd = Etcd::start();
+    // Prepared quickly: the default warmup.
+    let repos: Vec<TestRepo> = (0..2)
+        .map(|_| {
+            let repo = TestRepo::new();
+            repo.add_model("s", &mlp_toml(&slow_mlp(1), ""));
+            repo.publish_mlp("s", 1, &slow_mlp(1));
+            repo
+        })
+        .collect();
+    let replicas: Vec<Server> =
+        repos.iter().enumerate().map(|(i, repo)| replica(&etcd, repo, &format!("r{}", i + 1))).collect();
+    for r in &replicas {
+        r.wait_ready();
+    }
+    for repo in &repos {
+        repo.publish_mlp("s", 2, &slow_mlp(2));
+    }
+    let traffic: Vec<Traffic> = replicas.iter().map(Traffic::start).collect();
+    let guards = ["--min-samples", "1", "--max-p99-ratio", "1000", "--max-error-rate-increase", "0.5"];
+    let mut args = vec!["rollout", "s", "--version", "2", "--steps", "50,100", "--interval", "3s"];
+    args.extend_from_slice(&guards);
+    let _rollout = Reaper(Some(fleet_child(&etcd, &args)));
+    eventually("the first step to be committed", || record(&etcd).filter(|r| r["phase"] == "committed").map(drop));
+    etcd.kill();
+    std::thread::sleep(Duration::from_secs(1));
+    etcd.restart();
+    eventually("the rollout to end", || {
+        record(&etcd).filter(|r| r["phase"] != "committed" && r["phase"] != "preparing").map(drop)
+    });
+    let done = record(&etcd).expect("a record");
+    let version = desired(&etcd).expect("a committed version");
+    assert_eq!(version, if done["phase"] == "promoted" { 2 } else { 1 }, "{done}");
+    eventually("every replica serves the committed version", || {
+        replicas.iter().all(|r| serving(r) == (Some(version), false)).then_some(())
+    });
+    for t in traffic {
+        t.assert_clean(&[1, 2]);
+    }
+}
