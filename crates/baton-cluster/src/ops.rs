@@ -65,29 +65,7 @@ pub async fn start(
             participants.len()
         )));
     }
-    let mut record = RolloutRecord {
-        id: now_us(),
-        model: model.to_owned(),
-        version,
-        from,
-        plan,
-        participants,
-        missing: Vec::new(),
-        phase: FleetPhase::Preparing,
-        step: None,
-        members: Vec::new(),
-        paused: None,
-        failures: 0,
-        inconclusive: 0,
-        commit_us: None,
-        judge_at_ms: None,
-        switch_at_us: None,
-        reason: None,
-        decisions: Vec::new(),
-        switch: None,
-        started_ms: now_ms(),
-        unknown: Default::default(),
-    };
+    let mut record = RolloutRecord::new(model, version, from, plan, participants);
     let message = format!(
         "Fleet rollout of model {model} version {version} began: {} replicas prepare it.",
         record.participants.len()

@@ -41,8 +41,8 @@ pub struct ReplicaRecord {
     /// A sidecar agent speaking for another server, rather than a baton
     /// replica.
     pub agent: bool,
-    /// Whether it has lost the store since it registered (then it may
-    /// have missed a commit until it converges).
+    /// Why it does not serve what the fleet committed, when it does not
+    /// (a load under way, a switch retried).
     pub note: Option<String>,
     /// When it registered.
     pub since_ms: u64,
@@ -262,6 +262,36 @@ pub struct RolloutRecord {
     /// Fields of a newer baton's record.
     #[serde(flatten)]
     pub unknown: Unknown,
+}
+
+impl RolloutRecord {
+    /// A rollout of `model` to `version`, from `from`, about to prepare on
+    /// `participants`.
+    pub fn new(model: &str, version: u64, from: Option<u64>, plan: FleetPlan, participants: Vec<String>) -> Self {
+        RolloutRecord {
+            id: now_us(),
+            model: model.to_owned(),
+            version,
+            from,
+            plan,
+            participants,
+            missing: Vec::new(),
+            phase: FleetPhase::Preparing,
+            step: None,
+            members: Vec::new(),
+            paused: None,
+            failures: 0,
+            inconclusive: 0,
+            commit_us: None,
+            judge_at_ms: None,
+            switch_at_us: None,
+            reason: None,
+            decisions: Vec::new(),
+            switch: None,
+            started_ms: now_ms(),
+            unknown: Unknown::new(),
+        }
+    }
 }
 
 /// One decision of a fleet rollout.

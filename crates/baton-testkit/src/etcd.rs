@@ -1,8 +1,9 @@
 //! Starts the real etcd (Debian's 3.4 server) as a single-member cluster on
 //! free loopback ports with a fresh data directory, for tests of baton's
 //! cluster mode. It can be killed and restarted on the same port and data
-//! directory, to play an outage. Its log goes to a file that failing tests
-//! print.
+//! directory, to play an outage. It can serve clients over TLS (with
+//! certificates a test generates, [`crate::certs`]) and with
+//! authentication on. Its log goes to a file that failing tests print.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,26 @@ const PORT_TRIES: usize = 3;
 /// Tells members started by one test process apart.
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// TLS for etcd's clients.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    /// The server's certificate and key.
+    pub server: crate::certs::Pair,
+    /// When given, every client must present a certificate signed by
+    /// this authority (etcd asks for one whenever it has a CA to check).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// How a test's etcd is secured.
+#[derive(Clone, Debug, Default)]
+pub struct Security {
+    /// Serve clients over TLS.
+    pub tls: Option<ServerTls>,
+    /// Users (name, password) who may read and write every key under
+    /// `/baton/`; when any is given, authentication is turned on.
+    pub users: Vec<(String, String)>,
+}
+
 /// A running single-member etcd. Dropping it stops the process.
 pub struct Etcd {
     child: Option<Child>,
@@ -34,6 +55,9 @@ pub struct Etcd {
     name: String,
     client: u16,
     peer: u16,
+    /// Plain HTTP, for health probes whatever the client URL's security.
+    metrics: u16,
+    tls: Option<ServerTls>,
     dir: tempfile::TempDir,
     agent: ureq::Agent,
 }
@@ -48,10 +72,11 @@ impl Etcd {
         let name = format!("baton-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let agent =
             ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(STOP_LIMIT)).build().into();
-        let mut etcd = Etcd { child: None, binary, name, client: 0, peer: 0, dir, agent };
+        let mut etcd = Etcd { child: None, binary, name, client: 0, peer: 0, metrics: 0, tls: None, dir, agent };
         for _ in 0..PORT_TRIES {
             etcd.client = free_port();
             etcd.peer = free_port();
+            etcd.metrics = free_port();
             etcd.spawn();
             if etcd.wait_healthy() {
                 return etcd;
@@ -64,9 +89,41 @@ impl Etcd {
         panic!("etcd did not become healthy within {START_LIMIT:?}\n--- etcd log ---\n{}", etcd.log_tail());
     }
 
-    /// The client URL, e.g. `http://127.0.0.1:41234`.
+    /// Starts etcd secured as `security` says: users are created and
+    /// authentication turned on through the gateway while it still serves
+    /// plaintext, then it restarts on the same ports and data with TLS.
+    /// [`Etcd::put`], [`Etcd::get`], [`Etcd::compact`] and [`Etcd::defrag`]
+    /// speak plaintext without credentials: they work only before.
+    pub fn start_secured(security: &Security) -> Etcd {
+        let mut etcd = Etcd::start();
+        if !security.users.is_empty() {
+            let b64 = |text: &str| STANDARD.encode(text);
+            // etcd turns authentication on only once root exists.
+            etcd.gateway("/v3/auth/user/add", &json!({ "name": "root", "password": "root-of-the-test" }));
+            etcd.gateway_any("/v3/auth/role/add", &json!({ "name": "root" }));
+            etcd.gateway("/v3/auth/user/grant", &json!({ "user": "root", "role": "root" }));
+            etcd.gateway("/v3/auth/role/add", &json!({ "name": "fleet" }));
+            let perm = json!({ "permType": "READWRITE", "key": b64("/baton/"), "range_end": b64("/baton0") });
+            etcd.gateway("/v3/auth/role/grant", &json!({ "name": "fleet", "perm": perm }));
+            for (user, password) in &security.users {
+                etcd.gateway("/v3/auth/user/add", &json!({ "name": user, "password": password }));
+                etcd.gateway("/v3/auth/user/grant", &json!({ "user": user, "role": "fleet" }));
+            }
+            etcd.gateway("/v3/auth/enable", &json!({}));
+        }
+        if let Some(tls) = &security.tls {
+            etcd.tls = Some(tls.clone());
+        }
+        if security.tls.is_some() || !security.users.is_empty() {
+            etcd.restart();
+        }
+        etcd
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:41234` (`https` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client)
     }
 
     /// The client port.
@@ -154,6 +211,12 @@ impl Etcd {
         self.gateway("/v3/maintenance/defragment", &json!({}));
     }
 
+    /// POSTs a JSON body to the gateway, whatever it answers.
+    fn gateway_any(&self, path: &str, body: &Value) {
+        let request = self.agent.post(&format!("{}{path}", self.endpoint())).header("content-type", "application/json");
+        let _ = request.send(body.to_string());
+    }
+
     /// POSTs a JSON body to the gateway and returns the answer (panics
     /// unless 200).
     fn gateway(&self, path: &str, body: &Value) -> Value {
@@ -175,14 +238,26 @@ impl Etcd {
         let log = OpenOptions::new().create(true).append(true).open(self.log_path()).expect("etcd's log file");
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer);
-        let child = Command::new(&self.binary)
+        let metrics = format!("http://127.0.0.1:{}", self.metrics);
+        let mut command = Command::new(&self.binary);
+        if let Some(tls) = &self.tls {
+            command.arg("--cert-file").arg(&tls.server.cert).arg("--key-file").arg(&tls.server.key);
+            if let Some(ca) = &tls.client_ca {
+                command.arg("--trusted-ca-file").arg(ca).arg("--client-cert-auth");
+            }
+        }
+        let child = command
             .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-metrics-urls", &metrics])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("{}={peer}", self.name), "--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", &self.name])
+            // With authentication on, a token idle for a second expires, so
+            // tests see clients authenticate again.
+            .args(["--auth-token-ttl", "1"])
             // A lone member elects itself quickly with short ticks.
             .args(["--heartbeat-interval", "50", "--election-timeout", "250", "--snapshot-count", "10000"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
@@ -197,7 +272,7 @@ impl Etcd {
     /// Polls `/health` until it says `"health":"true"` (true) or etcd exits
     /// or the start limit passes (false; the process is then stopped).
     fn wait_healthy(&mut self) -> bool {
-        let url = format!("{}/health", self.endpoint());
+        let url = format!("http://127.0.0.1:{}/health", self.metrics);
         let deadline = Instant::now() + START_LIMIT;
         while Instant::now() < deadline {
             let exited = self.child.as_mut().is_none_or(|c| !matches!(c.try_wait(), Ok(None)));

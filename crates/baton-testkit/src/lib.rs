@@ -8,6 +8,7 @@
 //! [`onnx::encode_mlp`], [`encoder::Encoder`] or
 //! [`baton_onnx::writer::GraphWriter`] from weights generated from a seed.
 
+pub mod certs;
 pub mod encoder;
 pub mod etcd;
 pub mod fake;

@@ -249,6 +249,15 @@ impl Client {
         Client::answer(request.send(body))
     }
 
+    /// GET a path with extra headers (panics when no answer came).
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut request = self.agent.get(&format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        Client::answer(request.call()).unwrap_or_else(|e| panic!("GET {path} failed: {e}"))
+    }
+
     /// GET a path (panics when no answer came).
     pub fn get(&self, path: &str) -> Answer {
         self.try_get(path).unwrap_or_else(|e| panic!("GET {path} failed: {e}"))

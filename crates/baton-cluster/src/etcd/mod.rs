@@ -172,6 +172,7 @@ impl Client {
     {
         match bounded(call(self.clone())).await {
             Err(ClusterError::Denied(why)) if self.credentials.is_some() && why.contains("invalid auth token") => {
+                tracing::debug!(endpoint = %self.endpoint, "etcd's token expired; authenticating again.");
                 self.authenticate().await?;
                 bounded(call(self.clone())).await
             }
@@ -261,8 +262,12 @@ pub(crate) async fn bounded<T>(
 pub(crate) fn from_status(status: &tonic::Status) -> ClusterError {
     use tonic::Code;
     let text = describe(status);
+    // etcd answers a wrong password and a missing user with
+    // InvalidArgument; its messages say what they are.
+    const DENIALS: [&str; 4] = ["authentication failed", "user name is empty", "permission denied", "auth token"];
     match status.code() {
         Code::Unauthenticated | Code::PermissionDenied => ClusterError::Denied(text),
+        _ if DENIALS.iter().any(|d| text.contains(d)) => ClusterError::Denied(text),
         Code::OutOfRange if text.contains("compacted") => ClusterError::Compacted(text),
         _ if text.contains("lease not found") => ClusterError::LeaseLost(text),
         Code::NotFound | Code::InvalidArgument | Code::FailedPrecondition | Code::ResourceExhausted => {

@@ -36,6 +36,8 @@ impl<N: Node> Participant<N> {
                     continue;
                 }
                 Action::Prepare { rollout, version, retry: again } => {
+                    // It serves the committed version: ready meanwhile.
+                    self.set_problem(&model, None, true);
                     self.prepare(&model, rollout, version, again).await.map_err(|r| ("prepare", r))
                 }
                 Action::Share { at, .. } | Action::Promote { at, .. } if at > now => {

@@ -19,7 +19,7 @@ mod model;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_core::sync::Lock;
 
@@ -43,6 +43,10 @@ fn retry_after() -> Duration {
 }
 /// How often sums are published, acks and the registration written.
 const TICK: Duration = Duration::from_millis(500);
+/// The shortest and longest time between two publications of a step's
+/// observation sums.
+const SUMS_MIN: Duration = Duration::from_millis(500);
+const SUMS_MAX: Duration = Duration::from_secs(5);
 /// Every how many ticks a replica that may coordinate counts the replicas.
 const COUNT_EVERY: u64 = 10;
 
@@ -392,7 +396,9 @@ impl<N: Node> Participant<N> {
         Ok(())
     }
 
-    /// Publishes what each committed step's rollout observed here.
+    /// Publishes what each committed step's rollout observed here: the
+    /// sums of the whole step so far, every tenth of the plan's interval
+    /// (between 0.5 and 5 s), so that the fleet's writes stay few.
     async fn publish_sums(&self, store: &Store, models: &[Arc<Model>]) -> Result<(), ClusterError> {
         for model in models {
             let committed = {
@@ -403,17 +409,27 @@ impl<N: Node> Participant<N> {
             };
             let Some(record) = committed else { continue };
             let Some(step) = record.step else { continue };
-            let Some(sums) = self.node.take_sums(&model.name) else { continue };
+            let every = Duration::from_millis(record.plan.interval_ms / 10).clamp(SUMS_MIN, SUMS_MAX);
             let report = {
                 let mut view = model.view.lock();
-                match &mut view.sums {
-                    Some((id, s, total)) if *id == record.id && *s == step => total.merge(&sums),
-                    other => *other = Some((record.id, step, sums)),
+                if let Some(sums) = self.node.take_sums(&model.name) {
+                    match &mut view.sums {
+                        Some((id, s, total)) if *id == record.id && *s == step => total.merge(&sums),
+                        other => *other = Some((record.id, step, sums)),
+                    }
+                    view.sums_changed = true;
+                }
+                let due = view.sums_published.is_none_or(|at| at.elapsed() >= every);
+                if !(due && view.sums_changed) {
+                    continue;
                 }
                 view.sums.as_ref().map(|(_, _, total)| StepSums { rollout: record.id, step, sums: total.clone() })
             };
             if let Some(report) = report {
                 store.put(&store.keys.sums(&model.name, &self.config.id), &report, None).await?;
+                let mut view = model.view.lock();
+                view.sums_published = Some(Instant::now());
+                view.sums_changed = false;
             }
         }
         Ok(())

@@ -49,6 +49,9 @@ pub(crate) struct View {
     pub acked: Option<(u64, i64)>,
     /// What the candidate's rollout observed during the committed step.
     pub sums: Option<(u64, usize, Sums)>,
+    /// Whether the sums changed since they were last published, and when.
+    pub sums_changed: bool,
+    pub sums_published: Option<Instant>,
     /// Why the node does not serve what the records say, when it does not.
     pub problem: Option<String>,
     /// Whether the node was found to serve what the records say at least
@@ -65,6 +68,15 @@ impl View {
         match &self.record {
             Some((r, revision)) if r.phase == FleetPhase::Promoted && desired.is_none_or(|d| d.1 < *revision) => {
                 Some(r.version)
+            }
+            // The commit's other half: a committed version written by the
+            // promotion of a rollout whose promoted record has not been
+            // delivered yet. Until it is, the rollout's stable version
+            // stands (a whole load of the candidate would be wrong).
+            Some((r, revision))
+                if r.phase.in_progress() && desired.is_some_and(|d| d.0.rollout == Some(r.id) && d.1 > *revision) =>
+            {
+                r.from
             }
             _ => desired.map(|d| d.0.version),
         }
@@ -222,29 +234,12 @@ mod tests {
     use crate::records::{Desired, FleetPhase, FleetPlan, RolloutRecord, Serving, now_us};
 
     fn record(phase: FleetPhase, members: &[&str]) -> RolloutRecord {
-        RolloutRecord {
-            id: 7,
-            model: "m".into(),
-            version: 2,
-            from: Some(1),
-            plan: FleetPlan::default(),
-            participants: vec!["a".into(), "b".into()],
-            missing: Vec::new(),
-            phase,
-            step: Some(0),
-            members: members.iter().map(|m| (*m).to_owned()).collect(),
-            paused: None,
-            failures: 0,
-            inconclusive: 0,
-            commit_us: None,
-            judge_at_ms: None,
-            switch_at_us: None,
-            reason: None,
-            decisions: Vec::new(),
-            switch: None,
-            started_ms: 0,
-            unknown: Default::default(),
-        }
+        let mut record = RolloutRecord::new("m", 2, Some(1), FleetPlan::default(), vec!["a".into(), "b".into()]);
+        record.id = 7;
+        record.phase = phase;
+        record.step = Some(0);
+        record.members = members.iter().map(|m| (*m).to_owned()).collect();
+        record
     }
 
     fn view(desired: u64, record: Option<(RolloutRecord, i64)>) -> View {
@@ -298,6 +293,20 @@ mod tests {
         let mut later = view(1, Some((record(FleetPhase::Promoted, &["a"]), 9)));
         later.set_desired(Desired { version: 3, rollout: None, at_ms: 0 }, 12);
         assert_eq!(later.committed(), Some(3));
+    }
+
+    #[test]
+    fn a_committed_version_delivered_before_the_promoted_record_waits_for_it() {
+        let now = Instant::now();
+        // desired/ (revision 9, written by rollout 7's promotion) arrives
+        // while the record is still the preparing one (revision 6).
+        let mut v = view(1, Some((record(FleetPhase::Preparing, &[]), 6)));
+        v.prepared = Some((7, crate::records::Ack { rollout: 7, ok: true, stage: None, reason: None, prepare_ms: 0 }));
+        v.set_desired(Desired { version: 2, rollout: Some(7), at_ms: 0 }, 9);
+        assert_eq!(v.committed(), Some(1));
+        assert_eq!(decide("a", &v, &serving(1, Some(2), 0.0), now), Action::Settled, "no whole load of the candidate");
+        v.set_record(record(FleetPhase::Promoted, &["a", "b"]), 9);
+        assert!(matches!(decide("a", &v, &serving(1, Some(2), 0.0), now), Action::Promote { .. }));
     }
 
     #[test]
