@@ -140,10 +140,7 @@ fn a_rollout_nobody_prepared_never_commits_and_a_gray_step_never_panics() {
 #[test]
 fn a_replica_whose_switch_failed_is_not_ready_and_retries_until_it_serves_the_commit() {
     let fleet = Fleet::new();
-    fleet.seed(1);
-    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
-    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
-    wait_until("both ready", || r1.ready() && r2.ready());
+    let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], false);
     r2.fail_switch.store(true, Ordering::SeqCst);
     fleet.start(2, plan()).unwrap();
     let done = fleet.finish("coordinator");
@@ -158,11 +155,7 @@ fn a_replica_whose_switch_failed_is_not_ready_and_retries_until_it_serves_the_co
 #[test]
 fn a_pause_during_prepare_holds_the_rollout_until_resumed() {
     let fleet = Fleet::new();
-    fleet.seed(1);
-    let r1 = fleet.replica("r1", &[(1, false), (2, true)], false);
-    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
-    r1.gate.wait_for_waiters(0);
-    wait_until("both ready", || r1.ready() && r2.ready());
+    let (r1, r2) = fleet.pair(&[(1, false), (2, true)], &[(1, false), (2, false)], false);
     fleet.start(2, plan()).unwrap();
     let coordinator = fleet.coordinate("coordinator");
     r1.gate.wait_for_waiters(1);
@@ -181,10 +174,7 @@ fn a_pause_during_prepare_holds_the_rollout_until_resumed() {
 #[test]
 fn a_reconnect_during_prepare_acks_the_prepare_already_running() {
     let mut fleet = Fleet::new();
-    fleet.seed(1);
-    let r1 = fleet.replica("r1", &[(1, false), (2, true)], false);
-    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
-    wait_until("both ready", || r1.ready() && r2.ready());
+    let (r1, r2) = fleet.pair(&[(1, false), (2, true)], &[(1, false), (2, false)], false);
     fleet.start(2, plan()).unwrap();
     r1.gate.wait_for_waiters(1);
     fleet.etcd.kill();
@@ -252,11 +242,7 @@ fn only_the_holder_of_the_coordinator_key_acts_and_gives_it_back() {
 #[test]
 fn records_with_fields_this_baton_does_not_know_are_followed() {
     let fleet = Fleet::new();
-    fleet.seed(1);
-    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
-    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
-    wait_until("both ready", || r1.ready() && r2.ready());
-    wait_until("both registered", || fleet.registration("r1").is_some() && fleet.registration("r2").is_some());
+    let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], false);
     // A newer baton's record: a field at the top and one in the plan.
     let record = fleet.start(2, plan()).unwrap();
     let mut json = serde_json::to_value(&record).unwrap();
@@ -291,11 +277,7 @@ fn a_prepare_timeout_is_measured_on_the_coordinators_clock() {
 #[test]
 fn a_coordinator_clock_far_ahead_delays_no_switch_beyond_the_lead() {
     let fleet = Fleet::new();
-    fleet.seed(1);
-    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
-    let r2 = fleet.replica("r2", &[(1, false), (2, false)], false);
-    wait_until("both ready", || r1.ready() && r2.ready());
-    wait_until("both registered", || fleet.registration("r1").is_some() && fleet.registration("r2").is_some());
+    let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], false);
     fleet.start(2, plan()).unwrap();
     wait_until("both acked", || fleet.acks().iter().filter(|a| a.ok).count() == 2);
     // Commit as a coordinator whose clock is ten minutes ahead would.

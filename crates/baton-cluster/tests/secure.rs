@@ -27,11 +27,7 @@ fn connect(runtime: &tokio::runtime::Runtime, config: &StoreConfig) -> Result<St
 
 /// Two replicas over `fleet` prepare and switch to version 2.
 fn roll_out(fleet: &Fleet) {
-    fleet.seed(1);
-    let r1 = fleet.replica("r1", &[(1, false), (2, false)], true);
-    let r2 = fleet.replica("r2", &[(1, false), (2, false)], true);
-    wait_until("both ready", || r1.ready() && r2.ready());
-    wait_until("both registered", || fleet.registration("r1").is_some() && fleet.registration("r2").is_some());
+    let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], true);
     fleet.start(2, plan()).unwrap();
     let done = fleet.finish("coordinator");
     assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);

@@ -129,6 +129,22 @@ impl Traffic {
     }
 }
 
+/// Starts a replica on each repository (`r1`, `r2`, …), waits until all
+/// are ready, publishes version 2 in every repository and starts traffic
+/// to each.
+fn fleet_of(etcd: &Etcd, repos: &[TestRepo]) -> (Vec<Server>, Vec<Traffic>) {
+    let replicas: Vec<Server> =
+        repos.iter().enumerate().map(|(i, repo)| replica(etcd, repo, &format!("r{}", i + 1))).collect();
+    for r in &replicas {
+        r.wait_ready();
+    }
+    for repo in repos {
+        repo.publish_mlp("s", 2, &slow_mlp(2));
+    }
+    let traffic = replicas.iter().map(Traffic::start).collect();
+    (replicas, traffic)
+}
+
 /// What `s` serves on a replica, from its status.
 fn serving(server: &Server) -> (Option<u64>, bool) {
     let status = server.status("s");
@@ -146,15 +162,7 @@ fn preparing(server: &Server) -> bool {
 fn a_replica_killed_while_it_prepares_aborts_the_rollout_and_the_others_serve_on() {
     let etcd = Etcd::start();
     let repos: Vec<TestRepo> = (0..3).map(|_| slow_repo(&[1])).collect();
-    let mut replicas: Vec<Server> =
-        repos.iter().enumerate().map(|(i, repo)| replica(&etcd, repo, &format!("r{}", i + 1))).collect();
-    for r in &replicas {
-        r.wait_ready();
-    }
-    for repo in &repos {
-        repo.publish_mlp("s", 2, &slow_mlp(2));
-    }
-    let traffic: Vec<Traffic> = replicas.iter().map(Traffic::start).collect();
+    let (mut replicas, traffic) = fleet_of(&etcd, &repos);
     let mut rollout =
         Reaper(Some(fleet_child(&etcd, &["rollout", "s", "--version", "2", "--prepare-timeout", "120s"])));
     eventually("r3 to be preparing version 2", || preparing(&replicas[2]).then_some(()));
@@ -185,15 +193,7 @@ fn a_replica_killed_while_it_prepares_aborts_the_rollout_and_the_others_serve_on
 fn a_rollout_whose_fleet_process_is_killed_is_finished_by_a_replica() {
     let etcd = Etcd::start();
     let repos: Vec<TestRepo> = (0..2).map(|_| slow_repo(&[1])).collect();
-    let replicas: Vec<Server> =
-        repos.iter().enumerate().map(|(i, repo)| replica(&etcd, repo, &format!("r{}", i + 1))).collect();
-    for r in &replicas {
-        r.wait_ready();
-    }
-    for repo in &repos {
-        repo.publish_mlp("s", 2, &slow_mlp(2));
-    }
-    let traffic: Vec<Traffic> = replicas.iter().map(Traffic::start).collect();
+    let (replicas, traffic) = fleet_of(&etcd, &repos);
     let mut rollout = Reaper(Some(fleet_child(&etcd, &["rollout", "s", "--version", "2"])));
     eventually("the replicas to be preparing version 2", || {
         record(&etcd).filter(|r| r["phase"] == "preparing").map(drop)
@@ -222,15 +222,7 @@ fn etcd_restarted_while_a_step_is_committed_leaves_every_replica_on_one_version(
             repo
         })
         .collect();
-    let replicas: Vec<Server> =
-        repos.iter().enumerate().map(|(i, repo)| replica(&etcd, repo, &format!("r{}", i + 1))).collect();
-    for r in &replicas {
-        r.wait_ready();
-    }
-    for repo in &repos {
-        repo.publish_mlp("s", 2, &slow_mlp(2));
-    }
-    let traffic: Vec<Traffic> = replicas.iter().map(Traffic::start).collect();
+    let (replicas, traffic) = fleet_of(&etcd, &repos);
     let guards = ["--min-samples", "1", "--max-p99-ratio", "1000", "--max-error-rate-increase", "0.5"];
     let mut args = vec!["rollout", "s", "--version", "2", "--steps", "50,100", "--interval", "3s"];
     args.extend_from_slice(&guards);

@@ -220,6 +220,16 @@ impl Fleet {
         }
     }
 
+    /// Replicas r1 and r2 with the versions given, on the fleet's version
+    /// 1; returns once both are ready and registered.
+    pub fn pair(&self, r1: &[(u64, bool)], r2: &[(u64, bool)], coordinate: bool) -> (Replica, Replica) {
+        self.seed(1);
+        let (a, b) = (self.replica("r1", r1, coordinate), self.replica("r2", r2, coordinate));
+        wait_until("both ready", || a.ready() && b.ready());
+        wait_until("both registered", || self.registration("r1").is_some() && self.registration("r2").is_some());
+        (a, b)
+    }
+
     pub fn record(&self) -> Option<RolloutRecord> {
         self.runtime.block_on(self.store.get::<RolloutRecord>(&self.store.keys.record("f"))).unwrap().map(|r| r.value)
     }
