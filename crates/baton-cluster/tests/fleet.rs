@@ -306,8 +306,7 @@ fn a_coordinator_that_dies_mid_rollout_is_replaced_and_the_rollout_finishes() {
     let replicas = fleet.on_version_one(&store, true);
     let traffic = Traffic::start(replicas.iter().map(|r| r.registry.clone()).collect());
     // Gray: half first, judged after 1.5 s on guards any sane candidate passes.
-    let guards =
-        Guards { min_samples: 1, max_p99_ratio: Some(1e9), max_error_rate_increase: Some(0.5), ..Guards::default() };
+    let guards = Guards { min_samples: 1, max_error_rate_increase: Some(0.5), ..Guards::default() };
     let plan = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 1500, guards, ..plain() };
     fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
     let coordinator = fleet.coordinate(&store, "doomed");
@@ -334,7 +333,7 @@ fn gray_release_judges_the_subset_on_merged_observations_and_rolls_a_drifting_on
     let replicas = fleet.on_version_one(&store, false);
     let traffic = Traffic::start(replicas.iter().map(|r| r.registry.clone()).collect());
     // v2 has other weights: its answers drift far beyond 5 % relative L2.
-    let guards = Guards { min_samples: 20, max_p99_ratio: Some(1e9), max_rel_l2: Some(0.05), ..Guards::default() };
+    let guards = Guards { min_samples: 20, max_rel_l2: Some(0.05), ..Guards::default() };
     let mut selector = std::collections::BTreeMap::new();
     selector.insert("zone".to_owned(), "a".to_owned());
     let plan = FleetPlan { steps: vec![50.0, 100.0], selector, interval_ms: 1000, guards, ..plain() };

@@ -61,6 +61,7 @@ fn table() -> Routing {
         mode: Mode::Canary,
         weight: 500,
         paired: true,
+        salt: assign::salt("m", 2),
         observations: Arc::new(Observations::default()),
         copies: Arc::new(CopyGate::new(64)),
         shadow: None,
@@ -80,8 +81,9 @@ fn route(c: &mut Criterion) {
 fn bucket(c: &mut Criterion) {
     let short = [7u8; 16];
     let long = [7u8; 64];
-    c.bench_function("bucket/16_bytes", |b| b.iter(|| assign::bucket(black_box(&short))));
-    c.bench_function("bucket/64_bytes", |b| b.iter(|| assign::bucket(black_box(&long))));
+    let salt = assign::salt("m", 2);
+    c.bench_function("bucket/16_bytes", |b| b.iter(|| assign::bucket(salt, black_box(&short))));
+    c.bench_function("bucket/64_bytes", |b| b.iter(|| assign::bucket(salt, black_box(&long))));
 }
 
 criterion_group!(benches, route, bucket);

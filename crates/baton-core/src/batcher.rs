@@ -177,7 +177,7 @@ mod tests {
     use super::*;
     use crate::tensor::DataType;
 
-    fn job(rows: usize, width: i64, start: f32) -> (Job, tokio::sync::oneshot::Receiver<Answer>) {
+    fn job(rows: usize, width: i64, start: f32) -> (Job, tokio::sync::oneshot::Receiver<crate::executor::Timed>) {
         let values: Vec<f32> = (0..rows * width as usize).map(|i| start + i as f32).collect();
         Job::new(0, vec![Tensor::from_f32("x", vec![rows as i64, width], &values)], None)
     }

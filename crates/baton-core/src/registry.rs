@@ -466,6 +466,13 @@ impl Registry {
                     reason: format!("step {step} is beyond the plan's {steps} steps"),
                 });
             }
+            if step < progress.step {
+                // Users the candidate answered would move back to stable.
+                return Err(LoadError::RolloutRefused {
+                    model: model.to_owned(),
+                    reason: format!("step {step} would lower the candidate's share from step {}", progress.step),
+                });
+            }
             let moved = (progress.step != step).then(|| {
                 progress.step = step;
                 (progress.weight(), progress.decide(model, Action::Advanced, by, None))

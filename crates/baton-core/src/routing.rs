@@ -172,7 +172,7 @@ impl Routing {
             return Ok(Routed { version: &route.stable, role: Role::Stable, compare: None, rollout: None });
         };
         let stable = Routed { version: &route.stable, role: Role::Stable, compare: None, rollout: Some(rollout) };
-        let bucket = key.map_or_else(assign::random_bucket, assign::bucket);
+        let bucket = key.map_or_else(assign::random_bucket, |key| assign::bucket(rollout.salt, key));
         let chosen = assign::to_candidate(bucket, rollout.weight);
         Ok(match (rollout.mode, chosen) {
             (_, false) => stable,
@@ -204,10 +204,9 @@ impl Routing {
     /// runs copies off the response path.
     pub fn serve(&self, model: &str, key: Option<&[u8]>, inputs: &[Tensor]) -> Result<(Inference, Role), InferError> {
         let routed = self.route(model, None, key)?;
-        let started = std::time::Instant::now();
-        let outcome = routed.version.infer(inputs);
+        let (outcome, ran) = routed.version.infer_timed(inputs);
         if let Some(rollout) = routed.rollout {
-            rollout.observations.record(routed.role, started.elapsed(), outcome.is_err());
+            rollout.observations.record(routed.role, ran, outcome.is_err());
         }
         let outputs = outcome?;
         if let Some(copy) = routed.compare.and_then(|c| c.start(inputs.to_vec(), &outputs)) {

@@ -287,9 +287,43 @@ pub fn thread_run_delay() -> Option<std::time::Duration> {
     Some(std::time::Duration::from_nanos(nanos))
 }
 
+/// The CPU time the calling thread has used, from the kernel's per-thread
+/// clock; `None` where there is none. Rollouts time each engine run with it
+/// on the thread that runs it, so that a run's cost is the same whatever
+/// the thread's priority and however long it waited for a CPU.
+pub fn thread_cpu_time() -> Option<std::time::Duration> {
+    #[cfg(unix)]
+    {
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec.
+        let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+        if status != 0 {
+            return None;
+        }
+        let (secs, nanos) = (u64::try_from(now.tv_sec).ok()?, u32::try_from(now.tv_nsec).ok()?);
+        Some(std::time::Duration::new(secs, nanos))
+    }
+    #[cfg(not(unix))]
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_cpu_time_counts_work_not_sleep() {
+        let start = thread_cpu_time().expect("a thread CPU clock");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let slept = thread_cpu_time().unwrap() - start;
+        let mut acc = 0u64;
+        for i in 0..20_000_000u64 {
+            acc = std::hint::black_box(acc.wrapping_add(i));
+        }
+        let worked = thread_cpu_time().unwrap() - start - slept;
+        assert!(slept < std::time::Duration::from_millis(20), "sleeping used {slept:?} of CPU");
+        assert!(worked > slept, "work {worked:?}, sleep {slept:?}");
+    }
 
     #[test]
     fn a_pinned_thread_runs_on_its_cpu_alone() {

@@ -224,21 +224,31 @@ impl Version {
     /// engine's instances is free, waiting for one if none is. For a
     /// lowered thread running comparison copies on a rollout's shadow
     /// candidate, whose instances serve no one else: it runs at that
-    /// thread's priority, below serving.
-    pub fn run_here(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
-        self.signature().check_inputs(inputs).map_err(InferError::InvalidInput)?;
-        self.engine().infer(inputs).map_err(InferError::from)
+    /// thread's priority, below serving. Returns the answer and the CPU
+    /// time the run took on this thread, as a session thread times its
+    /// runs.
+    pub fn run_here(&self, inputs: &[Tensor]) -> crate::executor::Timed {
+        if let Err(e) = self.signature().check_inputs(inputs) {
+            return (Err(InferError::InvalidInput(e)), None);
+        }
+        let cpu = crate::sys::thread_cpu_time();
+        let answer = self.engine().infer(inputs).map_err(InferError::from);
+        let ran = crate::sys::thread_cpu_time().zip(cpu).map(|(now, start)| now.saturating_sub(start));
+        (answer, ran)
     }
 
-    /// Queues a copy of a request only when the version has an instance
-    /// free and nobody waiting, so that it never holds up a request of its
-    /// own; refused with [`InferError::Overloaded`] otherwise.
+    /// Queues a comparison copy only when the version has an instance free
+    /// and nobody waiting, and gives it that instance in the same step, so
+    /// that it never holds up a request of its own; refused with
+    /// [`InferError::Overloaded`] otherwise. It never runs on the caller's
+    /// thread, however cheap.
     pub fn submit_spare(&self, inputs: Vec<Tensor>) -> Result<Pending, InferError> {
-        if !self.executor().has_spare() {
-            let shed = crate::admission::Shed::QueueFull;
-            return Err(InferError::Overloaded { model: self.model.clone(), version: self.number, shed });
-        }
-        self.submit(inputs, None)
+        self.signature().check_inputs(&inputs).map_err(InferError::InvalidInput)?;
+        self.executor().submit_spare(inputs).map_err(|refusal| match refusal {
+            Refusal::Shed(shed) => InferError::Overloaded { model: self.model.clone(), version: self.number, shed },
+            Refusal::Expired => InferError::DeadlineExceeded { at: Expired::Arrival },
+            Refusal::Stopped => InferError::Stopped,
+        })
     }
 
     /// Runs one inference through the session threads and blocks the
@@ -247,6 +257,14 @@ impl Version {
     /// [`Version::submit`] instead.
     pub fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
         self.submit(inputs.to_vec(), None)?.wait()
+    }
+
+    /// [`Version::infer`], with the CPU time of the engine's run.
+    pub fn infer_timed(&self, inputs: &[Tensor]) -> crate::executor::Timed {
+        match self.submit(inputs.to_vec(), None) {
+            Ok(pending) => pending.wait_timed(),
+            Err(e) => (Err(e), None),
+        }
     }
 }
 

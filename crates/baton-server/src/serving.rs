@@ -303,60 +303,61 @@ pub async fn infer(
     // The copy for a comparison is made before the inputs go to the engine.
     let copied = routed.compare.as_ref().map(|_| inputs.clone());
     let started = Instant::now();
-    let pending = match target.submit(inputs, ticket.deadline) {
+    let mut pending = match target.submit(inputs, ticket.deadline) {
         Ok(pending) => pending,
         Err(e) => {
             let e = refused(app, model, &series, started, rows, e);
-            observe(routed, started, Some(&e));
+            observe(routed, None, Some(&e));
             return Err(e);
         }
     };
-    let outcome = match ticket.deadline {
-        None => pending.await,
-        Some(deadline) => {
-            let mut pending = pending;
-            match tokio::time::timeout_at(deadline.into(), &mut pending).await {
-                Ok(answer) => answer,
-                // The answer is not awaited any more; a request still queued
-                // leaves the queue now and is never run.
-                Err(_) => Err(InferError::DeadlineExceeded { at: pending.withdraw() }),
-            }
+    let (outcome, ran) = match ticket.deadline {
+        None => {
+            let answer = (&mut pending).await;
+            (answer, pending.engine_time())
         }
+        Some(deadline) => match tokio::time::timeout_at(deadline.into(), &mut pending).await {
+            Ok(answer) => (answer, pending.engine_time()),
+            // The answer is not awaited any more; a request still queued
+            // leaves the queue now and is never run.
+            Err(_) => (Err(InferError::DeadlineExceeded { at: pending.withdraw() }), None),
+        },
     };
     if let Err(InferError::DeadlineExceeded { at }) = &outcome {
         app.metrics.expired(model, at.as_str());
     }
     let outcome = outcome.map_err(ServeError::from);
     series.record(started.elapsed(), rows, outcome.as_ref().err().map(|e| e.kind));
-    observe(routed, started, outcome.as_ref().err());
+    observe(routed, ran, outcome.as_ref().err());
     if let (Ok(outputs), Some(inputs)) = (&outcome, copied) {
         compare(routed, inputs, outputs);
     }
     outcome
 }
 
-/// Records a request in its rollout's window, as its role's: its latency,
-/// and whether it failed for a reason of the server's (a malformed request
-/// is not the version's failure).
-fn observe(routed: &Target, started: Instant, error: Option<&ServeError>) {
+/// Records a request in its rollout's window, as its role's: the CPU time
+/// its engine run took (`ran`; none when it never ran), and whether it
+/// failed for a reason of the server's (a malformed request is not the
+/// version's failure).
+fn observe(routed: &Target, ran: Option<std::time::Duration>, error: Option<&ServeError>) {
     let Some(rollout) = &routed.rollout else { return };
     let failed = error.is_some_and(|e| !matches!(e.class, Class::BadRequest | Class::NotFound | Class::TooLarge));
-    rollout.observations.record(routed.role, started.elapsed(), failed);
+    rollout.observations.record(routed.role, ran, failed);
 }
 
 /// Starts the copy of an answered request on the other side of its
-/// rollout, off the response path: a shadow copy goes to the rollout's
-/// lowered runner; a paired copy is awaited by a task of its own, and
-/// dropped and counted when the stable version has no instance free.
+/// rollout, from a task of its own, so that the answer goes back first: a
+/// shadow copy goes to the rollout's lowered runner; a paired copy takes a
+/// free instance of the other version, or is dropped and counted when it
+/// has none. It never runs on an async worker.
 fn compare(routed: &Target, inputs: Vec<Tensor>, outputs: &[Tensor]) {
-    let (Some(rollout), Some((other, role))) = (&routed.rollout, &routed.compare) else { return };
-    let side = baton_core::rollout::Compare { rollout, other, role: *role };
-    let Some(mut copy) = side.start(inputs, outputs) else { return };
+    let (Some(rollout), Some((other, role))) = (routed.rollout.clone(), routed.compare.clone()) else { return };
     let answered = outputs.to_vec();
-    let started = Instant::now();
     tokio::spawn(async move {
+        let side = baton_core::rollout::Compare { rollout: &rollout, other: &other, role };
+        let Some(mut copy) = side.start(inputs, &answered) else { return };
         let outcome = (&mut copy.pending).await;
-        copy.finish(&answered, outcome, started.elapsed());
+        copy.finish(&answered, outcome);
     });
 }
 

@@ -187,7 +187,7 @@ fn a_candidate_the_guards_roll_back_stays_out_after_a_restart() {
     // Windows of 300 ms with 20 samples a side, drift guarded: version 2
     // (other weights) fails its first judged window.
     let policy = "[rollout]\nauto = true\nsteps = [50, 100]\ninterval_ms = 300\n\
-                  [rollout.guards]\nmin_samples = 20\nmax_p99_ratio = 1e9\nmax_rel_l2 = 0.05";
+                  [rollout.guards]\nmin_samples = 20\nmax_rel_l2 = 0.05";
     let repo = repo_with("m", &[1], policy);
     let mut server = start(&repo, &[]);
     server.wait_settled("m", 1);

@@ -16,7 +16,7 @@ mod common;
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
 
-use baton_core::rollout::assign::bucket;
+use baton_core::rollout::assign::{bucket, salt};
 use baton_protocol::grpc::pb_baton;
 use baton_testkit::repo::TestRepo;
 use baton_testkit::server::{Answer, Client, PATIENCE, Server, eventually};
@@ -77,12 +77,12 @@ fn assert_rollout(answer: &Value, serving: u64, phase: &str) {
     assert_eq!(answer["rollout"]["stable"], 1, "{answer}");
 }
 
-/// A sticky key on the candidate's side at `weight` basis points, or on
-/// the stable side.
+/// A sticky key on the candidate's side (version 2 of `m`) at `weight`
+/// basis points, or on the stable side.
 fn key(candidate: bool, weight: u32) -> String {
     (0..)
         .map(|i| format!("user-{i}"))
-        .find(|k| (bucket(k.as_bytes()) < weight) == candidate)
+        .find(|k| (bucket(salt("m", 2), k.as_bytes()) < weight) == candidate)
         .expect("a key on each side")
 }
 

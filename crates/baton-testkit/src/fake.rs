@@ -16,6 +16,15 @@
 //! For memory accounting: a version holding `ballast` (a number of MiB)
 //! keeps that much memory resident while loaded, and one also holding
 //! `leak` never gives it back — its ballast is leaked when it is freed.
+//!
+//! For rollout guards: a version holding `work` (a number) does that many
+//! thousand rounds of arithmetic on each inference, on the calling thread,
+//! so that two versions' costs in CPU compare as their numbers do,
+//! however the threads are scheduled; one
+//! holding `nan-from` (a number) answers NaN for every row whose first
+//! element is at least that number; one holding `fail-when-told` fails
+//! every inference while the backend's failure switch is on
+//! ([`FakeBackend::failures`]).
 
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -89,6 +98,7 @@ pub struct FakeBackend {
     gate: Option<Gate>,
     calls: Arc<Mutex<Vec<usize>>>,
     threads: Arc<Mutex<Vec<String>>>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FakeBackend {
@@ -110,6 +120,12 @@ impl FakeBackend {
     /// The name of the thread that ran each inference so far, in order.
     pub fn threads(&self) -> Arc<Mutex<Vec<String>>> {
         Arc::clone(&self.threads)
+    }
+
+    /// The switch that makes versions holding `fail-when-told` fail every
+    /// inference while it is on.
+    pub fn failures(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.fail)
     }
 }
 
@@ -145,6 +161,19 @@ impl Backend for FakeBackend {
             }
             None => None,
         };
+        let number = |name: &str| -> Result<Option<f64>, BackendError> {
+            match read(name)? {
+                Some(text) => text
+                    .trim()
+                    .parse::<f64>()
+                    .map(Some)
+                    .map_err(|_| BackendError::new("model_invalid", format!("bad {name}"))),
+                None => Ok(None),
+            }
+        };
+        let work = number("work")?.map(|thousands| (thousands * 1000.0) as u64);
+        let nan_from = number("nan-from")?.map(|v| v as f32);
+        let fail = has("fail-when-told").then(|| Arc::clone(&self.fail));
         let ballast = match read("ballast")? {
             Some(mib) => {
                 let mib: usize = mib.trim().parse().map_err(|_| BackendError::new("model_invalid", "bad ballast"))?;
@@ -161,6 +190,9 @@ impl Backend for FakeBackend {
             hold: Mutex::new(hold),
             hold_every,
             panic_on,
+            work,
+            nan_from,
+            fail,
             calls: Arc::clone(&self.calls),
             threads: Arc::clone(&self.threads),
         }))
@@ -175,6 +207,9 @@ struct FakeModel {
     hold: Mutex<Option<Gate>>,
     hold_every: Option<Gate>,
     panic_on: Option<f32>,
+    work: Option<u64>,
+    nan_from: Option<f32>,
+    fail: Option<Arc<std::sync::atomic::AtomicBool>>,
     calls: Arc<Mutex<Vec<usize>>>,
     threads: Arc<Mutex<Vec<String>>>,
 }
@@ -219,11 +254,29 @@ impl Model for FakeModel {
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
         let thread = std::thread::current().name().unwrap_or_default().to_owned();
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread);
+        if let Some(rounds) = self.work {
+            // Busy on this thread's CPU, as a heavier model would be.
+            let mut acc: u64 = 0x9e37_79b9_7f4a_7c15;
+            for i in 0..rounds {
+                acc = std::hint::black_box(acc.rotate_left(5) ^ i).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            std::hint::black_box(acc);
+        }
+        if self.fail.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst)) {
+            return Err(BackendError::new("inference_failed", "the fake engine fails, as told"));
+        }
         let x = inputs
             .first()
             .and_then(Tensor::to_f32)
             .ok_or_else(|| BackendError::new("inference_failed", "input x must be FP32"))?;
-        let y: Vec<f32> = x.iter().map(|v| v * self.scale).collect();
+        let mut y: Vec<f32> = x.iter().map(|v| v * self.scale).collect();
+        if let Some(from) = self.nan_from {
+            for row in y.chunks_mut(4).zip(x.chunks(4)) {
+                if row.1.first().is_some_and(|first| *first >= from) {
+                    row.0.iter_mut().for_each(|v| *v = f32::NAN);
+                }
+            }
+        }
         Ok(vec![Tensor::from_f32("y", inputs[0].shape.clone(), &y)])
     }
 }

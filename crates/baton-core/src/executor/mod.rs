@@ -50,9 +50,16 @@ use crate::tensor::Tensor;
 /// The answer to one request.
 pub type Answer = Result<Vec<Tensor>, InferError>;
 
+/// An answer and the CPU time the engine's run took on the thread that ran
+/// it (`None` when nothing ran, or the platform keeps no thread clock).
+pub type Timed = (Answer, Option<std::time::Duration>);
+
 /// A request waiting for, or being run by, a session thread.
 pub(crate) struct Job {
     id: u64,
+    /// A comparison copy, given a free instance of its own: it waits in no
+    /// queue and counts against no admission bound.
+    copy: bool,
     /// Its inputs, checked against the signature.
     pub(crate) inputs: Vec<Tensor>,
     /// Its rows along the batch dimension.
@@ -60,15 +67,15 @@ pub(crate) struct Job {
     /// When it was queued.
     pub(crate) arrived: Instant,
     deadline: Option<Instant>,
-    reply: oneshot::Sender<Answer>,
+    reply: oneshot::Sender<Timed>,
 }
 
 impl Job {
     /// A job and the receiver of its answer.
-    pub(crate) fn new(id: u64, inputs: Vec<Tensor>, deadline: Option<Instant>) -> (Job, oneshot::Receiver<Answer>) {
+    pub(crate) fn new(id: u64, inputs: Vec<Tensor>, deadline: Option<Instant>) -> (Job, oneshot::Receiver<Timed>) {
         let (reply, rx) = oneshot::channel();
         let rows = rows_of(&inputs);
-        (Job { id, inputs, rows, arrived: Instant::now(), deadline, reply }, rx)
+        (Job { id, copy: false, inputs, rows, arrived: Instant::now(), deadline, reply }, rx)
     }
 
     /// Whether nobody waits for the answer any more, or it would come after
@@ -94,8 +101,13 @@ struct Shared {
 
 struct State {
     jobs: VecDeque<Job>,
-    /// Requests being run (by a thread, or inline) and not yet answered.
+    /// Per instance, a comparison copy given to it while it was free.
+    assigned: Vec<Option<Job>>,
+    /// Requests being run (by a thread, or inline) and not yet answered,
+    /// comparison copies included.
     running: usize,
+    /// Of those, comparison copies.
+    copies: usize,
     /// Instances no one runs: their threads wait for work.
     free: Vec<usize>,
     /// Whether a thread is waiting for a batch to fill.
@@ -149,7 +161,9 @@ impl Executor {
         let shared = Arc::new(Shared {
             state: Lock::new(State {
                 jobs: VecDeque::new(),
+                assigned: (0..instances).map(|_| None).collect(),
                 running: 0,
+                copies: 0,
                 free: Vec::with_capacity(instances),
                 gathering: false,
                 closed: false,
@@ -210,12 +224,6 @@ impl Executor {
         Load { queued: state.jobs.len(), running: state.running }
     }
 
-    /// Whether an instance is free and no request waits for one.
-    pub fn has_spare(&self) -> bool {
-        let state = self.shared.state.lock();
-        state.jobs.is_empty() && !state.free.is_empty()
-    }
-
     /// Whether a request would be admitted now. A hint, for refusing a
     /// request before its body is read; [`Executor::submit`] decides.
     pub fn would_admit(&self) -> bool {
@@ -246,7 +254,8 @@ impl Executor {
         if state.closed || self.threads.is_empty() {
             return Err(Refusal::Stopped);
         }
-        self.shared.limits.admit(state.jobs.len(), state.running, state.free.len()).map_err(Refusal::Shed)?;
+        let running = state.running - state.copies;
+        self.shared.limits.admit(state.jobs.len(), running, state.free.len()).map_err(Refusal::Shed)?;
         if inline
             && state.jobs.is_empty()
             && !state.gathering
@@ -266,14 +275,43 @@ impl Executor {
             self.shared.wake_one(&state);
         }
         drop(state);
-        Ok(Pending { rx, id, shared: Arc::clone(&self.shared), settled: false, answered: None })
+        Ok(Pending::queued(rx, id, &self.shared))
+    }
+
+    /// Queues a comparison copy only if an instance is free and nobody
+    /// waits, giving it that instance in the same step: it never waits in
+    /// the queue ahead of a request, never runs on the caller's thread, and
+    /// counts against no admission bound. Refused (`Shed`) otherwise.
+    pub(crate) fn submit_spare(&self, inputs: Vec<Tensor>) -> Result<Pending, Refusal> {
+        let mut state = self.shared.state.lock();
+        if state.closed || self.threads.is_empty() {
+            return Err(Refusal::Stopped);
+        }
+        if !state.jobs.is_empty() || state.gathering {
+            return Err(Refusal::Shed(crate::admission::Shed::QueueFull));
+        }
+        let Some(instance) = state.free.pop() else {
+            return Err(Refusal::Shed(crate::admission::Shed::QueueFull));
+        };
+        state.running += 1;
+        state.copies += 1;
+        let id = state.next_id;
+        state.next_id += 1;
+        let (mut job, rx) = Job::new(id, inputs, None);
+        job.copy = true;
+        state.assigned[instance] = Some(job);
+        self.shared.work[instance].notify_one();
+        drop(state);
+        Ok(Pending::queued(rx, id, &self.shared))
     }
 
     /// Runs one request on `instance`, taken out of the free ones, on the
     /// calling thread; then frees the instance again.
-    fn run_inline(&self, instance: usize, inputs: &[Tensor]) -> Answer {
+    fn run_inline(&self, instance: usize, inputs: &[Tensor]) -> Timed {
+        let cpu = crate::sys::thread_cpu_time();
         let started = Instant::now();
         let answer = session::run_one(self.engine.as_ref(), instance, inputs);
+        let ran = session::cpu_since(cpu);
         self.shared.cost.record(rows_of(inputs), started.elapsed());
         let mut state = self.shared.state.lock();
         state.running -= 1;
@@ -282,7 +320,7 @@ impl Executor {
             // Requests queued meanwhile; this instance's thread takes them.
             self.shared.work[instance].notify_one();
         }
-        answer
+        (answer, ran)
     }
 
     /// Stops the threads once they finish what they run; requests still
@@ -301,7 +339,8 @@ impl Executor {
         let jobs = {
             let mut state = self.shared.state.lock();
             state.closed = true;
-            std::mem::take(&mut state.jobs)
+            let copies: Vec<Job> = state.assigned.iter_mut().filter_map(Option::take).collect();
+            (std::mem::take(&mut state.jobs), copies)
         };
         for work in &self.shared.work {
             work.notify_all();
@@ -332,18 +371,31 @@ pub(crate) enum Refusal {
 /// answer takes the request out of the queue if it still waits there, so a
 /// request whose client gave up is never run.
 pub struct Pending {
-    rx: oneshot::Receiver<Answer>,
+    rx: oneshot::Receiver<Timed>,
     id: u64,
     shared: Arc<Shared>,
     settled: bool,
     /// The answer of a request run inline.
-    answered: Option<Answer>,
+    answered: Option<Timed>,
+    /// The CPU time of the engine's run, once answered.
+    engine_time: Option<std::time::Duration>,
 }
 
 impl Pending {
-    fn answered(answer: Answer, shared: &Arc<Shared>) -> Pending {
+    fn queued(rx: oneshot::Receiver<Timed>, id: u64, shared: &Arc<Shared>) -> Pending {
+        Pending { rx, id, shared: Arc::clone(shared), settled: false, answered: None, engine_time: None }
+    }
+
+    fn answered(answer: Timed, shared: &Arc<Shared>) -> Pending {
         let rx = oneshot::channel().1;
-        Pending { rx, id: u64::MAX, shared: Arc::clone(shared), settled: true, answered: Some(answer) }
+        Pending {
+            rx,
+            id: u64::MAX,
+            shared: Arc::clone(shared),
+            settled: true,
+            answered: Some(answer),
+            engine_time: None,
+        }
     }
 
     /// Takes the request back: `Expired::Queued` if it still waited (it
@@ -354,15 +406,26 @@ impl Pending {
         if self.shared.withdraw(self.id) { Expired::Queued } else { Expired::Running }
     }
 
+    /// The CPU time the engine's run took on the thread that ran it, once
+    /// the answer came; `None` before, or when nothing ran.
+    pub fn engine_time(&self) -> Option<std::time::Duration> {
+        self.engine_time
+    }
+
     /// Blocks the calling thread until the answer comes. For synchronous
     /// callers only: an async task awaits the `Pending` instead.
-    pub fn wait(mut self) -> Answer {
+    pub fn wait(self) -> Answer {
+        self.wait_timed().0
+    }
+
+    /// [`Pending::wait`], with the engine's CPU time.
+    pub fn wait_timed(mut self) -> Timed {
         if let Some(answer) = self.answered.take() {
             return answer;
         }
         let answer = std::mem::replace(&mut self.rx, oneshot::channel().1).blocking_recv();
         self.settled = true;
-        answer.unwrap_or(Err(InferError::Stopped))
+        answer.unwrap_or((Err(InferError::Stopped), None))
     }
 }
 
@@ -371,12 +434,15 @@ impl std::future::Future for Pending {
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Answer> {
         let this = self.get_mut();
-        if let Some(answer) = this.answered.take() {
+        if let Some((answer, ran)) = this.answered.take() {
+            this.engine_time = ran;
             return std::task::Poll::Ready(answer);
         }
         std::pin::Pin::new(&mut this.rx).poll(cx).map(|answer| {
             this.settled = true;
-            answer.unwrap_or(Err(InferError::Stopped))
+            let (answer, ran) = answer.unwrap_or((Err(InferError::Stopped), None));
+            this.engine_time = ran;
+            answer
         })
     }
 }

@@ -17,21 +17,31 @@ pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize, starte
     let _ = started.send(());
     drop(started);
     while let Some(batch) = next(shared, instance) {
+        let cpu = crate::sys::thread_cpu_time();
         let started = Instant::now();
         let answers = run(engine, instance, &batch);
+        let ran = cpu_since(cpu);
         shared.cost.record(batch.iter().map(|j| j.rows).sum(), started.elapsed());
         let count = batch.len();
+        let copies = batch.iter().filter(|j| j.copy).count();
         {
             // Counted out before the answers go, so a client that sends its
             // next request as soon as it has this answer finds the room.
             let mut state = shared.state.lock();
             state.running -= count;
+            state.copies -= copies;
             state.free.push(instance);
         }
         for (job, answer) in batch.into_iter().zip(answers) {
-            let _ = job.reply.send(answer);
+            let _ = job.reply.send((answer, ran));
         }
     }
+}
+
+/// The CPU time this thread used since `start` (a reading of
+/// [`crate::sys::thread_cpu_time`]).
+pub(super) fn cpu_since(start: Option<std::time::Duration>) -> Option<std::time::Duration> {
+    Some(crate::sys::thread_cpu_time()?.saturating_sub(start?))
 }
 
 /// Runs `work`, turning a panic of the engine into its message. The
@@ -71,11 +81,19 @@ pub(super) fn run_one(engine: &dyn Model, instance: usize, inputs: &[Tensor]) ->
 fn next(shared: &Shared, instance: usize) -> Option<Vec<Job>> {
     let mut state = shared.state.lock();
     loop {
-        while !state.closed && (state.jobs.is_empty() || state.gathering || !state.free.contains(&instance)) {
+        while !state.closed
+            && state.assigned[instance].is_none()
+            && (state.jobs.is_empty() || state.gathering || !state.free.contains(&instance))
+        {
             state = shared.work[instance].wait(state).unwrap_or_else(|e| e.into_inner());
         }
         if state.closed {
             return None;
+        }
+        // A comparison copy given to this instance while it was free: the
+        // instance is out of the free ones and counted running already.
+        if let Some(copy) = state.assigned[instance].take() {
+            return Some(vec![copy]);
         }
         state.free.retain(|&i| i != instance);
         if let Some(batching) = shared.batching {
@@ -96,7 +114,7 @@ fn next(shared: &Shared, instance: usize) -> Option<Vec<Job>> {
         }
         drop(state);
         for job in lapsed {
-            let _ = job.reply.send(Err(InferError::DeadlineExceeded { at: Expired::Queued }));
+            let _ = job.reply.send((Err(InferError::DeadlineExceeded { at: Expired::Queued }), None));
         }
         if !batch.is_empty() {
             return Some(batch);

@@ -243,3 +243,29 @@ fn stopping_answers_what_is_still_queued() {
     held.wait().unwrap();
     stopping.join().unwrap();
 }
+
+#[test]
+fn a_comparison_copy_takes_a_free_instance_at_once_or_is_refused_and_never_counts_against_admission() {
+    let engine = Scripted::closed();
+    // One session, room for one waiting request and one in flight.
+    let limits = Limits { max_queue: 1, max_in_flight: 1 };
+    let executor = Executor::start(Arc::clone(&engine) as Arc<dyn Model>, limits, None, Duration::ZERO);
+    // The instance is free: the copy takes it, on the session thread.
+    let copy = executor.submit_spare(rows(1, 0.0)).unwrap();
+    engine.until_held(1);
+    assert_eq!(executor.load().queued, 0, "the copy waits in no queue");
+    // No instance is free now: a second copy is refused, never queued.
+    assert!(matches!(executor.submit_spare(rows(1, 1.0)), Err(Refusal::Shed(Shed::QueueFull))));
+    // Requests are admitted as if the copy were not there: the one
+    // request in flight the bound allows waits for the instance.
+    let first = executor.submit(rows(1, 2.0), None, false).unwrap();
+    until_queued(&executor, 1);
+    assert!(executor.submit_spare(rows(1, 3.0)).is_err(), "a copy never queues behind a request");
+    engine.open();
+    let (answer, ran) = copy.wait_timed();
+    assert!(answer.is_ok());
+    assert!(ran.is_some(), "the engine's run is timed");
+    assert!(first.wait().is_ok());
+    let threads: Vec<String> = engine.calls.lock().unwrap().iter().map(|(_, t)| t.clone()).collect();
+    assert!(threads.iter().all(|t| t == "baton-session"), "{threads:?}");
+}

@@ -51,7 +51,8 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
     let model = run.model().to_owned();
     let refused = |model: &str, reason: String| LoadError::RolloutRefused { model: model.to_owned(), reason };
     let plan = match start.plan.clone() {
-        Some(plan) => Ok(plan),
+        // A plan restored or sent whole is checked as a new one is.
+        Some(plan) => plan.check(start.steered).map(|()| plan).map_err(|e| refused(&model, e.to_string())),
         None => Plan::new(&candidate.spec().rollout, &start.overrides).map_err(|e| refused(&model, e.to_string())),
     };
     let plan = match plan {
@@ -64,6 +65,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         mode: plan.mode,
         weight: plan.steps[start.step.min(plan.steps.len() - 1)],
         paired: plan.paired,
+        salt: crate::rollout::assign::salt(&model, candidate.number()),
         observations: Arc::clone(&observations),
         copies: Arc::new(CopyGate::new(plan.queue)),
         shadow: None,
@@ -157,6 +159,9 @@ pub(crate) fn promote(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(),
     let change: Change = Box::new(move |models| {
         let route = models.get_mut(&model)?;
         let rollout = route.rollout.take()?;
+        if let Some(shadow) = &rollout.shadow {
+            shadow.stop();
+        }
         let old = std::mem::replace(&mut route.stable, rollout.candidate);
         let replaced = old.number();
         route.previous.retain(|v| v.number() != candidate);
@@ -180,7 +185,13 @@ pub(crate) fn remove(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), 
     };
     let mut run = Run::new(inner, busy, Operation::Abort);
     run.version = Some(stable);
-    let change: Change = Box::new(move |models| models.get_mut(&model)?.rollout.take().map(|r| r.candidate.number()));
+    let change: Change = Box::new(move |models| {
+        let rollout = models.get_mut(&model)?.rollout.take()?;
+        if let Some(shadow) = &rollout.shadow {
+            shadow.stop();
+        }
+        Some(rollout.candidate.number())
+    });
     run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }

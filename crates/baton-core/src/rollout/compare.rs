@@ -8,13 +8,17 @@
 //! FP32 stable version compares value by value). `BYTES` outputs are not
 //! compared.
 //!
-//! A NaN on either side makes every statistic of that comparison NaN, so
-//! that the guards see it and call the window inconclusive instead of
-//! passing or failing on numbers that are not there.
+//! Elements that are not finite are compared as values, not computed
+//! with: NaN against NaN, and an infinity against the same infinity, agree
+//! (they add nothing to the sums); a NaN or an infinity against anything
+//! else is a mismatch of the whole output. A candidate that answers NaN
+//! where the stable version has a number is as wrong as it gets, and the
+//! guards must fail it, not shrug.
 //!
 //! Outputs that cannot be compared element by element are *mismatched*:
 //! the candidate left the output out, its shape differs, one side is
-//! `BYTES` and the other is not, or the data does not fill the shape. A
+//! `BYTES` and the other is not, the data does not fill the shape, or an
+//! element is not finite on one side only (see above). A
 //! mismatch is the worst drift there is, and counts as such: infinite max
 //! difference and relative L2, cosine −1, and no agreeing row.
 
@@ -46,8 +50,9 @@ pub struct Top1 {
     /// Rows whose highest score is the same class on both sides (the first
     /// one, on a tie).
     pub agreeing: u64,
-    /// Rows with a NaN on either side: their agreement is unknown, and so
-    /// is the share of the whole output.
+    /// Rows whose agreement is unknown. Nothing counts here any more (a NaN
+    /// on one side only is a mismatch, on both sides agreement); kept so
+    /// that sums a server of an earlier version publishes still merge.
     pub unknown: u64,
 }
 
@@ -101,7 +106,8 @@ pub fn compare(stable: &Tensor, candidate: &Tensor) -> Option<Comparison> {
     let classes = if candidate.datatype.is_float() { class_rows(stable).map(|(_, c)| c) } else { None };
     let s_values = s_bytes.chunks_exact(s_size).map(|b| decode(stable.datatype, b));
     let c_values = c_bytes.chunks_exact(c_size).map(|b| decode(candidate.datatype, b));
-    Some(Sums::over(s_values.zip(c_values), classes).finish())
+    let sums = Sums::over(s_values.zip(c_values), classes);
+    Some(if sums.one_sided { Comparison::mismatch(stable) } else { sums.finish() })
 }
 
 /// The rows and classes of an output that looks like class scores: a float
@@ -145,7 +151,8 @@ fn decode(datatype: DataType, b: &[u8]) -> f64 {
 /// The running sums of one comparison, in one pass over the elements.
 #[derive(Default)]
 struct Sums {
-    nan: bool,
+    /// An element was not finite on one side only: a mismatch.
+    one_sided: bool,
     max_abs: f64,
     diff2: f64,
     stable2: f64,
@@ -168,20 +175,28 @@ impl Sums {
         let mut sums = Sums { top1: classes.map(|_| Top1::default()), ..Sums::default() };
         let classes = classes.unwrap_or(0);
         let mut row: Option<(Best, Best)> = None;
-        let mut row_nan = false;
         for (i, (s, c)) in pairs.enumerate() {
-            if s.is_nan() || c.is_nan() {
-                sums.nan = true;
-                row_nan = true;
+            let (s, c) = if s.is_finite() && c.is_finite() {
+                (s, c)
+            } else if s.is_nan() && c.is_nan() || s == c {
+                // NaN against NaN, an infinity against the same infinity:
+                // equal, and nothing to add. As class scores, both sides
+                // rank it the lowest.
+                (f64::NEG_INFINITY, f64::NEG_INFINITY)
+            } else {
+                sums.one_sided = true;
+                return sums;
+            };
+            if s.is_finite() {
+                let d = c - s;
+                if d.abs() > sums.max_abs {
+                    sums.max_abs = d.abs();
+                }
+                sums.diff2 += d * d;
+                sums.stable2 += s * s;
+                sums.candidate2 += c * c;
+                sums.dot += s * c;
             }
-            let d = c - s;
-            if d.abs() > sums.max_abs {
-                sums.max_abs = d.abs();
-            }
-            sums.diff2 += d * d;
-            sums.stable2 += s * s;
-            sums.candidate2 += c * c;
-            sums.dot += s * c;
             if classes == 0 {
                 continue;
             }
@@ -197,27 +212,15 @@ impl Sums {
                 && let (Some(top1), Some((bs, bc))) = (&mut sums.top1, row)
             {
                 top1.rows += 1;
-                if row_nan {
-                    top1.unknown += 1;
-                } else if bs.index == bc.index {
+                if bs.index == bc.index {
                     top1.agreeing += 1;
                 }
-                row_nan = false;
             }
         }
         sums
     }
 
     fn finish(self) -> Comparison {
-        if self.nan {
-            return Comparison {
-                max_abs_diff: f64::NAN,
-                rel_l2: f64::NAN,
-                cosine: f64::NAN,
-                top1: self.top1,
-                mismatched: false,
-            };
-        }
         let (stable, candidate) = (self.stable2.sqrt(), self.candidate2.sqrt());
         let rel_l2 = match (stable == 0.0, candidate == 0.0) {
             (true, true) => 0.0,
@@ -281,16 +284,30 @@ mod tests {
     }
 
     #[test]
-    fn a_nan_on_either_side_makes_every_statistic_nan() {
+    fn a_value_that_is_not_finite_on_one_side_only_is_a_mismatch() {
         let s = f32s(vec![2, 2], &[0.1, 0.9, 0.8, 0.2]);
-        let c = f32s(vec![2, 2], &[0.1, 0.9, f32::NAN, 0.2]);
-        for got in [compare(&s, &c).unwrap(), compare(&c, &s).unwrap()] {
-            assert!(got.max_abs_diff.is_nan() && got.rel_l2.is_nan() && got.cosine.is_nan(), "{got:?}");
-            assert_eq!(got.top1, Some(Top1 { rows: 2, agreeing: 1, unknown: 1 }));
+        for odd in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let c = f32s(vec![2, 2], &[0.1, 0.9, odd, 0.2]);
+            for got in [compare(&s, &c).unwrap(), compare(&c, &s).unwrap()] {
+                assert!(got.mismatched, "{odd} against a number: {got:?}");
+                assert_eq!((got.rel_l2, got.cosine), (f64::INFINITY, -1.0));
+            }
         }
-        // Even where the stable side is all zeros.
-        let got = compare(&f32s(vec![1], &[0.0]), &f32s(vec![1], &[f32::NAN])).unwrap();
-        assert!(got.rel_l2.is_nan() && got.cosine.is_nan());
+        let inf_against_minus = compare(&f32s(vec![1], &[f32::INFINITY]), &f32s(vec![1], &[f32::NEG_INFINITY]));
+        assert!(inf_against_minus.unwrap().mismatched);
+    }
+
+    #[test]
+    fn the_same_value_that_is_not_finite_on_both_sides_agrees() {
+        let s = f32s(vec![2, 2], &[0.1, 0.9, f32::NAN, f32::INFINITY]);
+        let got = compare(&s, &s).unwrap();
+        assert!(!got.mismatched, "{got:?}");
+        assert_eq!((got.max_abs_diff, got.rel_l2, got.cosine), (0.0, 0.0, 1.0));
+        assert_eq!(got.top1, Some(Top1 { rows: 2, agreeing: 2, unknown: 0 }));
+        // The finite elements are still compared.
+        let c = f32s(vec![2, 2], &[0.1, 0.5, f32::NAN, f32::INFINITY]);
+        let got = compare(&s, &c).unwrap();
+        assert!(!got.mismatched && (got.max_abs_diff - 0.4).abs() < 1e-6, "{got:?}");
     }
 
     #[test]

@@ -42,6 +42,34 @@ impl Default for Guards {
     }
 }
 
+impl Guards {
+    /// Refuses thresholds no window could be judged by: each must be a
+    /// finite number on the side that makes sense (a ratio above 0, a
+    /// distance or an increase at least 0, a cosine in [-1, 1], an
+    /// agreement in [0, 1]), and a window needs at least one sample. A NaN
+    /// threshold would pass every window: no comparison with NaN is true.
+    pub fn check(&self) -> Result<(), String> {
+        if self.min_samples == 0 {
+            return Err("min_samples must be at least 1".into());
+        }
+        let within = |name: &str, value: Option<f64>, low: f64, high: f64, open_low: bool| match value {
+            Some(v) if !v.is_finite() || v < low || v > high || (open_low && v == low) => {
+                let low_side = if open_low { "above" } else { "at least" };
+                let range = if high.is_finite() { format!(" and at most {high}") } else { String::new() };
+                Err(format!("guard {name} must be a number {low_side} {low}{range}, not {v}"))
+            }
+            _ => Ok(()),
+        };
+        within("max_error_rate_increase", self.max_error_rate_increase, 0.0, 1.0, false)?;
+        within("max_p99_ratio", self.max_p99_ratio, 0.0, f64::INFINITY, true)?;
+        within("max_abs_diff", self.max_abs_diff, 0.0, f64::INFINITY, false)?;
+        within("max_rel_l2", self.max_rel_l2, 0.0, f64::INFINITY, false)?;
+        within("min_cosine", self.min_cosine, -1.0, 1.0, false)?;
+        within("min_top1_agreement", self.min_top1_agreement, 0.0, 1.0, false)?;
+        Ok(())
+    }
+}
+
 /// What a window came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -102,7 +130,9 @@ pub fn evaluate(guards: &Guards, window: &Window) -> Verdict {
         checks.push(judge(guards, "error_rate_increase", value, threshold, both, Bound::Max));
     }
     if let Some(threshold) = guards.max_p99_ratio {
-        let value = match (window.candidate.p99_ms, window.stable.p99_ms) {
+        // The tail both sides' runs support (p99 with enough of them).
+        let tail = window.tail.as_ref().map(|t| (Some(t.candidate_ms), Some(t.stable_ms)));
+        let value = match tail.unwrap_or((window.candidate.p99_ms, window.stable.p99_ms)) {
             // Both too fast to time apart: the same.
             (Some(candidate), Some(stable)) if candidate == 0.0 && stable == 0.0 => Some(1.0),
             // A ratio to zero says nothing: no value, inconclusive.

@@ -104,6 +104,8 @@ pub struct Rollout {
     /// Its share, in basis points: of the answered requests in canary and
     /// A/B modes, of the stable requests copied to it in shadow mode.
     pub weight: u32,
+    /// What salts the sticky keys' buckets ([`assign::salt`]).
+    pub salt: u64,
     /// Whether requests the candidate answers are also run on the stable
     /// version, off the response path, to compare outputs (canary and A/B
     /// modes).
@@ -183,10 +185,11 @@ impl Compare<'_> {
     /// - A shadow copy goes to the rollout's lowered runner
     ///   ([`shadow`]), which records what it came to itself: `None`.
     /// - A paired copy runs on the stable version only when it has an
-    ///   instance free and nobody waiting, so that it never holds up a
-    ///   request (else it is dropped and counted). The caller awaits
-    ///   [`Copy::pending`] apart from the answer and records what it came
-    ///   to with [`Copy::finish`].
+    ///   instance free and nobody waiting, and takes that instance in the
+    ///   same step, so that it never holds up a request and never waits in
+    ///   a queue (else it is dropped and counted). It never runs on the
+    ///   calling thread. The caller awaits [`Copy::pending`] apart from the
+    ///   answer and records what it came to with [`Copy::finish`].
     pub fn start(&self, inputs: Vec<Tensor>, answered: &[Tensor]) -> Option<Copy> {
         let gate = &self.rollout.copies;
         if gate.running.fetch_add(1, Ordering::Relaxed) >= gate.limit {
@@ -223,33 +226,34 @@ impl Copy {
     /// synchronous callers (tools, tests); an async task awaits
     /// [`Copy::pending`] instead.
     pub fn wait(self, answered: &[Tensor]) {
-        let started = std::time::Instant::now();
         let Copy { pending, role, observations, _slot } = self;
-        let outcome = pending.wait();
-        record_copy(&observations, role, answered, outcome, started.elapsed());
+        let (outcome, ran) = pending.wait_timed();
+        record_copy(&observations, role, answered, outcome, ran);
     }
 
-    /// Records what the copy came to, given the answer the request got
-    /// (`answered`) and how long the copy took. Its latency and failure
+    /// Records what the copy came to, once [`Copy::pending`] resolved, given
+    /// the answer the request got (`answered`). Its engine time and failure
     /// count as its version's, in its role.
-    pub fn finish(self, answered: &[Tensor], outcome: Result<Vec<Tensor>, InferError>, took: std::time::Duration) {
-        record_copy(&self.observations, self.role, answered, outcome, took);
+    pub fn finish(self, answered: &[Tensor], outcome: Result<Vec<Tensor>, InferError>) {
+        let ran = self.pending.engine_time();
+        record_copy(&self.observations, self.role, answered, outcome, ran);
     }
 }
 
 /// Records what a copy run by the version in `role` came to, given the
-/// answer the request got: its latency and failure as that version's, and
-/// the comparison of the two answers.
+/// answer the request got: its engine time and failure as that version's,
+/// and the comparison of the two answers.
 pub(crate) fn record_copy(
     observations: &window::Observations,
     role: Role,
     answered: &[Tensor],
     outcome: Result<Vec<Tensor>, InferError>,
-    took: std::time::Duration,
+    ran: Option<std::time::Duration>,
 ) {
     // A copy counts as its version's request: a canary at 100 % still
-    // gives the stable side of its windows samples.
-    observations.record(role, took, outcome.is_err());
+    // gives the stable side of its windows samples. Its engine time is
+    // measured as an answered request's is, on the thread that ran it.
+    observations.record(role, ran, outcome.is_err());
     match (role, outcome) {
         (Role::Candidate, Ok(candidate)) => observations.record_comparison(answered, &candidate),
         (_, Ok(stable)) => observations.record_comparison(&stable, answered),

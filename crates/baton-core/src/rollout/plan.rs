@@ -147,13 +147,52 @@ impl Plan {
             queue: policy.queue,
             guards: overrides.guards.clone().unwrap_or_else(|| policy.guards.clone()),
         };
-        if plan.interval_ms < 10 {
-            return Err(PlanError(format!("interval_ms must be at least 10, not {}", plan.interval_ms)));
+        plan.check(false)?;
+        Ok(plan)
+    }
+
+    /// Refuses a plan that cannot run, wherever it comes from: an
+    /// operator's request, the model's section, the state file a restart
+    /// reads, or a fleet's coordinator. Only a `steered` plan (a fleet's)
+    /// may start at 0 %: the coordinator raises it.
+    pub fn check(&self, steered: bool) -> Result<(), PlanError> {
+        let Some(&first) = self.steps.first() else {
+            return Err(PlanError("a rollout needs at least one step".to_owned()));
+        };
+        if first == 0 && !steered {
+            return Err(PlanError("the first step must be above 0 %".to_owned()));
         }
-        if plan.failure_limit == 0 || plan.max_inconclusive == 0 {
+        for pair in self.steps.windows(2) {
+            if pair[1] <= pair[0] {
+                return Err(PlanError(format!(
+                    "steps must rise: {}% after {}% would move users back to the stable version",
+                    super::control::percent(pair[1]),
+                    super::control::percent(pair[0])
+                )));
+            }
+        }
+        if self.steps.iter().any(|&s| s > FULL) {
+            return Err(PlanError("a step may not exceed 100 %".to_owned()));
+        }
+        if self.interval_ms < 10 {
+            return Err(PlanError(format!("interval_ms must be at least 10, not {}", self.interval_ms)));
+        }
+        if self.failure_limit == 0 || self.max_inconclusive == 0 {
             return Err(PlanError("failure_limit and max_inconclusive must be at least 1".to_owned()));
         }
-        Ok(plan)
+        if self.queue == 0 {
+            return Err(PlanError("queue must be at least 1".to_owned()));
+        }
+        // At 100 % the stable version answers nothing: without paired
+        // copies there is no stable side to judge the candidate against.
+        if !self.paired && self.mode != Mode::Shadow && self.steps.contains(&FULL) {
+            return Err(PlanError(
+                "an unpaired canary or A/B rollout cannot be judged at a step of 100 %, where the stable \
+                 version answers nothing; set paired = true or stop below 100 %"
+                    .to_owned(),
+            ));
+        }
+        self.guards.check().map_err(PlanError)
     }
 
     /// The window length.

@@ -7,13 +7,18 @@
 //! CPU from answers.
 //!
 //! A lowered thread takes no lock serving threads take, so what a copy
-//! came to (its latency, its outputs' comparison) is recorded by the
+//! came to (its engine time, its outputs' comparison) is recorded by the
 //! registry's agent, and the runner hands its reference to the candidate
 //! to the agent too when it ends, so that the version is never freed on
 //! it.
+//!
+//! The runner stops with its rollout: once the candidate leaves the route
+//! or becomes stable, the copies still queued are dropped unrun, so that
+//! no idle-priority thread keeps running what is now the stable version's
+//! sessions.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::window::Observations;
 use super::{Role, Slot, record_copy};
@@ -35,6 +40,7 @@ pub(crate) struct Job {
 #[derive(Clone)]
 pub struct Shadow {
     tx: Sender<Job>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Shadow {
@@ -53,21 +59,31 @@ impl Shadow {
         nice: i32,
         idle: bool,
     ) -> std::io::Result<Shadow> {
+        let stopped = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&stopped);
         let tx = crate::sync::spawn_receiver::<Job>("baton-shadow", move |jobs| {
             crate::agent::lower_current_thread(&agent, nice, idle);
             while let Some(job) = jobs.recv() {
-                let started = Instant::now();
-                let outcome = candidate.run_here(&job.inputs);
-                let took = started.elapsed();
+                if seen.load(Ordering::Acquire) {
+                    // The rollout ended: dropped unrun.
+                    continue;
+                }
+                let (outcome, ran) = candidate.run_here(&job.inputs);
                 let observations = Arc::clone(&observations);
                 let Job { answered, slot, .. } = job;
                 drop(slot);
-                agent.send(move || record_copy(&observations, Role::Candidate, &answered, outcome, took));
+                agent.send(move || record_copy(&observations, Role::Candidate, &answered, outcome, ran));
             }
             // The version is let go of at serving priority.
             agent.send(move || drop(candidate));
         })?;
-        Ok(Shadow { tx })
+        Ok(Shadow { tx, stopped })
+    }
+
+    /// Stops running copies: the rollout's candidate left the route or
+    /// became stable. Copies queued now are dropped unrun.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
     }
 
     /// Queues a copy; gives it back when the runner is gone.

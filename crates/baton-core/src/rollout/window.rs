@@ -31,9 +31,11 @@ struct State {
 }
 
 impl Observations {
-    /// Counts one request `role` answered (or failed) in `latency`. Requests
-    /// to [`Role::Previous`] are not counted.
-    pub fn record(&self, role: Role, latency: Duration, failed: bool) {
+    /// Counts one request `role` answered (or failed), with the CPU time its
+    /// engine run took when it ran (see [`super::compare`]'s callers: every
+    /// sample of either side is that same measure). Requests to
+    /// [`Role::Previous`] are not counted.
+    pub fn record(&self, role: Role, latency: Option<Duration>, failed: bool) {
         let mut state = self.state.lock();
         let side = match role {
             Role::Stable => &mut state.open.stable,
@@ -42,7 +44,9 @@ impl Observations {
         };
         side.requests += 1;
         side.errors += u64::from(failed);
-        side.latency.record(latency);
+        if let Some(latency) = latency {
+            side.latency.record(latency);
+        }
     }
 
     /// Compares the outputs the stable version gave for one request with
@@ -150,7 +154,18 @@ impl Sums {
 
     /// The window these sums make: counts, p99s and drift means.
     pub fn window(&self) -> Window {
+        let timed = self.stable.latency.total.min(self.candidate.latency.total);
+        let tail = (timed > 0).then(|| {
+            let quantile = tail_quantile(timed);
+            Tail {
+                quantile,
+                samples: timed,
+                stable_ms: self.stable.latency.quantile_ms(quantile).unwrap_or_default(),
+                candidate_ms: self.candidate.latency.quantile_ms(quantile).unwrap_or_default(),
+            }
+        });
         Window {
+            tail,
             stable: self.stable.side(),
             candidate: self.candidate.side(),
             outputs: self
@@ -227,8 +242,9 @@ impl Drift {
         self.add_top1(&other.top1);
     }
 
-    /// Means over the samples; a NaN anywhere stays NaN. Only called with
-    /// samples.
+    /// Means over the samples; a NaN anywhere stays NaN (a comparison
+    /// gives none now, but sums from an earlier server may). Only called
+    /// with samples.
     fn output(&self) -> OutputDrift {
         let n = self.samples as f64;
         let top1_agreement = (self.top1.rows > 0)
@@ -371,9 +387,41 @@ fn bucket_bounds(index: usize) -> (f64, Option<f64>) {
     (((EXACT + sub) << shift) as f64, Some(((EXACT + sub + 1) << shift) as f64))
 }
 
+/// Timed runs a tail quantile leaves above it, at least: the p99 of fewer
+/// than 2,000 runs is read lower, at the quantile these many runs lie
+/// above, so that one or two slow runs (a page fault, an interrupt) do not
+/// decide a window on their own.
+pub const TAIL_RUNS: u64 = 20;
+
+/// The quantile the latency guard reads for `runs` timed runs per side:
+/// 0.99, or lower when fewer than `100 × TAIL_RUNS` runs cannot support it.
+pub fn tail_quantile(runs: u64) -> f64 {
+    if runs == 0 {
+        return 0.99;
+    }
+    (1.0 - TAIL_RUNS as f64 / runs as f64).clamp(0.5, 0.99)
+}
+
+/// Both sides' latency at one tail quantile, the one both sides' timed runs
+/// support (see [`tail_quantile`]).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Tail {
+    /// The quantile read: 0.99 with enough runs, else lower.
+    pub quantile: f64,
+    /// Timed runs of the side with fewer.
+    pub samples: u64,
+    /// The stable side's engine time at that quantile, in milliseconds.
+    pub stable_ms: f64,
+    /// The candidate's.
+    pub candidate_ms: f64,
+}
+
 /// What one window (or the whole rollout) observed.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Window {
+    /// Both sides' latency at the tail quantile the guard reads; `None`
+    /// until both sides have a timed run.
+    pub tail: Option<Tail>,
     /// Requests the stable version answered.
     pub stable: Side,
     /// Requests the candidate answered, on the response path (canary, A/B)
@@ -443,10 +491,10 @@ mod tests {
     #[test]
     fn requests_count_per_role_and_previous_is_ignored() {
         let o = Observations::default();
-        o.record(Role::Stable, ms(1), false);
-        o.record(Role::Stable, ms(1), true);
-        o.record(Role::Candidate, ms(2), false);
-        o.record(Role::Previous, ms(3), true);
+        o.record(Role::Stable, Some(ms(1)), false);
+        o.record(Role::Stable, Some(ms(1)), true);
+        o.record(Role::Candidate, Some(ms(2)), false);
+        o.record(Role::Previous, Some(ms(3)), true);
         let w = o.take();
         assert_eq!((w.stable.requests, w.stable.errors), (2, 1));
         assert_eq!((w.candidate.requests, w.candidate.errors), (1, 0));
@@ -459,8 +507,8 @@ mod tests {
         for (i, o) in [&a, &b].into_iter().enumerate() {
             for n in 0..50u64 {
                 let latency = ms(1 + n % 7 + i as u64 * 3);
-                o.record(Role::Stable, latency, n % 10 == 0);
-                both.record(Role::Stable, latency, n % 10 == 0);
+                o.record(Role::Stable, Some(latency), n % 10 == 0);
+                both.record(Role::Stable, Some(latency), n % 10 == 0);
             }
             let drifted = if i == 0 { [0.3, 0.7] } else { [0.9, 0.1] };
             o.record_comparison(&scores(&[0.2, 0.8]), &scores(&drifted));
@@ -485,14 +533,14 @@ mod tests {
     #[test]
     fn take_starts_a_new_window_and_totals_include_the_open_one() {
         let o = Observations::default();
-        o.record(Role::Stable, ms(1), false);
+        o.record(Role::Stable, Some(ms(1)), false);
         o.record_comparison(&scores(&[0.2, 0.8]), &scores(&[0.3, 0.7]));
         o.record_comparison_error();
         o.record_dropped();
         let first = o.take();
         assert_eq!((first.stable.requests, first.compared, first.comparison_errors, first.dropped), (1, 1, 1, 1));
         assert_eq!(first.outputs["scores"].samples, 1);
-        o.record(Role::Stable, ms(1), true);
+        o.record(Role::Stable, Some(ms(1)), true);
         let open = o.totals();
         assert_eq!((open.stable.requests, open.stable.errors, open.compared, open.dropped), (2, 1, 1, 1));
         assert_eq!(open.outputs["scores"].samples, 1);
@@ -519,17 +567,14 @@ mod tests {
     }
 
     #[test]
-    fn a_nan_survives_into_the_window_and_the_totals() {
+    fn a_nan_on_one_side_is_a_counted_mismatch_and_on_both_sides_agreement() {
         let o = Observations::default();
         o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[f32::NAN, 0.0]));
-        // A larger, ordinary difference after it must not hide the NaN.
-        o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[9.0, 0.0]));
+        o.record_comparison(&scores(&[f32::NAN, 0.0]), &scores(&[f32::NAN, 0.0]));
         let d = o.take().outputs["scores"].clone();
-        assert!(d.max_abs_diff.is_nan() && d.rel_l2.is_nan() && d.cosine.is_nan(), "{d:?}");
-        assert!(d.top1_agreement.is_some_and(f64::is_nan));
-        o.record_comparison(&scores(&[1.0, 0.0]), &scores(&[1.0, 0.0]));
-        assert!(o.take().outputs["scores"].max_abs_diff == 0.0, "a new window starts clean");
-        assert!(o.totals().outputs["scores"].max_abs_diff.is_nan());
+        assert_eq!((d.samples, d.mismatched), (2, 1), "{d:?}");
+        assert_eq!((d.max_abs_diff, d.rel_l2), (f64::INFINITY, f64::INFINITY));
+        assert_eq!(d.top1_agreement, Some(0.5), "the mismatch's row disagrees, the NaN pair's agrees");
     }
 
     #[test]
@@ -590,10 +635,10 @@ mod tests {
     #[test]
     fn totals_merge_latencies_of_every_window() {
         let o = Observations::default();
-        (0..99).for_each(|_| o.record(Role::Candidate, ms(1), false));
+        (0..99).for_each(|_| o.record(Role::Candidate, Some(ms(1)), false));
         let _ = o.take();
-        o.record(Role::Candidate, ms(1000), false);
-        o.record(Role::Candidate, ms(1000), false);
+        o.record(Role::Candidate, Some(ms(1000)), false);
+        o.record(Role::Candidate, Some(ms(1000)), false);
         let all = o.totals().candidate;
         assert_eq!(all.requests, 101);
         let p99 = all.p99_ms.unwrap();

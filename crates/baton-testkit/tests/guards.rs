@@ -1,0 +1,350 @@
+//! Guards you can trust, through the real registry: latency compared like
+//! for like at every step (100 % included) with the default guards on, a
+//! candidate twice as costly rolled back wherever it is judged, NaN where
+//! the stable version has a number counted as drift, comparison copies
+//! that never run on the caller's thread, one validation for every plan,
+//! a shadow that stops with its rollout, and buckets salted per rollout.
+//!
+//! The versions are the fake backend's, whose cost is a fixed amount of
+//! arithmetic (`work`), so that "twice as costly" is exact whatever this
+//! machine's speed; no assertion reads a wall-clock time.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use baton_core::events::{Event, EventKind, EventReceiver};
+use baton_core::pipeline::RolloutStart;
+use baton_core::registry::Registry;
+use baton_core::rollout::control::{Action, By, Decision};
+use baton_core::rollout::guard::{Guards, Outcome};
+use baton_core::rollout::plan::{Overrides, Plan, RolloutPolicy};
+use baton_core::rollout::{FULL, Role};
+use baton_core::tensor::Tensor;
+use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
+use baton_testkit::repo::TestRepo;
+
+const LONG: Duration = Duration::from_secs(120);
+
+/// A fake model `f` with versions given as their extra files; version
+/// `n` multiplies by `n` unless `scale` files say otherwise.
+struct Model {
+    registry: Registry,
+    backend_threads: Arc<std::sync::Mutex<Vec<String>>>,
+    gate: Gate,
+    _repo: TestRepo,
+}
+
+fn model(section: &str, versions: &[(u64, &[(&str, &str)])]) -> Model {
+    let repo = TestRepo::new();
+    repo.add_model("f", &format!("{FAKE_TOML}{section}"));
+    for (n, files) in versions {
+        let scale = files.iter().find(|(name, _)| *name == "fake.txt").map_or("2", |(_, v)| v).to_owned();
+        let mut all: Vec<(&str, &[u8])> = vec![("fake.txt", scale.as_bytes())];
+        all.extend(files.iter().filter(|(name, _)| *name != "fake.txt").map(|(n, v)| (*n, v.as_bytes())));
+        repo.write_files("f", *n, &all);
+        repo.seal("f", *n);
+    }
+    let gate = Gate::closed();
+    gate.open();
+    let backend = FakeBackend::gated(gate.clone());
+    let backend_threads = backend.threads();
+    let registry = baton_testkit::registry_with(repo.root(), vec![Arc::new(backend)]);
+    registry.load("f", Some(1)).unwrap().wait().unwrap();
+    Model { registry, backend_threads, gate, _repo: repo }
+}
+
+/// A `[rollout]` section with windows of `interval_ms` and the default
+/// guards, plus `guards` lines.
+fn section(steps: &str, interval_ms: u64, extra: &str, guards: &str) -> String {
+    format!(
+        "[rollout]\nsteps = [{steps}]\ninterval_ms = {interval_ms}\nmax_inconclusive = 1000\n{extra}\n\
+         [rollout.guards]\n{guards}\n"
+    )
+}
+
+fn x(seed: u64) -> Tensor {
+    // The first element runs through 0..10, so `nan-from = 9` is one row in ten.
+    let first = (seed % 10) as f32;
+    Tensor::from_f32("x", vec![1, 4], &[first, 1.0, 2.0, 3.0])
+}
+
+/// Keyless requests from `threads` threads until stopped.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(registry: &Registry, threads: usize) -> Traffic {
+        let (stop, sent, failed) = (Arc::<AtomicBool>::default(), Arc::<AtomicU64>::default(), Arc::default());
+        let threads = (0..threads)
+            .map(|t| {
+                let (r, s, n, f): (Registry, Arc<AtomicBool>, Arc<AtomicU64>, Arc<AtomicU64>) =
+                    (registry.clone(), Arc::clone(&stop), Arc::clone(&sent), Arc::clone(&failed));
+                std::thread::spawn(move || {
+                    let mut seed = t as u64;
+                    while !s.load(Ordering::Relaxed) {
+                        seed += 1;
+                        if r.snapshot().serve("f", None, &[x(seed)]).is_err() {
+                            f.fetch_add(1, Ordering::Relaxed);
+                        }
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Traffic { stop, sent, failed, threads }
+    }
+
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        (self.sent.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed))
+    }
+}
+
+fn decision(event: &Event) -> Option<&Decision> {
+    match &event.kind {
+        EventKind::Rollout { decision } => Some(decision),
+        _ => None,
+    }
+}
+
+/// The rollout's judged decisions until one of `last` (or a pause), in order.
+fn judged_until(events: &mut EventReceiver, last: &[Action]) -> Vec<Decision> {
+    let mut judged: Vec<Decision> = Vec::new();
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let d = match events.try_recv() {
+            Ok(event) => match decision(&event) {
+                Some(d) if d.by == By::Guards => d.clone(),
+                _ => continue,
+            },
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no end after {} judged windows: {:#?}",
+                    judged.len(),
+                    summary(&judged)
+                );
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => continue,
+            Err(e) => panic!("the event stream ended: {e}"),
+        };
+        let done = last.contains(&d.action) || d.action == Action::Paused;
+        judged.push(d);
+        if done {
+            return judged;
+        }
+    }
+}
+
+fn summary(judged: &[Decision]) -> Vec<String> {
+    judged.iter().map(|d| format!("{} at {}%: {}", d.action.as_str(), d.weight_percent, d.message)).collect()
+}
+
+fn p99_ratio(d: &Decision) -> Option<f64> {
+    d.verdict.as_ref()?.checks.iter().find(|c| c.guard == "p99_ratio")?.value
+}
+
+fn start(m: &Model, version: u64, step: usize) {
+    let start = RolloutStart { version: Some(version), step, ..RolloutStart::default() };
+    m.registry.start_rollout("f", start).unwrap().wait().unwrap();
+}
+
+#[test]
+fn an_identical_candidate_reads_a_p99_ratio_near_one_at_every_step_and_is_promoted_with_the_default_guards() {
+    let work: &[(&str, &str)] = &[("work", "40")];
+    let m = model(&section("10, 50, 100", 1500, "", ""), &[(1, work), (2, work)]);
+    let mut events = m.registry.subscribe();
+    let traffic = Traffic::start(&m.registry, 2);
+    start(&m, 2, 0);
+    let judged = judged_until(&mut events, &[Action::Promoted, Action::RolledBack]);
+    let (sent, failed) = traffic.stop();
+    assert_eq!(failed, 0, "{failed} of {sent} failed");
+    let summary: Vec<String> =
+        judged.iter().map(|d| format!("{} at {}%: {:?}", d.action.as_str(), d.weight_percent, p99_ratio(d))).collect();
+    assert_eq!(judged.last().unwrap().action, Action::Promoted, "{summary:?}");
+    eprintln!("{summary:#?}");
+    for d in judged.iter().filter(|d| d.action != Action::Held) {
+        let ratio = p99_ratio(d).unwrap_or_else(|| panic!("no p99 ratio: {summary:?}"));
+        assert!((0.8..=1.2).contains(&ratio), "an identical candidate read {ratio}: {summary:?}");
+    }
+}
+
+#[test]
+fn a_candidate_twice_as_costly_is_rolled_back_at_every_step_where_it_is_judged() {
+    let m = model(&section("10, 50, 100", 1500, "", ""), &[(1, &[("work", "40")]), (2, &[("work", "80")])]);
+    for step in 0..3 {
+        let mut events = m.registry.subscribe();
+        let traffic = Traffic::start(&m.registry, 2);
+        start(&m, 2, step);
+        let judged = judged_until(&mut events, &[Action::Promoted, Action::RolledBack, Action::Advanced]);
+        traffic.stop();
+        let d = judged.last().unwrap();
+        let summary: Vec<String> = judged.iter().map(|d| format!("{} {:?}", d.action.as_str(), p99_ratio(d))).collect();
+        assert_eq!(d.action, Action::RolledBack, "at step {step}: {summary:?}");
+        let ratio = p99_ratio(d).unwrap();
+        assert!(ratio > 1.5, "at step {step}: {ratio}");
+        wait_settled(&m.registry);
+    }
+}
+
+/// Waits until no operation runs on `f` (a rollback drains).
+fn wait_settled(registry: &Registry) {
+    let deadline = std::time::Instant::now() + LONG;
+    while registry.status("f").is_some_and(|s| s.busy) || registry.snapshot().model("f").unwrap().rollout.is_some() {
+        assert!(std::time::Instant::now() < deadline, "f never settled");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_candidate_answering_nan_where_stable_does_not_is_rolled_back() {
+    let guards = "max_rel_l2 = 0.05\n";
+    let m = model(
+        &section("50, 100", 1000, "", guards),
+        &[(1, &[("work", "40")]), (2, &[("work", "40"), ("nan-from", "9")])],
+    );
+    let mut events = m.registry.subscribe();
+    let traffic = Traffic::start(&m.registry, 2);
+    start(&m, 2, 0);
+    let judged = judged_until(&mut events, &[Action::Promoted, Action::RolledBack]);
+    traffic.stop();
+    let d = judged.last().unwrap();
+    assert_eq!(d.action, Action::RolledBack, "{}", d.message);
+    let failed: Vec<&str> = d
+        .verdict
+        .as_ref()
+        .unwrap()
+        .checks
+        .iter()
+        .filter(|c| c.outcome == Outcome::Fail)
+        .map(|c| c.guard.as_str())
+        .collect();
+    assert_eq!(failed, ["rel_l2:y"], "{}", d.message);
+}
+
+#[test]
+fn nan_on_both_sides_is_agreement() {
+    let guards = "max_rel_l2 = 0.05\n";
+    let nan: &[(&str, &str)] = &[("work", "40"), ("nan-from", "9")];
+    let m = model(&section("50, 100", 1000, "", guards), &[(1, nan), (2, nan)]);
+    let mut events = m.registry.subscribe();
+    let traffic = Traffic::start(&m.registry, 2);
+    start(&m, 2, 0);
+    let judged = judged_until(&mut events, &[Action::Promoted, Action::RolledBack]);
+    traffic.stop();
+    assert_eq!(judged.last().unwrap().action, Action::Promoted, "{}", judged.last().unwrap().message);
+}
+
+#[test]
+fn a_paired_copy_never_runs_on_the_thread_that_served_the_answer() {
+    // Cheap enough to run inline when a session is free.
+    let extra = "paired = true\n";
+    let m = model(
+        &format!("{}[admission]\ninline_us = 1000000\n", section("100", 600_000, extra, "")),
+        &[(1, &[]), (2, &[])],
+    );
+    start(&m, 2, 0);
+    let me = std::thread::current().name().unwrap_or_default().to_owned();
+    for seed in 0..50 {
+        let snapshot = m.registry.snapshot();
+        let routed = snapshot.route("f", None, None).unwrap();
+        assert_eq!(routed.role, Role::Candidate);
+        let before = m.backend_threads.lock().unwrap().len();
+        let compare = routed.compare.expect("a paired copy");
+        if let Some(copy) = compare.start(vec![x(seed)], &[Tensor::from_f32("y", vec![1, 4], &[0.0; 4])]) {
+            let ran_here: Vec<String> = m.backend_threads.lock().unwrap()[before..].to_vec();
+            assert!(!ran_here.contains(&me), "the copy ran on the caller's thread before it returned");
+            copy.wait(&[Tensor::from_f32("y", vec![1, 4], &[0.0; 4])]);
+        }
+    }
+}
+
+#[test]
+fn every_plan_is_validated_wherever_it_comes_from() {
+    let m = model(&section("10, 100", 600_000, "", ""), &[(1, &[]), (2, &[])]);
+    let base = Plan::new(&RolloutPolicy::default(), &Overrides::default()).unwrap();
+    let refused = |plan: Plan, why: &str| {
+        let start = RolloutStart { version: Some(2), plan: Some(plan), restored: true, ..RolloutStart::default() };
+        let error = m.registry.start_rollout("f", start).unwrap().wait().expect_err(why);
+        assert_eq!(error.kind(), "rollout_refused", "{why}: {error}");
+        assert!(m.registry.snapshot().model("f").unwrap().rollout.is_none(), "{why}");
+    };
+    refused(Plan { steps: Vec::new(), ..base.clone() }, "no steps");
+    refused(Plan { steps: vec![5000, 1000], ..base.clone() }, "falling steps");
+    refused(Plan { paired: false, ..base.clone() }, "a 100 % step unpaired");
+    let nan = Guards { max_p99_ratio: Some(f64::NAN), ..Guards::default() };
+    refused(Plan { guards: nan.clone(), ..base.clone() }, "a NaN threshold");
+    let negative = Guards { max_rel_l2: Some(-0.1), ..Guards::default() };
+    refused(Plan { guards: negative, ..base.clone() }, "a negative drift threshold");
+    // The same from an operator's overrides.
+    let overrides = Overrides { guards: Some(nan), ..Overrides::default() };
+    assert!(Plan::new(&RolloutPolicy::default(), &overrides).is_err(), "a NaN threshold is refused");
+    // A steered rollout (a fleet's) may not lower its weight.
+    let steered = Plan { steps: vec![0, FULL], ..base };
+    let start = RolloutStart { version: Some(2), plan: Some(steered), steered: true, ..RolloutStart::default() };
+    m.registry.start_rollout("f", start).unwrap().wait().unwrap();
+    m.registry.step_rollout("f", 1, By::Fleet).unwrap();
+    let lowered = m.registry.step_rollout("f", 0, By::Fleet);
+    assert!(lowered.is_err(), "a fleet step lowered the weight");
+    assert_eq!(m.registry.rollout("f").unwrap().weight_percent, 100.0);
+}
+
+#[test]
+fn a_shadow_drops_its_queued_copies_when_its_candidate_becomes_stable() {
+    let m = model(
+        &section("100", 600_000, "mode = \"shadow\"\nqueue = 64\n", ""),
+        &[(1, &[]), (2, &[("hold-every-infer", "")])],
+    );
+    start(&m, 2, 0);
+    // Copies pile up behind the one the candidate holds at the gate.
+    m.gate.close();
+    for seed in 0..10 {
+        let (answer, role) = m.registry.snapshot().serve("f", None, &[x(seed)]).unwrap();
+        assert_eq!((answer.version, role), (1, Role::Stable));
+    }
+    let shadow_runs = |m: &Model| m.backend_threads.lock().unwrap().iter().filter(|t| *t == "baton-shadow").count();
+    m.registry.promote_rollout("f").unwrap().wait().unwrap();
+    let at_promotion = shadow_runs(&m);
+    m.gate.open();
+    // Version 2 now serves as stable; what the runner still had is dropped.
+    for seed in 0..10 {
+        assert_eq!(m.registry.snapshot().serve("f", None, &[x(seed)]).unwrap().0.version, 2);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let after = shadow_runs(&m);
+    assert!(after <= at_promotion + 1, "the runner ran {} queued copies after the promotion", after - at_promotion);
+}
+
+#[test]
+fn buckets_are_salted_per_rollout_so_the_same_users_do_not_get_every_canary() {
+    let m = model(&section("1, 100", 600_000, "", ""), &[(1, &[]), (2, &[]), (3, &[])]);
+    let keys: Vec<String> = (0..20_000).map(|i| format!("user-{i}")).collect();
+    let chosen = |m: &Model| -> BTreeSet<String> {
+        let snapshot = m.registry.snapshot();
+        keys.iter()
+            .filter(|k| snapshot.route("f", None, Some(k.as_bytes())).unwrap().role == Role::Candidate)
+            .cloned()
+            .collect()
+    };
+    start(&m, 2, 0);
+    let first = chosen(&m);
+    assert_eq!(first, chosen(&m), "a key keeps its side within a rollout");
+    m.registry.abort_rollout("f").unwrap().wait().unwrap();
+    wait_settled(&m.registry);
+    start(&m, 3, 0);
+    let second = chosen(&m);
+    let both = first.intersection(&second).count();
+    assert!(!first.is_empty() && !second.is_empty());
+    assert!(both * 5 < first.len(), "{both} of {} keys got both canaries", first.len());
+}
