@@ -5,7 +5,8 @@
 #
 #   1. drift    a canary of version 2 beside version 1 (other weights: its
 #               outputs drift) with steps 10,50,100 and 2 s windows, guarded
-#               by max_rel_l2 0.05 (latency unguarded: max_p99_ratio 1e9).
+#               by max_rel_l2 0.05 and baton's default guards (error rate,
+#               p99 ratio 1.5).
 #               The guards roll it back at the first window. The report
 #               gives failed requests, p50/p99 per phase (before, the step,
 #               after), the answers per role, the decisions with their
@@ -25,7 +26,18 @@
 #               the run with it), the same span in both runs; the result is
 #               the median of the per-pair ratios with / without.
 #
-#   bash bench/rollout-drill.sh [drift] [shadow]     (default: both)
+#   3. identical, nan, watch   bench/rollout_scenarios.py against
+#               candidates bench/rollout_models.py makes from version 1 (an
+#               identical copy; one that answers NaN for one input in ten;
+#               one that drifts only on inputs the clients send after its
+#               promotion), with the default guards on: the p99 ratio of
+#               every judged window of the identical candidate, and the time
+#               from the failing window's end to the rollback of the others
+#               (the late one's inside the watch after promotion). REPEAT
+#               times each.
+#
+#   bash bench/rollout-drill.sh [drift] [shadow] [identical] [nan] [watch]
+#                                       (default: all)
 #
 # Both drills serve a scratch copy of the benchmark repository holding
 # version 1 only, started with --no-watch; version 2 is copied in once 1
@@ -76,7 +88,7 @@ note() { echo "=== $1  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/
 
 drift() {
   serve_v1
-  local guards='{"min_samples": 100, "max_rel_l2": 0.05, "max_p99_ratio": 1e9}'
+  local guards='{"min_samples": 100, "max_rel_l2": 0.05}'
   for i in $(seq "$repeat"); do
     note "drift.$i"
     "$baton" drill mlp --url "$url" "${load[@]}" --concurrency 4 --warmup 3s --tail 3s --duration 60s \
@@ -131,7 +143,7 @@ shadow() {
       --svg "$results/rollout-plain.$i.svg" >"$results/rollout-plain.$i.txt" || true
     note "shadow pair $i: with a shadow rollout at 100 %"
     "$baton" drill "${common[@]}" --swap rollout --rollout-version 2 --rollout-mode shadow --rollout-steps 100 \
-      --rollout-interval 10m --rollout-guards '{"min_samples": 100, "max_p99_ratio": 1e9}' \
+      --rollout-interval 10m --rollout-guards '{"min_samples": 100}' \
       --json "$results/rollout-shadow.$i.json" --svg "$results/rollout-shadow.$i.svg" >"$results/rollout-shadow.$i.txt" || true
     curl -sf "$url/baton/v1/models/mlp/rollout" >"$results/rollout-shadow.$i.status.json" || true
     abort
@@ -169,12 +181,33 @@ print(f"open loop {rate}/s: median ratio of p99 with a shadow rollout / without 
 PY
 }
 
-for part in "${@:-drift shadow}"; do
+# scenario NAME VARIANT: REPEAT runs of bench/rollout_scenarios.py NAME,
+# each against a fresh server with VARIANT (of bench/rollout_models.py)
+# published as version 5 beside version 1.
+scenario() {
+  local name=$1 variant=$2 d=.baton/bench/rollout
+  local tools=.baton/bench-venv-tools/bin/python
+  [ -x "$tools" ] || { echo "rollout-drill: run bench/setup-peers.sh first (the tools venv)" >&2; return 1; }
+  "$tools" bench/rollout_models.py "$out/baton/mlp/1" .baton/bench/rollout-models "$baton" >/dev/null
+  for i in $(seq "$repeat"); do
+    serve_v1
+    cp -r ".baton/bench/rollout-models/$variant" "$d/mlp/5"
+    note "$name.$i"
+    python3 bench/rollout_scenarios.py "$name" --url "$url" --version 5 --out "$results/rollout-$name.$i.json" |
+      tee "$results/rollout-$name.$i.txt" || true
+    stop_server
+  done
+}
+
+for part in "${@:-drift shadow identical nan watch}"; do
   for p in $part; do
     case "$p" in
       drift) drift ;;
       shadow) shadow ;;
-      *) echo "rollout-drill: unknown part $p (drift or shadow)" >&2; exit 2 ;;
+      identical) scenario identical identical ;;
+      nan) scenario nan nan ;;
+      watch) scenario watch late ;;
+      *) echo "rollout-drill: unknown part $p (drift, shadow, identical, nan or watch)" >&2; exit 2 ;;
     esac
   done
 done

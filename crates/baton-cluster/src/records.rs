@@ -149,7 +149,11 @@ impl FleetPlan {
         if self.failure_limit == 0 || self.max_inconclusive == 0 {
             return Err("failure_limit and max_inconclusive must be at least 1".into());
         }
-        Ok(())
+        if !self.guards.metrics.is_empty() {
+            // The coordinator has no Prometheus to ask.
+            return Err("metric guards are not judged in a fleet's rollouts yet; drop guards.metrics".into());
+        }
+        self.guards.check()
     }
 }
 

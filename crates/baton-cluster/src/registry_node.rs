@@ -44,6 +44,8 @@ fn steered_plan(paired: bool) -> Plan {
         max_inconclusive: 1,
         paired,
         queue: 64,
+        // The fleet's coordinator watches, or not; a server does not.
+        watch_ms: 0,
         guards: Guards::default(),
     }
 }

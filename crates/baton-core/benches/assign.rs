@@ -62,9 +62,11 @@ fn table() -> Routing {
         weight: 500,
         paired: true,
         salt: assign::salt("m", 2),
+        outcomes: Arc::new(baton_core::rollout::outcome::Outcomes::new(assign::salt("m", 2))),
         observations: Arc::new(Observations::default()),
         copies: Arc::new(CopyGate::new(64)),
         shadow: None,
+        baseline: None,
     });
     Routing::new(1, BTreeMap::from([("m".to_owned(), route)]))
 }

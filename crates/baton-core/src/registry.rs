@@ -25,7 +25,9 @@ use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
 use crate::pause::Pause;
 use crate::pipeline::{self, RolloutStart};
 use crate::rollout::control::{Action, By, Effect, Ending, Phase, Progress, RolloutStatus};
-use crate::rollout::window::Sums;
+use crate::rollout::metric::{self, MetricSource};
+use crate::rollout::outcome::{self, PostError, Posted};
+use crate::rollout::window::{MetricReading, Observations, Sums};
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
 use crate::step_aside::StepAside;
@@ -53,6 +55,10 @@ pub struct RegistryConfig {
     /// bytes; a load that would go beyond it is refused
     /// ([`crate::budget`]). None by default.
     pub memory_budget: Option<u64>,
+    /// Where the rollouts' metric guards are read (the operator's
+    /// Prometheus). None by default: a rollout with metric guards is then
+    /// refused.
+    pub metric_source: Option<Arc<dyn MetricSource>>,
 }
 
 impl Default for RegistryConfig {
@@ -63,6 +69,7 @@ impl Default for RegistryConfig {
             step_aside: StepAside::OFF,
             event_capacity: 1024,
             memory_budget: None,
+            metric_source: None,
         }
     }
 }
@@ -174,6 +181,8 @@ pub(crate) struct Inner {
     step_aside: StepAside,
     /// The server's memory budget over every model's live versions.
     pub(crate) memory_budget: Option<u64>,
+    /// Where metric guards are read.
+    pub(crate) metric_source: Option<Arc<dyn MetricSource>>,
 }
 
 /// The model registry. Cheap to clone; all clones share one state.
@@ -215,6 +224,7 @@ impl Registry {
             lowering: (nice, idle),
             step_aside: config.step_aside,
             memory_budget: config.memory_budget,
+            metric_source: config.metric_source,
         });
         start_controller(&inner);
         Registry { inner, jobs }
@@ -438,16 +448,33 @@ impl Registry {
     /// route has drained.
     pub fn end_rollout(&self, model: &str, ending: Ending, by: By) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
-        let action = match ending {
-            Ending::Promote => Action::Promoted,
-            Ending::RollBack => Action::RolledBack,
-            Ending::Abort => Action::Aborted,
-        };
-        self.inner.end_rollout(model, action, by)?;
+        let watching = self.inner.rollouts.lock().get(model).is_some_and(|p| p.phase == Phase::Watching);
         let (tx, rx) = oneshot::channel();
-        match ending {
-            Ending::Promote => pipeline::rollout::promote(Arc::clone(&self.inner), busy, tx)?,
-            Ending::RollBack | Ending::Abort => pipeline::rollout::remove(Arc::clone(&self.inner), busy, tx)?,
+        let inner = Arc::clone(&self.inner);
+        match (ending, watching) {
+            // During the watch after promotion: promoting confirms it,
+            // anything else goes back to the version it replaced.
+            (Ending::Promote, true) => {
+                inner.end_rollout(model, Action::Watched, Phase::Promoted, by)?;
+                pipeline::rollout::end_watch(inner, busy, tx)?;
+            }
+            (Ending::RollBack | Ending::Abort, true) => {
+                let action = if ending == Ending::RollBack { Action::RolledBack } else { Action::Aborted };
+                inner.end_rollout(model, action, Phase::RolledBack, by)?;
+                pipeline::rollout::restore(inner, busy, tx)?;
+            }
+            (Ending::Promote, false) => {
+                let watch = inner.promotion(model, by)?;
+                pipeline::rollout::promote(inner, busy, tx, watch)?;
+            }
+            (Ending::RollBack | Ending::Abort, false) => {
+                let (action, phase) = match ending {
+                    Ending::RollBack => (Action::RolledBack, Phase::RolledBack),
+                    _ => (Action::Aborted, Phase::Aborted),
+                };
+                inner.end_rollout(model, action, phase, by)?;
+                pipeline::rollout::remove(inner, busy, tx)?;
+            }
         }
         Ok(LoadHandle { rx })
     }
@@ -475,6 +502,9 @@ impl Registry {
             }
             let moved = (progress.step != step).then(|| {
                 progress.step = step;
+                if progress.stable_answers_nobody() {
+                    progress.record_baseline();
+                }
                 (progress.weight(), progress.decide(model, Action::Advanced, by, None))
             });
             (moved, progress.status(model))
@@ -493,6 +523,15 @@ impl Registry {
     pub fn take_rollout_sums(&self, model: &str) -> Option<Sums> {
         let current = self.inner.current();
         current.model(model)?.rollout.as_ref().map(|r| r.observations.take_sums())
+    }
+
+    /// Counts outcomes posted for answers of `model`'s rollout (see
+    /// [`crate::rollout::outcome`]): the batch is checked whole first, and
+    /// nothing of it counts when an item is malformed.
+    pub fn post_outcomes(&self, model: &str, posted: &[(&str, f64)]) -> Result<Posted, PostError> {
+        let current = self.inner.current();
+        let route = current.model(model).ok_or_else(|| PostError::UnknownModel(model.to_owned()))?;
+        outcome::post(route.rollout.as_ref(), posted)
     }
 
     /// Statuses of every model the registry has touched or serves.
@@ -585,8 +624,9 @@ impl Inner {
             let Ok(busy) = Busy::take(self, &model) else { continue };
             let current = self.current();
             let Some(rollout) = current.model(&model).and_then(|r| r.rollout.as_ref()) else { continue };
-            let window = rollout.observations.take();
+            let mut window = rollout.observations.take();
             drop(current);
+            window.metrics = self.read_metrics(&model);
             let judged = self.rollouts.lock().get_mut(&model).map(|p| p.judge(&model, window));
             let Some((decision, effect)) = judged else { continue };
             tracing::info!(
@@ -607,11 +647,23 @@ impl Inner {
                 Effect::None | Effect::Weight(_) => Ok(()),
                 Effect::Promote => {
                     self.file_ended(&model);
-                    pipeline::rollout::promote(Arc::clone(self), busy, tx)
+                    pipeline::rollout::promote(Arc::clone(self), busy, tx, None)
+                }
+                Effect::Watch => {
+                    let observations = self.start_watch(&model);
+                    pipeline::rollout::promote(Arc::clone(self), busy, tx, Some(observations))
                 }
                 Effect::RollBack => {
                     self.file_ended(&model);
                     pipeline::rollout::remove(Arc::clone(self), busy, tx)
+                }
+                Effect::Restore => {
+                    self.file_ended(&model);
+                    pipeline::rollout::restore(Arc::clone(self), busy, tx)
+                }
+                Effect::EndWatch => {
+                    self.file_ended(&model);
+                    pipeline::rollout::end_watch(Arc::clone(self), busy, tx)
                 }
             };
             if let Err(error) = applied {
@@ -620,17 +672,25 @@ impl Inner {
         }
     }
 
-    /// Ends the rollout of `model` by an operator's `action`: records the
-    /// decision and files the rollout's final status.
-    fn end_rollout(&self, model: &str, action: Action, by: By) -> Result<(), LoadError> {
+    /// The metric guards of `model`'s rollout, read for the window that just
+    /// ended: both sides, or during the watch the promoted version alone.
+    fn read_metrics(&self, model: &str) -> Vec<MetricReading> {
+        let asked = self.rollouts.lock().get(model).filter(|p| !p.plan.guards.metrics.is_empty()).map(|p| {
+            let watching = p.phase == Phase::Watching;
+            (p.plan.guards.clone(), (!watching).then_some(p.stable), p.candidate, p.plan.interval_ms)
+        });
+        let Some((guards, stable, candidate, window_ms)) = asked else { return Vec::new() };
+        let sides = metric::Sides { model, stable, candidate, window_ms };
+        metric::read(self.metric_source.as_deref(), &guards, sides)
+    }
+
+    /// Ends the rollout of `model` by an operator's `action`, in `phase`:
+    /// records the decision and files the rollout's final status.
+    fn end_rollout(&self, model: &str, action: Action, phase: Phase, by: By) -> Result<(), LoadError> {
         let decision = {
             let mut rollouts = self.rollouts.lock();
             let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
-            progress.phase = match action {
-                Action::Promoted => Phase::Promoted,
-                Action::RolledBack => Phase::RolledBack,
-                _ => Phase::Aborted,
-            };
+            progress.phase = phase;
             progress.paused = None;
             progress.decide(model, action, by, None)
         };
@@ -638,6 +698,35 @@ impl Inner {
         self.emit(model, Some(decision.candidate), EventKind::rollout(decision));
         self.file_ended(model);
         Ok(())
+    }
+
+    /// Records an operator's (or a fleet's) promotion of `model`'s
+    /// candidate; starts the watch after it when the rollout is watchable,
+    /// returning the watch's observations.
+    fn promotion(&self, model: &str, by: By) -> Result<Option<Arc<Observations>>, LoadError> {
+        let (decision, watched) = {
+            let mut rollouts = self.rollouts.lock();
+            let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
+            progress.paused = None;
+            let (action, effect) = progress.promotion();
+            (progress.decide(model, action, by, None), effect == Effect::Watch)
+        };
+        tracing::info!(model, candidate = decision.candidate, "{}", decision.message);
+        self.emit(model, Some(decision.candidate), EventKind::rollout(decision));
+        if watched {
+            return Ok(Some(self.start_watch(model)));
+        }
+        self.file_ended(model);
+        Ok(None)
+    }
+
+    /// Starts the watch after `model`'s promotion, on fresh observations.
+    fn start_watch(&self, model: &str) -> Arc<Observations> {
+        let observations = Arc::new(Observations::default());
+        if let Some(progress) = self.rollouts.lock().get_mut(model) {
+            progress.start_watch(Arc::clone(&observations));
+        }
+        observations
     }
 
     /// Moves an ended rollout's status from the controller to the model's

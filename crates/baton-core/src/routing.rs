@@ -61,9 +61,13 @@ pub struct Routed<'a> {
     pub version: &'a Arc<Version>,
     /// Its role.
     pub role: Role,
+    /// The side of the rollout's windows its observations count on: its
+    /// role, except during the watch after promotion, where the new stable
+    /// version's answers are the side under judgement (the candidate's).
+    pub side: Role,
     /// Where a copy of this request goes to compare outputs, when it is
     /// copied: to the candidate (shadow mode) or, paired, to the stable
-    /// version.
+    /// version (during the watch, to the version that served before).
     pub compare: Option<Compare<'a>>,
     /// The rollout this request's model is in, if any: where its latency
     /// and errors are recorded.
@@ -166,12 +170,33 @@ impl Routing {
             let target = self.resolve(model, Some(v))?;
             let role = route.role_of(target);
             let rollout = route.rollout.as_ref().filter(|_| role != Role::Previous);
-            return Ok(Routed { version: target, role, compare: None, rollout });
+            let side = if rollout.is_some_and(|r| r.baseline.is_some()) { Role::Candidate } else { role };
+            return Ok(Routed { version: target, role, side, compare: None, rollout });
         }
         let Some(rollout) = &route.rollout else {
-            return Ok(Routed { version: &route.stable, role: Role::Stable, compare: None, rollout: None });
+            let stable = &route.stable;
+            return Ok(Routed {
+                version: stable,
+                role: Role::Stable,
+                side: Role::Stable,
+                compare: None,
+                rollout: None,
+            });
         };
-        let stable = Routed { version: &route.stable, role: Role::Stable, compare: None, rollout: Some(rollout) };
+        if let Some(baseline) = &rollout.baseline {
+            // The watch after promotion: stable answers all, judged against
+            // the version it replaced.
+            let compare = rollout.paired.then_some(Compare { rollout, other: baseline, role: Role::Stable });
+            let version = &route.stable;
+            return Ok(Routed { version, role: Role::Stable, side: Role::Candidate, compare, rollout: Some(rollout) });
+        }
+        let stable = Routed {
+            version: &route.stable,
+            role: Role::Stable,
+            side: Role::Stable,
+            compare: None,
+            rollout: Some(rollout),
+        };
         let bucket = key.map_or_else(assign::random_bucket, |key| assign::bucket(rollout.salt, key));
         let chosen = assign::to_candidate(bucket, rollout.weight);
         Ok(match (rollout.mode, chosen) {
@@ -183,6 +208,7 @@ impl Routing {
             (Mode::Canary | Mode::Ab, true) => Routed {
                 version: &rollout.candidate,
                 role: Role::Candidate,
+                side: Role::Candidate,
                 compare: rollout.paired.then_some(Compare { rollout, other: &route.stable, role: Role::Stable }),
                 rollout: Some(rollout),
             },
@@ -206,12 +232,17 @@ impl Routing {
         let routed = self.route(model, None, key)?;
         let (outcome, ran) = routed.version.infer_timed(inputs);
         if let Some(rollout) = routed.rollout {
-            rollout.observations.record(routed.role, ran, outcome.is_err());
+            rollout.observations.record(routed.side, ran, outcome.is_err());
+        }
+        // A request that failed in the version is copied too (one with bad
+        // inputs is nobody's failure).
+        let copied = !matches!(outcome, Err(InferError::InvalidInput(_)));
+        if let Some(copy) =
+            routed.compare.filter(|_| copied).and_then(|c| c.start(inputs.to_vec(), outcome.as_deref().ok()))
+        {
+            copy.wait(outcome.as_deref().ok());
         }
         let outputs = outcome?;
-        if let Some(copy) = routed.compare.and_then(|c| c.start(inputs.to_vec(), &outputs)) {
-            copy.wait(&outputs);
-        }
         Ok((Inference { version: routed.version.number(), outputs }, routed.role))
     }
 

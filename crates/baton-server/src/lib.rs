@@ -14,6 +14,7 @@ mod error;
 mod grpc;
 mod http;
 mod metrics;
+mod prometheus;
 mod repository;
 mod rollout_start;
 mod serve;

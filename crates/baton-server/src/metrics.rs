@@ -161,6 +161,8 @@ pub struct Metrics {
     shed: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Requests whose deadline passed, by model and where they were.
     expired: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Outcomes posted, by model and what became of them.
+    outcomes: Mutex<BTreeMap<(String, &'static str), u64>>,
     loads: Mutex<LoadMetrics>,
     inflight: AtomicI64,
     /// The names that may label a request's series: those the registry
@@ -267,6 +269,16 @@ fn render_rollouts(
             escape(&r.model),
             u8::from(r.phase == Phase::Paused)
         );
+    }
+    help(
+        out,
+        "baton_rollout_watching",
+        "gauge",
+        "1 while a promoted version is still judged against the one it replaced.",
+    );
+    for r in &running {
+        let watching = u8::from(r.phase == Phase::Watching);
+        let _ = writeln!(out, "baton_rollout_watching{{model=\"{}\"}} {watching}", escape(&r.model));
     }
     help(out, "baton_rollout_guard_value", "gauge", "Each guard's value in the last judged window.");
     for r in &running {
@@ -390,6 +402,16 @@ impl Metrics {
     pub fn expired(&self, model: &str, at: &'static str) {
         let model = self.label(model).to_owned();
         *self.expired.lock().unwrap_or_else(|e| e.into_inner()).entry((model, at)).or_default() += 1;
+    }
+
+    /// Counts a batch of posted outcomes by what became of them.
+    pub fn outcomes(&self, model: &str, posted: &baton_core::rollout::outcome::Posted) {
+        let model = self.label(model).to_owned();
+        let mut outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+        for (result, n) in [("accepted", posted.accepted), ("duplicate", posted.duplicate), ("unknown", posted.unknown)]
+        {
+            *outcomes.entry((model.clone(), result)).or_default() += n;
+        }
     }
 
     /// Feeds one registry event into the load metrics.
@@ -672,6 +694,16 @@ impl Metrics {
         );
         for ((model, stage), n) in self.expired.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "baton_deadline_exceeded_total{{model=\"{}\",stage=\"{stage}\"}} {n}", escape(model));
+        }
+        help(
+            out,
+            "baton_outcomes_total",
+            "counter",
+            "Business outcomes posted for rollout answers: accepted, duplicate (posted before) or unknown (no rollout \
+             in progress issued the id).",
+        );
+        for ((model, result), n) in self.outcomes.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "baton_outcomes_total{{model=\"{}\",result=\"{result}\"}} {n}", escape(model));
         }
         let snapshot = registry.snapshot();
         let versions = || snapshot.models().iter().flat_map(|(model, route)| route.versions().map(move |v| (model, v)));

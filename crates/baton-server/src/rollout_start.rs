@@ -27,8 +27,8 @@ pub struct StartRequest {
 }
 
 /// The fields of the JSON body of `POST /baton/v1/models/{m}/rollout`.
-const FIELDS: [&str; 8] =
-    ["version", "mode", "steps", "interval_ms", "failure_limit", "max_inconclusive", "paired", "guards"];
+const FIELDS: [&str; 9] =
+    ["version", "mode", "steps", "interval_ms", "failure_limit", "max_inconclusive", "paired", "watch_ms", "guards"];
 
 /// Reads a start request from a JSON body; an empty body asks for the
 /// newest version with the model's own section. Malformed JSON is
@@ -55,6 +55,7 @@ pub fn from_json(body: &[u8]) -> Result<StartRequest, ServeError> {
             "failure_limit" => o.failure_limit = field(&name, value)?,
             "max_inconclusive" => o.max_inconclusive = field(&name, value)?,
             "paired" => o.paired = field(&name, value)?,
+            "watch_ms" => o.watch_ms = field(&name, value)?,
             "guards" => o.guards = field(&name, value)?,
             other => {
                 return Err(ServeError::bad_request(

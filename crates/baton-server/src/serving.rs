@@ -207,6 +207,15 @@ pub const ROLE_HEADER: &str = "baton-role";
 /// The response parameter naming the role of the version that answered.
 pub const ROLE_PARAMETER: &str = "baton_role";
 
+/// The response parameter, and HTTP header, carrying the outcome id of an
+/// answer given while its model's rollout is in progress: the id a client
+/// posts a click, a conversion or a value against later
+/// (`POST /baton/v1/models/{model}/outcomes`).
+pub const OUTCOME_ID_PARAMETER: &str = "baton_outcome_id";
+
+/// The HTTP header carrying the outcome id.
+pub const OUTCOME_ID_HEADER: &str = "baton-outcome-id";
+
 /// Where a request goes, resolved once from its snapshot: the version, its
 /// batch limit, its role, and the rollout it takes part in.
 #[derive(Clone)]
@@ -217,10 +226,21 @@ pub struct Target {
     pub max_batch: usize,
     /// The role it answers in.
     pub role: Role,
+    /// The side of the rollout's windows it counts on (see
+    /// [`baton_core::routing::Routed::side`]).
+    pub side: Role,
     /// The rollout the request takes part in, if its model has one.
     pub rollout: Option<Rollout>,
     /// Where a copy of the request goes to be compared, and in which role.
     pub compare: Option<(Arc<Version>, Role)>,
+}
+
+impl Target {
+    /// A new outcome id for the answer this request got, when its model has
+    /// a rollout in progress and the answer is one of its sides'.
+    pub fn outcome_id(&self) -> Option<String> {
+        self.rollout.as_ref()?.outcomes.issue(self.side).filter(|_| self.role != Role::Previous)
+    }
 }
 
 /// The version a request will be queued on, resolved before its tensors
@@ -245,6 +265,7 @@ pub fn target_of(
         max_batch: max_batch_size(routed.version),
         version: Arc::clone(routed.version),
         role: routed.role,
+        side: routed.side,
         rollout: routed.rollout.cloned(),
         compare: routed.compare.map(|c| (Arc::clone(c.other), c.role)),
     })
@@ -307,7 +328,7 @@ pub async fn infer(
         Ok(pending) => pending,
         Err(e) => {
             let e = refused(app, model, &series, started, rows, e);
-            observe(routed, None, Some(&e));
+            let _ = observe(routed, None, Some(&e));
             return Err(e);
         }
     };
@@ -328,21 +349,25 @@ pub async fn infer(
     }
     let outcome = outcome.map_err(ServeError::from);
     series.record(started.elapsed(), rows, outcome.as_ref().err().map(|e| e.kind));
-    observe(routed, ran, outcome.as_ref().err());
-    if let (Ok(outputs), Some(inputs)) = (&outcome, copied) {
-        compare(routed, inputs, outputs);
+    let failed = observe(routed, ran, outcome.as_ref().err());
+    // A request the version failed is copied too, so that the other side
+    // has a sample to hold the failure against.
+    if let Some(inputs) = copied.filter(|_| outcome.is_ok() || failed) {
+        compare(routed, inputs, outcome.as_deref().ok());
     }
     outcome
 }
 
-/// Records a request in its rollout's window, as its role's: the CPU time
+/// Records a request in its rollout's window, as its side's: the CPU time
 /// its engine run took (`ran`; none when it never ran), and whether it
 /// failed for a reason of the server's (a malformed request is not the
-/// version's failure).
-fn observe(routed: &Target, ran: Option<std::time::Duration>, error: Option<&ServeError>) {
-    let Some(rollout) = &routed.rollout else { return };
+/// version's failure). Returns whether it did.
+fn observe(routed: &Target, ran: Option<std::time::Duration>, error: Option<&ServeError>) -> bool {
     let failed = error.is_some_and(|e| !matches!(e.class, Class::BadRequest | Class::NotFound | Class::TooLarge));
-    rollout.observations.record(routed.role, ran, failed);
+    if let Some(rollout) = &routed.rollout {
+        rollout.observations.record(routed.side, ran, failed);
+    }
+    failed
 }
 
 /// Starts the copy of an answered request on the other side of its
@@ -350,14 +375,14 @@ fn observe(routed: &Target, ran: Option<std::time::Duration>, error: Option<&Ser
 /// shadow copy goes to the rollout's lowered runner; a paired copy takes a
 /// free instance of the other version, or is dropped and counted when it
 /// has none. It never runs on an async worker.
-fn compare(routed: &Target, inputs: Vec<Tensor>, outputs: &[Tensor]) {
+fn compare(routed: &Target, inputs: Vec<Tensor>, outputs: Option<&[Tensor]>) {
     let (Some(rollout), Some((other, role))) = (routed.rollout.clone(), routed.compare.clone()) else { return };
-    let answered = outputs.to_vec();
+    let answered = outputs.map(<[Tensor]>::to_vec);
     tokio::spawn(async move {
         let side = baton_core::rollout::Compare { rollout: &rollout, other: &other, role };
-        let Some(mut copy) = side.start(inputs, &answered) else { return };
+        let Some(mut copy) = side.start(inputs, answered.as_deref()) else { return };
         let outcome = (&mut copy.pending).await;
-        copy.finish(&answered, outcome);
+        copy.finish(answered.as_deref(), outcome);
     });
 }
 

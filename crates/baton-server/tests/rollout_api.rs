@@ -175,12 +175,17 @@ fn rest_promote_makes_the_candidate_stable() {
     );
     assert_sides(&server, 5000, [(1, "stable"), (2, "candidate")]);
 
+    // Promoted, and watched against version 1 (five minutes by default).
     let promoted = ok(server.post_json(&rollout_path("promote"), &json!({})), "promote");
-    assert_rollout(&promoted, 2, "promoted");
+    assert_rollout(&promoted, 2, "watching");
     assert_eq!(promoted["rollout"]["weight_percent"], 100.0, "{promoted}");
+    assert_eq!(promoted["rollout"]["watch"]["against"], 1, "{promoted}");
     // The candidate, now stable, answers every key.
     assert_sides(&server, 5000, [(2, "stable"), (2, "stable")]);
     assert_eq!(server.status("m")["serving"], 2);
+    // A second promote ends the watch.
+    let confirmed = ok(server.post_json(&rollout_path("promote"), &json!({})), "promote again");
+    assert_rollout(&confirmed, 2, "promoted");
     common::assert_no_panic(&server);
 }
 
@@ -261,7 +266,8 @@ fn grpc_pause_resume_and_promote() {
     rt.block_on(async {
         let (_, mut manage) = clients_at(server.grpc_address()).await;
         let model = || pb_baton::RolloutRequest { model: "m".into() };
-        let start = pb_baton::RolloutStartRequest { model: "m".into(), ..Default::default() };
+        // No watch after promotion: promote ends it.
+        let start = pb_baton::RolloutStartRequest { model: "m".into(), watch_ms: Some(0), ..Default::default() };
         let started = within("start", manage.rollout_start(start)).await.expect("start").into_inner();
         assert_eq!((started.candidate, started.weight_percent), (Some(2), 10.0), "the newest, at the first step");
         let pause = pb_baton::RolloutPauseRequest { model: "m".into(), reason: Some("lunch".into()) };
@@ -369,7 +375,20 @@ fn the_cli_starts_watches_and_promotes_with_the_token() {
     let out = baton(&["rollout", "status", "m", "--version", "2", "--url", &url], &[]);
     assert!(text(&out.stderr).contains("only be given when starting"), "{}", text(&out.stderr));
 
-    let start = ["rollout", "m", "--version", "2", "--steps", "1,5,25", "--interval", "10m", "--max-rel-l2", "0.05"];
+    let start = [
+        "rollout",
+        "m",
+        "--version",
+        "2",
+        "--steps",
+        "1,5,25",
+        "--interval",
+        "10m",
+        "--max-rel-l2",
+        "0.05",
+        "--watch-for",
+        "0s",
+    ];
     let out = baton(&[&start[..], &["--url", &url]].concat(), &with_token);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "baton rollout failed: {}\n{stdout}", text(&out.stderr));

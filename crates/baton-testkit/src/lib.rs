@@ -13,6 +13,7 @@ pub mod encoder;
 pub mod etcd;
 pub mod fake;
 pub mod fuzz;
+pub mod prometheus;
 pub mod repo;
 pub mod server;
 

@@ -3,7 +3,8 @@
 //! candidate twice as costly rolled back wherever it is judged, NaN where
 //! the stable version has a number counted as drift, comparison copies
 //! that never run on the caller's thread, one validation for every plan,
-//! a shadow that stops with its rollout, and buckets salted per rollout.
+//! a shadow that stops with its rollout, buckets salted per rollout, and
+//! the watch after promotion, which rolls a regression back.
 //!
 //! The versions are the fake backend's, whose cost is a fixed amount of
 //! arithmetic (`work`), so that "twice as costly" is exact whatever this
@@ -33,6 +34,7 @@ struct Model {
     registry: Registry,
     backend_threads: Arc<std::sync::Mutex<Vec<String>>>,
     gate: Gate,
+    failing: Arc<AtomicBool>,
     _repo: TestRepo,
 }
 
@@ -49,10 +51,10 @@ fn model(section: &str, versions: &[(u64, &[(&str, &str)])]) -> Model {
     let gate = Gate::closed();
     gate.open();
     let backend = FakeBackend::gated(gate.clone());
-    let backend_threads = backend.threads();
+    let (backend_threads, failing) = (backend.threads(), backend.failures());
     let registry = baton_testkit::registry_with(repo.root(), vec![Arc::new(backend)]);
     registry.load("f", Some(1)).unwrap().wait().unwrap();
-    Model { registry, backend_threads, gate, _repo: repo }
+    Model { registry, backend_threads, gate, failing, _repo: repo }
 }
 
 /// A `[rollout]` section with windows of `interval_ms` and the default
@@ -221,15 +223,7 @@ fn a_candidate_answering_nan_where_stable_does_not_is_rolled_back() {
     traffic.stop();
     let d = judged.last().unwrap();
     assert_eq!(d.action, Action::RolledBack, "{}", d.message);
-    let failed: Vec<&str> = d
-        .verdict
-        .as_ref()
-        .unwrap()
-        .checks
-        .iter()
-        .filter(|c| c.outcome == Outcome::Fail)
-        .map(|c| c.guard.as_str())
-        .collect();
+    let failed = failed_guards(d);
     assert_eq!(failed, ["rel_l2:y"], "{}", d.message);
 }
 
@@ -262,10 +256,11 @@ fn a_paired_copy_never_runs_on_the_thread_that_served_the_answer() {
         assert_eq!(routed.role, Role::Candidate);
         let before = m.backend_threads.lock().unwrap().len();
         let compare = routed.compare.expect("a paired copy");
-        if let Some(copy) = compare.start(vec![x(seed)], &[Tensor::from_f32("y", vec![1, 4], &[0.0; 4])]) {
+        let answered = [Tensor::from_f32("y", vec![1, 4], &[0.0; 4])];
+        if let Some(copy) = compare.start(vec![x(seed)], Some(&answered)) {
             let ran_here: Vec<String> = m.backend_threads.lock().unwrap()[before..].to_vec();
             assert!(!ran_here.contains(&me), "the copy ran on the caller's thread before it returned");
-            copy.wait(&[Tensor::from_f32("y", vec![1, 4], &[0.0; 4])]);
+            copy.wait(Some(&answered));
         }
     }
 }
@@ -347,4 +342,93 @@ fn buckets_are_salted_per_rollout_so_the_same_users_do_not_get_every_canary() {
     let both = first.intersection(&second).count();
     assert!(!first.is_empty() && !second.is_empty());
     assert!(both * 5 < first.len(), "{both} of {} keys got both canaries", first.len());
+}
+
+#[test]
+fn a_regression_after_promotion_is_rolled_back_to_the_version_it_replaced() {
+    let work: &[(&str, &str)] = &[("work", "40")];
+    let m = model(
+        &section("50, 100", 500, "watch_ms = 600000\n", ""),
+        &[(1, work), (2, &[("work", "40"), ("fail-when-told", "")])],
+    );
+    let mut events = m.registry.subscribe();
+    let traffic = Traffic::start(&m.registry, 2);
+    start(&m, 2, 0);
+    let judged = judged_until(&mut events, &[Action::Promoted, Action::RolledBack]);
+    assert_eq!(judged.last().unwrap().action, Action::Promoted, "{:#?}", summary(&judged));
+    // Promoted and watched: 2 serves as stable, 1 stays to go back to.
+    let deadline = std::time::Instant::now() + LONG;
+    while m.registry.rollout("f").unwrap().watch.is_none() {
+        assert!(std::time::Instant::now() < deadline, "the watch never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let route = m.registry.snapshot().model("f").unwrap().clone();
+    assert_eq!((route.stable.number(), route.previous[0].number()), (2, 1));
+    assert_eq!(m.registry.rollout("f").unwrap().watch.unwrap().against, 1);
+    // It regresses only now: every answer of version 2 fails.
+    m.failing.store(true, Ordering::SeqCst);
+    let judged = judged_until(&mut events, &[Action::RolledBack, Action::Watched]);
+    let d = judged.last().unwrap();
+    assert_eq!(d.action, Action::RolledBack, "{:#?}", summary(&judged));
+    let failed = failed_guards(d);
+    assert!(failed.contains(&"error_rate_increase"), "{}", d.message);
+    wait_settled(&m.registry);
+    m.failing.store(false, Ordering::SeqCst);
+    traffic.stop();
+    let route = m.registry.snapshot().model("f").unwrap().clone();
+    assert_eq!(route.stable.number(), 1, "back to the version it replaced");
+    assert!(route.previous.iter().all(|v| v.number() != 2), "the regressed version is gone");
+}
+
+#[test]
+fn a_watch_with_no_failure_ends_and_an_operator_can_cut_it_short() {
+    let work: &[(&str, &str)] = &[("work", "40")];
+    let m = model(&section("100", 500, "watch_ms = 1500\n", ""), &[(1, work), (2, work), (3, work)]);
+    let mut events = m.registry.subscribe();
+    let traffic = Traffic::start(&m.registry, 2);
+    start(&m, 2, 0);
+    let judged = judged_until(&mut events, &[Action::Watched, Action::RolledBack]);
+    assert_eq!(judged.last().unwrap().action, Action::Watched, "{:#?}", summary(&judged));
+    wait_settled(&m.registry);
+    let route = m.registry.snapshot().model("f").unwrap().clone();
+    assert_eq!((route.stable.number(), route.previous[0].number()), (2, 1));
+    assert!(route.rollout.is_none(), "no copies after the watch");
+    // An operator's promotion is watched too; an abort during it goes back.
+    m.registry
+        .start_rollout("f", RolloutStart { version: Some(3), ..RolloutStart::default() })
+        .unwrap()
+        .wait()
+        .unwrap();
+    m.registry.promote_rollout("f").unwrap().wait().unwrap();
+    assert!(m.registry.rollout("f").unwrap().watch.is_some(), "an operator's promotion is watched");
+    assert_eq!(m.registry.snapshot().model("f").unwrap().stable.number(), 3);
+    m.registry.abort_rollout("f").unwrap().wait().unwrap();
+    traffic.stop();
+    assert_eq!(m.registry.snapshot().model("f").unwrap().stable.number(), 2, "the abort went back to 2");
+}
+
+#[test]
+fn a_candidate_failing_every_request_at_a_full_step_is_rolled_back() {
+    // At 100 % the stable version answers nothing: its side of the window
+    // comes from copies, which the failed requests must get too.
+    let m = model(
+        &section("100", 500, "watch_ms = 0\n", ""),
+        &[(1, &[("work", "40")]), (2, &[("work", "40"), ("fail-when-told", "")])],
+    );
+    let mut events = m.registry.subscribe();
+    start(&m, 2, 0);
+    // It warmed up; it fails from its first request on.
+    m.failing.store(true, Ordering::SeqCst);
+    let traffic = Traffic::start(&m.registry, 2);
+    let judged = judged_until(&mut events, &[Action::Promoted, Action::RolledBack]);
+    traffic.stop();
+    let d = judged.last().unwrap();
+    assert_eq!(d.action, Action::RolledBack, "{:#?}", summary(&judged));
+    assert!(d.message.contains("error_rate_increase"), "{}", d.message);
+}
+
+/// The guards that failed in a decision's verdict.
+fn failed_guards(d: &Decision) -> Vec<&str> {
+    let checks = d.verdict.as_ref().map_or(&[][..], |v| v.checks.as_slice());
+    checks.iter().filter(|c| c.outcome == Outcome::Fail).map(|c| c.guard.as_str()).collect()
 }

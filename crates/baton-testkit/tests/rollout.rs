@@ -152,9 +152,12 @@ fn a_good_candidate_is_promoted_through_every_step_and_sticky_keys_never_move_ba
     let route = registry.snapshot().model("m").unwrap().clone();
     assert_eq!(route.stable.number(), 2);
     assert_eq!(route.previous.iter().map(|v| v.number()).collect::<Vec<_>>(), vec![1]);
-    assert!(route.rollout.is_none());
+    // Watched after promotion (five minutes by default) against version 1.
+    let baseline = route.rollout.as_ref().and_then(|r| r.baseline.as_ref()).map(|v| v.number());
+    assert_eq!(baseline, Some(1));
     let status = registry.status("m").unwrap().rollout.unwrap();
-    assert_eq!(status.phase, Phase::Promoted);
+    assert_eq!(status.phase, Phase::Watching);
+    assert_eq!(status.watch.map(|w| w.against), Some(1));
 }
 
 #[test]
@@ -234,7 +237,11 @@ fn an_operator_can_promote_or_abort_mid_rollout() {
     let route = registry.snapshot().model("m").unwrap().clone();
     assert_eq!(route.stable.number(), 2);
     assert_eq!(route.previous[0].number(), 1);
+    assert_eq!(registry.rollout("m").unwrap().phase, Phase::Watching);
+    // Promoting again confirms it: the watch ends, 1 stays as previous.
+    registry.promote_rollout("m").unwrap().wait().unwrap();
     assert_eq!(registry.rollout("m").unwrap().phase, Phase::Promoted);
+    assert!(registry.snapshot().model("m").unwrap().rollout.is_none());
 }
 
 #[test]

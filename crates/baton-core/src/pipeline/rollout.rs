@@ -55,20 +55,36 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         Some(plan) => plan.check(start.steered).map(|()| plan).map_err(|e| refused(&model, e.to_string())),
         None => Plan::new(&candidate.spec().rollout, &start.overrides).map_err(|e| refused(&model, e.to_string())),
     };
+    // Metric guards need somewhere to read them, and a fleet's coordinator
+    // has none: refused rather than inconclusive window after window.
+    let plan = plan.and_then(|plan| match () {
+        () if plan.guards.metrics.is_empty() => Ok(plan),
+        () if start.steered => {
+            Err(refused(&model, "metric guards are not judged in a fleet's rollouts yet; drop guards.metrics".into()))
+        }
+        () if run.inner.metric_source.is_none() => Err(refused(
+            &model,
+            "metric guards need a Prometheus to ask: start baton with --prometheus-url, or drop guards.metrics".into(),
+        )),
+        () => Ok(plan),
+    });
     let plan = match plan {
         Ok(plan) => plan,
         Err(error) => return run.fail(error, reply),
     };
     let observations = Arc::new(Observations::default());
+    let salt = crate::rollout::assign::salt(&model, candidate.number());
     let rollout = Rollout {
         candidate: Arc::clone(&candidate),
         mode: plan.mode,
         weight: plan.steps[start.step.min(plan.steps.len() - 1)],
         paired: plan.paired,
-        salt: crate::rollout::assign::salt(&model, candidate.number()),
+        salt,
+        outcomes: Arc::new(crate::rollout::outcome::Outcomes::new(salt)),
         observations: Arc::clone(&observations),
         copies: Arc::new(CopyGate::new(plan.queue)),
         shadow: None,
+        baseline: None,
     };
     let finish = Finish::loaded(timeout, &candidate, reply);
     let agent = run.inner.agent.clone();
@@ -102,8 +118,17 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
             }
         }
         let stable = stable.unwrap_or_default();
+        let policy = &candidate.spec().policy;
+        // A promotion is watched when the plan asks and the version it
+        // replaces can stay loaded to go back to; a fleet's coordinator
+        // decides for a steered rollout itself.
+        let watchable = plan.watch().is_some()
+            && !start.steered
+            && policy.keep_previous >= 1
+            && policy.swap == crate::spec::SwapPolicy::Availability;
         let mut progress = Progress::new(stable, candidate.number(), plan, start.step, observations);
         progress.steered = start.steered;
+        progress.watchable = watchable;
         let by = match (start.steered, start.restored) {
             (true, _) => By::Fleet,
             (false, true) => By::Restart,
@@ -142,14 +167,23 @@ pub(crate) fn set_weight(inner: &Inner, model: &str, weight: u32) {
 
 /// Makes the candidate stable by one store; the old stable version is kept
 /// as previous, as a load keeps it. Versions beyond `keep_previous` leave
-/// and are drained.
-pub(crate) fn promote(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+/// and are drained. With `watch` (the observations of the watch after
+/// promotion), the rollout stays in the route: the new stable version
+/// answers everything and paired copies go to the old one, judged on
+/// those observations until the watch ends.
+pub(crate) fn promote(
+    inner: Arc<Inner>,
+    busy: Busy,
+    reply: Reply,
+    watch: Option<Arc<Observations>>,
+) -> Result<(), LoadError> {
     let model = busy.model.clone();
     let (candidate, keep, timeout) = {
         let current = inner.current();
         let rollout = current
             .model(&model)
             .and_then(|r| r.rollout.as_ref())
+            .filter(|r| r.baseline.is_none())
             .ok_or_else(|| LoadError::NoRollout { model: model.clone() })?;
         let spec = rollout.candidate.spec();
         (rollout.candidate.number(), spec.policy.keep_previous, Duration::from_millis(spec.policy.drain_timeout_ms))
@@ -162,12 +196,68 @@ pub(crate) fn promote(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(),
         if let Some(shadow) = &rollout.shadow {
             shadow.stop();
         }
-        let old = std::mem::replace(&mut route.stable, rollout.candidate);
+        let old = std::mem::replace(&mut route.stable, Arc::clone(&rollout.candidate));
         let replaced = old.number();
         route.previous.retain(|v| v.number() != candidate);
-        route.previous.insert(0, old);
+        route.previous.insert(0, Arc::clone(&old));
         route.previous.truncate(keep);
+        if let Some(observations) = watch {
+            route.rollout = Some(Rollout {
+                weight: crate::rollout::FULL,
+                paired: true,
+                observations,
+                shadow: None,
+                baseline: Some(old),
+                ..rollout
+            });
+        }
         Some(replaced)
+    });
+    run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
+    Ok(())
+}
+
+/// Ends the watch after a promotion by going back to the version the
+/// promoted one replaced, by one store: it serves as stable again, and the
+/// promoted version leaves and is drained.
+pub(crate) fn restore(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+    let model = busy.model.clone();
+    let (baseline, timeout) = {
+        let current = inner.current();
+        let rollout = current.model(&model).and_then(|r| r.rollout.as_ref());
+        let baseline =
+            rollout.and_then(|r| r.baseline.as_ref()).ok_or_else(|| LoadError::NoRollout { model: model.clone() })?;
+        (baseline.number(), Duration::from_millis(baseline.spec().policy.drain_timeout_ms))
+    };
+    let mut run = Run::new(inner, busy, Operation::Rollback);
+    run.version = Some(baseline);
+    let change: Change = Box::new(move |models| {
+        let route = models.get_mut(&model)?;
+        let rollout = route.rollout.take()?;
+        let back = rollout.baseline?;
+        route.previous.retain(|v| !Arc::ptr_eq(v, &back));
+        let promoted = std::mem::replace(&mut route.stable, back);
+        Some(promoted.number())
+    });
+    run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
+    Ok(())
+}
+
+/// Ends a watch after promotion that did not fail, by one store: the
+/// comparison copies stop; the version it was judged against stays only as
+/// previous.
+pub(crate) fn end_watch(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+    let model = busy.model.clone();
+    let (stable, timeout) = {
+        let current = inner.current();
+        let route = current.model(&model).ok_or_else(|| LoadError::NoRollout { model: model.clone() })?;
+        (route.stable.number(), Duration::from_millis(route.stable.spec().policy.drain_timeout_ms))
+    };
+    let mut run = Run::new(inner, busy, Operation::Promote);
+    run.version = Some(stable);
+    let change: Change = Box::new(move |models| {
+        models.get_mut(&model)?.rollout.take();
+        None
     });
     run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())

@@ -66,14 +66,14 @@ pub fn to_candidate(bucket: u32, weight: u32) -> bool {
 }
 
 /// The splitmix64 finalizer.
-fn mix(mut z: u64) -> u64 {
+pub(crate) fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
 
 /// A different nonzero seed per thread and per process.
-fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     let local = 0u8;
     let address = std::ptr::addr_of!(local) as u64;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::guard::{self, Outcome, Verdict};
 use super::plan::Plan;
-use super::window::{Observations, Window};
+use super::window::{Baseline, Observations, Window};
 use super::{FULL, Mode};
 
 /// Decisions kept per rollout for its status.
@@ -43,6 +43,9 @@ pub enum Action {
     Resumed,
     /// An operator took the candidate out of traffic.
     Aborted,
+    /// The watch after promotion ended with no failed window: the promoted
+    /// version stays, and the one it replaced is only kept as previous.
+    Watched,
 }
 
 impl Action {
@@ -57,6 +60,7 @@ impl Action {
             Action::Paused => "paused",
             Action::Resumed => "resumed",
             Action::Aborted => "aborted",
+            Action::Watched => "watched",
         }
     }
 }
@@ -130,13 +134,16 @@ pub enum Phase {
     RolledBack,
     /// Ended: an operator took the candidate out.
     Aborted,
+    /// Promoted, and still judged against the version it replaced, which
+    /// stays loaded: a failed window rolls back to it.
+    Watching,
 }
 
 impl Phase {
-    /// Whether a rollout in this phase is still in progress: running or
-    /// paused, not ended.
+    /// Whether a rollout in this phase is still in progress: running,
+    /// paused, or watched after promotion.
     pub fn in_progress(self) -> bool {
-        matches!(self, Phase::Running | Phase::Paused)
+        matches!(self, Phase::Running | Phase::Paused | Phase::Watching)
     }
 }
 
@@ -165,8 +172,13 @@ pub struct RolloutStatus {
     /// Inconclusive windows in a row.
     pub inconclusive: u32,
     /// When the open window is judged, in milliseconds from now (running
-    /// rollouts only).
+    /// and watched rollouts only).
     pub next_window_ms: Option<u64>,
+    /// While watched after promotion: the version it is judged against
+    /// (the one it replaced), and how long the watch still runs, in
+    /// milliseconds.
+    #[serde(default)]
+    pub watch: Option<WatchStatus>,
     /// The plan.
     pub plan: Plan,
     /// Whether a fleet's coordinator steers it: this server does not judge
@@ -179,6 +191,15 @@ pub struct RolloutStatus {
     pub totals: Window,
     /// The decisions, oldest first (the latest few).
     pub decisions: Vec<Decision>,
+}
+
+/// The watch after promotion, as status shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct WatchStatus {
+    /// The version it is judged against, kept loaded to go back to.
+    pub against: u64,
+    /// How long the watch still runs, in milliseconds.
+    pub left_ms: u64,
 }
 
 /// The controller's state for one rollout.
@@ -198,6 +219,14 @@ pub(crate) struct Progress {
     /// Steered from outside (a fleet's coordinator): windows are not
     /// judged here, and the share changes only when told.
     pub(crate) steered: bool,
+    /// Whether a promotion is watched: the plan asks for a watch and the
+    /// version it replaces can stay loaded to go back to.
+    pub(crate) watchable: bool,
+    /// While watched: when the watch ends.
+    pub(crate) watch_until: Option<Instant>,
+    /// While watched: what the replaced version showed before the
+    /// promotion, for the outcome and metric guards.
+    pub(crate) baseline: Option<Baseline>,
 }
 
 /// What the registry must do to the routing table after a decision.
@@ -209,8 +238,15 @@ pub(crate) enum Effect {
     Weight(u32),
     /// Make the candidate stable.
     Promote,
+    /// Make the candidate stable and watch it against the old stable
+    /// version, kept loaded.
+    Watch,
     /// Take the candidate out.
     RollBack,
+    /// End a watch by going back to the version it replaced.
+    Restore,
+    /// End a watch that did not fail: the comparison copies stop.
+    EndWatch,
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -240,6 +276,9 @@ impl Progress {
             decisions: VecDeque::new(),
             observations,
             steered: false,
+            watchable: false,
+            watch_until: None,
+            baseline: None,
         }
     }
 
@@ -248,16 +287,64 @@ impl Progress {
         self.plan.steps[self.step]
     }
 
-    /// Whether the open window has run its interval.
+    /// Whether the open window has run its interval, or the watch its
+    /// time.
     pub(crate) fn due(&self, now: Instant) -> bool {
-        !self.steered && self.phase == Phase::Running && now.duration_since(self.window_started) >= self.plan.interval()
+        let judged = matches!(self.phase, Phase::Running | Phase::Watching);
+        let window_over = now.duration_since(self.window_started) >= self.plan.interval();
+        !self.steered && judged && (window_over || self.watch_over(now))
+    }
+
+    /// Whether a watch after promotion has run its time.
+    pub(crate) fn watch_over(&self, now: Instant) -> bool {
+        self.phase == Phase::Watching && self.watch_until.is_some_and(|until| now >= until)
+    }
+
+    /// Starts the watch after a promotion, now: the window starts afresh
+    /// on `observations`, and failures count from zero.
+    pub(crate) fn start_watch(&mut self, observations: Arc<Observations>) {
+        // The replaced version answers nobody from now on: what it showed
+        // before stands in for it (recorded when the candidate took all of
+        // the traffic, if it did before the promotion).
+        if self.baseline.is_none() {
+            self.record_baseline();
+        }
+        self.phase = Phase::Watching;
+        self.watch_until = self.plan.watch().map(|watch| Instant::now() + watch);
+        self.window_started = Instant::now();
+        self.failures = 0;
+        self.inconclusive = 0;
+        self.observations = observations;
+    }
+
+    /// Records what the stable version showed until now, for the windows in
+    /// which it answers nobody: its outcome value per answer over the
+    /// rollout, and each metric guard's last reading of it.
+    pub(crate) fn record_baseline(&mut self) {
+        let totals = self.observations.totals();
+        let metrics = self.last_window.iter().flat_map(|w| &w.metrics);
+        self.baseline = Some(Baseline {
+            version: self.stable,
+            requests: totals.stable.answered,
+            outcome_rate: totals.stable.outcome_rate(),
+            metrics: metrics.filter_map(|r| Some((r.name.clone(), r.stable?))).collect(),
+        });
+    }
+
+    /// Whether the stable version answers nobody now: the candidate takes
+    /// all of the traffic (a canary's or A/B's last step of 100 %), or the
+    /// rollout is watched after promotion. Its outcomes and business
+    /// metrics then come from the baseline.
+    pub(crate) fn stable_answers_nobody(&self) -> bool {
+        self.phase == Phase::Watching || (self.plan.mode != Mode::Shadow && self.weight() == FULL)
     }
 
     /// Records a decision and returns it, for the event.
     pub(crate) fn decide(&mut self, model: &str, action: Action, by: By, verdict: Option<Verdict>) -> Decision {
         let weight = match action {
             Action::RolledBack | Action::Aborted => 0,
-            Action::Promoted => FULL,
+            Action::Promoted | Action::Watched => FULL,
+            _ if self.phase == Phase::Watching => FULL,
             _ => self.weight(),
         };
         let message = describe(model, self, action, by, verdict.as_ref());
@@ -282,13 +369,52 @@ impl Progress {
     }
 
     /// Judges the window that just ended and decides what follows.
-    pub(crate) fn judge(&mut self, model: &str, window: Window) -> (Decision, Effect) {
+    pub(crate) fn judge(&mut self, model: &str, mut window: Window) -> (Decision, Effect) {
+        let now = Instant::now();
         let late = self.window_started.elapsed().saturating_sub(self.plan.interval());
         let window_end_ms = now_ms().saturating_sub(late.as_millis() as u64);
-        self.window_started = Instant::now();
-        let verdict = guard::evaluate(&self.plan.guards, &window);
+        self.window_started = now;
+        let watching = self.phase == Phase::Watching;
+        if self.stable_answers_nobody() {
+            window.baseline.clone_from(&self.baseline);
+        }
+        let shadowed = self.plan.mode == Mode::Shadow && !watching;
+        let verdict = guard::evaluate(&self.plan.guards, &window, shadowed);
         self.last_window = Some(window);
-        let (action, effect) = match verdict.outcome {
+        let (action, effect) = if self.phase == Phase::Watching {
+            self.judge_watched(verdict.outcome, now)
+        } else {
+            self.judge_running(verdict.outcome, &verdict.reason)
+        };
+        let mut decision = self.decide(model, action, By::Guards, Some(verdict));
+        decision.window_end_ms = Some(window_end_ms);
+        if let Some(kept) = self.decisions.back_mut() {
+            kept.window_end_ms = Some(window_end_ms);
+        }
+        (decision, effect)
+    }
+
+    /// A window of the watch after promotion: a failure (up to the limit)
+    /// goes back to the version it replaced; otherwise the watch holds
+    /// until its time is up. Inconclusive windows neither fail nor pause it.
+    fn judge_watched(&mut self, outcome: Outcome, now: Instant) -> (Action, Effect) {
+        if outcome == Outcome::Fail {
+            self.failures += 1;
+            if self.failures >= self.plan.failure_limit {
+                self.phase = Phase::RolledBack;
+                return (Action::RolledBack, Effect::Restore);
+            }
+        }
+        if self.watch_over(now) {
+            self.phase = Phase::Promoted;
+            return (Action::Watched, Effect::EndWatch);
+        }
+        (Action::Held, Effect::None)
+    }
+
+    /// A window of a rollout taking traffic.
+    fn judge_running(&mut self, outcome: Outcome, reason: &str) -> (Action, Effect) {
+        match outcome {
             Outcome::Fail => {
                 self.failures += 1;
                 self.inconclusive = 0;
@@ -303,8 +429,7 @@ impl Progress {
                 self.inconclusive += 1;
                 if self.inconclusive >= self.plan.max_inconclusive {
                     self.phase = Phase::Paused;
-                    self.paused =
-                        Some(format!("{} windows in a row were inconclusive ({})", self.inconclusive, verdict.reason));
+                    self.paused = Some(format!("{} windows in a row were inconclusive ({reason})", self.inconclusive));
                     (Action::Paused, Effect::None)
                 } else {
                     (Action::Held, Effect::None)
@@ -315,33 +440,47 @@ impl Progress {
                 match self.plan.mode {
                     Mode::Canary if self.step + 1 < self.plan.steps.len() => {
                         self.step += 1;
+                        if self.stable_answers_nobody() {
+                            self.record_baseline();
+                        }
                         (Action::Advanced, Effect::Weight(self.weight()))
                     }
-                    Mode::Canary => {
-                        self.phase = Phase::Promoted;
-                        (Action::Promoted, Effect::Promote)
-                    }
+                    Mode::Canary => self.promotion(),
                     Mode::Ab | Mode::Shadow => (Action::Held, Effect::None),
                 }
             }
-        };
-        let mut decision = self.decide(model, action, By::Guards, Some(verdict));
-        decision.window_end_ms = Some(window_end_ms);
-        if let Some(kept) = self.decisions.back_mut() {
-            kept.window_end_ms = Some(window_end_ms);
         }
-        (decision, effect)
+    }
+
+    /// What promoting the candidate does now: watched, when it can be.
+    pub(crate) fn promotion(&mut self) -> (Action, Effect) {
+        if self.watchable {
+            // The phase becomes Watching once the store is done.
+            (Action::Promoted, Effect::Watch)
+        } else {
+            self.phase = Phase::Promoted;
+            (Action::Promoted, Effect::Promote)
+        }
     }
 
     /// The status of this rollout, for `model`.
     pub(crate) fn status(&self, model: &str) -> RolloutStatus {
         let weight = match self.phase {
             Phase::RolledBack | Phase::Aborted => 0,
-            Phase::Promoted => FULL,
+            Phase::Promoted | Phase::Watching => FULL,
             _ => self.weight(),
         };
-        let next_window_ms = (self.phase == Phase::Running && !self.steered)
-            .then(|| self.plan.interval().saturating_sub(self.window_started.elapsed()).as_millis() as u64);
+        let judged = matches!(self.phase, Phase::Running | Phase::Watching);
+        let watch_left = self.watch_until.map(|until| until.saturating_duration_since(Instant::now()));
+        let next_window_ms = (judged && !self.steered).then(|| {
+            let window_left = self.plan.interval().saturating_sub(self.window_started.elapsed());
+            let watch_left = watch_left.filter(|_| self.phase == Phase::Watching).unwrap_or(window_left);
+            window_left.min(watch_left).as_millis() as u64
+        });
+        let watch = (self.phase == Phase::Watching).then(|| WatchStatus {
+            against: self.stable,
+            left_ms: watch_left.map_or(0, |left| left.as_millis() as u64),
+        });
         RolloutStatus {
             model: model.to_owned(),
             stable: self.stable,
@@ -354,6 +493,7 @@ impl Progress {
             failures: self.failures,
             inconclusive: self.inconclusive,
             next_window_ms,
+            watch,
             plan: self.plan.clone(),
             steered: self.steered,
             last_window: self.last_window.clone(),
@@ -380,11 +520,27 @@ fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&
             p.plan.mode.as_str()
         ),
         Action::Advanced => format!("Model {model} version {candidate} advanced to {share}% ({who}){why}."),
+        Action::Held if p.phase == Phase::Watching => {
+            format!("Model {model} version {candidate} is watched against version {stable} ({who}){why}.")
+        }
         Action::Held => format!("Model {model} version {candidate} holds at {share}% ({who}){why}."),
+        Action::Promoted if p.watchable => format!(
+            "Model {model} version {candidate} was promoted to stable by {who}{why}; it is watched against version \
+             {stable} for {} s.",
+            p.plan.watch_ms / 1000
+        ),
         Action::Promoted => format!("Model {model} version {candidate} was promoted to stable by {who}{why}."),
+        Action::RolledBack if p.watch_until.is_some() => format!(
+            "Model {model} version {candidate} was rolled back by {who} during the watch after its promotion; \
+             version {stable} serves all again{why}."
+        ),
         Action::RolledBack => {
             format!("Model {model} version {candidate} was rolled back by {who}; version {stable} serves all{why}.")
         }
+        Action::Watched => format!(
+            "Model {model} version {candidate} ended its watch after promotion ({who}){why}; version {stable} \
+             is kept only as previous."
+        ),
         Action::Paused => format!(
             "Model {model} rollout of version {candidate} paused at {share}% by {who}: {}.",
             p.paused.as_deref().unwrap_or("no reason given")

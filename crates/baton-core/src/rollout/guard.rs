@@ -26,6 +26,42 @@ pub struct Guards {
     pub min_cosine: Option<f64>,
     /// The share of rows of a class-score output with the same top class.
     pub min_top1_agreement: Option<f64>,
+    /// The candidate's outcome value per answer over the stable version's
+    /// (posted outcomes: clicks, conversions, order values), at least.
+    pub min_outcome_ratio: Option<f64>,
+    /// Queries to the operator's Prometheus, read for both sides at the
+    /// end of each window.
+    pub metrics: Vec<MetricGuard>,
+}
+
+/// A guard on a number the operator's Prometheus holds: a PromQL query
+/// with `{{model}}`, `{{version}}` and `{{window}}` in it, read once per
+/// side, and the bounds of the candidate's value over the stable one's.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricGuard {
+    /// The guard's name in checks, events and metrics (`metric:<name>`).
+    pub name: String,
+    /// The query; it must give exactly one number.
+    pub query: String,
+    /// The candidate's value over the stable one's, at least.
+    #[serde(default)]
+    pub min_ratio: Option<f64>,
+    /// The candidate's value over the stable one's, at most.
+    #[serde(default)]
+    pub max_ratio: Option<f64>,
+}
+
+impl MetricGuard {
+    /// The query for one side: `{{model}}` and `{{version}}` replaced by
+    /// the model and the side's version, `{{window}}` by the window's length
+    /// as a PromQL duration in milliseconds (`30000ms`).
+    pub fn query_for(&self, model: &str, version: u64, window_ms: u64) -> String {
+        self.query
+            .replace("{{model}}", model)
+            .replace("{{version}}", &version.to_string())
+            .replace("{{window}}", &format!("{window_ms}ms"))
+    }
 }
 
 impl Default for Guards {
@@ -38,6 +74,8 @@ impl Default for Guards {
             max_rel_l2: None,
             min_cosine: None,
             min_top1_agreement: None,
+            min_outcome_ratio: None,
+            metrics: Vec::new(),
         }
     }
 }
@@ -66,6 +104,26 @@ impl Guards {
         within("max_rel_l2", self.max_rel_l2, 0.0, f64::INFINITY, false)?;
         within("min_cosine", self.min_cosine, -1.0, 1.0, false)?;
         within("min_top1_agreement", self.min_top1_agreement, 0.0, 1.0, false)?;
+        within("min_outcome_ratio", self.min_outcome_ratio, 0.0, f64::INFINITY, true)?;
+        let mut names = std::collections::BTreeSet::new();
+        for metric in &self.metrics {
+            let name = &metric.name;
+            let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+            if name.is_empty() || name.len() > 64 || !name.chars().all(word) {
+                return Err(format!("a metric guard's name must be 1 to 64 letters, digits, '_' or '-', not '{name}'"));
+            }
+            if !names.insert(name) {
+                return Err(format!("two metric guards are named '{name}'"));
+            }
+            if metric.query.trim().is_empty() {
+                return Err(format!("metric guard {name} has an empty query"));
+            }
+            if metric.min_ratio.is_none() && metric.max_ratio.is_none() {
+                return Err(format!("metric guard {name} needs min_ratio, max_ratio or both"));
+            }
+            within(&format!("{name}.min_ratio"), metric.min_ratio, 0.0, f64::INFINITY, true)?;
+            within(&format!("{name}.max_ratio"), metric.max_ratio, 0.0, f64::INFINITY, true)?;
+        }
         Ok(())
     }
 }
@@ -96,6 +154,9 @@ pub struct Check {
     pub samples: u64,
     /// What it came to.
     pub outcome: Outcome,
+    /// Why it has no value, when the reason is not the samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// The judgement of one window.
@@ -119,7 +180,13 @@ pub struct Verdict {
 /// (infinity included: a mismatched output is the worst drift). The window
 /// fails if any check failed, is inconclusive if any was or if no guard is
 /// set, and passes otherwise.
-pub fn evaluate(guards: &Guards, window: &Window) -> Verdict {
+///
+/// The outcome and metric guards compare the candidate with the stable
+/// version in the same window, or during the watch after promotion with the
+/// window's [`super::window::Baseline`]. When `shadowed` (the candidate's
+/// answers reach nobody), no outcome of the candidate's can exist, and the
+/// outcome guard is not checked.
+pub fn evaluate(guards: &Guards, window: &Window, shadowed: bool) -> Verdict {
     let mut checks = Vec::new();
     let both = window.stable.requests.min(window.candidate.requests);
     if let Some(threshold) = guards.max_error_rate_increase {
@@ -161,6 +228,12 @@ pub fn evaluate(guards: &Guards, window: &Window) -> Verdict {
             checks.push(judge(guards, name, None, threshold, 0, bound));
         }
     }
+    if let Some(threshold) = guards.min_outcome_ratio.filter(|_| !shadowed) {
+        checks.push(outcome_check(guards, window, threshold));
+    }
+    for metric in &guards.metrics {
+        metric_checks(guards, window, metric, &mut checks);
+    }
     let any = |outcome| checks.iter().any(|(c, _)| c.outcome == outcome);
     let outcome = if any(Outcome::Fail) {
         Outcome::Fail
@@ -171,6 +244,62 @@ pub fn evaluate(guards: &Guards, window: &Window) -> Verdict {
     };
     let reason = reason(outcome, &checks, guards.min_samples);
     Verdict { outcome, checks: checks.into_iter().map(|(c, _)| c).collect(), reason }
+}
+
+/// The outcome guard: the candidate's outcome value per answer over the
+/// stable version's (or the baseline's, during the watch).
+fn outcome_check(guards: &Guards, window: &Window, threshold: f64) -> (Check, Bound) {
+    let (stable, stable_requests) = match &window.baseline {
+        Some(b) => (b.outcome_rate, b.requests),
+        None => (window.stable.outcome_rate(), window.stable.answered),
+    };
+    let samples = stable_requests.min(window.candidate.answered);
+    let (value, note) = match (window.candidate.outcome_rate(), stable) {
+        (Some(candidate), Some(stable)) if stable > 0.0 => (Some(candidate / stable), None),
+        (_, Some(_)) => (None, Some("no outcome was posted for the stable version's answers".to_owned())),
+        _ => (None, None),
+    };
+    let mut check = judge(guards, "outcome_ratio", value, threshold, samples, Bound::Min);
+    check.0.note = note;
+    check
+}
+
+/// A metric guard's checks, one per bound: the candidate's value over the
+/// stable one's (or the baseline's, during the watch). No value (the query
+/// failed, gave no number or several, gave NaN, or both sides read 0) is
+/// inconclusive, never a pass.
+fn metric_checks(guards: &Guards, window: &Window, metric: &MetricGuard, checks: &mut Vec<(Check, Bound)>) {
+    let name = format!("metric:{}", metric.name);
+    let reading = window.metrics.iter().find(|r| r.name == metric.name);
+    let (requests, stable) = match &window.baseline {
+        Some(b) => (
+            b.requests,
+            b.metrics
+                .get(&metric.name)
+                .copied()
+                .ok_or("no value was read for the replaced version before the promotion"),
+        ),
+        None => (window.stable.requests, reading.and_then(|r| r.stable).ok_or("the stable version has no value")),
+    };
+    let candidate = reading.and_then(|r| r.candidate).ok_or("the candidate has no value");
+    let (value, note) = match (candidate, stable) {
+        (Ok(c), Ok(s)) if c == 0.0 && s == 0.0 => {
+            (None, "both sides read 0, and a ratio of nothing says nothing".to_owned())
+        }
+        (Ok(c), Ok(0.0)) => (None, format!("the stable side reads 0 and the candidate {c}")),
+        (Ok(c), Ok(s)) => (Some(c / s), String::new()),
+        (Err(missing), _) | (_, Err(missing)) => {
+            let problem = reading.map_or("it was not read", |r| r.problem.as_deref().unwrap_or(""));
+            (None, if problem.is_empty() { missing.to_owned() } else { format!("{missing}: {problem}") })
+        }
+    };
+    let samples = requests.min(window.candidate.requests);
+    let bounds = [(metric.min_ratio, Bound::Min), (metric.max_ratio, Bound::Max)];
+    for (threshold, bound) in bounds.into_iter().filter_map(|(t, b)| t.map(|t| (t, b))) {
+        let mut check = judge(guards, &name, value, threshold, samples, bound);
+        check.0.note = (!note.is_empty()).then(|| note.clone());
+        checks.push(check);
+    }
 }
 
 /// Reads one statistic of an output's drift, when it has it.
@@ -206,7 +335,7 @@ fn judge(
             if beyond { Outcome::Fail } else { Outcome::Pass }
         }
     };
-    (Check { guard: guard.to_owned(), value, threshold, samples, outcome }, bound)
+    (Check { guard: guard.to_owned(), value, threshold, samples, outcome, note: None }, bound)
 }
 
 /// One sentence on the checks that decided `outcome`.
@@ -236,7 +365,10 @@ fn reason(outcome: Outcome, checks: &[(Check, Bound)], min_samples: u64) -> Stri
                         format!("{} has {} of the {min_samples} samples it needs", c.guard, c.samples)
                     }
                     Some(v) if v.is_nan() => format!("{} is not a number over {} samples", c.guard, c.samples),
-                    _ => format!("{} has no value to judge", c.guard),
+                    _ => match &c.note {
+                        Some(note) => format!("{} has no value to judge: {note}", c.guard),
+                        None => format!("{} has no value to judge", c.guard),
+                    },
                 })
                 .collect();
             format!("inconclusive: {}", why.join("; "))
@@ -259,7 +391,7 @@ fn number(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::window::Side;
+    use crate::rollout::window::{Baseline, MetricReading, Side};
 
     fn none() -> Guards {
         Guards {
@@ -270,11 +402,13 @@ mod tests {
             max_rel_l2: None,
             min_cosine: None,
             min_top1_agreement: None,
+            min_outcome_ratio: None,
+            metrics: Vec::new(),
         }
     }
 
     fn side(requests: u64, errors: u64, p99_ms: f64) -> Side {
-        Side { requests, errors, p99_ms: Some(p99_ms) }
+        Side { requests, errors, p99_ms: Some(p99_ms), ..Side::default() }
     }
 
     fn traffic(stable: Side, candidate: Side) -> Window {
@@ -299,7 +433,7 @@ mod tests {
 
     #[test]
     fn the_default_guards_pass_a_healthy_window() {
-        let v = evaluate(&Guards::default(), &traffic(side(1000, 10, 20.0), side(200, 3, 22.0)));
+        let v = evaluate(&Guards::default(), &traffic(side(1000, 10, 20.0), side(200, 3, 22.0)), false);
         assert_eq!(v.outcome, Outcome::Pass, "{v:?}");
         assert_eq!(outcomes(&v), [("error_rate_increase", Outcome::Pass), ("p99_ratio", Outcome::Pass)]);
         assert_eq!(v.checks[0].samples, 200, "samples are the smaller side's requests");
@@ -311,20 +445,20 @@ mod tests {
     #[test]
     fn error_rate_and_p99_fail_beyond_their_thresholds() {
         let guards = Guards::default();
-        let v = evaluate(&guards, &traffic(side(1000, 10, 20.0), side(200, 10, 20.0)));
+        let v = evaluate(&guards, &traffic(side(1000, 10, 20.0), side(200, 10, 20.0)), false);
         assert_eq!(outcomes(&v), [("error_rate_increase", Outcome::Fail), ("p99_ratio", Outcome::Pass)]);
         assert_eq!(v.outcome, Outcome::Fail);
         assert_eq!(v.reason, "failed: error_rate_increase at 0.04 is above its threshold 0.01 over 200 samples");
-        let v = evaluate(&guards, &traffic(side(1000, 10, 20.0), side(200, 2, 31.0)));
+        let v = evaluate(&guards, &traffic(side(1000, 10, 20.0), side(200, 2, 31.0)), false);
         assert_eq!(outcomes(&v), [("error_rate_increase", Outcome::Pass), ("p99_ratio", Outcome::Fail)]);
         // At the threshold holds.
-        let v = evaluate(&guards, &traffic(side(1000, 10, 20.0), side(200, 2, 30.0)));
+        let v = evaluate(&guards, &traffic(side(1000, 10, 20.0), side(200, 2, 30.0)), false);
         assert_eq!(v.outcome, Outcome::Pass);
     }
 
     #[test]
     fn too_few_samples_are_inconclusive_however_bad_the_value() {
-        let v = evaluate(&Guards::default(), &traffic(side(1000, 0, 20.0), side(40, 40, 900.0)));
+        let v = evaluate(&Guards::default(), &traffic(side(1000, 0, 20.0), side(40, 40, 900.0)), false);
         assert_eq!(v.outcome, Outcome::Inconclusive);
         assert!(v.checks.iter().all(|c| c.outcome == Outcome::Inconclusive && c.samples == 40), "{v:?}");
         assert_eq!(
@@ -332,7 +466,7 @@ mod tests {
             "inconclusive: error_rate_increase has 40 of the 100 samples it needs; p99_ratio has 40 of the 100 samples it needs"
         );
         // No requests at all, even with no minimum: nothing to measure.
-        let v = evaluate(&Guards { min_samples: 0, ..Guards::default() }, &Window::default());
+        let v = evaluate(&Guards { min_samples: 0, ..Guards::default() }, &Window::default(), false);
         assert_eq!(
             outcomes(&v),
             [("error_rate_increase", Outcome::Inconclusive), ("p99_ratio", Outcome::Inconclusive)]
@@ -343,16 +477,16 @@ mod tests {
     #[test]
     fn a_zero_stable_p99_gives_no_ratio() {
         let guards = Guards { max_error_rate_increase: None, ..Guards::default() };
-        let v = evaluate(&guards, &traffic(side(500, 0, 0.0), side(500, 0, 3.0)));
+        let v = evaluate(&guards, &traffic(side(500, 0, 0.0), side(500, 0, 3.0)), false);
         assert_eq!((v.outcome, v.checks[0].value), (Outcome::Inconclusive, None));
         assert_eq!(v.reason, "inconclusive: p99_ratio has no value to judge");
-        let v = evaluate(&guards, &traffic(side(500, 0, 0.0), side(500, 0, 0.0)));
+        let v = evaluate(&guards, &traffic(side(500, 0, 0.0), side(500, 0, 0.0)), false);
         assert_eq!((v.outcome, v.checks[0].value), (Outcome::Pass, Some(1.0)));
         let missing = Window {
-            stable: Side { requests: 500, errors: 0, p99_ms: None },
+            stable: Side { requests: 500, errors: 0, p99_ms: None, ..Side::default() },
             ..traffic(side(0, 0, 1.0), side(500, 0, 1.0))
         };
-        assert_eq!(evaluate(&guards, &missing).outcome, Outcome::Inconclusive);
+        assert_eq!(evaluate(&guards, &missing, false).outcome, Outcome::Inconclusive);
     }
 
     #[test]
@@ -374,17 +508,17 @@ mod tests {
                 min_top1_agreement: Some(-threshold),
                 ..none()
             };
-            let v = evaluate(&guards, &with_outputs(&[("scores", nan.clone())]));
+            let v = evaluate(&guards, &with_outputs(&[("scores", nan.clone())]), false);
             assert_eq!(v.outcome, Outcome::Inconclusive, "{v:?}");
             assert_eq!(v.checks.len(), 4);
             assert!(v.checks.iter().all(|c| c.outcome == Outcome::Inconclusive));
             assert!(v.reason.contains("rel_l2:scores is not a number over 500 samples"), "{}", v.reason);
         }
         let p99_nan = Window {
-            candidate: Side { requests: 500, errors: 0, p99_ms: Some(f64::NAN) },
+            candidate: Side { requests: 500, errors: 0, p99_ms: Some(f64::NAN), ..Side::default() },
             ..traffic(side(500, 0, 1.0), side(0, 0, 0.0))
         };
-        let v = evaluate(&Guards { max_error_rate_increase: None, ..Guards::default() }, &p99_nan);
+        let v = evaluate(&Guards { max_error_rate_increase: None, ..Guards::default() }, &p99_nan, false);
         assert_eq!(v.outcome, Outcome::Inconclusive);
     }
 
@@ -396,7 +530,7 @@ mod tests {
             candidate: side(30, 0, 10.0),
             ..with_outputs(&[("scores", drift(400, 0.2, None))])
         };
-        let v = evaluate(&guards, &window);
+        let v = evaluate(&guards, &window, false);
         assert_eq!(
             outcomes(&v),
             [
@@ -419,7 +553,7 @@ mod tests {
             ..none()
         };
         let window = with_outputs(&[("embedding", drift(300, 0.01, None)), ("scores", drift(300, 0.02, Some(0.85)))]);
-        let v = evaluate(&guards, &window);
+        let v = evaluate(&guards, &window, false);
         assert_eq!(
             outcomes(&v),
             [
@@ -435,14 +569,15 @@ mod tests {
         assert_eq!(v.reason, "failed: top1_agreement:scores at 0.85 is below its threshold 0.9 over 300 samples");
         // Cosine below its minimum fails too; at it, holds.
         let low = with_outputs(&[("embedding", drift(300, 0.06, None))]);
-        let v = evaluate(&Guards { min_cosine: Some(0.95), ..none() }, &low);
+        let v = evaluate(&Guards { min_cosine: Some(0.95), ..none() }, &low, false);
         assert_eq!(outcomes(&v), [("cosine:embedding", Outcome::Fail)]);
         let at = with_outputs(&[("embedding", OutputDrift { cosine: 0.95, ..drift(300, 0.0, None) })]);
-        assert_eq!(evaluate(&Guards { min_cosine: Some(0.95), ..none() }, &at).outcome, Outcome::Pass);
+        assert_eq!(evaluate(&Guards { min_cosine: Some(0.95), ..none() }, &at, false).outcome, Outcome::Pass);
         // Too few comparisons of one output leave only that one inconclusive.
         let v = evaluate(
             &Guards { max_rel_l2: Some(0.1), ..none() },
             &with_outputs(&[("a", drift(300, 0.0, None)), ("b", drift(7, 0.0, None))]),
+            false,
         );
         assert_eq!(outcomes(&v), [("rel_l2:a", Outcome::Pass), ("rel_l2:b", Outcome::Inconclusive)]);
         assert_eq!(v.reason, "inconclusive: rel_l2:b has 7 of the 100 samples it needs");
@@ -459,7 +594,7 @@ mod tests {
             mismatched: 200,
         };
         let guards = Guards { max_rel_l2: Some(0.1), ..none() };
-        let v = evaluate(&guards, &with_outputs(&[("scores", mismatch)]));
+        let v = evaluate(&guards, &with_outputs(&[("scores", mismatch)]), false);
         assert_eq!(v.outcome, Outcome::Fail);
         assert_eq!(v.reason, "failed: rel_l2:scores at inf is above its threshold 0.1 over 200 samples");
     }
@@ -467,18 +602,18 @@ mod tests {
     #[test]
     fn drift_guards_without_comparisons_are_inconclusive() {
         let guards = Guards { max_rel_l2: Some(0.1), min_top1_agreement: Some(0.9), ..none() };
-        let v = evaluate(&guards, &Window::default());
+        let v = evaluate(&guards, &Window::default(), false);
         assert_eq!(outcomes(&v), [("rel_l2", Outcome::Inconclusive), ("top1_agreement", Outcome::Inconclusive)]);
         assert!(v.checks.iter().all(|c| c.value.is_none() && c.samples == 0));
         // Outputs compared, but none of them class scores: top-1 cannot be judged.
-        let v = evaluate(&guards, &with_outputs(&[("embedding", drift(300, 0.0, None))]));
+        let v = evaluate(&guards, &with_outputs(&[("embedding", drift(300, 0.0, None))]), false);
         assert_eq!(outcomes(&v), [("rel_l2:embedding", Outcome::Pass), ("top1_agreement", Outcome::Inconclusive)]);
         assert_eq!(v.outcome, Outcome::Inconclusive);
     }
 
     #[test]
     fn no_guard_at_all_is_inconclusive() {
-        let v = evaluate(&none(), &traffic(side(1000, 0, 1.0), side(1000, 0, 1.0)));
+        let v = evaluate(&none(), &traffic(side(1000, 0, 1.0), side(1000, 0, 1.0)), false);
         assert_eq!((v.outcome, v.checks.len()), (Outcome::Inconclusive, 0));
         assert_eq!(v.reason, "no guard is set, so nothing can be judged");
     }
@@ -491,5 +626,93 @@ mod tests {
         assert_eq!(number(0.0), "0");
         assert_eq!(number(0.00001234), "1.234e-5");
         assert_eq!(number(f64::INFINITY), "inf");
+    }
+
+    fn answered(requests: u64, outcome_value: f64) -> Side {
+        Side { requests, answered: requests, outcome_value, outcomes: outcome_value as u64, ..Side::default() }
+    }
+
+    #[test]
+    fn the_outcome_guard_holds_the_candidates_rate_to_the_stables() {
+        let guards = Guards { min_outcome_ratio: Some(0.95), ..none() };
+        let judged = |stable, candidate, shadowed| evaluate(&guards, &traffic(stable, candidate), shadowed);
+        // 10 % against 5 % per answer: a ratio of 0.5.
+        let v = judged(answered(1000, 100.0), answered(500, 25.0), false);
+        assert_eq!(outcomes(&v), [("outcome_ratio", Outcome::Fail)]);
+        assert!((v.checks[0].value.unwrap() - 0.5).abs() < 1e-12);
+        assert!(v.reason.contains("outcome_ratio at 0.5 is below its threshold 0.95 over 500 samples"), "{}", v.reason);
+        assert_eq!(judged(answered(1000, 100.0), answered(500, 49.0), false).outcome, Outcome::Pass);
+        // Too few answers on one side, or no outcome on the stable side: no verdict.
+        assert_eq!(judged(answered(1000, 100.0), answered(99, 0.0), false).outcome, Outcome::Inconclusive);
+        let v = judged(answered(1000, 0.0), answered(500, 20.0), false);
+        assert_eq!(v.outcome, Outcome::Inconclusive);
+        assert!(v.reason.contains("no outcome was posted for the stable version's answers"), "{}", v.reason);
+        // A shadow's answers reach nobody: nothing to hold against it.
+        assert!(judged(answered(1000, 100.0), answered(500, 0.0), true).checks.is_empty());
+    }
+
+    #[test]
+    fn during_the_watch_the_baseline_stands_in_for_the_stable_side() {
+        let guards = Guards { min_outcome_ratio: Some(0.95), ..none() };
+        let baseline = Baseline { version: 1, requests: 5000, outcome_rate: Some(0.1), ..Baseline::default() };
+        let window = Window { candidate: answered(1000, 50.0), baseline: Some(baseline), ..Window::default() };
+        let v = evaluate(&guards, &window, false);
+        assert_eq!(outcomes(&v), [("outcome_ratio", Outcome::Fail)]);
+        assert_eq!(v.checks[0].samples, 1000);
+    }
+
+    fn metric(min_ratio: Option<f64>, max_ratio: Option<f64>) -> Guards {
+        let query = "sum(rate(clicks{version=\"{{version}}\"}[{{window}}]))".to_owned();
+        Guards { metrics: vec![MetricGuard { name: "ctr".into(), query, min_ratio, max_ratio }], ..none() }
+    }
+
+    fn read(stable: Option<f64>, candidate: Option<f64>, problem: Option<&str>) -> Window {
+        let reading = MetricReading { name: "ctr".into(), stable, candidate, problem: problem.map(str::to_owned) };
+        Window { metrics: vec![reading], ..traffic(answered(1000, 0.0), answered(1000, 0.0)) }
+    }
+
+    #[test]
+    fn a_metric_guard_judges_the_ratio_of_its_two_readings() {
+        let guards = metric(Some(0.9), Some(1.2));
+        assert_eq!(guards.metrics[0].query_for("m", 7, 3000), "sum(rate(clicks{version=\"7\"}[3000ms]))");
+        let v = evaluate(&guards, &read(Some(0.1), Some(0.05), None), false);
+        assert_eq!(outcomes(&v), [("metric:ctr", Outcome::Fail), ("metric:ctr", Outcome::Pass)]);
+        let v = evaluate(&guards, &read(Some(0.1), Some(0.13), None), false);
+        assert_eq!(outcomes(&v), [("metric:ctr", Outcome::Pass), ("metric:ctr", Outcome::Fail)]);
+        assert_eq!(evaluate(&guards, &read(Some(0.1), Some(0.1), None), false).outcome, Outcome::Pass);
+    }
+
+    #[test]
+    fn no_data_is_never_a_pass() {
+        let guards = metric(Some(0.9), None);
+        let cases = [
+            (read(Some(0.1), None, Some("candidate version 2: the query gave no series: no data")), "no series"),
+            (read(None, Some(0.1), Some("stable version 1: Prometheus at x did not answer")), "did not answer"),
+            (read(Some(0.0), Some(0.0), None), "both sides read 0"),
+            (read(Some(0.0), Some(0.3), None), "the stable side reads 0"),
+            (Window { metrics: Vec::new(), ..read(None, None, None) }, "it was not read"),
+        ];
+        for (window, why) in cases {
+            let v = evaluate(&guards, &window, false);
+            assert_eq!(v.outcome, Outcome::Inconclusive, "{why}");
+            assert!(v.reason.contains(why), "{why}: {}", v.reason);
+        }
+    }
+
+    #[test]
+    fn metric_guards_are_checked_for_name_query_and_bounds() {
+        assert!(metric(Some(0.9), None).check().is_ok());
+        assert!(metric(None, None).check().unwrap_err().contains("needs min_ratio"));
+        assert!(metric(Some(f64::NAN), None).check().is_err());
+        assert!(metric(None, Some(0.0)).check().is_err());
+        let mut two = metric(Some(0.9), None);
+        two.metrics.push(two.metrics[0].clone());
+        assert!(two.check().unwrap_err().contains("two metric guards"));
+        let mut blank = metric(Some(0.9), None);
+        blank.metrics[0].query = " ".into();
+        assert!(blank.check().is_err());
+        blank.metrics[0].name = "a b".into();
+        assert!(blank.check().is_err());
+        assert!(Guards { min_outcome_ratio: Some(0.0), ..none() }.check().is_err());
     }
 }

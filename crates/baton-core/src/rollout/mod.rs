@@ -16,6 +16,8 @@ pub mod assign;
 pub mod compare;
 pub mod control;
 pub mod guard;
+pub mod metric;
+pub mod outcome;
 pub mod plan;
 pub mod shadow;
 pub mod window;
@@ -106,6 +108,8 @@ pub struct Rollout {
     pub weight: u32,
     /// What salts the sticky keys' buckets ([`assign::salt`]).
     pub salt: u64,
+    /// The outcome ids its answers carry, and those already posted.
+    pub outcomes: Arc<outcome::Outcomes>,
     /// Whether requests the candidate answers are also run on the stable
     /// version, off the response path, to compare outputs (canary and A/B
     /// modes).
@@ -116,6 +120,11 @@ pub struct Rollout {
     pub copies: Arc<CopyGate>,
     /// In shadow mode, the lowered runner of the candidate's copies.
     pub shadow: Option<shadow::Shadow>,
+    /// During the watch after promotion: the version that served before,
+    /// kept as previous. The candidate is then the stable version and
+    /// answers everything; paired copies go to this version, whose answers
+    /// are the windows' baseline.
+    pub baseline: Option<Arc<Version>>,
 }
 
 /// Bounds the comparison copies of one rollout that run at once.
@@ -179,8 +188,12 @@ pub struct Compare<'a> {
 
 impl Compare<'_> {
     /// Starts the copy of a request on the other side, off the response
-    /// path, given the answer the request got. Only while fewer than the
-    /// plan's `queue` copies run; otherwise the copy is dropped and counted.
+    /// path, given the answer the request got (`None` when it failed: the
+    /// copy still gives the other side a sample, so that a candidate that
+    /// fails where stable answers is judged even when stable answers
+    /// nothing else, at 100 % or during the watch after promotion). Only
+    /// while fewer than the plan's `queue` copies run; otherwise the copy
+    /// is dropped and counted.
     ///
     /// - A shadow copy goes to the rollout's lowered runner
     ///   ([`shadow`]), which records what it came to itself: `None`.
@@ -190,7 +203,7 @@ impl Compare<'_> {
     ///   a queue (else it is dropped and counted). It never runs on the
     ///   calling thread. The caller awaits [`Copy::pending`] apart from the
     ///   answer and records what it came to with [`Copy::finish`].
-    pub fn start(&self, inputs: Vec<Tensor>, answered: &[Tensor]) -> Option<Copy> {
+    pub fn start(&self, inputs: Vec<Tensor>, answered: Option<&[Tensor]>) -> Option<Copy> {
         let gate = &self.rollout.copies;
         if gate.running.fetch_add(1, Ordering::Relaxed) >= gate.limit {
             gate.running.fetch_sub(1, Ordering::Relaxed);
@@ -199,7 +212,7 @@ impl Compare<'_> {
         }
         let slot = Slot(Arc::clone(gate));
         if let (Role::Candidate, Some(shadow)) = (self.role, &self.rollout.shadow) {
-            let job = shadow::Job { inputs, answered: answered.to_vec(), slot };
+            let job = shadow::Job { inputs, answered: answered.map(<[Tensor]>::to_vec), slot };
             if shadow.send(job).is_err() {
                 self.rollout.observations.record_dropped();
             }
@@ -225,38 +238,39 @@ impl Copy {
     /// Blocks until the copy is answered and records what it came to. For
     /// synchronous callers (tools, tests); an async task awaits
     /// [`Copy::pending`] instead.
-    pub fn wait(self, answered: &[Tensor]) {
+    pub fn wait(self, answered: Option<&[Tensor]>) {
         let Copy { pending, role, observations, _slot } = self;
         let (outcome, ran) = pending.wait_timed();
         record_copy(&observations, role, answered, outcome, ran);
     }
 
     /// Records what the copy came to, once [`Copy::pending`] resolved, given
-    /// the answer the request got (`answered`). Its engine time and failure
-    /// count as its version's, in its role.
-    pub fn finish(self, answered: &[Tensor], outcome: Result<Vec<Tensor>, InferError>) {
+    /// the answer the request got (`answered`; `None` when it failed). Its
+    /// engine time and failure count as its version's, in its role.
+    pub fn finish(self, answered: Option<&[Tensor]>, outcome: Result<Vec<Tensor>, InferError>) {
         let ran = self.pending.engine_time();
         record_copy(&self.observations, self.role, answered, outcome, ran);
     }
 }
 
 /// Records what a copy run by the version in `role` came to, given the
-/// answer the request got: its engine time and failure as that version's,
-/// and the comparison of the two answers.
+/// answer the request got (`None` when it failed): its engine time and
+/// failure as that version's, and the comparison of the two answers when
+/// both sides answered.
 pub(crate) fn record_copy(
     observations: &window::Observations,
     role: Role,
-    answered: &[Tensor],
+    answered: Option<&[Tensor]>,
     outcome: Result<Vec<Tensor>, InferError>,
     ran: Option<std::time::Duration>,
 ) {
     // A copy counts as its version's request: a canary at 100 % still
     // gives the stable side of its windows samples. Its engine time is
     // measured as an answered request's is, on the thread that ran it.
-    observations.record(role, ran, outcome.is_err());
-    match (role, outcome) {
-        (Role::Candidate, Ok(candidate)) => observations.record_comparison(answered, &candidate),
-        (_, Ok(stable)) => observations.record_comparison(&stable, answered),
-        (_, Err(_)) => observations.record_comparison_error(),
+    observations.record_copy_run(role, ran, outcome.is_err());
+    match (role, answered, outcome) {
+        (Role::Candidate, Some(answered), Ok(candidate)) => observations.record_comparison(answered, &candidate),
+        (_, Some(answered), Ok(stable)) => observations.record_comparison(&stable, answered),
+        _ => observations.record_comparison_error(),
     }
 }

@@ -12,6 +12,7 @@
 //! max_inconclusive = 10      # inconclusive windows in a row that pause the rollout
 //! paired = true              # canary/ab: also run answered requests on stable, off the response path, to compare
 //! queue = 64                 # comparison copies waiting at most; more are dropped and counted
+//! watch_ms = 300000          # after promotion, keep judging against the old version this long; 0: no watch
 //!
 //! [rollout.guards]           # see Guards
 //! min_samples = 100
@@ -52,9 +53,20 @@ pub struct RolloutPolicy {
     /// Comparison copies that may wait; a copy beyond it is dropped and
     /// counted, never waited for.
     pub queue: usize,
+    /// How long after promotion the new stable version is still judged
+    /// against the old one, kept loaded as previous; a failed window in
+    /// that time rolls back to it. 0: no watch.
+    pub watch_ms: u64,
     /// What each window is held to.
     pub guards: Guards,
 }
+
+/// The watch after promotion by default: five minutes, long enough for a
+/// regression that needs traffic (a cache that warms, a feature that comes
+/// into play) to show in error rate, latency and drift, and for business
+/// signals that lag their requests by a minute or two; short next to the
+/// hours a previous version may stay loaded anyway.
+pub const DEFAULT_WATCH_MS: u64 = 300_000;
 
 impl Default for RolloutPolicy {
     fn default() -> Self {
@@ -67,6 +79,7 @@ impl Default for RolloutPolicy {
             max_inconclusive: 10,
             paired: true,
             queue: 64,
+            watch_ms: DEFAULT_WATCH_MS,
             guards: Guards::default(),
         }
     }
@@ -89,6 +102,8 @@ pub struct Overrides {
     pub max_inconclusive: Option<u32>,
     /// Whether answered requests are paired with the stable version.
     pub paired: Option<bool>,
+    /// The watch after promotion, in milliseconds.
+    pub watch_ms: Option<u64>,
     /// The guards, whole.
     pub guards: Option<Guards>,
 }
@@ -110,6 +125,9 @@ pub struct Plan {
     pub paired: bool,
     /// Comparison copies that may wait.
     pub queue: usize,
+    /// The watch after promotion, in milliseconds (0: none).
+    #[serde(default)]
+    pub watch_ms: u64,
     /// What each window is held to.
     pub guards: Guards,
 }
@@ -145,6 +163,7 @@ impl Plan {
             max_inconclusive: overrides.max_inconclusive.unwrap_or(policy.max_inconclusive),
             paired: overrides.paired.unwrap_or(policy.paired),
             queue: policy.queue,
+            watch_ms: overrides.watch_ms.unwrap_or(policy.watch_ms),
             guards: overrides.guards.clone().unwrap_or_else(|| policy.guards.clone()),
         };
         plan.check(false)?;
@@ -198,6 +217,11 @@ impl Plan {
     /// The window length.
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.interval_ms)
+    }
+
+    /// The watch after promotion, if any.
+    pub fn watch(&self) -> Option<Duration> {
+        (self.watch_ms > 0).then(|| Duration::from_millis(self.watch_ms))
     }
 }
 

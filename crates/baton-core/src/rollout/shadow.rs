@@ -27,11 +27,11 @@ use crate::sync::Sender;
 use crate::tensor::Tensor;
 use crate::version::Version;
 
-/// One copy for the runner: the request's inputs, the answer stable gave,
-/// and its room in the rollout's gate.
+/// One copy for the runner: the request's inputs, the answer stable gave
+/// (`None` when it failed), and its room in the rollout's gate.
 pub(crate) struct Job {
     pub(crate) inputs: Vec<Tensor>,
-    pub(crate) answered: Vec<Tensor>,
+    pub(crate) answered: Option<Vec<Tensor>>,
     pub(crate) slot: Slot,
 }
 
@@ -72,7 +72,7 @@ impl Shadow {
                 let observations = Arc::clone(&observations);
                 let Job { answered, slot, .. } = job;
                 drop(slot);
-                agent.send(move || record_copy(&observations, Role::Candidate, &answered, outcome, ran));
+                agent.send(move || record_copy(&observations, Role::Candidate, answered.as_deref(), outcome, ran));
             }
             // The version is let go of at serving priority.
             agent.send(move || drop(candidate));

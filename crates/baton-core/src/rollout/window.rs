@@ -36,6 +36,17 @@ impl Observations {
     /// sample of either side is that same measure). Requests to
     /// [`Role::Previous`] are not counted.
     pub fn record(&self, role: Role, latency: Option<Duration>, failed: bool) {
+        self.record_run(role, latency, failed, true);
+    }
+
+    /// Counts a comparison copy `role` ran (or failed) as a sample of that
+    /// side, like [`Observations::record`], but not as an answer: nobody
+    /// saw it, so no outcome can follow it.
+    pub fn record_copy_run(&self, role: Role, latency: Option<Duration>, failed: bool) {
+        self.record_run(role, latency, failed, false);
+    }
+
+    fn record_run(&self, role: Role, latency: Option<Duration>, failed: bool, answered: bool) {
         let mut state = self.state.lock();
         let side = match role {
             Role::Stable => &mut state.open.stable,
@@ -43,6 +54,7 @@ impl Observations {
             Role::Previous => return,
         };
         side.requests += 1;
+        side.answered += u64::from(answered);
         side.errors += u64::from(failed);
         if let Some(latency) = latency {
             side.latency.record(latency);
@@ -74,6 +86,20 @@ impl Observations {
     /// the stable version) failed on the copy.
     pub fn record_comparison_error(&self) {
         self.state.lock().open.comparison_errors += 1;
+    }
+
+    /// Adds outcomes posted for answers of `side` (see [`super::outcome`]):
+    /// `count` of them, worth `value` in all. They count in the window
+    /// open when they arrive, whichever window the answers were in.
+    pub fn record_outcomes(&self, side: Role, count: u64, value: f64) {
+        let mut state = self.state.lock();
+        let tally = match side {
+            Role::Stable => &mut state.open.stable,
+            Role::Candidate => &mut state.open.candidate,
+            Role::Previous => return,
+        };
+        tally.outcomes += count;
+        tally.outcome_value += value;
     }
 
     /// Counts a copy dropped because the comparison queue was full.
@@ -177,6 +203,8 @@ impl Sums {
             compared: self.compared,
             comparison_errors: self.comparison_errors,
             dropped: self.dropped,
+            metrics: Vec::new(),
+            baseline: None,
         }
     }
 }
@@ -186,19 +214,32 @@ impl Sums {
 #[serde(default)]
 struct SideTally {
     requests: u64,
+    answered: u64,
     errors: u64,
     latency: Histogram,
+    outcomes: u64,
+    outcome_value: f64,
 }
 
 impl SideTally {
     fn merge(&mut self, other: &SideTally) {
         self.requests += other.requests;
+        self.answered += other.answered;
         self.errors += other.errors;
         self.latency.merge(&other.latency);
+        self.outcomes += other.outcomes;
+        self.outcome_value += other.outcome_value;
     }
 
     fn side(&self) -> Side {
-        Side { requests: self.requests, errors: self.errors, p99_ms: self.latency.quantile_ms(0.99) }
+        Side {
+            requests: self.requests,
+            answered: self.answered,
+            errors: self.errors,
+            p99_ms: self.latency.quantile_ms(0.99),
+            outcomes: self.outcomes,
+            outcome_value: self.outcome_value,
+        }
     }
 }
 
@@ -435,20 +476,67 @@ pub struct Window {
     pub comparison_errors: u64,
     /// Copies dropped because the comparison queue was full.
     pub dropped: u64,
+    /// The metric guards' readings, taken when the window ended.
+    pub metrics: Vec<MetricReading>,
+    /// During the watch after promotion: what the replaced version showed
+    /// before it, which stands in for the stable side of the outcome and
+    /// metric guards (it answers nobody during the watch).
+    pub baseline: Option<Baseline>,
+}
+
+/// One metric guard's query, read for both sides when a window ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetricReading {
+    /// The guard's name.
+    pub name: String,
+    /// The stable side's value, when the query gave one number.
+    pub stable: Option<f64>,
+    /// The candidate's.
+    pub candidate: Option<f64>,
+    /// Why a side has no value, as a sentence.
+    pub problem: Option<String>,
+}
+
+/// What the version a promotion replaced showed over the rollout, kept for
+/// the watch after it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// The version.
+    pub version: u64,
+    /// Answers it gave clients during the rollout.
+    pub requests: u64,
+    /// Its outcome value per answer over the rollout, when it answered any.
+    pub outcome_rate: Option<f64>,
+    /// Each metric guard's last value for it before the promotion.
+    pub metrics: BTreeMap<String, f64>,
 }
 
 /// One role's requests in a window.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Side {
-    /// Requests answered or failed.
+    /// Requests answered or failed, comparison copies included.
     pub requests: u64,
+    /// Of those, the ones a client asked for (not comparison copies): the
+    /// answers outcomes can follow.
+    pub answered: u64,
     /// Of those, failed.
     pub errors: u64,
     /// The 99th percentile latency, in milliseconds, when any request ran.
     pub p99_ms: Option<f64>,
+    /// Outcomes posted for its answers, counted in the window they arrived
+    /// in.
+    pub outcomes: u64,
+    /// Their value in all (1 each when posted without a value).
+    pub outcome_value: f64,
 }
 
 impl Side {
+    /// Outcome value per answer a client asked for; `None` when there was
+    /// none.
+    pub fn outcome_rate(&self) -> Option<f64> {
+        (self.answered > 0).then(|| self.outcome_value / self.answered as f64)
+    }
+
     /// Failed requests over all requests; `None` when there were none.
     pub fn error_rate(&self) -> Option<f64> {
         (self.requests > 0).then(|| self.errors as f64 / self.requests as f64)

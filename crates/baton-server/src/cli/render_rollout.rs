@@ -20,10 +20,10 @@ fn text(v: &Value) -> &str {
     v.as_str().unwrap_or("?")
 }
 
-/// Whether the rollout has ended (promoted, rolled back or aborted), or
-/// there is none.
+/// Whether the rollout has ended (promoted and no longer watched, rolled
+/// back or aborted), or there is none.
 pub fn ended(answer: &Value) -> bool {
-    !matches!(answer["rollout"]["phase"].as_str(), Some("running" | "paused"))
+    !matches!(answer["rollout"]["phase"].as_str(), Some("running" | "paused" | "watching"))
 }
 
 /// The steps in percent, the one reached in brackets.
@@ -107,6 +107,13 @@ pub fn view(answer: &Value) -> String {
         Some(ms) => format!("next window in {:.1} s", ms / 1000.0),
         None => "no window is judged".to_owned(),
     };
+    if let Some(watch) = rollout["watch"].as_object() {
+        out.push_str(&format!(
+            "  watched after promotion against version {} for {:.0} s more; a failed window rolls back to it\n",
+            number(&watch["against"]),
+            watch["left_ms"].as_f64().unwrap_or_default() / 1000.0
+        ));
+    }
     out.push_str(&format!(
         "  failures {}/{}, inconclusive {}/{} in a row; {next}\n",
         number(&rollout["failures"]),
@@ -148,6 +155,16 @@ mod tests {
                 ]
             }
         })
+    }
+
+    #[test]
+    fn a_watched_rollout_says_against_what_and_for_how_long() {
+        let mut watched = answer("watching");
+        watched["rollout"]["watch"] = json!({ "against": 1, "left_ms": 240_000 });
+        let view = view(&watched);
+        assert!(view.contains("watched after promotion against version 1 for 240 s more"), "{view}");
+        assert!(!ended(&watched));
+        assert!(ended(&answer("promoted")));
     }
 
     #[test]

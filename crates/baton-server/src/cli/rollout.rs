@@ -52,6 +52,10 @@ pub struct RolloutArgs {
     /// Start: whether requests the candidate answers also run on the stable version, to compare outputs.
     #[arg(long, value_name = "true|false")]
     pub paired: Option<bool>,
+    /// Start: how long after promotion the new stable version is still
+    /// judged against the one it replaced, e.g. 5m; 0s for no watch.
+    #[arg(long, value_parser = baton_drill::args::parse_duration)]
+    pub watch_for: Option<Duration>,
     /// Start: the guards as a JSON object with the fields of [rollout.guards].
     #[arg(long, value_name = "JSON", conflicts_with_all = GUARD_FLAGS)]
     pub guards: Option<String>,
@@ -71,7 +75,7 @@ pub struct RolloutArgs {
 }
 
 /// The guard flags' ids, which `--guards` excludes.
-const GUARD_FLAGS: [&str; 7] = [
+const GUARD_FLAGS: [&str; 8] = [
     "min_samples",
     "max_error_rate_increase",
     "max_p99_ratio",
@@ -79,6 +83,7 @@ const GUARD_FLAGS: [&str; 7] = [
     "max_rel_l2",
     "min_cosine",
     "min_top1_agreement",
+    "min_outcome_ratio",
 ];
 
 /// Start: the guards one by one. Given any, they replace the model's
@@ -106,6 +111,9 @@ pub struct GuardFlags {
     /// Start: the share of rows with the same top class, at least.
     #[arg(long)]
     pub min_top1_agreement: Option<f64>,
+    /// Start: the candidate's outcome value per answer over the stable version's, at least.
+    #[arg(long)]
+    pub min_outcome_ratio: Option<f64>,
 }
 
 impl GuardFlags {
@@ -122,6 +130,7 @@ impl GuardFlags {
             ("max_rel_l2", self.max_rel_l2),
             ("min_cosine", self.min_cosine),
             ("min_top1_agreement", self.min_top1_agreement),
+            ("min_outcome_ratio", self.min_outcome_ratio),
         ];
         for (name, value) in thresholds {
             if let Some(value) = value {
@@ -163,6 +172,7 @@ impl RolloutArgs {
         put("failure_limit", self.failure_limit.map(Value::from));
         put("max_inconclusive", self.max_inconclusive.map(Value::from));
         put("paired", self.paired.map(Value::from));
+        put("watch_ms", self.watch_for.map(|d| json!(d.as_millis() as u64)));
         let guards = match &self.guards {
             Some(text) => Some(serde_json::from_str(text).context("--guards is not a JSON object")?),
             None => self.guard.json(),
@@ -181,6 +191,7 @@ impl RolloutArgs {
             ("--failure-limit", self.failure_limit.is_some()),
             ("--max-inconclusive", self.max_inconclusive.is_some()),
             ("--paired", self.paired.is_some()),
+            ("--watch-for", self.watch_for.is_some()),
             ("--guards and the guard flags", self.guards.is_some() || self.guard.json().is_some()),
         ];
         given.into_iter().filter(|(_, given)| *given).map(|(flag, _)| flag).collect()

@@ -41,7 +41,7 @@ pub fn record_now(app: &App, model: &str) -> Result<(), StateError> {
     // What serves once the ending's store is made, which may not have
     // happened yet when its decision's event arrives.
     let serving = match rollout.phase {
-        Phase::Promoted => Some(rollout.candidate),
+        Phase::Promoted | Phase::Watching => Some(rollout.candidate),
         _ => Some(rollout.stable),
     };
     let change = match rollout.phase {
@@ -57,7 +57,10 @@ pub fn record_now(app: &App, model: &str) -> Result<(), StateError> {
                 paused: rollout.paused.clone(),
             })),
         }),
-        Phase::Promoted | Phase::RolledBack | Phase::Aborted => {
+        // A restart during the watch after promotion keeps the promoted
+        // version, and does not watch again: the version it replaced is
+        // not loaded any more to go back to.
+        Phase::Promoted | Phase::Watching | Phase::RolledBack | Phase::Aborted => {
             // A decision an operator made after the rollout ended (a pin,
             // a load) is not this rollout's to change.
             let ended_s = rollout.decisions.last().map_or(0, |d| d.at_ms / 1000);

@@ -80,6 +80,10 @@ async fn infer(
     let mut response = encoded.await?;
     let role = InferParameter { parameter_choice: Some(ParameterChoice::StringParam(target.role.as_str().to_owned())) };
     response.parameters.insert(serving::ROLE_PARAMETER.to_owned(), role);
+    if let Some(id) = target.outcome_id() {
+        let id = InferParameter { parameter_choice: Some(ParameterChoice::StringParam(id)) };
+        response.parameters.insert(serving::OUTCOME_ID_PARAMETER.to_owned(), id);
+    }
     Ok((response, target.role))
 }
 

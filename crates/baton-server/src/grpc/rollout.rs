@@ -18,6 +18,7 @@ pub fn start_request(message: RolloutStartRequest) -> Result<StartRequest, Serve
         failure_limit: message.failure_limit,
         max_inconclusive: message.max_inconclusive,
         paired: message.paired,
+        watch_ms: message.watch_ms,
         guards: message.guards_json.as_deref().map(rollout_start::guards).transpose()?,
     };
     rollout_start::checked(StartRequest { version: message.version, overrides })

@@ -118,8 +118,13 @@ async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result
     let fail = |e: ApiError| (e, false);
     let outputs = serving::infer(app, model, &target, inputs, ticket).await.map_err(fail)?;
     let (name, number, role) = (model.to_owned(), target.version.number(), target.role.as_str());
+    let outcome_id = target.outcome_id();
+    let sent_id = outcome_id.clone();
     let encoded = serving::work_on(serving::tensor_bytes(&outputs) as usize, move || {
-        let parameters = [(serving::ROLE_PARAMETER, role)];
+        let mut parameters = vec![(serving::ROLE_PARAMETER, role)];
+        if let Some(id) = &sent_id {
+            parameters.push((serving::OUTCOME_ID_PARAMETER, id.as_str()));
+        }
         encode_response_with(&name, number, request.id.as_deref(), outputs, &request, &parameters)
     })
     .await
@@ -127,6 +132,9 @@ async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result
     let mut response = encoded.body.into_response();
     let headers = response.headers_mut();
     headers.insert(serving::ROLE_HEADER, HeaderValue::from_static(role));
+    if let Some(id) = outcome_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
+        headers.insert(serving::OUTCOME_ID_HEADER, id);
+    }
     match encoded.header_length {
         Some(n) => {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));

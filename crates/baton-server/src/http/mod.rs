@@ -8,6 +8,7 @@ mod error;
 mod infer;
 mod manage;
 mod models;
+mod outcomes;
 mod repository;
 mod rollout;
 
@@ -48,6 +49,7 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/v2/models/{name}/ready", get(models::model_ready))
         .route("/v2/models/{name}/config", get(models::model_config))
         .route("/v2/models/{name}/infer", post(infer::infer))
+        .route("/baton/v1/models/{name}/outcomes", post(outcomes::post))
         .route("/v2/models/{name}/versions/{version}", get(models::version_metadata))
         .route("/v2/models/{name}/versions/{version}/ready", get(models::version_ready))
         .route("/v2/models/{name}/versions/{version}/config", get(models::version_config))

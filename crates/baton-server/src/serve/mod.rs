@@ -139,6 +139,11 @@ pub struct ServeArgs {
     /// is refused at its load stage, and the serving version keeps serving.
     #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
     pub memory_budget: Option<u64>,
+    /// The Prometheus that rollouts' metric guards query, e.g.
+    /// http://127.0.0.1:9090 (none by default: a rollout with metric guards
+    /// is then refused). Each query has 2 s to answer.
+    #[arg(long, value_name = "URL")]
+    pub prometheus_url: Option<String>,
     /// The deadline of a request whose client sets none, e.g. 30s or
     /// 500ms; 0 for none.
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
@@ -390,6 +395,9 @@ fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>
             loader_idle: args.loader_idle,
             step_aside: args.step_aside(),
             memory_budget: args.memory_budget,
+            metric_source: args.prometheus_url.as_deref().map(|url| {
+                Arc::new(crate::prometheus::Prometheus::new(url)) as Arc<dyn baton_core::rollout::metric::MetricSource>
+            }),
             ..RegistryConfig::default()
         },
     );

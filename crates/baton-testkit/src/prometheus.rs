@@ -1,0 +1,188 @@
+//! The real Prometheus (Debian's package), started on a free loopback port
+//! with a fresh data directory, scraping a small exporter the test owns
+//! every 200 ms: for tests of rollout guards that query it. The exporter
+//! serves whatever text the test sets, as an application's `/metrics`
+//! would.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::server::free_port;
+
+/// How long Prometheus may take to be ready and to have scraped once.
+const START_LIMIT: Duration = Duration::from_secs(30);
+
+/// A `/metrics` page on a free loopback port, served from a thread until
+/// dropped.
+pub struct Exporter {
+    port: u16,
+    text: Arc<Mutex<String>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Exporter {
+    /// Serves `text` (Prometheus's text format) to every request.
+    pub fn start(text: &str) -> Exporter {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a port for the exporter");
+        listener.set_nonblocking(true).expect("a non-blocking listener");
+        let port = listener.local_addr().expect("the exporter's address").port();
+        let text = Arc::new(Mutex::new(text.to_owned()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (page, stopped) = (Arc::clone(&text), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+                        let mut request = [0u8; 4096];
+                        let _ = stream.read(&mut request);
+                        let body = page.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\n\
+                             connection: close\r\n\r\n",
+                            body.len()
+                        );
+                        let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body.as_bytes()));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Exporter { port, text, stop, thread: Some(thread) }
+    }
+
+    /// Serves `text` from now on.
+    pub fn set(&self, text: &str) {
+        *self.text.lock().unwrap_or_else(|e| e.into_inner()) = text.to_owned();
+    }
+
+    /// The `host:port` Prometheus scrapes.
+    pub fn target(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A running Prometheus. Dropping it stops the process.
+pub struct Prometheus {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    agent: ureq::Agent,
+}
+
+impl Prometheus {
+    /// Starts Prometheus scraping `target` every 200 ms, and waits until it
+    /// is ready and holds a first scrape. Panics when the binary is missing
+    /// (saying how to install it) or when it does not come up in time.
+    pub fn start(target: &str) -> Prometheus {
+        let binary = find_binary();
+        let dir = tempfile::tempdir().expect("a temporary dir for Prometheus");
+        let config = format!(
+            "global:\n  scrape_interval: 200ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: app\n    \
+             static_configs:\n      - targets: ['{target}']\n"
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).expect("writing prometheus.yml");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("log")).expect("Prometheus's log file");
+        let child = Command::new(binary)
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the log again"))
+            .stderr(log)
+            .spawn()
+            .expect("starting prometheus");
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build();
+        let prometheus = Prometheus { child: Some(child), port, dir, agent: agent.into() };
+        let deadline = Instant::now() + START_LIMIT;
+        while Instant::now() < deadline {
+            if prometheus.query("up").is_some_and(|v| v["data"]["result"].as_array().is_some_and(|r| !r.is_empty())) {
+                return prometheus;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("Prometheus did not scrape its target within {START_LIMIT:?}\n--- log ---\n{}", prometheus.log());
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The answer to an instant query, when Prometheus gave one.
+    pub fn query(&self, query: &str) -> Option<Value> {
+        let mut response = self.agent.get(format!("{}/api/v1/query", self.url())).query("query", query).call().ok()?;
+        serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()
+    }
+
+    /// Waits until `query` gives one sample equal to `value`: the scrapes
+    /// have caught up with what the exporter serves.
+    pub fn wait_for(&self, query: &str, value: f64) {
+        let deadline = Instant::now() + START_LIMIT;
+        while Instant::now() < deadline {
+            let got = self.query(query).and_then(|v| v["data"]["result"][0]["value"][1].as_str()?.parse::<f64>().ok());
+            if got == Some(value) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("Prometheus never read {value} for {query}");
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// Stops it (SIGKILL: its data is thrown away anyway) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Debian's `prometheus`, or the one on the PATH.
+fn find_binary() -> PathBuf {
+    let candidates = [PathBuf::from("/usr/bin/prometheus")];
+    if let Some(found) = candidates.into_iter().find(|p| p.exists()) {
+        return found;
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join("prometheus")).find(|p| p.exists()))
+        .expect("prometheus is not installed; run scripts/setup-packages.sh (Debian package prometheus)")
+}
