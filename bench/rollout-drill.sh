@@ -61,6 +61,7 @@ serve_v1() {
   rm -rf "$d"
   mkdir -p "$d/mlp"
   cp "$out/baton/mlp/model.toml" "$d/mlp/"
+  printf '%s' "${WARMUP_TOML:-}" >>"$d/mlp/model.toml"
   cp -r "$out/baton/mlp/1" "$d/mlp/"
   start_baton "$d"
   settle
@@ -190,7 +191,12 @@ scenario() {
   [ -x "$tools" ] || { echo "rollout-drill: run bench/setup-peers.sh first (the tools venv)" >&2; return 1; }
   "$tools" bench/rollout_models.py "$out/baton/mlp/1" .baton/bench/rollout-models "$baton" >/dev/null
   for i in $(seq "$repeat"); do
-    serve_v1
+    # The load transaction's generated warmup inputs, spread over [-1, 1],
+    # catch the NaN candidate before it serves (warmup_failed: the output
+    # holds NaN). To measure the guard behind it, the nan part warms with
+    # shipped samples only, as a model whose own samples miss the rare
+    # inputs would.
+    WARMUP_TOML="$( [ "$variant" = nan ] && printf '[warmup]\ngenerated = false\n' )" serve_v1
     cp -r ".baton/bench/rollout-models/$variant" "$d/mlp/5"
     note "$name.$i"
     python3 bench/rollout_scenarios.py "$name" --url "$url" --version 5 --out "$results/rollout-$name.$i.json" |
