@@ -123,10 +123,12 @@ def main():
     p.add_argument("--limit", type=float, default=120)
     p.add_argument("--warmup", type=float, default=3)
     p.add_argument("--out")
+    p.add_argument("--plan", help="JSON fields that replace the scenario's plan's (an experiment)")
     args = p.parse_args()
     host, port = args.url.split("//")[1].split(":")
     port = int(port)
     plan = dict(SCENARIOS[args.scenario], version=args.version)
+    plan.update(json.loads(args.plan or "{}"))
 
     load = Load(host, port, args.workers, seed=20261204)
     load.scenario = args.scenario
