@@ -239,7 +239,10 @@ impl Target {
     /// A new outcome id for the answer this request got, when its model has
     /// a rollout in progress and the answer is one of its sides'.
     pub fn outcome_id(&self) -> Option<String> {
-        self.rollout.as_ref()?.outcomes.issue(self.side).filter(|_| self.role != Role::Previous)
+        if self.role == Role::Previous {
+            return None;
+        }
+        self.rollout.as_ref()?.outcomes.issue(self.side)
     }
 }
 

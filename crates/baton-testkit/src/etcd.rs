@@ -6,7 +6,7 @@
 //! authentication on. Its log goes to a file that failing tests print.
 
 use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -67,7 +67,7 @@ impl Etcd {
     /// the binary is missing (saying how to install it) or when etcd does
     /// not come up within a bounded time (with its log's tail).
     pub fn start() -> Etcd {
-        let binary = find_binary();
+        let binary = crate::installed("etcd");
         let dir = tempfile::tempdir().expect("a temporary dir for etcd");
         let name = format!("baton-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let agent =
@@ -304,19 +304,4 @@ impl Drop for Etcd {
             eprintln!("--- etcd warnings ({}) ---\n{}", self.name, worth.join("\n"));
         }
     }
-}
-
-/// `/usr/bin/etcd`, else `etcd` on the PATH; panics saying how to install
-/// it when neither exists.
-fn find_binary() -> PathBuf {
-    let debian = Path::new("/usr/bin/etcd");
-    if debian.is_file() {
-        return debian.to_owned();
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|dir| dir.join("etcd")).find(|p| p.is_file()))
-        .unwrap_or_default();
-    on_path.unwrap_or_else(|| {
-        panic!("etcd is needed for this test but was not found: run `bash scripts/setup-packages.sh` to install it")
-    })
 }

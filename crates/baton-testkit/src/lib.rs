@@ -104,3 +104,17 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// A program a test needs from Debian's packages: `/usr/bin/NAME`, or NAME
+/// on the PATH. Panics saying how to install it when it is missing.
+pub(crate) fn installed(name: &str) -> std::path::PathBuf {
+    let debian = Path::new("/usr/bin").join(name);
+    if debian.is_file() {
+        return debian;
+    }
+    let on_path = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join(name)).find(|p| p.is_file()));
+    on_path.unwrap_or_else(|| {
+        panic!("{name} is needed for this test but was not found: run `bash scripts/setup-packages.sh` to install it")
+    })
+}

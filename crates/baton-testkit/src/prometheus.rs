@@ -6,7 +6,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -93,7 +92,7 @@ impl Prometheus {
     /// is ready and holds a first scrape. Panics when the binary is missing
     /// (saying how to install it) or when it does not come up in time.
     pub fn start(target: &str) -> Prometheus {
-        let binary = find_binary();
+        let binary = crate::installed("prometheus");
         let dir = tempfile::tempdir().expect("a temporary dir for Prometheus");
         let config = format!(
             "global:\n  scrape_interval: 200ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: app\n    \
@@ -174,15 +173,4 @@ impl Drop for Prometheus {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// Debian's `prometheus`, or the one on the PATH.
-fn find_binary() -> PathBuf {
-    let candidates = [PathBuf::from("/usr/bin/prometheus")];
-    if let Some(found) = candidates.into_iter().find(|p| p.exists()) {
-        return found;
-    }
-    std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join("prometheus")).find(|p| p.exists()))
-        .expect("prometheus is not installed; run scripts/setup-packages.sh (Debian package prometheus)")
 }

@@ -57,16 +57,17 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
     };
     // Metric guards need somewhere to read them, and a fleet's coordinator
     // has none: refused rather than inconclusive window after window.
-    let plan = plan.and_then(|plan| match () {
-        () if plan.guards.metrics.is_empty() => Ok(plan),
-        () if start.steered => {
-            Err(refused(&model, "metric guards are not judged in a fleet's rollouts yet; drop guards.metrics".into()))
-        }
-        () if run.inner.metric_source.is_none() => Err(refused(
-            &model,
-            "metric guards need a Prometheus to ask: start baton with --prometheus-url, or drop guards.metrics".into(),
-        )),
-        () => Ok(plan),
+    let plan = plan.and_then(|plan| {
+        let unread = if plan.guards.metrics.is_empty() {
+            None
+        } else if start.steered {
+            Some("metric guards are not judged in a fleet's rollouts yet; drop guards.metrics")
+        } else if run.inner.metric_source.is_none() {
+            Some("metric guards need a Prometheus to ask: start baton with --prometheus-url, or drop guards.metrics")
+        } else {
+            None
+        };
+        unread.map_or(Ok(plan), |reason| Err(refused(&model, reason.to_owned())))
     });
     let plan = match plan {
         Ok(plan) => plan,
@@ -193,9 +194,7 @@ pub(crate) fn promote(
     let change: Change = Box::new(move |models| {
         let route = models.get_mut(&model)?;
         let rollout = route.rollout.take()?;
-        if let Some(shadow) = &rollout.shadow {
-            shadow.stop();
-        }
+        rollout.stop_shadow();
         let old = std::mem::replace(&mut route.stable, Arc::clone(&rollout.candidate));
         let replaced = old.number();
         route.previous.retain(|v| v.number() != candidate);
@@ -277,9 +276,7 @@ pub(crate) fn remove(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), 
     run.version = Some(stable);
     let change: Change = Box::new(move |models| {
         let rollout = models.get_mut(&model)?.rollout.take()?;
-        if let Some(shadow) = &rollout.shadow {
-            shadow.stop();
-        }
+        rollout.stop_shadow();
         Some(rollout.candidate.number())
     });
     run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));

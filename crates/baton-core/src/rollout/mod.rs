@@ -127,6 +127,17 @@ pub struct Rollout {
     pub baseline: Option<Arc<Version>>,
 }
 
+impl Rollout {
+    /// Drops the shadow copies still queued, once the candidate leaves the
+    /// route or becomes stable: they would run on what is no longer a
+    /// candidate.
+    pub(crate) fn stop_shadow(&self) {
+        if let Some(shadow) = &self.shadow {
+            shadow.stop();
+        }
+    }
+}
+
 /// Bounds the comparison copies of one rollout that run at once.
 #[derive(Debug)]
 pub struct CopyGate {

@@ -45,6 +45,39 @@ struct Seen {
     order: VecDeque<(bool, u64)>,
 }
 
+/// The fields of an id, before it is checked against a rollout.
+struct Fields {
+    tag: u64,
+    candidate: bool,
+    seq: u64,
+    check: u64,
+}
+
+impl Fields {
+    /// Reads the fields of anything shaped like an outcome id.
+    fn read(id: &str) -> Result<Fields, IdError> {
+        let malformed = || {
+            let shown: String = id.chars().take(48).collect();
+            IdError::Malformed(format!(
+                "'{shown}' is not an outcome id: one is {ID_LEN} characters, 'o', 8 hex digits, 's' or 'c', 24 hex \
+                 digits, as baton_outcome_id gives it"
+            ))
+        };
+        let bytes = id.as_bytes();
+        if bytes.len() != ID_LEN || bytes[0] != b'o' || !id.is_ascii() {
+            return Err(malformed());
+        }
+        let hex = |range: std::ops::Range<usize>| u64::from_str_radix(&id[range], 16).map_err(|_| malformed());
+        let (tag, seq, check) = (hex(1..9)?, hex(10..26)?, hex(26..34)?);
+        let candidate = match bytes[9] {
+            b's' => false,
+            b'c' => true,
+            _ => return Err(malformed()),
+        };
+        Ok(Fields { tag, candidate, seq, check })
+    }
+}
+
 /// An id that parsed and belongs to this rollout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutcomeId {
@@ -86,24 +119,7 @@ impl Outcomes {
 
     /// Reads an id this rollout issued.
     pub fn parse(&self, id: &str) -> Result<OutcomeId, IdError> {
-        let malformed = || {
-            let shown: String = id.chars().take(48).collect();
-            IdError::Malformed(format!(
-                "'{shown}' is not an outcome id: one is {ID_LEN} characters, 'o', 8 hex digits, 's' or 'c', 24 hex \
-                 digits, as baton_outcome_id gives it"
-            ))
-        };
-        let bytes = id.as_bytes();
-        if bytes.len() != ID_LEN || bytes[0] != b'o' || !id.is_ascii() {
-            return Err(malformed());
-        }
-        let hex = |range: std::ops::Range<usize>| u64::from_str_radix(&id[range], 16).map_err(|_| malformed());
-        let (tag, seq, check) = (hex(1..9)?, hex(10..26)?, hex(26..34)?);
-        let candidate = match bytes[9] {
-            b's' => false,
-            b'c' => true,
-            _ => return Err(malformed()),
-        };
+        let Fields { tag, candidate, seq, check } = Fields::read(id)?;
         if tag != u64::from(self.tag()) || check != u64::from(self.check(candidate, seq)) {
             return Err(IdError::Foreign);
         }
@@ -191,14 +207,12 @@ pub fn post(rollout: Option<&super::Rollout>, posted: &[(&str, f64)]) -> Result<
         if !(value.is_finite() && value >= 0.0) {
             return Err(malformed(index, format!("its value must be a finite number at least 0, not {value}")));
         }
-        let Some(rollout) = rollout else {
-            if id.len() != ID_LEN || !id.starts_with('o') {
-                return Err(malformed(index, format!("'{id}' is not an outcome id")));
-            }
-            unknown += 1;
-            continue;
+        // Without a rollout in progress, a well-formed id is nobody's.
+        let parsed = match rollout {
+            Some(rollout) => rollout.outcomes.parse(id),
+            None => Fields::read(id).and(Err(IdError::Foreign)),
         };
-        match rollout.outcomes.parse(id) {
+        match parsed {
             Ok(parsed) => ids.push((parsed, value)),
             Err(IdError::Foreign) => unknown += 1,
             Err(IdError::Malformed(reason)) => return Err(malformed(index, reason)),

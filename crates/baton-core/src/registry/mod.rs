@@ -8,6 +8,8 @@
 //! freeing threads send it, in order. A load's handle resolves only once
 //! the agent has applied the load's last state.
 
+mod controller;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -24,10 +26,10 @@ pub use crate::events::{LoadReport, Operation};
 use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
 use crate::pause::Pause;
 use crate::pipeline::{self, RolloutStart};
-use crate::rollout::control::{Action, By, Effect, Ending, Phase, Progress, RolloutStatus};
-use crate::rollout::metric::{self, MetricSource};
+use crate::rollout::control::{Action, By, Ending, Phase, Progress, RolloutStatus};
+use crate::rollout::metric::MetricSource;
 use crate::rollout::outcome::{self, PostError, Posted};
-use crate::rollout::window::{MetricReading, Observations, Sums};
+use crate::rollout::window::Sums;
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
 use crate::step_aside::StepAside;
@@ -226,7 +228,7 @@ impl Registry {
             memory_budget: config.memory_budget,
             metric_source: config.metric_source,
         });
-        start_controller(&inner);
+        controller::start_controller(&inner);
         Registry { inner, jobs }
     }
 
@@ -593,152 +595,7 @@ impl Drop for Busy {
     }
 }
 
-/// How often the controller looks for windows to judge.
-const TICK: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Starts the thread that judges rollout windows, at the caller's (serving)
-/// priority. It holds the registry weakly and ends with it.
-fn start_controller(inner: &Arc<Inner>) {
-    let weak = Arc::downgrade(inner);
-    let spawned = std::thread::Builder::new().name("baton-rollout".into()).spawn(move || {
-        while let Some(inner) = weak.upgrade() {
-            inner.judge_due_windows();
-            drop(inner);
-            std::thread::sleep(TICK);
-        }
-    });
-    if let Err(error) = spawned {
-        tracing::error!(%error, "Could not start the rollout controller; rollouts will not advance by themselves.");
-    }
-}
-
 impl Inner {
-    /// Judges every rollout window that has run its interval, and applies
-    /// what each decision changes. A model another operation holds is
-    /// judged on a later tick.
-    fn judge_due_windows(self: &Arc<Self>) {
-        let now = std::time::Instant::now();
-        let due: Vec<String> =
-            self.rollouts.lock().iter().filter(|(_, p)| p.due(now)).map(|(m, _)| m.clone()).collect();
-        for model in due {
-            let Ok(busy) = Busy::take(self, &model) else { continue };
-            let current = self.current();
-            let Some(rollout) = current.model(&model).and_then(|r| r.rollout.as_ref()) else { continue };
-            let mut window = rollout.observations.take();
-            drop(current);
-            window.metrics = self.read_metrics(&model);
-            let judged = self.rollouts.lock().get_mut(&model).map(|p| p.judge(&model, window));
-            let Some((decision, effect)) = judged else { continue };
-            tracing::info!(
-                model = %model,
-                candidate = decision.candidate,
-                action = decision.action.as_str(),
-                weight_percent = decision.weight_percent,
-                "{}",
-                decision.message
-            );
-            // A new weight is in the table before its event is out.
-            if let Effect::Weight(weight) = effect {
-                pipeline::rollout::set_weight(self, &model, weight);
-            }
-            self.emit(&model, Some(decision.candidate), EventKind::rollout(decision));
-            let (tx, _ignored) = oneshot::channel();
-            let applied = match effect {
-                Effect::None | Effect::Weight(_) => Ok(()),
-                Effect::Promote => {
-                    self.file_ended(&model);
-                    pipeline::rollout::promote(Arc::clone(self), busy, tx, None)
-                }
-                Effect::Watch => {
-                    let observations = self.start_watch(&model);
-                    pipeline::rollout::promote(Arc::clone(self), busy, tx, Some(observations))
-                }
-                Effect::RollBack => {
-                    self.file_ended(&model);
-                    pipeline::rollout::remove(Arc::clone(self), busy, tx)
-                }
-                Effect::Restore => {
-                    self.file_ended(&model);
-                    pipeline::rollout::restore(Arc::clone(self), busy, tx)
-                }
-                Effect::EndWatch => {
-                    self.file_ended(&model);
-                    pipeline::rollout::end_watch(Arc::clone(self), busy, tx)
-                }
-            };
-            if let Err(error) = applied {
-                tracing::error!(model = %model, %error, "A rollout decision could not be applied.");
-            }
-        }
-    }
-
-    /// The metric guards of `model`'s rollout, read for the window that just
-    /// ended: both sides, or during the watch the promoted version alone.
-    fn read_metrics(&self, model: &str) -> Vec<MetricReading> {
-        let asked = self.rollouts.lock().get(model).filter(|p| !p.plan.guards.metrics.is_empty()).map(|p| {
-            let watching = p.phase == Phase::Watching;
-            (p.plan.guards.clone(), (!watching).then_some(p.stable), p.candidate, p.plan.interval_ms)
-        });
-        let Some((guards, stable, candidate, window_ms)) = asked else { return Vec::new() };
-        let sides = metric::Sides { model, stable, candidate, window_ms };
-        metric::read(self.metric_source.as_deref(), &guards, sides)
-    }
-
-    /// Ends the rollout of `model` by an operator's `action`, in `phase`:
-    /// records the decision and files the rollout's final status.
-    fn end_rollout(&self, model: &str, action: Action, phase: Phase, by: By) -> Result<(), LoadError> {
-        let decision = {
-            let mut rollouts = self.rollouts.lock();
-            let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
-            progress.phase = phase;
-            progress.paused = None;
-            progress.decide(model, action, by, None)
-        };
-        tracing::info!(model, candidate = decision.candidate, action = action.as_str(), "{}", decision.message);
-        self.emit(model, Some(decision.candidate), EventKind::rollout(decision));
-        self.file_ended(model);
-        Ok(())
-    }
-
-    /// Records an operator's (or a fleet's) promotion of `model`'s
-    /// candidate; starts the watch after it when the rollout is watchable,
-    /// returning the watch's observations.
-    fn promotion(&self, model: &str, by: By) -> Result<Option<Arc<Observations>>, LoadError> {
-        let (decision, watched) = {
-            let mut rollouts = self.rollouts.lock();
-            let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
-            progress.paused = None;
-            let (action, effect) = progress.promotion();
-            (progress.decide(model, action, by, None), effect == Effect::Watch)
-        };
-        tracing::info!(model, candidate = decision.candidate, "{}", decision.message);
-        self.emit(model, Some(decision.candidate), EventKind::rollout(decision));
-        if watched {
-            return Ok(Some(self.start_watch(model)));
-        }
-        self.file_ended(model);
-        Ok(None)
-    }
-
-    /// Starts the watch after `model`'s promotion, on fresh observations.
-    fn start_watch(&self, model: &str) -> Arc<Observations> {
-        let observations = Arc::new(Observations::default());
-        if let Some(progress) = self.rollouts.lock().get_mut(model) {
-            progress.start_watch(Arc::clone(&observations));
-        }
-        observations
-    }
-
-    /// Moves an ended rollout's status from the controller to the model's
-    /// record.
-    fn file_ended(&self, model: &str) {
-        // Filed before it leaves the controller, so that a reader always
-        // finds it in one place or the other.
-        let Some(status) = self.rollouts.lock().get(model).map(|p| p.status(model)) else { return };
-        self.models.lock().entry(model.to_owned()).or_default().ended_rollout = Some(status);
-        self.rollouts.lock().remove(model);
-    }
-
     /// The current table.
     pub(crate) fn current(&self) -> Snapshot {
         self.routing.load_full()
