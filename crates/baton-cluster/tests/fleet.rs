@@ -120,8 +120,12 @@ impl Fleet {
     }
 
     fn registered(&self, store: &Store, id: &str) -> bool {
+        // A replica registers before its loads finish, with the models it
+        // serves filled in as they do: a rollout may start only once it
+        // lists m.
         let key = store.keys.replica(id);
-        self.runtime.block_on(store.get::<baton_cluster::records::ReplicaRecord>(&key)).unwrap().is_some()
+        let record = self.runtime.block_on(store.get::<baton_cluster::records::ReplicaRecord>(&key)).unwrap();
+        record.is_some_and(|r| r.value.models.contains_key("m"))
     }
 
     fn record(&self, store: &Store) -> Option<RolloutRecord> {
