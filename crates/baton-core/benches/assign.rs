@@ -48,6 +48,7 @@ fn version(number: u64) -> Arc<Version> {
         warmed: Warmed::default(),
         bytes_held: 0,
         engine: Box::new(Idle::default()),
+        twin: false,
         heap: None,
     };
     Arc::new(Version::new(parts, None))
@@ -67,6 +68,7 @@ fn table() -> Routing {
         copies: Arc::new(CopyGate::new(64)),
         shadow: None,
         baseline: None,
+        twin: None,
     });
     Routing::new(1, BTreeMap::from([("m".to_owned(), route)]))
 }

@@ -64,6 +64,9 @@ pub enum Stage {
     Drain,
     /// Free a version and measure what came back.
     Unload,
+    /// During a rollout's start: load a twin of the stable version, which
+    /// runs the paired comparison copies.
+    Twin,
 }
 
 impl Stage {
@@ -79,13 +82,14 @@ impl Stage {
             Stage::Commit => "commit",
             Stage::Drain => "drain",
             Stage::Unload => "unload",
+            Stage::Twin => "twin",
         }
     }
 
     /// The model state while this stage runs.
     pub fn state(self) -> State {
         match self {
-            Stage::Fetch | Stage::Verify | Stage::Load | Stage::Validate => State::Loading,
+            Stage::Fetch | Stage::Verify | Stage::Load | Stage::Validate | Stage::Twin => State::Loading,
             Stage::Warmup => State::Warming,
             Stage::Commit => State::Swapping,
             Stage::Vacate | Stage::Drain | Stage::Unload => State::Draining,
@@ -265,6 +269,10 @@ pub enum EventKind {
         residual: i64,
         /// RSS after the free minus the footprint of every live version.
         unaccounted: u64,
+        /// Whether it was a rollout's twin of the stable version, which
+        /// goes on serving.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        twin: bool,
     },
     /// An operator's decision about what a model serves (a rollback, the
     /// load of an older version, an unload, a pin) was recorded, or ended.

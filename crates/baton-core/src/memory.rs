@@ -56,6 +56,10 @@ pub struct UnloadRecord {
     /// RSS after this free minus the footprint of every live version: the
     /// server's own memory plus anything left behind.
     pub unaccounted: u64,
+    /// Whether it was a rollout's twin of a stable version, which goes on
+    /// serving: the record is the twin's, not the version's.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub twin: bool,
     /// When it was freed.
     #[serde(skip)]
     pub at: SystemTime,
@@ -72,11 +76,27 @@ pub struct LiveVersion {
     pub memory: crate::version::VersionMemory,
     /// Which kind of update it was.
     pub update: crate::backend::UpdateKind,
+    /// Whether it is a rollout's twin of the stable version (same number,
+    /// a second instance that only runs comparison copies).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub twin: bool,
+}
+
+/// Which version a released engine was, as its unload record names it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Freeing<'a> {
+    /// Model name.
+    pub(crate) model: &'a str,
+    /// Version number.
+    pub(crate) version: u64,
+    /// Whether it was a rollout's twin of the stable version.
+    pub(crate) twin: bool,
 }
 
 struct Released {
     model: String,
     version: u64,
+    twin: bool,
     held: u64,
     /// Its footprint when it was queued, counted in `queued` until freed.
     footprint: u64,
@@ -89,6 +109,7 @@ struct Released {
 struct Freed {
     model: String,
     version: u64,
+    twin: bool,
     held: u64,
     before: u64,
     after: u64,
@@ -135,15 +156,15 @@ impl Releaser {
     /// keeper is gone.
     pub(crate) fn release(
         &self,
-        model: &str,
-        version: u64,
+        freeing: Freeing<'_>,
         files: u64,
         held: u64,
         engine: Arc<dyn Model>,
         heap: Option<HeapLease>,
     ) {
+        let Freeing { model, version, twin } = freeing;
         let footprint = self.footprints.lookup(model, files, held);
-        let job = Released { model: model.to_owned(), version, held, footprint, engine, heap };
+        let job = Released { model: model.to_owned(), version, twin, held, footprint, engine, heap };
         self.queued.fetch_add(footprint, Ordering::Relaxed);
         if let Err(job) = self.tx.send(job) {
             self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
@@ -245,9 +266,13 @@ impl Memory {
         self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
         let after = self.trimmed_rss().unwrap_or(0);
         let book = Arc::clone(self);
-        let (model, version) = (job.model.clone(), job.version);
-        let freed = Freed { model: job.model, version: job.version, held: job.held, before, after, unaccounted_before };
+        let (model, version, twin) = (job.model.clone(), job.version, job.twin);
+        let freed = Freed { model: job.model, version, twin, held: job.held, before, after, unaccounted_before };
         self.agent.call(move || book.settle(freed));
+        // A twin's free is not its version's: nothing waits for it.
+        if twin {
+            return;
+        }
         let mut list = self.freed.lock();
         if list.len() == UNLOAD_HISTORY {
             list.pop_front();
@@ -324,11 +349,13 @@ impl Memory {
             returned: freed.before.saturating_sub(freed.after),
             residual: signed(unaccounted) - signed(previous),
             unaccounted,
+            twin: freed.twin,
             at: SystemTime::now(),
         };
         tracing::info!(
             model = %record.model,
             version = record.version,
+            twin = record.twin,
             held = record.held,
             returned = record.returned,
             residual = record.residual,
@@ -352,6 +379,7 @@ impl Memory {
                 returned: record.returned,
                 residual: record.residual,
                 unaccounted: record.unaccounted,
+                twin: record.twin,
             },
         });
     }
@@ -402,9 +430,10 @@ impl Memory {
                 bytes_held: v.bytes_held(),
                 memory: v.memory(),
                 update: v.weights().update,
+                twin: v.is_twin(),
             })
             .collect();
-        out.sort_by_key(|v| v.version);
+        out.sort_by_key(|v| (v.version, v.twin));
         out
     }
 

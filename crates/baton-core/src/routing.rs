@@ -209,7 +209,11 @@ impl Routing {
                 version: &rollout.candidate,
                 role: Role::Candidate,
                 side: Role::Candidate,
-                compare: rollout.paired.then_some(Compare { rollout, other: &route.stable, role: Role::Stable }),
+                compare: rollout.paired.then(|| Compare {
+                    rollout,
+                    other: rollout.paired_with(&route.stable),
+                    role: Role::Stable,
+                }),
                 rollout: Some(rollout),
             },
         })

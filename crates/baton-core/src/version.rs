@@ -31,6 +31,7 @@ pub struct Version {
     warmup: Vec<Sample>,
     warmed: Warmed,
     bytes_held: u64,
+    twin: bool,
     loaded_at: SystemTime,
     engine: Option<Arc<dyn Model>>,
     executor: Option<Executor>,
@@ -74,6 +75,9 @@ pub struct VersionParts {
     pub bytes_held: u64,
     /// The engine model.
     pub engine: Box<dyn Model>,
+    /// Whether it is a rollout's twin of the stable version (see
+    /// [`Version::is_twin`]) rather than a version that serves.
+    pub twin: bool,
     /// The lease on the thread whose arena holds the engine's memory; see
     /// [`crate::heap`]. Released after the engine is freed.
     pub heap: Option<HeapLease>,
@@ -101,6 +105,7 @@ impl Version {
             warmup: parts.warmup,
             warmed: parts.warmed,
             bytes_held: parts.bytes_held,
+            twin: parts.twin,
             loaded_at: SystemTime::now(),
             engine: Some(engine),
             executor: Some(executor),
@@ -143,6 +148,14 @@ impl Version {
     /// Memory held, measured while loading.
     pub fn bytes_held(&self) -> u64 {
         self.bytes_held
+    }
+
+    /// Whether this is a rollout's twin of its stable version: a second
+    /// instance of the same files, loaded for the rollout, that runs only
+    /// the paired comparison copies and never answers a request (see
+    /// [`crate::rollout::Rollout::twin`]).
+    pub fn is_twin(&self) -> bool {
+        self.twin
     }
 
     /// When the version was committed to memory.
@@ -279,7 +292,8 @@ impl Drop for Version {
         }
         if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
             let (files, heap) = (self.manifest.total_bytes(), self.heap.take());
-            releaser.release(&self.model, self.number, files, self.bytes_held, engine, heap);
+            let freed = crate::memory::Freeing { model: &self.model, version: self.number, twin: self.twin };
+            releaser.release(freed, files, self.bytes_held, engine, heap);
         }
     }
 }
@@ -290,6 +304,7 @@ impl std::fmt::Debug for Version {
             .field("model", &self.model)
             .field("number", &self.number)
             .field("bytes_held", &self.bytes_held)
+            .field("twin", &self.twin)
             .finish_non_exhaustive()
     }
 }

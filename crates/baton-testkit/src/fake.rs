@@ -24,8 +24,13 @@
 //! holding `nan-from` (a number) answers NaN for every row whose first
 //! element is at least that number; one holding `fail-when-told` fails
 //! every inference while the backend's failure switch is on
-//! ([`FakeBackend::failures`]).
+//! ([`FakeBackend::failures`]). One holding `cold-work` (a number) does
+//! that many thousand rounds more for every inference any other such
+//! engine ran since its own last one (up to eight), as a model whose
+//! weights other models' runs pushed out of the cache pays to read them
+//! back: at a small share of the traffic, a version runs colder.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use baton_core::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
@@ -173,6 +178,7 @@ impl Backend for FakeBackend {
         };
         let work = number("work")?.map(|thousands| (thousands * 1000.0) as u64);
         let nan_from = number("nan-from")?.map(|v| v as f32);
+        let cold_work = number("cold-work")?.map(|thousands| (thousands * 1000.0) as u64);
         let fail = has("fail-when-told").then(|| Arc::clone(&self.fail));
         let ballast = match read("ballast")? {
             Some(mib) => {
@@ -191,12 +197,42 @@ impl Backend for FakeBackend {
             hold_every,
             panic_on,
             work,
+            cold: cold_work.map(|rounds| Cold { rounds, last: AtomicU64::new(RUNS.load(Ordering::SeqCst)) }),
             nan_from,
             fail,
             calls: Arc::clone(&self.calls),
             threads: Arc::clone(&self.threads),
         }))
     }
+}
+
+/// Inferences run by engines with `cold-work`, in this process.
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// How much colder an engine runs the more other engines ran since it last did.
+struct Cold {
+    /// Rounds per inference run elsewhere since this engine's last one.
+    rounds: u64,
+    /// [`RUNS`] at this engine's last inference.
+    last: AtomicU64,
+}
+
+impl Cold {
+    /// The extra rounds of this inference.
+    fn rounds(&self) -> u64 {
+        let now = RUNS.fetch_add(1, Ordering::SeqCst);
+        let before = self.last.swap(now + 1, Ordering::SeqCst);
+        now.saturating_sub(before).min(8) * self.rounds
+    }
+}
+
+/// Busy on this thread's CPU for `rounds`, as a heavier model would be.
+fn spin(rounds: u64) {
+    let mut acc: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in 0..rounds {
+        acc = std::hint::black_box(acc.rotate_left(5) ^ i).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    std::hint::black_box(acc);
 }
 
 struct FakeModel {
@@ -208,6 +244,7 @@ struct FakeModel {
     hold_every: Option<Gate>,
     panic_on: Option<f32>,
     work: Option<u64>,
+    cold: Option<Cold>,
     nan_from: Option<f32>,
     fail: Option<Arc<std::sync::atomic::AtomicBool>>,
     calls: Arc<Mutex<Vec<usize>>>,
@@ -254,14 +291,7 @@ impl Model for FakeModel {
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
         let thread = std::thread::current().name().unwrap_or_default().to_owned();
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread);
-        if let Some(rounds) = self.work {
-            // Busy on this thread's CPU, as a heavier model would be.
-            let mut acc: u64 = 0x9e37_79b9_7f4a_7c15;
-            for i in 0..rounds {
-                acc = std::hint::black_box(acc.rotate_left(5) ^ i).wrapping_mul(0x0000_0100_0000_01b3);
-            }
-            std::hint::black_box(acc);
-        }
+        spin(self.work.unwrap_or(0) + self.cold.as_ref().map_or(0, Cold::rounds));
         if self.fail.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst)) {
             return Err(BackendError::new("inference_failed", "the fake engine fails, as told"));
         }

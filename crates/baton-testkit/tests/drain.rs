@@ -42,7 +42,7 @@ fn an_old_version_lives_while_a_request_holds_it_and_is_freed_after() {
     let report = swap.wait().unwrap();
     assert_eq!((report.stragglers, report.drain_timed_out), (0, false));
     let event = wait_for_event(&mut events, LIMIT, |e| unloaded(e, 1));
-    let EventKind::Unloaded { held, returned, residual, unaccounted } = event.kind else { unreachable!() };
+    let EventKind::Unloaded { held, returned, residual, unaccounted, .. } = event.kind else { unreachable!() };
     assert!(held > 0, "the load measured no memory");
     assert!(returned > 0, "freeing version 1 gave nothing back (held {held})");
     // The first free has no previous one: its residual is what it did not

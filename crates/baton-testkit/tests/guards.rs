@@ -182,6 +182,106 @@ fn an_identical_candidate_reads_a_p99_ratio_near_one_at_every_step_and_is_promot
     }
 }
 
+/// Runs an identical candidate through `steps` under traffic; returns
+/// the judged decisions, asserting none of the requests failed.
+fn roll_identical(m: &Model) -> Vec<Decision> {
+    let mut events = m.registry.subscribe();
+    let traffic = Traffic::start(&m.registry, 2);
+    start(m, 2, 0);
+    let judged = judged_until(&mut events, &[Action::Promoted, Action::RolledBack]);
+    let (sent, failed) = traffic.stop();
+    assert_eq!(failed, 0, "{failed} of {sent} failed");
+    judged
+}
+
+#[test]
+fn a_candidate_as_cold_as_its_small_share_makes_it_is_timed_against_a_stable_twin_just_as_cold() {
+    // Every version runs colder the more other versions ran since its last
+    // run, as a real model's weights go cold in the cache: at a 10 % share
+    // the candidate is cold, the stable version serving 90 % is warm. Timed
+    // against that warm stable version, an identical candidate read about
+    // twice as slow and was rolled back.
+    let warmth: &[(&str, &str)] = &[("work", "40"), ("cold-work", "10")];
+    let m = model(&section("10, 50, 100", 1500, "", ""), &[(1, warmth), (2, warmth)]);
+    let judged = roll_identical(&m);
+    let summary: Vec<String> =
+        judged.iter().map(|d| format!("{} at {}%: {:?}", d.action.as_str(), d.weight_percent, p99_ratio(d))).collect();
+    assert_eq!(judged.last().unwrap().action, Action::Promoted, "{summary:?}");
+    // At 100 % the stable version answers nothing and copies alone time
+    // it, twin or not: there is no share to even out. (This fake's cost
+    // grows with every run in between, so a copy dropped for want of a
+    // free instance makes the next one colder; a real model's does not,
+    // and its copies read as the candidate does at 100 %.)
+    for d in judged.iter().filter(|d| d.action != Action::Held && d.weight_percent < 100.0) {
+        let ratio = p99_ratio(d).unwrap_or_else(|| panic!("no p99 ratio: {summary:?}"));
+        assert!((0.8..=1.2).contains(&ratio), "an identical candidate read {ratio}: {summary:?}");
+    }
+}
+
+#[test]
+fn a_twin_of_the_stable_version_runs_the_copies_is_accounted_as_a_twin_and_is_freed_with_its_rollout() {
+    let m = model(&section("10, 100", 600_000, "", ""), &[(1, &[("ballast", "8")]), (2, &[])]);
+    let mut events = m.registry.subscribe();
+    start(&m, 2, 0);
+    let twin = m.registry.rollout("f").unwrap().twin;
+    assert!(twin.loaded, "{twin:?}");
+    // Measured as the RSS the load grew by, which other tests running in
+    // this process blur: only its presence is checked.
+    assert!(twin.bytes_held.is_some(), "{twin:?}");
+    let live: Vec<(u64, bool)> = m.registry.live_versions("f").iter().map(|v| (v.version, v.twin)).collect();
+    assert_eq!(live, [(1, false), (1, true), (2, false)]);
+    // A copy of what the candidate answers runs on the twin, not on stable.
+    let snapshot = m.registry.snapshot();
+    let route = snapshot.model("f").unwrap();
+    let twin_version = route.rollout.as_ref().unwrap().twin.clone().unwrap();
+    assert!(twin_version.is_twin() && twin_version.number() == 1);
+    let routed = (0..10_000u32)
+        .map(|k| snapshot.route("f", None, Some(&k.to_le_bytes())).unwrap())
+        .find(|r| r.role == Role::Candidate)
+        .unwrap();
+    assert!(std::sync::Arc::ptr_eq(routed.compare.unwrap().other, &twin_version));
+    assert!(!std::sync::Arc::ptr_eq(&route.stable, &twin_version));
+    drop((snapshot, twin_version));
+    m.registry.abort_rollout("f").unwrap().wait().unwrap();
+    // Freed with the rollout, recorded as the twin's: the stable version serves on.
+    let deadline = std::time::Instant::now() + LONG;
+    let mut freed = Vec::new();
+    while !freed.contains(&(Some(1), true)) {
+        if let Ok(event) = events.try_recv()
+            && let EventKind::Unloaded { twin, .. } = event.kind
+        {
+            freed.push((event.version, twin));
+            continue;
+        }
+        assert!(std::time::Instant::now() < deadline, "the twin was never freed: {freed:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!freed.contains(&(Some(1), false)), "{freed:?}");
+    let records: Vec<(u64, bool)> = m.registry.unload_records().iter().map(|r| (r.version, r.twin)).collect();
+    assert!(records.contains(&(1, true)) && !records.contains(&(1, false)), "{records:?}");
+    wait_settled(&m.registry);
+    assert_eq!(m.registry.snapshot().model("f").unwrap().stable.number(), 1);
+}
+
+#[test]
+fn a_twin_is_not_loaded_for_a_shadow_an_unpaired_plan_or_a_stable_version_beyond_its_bound() {
+    for (extra, mode, why) in [
+        ("", Some(baton_core::rollout::Mode::Shadow), "shadow"),
+        ("paired = false\n", Some(baton_core::rollout::Mode::Ab), "pairs no copies"),
+        ("twin_max_mb = 4\n", None, "more than twin_max_mb = 4"),
+        ("twin_max_mb = 0\n", None, "twin_max_mb = 0"),
+    ] {
+        let m = model(&section("10", 600_000, extra, ""), &[(1, &[("ballast", "8")]), (2, &[])]);
+        let overrides = Overrides { mode, ..Overrides::default() };
+        let start = RolloutStart { version: Some(2), overrides, ..RolloutStart::default() };
+        m.registry.start_rollout("f", start).unwrap().wait().unwrap();
+        let twin = m.registry.rollout("f").unwrap().twin;
+        assert!(!twin.loaded && twin.reason.as_deref().unwrap_or_default().contains(why), "{extra}: {twin:?}");
+        assert!(m.registry.live_versions("f").iter().all(|v| !v.twin));
+        assert!(m.registry.snapshot().model("f").unwrap().rollout.as_ref().unwrap().twin.is_none());
+    }
+}
+
 #[test]
 fn a_candidate_twice_as_costly_is_rolled_back_at_every_step_where_it_is_judged() {
     let m = model(&section("10, 50, 100", 1500, "", ""), &[(1, &[("work", "40")]), (2, &[("work", "80")])]);

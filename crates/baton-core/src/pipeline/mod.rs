@@ -16,6 +16,7 @@
 
 pub mod golden;
 pub(crate) mod rollout;
+mod twin;
 pub use rollout::RolloutStart;
 mod vacate;
 pub mod validate;
@@ -406,25 +407,10 @@ fn build(
         }
         Ok(budgets(&inner, &model, &spec, Vec::new()).admit(&model, number, held, Basis::Measured)?)
     };
-    // The memory window: nothing is freed by the keeper while it is open.
-    let window = inner.memory.measure();
-    let rss_before = inner.memory.trimmed_rss().unwrap_or(0);
-    let grown = || inner.memory.trimmed_rss().unwrap_or(0).saturating_sub(rss_before);
+    let growth = Growth::start(&inner);
     let engine = run.stage(Stage::Load, |_| {
-        let backend = inner.backends.get(&spec.backend).ok_or_else(|| {
-            crate::backend::BackendError::new(
-                "unknown_backend",
-                format!("model.toml names backend '{}', which this server does not have", spec.backend),
-            )
-        })?;
-        let engine = backend.load(&verified, &spec).map_err(|e| match e.tensor {
-            // The weights disagree with the graph: a validation failure.
-            Some(tensor) => {
-                LoadError::Validate(validate::ValidateError::Tensor { kind: e.kind, tensor, problem: e.message })
-            }
-            None => LoadError::Load(e),
-        })?;
-        within_budget(grown())?;
+        let engine = engine(&inner, &spec, &verified)?;
+        within_budget(growth.grown())?;
         Ok(engine)
     })?;
     // The backend has what it read; the version's files close here.
@@ -440,17 +426,67 @@ fn build(
         let warmed = warmup::run(engine.as_ref(), &samples, &spec)?;
         Ok((samples, warmed))
     })?;
-    let bytes_held = grown();
+    let bytes_held = growth.grown();
     within_budget(bytes_held)?;
-    let version = Arc::new(Version::new(
-        VersionParts { model, number, spec, manifest, warmup: samples, warmed, bytes_held, engine, heap: heap.take() },
-        Some(inner.releaser.clone()),
-    ));
-    // Tracked before the window closes, so that no free counts this
-    // version's memory as unaccounted.
-    inner.memory.track(&version);
-    drop(window);
-    Ok(version)
+    let parts = VersionParts {
+        model,
+        number,
+        spec,
+        manifest,
+        warmup: samples,
+        warmed,
+        bytes_held,
+        engine,
+        twin: false,
+        heap: heap.take(),
+    };
+    Ok(growth.track(parts))
+}
+
+/// The memory a version being built adds, measured as RSS growth inside
+/// the memory window, during which the keeper frees nothing.
+struct Growth<'a> {
+    inner: &'a Inner,
+    before: u64,
+    _window: std::sync::MutexGuard<'a, ()>,
+}
+
+impl<'a> Growth<'a> {
+    /// Opens the window and reads RSS.
+    fn start(inner: &'a Inner) -> Growth<'a> {
+        let window = inner.memory.measure();
+        Growth { inner, before: inner.memory.trimmed_rss().unwrap_or(0), _window: window }
+    }
+
+    /// What RSS grew by since the start.
+    fn grown(&self) -> u64 {
+        self.inner.memory.trimmed_rss().unwrap_or(0).saturating_sub(self.before)
+    }
+
+    /// Makes the version and tracks it, before the window closes, so that
+    /// no free counts its memory as unaccounted.
+    fn track(self, parts: VersionParts) -> Arc<Version> {
+        let version = Arc::new(Version::new(parts, Some(self.inner.releaser.clone())));
+        self.inner.memory.track(&version);
+        version
+    }
+}
+
+/// Has the backend `spec` names make a runnable model of verified files.
+fn engine(inner: &Inner, spec: &ModelSpec, verified: &Verified) -> Result<Box<dyn crate::backend::Model>, LoadError> {
+    let backend = inner.backends.get(&spec.backend).ok_or_else(|| {
+        crate::backend::BackendError::new(
+            "unknown_backend",
+            format!("model.toml names backend '{}', which this server does not have", spec.backend),
+        )
+    })?;
+    backend.load(verified, spec).map_err(|e| match e.tensor {
+        // The weights disagree with the graph: a validation failure.
+        Some(tensor) => {
+            LoadError::Validate(validate::ValidateError::Tensor { kind: e.kind, tensor, problem: e.message })
+        }
+        None => LoadError::Load(e),
+    })
 }
 
 /// Rollback: the newest previous version becomes stable by one store.

@@ -73,7 +73,11 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         Ok(plan) => plan,
         Err(error) => return run.fail(error, reply),
     };
-    let observations = Arc::new(Observations::default());
+    let (twin, twin_status) = super::twin::load(&mut run, &plan, candidate.spec().rollout.twin_max_mb);
+    let observations = Arc::new(match twin {
+        Some(_) => Observations::timing_stable_by_copies(),
+        None => Observations::default(),
+    });
     let salt = crate::rollout::assign::salt(&model, candidate.number());
     let rollout = Rollout {
         candidate: Arc::clone(&candidate),
@@ -86,6 +90,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         copies: Arc::new(CopyGate::new(plan.queue)),
         shadow: None,
         baseline: None,
+        twin,
     };
     let finish = Finish::loaded(timeout, &candidate, reply);
     let agent = run.inner.agent.clone();
@@ -130,6 +135,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         let mut progress = Progress::new(stable, candidate.number(), plan, start.step, observations);
         progress.steered = start.steered;
         progress.watchable = watchable;
+        progress.twin = twin_status;
         let by = match (start.steered, start.restored) {
             (true, _) => By::Fleet,
             (false, true) => By::Restart,
@@ -207,6 +213,7 @@ pub(crate) fn promote(
                 observations,
                 shadow: None,
                 baseline: Some(old),
+                twin: None,
                 ..rollout
             });
         }

@@ -180,7 +180,7 @@ pub(crate) struct Inner {
     pub(crate) rollouts: Lock<BTreeMap<String, Progress>>,
     /// The nice value, and whether `SCHED_IDLE`, of lowered threads.
     pub(crate) lowering: (i32, bool),
-    step_aside: StepAside,
+    pub(crate) step_aside: StepAside,
     /// The server's memory budget over every model's live versions.
     pub(crate) memory_budget: Option<u64>,
     /// Where metric guards are read.

@@ -179,6 +179,9 @@ pub struct RolloutStatus {
     /// milliseconds.
     #[serde(default)]
     pub watch: Option<WatchStatus>,
+    /// What runs the paired copies and times the stable side: a twin of
+    /// the stable version, or why there is none.
+    pub twin: TwinStatus,
     /// The plan.
     pub plan: Plan,
     /// Whether a fleet's coordinator steers it: this server does not judge
@@ -191,6 +194,21 @@ pub struct RolloutStatus {
     pub totals: Window,
     /// The decisions, oldest first (the latest few).
     pub decisions: Vec<Decision>,
+}
+
+/// Whether a rollout has a twin of its stable version (see
+/// [`super::Rollout::twin`]), as status shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TwinStatus {
+    /// Whether paired copies run on a twin, which alone times the stable
+    /// side; else the stable version runs them and all its runs time it.
+    pub loaded: bool,
+    /// What the twin holds, measured while it loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_held: Option<u64>,
+    /// Why there is none, when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The watch after promotion, as status shows it.
@@ -227,6 +245,8 @@ pub(crate) struct Progress {
     /// While watched: what the replaced version showed before the
     /// promotion, for the outcome and metric guards.
     pub(crate) baseline: Option<Baseline>,
+    /// The twin of the stable version, or why there is none.
+    pub(crate) twin: TwinStatus,
 }
 
 /// What the registry must do to the routing table after a decision.
@@ -279,6 +299,7 @@ impl Progress {
             watchable: false,
             watch_until: None,
             baseline: None,
+            twin: TwinStatus::default(),
         }
     }
 
@@ -494,6 +515,14 @@ impl Progress {
             inconclusive: self.inconclusive,
             next_window_ms,
             watch,
+            twin: match self.phase {
+                Phase::Watching => TwinStatus {
+                    loaded: false,
+                    bytes_held: None,
+                    reason: Some("watching after promotion: the version it replaced runs the copies".to_owned()),
+                },
+                _ => self.twin.clone(),
+            },
             plan: self.plan.clone(),
             steered: self.steered,
             last_window: self.last_window.clone(),

@@ -125,6 +125,22 @@ pub struct Rollout {
     /// answers everything; paired copies go to this version, whose answers
     /// are the windows' baseline.
     pub baseline: Option<Arc<Version>>,
+    /// A twin of the stable version, loaded for this rollout from the same
+    /// files with weights of its own: paired copies run on it, not on the
+    /// stable version, and only its runs time the stable side. It runs
+    /// what the candidate runs and nothing else, so its weights are as
+    /// cold in the cache as the candidate's at any share; the stable
+    /// version, answering the rest, runs warm, and compared with it an
+    /// identical candidate at a small share reads slower than it is.
+    pub twin: Option<Arc<Version>>,
+}
+
+impl Rollout {
+    /// The version a paired copy of a request the candidate answered runs
+    /// on: the twin when the rollout has one, else `stable`.
+    pub fn paired_with<'a>(&'a self, stable: &'a Arc<Version>) -> &'a Arc<Version> {
+        self.twin.as_ref().unwrap_or(stable)
+    }
 }
 
 impl Rollout {

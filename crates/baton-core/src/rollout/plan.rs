@@ -13,6 +13,7 @@
 //! paired = true              # canary/ab: also run answered requests on stable, off the response path, to compare
 //! queue = 64                 # comparison copies waiting at most; more are dropped and counted
 //! watch_ms = 300000          # after promotion, keep judging against the old version this long; 0: no watch
+//! twin_max_mb = 256          # paired copies run on a twin of stable when stable holds at most this; 0: never
 //!
 //! [rollout.guards]           # see Guards
 //! min_samples = 100
@@ -57,9 +58,23 @@ pub struct RolloutPolicy {
     /// against the old one, kept loaded as previous; a failed window in
     /// that time rolls back to it. 0: no watch.
     pub watch_ms: u64,
+    /// Paired copies run on a twin of the stable version, loaded for the
+    /// rollout with weights of its own, when the stable version holds at
+    /// most this many MiB (and the memory budgets admit a second one);
+    /// otherwise on the stable version itself. 0: never. See
+    /// [`super::Rollout::twin`] for why.
+    pub twin_max_mb: u64,
     /// What each window is held to.
     pub guards: Guards,
 }
+
+/// The largest stable version a rollout loads a twin of by default. A
+/// twin costs what the stable version holds, for as long as the rollout
+/// runs. The warmth it evens out is that of weights a CPU's caches hold
+/// (a few MiB to a few hundred); a model much larger runs about as cold
+/// on either side, and a second copy of it would cost more memory than
+/// the bias it removes is worth.
+pub const DEFAULT_TWIN_MAX_MB: u64 = 256;
 
 /// The watch after promotion by default: five minutes, long enough for a
 /// regression that needs traffic (a cache that warms, a feature that comes
@@ -80,6 +95,7 @@ impl Default for RolloutPolicy {
             paired: true,
             queue: 64,
             watch_ms: DEFAULT_WATCH_MS,
+            twin_max_mb: DEFAULT_TWIN_MAX_MB,
             guards: Guards::default(),
         }
     }

@@ -21,6 +21,12 @@ use crate::tensor::Tensor;
 #[derive(Debug, Default)]
 pub struct Observations {
     state: Lock<State>,
+    /// Whether only comparison copies time the stable side, which a twin
+    /// of the stable version runs ([`super::Rollout::twin`]): the answers
+    /// the stable version gives still count as requests and errors, but
+    /// their run time, warm from answering most of the traffic, is not the
+    /// candidate's like.
+    stable_timed_by_copies: bool,
 }
 
 /// The open window and the totals of the windows taken before it.
@@ -31,6 +37,12 @@ struct State {
 }
 
 impl Observations {
+    /// Observations whose stable side is timed by comparison copies only
+    /// (see the field); for a rollout with a twin.
+    pub fn timing_stable_by_copies() -> Observations {
+        Observations { stable_timed_by_copies: true, ..Observations::default() }
+    }
+
     /// Counts one request `role` answered (or failed), with the CPU time its
     /// engine run took when it ran (see [`super::compare`]'s callers: every
     /// sample of either side is that same measure). Requests to
@@ -56,7 +68,8 @@ impl Observations {
         side.requests += 1;
         side.answered += u64::from(answered);
         side.errors += u64::from(failed);
-        if let Some(latency) = latency {
+        let timed = !(answered && role == Role::Stable && self.stable_timed_by_copies);
+        if let Some(latency) = latency.filter(|_| timed) {
             side.latency.record(latency);
         }
     }

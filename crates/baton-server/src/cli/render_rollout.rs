@@ -114,6 +114,13 @@ pub fn view(answer: &Value) -> String {
             watch["left_ms"].as_f64().unwrap_or_default() / 1000.0
         ));
     }
+    let twin = &rollout["twin"];
+    if twin["loaded"].as_bool() == Some(true) {
+        let mib = twin["bytes_held"].as_f64().unwrap_or_default() / f64::from(1u32 << 20);
+        out.push_str(&format!("  paired copies run on a twin of the stable version ({mib:.1} MiB)\n"));
+    } else if let Some(why) = twin["reason"].as_str() {
+        out.push_str(&format!("  no twin of the stable version: {why}\n"));
+    }
     out.push_str(&format!(
         "  failures {}/{}, inconclusive {}/{} in a row; {next}\n",
         number(&rollout["failures"]),
@@ -184,6 +191,15 @@ mod tests {
         ] {
             assert!(view.contains(needle), "{needle:?} missing from:\n{view}");
         }
+    }
+
+    #[test]
+    fn the_view_says_what_runs_the_paired_copies() {
+        let mut twinned = answer("running");
+        twinned["rollout"]["twin"] = json!({ "loaded": true, "bytes_held": 3 << 20 });
+        assert!(view(&twinned).contains("paired copies run on a twin of the stable version (3.0 MiB)"));
+        twinned["rollout"]["twin"] = json!({ "loaded": false, "reason": "twin_max_mb = 0" });
+        assert!(view(&twinned).contains("no twin of the stable version: twin_max_mb = 0"));
     }
 
     #[test]
