@@ -29,6 +29,15 @@ pub trait Backend: Send + Sync + 'static {
     /// and refuses the load if one was (`file_changed`). An engine that must
     /// be given a path gets [`VerifiedFile::fd_path`](crate::verified::VerifiedFile::fd_path).
     fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError>;
+
+    /// Like [`Backend::load`], but the model shares no weights with other
+    /// loaded versions, in either direction: it takes none of theirs, and
+    /// later versions take none of its own. For a rollout's twin of the
+    /// stable version, whose point is weights of its own. The default is a
+    /// plain load, for a backend that shares nothing between versions.
+    fn load_alone(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        self.load(version, spec)
+    }
 }
 
 /// A loaded model version, ready to run.

@@ -56,21 +56,36 @@ impl Backend for OnnxBackend {
     /// hashed. Runs on the loader thread at low priority; worker threads, if
     /// any, are created at serving priority.
     fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
-        Ok(Box::new(OnnxModel::load(version, spec)?))
+        Ok(Box::new(OnnxModel::load(version, spec, Sharing::WithLive)?))
+    }
+
+    /// A load whose tensors and packed matrices are its own: none taken
+    /// from a live version, none offered to later ones.
+    fn load_alone(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        Ok(Box::new(OnnxModel::load(version, spec, Sharing::Alone)?))
     }
 }
 
+/// Whether a version shares weights with the model's other live versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    /// Identical tensors and packed matrices are held once for all.
+    WithLive,
+    /// Nothing is shared: the version holds every weight itself.
+    Alone,
+}
+
 impl OnnxModel {
-    fn load(version: &Verified, spec: &ModelSpec) -> Result<OnnxModel, BackendError> {
+    fn load(version: &Verified, spec: &ModelSpec, sharing: Sharing) -> Result<OnnxModel, BackendError> {
         let options = EngineOptions::parse(&spec.engine)?;
         // Staged under the temporary directory ($TMPDIR, else /tmp).
         let file = ModelFile::read(version, &std::env::temp_dir(), options.stage_weights)?;
         let path = file.path().to_path_buf();
-        let shared = share(&file, version)?;
+        let shared = share(&file, version, sharing)?;
         // One container of packed weights for the pool, and for later
         // versions with identical matrices: the sessions after the first
         // use what the first packed from the shared tensors.
-        let chain = Chain::for_version(&shared);
+        let chain = Chain::for_version(&shared, sharing);
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
             let session = guarded(
@@ -105,7 +120,9 @@ impl OnnxModel {
                 "ONNX model loaded"
             );
         });
-        shared.publish();
+        if sharing == Sharing::WithLive {
+            shared.publish();
+        }
         Ok(OnnxModel {
             file: file.keep(),
             signature,
@@ -139,11 +156,11 @@ fn prime() -> Result<(), BackendError> {
 
 /// The staged weights mapped once for every session; none when the model
 /// was not staged (small models, `stage_weights = false`).
-fn share(file: &ModelFile, version: &Verified) -> Result<SharedWeights, BackendError> {
+fn share(file: &ModelFile, version: &Verified, sharing: Sharing) -> Result<SharedWeights, BackendError> {
     let Some((staged, (data, len))) = file.staged().and_then(|s| s.data().map(|d| (s, d))) else {
         return Ok(SharedWeights::default());
     };
-    SharedWeights::new(&crate::shared::model_dir(version.dir()), data, *len, staged.placed())
+    SharedWeights::new(&crate::shared::model_dir(version.dir()), data, *len, staged.placed(), sharing)
         .map_err(|e| BackendError::new("staging_failed", format!("{}: {e}", file.path().display())))
 }
 
@@ -398,7 +415,7 @@ mod tests {
         baton_core::manifest::write(dir.path()).unwrap();
         let version = baton_core::manifest::verify(dir.path()).unwrap();
         let spec = ModelSpec::parse("[engine]\nsessions = 3").unwrap();
-        let model = std::sync::Arc::new(OnnxModel::load(&version, &spec).unwrap());
+        let model = std::sync::Arc::new(OnnxModel::load(&version, &spec, Sharing::WithLive).unwrap());
         // Two of the three sessions are busy for the whole test.
         let busy = (model.sessions.take(), model.sessions.take());
         let (done, finished) = mpsc::channel();

@@ -35,6 +35,7 @@ use ort::memory::MemoryInfo;
 use ort::session::builder::PrepackedWeights;
 use ort::value::{DynValue, PrimitiveTensorElementType, Shape, TensorRefMut};
 
+use crate::backend::Sharing;
 use crate::proto::elem;
 
 /// A read-only mapping of a whole file, unmapped when the last tensor over
@@ -168,9 +169,16 @@ impl SharedWeights {
     /// the same name, type, shape and bytes. A tensor whose bytes are not
     /// aligned to its element size is left out: ONNX Runtime then reads it
     /// itself.
-    pub(crate) fn new(model: &Path, data: &File, len: u64, placed: &[Placed]) -> Result<SharedWeights, String> {
+    /// With [`Sharing::Alone`], no live tensor is reused.
+    pub(crate) fn new(
+        model: &Path,
+        data: &File,
+        len: u64,
+        placed: &[Placed],
+        sharing: Sharing,
+    ) -> Result<SharedWeights, String> {
         let mapping = Arc::new(Mapping::map(data, len).map_err(|e| format!("mapping the staged weights: {e}"))?);
-        let live = live_tensors(model);
+        let live = if sharing == Sharing::WithLive { live_tensors(model) } else { Vec::new() };
         let mut shared = SharedWeights { model: model.to_owned(), ..SharedWeights::default() };
         for p in placed {
             let (Ok(start), Ok(end)) = (usize::try_from(p.range.start), usize::try_from(p.range.end)) else { continue };
@@ -338,11 +346,12 @@ static CHAINS: Mutex<Vec<(PathBuf, Weak<Chain>)>> = Mutex::new(Vec::new());
 impl Chain {
     /// The container the sessions of a version with `shared` weights use:
     /// the model's live one when it has room (see [`Chain`]), else a new
-    /// one, which becomes the model's live container.
-    pub(crate) fn for_version(shared: &SharedWeights) -> Arc<Chain> {
+    /// one, which becomes the model's live container. A version loaded
+    /// [`Sharing::Alone`] gets a container of its own that no other joins.
+    pub(crate) fn for_version(shared: &SharedWeights, sharing: Sharing) -> Arc<Chain> {
         let (weights, added) = (shared.bytes(), shared.bytes() - shared.reused());
         let fresh = || Arc::new(Chain { container: PrepackedWeights::new(), held: AtomicU64::new(weights) });
-        if weights == 0 {
+        if weights == 0 || sharing == Sharing::Alone {
             // Nothing shared: ONNX Runtime packs into the container only
             // what sessions share, so there is nothing to chain.
             return fresh();
@@ -381,7 +390,7 @@ mod tests {
         let bytes: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), 4096).flatten().collect();
         file.write_all(&bytes).unwrap();
         let placed = [Placed { name: "w".into(), data_type: elem::FLOAT, dims: vec![64, 64], range: 0..16384 }];
-        let shared = SharedWeights::new(model, file.as_file(), 16384, &placed).unwrap();
+        let shared = SharedWeights::new(model, file.as_file(), 16384, &placed, Sharing::WithLive).unwrap();
         shared.publish();
         (shared, file)
     }
@@ -393,20 +402,20 @@ mod tests {
         }
         let model = tempfile::tempdir().unwrap();
         let (first, _f1) = weights(model.path(), 1.0);
-        let chain = Chain::for_version(&first);
+        let chain = Chain::for_version(&first, Sharing::WithLive);
         // New bytes: the chain holds twice the weights once it joins.
         let (second, _f2) = weights(model.path(), 2.0);
         assert_eq!(second.reused(), 0);
-        assert!(Arc::ptr_eq(&Chain::for_version(&second), &chain), "the chain had room");
+        assert!(Arc::ptr_eq(&Chain::for_version(&second, Sharing::WithLive), &chain), "the chain had room");
         // A third set of new bytes would make it hold three: a new chain.
         let (third, _f3) = weights(model.path(), 3.0);
-        let next = Chain::for_version(&third);
+        let next = Chain::for_version(&third, Sharing::WithLive);
         assert!(!Arc::ptr_eq(&next, &chain));
         // Identical bytes are reused and add nothing: the new chain is joined.
         let (fourth, _f4) = weights(model.path(), 3.0);
         assert_eq!(fourth.reused(), 16384);
         assert!(Arc::ptr_eq(&fourth.tensors()[0], &third.tensors()[0]), "one buffer for both versions");
-        assert!(Arc::ptr_eq(&Chain::for_version(&fourth), &next));
+        assert!(Arc::ptr_eq(&Chain::for_version(&fourth, Sharing::WithLive), &next));
         // Another model never shares.
         let other = tempfile::tempdir().unwrap();
         let (elsewhere, _f5) = weights(other.path(), 3.0);

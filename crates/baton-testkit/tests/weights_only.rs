@@ -203,3 +203,29 @@ fn unchanged_tensors_are_held_once_and_survive_either_version_going_under_concur
     assert_eq!(version, 2);
     assert!(baton_testkit::max_diff(&output, &expected[1].1) < 1e-4);
 }
+
+#[test]
+fn a_rollouts_twin_of_a_staged_stable_version_holds_weights_of_its_own() {
+    // A twin exists to run as cold as the candidate: sharing the stable
+    // version's tensors and packed matrices would share their warmth.
+    let repo = TestRepo::new();
+    let (stable, candidate) = (Mlp::new(&SIZES, 1), Mlp::new(&SIZES, 2));
+    repo.add_model("m", &mlp_toml(&stable, "[rollout]\nsteps = [10, 100]\ninterval_ms = 600000\n"));
+    publish_staged(&repo, 1, &stable);
+    publish_staged(&repo, 2, &candidate);
+    let registry = registry(repo.root());
+    registry.load("m", Some(1)).unwrap().wait().unwrap();
+    let start = baton_core::pipeline::RolloutStart { version: Some(2), ..Default::default() };
+    registry.start_rollout("m", start).unwrap().wait().unwrap();
+    let status = registry.status("m").unwrap();
+    let twin = status.live.iter().find(|v| v.twin).expect("a twin of version 1");
+    assert_eq!(twin.version, 1);
+    assert!(twin.memory.weights > 0, "the twin's weights are staged and mapped: {twin:?}");
+    assert_eq!(twin.memory.shared, 0, "the twin took none of the stable version's tensors: {twin:?}");
+    let input = [baton_core::tensor::Tensor::from_f32("input", vec![2, 16], &sample_input(SIZES[0], 2, 5))];
+    let snapshot = registry.snapshot();
+    let route = snapshot.model("m").unwrap();
+    let twin_answer = route.rollout.as_ref().unwrap().twin.as_ref().unwrap().infer(&input).unwrap();
+    let stable_answer = route.stable.infer(&input).unwrap();
+    assert_eq!(twin_answer[0].to_f32(), stable_answer[0].to_f32(), "the twin answers as the stable version does");
+}

@@ -409,7 +409,7 @@ fn build(
     };
     let growth = Growth::start(&inner);
     let engine = run.stage(Stage::Load, |_| {
-        let engine = engine(&inner, &spec, &verified)?;
+        let engine = engine(&inner, &spec, &verified, false)?;
         within_budget(growth.grown())?;
         Ok(engine)
     })?;
@@ -472,15 +472,22 @@ impl<'a> Growth<'a> {
     }
 }
 
-/// Has the backend `spec` names make a runnable model of verified files.
-fn engine(inner: &Inner, spec: &ModelSpec, verified: &Verified) -> Result<Box<dyn crate::backend::Model>, LoadError> {
+/// Has the backend `spec` names make a runnable model of verified files;
+/// one that shares no weights with other versions when `alone` (a twin).
+fn engine(
+    inner: &Inner,
+    spec: &ModelSpec,
+    verified: &Verified,
+    alone: bool,
+) -> Result<Box<dyn crate::backend::Model>, LoadError> {
     let backend = inner.backends.get(&spec.backend).ok_or_else(|| {
         crate::backend::BackendError::new(
             "unknown_backend",
             format!("model.toml names backend '{}', which this server does not have", spec.backend),
         )
     })?;
-    backend.load(verified, spec).map_err(|e| match e.tensor {
+    let loaded = if alone { backend.load_alone(verified, spec) } else { backend.load(verified, spec) };
+    loaded.map_err(|e| match e.tensor {
         // The weights disagree with the graph: a validation failure.
         Some(tensor) => {
             LoadError::Validate(validate::ValidateError::Tensor { kind: e.kind, tensor, problem: e.message })

@@ -94,7 +94,8 @@ fn build(inner: &Arc<Inner>, stable: &Version, heap: HeapLease) -> Result<Arc<Ve
     let fits = |held: u64, basis: Basis| budgets(inner, model, &spec, Vec::new()).admit(model, number, held, basis);
     fits(stable.bytes_held(), Basis::Footprint)?;
     let growth = Growth::start(inner);
-    let engine = engine(inner, &spec, &verified)?;
+    // Weights of its own: sharing the stable version's would share its warmth.
+    let engine = engine(inner, &spec, &verified, true)?;
     fits(growth.grown(), Basis::Measured)?;
     let manifest = verified.into_manifest();
     let samples = stable.warmup().to_vec();
