@@ -325,11 +325,12 @@ pub(crate) fn model_dir(version_dir: &Path) -> PathBuf {
 /// the container uses that packed copy instead of holding its own: a
 /// fine-tune of one layer in ten packs only that layer. The container keeps
 /// what it holds until the last version using it goes, so the packed
-/// matrices of versions that are gone stay in it; to bound that, a version
-/// joins the container of the live versions only while what the container
-/// holds, with what the version adds, stays within [`CHAIN_LIMIT`] times the
-/// version's weights. Otherwise it starts a new container, and the old one
-/// goes with the last version using it.
+/// matrices of versions that are gone stay in it. So a version joins the
+/// container of the live versions only when it reuses some of their
+/// tensors (one that reuses none would find nothing there to share), and
+/// only while what the container holds, with what the version adds, stays
+/// within [`CHAIN_LIMIT`] times the version's weights. Otherwise it starts a
+/// new container, and the old one goes with the last version using it.
 pub(crate) struct Chain {
     container: PrepackedWeights,
     /// What the container is estimated to hold: the bytes of every tensor
@@ -359,7 +360,10 @@ impl Chain {
         let mut chains = CHAINS.lock().unwrap_or_else(PoisonError::into_inner);
         chains.retain(|(_, weak)| weak.strong_count() > 0);
         let live = chains.iter().find(|(m, _)| *m == shared.model).and_then(|(_, w)| w.upgrade());
-        if let Some(chain) = live {
+        // A version that reuses no tensor has no packed matrix to find in
+        // the live container either; joining it would only keep the older
+        // versions' packed matrices alive for as long as this one lives.
+        if let Some(chain) = live.filter(|_| shared.reused() > 0) {
             let held = chain.held.load(Ordering::Relaxed);
             if held + added <= CHAIN_LIMIT * weights {
                 chain.held.store(held + added, Ordering::Relaxed);
@@ -384,15 +388,25 @@ mod tests {
 
     use super::*;
 
-    /// Weights of one FP32 tensor named `w` filled with `value`.
-    fn weights(model: &Path, value: f32) -> (SharedWeights, tempfile::NamedTempFile) {
+    /// Weights of FP32 tensors `w0`, `w1`, … of 64 × 64, filled with
+    /// `values`, one each.
+    fn weights_of(model: &Path, values: &[f32]) -> (SharedWeights, tempfile::NamedTempFile) {
         let mut file = tempfile::NamedTempFile::new().unwrap();
-        let bytes: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), 4096).flatten().collect();
-        file.write_all(&bytes).unwrap();
-        let placed = [Placed { name: "w".into(), data_type: elem::FLOAT, dims: vec![64, 64], range: 0..16384 }];
-        let shared = SharedWeights::new(model, file.as_file(), 16384, &placed, Sharing::WithLive).unwrap();
+        let mut placed = Vec::new();
+        for (i, value) in values.iter().enumerate() {
+            let bytes: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), 4096).flatten().collect();
+            file.write_all(&bytes).unwrap();
+            let range = i as u64 * 16384..(i as u64 + 1) * 16384;
+            placed.push(Placed { name: format!("w{i}"), data_type: elem::FLOAT, dims: vec![64, 64], range });
+        }
+        let len = values.len() as u64 * 16384;
+        let shared = SharedWeights::new(model, file.as_file(), len, &placed, Sharing::WithLive).unwrap();
         shared.publish();
         (shared, file)
+    }
+
+    fn weights(model: &Path, value: f32) -> (SharedWeights, tempfile::NamedTempFile) {
+        weights_of(model, &[value])
     }
 
     #[test]
@@ -403,14 +417,15 @@ mod tests {
         let model = tempfile::tempdir().unwrap();
         let (first, _f1) = weights(model.path(), 1.0);
         let chain = Chain::for_version(&first, Sharing::WithLive);
-        // New bytes: the chain holds twice the weights once it joins.
+        // New bytes, nothing reused: a chain of its own, so that the
+        // first version's packed matrices go with the first version.
         let (second, _f2) = weights(model.path(), 2.0);
         assert_eq!(second.reused(), 0);
-        assert!(Arc::ptr_eq(&Chain::for_version(&second, Sharing::WithLive), &chain), "the chain had room");
-        // A third set of new bytes would make it hold three: a new chain.
+        let second_chain = Chain::for_version(&second, Sharing::WithLive);
+        assert!(!Arc::ptr_eq(&second_chain, &chain), "a version that reuses nothing joins no chain");
+        drop((chain, second_chain));
         let (third, _f3) = weights(model.path(), 3.0);
         let next = Chain::for_version(&third, Sharing::WithLive);
-        assert!(!Arc::ptr_eq(&next, &chain));
         // Identical bytes are reused and add nothing: the new chain is joined.
         let (fourth, _f4) = weights(model.path(), 3.0);
         assert_eq!(fourth.reused(), 16384);
@@ -423,5 +438,27 @@ mod tests {
         // The reused tensor outlives the version that mapped it.
         drop(third);
         assert!(fourth.tensors()[0].bytes().chunks_exact(4).all(|c| c == 3.0f32.to_le_bytes()));
+    }
+
+    #[test]
+    fn versions_that_reuse_some_tensors_join_the_chain_until_it_would_hold_twice_their_weights() {
+        if let Err(e) = crate::init() {
+            panic!("ONNX Runtime is required for this test [{}]: {}", e.kind, e.message);
+        }
+        let model = tempfile::tempdir().unwrap();
+        // Two tensors each; w0 never changes, w1 always does.
+        let (first, _f1) = weights_of(model.path(), &[1.0, 1.0]);
+        let chain = Chain::for_version(&first, Sharing::WithLive);
+        let (second, _f2) = weights_of(model.path(), &[1.0, 2.0]);
+        assert_eq!(second.reused(), 16384);
+        assert!(Arc::ptr_eq(&Chain::for_version(&second, Sharing::WithLive), &chain), "1.5 times: room");
+        let (third, _f3) = weights_of(model.path(), &[1.0, 3.0]);
+        assert!(Arc::ptr_eq(&Chain::for_version(&third, Sharing::WithLive), &chain), "twice: still room");
+        let (fourth, _f4) = weights_of(model.path(), &[1.0, 4.0]);
+        let next = Chain::for_version(&fourth, Sharing::WithLive);
+        assert!(!Arc::ptr_eq(&next, &chain), "2.5 times would be too much: a new chain");
+        // Loaded alone, a version shares nothing and joins nothing.
+        let (alone, _f5) = weights_of(model.path(), &[1.0, 4.0]);
+        assert!(!Arc::ptr_eq(&Chain::for_version(&alone, Sharing::Alone), &next));
     }
 }
