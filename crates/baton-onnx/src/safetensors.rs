@@ -7,9 +7,10 @@
 //! `__metadata__` entry maps strings to strings.
 //!
 //! [`Header::parse`] trusts nothing in the file: the header must be valid
-//! JSON of that shape within [`MAX_HEADER`] bytes, every tensor's byte
-//! range must lie inside the file, hold exactly `product(shape) ×
-//! element size` bytes and overlap no other tensor's. A file that breaks
+//! JSON of that shape within [`MAX_HEADER`] bytes, each tensor described
+//! once with at most [`MAX_RANK`] dimensions, every tensor's byte range
+//! must lie inside the file, hold exactly `product(shape) × element size`
+//! bytes and overlap no other tensor's. A file that breaks
 //! any of these is refused with a message naming what is wrong; nothing
 //! is read past the end of the buffer and no size is trusted before it is
 //! checked.
@@ -19,9 +20,11 @@ use std::ops::Range;
 
 use crate::proto::elem;
 
-/// The largest header accepted: 100 MiB of JSON describes millions of
-/// tensors; a larger length is a damaged file, not a model.
-pub const MAX_HEADER: u64 = 100 << 20;
+/// The largest header accepted. A tensor's entry takes about 100 bytes,
+/// so 16 MiB describes over 150,000 tensors, a hundred times what a large
+/// model's file holds; a larger length is a damaged file, not a model.
+/// Parsing costs at most about 12 bytes per byte of header.
+pub const MAX_HEADER: u64 = 16 << 20;
 
 /// The weights file of a weights-only version.
 pub const WEIGHTS_FILE: &str = "weights.safetensors";
@@ -60,34 +63,32 @@ impl Header {
     /// bytes. `prefix` must hold at least the 8 length bytes; when it is
     /// shorter than the header, the error says how many bytes are needed
     /// ([`Header::needed`] reads them first).
+    ///
+    /// The JSON is read straight into typed descriptions, one entry at a
+    /// time, never into a tree of values: what it allocates is bounded by
+    /// a small multiple of the header's length, whatever the header holds
+    /// (a shape is refused past [`MAX_RANK`] dimensions as it is read).
     pub fn parse(prefix: &[u8], file_len: u64) -> Result<Header, HeaderError> {
-        let refuse = |m: String| Err(HeaderError(m));
         let len = Header::needed(prefix, file_len)?;
         let Some(json) = prefix.get(8..len as usize) else {
-            return refuse(format!("the header needs {len} bytes but only {} were given", prefix.len()));
-        };
-        let value: serde_json::Value = match serde_json::from_slice(json) {
-            Ok(v) => v,
-            Err(e) => return refuse(format!("the header is not valid JSON: {e}")),
-        };
-        let serde_json::Value::Object(entries) = value else {
-            return refuse("the header is not a JSON object".to_owned());
+            return Err(HeaderError(format!("the header needs {len} bytes but only {} were given", prefix.len())));
         };
         let data_start = len;
-        let data_len = file_len - data_start;
-        let mut header = Header { tensors: Vec::with_capacity(entries.len()), data_start, metadata: BTreeMap::new() };
-        for (name, entry) in entries {
-            if name == "__metadata__" {
-                header.metadata = metadata(&entry)?;
-                continue;
-            }
-            header.tensors.push(tensor(&name, &entry, data_start, data_len)?);
-        }
+        let place = Place { data_start, data_len: file_len - data_start };
+        let mut reader = serde_json::Deserializer::from_slice(json);
+        let mut header =
+            serde::Deserializer::deserialize_any(&mut reader, HeaderVisitor(place)).map_err(|e| refused(&e))?;
+        reader.end().map_err(|e| HeaderError(format!("the header is not valid JSON: {e}")))?;
         header.tensors.sort_by_key(|t| (t.range.start, t.range.end));
         for pair in header.tensors.windows(2) {
             if pair[1].range.start < pair[0].range.end {
-                return refuse(format!("tensors '{}' and '{}' overlap", pair[0].name, pair[1].name));
+                return Err(HeaderError(format!("tensors '{}' and '{}' overlap", pair[0].name, pair[1].name)));
             }
+        }
+        let mut names: Vec<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(HeaderError(format!("tensor '{}' is described twice", pair[0])));
         }
         Ok(header)
     }
@@ -116,43 +117,147 @@ impl Header {
     }
 }
 
-fn metadata(entry: &serde_json::Value) -> Result<BTreeMap<String, String>, HeaderError> {
-    let refuse = || HeaderError("__metadata__ must map strings to strings".to_owned());
-    let map = entry.as_object().ok_or_else(refuse)?;
-    map.iter().map(|(k, v)| Ok((k.clone(), v.as_str().ok_or_else(refuse)?.to_owned()))).collect()
+/// The most dimensions a tensor may have: ONNX Runtime's kernels stop at
+/// 8, and no weight of a served model has more.
+pub const MAX_RANK: usize = 8;
+
+/// A parse error as the refusal says it: a message of ours (a tensor
+/// that is wrong) as it is, a syntax error as invalid JSON.
+fn refused(e: &serde_json::Error) -> HeaderError {
+    match e.classify() {
+        serde_json::error::Category::Data => {
+            let message = e.to_string();
+            // serde_json appends the position to a message of ours.
+            HeaderError(message.split(" at line ").next().unwrap_or(&message).to_owned())
+        }
+        _ => HeaderError(format!("the header is not valid JSON: {e}")),
+    }
 }
 
-fn tensor(name: &str, entry: &serde_json::Value, data_start: u64, data_len: u64) -> Result<TensorInfo, HeaderError> {
-    let refuse = |m: String| HeaderError(format!("tensor '{name}': {m}"));
-    let dtype = entry.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| refuse("no dtype".to_owned()))?;
-    let (data_type, size) = dtype_of(dtype).ok_or_else(|| refuse(format!("dtype {dtype} is not one baton serves")))?;
-    let shape = entry.get("shape").and_then(|s| s.as_array()).ok_or_else(|| refuse("no shape".to_owned()))?;
-    let mut dims = Vec::with_capacity(shape.len());
-    let mut elements: u64 = 1;
-    for d in shape {
-        let d = d
-            .as_u64()
-            .filter(|&d| d <= i64::MAX as u64)
-            .ok_or_else(|| refuse(format!("dimension {d} is not a size")))?;
-        elements = elements.checked_mul(d).ok_or_else(|| refuse("its shape overflows".to_owned()))?;
-        dims.push(d as i64);
+/// Where a file's tensor data lies, to check each tensor against.
+#[derive(Clone, Copy)]
+struct Place {
+    data_start: u64,
+    data_len: u64,
+}
+
+/// Reads the header's object entry by entry.
+struct HeaderVisitor(Place);
+
+impl<'de> serde::de::Visitor<'de> for HeaderVisitor {
+    type Value = Header;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the header is not a JSON object")
     }
-    let offsets = entry
-        .get("data_offsets")
-        .and_then(|o| o.as_array())
-        .filter(|o| o.len() == 2)
-        .ok_or_else(|| refuse("data_offsets must be [begin, end]".to_owned()))?;
-    let (Some(begin), Some(end)) = (offsets[0].as_u64(), offsets[1].as_u64()) else {
-        return Err(refuse("data_offsets must be two byte offsets".to_owned()));
-    };
-    if begin > end || end > data_len {
-        return Err(refuse(format!("its bytes [{begin}, {end}) are not within the {data_len} data bytes")));
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Header, A::Error> {
+        let mut header = Header { data_start: self.0.data_start, ..Header::default() };
+        while let Some(name) = map.next_key::<String>()? {
+            if name == "__metadata__" {
+                header.metadata = map.next_value::<Metadata>()?.0;
+                continue;
+            }
+            let raw: RawTensor = map.next_value()?;
+            header.tensors.push(tensor(name, raw, self.0).map_err(|e| serde::de::Error::custom(e.0))?);
+        }
+        Ok(header)
+    }
+}
+
+/// `__metadata__`: strings to strings.
+struct Metadata(BTreeMap<String, String>);
+
+impl<'de> serde::Deserialize<'de> for Metadata {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Metadata, D::Error> {
+        BTreeMap::<String, String>::deserialize(d)
+            .map(Metadata)
+            .map_err(|_| serde::de::Error::custom("__metadata__ must map strings to strings"))
+    }
+}
+
+/// One tensor's entry as the file has it, before any check.
+#[derive(serde::Deserialize)]
+struct RawTensor {
+    dtype: Option<String>,
+    shape: Option<Dims>,
+    data_offsets: Option<Offsets>,
+}
+
+/// A shape: at most [`MAX_RANK`] sizes, refused as soon as one more comes.
+struct Dims(Vec<u64>);
+
+impl<'de> serde::Deserialize<'de> for Dims {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dims, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Dims;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a shape: an array of sizes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Dims, A::Error> {
+                let mut dims = Vec::new();
+                while let Some(d) = seq.next_element::<serde_json::Number>()? {
+                    if dims.len() == MAX_RANK {
+                        return Err(serde::de::Error::custom(format!("more than {MAX_RANK} dimensions")));
+                    }
+                    let size = d
+                        .as_u64()
+                        .filter(|&d| d <= i64::MAX as u64)
+                        .ok_or_else(|| serde::de::Error::custom(format!("dimension {d} is not a size")))?;
+                    dims.push(size);
+                }
+                Ok(Dims(dims))
+            }
+        }
+        d.deserialize_seq(Visitor)
+    }
+}
+
+/// `data_offsets`: exactly `[begin, end]`.
+struct Offsets(u64, u64);
+
+impl<'de> serde::Deserialize<'de> for Offsets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Offsets, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Offsets;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("data_offsets as [begin, end]")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Offsets, A::Error> {
+                let bad = || serde::de::Error::custom("data_offsets must be two byte offsets [begin, end]");
+                let begin = seq.next_element::<u64>().map_err(|_| bad())?.ok_or_else(bad)?;
+                let end = seq.next_element::<u64>().map_err(|_| bad())?.ok_or_else(bad)?;
+                if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(bad());
+                }
+                Ok(Offsets(begin, end))
+            }
+        }
+        d.deserialize_seq(Visitor)
+    }
+}
+
+/// Checks one tensor's entry against the file.
+fn tensor(name: String, raw: RawTensor, place: Place) -> Result<TensorInfo, HeaderError> {
+    let refuse = |m: String| HeaderError(format!("tensor '{name}': {m}"));
+    let dtype = raw.dtype.ok_or_else(|| refuse("no dtype".to_owned()))?;
+    let (data_type, size) = dtype_of(&dtype).ok_or_else(|| refuse(format!("dtype {dtype} is not one baton serves")))?;
+    let Dims(shape) = raw.shape.ok_or_else(|| refuse("no shape".to_owned()))?;
+    let Offsets(begin, end) = raw.data_offsets.ok_or_else(|| refuse("data_offsets must be [begin, end]".to_owned()))?;
+    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+    let elements = elements.ok_or_else(|| refuse("its shape overflows".to_owned()))?;
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    if begin > end || end > place.data_len {
+        return Err(refuse(format!("its bytes [{begin}, {end}) are not within the {} data bytes", place.data_len)));
     }
     let expected = elements.checked_mul(size).ok_or_else(|| refuse("its size overflows".to_owned()))?;
     if end - begin != expected {
         return Err(refuse(format!("{dtype} {dims:?} needs {expected} bytes, data_offsets give {}", end - begin)));
     }
-    Ok(TensorInfo { name: name.to_owned(), data_type, dims, range: data_start + begin..data_start + end })
+    let range = place.data_start + begin..place.data_start + end;
+    Ok(TensorInfo { name, data_type, dims, range })
 }
 
 /// Each safetensors dtype baton serves: its name, ONNX element type and
@@ -265,6 +370,20 @@ mod tests {
                 "overflows",
             ),
             (file(r#"{"__metadata__":{"k":1}}"#, 0), "strings to strings"),
+            (
+                file(r#"{"w":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}}"#, 4),
+                "more than 8 dimensions",
+            ),
+            (file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}}"#, 8), "two byte offsets"),
+            (file(r#"{"w":{"shape":[1],"data_offsets":[0,4]}}"#, 4), "no dtype"),
+            (
+                file(
+                    r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
+                    8,
+                ),
+                "described twice",
+            ),
+            (file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} x"#, 4), "not valid JSON"),
         ];
         for (bytes, expected) in cases {
             let e = parse(&bytes).unwrap_err();

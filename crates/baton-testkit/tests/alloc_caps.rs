@@ -143,6 +143,12 @@ const SPEC: Cap = Cap { factor: 128, slack: 64 << 10 };
 /// ONNX models: one node struct per two-byte node, one `u64` per
 /// one-byte varint of a dims or int64_data field.
 const ONNX: Cap = Cap { factor: 128, slack: 16 << 10 };
+/// safetensors headers: one tensor's description (its name, at most 8
+/// dimensions) per entry of at least 40 bytes, doubled by a growing
+/// vector; in `__metadata__`, two strings and a share of a B-tree node per
+/// 8-byte entry (about 10 bytes per byte). Read into a tree of JSON
+/// values, as it was, a header cost 16 to 27 bytes per byte.
+const SAFETENSORS: Cap = Cap { factor: 12, slack: 16 << 10 };
 
 /// `piece` repeated to about `len` bytes between `open` and `close`.
 fn repeated(open: &str, piece: &str, close: &str, len: usize) -> String {
@@ -242,7 +248,26 @@ fn worst_cases_stay_within_their_caps() {
         onnx(&graph([vec![0x2a], encode_len(dims.len()), dims].concat()));
         let int64s = [vec![0x10, 7, 0x3a], encode_len(len), vec![1; len]].concat();
         onnx(&graph([vec![0x2a], encode_len(int64s.len()), int64s].concat()));
+
+        // safetensors: a shape of zeros, many empty tensors, metadata.
+        safetensors(&repeated(r#"{"w":{"dtype":"F32","data_offsets":[0,0],"shape":["#, "0,", "]}}", len));
+        let tensors: String =
+            (0..len / 48).map(|i| format!(r#""{i:x}":{{"dtype":"F32","shape":[],"data_offsets":[0,0]}},"#)).collect();
+        safetensors(&format!("{{{}}}", tensors.trim_end_matches(',')));
+        let empty: String =
+            (0..len / 48).map(|i| format!(r#""{i:x}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}},"#)).collect();
+        safetensors(&format!("{{{}}}", empty.trim_end_matches(',')));
+        let entries: String = (0..len / 8).map(|i| format!(r#""{i:x}":"","#)).collect();
+        safetensors(&format!(r#"{{"__metadata__":{{{}}}}}"#, entries.trim_end_matches(',')));
+        safetensors(&repeated("[", "[],", "]", len));
     }
+}
+
+fn safetensors(json: &str) {
+    let mut file = (json.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(json.as_bytes());
+    SAFETENSORS
+        .check("safetensors header", file.len(), || baton_onnx::safetensors::Header::parse(&file, file.len() as u64));
 }
 
 fn encode_len(n: usize) -> Vec<u8> {
@@ -314,6 +339,7 @@ proptest! {
         grpc(&wire);
         onnx(&wire);
         let text = String::from_utf8_lossy(&text);
+        safetensors(&text);
         SAMPLE.check("warmup sample", text.len(), || parse_sample("warmup/x.json".into(), &text));
         MANIFEST.check("MANIFEST", text.len(), || manifest::parse(&text));
         SPEC.check("model.toml", text.len(), || ModelSpec::parse(&text));
