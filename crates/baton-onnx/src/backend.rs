@@ -2,7 +2,6 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::ops::DerefMut;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 
@@ -24,7 +23,7 @@ use crate::options::EngineOptions;
 use crate::pool::Pool;
 use crate::proto::ExternalFiles;
 use crate::runtime::{PoolThreads, runtime};
-use crate::shared::{Chain, SharedTensor, SharedWeights};
+use crate::shared::{Chain, OverMapping, SharedTensor, SharedWeights};
 
 /// The model file a version directory must hold.
 pub const MODEL_FILE: &str = "model.onnx";
@@ -93,7 +92,8 @@ impl OnnxModel {
                 "model_invalid",
                 "creating an ONNX Runtime session",
             )?;
-            sessions.push(session);
+            // The session reads the shared tensors' mappings: it holds them.
+            sessions.push(OverMapping::new(session, shared.mappings()));
         }
         shared.release();
         // Whatever the sessions were built from has been read by now, be it
@@ -240,13 +240,13 @@ struct OnnxModel {
     /// sessions were built from them, kept for validation.
     file: KeptFile,
     signature: Signature,
-    sessions: Pool<Session>,
+    sessions: Pool<OverMapping<Session>>,
     /// The container of packed weights the sessions use. The sessions hold
     /// the container itself; this keeps the chain alive for as long as the
     /// version, so that the model's next version can join it.
     _chain: Arc<Chain>,
-    /// The weights the sessions share; after the sessions, so that they
-    /// are dropped first.
+    /// The weights the sessions share. Each session holds the mappings it
+    /// reads ([`OverMapping`]), so no order of drops can unmap them first.
     shared: SharedWeights,
     /// The integer inputs' ranges, read from the graph when the weights
     /// are visited, or when first asked for.
@@ -327,7 +327,7 @@ impl Model for OnnxModel {
         // Converted before a session is taken, so a session is held only
         // for the run itself.
         let values = prepare(inputs)?;
-        run(self.sessions.take(), values)
+        run(&mut self.sessions.take(), values)
     }
 
     fn instances(&self) -> usize {
@@ -340,14 +340,14 @@ impl Model for OnnxModel {
     }
 
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-        let session = self.sessions.item(instance).ok_or_else(|| {
+        let mut session = self.sessions.item(instance).ok_or_else(|| {
             BackendError::new(
                 "invalid_input",
                 format!("instance {instance} does not exist; the model has {} sessions", self.sessions.len()),
             )
         })?;
         let values = prepare(inputs)?;
-        run(session, values)
+        run(&mut session, values)
     }
 }
 
@@ -372,7 +372,7 @@ fn prepare(inputs: &[Tensor]) -> Result<Inputs<'_>, BackendError> {
 /// ORT binding or the conversion of its outputs) fails this request with
 /// kind `engine_panicked` and leaves the session usable: no panic escapes
 /// while its lock is held, so the lock is never poisoned.
-fn run(mut session: impl DerefMut<Target = Session>, values: Inputs<'_>) -> Result<Vec<Tensor>, BackendError> {
+fn run(session: &mut Session, values: Inputs<'_>) -> Result<Vec<Tensor>, BackendError> {
     guarded(
         || {
             let outputs = session.run(values).map_err(|e| BackendError::new("inference_failed", e.to_string()))?;
@@ -433,5 +433,32 @@ mod tests {
             }
         }
         drop(busy);
+    }
+
+    #[test]
+    fn a_session_keeps_the_mapped_weights_it_reads_whatever_is_dropped_first() {
+        if let Err(e) = crate::init() {
+            panic!("ONNX Runtime is required for this test [{}]: {}", e.kind, e.message);
+        }
+        // External data is always staged and mapped: the shared path.
+        let dir = tempfile::tempdir().unwrap();
+        let mlp = Mlp::new(&[16, 64, 4], 3);
+        let options = OnnxOptions { external_data: Some("weights.bin".into()), ..OnnxOptions::default() };
+        let (bytes, data) = encode_mlp(&mlp, &options);
+        std::fs::write(dir.path().join(MODEL_FILE), bytes).unwrap();
+        std::fs::write(dir.path().join("weights.bin"), data.unwrap()).unwrap();
+        baton_core::manifest::write(dir.path()).unwrap();
+        let version = baton_core::manifest::verify(dir.path()).unwrap();
+        let spec = ModelSpec::parse("[engine]\nsessions = 1\nprepack = false").unwrap();
+        let model = OnnxModel::load(&version, &spec, Sharing::WithLive).unwrap();
+        assert!(model.shared.bytes() > 0, "the weights are mapped and shared");
+        let input = [Tensor::from_f32("input", vec![1, 16], &[0.25; 16])];
+        let before = model.infer(&input).unwrap();
+        // The shared weights go first, then everything else but the sessions.
+        let OnnxModel { sessions, shared, file, _chain, .. } = model;
+        drop((shared, file, _chain));
+        let values = prepare(&input).unwrap();
+        let after = run(&mut sessions.take(), values).unwrap();
+        assert_eq!(after[0].to_f32(), before[0].to_f32(), "the session still reads the weights it was given");
     }
 }

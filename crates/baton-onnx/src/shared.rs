@@ -25,6 +25,7 @@
 #![allow(unsafe_code)]
 
 use std::fs::File;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -99,12 +100,49 @@ impl Drop for Mapping {
     }
 }
 
+/// A value that reads mapped memory, with references to the mappings it
+/// reads: the value is dropped first, then the references, whatever the
+/// order of the fields or locals around it. An ONNX Runtime session given
+/// shared tensors is held in one, and so is each tensor's own value.
+pub(crate) struct OverMapping<T> {
+    value: ManuallyDrop<T>,
+    /// Released only after `value` has been dropped (see `Drop`).
+    _mappings: Vec<Arc<Mapping>>,
+}
+
+impl<T> OverMapping<T> {
+    /// `value`, which reads `mappings`.
+    pub(crate) fn new(value: T, mappings: Vec<Arc<Mapping>>) -> OverMapping<T> {
+        OverMapping { value: ManuallyDrop::new(value), _mappings: mappings }
+    }
+}
+
+impl<T> std::ops::Deref for OverMapping<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T> std::ops::DerefMut for OverMapping<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.value
+    }
+}
+
+impl<T> Drop for OverMapping<T> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here, and never used again; the mappings
+        // are released after this, when the fields are dropped.
+        unsafe { ManuallyDrop::drop(&mut self.value) };
+    }
+}
+
 /// One tensor over a mapping, as every session of a version (and of later
 /// versions holding the same bytes) is given it.
 pub(crate) struct SharedTensor {
-    /// The ONNX Runtime value over the mapped bytes. Declared first so it
-    /// is dropped before the mapping it points into.
-    value: Arc<DynValue>,
+    /// The ONNX Runtime value over the mapped bytes, holding the mapping.
+    value: OverMapping<Arc<DynValue>>,
     name: String,
     data_type: i32,
     dims: Vec<i64>,
@@ -200,6 +238,7 @@ impl SharedWeights {
                 }
                 None => {
                     let Some(value) = value_over(&mapping, &range, p.data_type, &p.dims)? else { continue };
+                    let value = OverMapping::new(value, vec![Arc::clone(&mapping)]);
                     let (name, data_type, dims) = (p.name.clone(), p.data_type, p.dims.clone());
                     Arc::new(SharedTensor { value, name, data_type, dims, range, mapping: Arc::clone(&mapping) })
                 }
@@ -211,7 +250,19 @@ impl SharedWeights {
 
     /// The tensors, to give to each session.
     pub(crate) fn values(&self) -> impl Iterator<Item = (&str, Arc<DynValue>)> {
-        self.tensors.iter().map(|t| (t.name.as_str(), Arc::clone(&t.value)))
+        self.tensors.iter().map(|t| (t.name.as_str(), Arc::clone(&*t.value)))
+    }
+
+    /// Every mapping the tensors read, once each: what a session given
+    /// them must hold (see [`OverMapping`]).
+    pub(crate) fn mappings(&self) -> Vec<Arc<Mapping>> {
+        let mut mappings: Vec<Arc<Mapping>> = Vec::new();
+        for tensor in &self.tensors {
+            if !mappings.iter().any(|m| Arc::ptr_eq(m, &tensor.mapping)) {
+                mappings.push(Arc::clone(&tensor.mapping));
+            }
+        }
+        mappings
     }
 
     /// The tensors themselves, for validation to read in place.
@@ -276,8 +327,9 @@ fn value_over(
             let data = mapping.bytes(range).ok_or("a tensor lies outside the mapping")?.as_ptr();
             // SAFETY: the pointer is aligned and valid for the tensor's
             // bytes for as long as the mapping lives, which outlives the
-            // value (SharedTensor drops the value first); ONNX Runtime only
-            // reads initializers.
+            // value (the caller puts it in an OverMapping, and sessions
+            // given it are held in one too); ONNX Runtime only reads
+            // initializers.
             let tensor = unsafe {
                 TensorRefMut::<$t>::from_raw(MemoryInfo::default(), data.cast_mut().cast(), Shape::new(dims.to_vec()))
             }
@@ -306,6 +358,15 @@ fn value_over(
 /// releases the ONNX Runtime value and never the memory it points to, which
 /// the value does not own.
 fn owned<T: PrimitiveTensorElementType + std::fmt::Debug>(tensor: TensorRefMut<'static, T>) -> ort::value::Tensor<T> {
+    // ort offers no way to own a value made over borrowed memory. The
+    // reference wrapper must be the value it derefs to and nothing more
+    // (a marker), so that moving the value out of it leaves nothing behind
+    // and duplicates nothing: checked at compile time, for every element
+    // type, against the ort in use.
+    const {
+        assert!(std::mem::size_of::<TensorRefMut<'static, T>>() == std::mem::size_of::<ort::value::Tensor<T>>());
+        assert!(std::mem::align_of::<TensorRefMut<'static, T>>() == std::mem::align_of::<ort::value::Tensor<T>>());
+    }
     // The wrapper holds exactly this value and has no drop of its own.
     let wrapper = std::mem::ManuallyDrop::new(tensor);
     // SAFETY: the wrapper is never dropped, so reading the value out of it
