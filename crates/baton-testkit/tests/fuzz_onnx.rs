@@ -1,7 +1,9 @@
 //! Fuzzing baton's ONNX reader, which validation, weight roles, warmup
 //! ranges and staging read model files with: [`proto::parse`],
 //! [`proto::nested_external_data`], [`proto::externalize`],
-//! [`proto::read_skeleton`] and [`proto::initializer_bytes`]. Arbitrary
+//! [`proto::read_skeleton`] and [`proto::initializer_bytes`], and the
+//! rewrite that points a weights-only version's graph at its weights file
+//! ([`proto::point_at`]). Arbitrary
 //! bytes and valid models damaged (long varints, lengths past the message,
 //! dims of 2^62 and negative ones, subgraphs nested without end): a model
 //! or a [`ProtoError`] of a known kind, never a panic or a stack overflow;
@@ -64,6 +66,45 @@ fn read_all(bytes: &[u8]) {
     }
 }
 
+/// Points every initializer but biases at the weights file (at an offset
+/// and length made from the name); whatever is
+/// rewritten parses, with the placed initializers external at exactly
+/// their placement and every other initializer as it was. Returns how
+/// many were placed.
+fn point(bytes: &[u8]) -> usize {
+    let placement = |name: &str| (!name.contains("bias")).then(|| (name.len() as u64 * 64, 16 + name.len() as u64));
+    let rewritten = match proto::point_at(bytes, "weights.safetensors", &placement) {
+        Ok(rewritten) => rewritten,
+        Err(e) => {
+            known(&e);
+            return 0;
+        }
+    };
+    let (Ok(before), after) = (proto::parse(bytes), proto::parse(&rewritten)) else { return 0 };
+    let after = after.unwrap_or_else(|e| panic!("a rewrite of a model that parses does not: {e:?}"));
+    assert_eq!(before.initializers.len(), after.initializers.len());
+    for (was, is) in before.initializers.iter().zip(&after.initializers) {
+        assert_eq!((&was.name, was.data_type, &was.dims), (&is.name, is.data_type, &is.dims));
+        match placement(&is.name) {
+            Some((offset, length)) => match &is.data {
+                proto::InitData::External { location, offset: at, length: len } => {
+                    assert_eq!((location.as_str(), *at, *len), ("weights.safetensors", offset, Some(length)));
+                }
+                other => panic!("'{}' was placed but reads {other:?}", is.name),
+            },
+            None => {
+                let bytes_of = |init: &proto::Initializer, file: &[u8]| match &init.data {
+                    proto::InitData::Raw(range) => file.get(range.clone()).map(<[u8]>::to_vec),
+                    proto::InitData::Inline(inline) => Some(inline.clone()),
+                    proto::InitData::External { .. } => None,
+                };
+                assert_eq!(bytes_of(was, bytes), bytes_of(is, &rewritten), "'{}' was not placed", is.name);
+            }
+        }
+    }
+    after.initializers.iter().filter(|i| placement(&i.name).is_some()).count()
+}
+
 /// A node whose attribute holds a graph whose node holds a graph…
 /// `depth` times, a few bytes per level: built from the inside out, each
 /// level only a prefix of the next.
@@ -110,6 +151,21 @@ proptest! {
     #[test]
     fn damaged_models_are_refused_or_read(bytes in damaged(seeds::onnx(), wire_tokens(), 4)) {
         read_all(&bytes);
+    }
+
+    /// The rewrite that points a graph at its weights file, on arbitrary
+    /// and damaged models and on valid ones.
+    #[test]
+    fn graphs_pointed_at_weights_are_refused_or_rewritten_exactly(
+        arbitrary in prop::collection::vec(any::<u8>(), 0..256),
+        damaged in damaged(seeds::onnx(), wire_tokens(), 4),
+        valid in 0..seeds::onnx().len(),
+    ) {
+        point(&arbitrary);
+        point(&damaged);
+        let seed = &seeds::onnx()[valid];
+        let initializers = proto::parse(seed).map_or(0, |m| m.initializers.len());
+        prop_assert!(initializers == 0 || point(seed) > 0, "no initializer of a valid seed was placed");
     }
 
     /// The skeleton of any file, valid or damaged, parses as the file does.

@@ -204,7 +204,8 @@ fn placed_tensor(r: Reader<'_>, location: &str, placement: Placement<'_>) -> Res
             name = Some(scan.string(v, f, CTX)?);
         }
     }
-    let Some((offset, len)) = name.as_deref().and_then(placement) else { return Ok(None) };
+    // An absent name reads as the empty one, as the reader reads it.
+    let Some((offset, len)) = placement(name.as_deref().unwrap_or_default()) else { return Ok(None) };
     let mut out = Vec::new();
     let mut fields = r;
     let mut start = fields.pos;
