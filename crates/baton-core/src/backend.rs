@@ -171,6 +171,23 @@ pub struct WeightsInfo {
     pub reused: u64,
     /// Which kind of update the version was.
     pub update: UpdateKind,
+    /// The container of packed weights the version shares with other
+    /// versions of its model, if any.
+    pub container: Option<SharedContainer>,
+}
+
+/// A container of packed weights that successive versions of a model
+/// share. It keeps the packed matrices of every version that joined it,
+/// the gone ones' included, until the last version using it goes; what
+/// it holds beyond the live versions' own additions is memory no live
+/// version's measurement counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedContainer {
+    /// Which container: the same for every version sharing it.
+    pub id: u64,
+    /// What it holds in all, estimated as the bytes of the tensors each
+    /// version added when it joined.
+    pub holds: u64,
 }
 
 /// An engine failure while loading or running a model.

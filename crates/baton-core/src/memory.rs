@@ -196,6 +196,24 @@ pub(crate) struct Memory {
     freed_signal: Condvar,
 }
 
+/// What the containers of packed weights that `versions` share hold
+/// beyond those versions' own additions: the packed matrices of versions
+/// that are gone, which no live version's measurement counts. Each
+/// container is counted once.
+fn retained(versions: &[Arc<Version>]) -> u64 {
+    let mut containers: Vec<(u64, u64, u64)> = Vec::new();
+    for version in versions {
+        let info = version.weights();
+        let Some(container) = info.container else { continue };
+        let added = info.shared.saturating_sub(info.reused);
+        match containers.iter_mut().find(|(id, _, _)| *id == container.id) {
+            Some((_, _, sum)) => *sum = sum.saturating_add(added),
+            None => containers.push((container.id, container.holds, added)),
+        }
+    }
+    containers.iter().map(|(_, holds, added)| holds.saturating_sub(*added)).sum()
+}
+
 /// What live versions hold, for a load's memory budget.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct InUse {
@@ -312,6 +330,7 @@ impl Memory {
         self.agent.call(move || {
             let live: Vec<(String, Weak<Version>)> = book.live.lock().clone();
             let mut in_use = InUse { all: book.queued.load(Ordering::Relaxed), model: 0 };
+            let mut counted = Vec::new();
             for (name, weak) in live {
                 let Some(version) = weak.upgrade() else { continue };
                 if leaving.iter().any(|l| l.ptr_eq(&weak)) {
@@ -321,7 +340,12 @@ impl Memory {
                 if name == model {
                     in_use.model = in_use.model.saturating_add(version.bytes_held());
                 }
+                counted.push(version);
             }
+            // What shared containers keep of versions that are gone.
+            in_use.all = in_use.all.saturating_add(retained(&counted));
+            counted.retain(|v| v.model() == model);
+            in_use.model = in_use.model.saturating_add(retained(&counted));
             in_use
         })
     }
@@ -384,12 +408,20 @@ impl Memory {
         });
     }
 
-    /// `rss` minus the footprint of live versions and of engines queued
-    /// for freeing.
+    /// `rss` minus the footprint of live versions, of what shared
+    /// containers keep of gone ones, and of engines queued for freeing.
     fn unaccounted(&self, rss: u64) -> u64 {
         let live: Vec<Arc<Version>> = self.live.lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
-        let live: u64 = live.iter().map(|v| self.footprints.of(v)).sum();
-        rss.saturating_sub(live).saturating_sub(self.queued.load(Ordering::Relaxed))
+        let held: u64 = live.iter().map(|v| self.footprints.of(v)).sum::<u64>() + retained(&live);
+        rss.saturating_sub(held).saturating_sub(self.queued.load(Ordering::Relaxed))
+    }
+
+    /// What the shared containers of `model`'s live versions keep of
+    /// versions that are gone (see [`retained`]).
+    pub(crate) fn retained(&self, model: &str) -> u64 {
+        let live: Vec<Arc<Version>> =
+            self.live.lock().iter().filter(|(m, _)| m == model).filter_map(|(_, w)| w.upgrade()).collect();
+        retained(&live)
     }
 
     /// The memory this process really holds now: RSS after the heap was

@@ -127,7 +127,8 @@ impl OnnxModel {
             file: file.keep(),
             signature,
             sessions: Pool::new(sessions),
-            _chain: chain,
+            chain,
+            alone: sharing == Sharing::Alone,
             shared,
             ranges: OnceLock::new(),
         })
@@ -244,7 +245,9 @@ struct OnnxModel {
     /// The container of packed weights the sessions use. The sessions hold
     /// the container itself; this keeps the chain alive for as long as the
     /// version, so that the model's next version can join it.
-    _chain: Arc<Chain>,
+    chain: Arc<Chain>,
+    /// Loaded alone: its container is its own, shared with no version.
+    alone: bool,
     /// The weights the sessions share. Each session holds the mappings it
     /// reads ([`OverMapping`]), so no order of drops can unmap them first.
     shared: SharedWeights,
@@ -336,7 +339,9 @@ impl Model for OnnxModel {
 
     fn weights(&self) -> WeightsInfo {
         let update = if self.file.is_weights_only() { UpdateKind::Weights } else { UpdateKind::Graph };
-        WeightsInfo { shared: self.shared.bytes(), reused: self.shared.reused(), update }
+        // Only a container versions share keeps what a gone version packed.
+        let container = (self.shared.bytes() > 0 && !self.alone).then(|| self.chain.share());
+        WeightsInfo { shared: self.shared.bytes(), reused: self.shared.reused(), update, container }
     }
 
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
@@ -455,8 +460,8 @@ mod tests {
         let input = [Tensor::from_f32("input", vec![1, 16], &[0.25; 16])];
         let before = model.infer(&input).unwrap();
         // The shared weights go first, then everything else but the sessions.
-        let OnnxModel { sessions, shared, file, _chain, .. } = model;
-        drop((shared, file, _chain));
+        let OnnxModel { sessions, shared, file, chain, .. } = model;
+        drop((shared, file, chain));
         let values = prepare(&input).unwrap();
         let after = run(&mut sessions.take(), values).unwrap();
         assert_eq!(after[0].to_f32(), before[0].to_f32(), "the session still reads the weights it was given");

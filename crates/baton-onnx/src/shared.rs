@@ -441,6 +441,13 @@ impl Chain {
     pub(crate) fn container(&self) -> &PrepackedWeights {
         &self.container
     }
+
+    /// The container as the memory book counts it: which one (its
+    /// address, the same for every version sharing it) and what it holds.
+    pub(crate) fn share(&self) -> baton_core::backend::SharedContainer {
+        let id = std::ptr::from_ref(self) as u64;
+        baton_core::backend::SharedContainer { id, holds: self.held.load(Ordering::Relaxed) }
+    }
 }
 
 #[cfg(test)]

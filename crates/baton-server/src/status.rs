@@ -28,6 +28,7 @@ fn idle(model: &str) -> ModelStatus {
         serving: None,
         previous: Vec::new(),
         live: Vec::new(),
+        retained: 0,
         busy: false,
         paused: false,
         working_on: None,

@@ -229,3 +229,36 @@ fn a_rollouts_twin_of_a_staged_stable_version_holds_weights_of_its_own() {
     let stable_answer = route.stable.infer(&input).unwrap();
     assert_eq!(twin_answer[0].to_f32(), stable_answer[0].to_f32(), "the twin answers as the stable version does");
 }
+
+#[test]
+fn what_a_shared_container_keeps_of_a_gone_version_is_counted() {
+    // Version 2 changes only the last layer: it shares the first two with
+    // version 1, packed by version 1, and joins its container.
+    let repo = TestRepo::new();
+    let v1 = Mlp::new(&SIZES, 1);
+    let mut v2 = v1.clone();
+    v2.layers[2] = Mlp::new(&SIZES, 2).layers[2].clone();
+    repo.add_model("m", &mlp_toml(&v1, "[policy]\nkeep_previous = 0\n"));
+    publish_staged(&repo, 1, &v1);
+    publish_staged(&repo, 2, &v2);
+    let registry = registry(repo.root());
+    registry.load("m", Some(1)).unwrap().wait().unwrap();
+    let status = registry.status("m").unwrap();
+    assert_eq!(status.retained, 0, "one version: nothing kept beyond it");
+    let v1_weights = status.live[0].memory.weights;
+    let freed_before = registry.unload_records().len();
+    registry.load("m", Some(2)).unwrap().wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !registry.unload_records()[freed_before..].iter().any(|r| r.version == 1) {
+        assert!(std::time::Instant::now() < deadline, "version 1 was never freed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let status = registry.status("m").unwrap();
+    let live = &status.live[0];
+    assert_eq!(live.version, 2);
+    assert!(live.memory.shared > 0, "version 2 shares the unchanged layers: {live:?}");
+    // The container still holds everything version 1 packed: the layers
+    // version 2 uses and the last one it replaced. No live version's
+    // bytes_held counts them, so the book does.
+    assert_eq!(status.retained, v1_weights, "{status:?}");
+}

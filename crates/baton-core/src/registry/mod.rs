@@ -106,6 +106,10 @@ pub struct ModelStatus {
     pub previous: Vec<u64>,
     /// Every version still in memory, including ones being drained.
     pub live: Vec<LiveVersion>,
+    /// Bytes that containers of packed weights shared by the live versions
+    /// keep of versions that are gone (estimated): counted against the
+    /// memory budgets, though no live version's `bytes_held` has them.
+    pub retained: u64,
     /// Whether a load, rollback or unload is running.
     pub busy: bool,
     /// Whether the model is paused: under the resource swap policy, its old
@@ -341,6 +345,7 @@ impl Registry {
             serving: route.map(|r| r.stable.number()),
             previous: route.map(|r| r.previous.iter().map(|v| v.number()).collect()).unwrap_or_default(),
             live: self.inner.memory.live(model),
+            retained: self.inner.memory.retained(model),
             busy: entry.is_some_and(|e| e.busy),
             paused,
             working_on: entry.and_then(|e| e.working_on),
