@@ -3,7 +3,8 @@
 # and not), the memory a version changing one layer in ten adds, the peak
 # memory of availability and resource swaps of the 480 MiB MLP (pools of 2
 # and of 1) with the resource swap's pause, and the load of 1 GiB of
-# safetensors (packed and not), each stage timed.
+# safetensors (packed and not) and of the same model as one ONNX file,
+# each stage timed.
 #
 #   bash bench/weights.sh
 #
@@ -29,4 +30,6 @@ SESSIONS=2 run peak_memory_of_availability_and_resource_swaps
 SESSIONS=1 run peak_memory_of_availability_and_resource_swaps
 PREPACK=true run a_gigabyte_of_safetensors_loads
 PREPACK=false run a_gigabyte_of_safetensors_loads
+PREPACK=true run a_gigabyte_as_one_onnx_file_loads
+PREPACK=false run a_gigabyte_as_one_onnx_file_loads
 echo "Wrote $log"

@@ -78,6 +78,36 @@ fn a_gigabyte_of_safetensors_loads() {
 }
 
 #[test]
+#[ignore = "a benchmark: prints load times"]
+fn a_gigabyte_as_one_onnx_file_loads() {
+    // The graph of `a_gigabyte_of_safetensors_loads`, its weights inside
+    // model.onnx: the whole-model load a weights-only one is held against.
+    let graph = Mlp::new(&[8192, 8192, 8192, 8192, 8192, 1], 1);
+    let prepack = std::env::var("PREPACK").map_or(true, |v| v != "false");
+    let repo = TestRepo::new();
+    let toml = format!("[warmup]\ngenerated = false\n[engine]\nsessions = 1\nprepack = {prepack}");
+    repo.add_model("m", &mlp_toml(&graph, &toml));
+    repo.publish_mlp("m", 1, &graph);
+    drop(graph);
+    let registry = baton_testkit::registry(repo.root());
+    for version in [1, 1] {
+        let report = registry.load("m", Some(version)).unwrap().wait().unwrap();
+        let to_commit: f64 = report
+            .stages
+            .iter()
+            .take_while(|s| s.stage != baton_core::events::Stage::Drain)
+            .map(|s| s.duration.as_secs_f64())
+            .sum();
+        println!(
+            "figure: 1 GiB as one ONNX file, prepack {prepack}, version {version}: committed in {:.3} s; stages ms: {}; bytes_held {:.1} MiB",
+            to_commit,
+            stages(&report),
+            report.bytes_held as f64 / MIB
+        );
+    }
+}
+
+#[test]
 #[ignore = "a benchmark: prints memory figures"]
 fn memory_added_by_a_version_changing_one_layer_in_ten() {
     let sizes = [1024; 11];
