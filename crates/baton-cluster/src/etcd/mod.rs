@@ -36,6 +36,9 @@ pub mod pb {
 /// How long one call to etcd may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often a connection with a stream open is pinged.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Adds the authentication token, once there is one, to every call.
 #[derive(Clone, Default)]
 pub struct Token(Arc<Lock<Option<AsciiMetadataValue>>>);
@@ -107,9 +110,14 @@ impl Client {
             .map_err(|e| ClusterError::Refused(format!("'{url}' is not a URL: {e}")))?
             .connect_timeout(CALL_TIMEOUT)
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(1))
+            // Pings within what etcd (gRPC in Go) accepts: not more often
+            // than every 5 s, and none without a stream open, or it closes
+            // the connection and a call that goes out then fails. 10 s is
+            // what Go's own gRPC clients never go below. A dead etcd under
+            // a watch or a lease is still noticed: their streams are open.
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
             .keep_alive_timeout(CALL_TIMEOUT)
-            .keep_alive_while_idle(true);
+            .keep_alive_while_idle(false);
         if let Some(tls) = tls {
             endpoint = endpoint.tls_config(tls).map_err(|e| ClusterError::Refused(format!("TLS settings: {e}")))?;
         }
