@@ -142,7 +142,7 @@ impl SidecarNode {
         let (source, area, layout, name) = (self.source.clone(), self.area.clone(), self.layout, model.to_owned());
         blocking("fetch", move || {
             let fetch = |e: FetchError| refusal("fetch", e);
-            let dir = source.fetch(&name, version).map_err(fetch)?;
+            let dir = source.fetch(&name, version).map_err(fetch)?.dir;
             let options = source.spec(&name).map_err(fetch)?.policy.verify_options();
             area.stage(&dir, &options, layout, &name, version)
         })

@@ -41,6 +41,7 @@ pub mod pipeline;
 pub mod registry;
 pub mod rollout;
 pub mod routing;
+pub mod seal;
 pub mod short_reads;
 pub mod signature;
 pub mod source;

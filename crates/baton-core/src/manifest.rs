@@ -321,7 +321,14 @@ pub fn verify(dir: &Path) -> Result<Verified, VerifyError> {
 /// returned [`Verified`] keeps it open, so that what is loaded afterwards
 /// is read from the very file that was hashed (see [`crate::verified`]).
 pub fn verify_with(dir: &Path, options: &VerifyOptions) -> Result<Verified, VerifyError> {
-    crate::verified::verify_dir(dir, options)
+    crate::verified::verify_dir(dir, options, None)
+}
+
+/// [`verify_with`] on what a source fetched: a file its fetcher hashed while
+/// writing it, and that has not changed since (its [`crate::seal::Seal`]),
+/// is not read again; every other check is made as for any version.
+pub fn verify_fetched(fetched: &crate::source::Fetched, options: &VerifyOptions) -> Result<Verified, VerifyError> {
+    crate::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref())
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use crate::manifest;
+use crate::seal::Seal;
 use crate::spec::ModelSpec;
 
 /// Why a version could not be fetched.
@@ -45,6 +46,17 @@ pub enum FetchError {
     /// Reading the source failed.
     #[error("{0}")]
     Io(String),
+    /// A remote store refused or failed a request, or what it holds
+    /// disagrees with the version's MANIFEST before any byte is kept.
+    #[error("{message}")]
+    Store {
+        /// Stable kind: `store_denied`, `store_not_found`,
+        /// `store_unreachable`, `store_throttled`, `store_error`,
+        /// `size_mismatch` or `cache_full`.
+        kind: &'static str,
+        /// What the store answered, and for what.
+        message: String,
+    },
 }
 
 impl FetchError {
@@ -55,6 +67,7 @@ impl FetchError {
             FetchError::VersionNotFound { .. } => "version_not_found",
             FetchError::Spec(_) => "invalid_spec",
             FetchError::Io(_) => "io",
+            FetchError::Store { kind, .. } => kind,
         }
     }
 }
@@ -69,6 +82,44 @@ pub enum Presence {
     /// The source could not tell: reading failed otherwise (`EIO`,
     /// `EACCES`, `ESTALE`, `ELOOP`, …). Says what failed.
     Unreadable(String),
+}
+
+/// A version's files on the local file system, as a source hands them to
+/// the verify stage.
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    /// The version directory.
+    pub dir: PathBuf,
+    /// What the source hashed while it wrote the files, when it did.
+    pub seal: Option<Seal>,
+}
+
+impl Fetched {
+    /// Files the source did not write: every one is hashed when verified.
+    pub fn unsealed(dir: PathBuf) -> Fetched {
+        Fetched { dir, seal: None }
+    }
+}
+
+/// What a remote source's store last answered, for status and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreAnswer {
+    /// The store, as the operator named it (`s3://bucket/prefix`).
+    pub url: String,
+    /// Whether the last listing succeeded.
+    pub ok: bool,
+    /// `ok`, or the stable kind of the last failure (see [`FetchError::Store`]).
+    pub kind: &'static str,
+    /// The last failure's message; empty when `ok`.
+    pub message: String,
+    /// Listings that failed in a row.
+    pub failures: u64,
+    /// Listings made, all told.
+    pub listings: u64,
+    /// Bytes downloaded into the cache, all told.
+    pub bytes_fetched: u64,
+    /// Versions served from the cache without a download.
+    pub cache_hits: u64,
 }
 
 /// A place that holds models and their versions.
@@ -87,7 +138,15 @@ pub trait Source: Send + Sync + 'static {
     /// The model's current `model.toml`.
     fn spec(&self, model: &str) -> Result<ModelSpec, FetchError>;
     /// A local directory holding the version's files.
-    fn fetch(&self, model: &str, version: u64) -> Result<PathBuf, FetchError>;
+    fn fetch(&self, model: &str, version: u64) -> Result<Fetched, FetchError>;
+    /// What identifies the version's MANIFEST as last seen (a modification
+    /// time, an entity tag): when it changes, the version was published
+    /// again. `None` when it cannot be told.
+    fn version_stamp(&self, model: &str, version: u64) -> Option<String>;
+    /// For a remote source, what its store last answered.
+    fn store_answer(&self) -> Option<StoreAnswer> {
+        None
+    }
 }
 
 /// A model repository on the local file system:
@@ -189,12 +248,22 @@ impl Source for LocalRepository {
         ModelSpec::parse(&text).map_err(|e| FetchError::Spec(format!("{}: {e}", path.display())))
     }
 
-    fn fetch(&self, model: &str, version: u64) -> Result<PathBuf, FetchError> {
+    fn version_stamp(&self, model: &str, version: u64) -> Option<String> {
+        if !valid_name(model) {
+            return None;
+        }
+        let manifest = self.root.join(model).join(version.to_string()).join(manifest::MANIFEST);
+        let modified = std::fs::metadata(manifest).and_then(|m| m.modified()).ok()?;
+        let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+        Some(format!("{}.{:09}", since.as_secs(), since.subsec_nanos()))
+    }
+
+    fn fetch(&self, model: &str, version: u64) -> Result<Fetched, FetchError> {
         let dir = self.model_dir(model)?.join(version.to_string());
         let not_found =
             || FetchError::VersionNotFound { model: model.into(), version, place: self.root.display().to_string() };
         match std::fs::metadata(&dir) {
-            Ok(meta) if meta.is_dir() => Ok(dir),
+            Ok(meta) if meta.is_dir() => Ok(Fetched::unsealed(dir)),
             Ok(_) => Err(not_found()),
             Err(e) if e.kind() == ErrorKind::NotFound => Err(not_found()),
             Err(e) => Err(FetchError::Io(format!("{}: {e}", dir.display()))),

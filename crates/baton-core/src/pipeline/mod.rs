@@ -368,11 +368,12 @@ fn prepare(
             }
         };
         run.version = Some(number);
-        let dir = inner.source.fetch(&model, number)?;
-        Ok((Arc::new(spec), number, dir))
+        let fetched = inner.source.fetch(&model, number)?;
+        Ok((Arc::new(spec), number, fetched))
     })?;
     let options = spec.policy.verify_options();
-    let verified = run.stage(Stage::Verify, |_| Ok(manifest::verify_with(&dir, &options)?))?;
+    let verified = run.stage(Stage::Verify, |_| Ok(manifest::verify_fetched(&dir, &options)?))?;
+    let dir = dir.dir;
     let resource = spec.policy.swap == SwapPolicy::Resource;
     let leaving = if resource && may_pause { vacate::leaving(&inner, &model) } else { Vec::new() };
     // Refused on the estimate before anything pauses or loads.

@@ -84,8 +84,8 @@ fn on_own_heap(inner: &Arc<Inner>, stable: &Arc<Version>) -> Result<Arc<Version>
 fn build(inner: &Arc<Inner>, stable: &Version, heap: HeapLease) -> Result<Arc<Version>, LoadError> {
     let (model, number) = (stable.model(), stable.number());
     let spec = Arc::new(stable.spec().clone());
-    let dir = inner.source.fetch(model, number)?;
-    let verified = manifest::verify_with(&dir, &spec.policy.verify_options())?;
+    let fetched = inner.source.fetch(model, number)?;
+    let verified = manifest::verify_fetched(&fetched, &spec.policy.verify_options())?;
     if verified.manifest() != stable.manifest() {
         let reason = format!("the manifest of version {number} changed since it loaded");
         return Err(LoadError::RolloutRefused { model: model.to_owned(), reason });

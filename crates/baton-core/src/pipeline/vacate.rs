@@ -138,7 +138,8 @@ pub(super) fn restore_and_resume(run: &mut Run, heap: &mut Option<HeapLease>) {
 /// anew, then built without validation, which it passed before.
 fn restore(run: &mut Run, vacated: &Vacated, heap: &mut Option<HeapLease>) -> Result<Arc<Version>, LoadError> {
     let (inner, model) = (Arc::clone(&run.inner), run.model().to_owned());
-    let dir = inner.source.fetch(&model, vacated.number)?;
-    let verified = manifest::verify_with(&dir, &vacated.spec.policy.verify_options())?;
+    let fetched = inner.source.fetch(&model, vacated.number)?;
+    let verified = manifest::verify_fetched(&fetched, &vacated.spec.policy.verify_options())?;
+    let dir = fetched.dir;
     build(run, Files { number: vacated.number, spec: Arc::clone(&vacated.spec), dir, verified }, heap, true)
 }

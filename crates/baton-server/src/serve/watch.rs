@@ -32,10 +32,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use baton_core::error::LoadError;
 use baton_core::source::Presence;
@@ -80,10 +79,10 @@ impl fmt::Display for Subject {
 /// Polls a local repository and keeps the registry in step with it.
 pub struct Watcher {
     app: Arc<App>,
-    root: PathBuf,
     missing_polls: u32,
-    /// Versions seen, with their MANIFEST's modification time.
-    seen: BTreeMap<(String, u64), Option<SystemTime>>,
+    /// Versions seen, with their MANIFEST's stamp (see
+    /// [`baton_core::source::Source::version_stamp`]).
+    seen: BTreeMap<(String, u64), Option<String>>,
     warned: BTreeSet<(String, u64)>,
     /// Polls in a row each model or kept version was found missing.
     missing: BTreeMap<Subject, u32>,
@@ -97,10 +96,6 @@ pub struct Watcher {
     restore: BTreeSet<String>,
 }
 
-fn manifest_mtime(dir: &Path) -> Option<SystemTime> {
-    std::fs::metadata(dir.join(baton_core::manifest::MANIFEST)).and_then(|m| m.modified()).ok()
-}
-
 /// What to do about something not in a listing.
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
@@ -111,13 +106,11 @@ enum Verdict {
 }
 
 impl Watcher {
-    /// A watcher of the repository at `root`, which the registry's source
-    /// reads, acting on what is missing `missing_polls` polls in a row (at
-    /// least one).
-    pub fn new(app: Arc<App>, root: PathBuf, missing_polls: u32) -> Watcher {
+    /// A watcher of the registry's source, acting on what is missing
+    /// `missing_polls` polls in a row (at least one).
+    pub fn new(app: Arc<App>, missing_polls: u32) -> Watcher {
         Watcher {
             app,
-            root,
             missing_polls: missing_polls.max(1),
             seen: BTreeMap::new(),
             warned: BTreeSet::new(),
@@ -199,7 +192,7 @@ impl Watcher {
         self.can_read(&Subject::Versions(model.to_owned()));
         let fresh: Vec<(u64, _)> = versions
             .iter()
-            .map(|v| (*v, manifest_mtime(&self.root.join(model).join(v.to_string()))))
+            .map(|v| (*v, registry.source().version_stamp(model, *v)))
             .filter(|(v, mtime)| self.seen.get(&(model.to_owned(), *v)) != Some(mtime))
             .collect();
         // An operator's operation on the model holds it until its decision
