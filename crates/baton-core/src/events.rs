@@ -290,6 +290,18 @@ pub enum EventKind {
         /// What happened, for people.
         message: String,
     },
+    /// The object store a remote repository lives in answered differently
+    /// from before: it failed (how), or it answers again. Such an event is
+    /// about the repository, not a model: its `model` is empty.
+    Store {
+        /// Whether the store's last listing succeeded.
+        ok: bool,
+        /// `ok`, or the failure's stable kind (`store_denied`,
+        /// `store_not_found`, `store_unreachable`, `store_throttled`, …).
+        kind: String,
+        /// What the store answered; empty when `ok`.
+        message: String,
+    },
     /// A rollout's controller or an operator decided: a start, a step, a
     /// hold, a pause, a promotion, a rollback. It carries the measured
     /// values, the thresholds and the sample counts it was decided on.

@@ -191,11 +191,7 @@ pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal
                 let (actual, _) = manifest::digest_open(&file).map_err(io_err(&abs))?;
                 let after = Stamp::of(&file.metadata().map_err(io_err(&abs))?);
                 if let Some(what) = after.differs_from(&before) {
-                    return Err(VerifyError::Changed {
-                        path: entry.path.clone(),
-                        when: "while it was verified",
-                        what,
-                    });
+                    return Err(VerifyError::Changed { path: entry.path.clone(), when: "while it was verified", what });
                 }
                 actual
             }

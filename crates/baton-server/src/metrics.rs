@@ -181,6 +181,23 @@ fn help(out: &mut String, name: &str, kind: &str, text: &str) {
     let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
 }
 
+/// A remote repository's metrics: whether its store answers, how, and
+/// what was fetched from it.
+pub fn render_store(out: &mut String, answer: &baton_core::source::StoreAnswer) {
+    help(out, "baton_store_up", "gauge", "1 while the model store's last listing succeeded.");
+    let _ = writeln!(out, "baton_store_up {}", u8::from(answer.ok));
+    help(out, "baton_store_answer", "gauge", "1 for what the model store last answered: ok, or the failure's kind.");
+    let _ = writeln!(out, "baton_store_answer{{kind=\"{}\"}} 1", escape(answer.kind));
+    help(out, "baton_store_listing_failures", "gauge", "Listings of the model store that failed in a row.");
+    let _ = writeln!(out, "baton_store_listing_failures {}", answer.failures);
+    help(out, "baton_store_listings_total", "counter", "Listings of the model store made.");
+    let _ = writeln!(out, "baton_store_listings_total {}", answer.listings);
+    help(out, "baton_store_fetched_bytes_total", "counter", "Bytes downloaded from the model store into the cache.");
+    let _ = writeln!(out, "baton_store_fetched_bytes_total {}", answer.bytes_fetched);
+    help(out, "baton_store_cache_hits_total", "counter", "Versions loaded from the cache without a download.");
+    let _ = writeln!(out, "baton_store_cache_hits_total {}", answer.cache_hits);
+}
+
 /// A fleet replica's metrics: connected or not, the timings of its last
 /// prepare and switch per model, the fleet switches it coordinated, and
 /// the rollouts it ended without promoting.
@@ -449,7 +466,8 @@ impl Metrics {
             EventKind::Transition { .. }
             | EventKind::DrainTimedOut { .. }
             | EventKind::Decision { .. }
-            | EventKind::Paused { .. } => {}
+            | EventKind::Paused { .. }
+            | EventKind::Store { .. } => {}
         }
     }
 

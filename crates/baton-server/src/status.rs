@@ -64,6 +64,23 @@ pub fn server(app: &App, privileged: bool) -> Value {
         "required": app.required(),
         "models": models,
     });
+    if let Some(answer) = app.registry.source().store_answer() {
+        // The message names the store and what it said: for management only.
+        status["store"] = if privileged {
+            json!({
+                "url": answer.url,
+                "ok": answer.ok,
+                "kind": answer.kind,
+                "message": answer.message,
+                "failures": answer.failures,
+                "listings": answer.listings,
+                "bytes_fetched": answer.bytes_fetched,
+                "cache_hits": answer.cache_hits,
+            })
+        } else {
+            json!({ "ok": answer.ok, "kind": answer.kind })
+        };
+    }
     if let Some(health) = app.cluster.get() {
         status["cluster"] = if privileged {
             serde_json::to_value(health.state()).unwrap_or_default()

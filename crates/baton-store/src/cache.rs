@@ -70,7 +70,10 @@ impl Cache {
 
     fn model_dirs(&self) -> Vec<PathBuf> {
         let entries = std::fs::read_dir(&self.root).into_iter().flatten().flatten();
-        entries.filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('.')).map(|e| e.path()).collect()
+        entries
+            .filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| e.path())
+            .collect()
     }
 
     /// Where a version's files are.
@@ -98,11 +101,15 @@ impl Cache {
         }
         let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
         let listed = manifest::parse(&text).ok()?;
-        let sealed: BTreeMap<&str, &str> = seal.entries().iter().map(|e| (e.path.as_str(), e.sha256.as_str())).collect();
+        let sealed: BTreeMap<&str, &str> =
+            seal.entries().iter().map(|e| (e.path.as_str(), e.sha256.as_str())).collect();
         if !listed.entries.iter().all(|e| sealed.get(e.path.as_str()) == Some(&e.sha256.as_str())) {
             return None;
         }
-        let _ = File::options().append(true).open(self.seal_path(model, version)).and_then(|f| f.set_modified(SystemTime::now()));
+        let _ = File::options()
+            .append(true)
+            .open(self.seal_path(model, version))
+            .and_then(|f| f.set_modified(SystemTime::now()));
         Some(Fetched { dir, seal: Some(seal) })
     }
 
@@ -118,7 +125,14 @@ impl Cache {
     /// its tag, then its seal, which makes it cached. The files of a version
     /// replaced are unlinked; whoever has them open or mapped keeps reading
     /// them.
-    pub fn commit(&self, model: &str, version: u64, partial: &Path, seal: Seal, tag: &str) -> Result<Fetched, FetchError> {
+    pub fn commit(
+        &self,
+        model: &str,
+        version: u64,
+        partial: &Path,
+        seal: Seal,
+        tag: &str,
+    ) -> Result<Fetched, FetchError> {
         let (dir, seal_path) = (self.dir(model, version), self.seal_path(model, version));
         let _ = std::fs::remove_file(&seal_path);
         if dir.exists() {

@@ -101,12 +101,12 @@ pub async fn version(
         let mut file = File::create(&target).map_err(|e| io(&target, e))?;
         let object = entry.path.split('/').fold(remote.prefix.clone(), |p, part| p.child(part));
         let url = format!("{}/{}", remote.url, entry.path);
-        let digest = file_bytes(remote.store, &object, &url, entry.size, &mut file, plan, counters)
-            .await
-            .map_err(|e| match e {
+        let digest = file_bytes(remote.store, &object, &url, entry.size, &mut file, plan, counters).await.map_err(
+            |e| match e {
                 Failure::Store(e) => e,
                 Failure::Write(e) => io(&target, e),
-            })?;
+            },
+        )?;
         seal.record(&entry.path, &file, &digest).map_err(|e| io(&target, e))?;
     }
     Ok((parsed, seal))

@@ -23,7 +23,10 @@ pub fn kind(error: &object_store::Error) -> &'static str {
         {
             "store_throttled"
         }
-        _ if ["error sending request", "connect", "timed out", "Timeout", "dns error"].iter().any(|s| text.contains(s)) => {
+        _ if ["error sending request", "connect", "timed out", "Timeout", "dns error"]
+            .iter()
+            .any(|s| text.contains(s)) =>
+        {
             "store_unreachable"
         }
         _ => "store_error",

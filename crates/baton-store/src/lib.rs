@@ -60,6 +60,9 @@ pub struct Options {
     pub nice: i32,
     /// Whether those threads run at idle priority (the loader's setting).
     pub idle: bool,
+    /// Settings of the store's client over the environment's, by the
+    /// library's configuration keys (`aws_endpoint_url`, `aws_access_key_id`, …).
+    pub settings: Vec<(String, String)>,
 }
 
 impl Options {
@@ -75,6 +78,7 @@ impl Options {
             plan: Plan { range_bytes: 8 << 20, parallel: 4, attempts: 6 },
             nice: 10,
             idle: false,
+            settings: Vec::new(),
         }
     }
 }
@@ -129,7 +133,7 @@ impl StoreSource {
     /// cannot be listed now is no error: the source starts from what the
     /// cache holds and keeps listing.
     pub fn open(options: Options) -> Result<StoreSource, String> {
-        let location = location::open(&options.url)?;
+        let location = location::open(&options.url, &options.settings)?;
         let cache = Cache::open(options.cache_dir.clone(), options.cache_max_bytes).map_err(|e| e.to_string())?;
         let (nice, idle) = (options.nice, options.idle);
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -315,13 +319,20 @@ impl Shared {
         let remote = Remote { store: self.location.store.as_ref(), prefix, url: format!("{place}/{model}/{version}") };
         let started = Instant::now();
         let before = self.counters.bytes.load(Ordering::Relaxed);
-        let fetched = self.handle.block_on(download::version(&remote, listing, &into, self.options.plan, &self.counters));
+        let fetched =
+            self.handle.block_on(download::version(&remote, listing, &into, self.options.plan, &self.counters));
         let (_, seal) = fetched.inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&into);
         })?;
         let fetched = self.cache.commit(model, version, &into, seal, &listing.manifest_tag)?;
         let bytes = self.counters.bytes.load(Ordering::Relaxed) - before;
-        tracing::info!(model, version, bytes, ms = started.elapsed().as_millis() as u64, "Downloaded and hashed a version into the cache.");
+        tracing::info!(
+            model,
+            version,
+            bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "Downloaded and hashed a version into the cache."
+        );
         Ok(fetched)
     }
 }
@@ -333,10 +344,10 @@ impl Source for StoreSource {
 
     fn versions(&self, model: &str) -> Result<Vec<u64>, FetchError> {
         let snapshot = self.shared.snapshot();
-        let listing = snapshot.models.get(model).ok_or_else(|| FetchError::ModelNotFound {
-            model: model.into(),
-            place: self.shared.options.url.clone(),
-        })?;
+        let listing = snapshot
+            .models
+            .get(model)
+            .ok_or_else(|| FetchError::ModelNotFound { model: model.into(), place: self.shared.options.url.clone() })?;
         Ok(listing.versions.keys().copied().collect())
     }
 
@@ -352,10 +363,10 @@ impl Source for StoreSource {
 
     fn spec(&self, model: &str) -> Result<ModelSpec, FetchError> {
         let snapshot = self.shared.snapshot();
-        let listing = snapshot.models.get(model).ok_or_else(|| FetchError::ModelNotFound {
-            model: model.into(),
-            place: self.shared.options.url.clone(),
-        })?;
+        let listing = snapshot
+            .models
+            .get(model)
+            .ok_or_else(|| FetchError::ModelNotFound { model: model.into(), place: self.shared.options.url.clone() })?;
         let url = &self.shared.options.url;
         ModelSpec::parse(&listing.spec).map_err(|e| FetchError::Spec(format!("{url}/{model}/model.toml: {e}")))
     }

@@ -59,7 +59,12 @@ pub fn valid_model(name: &str) -> bool {
 
 /// Lists the store under `prefix`, reusing `previous`'s `model.toml` texts
 /// whose tags did not change. `url` names the store in errors.
-pub async fn list(store: &dyn ObjectStore, prefix: &Path, url: &str, previous: &Snapshot) -> Result<Snapshot, FetchError> {
+pub async fn list(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    url: &str,
+    previous: &Snapshot,
+) -> Result<Snapshot, FetchError> {
     let top = (!prefix.as_ref().is_empty()).then_some(prefix);
     let listed = store.list_with_delimiter(top).await.map_err(|e| fetch_error(&format!("listing {url}"), &e))?;
     let mut snapshot = Snapshot::default();

@@ -42,14 +42,21 @@ const REQUEST_TIMEOUT: &str = "60s";
 const CONNECT_TIMEOUT: &str = "5s";
 fn retry() -> RetryConfig {
     RetryConfig {
-        backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(2), base: 2.0 },
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
         max_retries: 3,
         retry_timeout: Duration::from_secs(20),
     }
 }
 
-/// The client for `url`.
-pub fn open(url: &str) -> Result<Location, String> {
+/// The client for `url`, configured from the environment, then
+/// `settings` (the library's configuration keys, such as
+/// `aws_endpoint_url`), which win.
+pub fn open(url: &str, settings: &[(String, String)]) -> Result<Location, String> {
+    let unknown = |key: &str| format!("{url}: unknown store setting '{key}'");
     let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("{url} is not a URL"))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     if bucket.is_empty() {
@@ -63,7 +70,15 @@ pub fn open(url: &str) -> Result<Location, String> {
                 .with_retry(retry())
                 .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
                 .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout), CONNECT_TIMEOUT);
-            let env = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty());
+            for (key, value) in settings {
+                let key: AmazonS3ConfigKey = key.to_ascii_lowercase().parse().map_err(|_| unknown(key))?;
+                builder = builder.with_config(key, value);
+            }
+            let given = |name: &str| {
+                std::env::var(name).is_ok_and(|v| !v.is_empty())
+                    || settings.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
+            };
+            let env = given;
             let profile = profile::from_env();
             if !env("AWS_ACCESS_KEY_ID")
                 && let (Some(id), Some(secret)) = (profile.access_key_id, profile.secret_access_key)
@@ -81,20 +96,30 @@ pub fn open(url: &str) -> Result<Location, String> {
             }
             builder.build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
         }
-        "gs" => GoogleCloudStorageBuilder::from_env()
-            .with_url(url)
-            .with_retry(retry())
-            .with_config(GoogleConfigKey::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
-            .with_config(GoogleConfigKey::Client(ClientConfigKey::ConnectTimeout), CONNECT_TIMEOUT)
-            .build()
-            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-        "az" => MicrosoftAzureBuilder::from_env()
-            .with_url(url)
-            .with_retry(retry())
-            .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
-            .with_config(AzureConfigKey::Client(ClientConfigKey::ConnectTimeout), CONNECT_TIMEOUT)
-            .build()
-            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+        "gs" => {
+            let mut builder = GoogleCloudStorageBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry())
+                .with_config(GoogleConfigKey::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
+                .with_config(GoogleConfigKey::Client(ClientConfigKey::ConnectTimeout), CONNECT_TIMEOUT);
+            for (key, value) in settings {
+                let key: GoogleConfigKey = key.to_ascii_lowercase().parse().map_err(|_| unknown(key))?;
+                builder = builder.with_config(key, value);
+            }
+            builder.build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+        }
+        "az" => {
+            let mut builder = MicrosoftAzureBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry())
+                .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
+                .with_config(AzureConfigKey::Client(ClientConfigKey::ConnectTimeout), CONNECT_TIMEOUT);
+            for (key, value) in settings {
+                let key: AzureConfigKey = key.to_ascii_lowercase().parse().map_err(|_| unknown(key))?;
+                builder = builder.with_config(key, value);
+            }
+            builder.build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+        }
         "http" | "https" => {
             // The whole URL is the base; paths are relative to it.
             let store = HttpBuilder::new().with_url(url).with_retry(retry()).build();
@@ -102,7 +127,9 @@ pub fn open(url: &str) -> Result<Location, String> {
                 .map(|s| Location { store: Arc::new(s), prefix: Path::default() })
                 .map_err(|e| format!("{url}: {e}"));
         }
-        other => return Err(format!("{url}: baton reads s3://, gs://, az://, http:// and https:// stores, not {other}://")),
+        other => {
+            return Err(format!("{url}: baton reads s3://, gs://, az://, http:// and https:// stores, not {other}://"));
+        }
     };
     let store = built.map_err(|e| format!("{url}: {e}"))?;
     Ok(Location { store, prefix })
@@ -115,11 +142,13 @@ mod tests {
     #[test]
     fn urls_name_their_bucket_and_prefix() {
         assert!(is_store_url("s3://b/p") && is_store_url("https://host/x") && !is_store_url("/srv/models"));
-        let at = open("s3://models/prod/ranking/").unwrap();
+        let at = open("s3://models/prod/ranking/", &[]).unwrap();
         assert_eq!(at.prefix.as_ref(), "prod/ranking");
-        assert_eq!(open("s3://models").unwrap().prefix.as_ref(), "");
-        assert!(open("s3:///x").unwrap_err().contains("names no bucket"));
-        assert!(open("ftp://h/x").unwrap_err().contains("not ftp://"));
-        assert!(open("models/prod").unwrap_err().contains("not a URL"));
+        assert_eq!(open("s3://models", &[]).unwrap().prefix.as_ref(), "");
+        assert!(open("s3:///x", &[]).unwrap_err().contains("names no bucket"));
+        assert!(open("ftp://h/x", &[]).unwrap_err().contains("not ftp://"));
+        assert!(open("models/prod", &[]).unwrap_err().contains("not a URL"));
+        let typo = [("aws_endpoint_ulr".to_owned(), "x".to_owned())];
+        assert!(open("s3://models", &typo).unwrap_err().contains("unknown store setting 'aws_endpoint_ulr'"));
     }
 }

@@ -15,6 +15,7 @@ pub mod fake;
 pub mod fuzz;
 pub mod prometheus;
 pub mod repo;
+pub mod s3;
 pub mod server;
 
 /// The ONNX model generator, re-exported for tests.

@@ -124,6 +124,9 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     if let Some(health) = app.cluster.get() {
         crate::metrics::render_cluster(&mut text, &health.state());
     }
+    if let Some(answer) = app.registry.source().store_answer() {
+        crate::metrics::render_store(&mut text, &answer);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

@@ -3,6 +3,7 @@
 //! control mode wants it, and graceful shutdown.
 
 pub mod demo;
+mod repo;
 pub mod shutdown;
 pub mod watch;
 
@@ -18,13 +19,13 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
-use baton_core::source::LocalRepository;
 use baton_core::step_aside::StepAside;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::access::{Access, Exposed, Listener, ModelControl, Token};
 use crate::app::{App, ServerLimits};
 use crate::decisions::{Decisions, Kind};
+use repo::Repo;
 
 /// Options of `baton serve`. An option given twice takes its last value, so
 /// wrappers can set defaults that their callers override.
@@ -35,6 +36,16 @@ pub struct ServeArgs {
     /// generates under .baton/demo.
     #[arg(long)]
     pub repo: Option<PathBuf>,
+    /// Where versions fetched from an object store (`--repo s3://…`) are
+    /// kept, and the state file with them unless `--state-dir` is given.
+    #[arg(long, value_name = "DIR", default_value = ".baton/cache")]
+    pub cache_dir: PathBuf,
+    /// The most bytes of versions the cache keeps, e.g. 20GiB (none by
+    /// default): the least recently used versions that do not serve are
+    /// removed to make room, and a fetch the serving ones leave no room for
+    /// is refused.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub cache_max_bytes: Option<u64>,
     /// Address of the KServe V2 REST API (Triton's port, so habits carry over).
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub http: SocketAddr,
@@ -283,8 +294,8 @@ impl ServeArgs {
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (control, access) = access(&args)?;
-    let root = repository_root(&args)?;
-    let decisions = decisions(&args, &root)?;
+    let repo = Repo::open(&args)?;
+    let decisions = decisions(&args, &repo.state_root)?;
     baton_core::sys::keep_large_allocations_mapped();
     match baton_core::sys::raise_open_files_limit() {
         Ok(limit) => tracing::debug!(limit, "Open files limit."),
@@ -294,10 +305,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     baton_core::executor::start_spawner();
     // ONNX Runtime is started here, on the main thread, at serving priority.
     let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let app = app(&root, &args, vec![Arc::new(onnx)], decisions);
-    check_named_models(&app, &root, &control)?;
+    let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
+    check_named_models(&app, &repo.name, &control)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let result = runtime.block_on(serve(app, root, args, control, access, Trigger::Signals, |bound| {
+    let result = runtime.block_on(serve(app, args, control, access, Trigger::Signals, |bound| {
         // Every line at once, REST first, then gRPC, then the admin
         // listeners: scripts and tests read them. A closed stdout is no
         // reason to stop serving.
@@ -339,26 +350,13 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
     Ok((control, access))
 }
 
-fn repository_root(args: &ServeArgs) -> anyhow::Result<PathBuf> {
-    let root = match &args.repo {
-        Some(root) => root.clone(),
-        None => {
-            let root = demo::prepare(std::path::Path::new(".baton/demo")).context("preparing the demo repository")?;
-            tracing::info!(repo = %root.display(), "No --repo given; serving the demo repository.");
-            root
-        }
-    };
-    anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
-    Ok(root)
-}
-
 /// Refuses to start when `--load-model` names a model the repository does
 /// not have: a typo should be loud.
-fn check_named_models(app: &App, root: &std::path::Path, control: &Control) -> anyhow::Result<()> {
+fn check_named_models(app: &App, repo: &str, control: &Control) -> anyhow::Result<()> {
     if let Some(named) = &control.at_start {
-        let models = app.registry.source().models().map_err(|e| anyhow::anyhow!("listing {}: {e}", root.display()))?;
+        let models = app.registry.source().models().map_err(|e| anyhow::anyhow!("listing {repo}: {e}"))?;
         if let Some(missing) = named.iter().find(|m| !models.contains(m)) {
-            anyhow::bail!("--load-model {missing}: the repository {} has no such model", root.display());
+            anyhow::bail!("--load-model {missing}: the repository {repo} has no such model");
         }
     }
     Ok(())
@@ -386,9 +384,9 @@ fn decisions(args: &ServeArgs, root: &std::path::Path) -> anyhow::Result<Decisio
     Ok(decisions)
 }
 
-fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions: Decisions) -> Arc<App> {
+fn app(repo: &Repo, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions: Decisions) -> Arc<App> {
     let registry = Registry::new(
-        Arc::new(LocalRepository::new(root)),
+        Arc::clone(&repo.source),
         backends,
         RegistryConfig {
             loader_nice: args.loader_nice,
@@ -409,7 +407,9 @@ fn app(root: &std::path::Path, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>
             "The request memory budget holds less than two of the largest requests (body and tensors); such requests may be refused."
         );
     }
-    Arc::new(App::new(registry, limits, decisions))
+    let app = Arc::new(App::new(registry, limits, decisions));
+    repo.serve_for(&app);
+    app
 }
 
 /// The addresses a server listens on.
@@ -452,12 +452,13 @@ impl InProcess {
     /// Starts serving `args.repo` with `backends`; returns once every
     /// listener listens.
     pub fn start(args: ServeArgs, backends: Vec<Arc<dyn Backend>>, workers: usize) -> anyhow::Result<InProcess> {
-        let root = args.repo.clone().context("an in-process server needs --repo")?;
+        anyhow::ensure!(args.repo.is_some(), "an in-process server needs --repo");
+        let repo = Repo::open(&args)?;
         let (control, access) = access(&args)?;
-        let decisions = decisions(&args, &root)?;
+        let decisions = decisions(&args, &repo.state_root)?;
         baton_core::executor::start_spawner();
-        let app = app(&root, &args, backends, decisions);
-        check_named_models(&app, &root, &control)?;
+        let app = app(&repo, &args, backends, decisions);
+        check_named_models(&app, &repo.name, &control)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening, addresses) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new().name("baton-in-process".into()).spawn(move || {
@@ -469,7 +470,7 @@ impl InProcess {
             let stop = Trigger::Stop(Box::pin(async move {
                 let _ = stopped.await;
             }));
-            let result = runtime.block_on(serve(app, root, args, control, access, stop, move |bound| {
+            let result = runtime.block_on(serve(app, args, control, access, stop, move |bound| {
                 let _ = listening.send(*bound);
             }));
             runtime.shutdown_background();
@@ -516,7 +517,6 @@ async fn bind(address: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, S
 
 async fn serve(
     app: Arc<App>,
-    root: PathBuf,
     args: ServeArgs,
     control: Control,
     access: Arc<Access>,
@@ -541,6 +541,9 @@ async fn serve(
     };
     // Subscribed before the first load starts, so every load is counted.
     tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
+    if app.registry.source().store_answer().is_some() {
+        tokio::spawn(repo::announce_store(Arc::clone(&app), Duration::from_millis(args.poll_ms.max(10))));
+    }
     // In a fleet, etcd keeps what serves; the state file is left alone.
     let in_fleet = args.cluster.cluster.is_some();
     if !in_fleet {
@@ -561,7 +564,7 @@ async fn serve(
             // The fleet's participant loads what the fleet committed.
             return;
         }
-        let mut watcher = watch::Watcher::new(watcher_app, root, missing_polls);
+        let mut watcher = watch::Watcher::new(watcher_app, missing_polls);
         if let Some(models) = at_start {
             watcher = watcher.only(models).restore(restore);
         }

@@ -1,0 +1,91 @@
+//! The repository `--repo` names: a directory, or an object store read
+//! through baton's cache (`s3://bucket/prefix` and the like).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use anyhow::Context;
+use baton_core::events::EventKind;
+use baton_core::source::{LocalRepository, Source};
+use baton_store::{Options, StoreSource};
+
+use super::{ServeArgs, demo};
+use crate::app::App;
+
+/// The repository a server reads.
+pub struct Repo {
+    /// How messages name it: a path or a URL.
+    pub name: String,
+    /// Where versions come from.
+    pub source: Arc<dyn Source>,
+    /// Where the state file lives unless `--state-dir` says otherwise: the
+    /// directory, or the cache of a store.
+    pub state_root: PathBuf,
+    store: Option<Arc<StoreSource>>,
+}
+
+impl Repo {
+    /// The repository `args` name; the demo one without `--repo`.
+    pub fn open(args: &ServeArgs) -> anyhow::Result<Repo> {
+        let root = match &args.repo {
+            Some(root) => root.clone(),
+            None => {
+                let root =
+                    demo::prepare(std::path::Path::new(".baton/demo")).context("preparing the demo repository")?;
+                tracing::info!(repo = %root.display(), "No --repo given; serving the demo repository.");
+                root
+            }
+        };
+        let text = root.to_string_lossy().into_owned();
+        if baton_store::is_store_url(&text) {
+            return Repo::store(&text, args);
+        }
+        anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
+        Ok(Repo { name: text, source: Arc::new(LocalRepository::new(&root)), state_root: root, store: None })
+    }
+
+    fn store(url: &str, args: &ServeArgs) -> anyhow::Result<Repo> {
+        let mut options = Options::new(url, args.cache_dir.clone());
+        options.cache_max_bytes = args.cache_max_bytes;
+        options.poll = Duration::from_millis(args.poll_ms.max(10));
+        (options.nice, options.idle) = (args.loader_nice, args.loader_idle);
+        let store = Arc::new(StoreSource::open(options).map_err(|e| anyhow::anyhow!("the model store {url}: {e}"))?);
+        tracing::info!(store = url, cache = %args.cache_dir.display(), "Serving models from an object store through the local cache.");
+        let source: Arc<dyn Source> = store.clone();
+        Ok(Repo { name: url.to_owned(), source, state_root: args.cache_dir.clone(), store: Some(store) })
+    }
+
+    /// Lets the cache know which versions serve, so that it keeps them.
+    pub fn serve_for(&self, app: &Arc<App>) {
+        if let Some(store) = &self.store {
+            let app: Weak<App> = Arc::downgrade(app);
+            store.set_serving(Box::new(move |model, version| {
+                let Some(app) = app.upgrade() else { return false };
+                let snapshot = app.registry.snapshot();
+                snapshot.model(model).is_some_and(|r| r.versions().any(|v| v.number() == version))
+            }));
+        }
+    }
+}
+
+/// Announces on the event stream each change in what the store answers:
+/// a failure of another kind, or the store answering again.
+pub async fn announce_store(app: Arc<App>, every: Duration) {
+    let mut last: Option<(bool, &'static str)> = None;
+    let mut ticks = tokio::time::interval(every);
+    loop {
+        ticks.tick().await;
+        let Some(answer) = app.registry.source().store_answer() else { return };
+        let now = (answer.ok, answer.kind);
+        // Before the first listing nothing is known; nothing to announce.
+        if last == Some(now) || (last.is_none() && answer.listings == 0) {
+            continue;
+        }
+        if last.is_some() || !answer.ok {
+            let kind = EventKind::Store { ok: answer.ok, kind: answer.kind.to_owned(), message: answer.message };
+            app.registry.announce("", None, kind);
+        }
+        last = Some(now);
+    }
+}
