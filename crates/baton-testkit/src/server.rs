@@ -80,6 +80,12 @@ impl Server {
     /// prints gives the REST address ([`Server::base`]), the second the gRPC
     /// one ([`Server::grpc_address`]).
     pub fn start(bin: &Path, repo: &Path, args: &[&str]) -> Server {
+        Server::start_with_env(bin, repo, args, &[])
+    }
+
+    /// [`Server::start`] with `env` added to baton's environment (say, a
+    /// store's endpoint and credentials); `repo` may be a store's URL.
+    pub fn start_with_env(bin: &Path, repo: &Path, args: &[&str], env: &[(String, String)]) -> Server {
         let logdir = tempfile::tempdir().expect("a log dir");
         let log = logdir.path().join("baton.log");
         let mut child = Command::new(bin)
@@ -87,6 +93,7 @@ impl Server {
             .arg(repo)
             .args(args)
             .env("BATON_LOG", "info,baton=debug")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).expect("a log file"))

@@ -127,7 +127,8 @@ pub fn decision(answer: &Value) -> String {
 /// One event as a line of text.
 pub fn event_line(event: &Value) -> String {
     let at = event["at"].as_f64().unwrap_or_default();
-    let model = event["model"].as_str().unwrap_or("?");
+    // An event about the repository as a whole names no model.
+    let model = event["model"].as_str().filter(|m| !m.is_empty()).unwrap_or("repository");
     let v = event["version"].as_u64().map(|v| format!(" v{v}")).unwrap_or_default();
     let what = match event["event"].as_str().unwrap_or("?") {
         "transition" => format!(
@@ -163,6 +164,12 @@ pub fn event_line(event: &Value) -> String {
             "decision {} ({}): {}",
             event["change"].as_str().unwrap_or("?"),
             event["decision"].as_str().unwrap_or("?"),
+            event["message"].as_str().unwrap_or("?")
+        ),
+        "store" if event["ok"].as_bool() == Some(true) => "the model store answers again".to_owned(),
+        "store" => format!(
+            "the model store fails ({}): {}",
+            event["kind"].as_str().unwrap_or("?"),
             event["message"].as_str().unwrap_or("?")
         ),
         other => other.to_owned(),
