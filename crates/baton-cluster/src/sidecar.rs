@@ -27,10 +27,11 @@ pub mod target;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_core::rollout::window::Sums;
-use baton_core::source::{FetchError, LocalRepository, Source};
+use baton_core::source::{FetchError, Source};
 use baton_core::sync::Lock;
 use tokio::sync::Semaphore;
 
@@ -42,10 +43,14 @@ use crate::node::{Node, Refusal};
 use crate::records::Serving;
 
 /// Where the agent reads versions, where it puts them, and whom it tells.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SidecarConfig {
-    /// The source repository, in baton's layout.
-    pub source: PathBuf,
+    /// Where versions are published, in baton's layout: a local
+    /// repository, or an object store read through its cache.
+    pub source: Arc<dyn Source>,
+    /// The directory holding each source model's `model.toml`
+    /// (`<dir>/<model>/model.toml`): the local repository, or the store's cache.
+    pub specs: PathBuf,
     /// The target server's model repository.
     pub target_repo: PathBuf,
     /// Where candidates are staged, on the target repository's file system;
@@ -74,7 +79,8 @@ struct Placed {
 
 /// Another server, driven through its repository and its load call.
 pub struct SidecarNode {
-    source: LocalRepository,
+    source: Arc<dyn Source>,
+    specs: PathBuf,
     area: Area,
     target: Target,
     layout: TargetLayout,
@@ -103,7 +109,8 @@ impl SidecarNode {
     /// version once, whatever the server serves.
     pub fn new(config: SidecarConfig) -> SidecarNode {
         SidecarNode {
-            source: LocalRepository::new(config.source),
+            source: config.source,
+            specs: config.specs,
             area: Area::new(config.target_repo, config.staging),
             target: Target::new(&config.target_url, config.target_token, config.load_timeout),
             layout: config.layout,
@@ -173,7 +180,7 @@ impl SidecarNode {
     /// succeeded. A failed load puts the files back as they were.
     async fn switch(&self, model: &str, version: u64, keep: bool) -> Result<(), Refusal> {
         let (area, layout, name) = (self.area.clone(), self.layout, model.to_owned());
-        let source_model = self.source.root().join(model);
+        let source_model = self.specs.join(model);
         blocking("place", move || {
             let place = |e: std::io::Error| refusal("place", e);
             layout.finish_model(&area.model_dir(&name), &source_model, &name).map_err(place)?;
@@ -227,7 +234,7 @@ impl SidecarNode {
 impl Node for SidecarNode {
     async fn available(&self) -> Result<BTreeMap<String, Option<u64>>, Refusal> {
         let source = self.source.clone();
-        blocking("fetch", move || crate::node::newest_versions(&source).map_err(|e| refusal("fetch", e))).await
+        blocking("fetch", move || crate::node::newest_versions(source.as_ref()).map_err(|e| refusal("fetch", e))).await
     }
 
     /// What the agent last put into place (stable) and staged (candidate);

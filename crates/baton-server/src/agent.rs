@@ -15,10 +15,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use baton_cluster::{Health, Participant, SidecarConfig, SidecarNode, TargetLayout};
+use baton_core::source::{LocalRepository, Source};
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cluster::ClusterArgs;
+use crate::serve::repo::{StoreCache, open_store};
 
 /// The options of `baton agent`.
 #[derive(clap::Args, Debug)]
@@ -33,9 +35,13 @@ pub struct AgentArgs {
     #[arg(long, value_name = "KIND", value_parser = TargetLayout::parse)]
     pub target_kind: TargetLayout,
     /// Where versions are published, in baton's layout (model.toml,
-    /// <version>/ with a MANIFEST).
-    #[arg(long, value_name = "DIR")]
+    /// <version>/ with a MANIFEST): a directory, or an object store
+    /// (`s3://bucket/prefix` and the like) read through `--cache-dir`.
+    #[arg(long, value_name = "DIR|URL")]
     pub source_repo: PathBuf,
+    /// Where versions fetched from an object store source are kept.
+    #[arg(long, value_name = "DIR", default_value = ".baton/cache")]
+    pub cache_dir: PathBuf,
     /// Where candidates are staged; on the target repository's file system.
     /// Defaults to <target-repo>/.baton-agent.
     #[arg(long, value_name = "DIR")]
@@ -74,18 +80,27 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         .map(crate::access::read_token_file)
         .transpose()
         .context("reading the target's token")?;
-    anyhow::ensure!(
-        args.source_repo.is_dir(),
-        "the source repository {} is not a directory",
-        args.source_repo.display()
-    );
+    let source_text = args.source_repo.to_string_lossy().into_owned();
+    let (source, specs): (Arc<dyn Source>, PathBuf) = if baton_store::is_store_url(&source_text) {
+        let cache =
+            StoreCache { dir: &args.cache_dir, max_bytes: None, poll: Duration::from_secs(1), nice: 10, idle: false };
+        (open_store(&source_text, &cache)?, args.cache_dir.clone())
+    } else {
+        anyhow::ensure!(
+            args.source_repo.is_dir(),
+            "the source repository {} is not a directory",
+            args.source_repo.display()
+        );
+        (Arc::new(LocalRepository::new(&args.source_repo)), args.source_repo.clone())
+    };
     anyhow::ensure!(
         args.target_repo.is_dir(),
         "the target repository {} is not a directory",
         args.target_repo.display()
     );
     let node = Arc::new(SidecarNode::new(SidecarConfig {
-        source: args.source_repo.clone(),
+        source,
+        specs,
         target_repo: args.target_repo.clone(),
         staging: args.staging.clone(),
         target_url: args.target.clone(),

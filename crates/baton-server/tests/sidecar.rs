@@ -19,9 +19,12 @@ use baton_cluster::records::{Desired, FleetPhase, FleetPlan, RolloutRecord};
 use baton_cluster::{
     Health, Participant, ReplicaConfig, SidecarConfig, SidecarNode, Store, StoreConfig, TargetLayout, coordinator,
 };
+use baton_core::source::{LocalRepository, Source};
+use baton_store::{Options, StoreSource};
 use baton_testkit::etcd::Etcd;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
+use baton_testkit::s3::S3;
 use baton_testkit::server::{Client, Server, free_port};
 use serde_json::{Value, json};
 
@@ -86,8 +89,22 @@ impl Fleet {
     }
 
     fn agent(&self, source: &Path, target_repo: &Path, target_url: &str, layout: TargetLayout) -> Agent {
+        let local = Arc::new(LocalRepository::new(source));
+        self.agent_over(local, source, target_repo, target_url, layout)
+    }
+
+    /// An agent reading `source`, whose models' `model.toml` are under `specs`.
+    fn agent_over(
+        &self,
+        source: Arc<dyn Source>,
+        specs: &Path,
+        target_repo: &Path,
+        target_url: &str,
+        layout: TargetLayout,
+    ) -> Agent {
         let node = Arc::new(SidecarNode::new(SidecarConfig {
-            source: source.to_owned(),
+            source,
+            specs: specs.to_owned(),
             target_repo: target_repo.to_owned(),
             staging: None,
             target_url: target_url.to_owned(),
@@ -237,6 +254,40 @@ fn a_fleet_rollout_makes_the_agent_stage_verify_place_and_load_the_candidate_on_
     assert_eq!(answering_version(&server.client()).as_deref(), Some("2"));
     assert_eq!(placed(target.path()), ["2"], "one version in place; 1 was moved out and deleted");
     assert!(!target.path().join(".baton-agent/staged/m/2").exists(), "nothing left staged");
+    fleet.stop(agent);
+}
+
+#[test]
+fn an_agent_over_an_object_store_fetches_the_candidate_in_prepare_and_places_it() {
+    let s3 = S3::start();
+    s3.create_bucket("models");
+    let (v1, v2) = mlps();
+    let published = source(&v1, &v2, true);
+    s3.publish_model("models", "prod", &published.root().join("m"));
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = Options::new("s3://models/prod", cache.path().to_owned());
+    options.settings = s3.env().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    options.poll = Duration::from_millis(100);
+    let store = Arc::new(StoreSource::open(options).unwrap());
+    let fleet = Fleet::new();
+    let etcd_store = fleet.store();
+    let target = tempfile::tempdir().unwrap();
+    let server = Server::start(&baton_bin(), target.path(), &["--model-control", "explicit"]);
+    server.wait_ready();
+    let agent = fleet.agent_over(store.clone(), cache.path(), target.path(), server.base(), TargetLayout::Baton);
+    wait_until("the agent is ready", || agent.ready());
+    server.wait_serving("m", 1);
+
+    published.publish_mlp("m", 2, &v2);
+    s3.publish_version("models", "prod", "m", 2, &published.version_dir("m", 2));
+    store.refresh();
+    let done = fleet.roll_out(&etcd_store, 2, plain());
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("the agent put 2 into place", || agent.serves() == Some(2) && agent.candidate().is_none());
+    server.wait_serving("m", 2);
+    assert_eq!(answering_version(&server.client()).as_deref(), Some("2"));
+    assert_eq!(placed(target.path()), ["2"]);
+    assert!(store.store_answer().unwrap().bytes_fetched > 0, "downloaded from the store");
     fleet.stop(agent);
 }
 

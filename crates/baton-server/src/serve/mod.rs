@@ -3,7 +3,7 @@
 //! control mode wants it, and graceful shutdown.
 
 pub mod demo;
-mod repo;
+pub mod repo;
 pub mod shutdown;
 pub mod watch;
 

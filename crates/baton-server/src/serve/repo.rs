@@ -25,6 +25,31 @@ pub struct Repo {
     store: Option<Arc<StoreSource>>,
 }
 
+/// How a store repository is cached and read.
+pub struct StoreCache<'a> {
+    /// The cache directory.
+    pub dir: &'a std::path::Path,
+    /// Its bound in bytes.
+    pub max_bytes: Option<u64>,
+    /// How often the store is listed.
+    pub poll: Duration,
+    /// The loader's nice value and idle class, for the store client's threads.
+    pub nice: i32,
+    /// See `nice`.
+    pub idle: bool,
+}
+
+/// Opens the object store `url` as a source read through `cache`.
+pub fn open_store(url: &str, cache: &StoreCache<'_>) -> anyhow::Result<Arc<StoreSource>> {
+    let mut options = Options::new(url, cache.dir.to_owned());
+    options.cache_max_bytes = cache.max_bytes;
+    options.poll = cache.poll;
+    (options.nice, options.idle) = (cache.nice, cache.idle);
+    let store = StoreSource::open(options).map_err(|e| anyhow::anyhow!("the model store {url}: {e}"))?;
+    tracing::info!(store = url, cache = %cache.dir.display(), "Reading models from an object store through the local cache.");
+    Ok(Arc::new(store))
+}
+
 impl Repo {
     /// The repository `args` name; the demo one without `--repo`.
     pub fn open(args: &ServeArgs) -> anyhow::Result<Repo> {
@@ -39,21 +64,19 @@ impl Repo {
         };
         let text = root.to_string_lossy().into_owned();
         if baton_store::is_store_url(&text) {
-            return Repo::store(&text, args);
+            let cache = StoreCache {
+                dir: &args.cache_dir,
+                max_bytes: args.cache_max_bytes,
+                poll: Duration::from_millis(args.poll_ms.max(10)),
+                nice: args.loader_nice,
+                idle: args.loader_idle,
+            };
+            let store = open_store(&text, &cache)?;
+            let source: Arc<dyn Source> = store.clone();
+            return Ok(Repo { name: text, source, state_root: args.cache_dir.clone(), store: Some(store) });
         }
         anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
         Ok(Repo { name: text, source: Arc::new(LocalRepository::new(&root)), state_root: root, store: None })
-    }
-
-    fn store(url: &str, args: &ServeArgs) -> anyhow::Result<Repo> {
-        let mut options = Options::new(url, args.cache_dir.clone());
-        options.cache_max_bytes = args.cache_max_bytes;
-        options.poll = Duration::from_millis(args.poll_ms.max(10));
-        (options.nice, options.idle) = (args.loader_nice, args.loader_idle);
-        let store = Arc::new(StoreSource::open(options).map_err(|e| anyhow::anyhow!("the model store {url}: {e}"))?);
-        tracing::info!(store = url, cache = %args.cache_dir.display(), "Serving models from an object store through the local cache.");
-        let source: Arc<dyn Source> = store.clone();
-        Ok(Repo { name: url.to_owned(), source, state_root: args.cache_dir.clone(), store: Some(store) })
     }
 
     /// Lets the cache know which versions serve, so that it keeps them.
