@@ -39,6 +39,8 @@ pub struct Counters {
     pub bytes: AtomicU64,
     /// Ranges asked for again after a failure.
     pub resumes: AtomicU64,
+    /// What the download has to say, for a thread that may log.
+    pub(crate) notes: crate::notes::Notes,
 }
 
 /// Where a version is, and what it is called in errors.
@@ -112,6 +114,28 @@ pub async fn version(
     Ok((parsed, seal))
 }
 
+/// Range buffers, reused for the whole download of a file rather than
+/// allocated for each range: each is large enough that the allocator would
+/// map it alone and unmap it when freed, and an unmap makes every CPU that
+/// runs the process (serving threads included) drop its address
+/// translations.
+#[derive(Default)]
+struct Pool(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl Pool {
+    fn take(&self, len: usize) -> Vec<u8> {
+        let reused = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut buffer = reused.unwrap_or_default();
+        buffer.clear();
+        buffer.reserve(len);
+        buffer
+    }
+
+    fn give(&self, buffer: Vec<u8>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(buffer);
+    }
+}
+
 enum Failure {
     Store(FetchError),
     Write(std::io::Error),
@@ -130,14 +154,16 @@ async fn file_bytes(
 ) -> Result<String, Failure> {
     let step = plan.range_bytes.max(1);
     let ranges = (0..size.div_ceil(step)).map(|i| i * step..((i + 1) * step).min(size));
+    let pool = Pool::default();
     let mut chunks = futures_util::stream::iter(ranges)
-        .map(|range| range_bytes(store, object, url, range, plan.attempts, counters))
+        .map(|range| range_bytes(store, object, url, range, plan.attempts, counters, &pool))
         .buffered(plan.parallel.max(1));
     let mut hasher = Sha256::new();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(Failure::Store)?;
         hasher.update(&chunk);
         file.write_all(&chunk).map_err(Failure::Write)?;
+        pool.give(chunk);
     }
     Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
@@ -151,9 +177,10 @@ async fn range_bytes(
     range: Range<u64>,
     attempts: u32,
     counters: &Counters,
+    pool: &Pool,
 ) -> Result<Vec<u8>, FetchError> {
     let len = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
-    let mut bytes = Vec::with_capacity(len);
+    let mut bytes = pool.take(len);
     let mut tried = 0;
     loop {
         let start = range.start + bytes.len() as u64;
@@ -193,7 +220,8 @@ async fn range_bytes(
             return Err(failure);
         }
         counters.resumes.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(object = url, at = start, attempt = tried, error = %failure, "A ranged read failed; resuming at the first byte not received.");
+        let (object, error) = (url.to_owned(), failure.to_string());
+        counters.notes.push(crate::notes::Note::Resumed { object, at: start, attempt: tried, error });
         tokio::time::sleep(Duration::from_millis(250 << tried.min(5))).await;
     }
 }

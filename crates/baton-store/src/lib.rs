@@ -24,6 +24,7 @@ pub mod download;
 pub mod errors;
 pub mod listing;
 pub mod location;
+mod notes;
 pub mod profile;
 
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ use baton_core::spec::ModelSpec;
 use crate::cache::Cache;
 use crate::download::{Counters, Plan, Remote};
 use crate::listing::{ModelListing, Snapshot, VersionListing};
+use crate::notes::Note;
 
 pub use location::is_store_url;
 
@@ -255,19 +257,30 @@ impl Shared {
         }
     }
 
+    /// Lists at the poll interval, backing off while the store fails, and
+    /// logs the notes downloads left at least once a second.
     fn keep_listing(&self, stop: &Receiver<()>) {
+        let tick = self.options.poll.min(Duration::from_secs(1));
         let mut pause = self.options.poll;
+        let mut next = Instant::now() + pause;
         loop {
-            match stop.recv_timeout(pause) {
+            let wait = next.saturating_duration_since(Instant::now()).min(tick);
+            match stop.recv_timeout(wait) {
                 Err(RecvTimeoutError::Timeout) => {}
-                _ => return,
+                _ => break,
+            }
+            self.counters.notes.log(&self.options.url);
+            if Instant::now() < next {
+                continue;
             }
             pause = if self.refresh() {
                 self.options.poll
             } else {
                 (pause * 2).min(self.options.max_backoff.max(self.options.poll))
             };
+            next = Instant::now() + pause;
         }
+        self.counters.notes.log(&self.options.url);
     }
 
     /// Presence as the last listing says, or unreadable while the store fails.
@@ -291,7 +304,8 @@ impl Shared {
         let tag = listing.filter(|_| store_up).map(|l| l.manifest_tag.as_str());
         if let Some(cached) = self.cache.lookup(model, version, tag) {
             self.cache_hits.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(model, version, dir = %cached.dir.display(), "The version is in the cache; nothing to download.");
+            let dir = cached.dir.display().to_string();
+            self.counters.notes.push(Note::CacheHit { model: model.into(), version, dir });
             return Ok(cached);
         }
         let place = self.options.url.clone();
@@ -311,8 +325,8 @@ impl Shared {
             Some(serving) => serving.as_ref(),
             None => &never,
         };
-        for (m, v) in self.cache.make_room(model, version, needed, serving)? {
-            tracing::info!(model = %m, version = v, "Evicted a version that does not serve from the cache.");
+        for (model, version) in self.cache.make_room(model, version, needed, serving)? {
+            self.counters.notes.push(Note::Evicted { model, version });
         }
         let into = self.cache.partial(model, version)?;
         let prefix = self.location.prefix.child(model).child(version.to_string());
@@ -326,13 +340,8 @@ impl Shared {
         })?;
         let fetched = self.cache.commit(model, version, &into, seal, &listing.manifest_tag)?;
         let bytes = self.counters.bytes.load(Ordering::Relaxed) - before;
-        tracing::info!(
-            model,
-            version,
-            bytes,
-            ms = started.elapsed().as_millis() as u64,
-            "Downloaded and hashed a version into the cache."
-        );
+        let ms = started.elapsed().as_millis() as u64;
+        self.counters.notes.push(Note::Downloaded { model: model.into(), version, bytes, ms });
         Ok(fetched)
     }
 }

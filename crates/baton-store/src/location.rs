@@ -36,10 +36,15 @@ pub struct Location {
     pub prefix: Path,
 }
 
-/// How long one request may take, and how often a failed one is retried
-/// inside the client before baton's own resumption takes over.
+/// How long one request may take.
 const REQUEST_TIMEOUT: &str = "60s";
 const CONNECT_TIMEOUT: &str = "5s";
+
+/// No retries inside the client: it logs each one on the thread that asked,
+/// and downloads ask on threads at the loader's priority, which must not
+/// log. A ranged read resumes at the byte in baton's download instead, and
+/// a failed listing is tried again by the lister with backoff; both are
+/// logged from a thread that may.
 fn retry() -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
@@ -47,7 +52,7 @@ fn retry() -> RetryConfig {
             max_backoff: Duration::from_secs(2),
             base: 2.0,
         },
-        max_retries: 3,
+        max_retries: 0,
         retry_timeout: Duration::from_secs(20),
     }
 }

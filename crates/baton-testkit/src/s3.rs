@@ -37,6 +37,7 @@ pub struct S3 {
     runtime: tokio::runtime::Runtime,
     /// The access key and secret the store accepts.
     pub credentials: (String, String),
+    nice: i32,
 }
 
 fn weed_binary() -> PathBuf {
@@ -55,6 +56,13 @@ impl S3 {
     /// Starts SeaweedFS with a fresh data directory and one identity, and
     /// waits until its S3 gateway and filer answer.
     pub fn start() -> S3 {
+        S3::start_nice(0)
+    }
+
+    /// [`S3::start`] with every thread of the store at nice value `nice`:
+    /// for benchmarks, a store on the same machine that takes CPU only
+    /// when nothing else wants it, as a remote store takes none.
+    pub fn start_nice(nice: i32) -> S3 {
         let dir = tempfile::tempdir().expect("a temporary dir for SeaweedFS");
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let secret = format!("secret-{}-{}", std::process::id(), free_port());
@@ -66,7 +74,7 @@ impl S3 {
         std::fs::write(dir.path().join("s3.json"), config.to_string()).unwrap();
         std::fs::create_dir_all(dir.path().join("data")).unwrap();
         let ports = std::array::from_fn(|_| free_port());
-        let mut s3 = S3 { child: None, ports, dir, runtime, credentials: (ACCESS_KEY.into(), secret) };
+        let mut s3 = S3 { child: None, ports, dir, runtime, credentials: (ACCESS_KEY.into(), secret), nice };
         s3.run();
         s3
     }
@@ -78,7 +86,9 @@ impl S3 {
             self.ports.map(|p| p.to_string());
         let data = path.join("data");
         let config = path.join("s3.json");
-        let child = Command::new(weed_binary())
+        let child = Command::new("nice")
+            .arg(format!("-n{}", self.nice))
+            .arg(weed_binary())
             .arg("server")
             .arg(format!("-dir={}", data.display()))
             // No Iceberg or Lance catalog: they would take fixed ports.

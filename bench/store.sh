@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A 1 GiB weights-only version (four 8192 × 8192 FP32 layers, warmup off,
+# one session) loaded by the release binary from a local directory, from an
+# S3-compatible store on loopback (SeaweedFS) with an empty cache, and from
+# the store after a restart (its cache); each load's stages, and the p99
+# of a small model of the same server (300 requests/s, open loop) while the
+# version downloads against the five seconds before.
+#
+#   bash bench/store.sh   # PREPACK=true packs matrices; ROUNDS=3;
+#                         # STORE_NICE=19 runs the store below serving
+#
+# Prints `figure:` lines and writes them to $results/store.txt.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup-clients.sh >/dev/null
+results=.baton/bench/results
+mkdir -p "$results"
+log="$results/store.txt"
+cargo test --release -q -p baton-server --test store_bench -- --ignored --nocapture 2>&1 |
+  grep '^figure:' | tee "$log"
+echo "Wrote $log"

@@ -1,0 +1,137 @@
+//! A benchmark, ignored by default (`bash bench/store.sh` runs it in a
+//! release build): a 1 GiB weights-only version loaded by the real binary
+//! from a local directory, from an S3-compatible store on loopback
+//! (SeaweedFS) with an empty cache, and from the store again after a
+//! restart (the cache), each load's stages printed. While the version
+//! downloads, two clients send 300 requests/s in all to a small model of
+//! the same server (open loop); their p99 in the fetch stage is printed
+//! against the p99 of the five seconds before.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_onnx::mlp::mlp_safetensors;
+use baton_testkit::onnx::{Mlp, sample_input};
+use baton_testkit::repo::{TestRepo, mlp_toml};
+use baton_testkit::s3::S3;
+use baton_testkit::server::Server;
+use common::{SIZES, bin, mlp};
+use serde_json::{Value, json};
+
+/// Each client's interval between requests: 150 requests/s each, 300 in
+/// all, as the load-isolation benchmark sends.
+const PERIOD: Duration = Duration::from_micros(6667);
+
+/// Requests of the small model: when each was sent (from the start) and
+/// how long it took.
+type Samples = Arc<Mutex<Vec<(Duration, Duration)>>>;
+
+fn p99(mut latencies: Vec<Duration>) -> Duration {
+    latencies.sort_unstable();
+    latencies.get(latencies.len().saturating_sub(1) * 99 / 100).copied().unwrap_or_default()
+}
+
+/// Loads `big` version 1 through the management API with the small model
+/// under load, and prints the stages and the small model's p99.
+fn measure(server: &Server, what: &str) {
+    server.wait_serving("small", 1);
+    let (stop, samples): (Arc<AtomicBool>, Samples) = (Arc::new(AtomicBool::new(false)), Arc::default());
+    let start = Instant::now();
+    let input = sample_input(SIZES[0], 1, 3);
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, stop, samples) = (server.client(), Arc::clone(&stop), Arc::clone(&samples));
+            let body = common::request(&input, 1);
+            std::thread::spawn(move || {
+                // Open loop: a request every PERIOD, whatever the answers take.
+                let mut next = Instant::now();
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(300) {
+                    next += PERIOD;
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                    let sent = Instant::now();
+                    let answer = client.post_json("/v2/models/small/infer", &body);
+                    assert_eq!(answer.status, 200, "{}", answer.error());
+                    samples.lock().unwrap().push((sent - start, sent.elapsed()));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(5));
+    let load_at = start.elapsed();
+    let answer = server.post_json("/baton/v1/models/big/load", &json!({ "version": 1 }));
+    assert_eq!(answer.status, 200, "{}", answer.error());
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().unwrap();
+    }
+    let report: Value = answer.json();
+    let stages = report["stages"].as_array().cloned().unwrap_or_default();
+    let ms =
+        |name: &str| stages.iter().find(|s| s["stage"] == name).and_then(|s| s["duration"].as_f64()).unwrap_or(0.0);
+    let committed: f64 =
+        stages.iter().take_while(|s| s["stage"] != "drain").filter_map(|s| s["duration"].as_f64()).sum();
+    let fetch_end = load_at + Duration::from_secs_f64(ms("fetch").max(1.0) / 1e3);
+    let samples = samples.lock().unwrap().clone();
+    let steady = p99(samples.iter().filter(|(at, _)| *at < load_at).map(|s| s.1).collect());
+    let fetching: Vec<Duration> =
+        samples.iter().filter(|(at, _)| *at >= load_at && *at < fetch_end).map(|s| s.1).collect();
+    let during = p99(fetching.clone());
+    println!(
+        "figure: {what}: committed in {:.2} s; stages ms: fetch {:.0}, verify {:.0}, load {:.0}, validate {:.0}, warmup {:.0}; \
+         small model p99 steady {:.2} ms, in fetch {:.2} ms ({} requests), ratio {:.2}",
+        committed / 1e3,
+        ms("fetch"),
+        ms("verify"),
+        ms("load"),
+        ms("validate"),
+        ms("warmup"),
+        steady.as_secs_f64() * 1e3,
+        during.as_secs_f64() * 1e3,
+        fetching.len(),
+        during.as_secs_f64() / steady.as_secs_f64().max(1e-9),
+    );
+}
+
+#[test]
+#[ignore = "a benchmark: prints load times from disk and from a store"]
+fn a_gigabyte_from_disk_from_a_store_and_from_its_cache() {
+    let prepack = std::env::var("PREPACK").is_ok_and(|v| v == "true");
+    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+    // Four 8192 × 8192 FP32 layers: 1 GiB, as a weights-only version.
+    let graph = Mlp::new(&[8192, 8192, 8192, 8192, 8192, 1], 1);
+    let repo = TestRepo::new();
+    let toml = format!("[warmup]\ngenerated = false\n[engine]\nsessions = 1\nprepack = {prepack}");
+    repo.add_model("big", &mlp_toml(&graph, &toml));
+    repo.publish_weights("big", 1, &graph, &mlp_safetensors(&graph), &[]);
+    repo.add_model("small", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("small", 1, &mlp(1));
+
+    // STORE_NICE=19: the store on this machine takes CPU only when serving
+    // leaves it some, as a remote one takes none.
+    let nice = std::env::var("STORE_NICE").ok().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let s3 = S3::start_nice(nice);
+    s3.create_bucket("models");
+    for model in ["big", "small"] {
+        s3.publish_model("models", "prod", &repo.root().join(model));
+    }
+    let explicit = ["--model-control", "explicit", "--load-model", "small"];
+    for round in 1..=rounds {
+        let local = Server::start(bin(), repo.root(), &explicit);
+        measure(&local, &format!("round {round}, local disk (page cache)"));
+        drop(local);
+
+        let cache = tempfile::tempdir().unwrap();
+        let mut args = explicit.to_vec();
+        let cache_dir = cache.path().to_str().unwrap();
+        args.extend(["--cache-dir", cache_dir]);
+        let cold = Server::start_with_env(bin(), Path::new("s3://models/prod"), &args, &s3.env());
+        measure(&cold, &format!("round {round}, store, empty cache"));
+        drop(cold);
+        let cached = Server::start_with_env(bin(), Path::new("s3://models/prod"), &args, &s3.env());
+        measure(&cached, &format!("round {round}, store, cached"));
+    }
+}
