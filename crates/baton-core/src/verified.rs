@@ -47,6 +47,7 @@ pub struct VerifiedFile {
     path: String,
     file: Arc<File>,
     stamp: Stamp,
+    sealed: bool,
 }
 
 /// What identifies a file's content without reading it.
@@ -141,6 +142,14 @@ impl VerifiedFile {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
 
+    /// Whether the file was accepted by its seal: a source of baton's wrote
+    /// it and hashed it on the way, into a directory only baton writes (a
+    /// store's cache), and it has not changed since. Such a file may be
+    /// mapped where it is, as a copy baton staged would be.
+    pub fn sealed(&self) -> bool {
+        self.sealed
+    }
+
     /// Whether the file still is as it was hashed: same size, modification
     /// and change times. Strict on purpose: the change time also moves when
     /// the file loses its name (another file renamed over it, a deletion),
@@ -185,7 +194,8 @@ pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal
         }
         let abs = root.join(&entry.path);
         // Hashed by whoever wrote it, and not touched since: not read again.
-        let actual = match seal.and_then(|s| s.digest_of(&entry.path, &before)) {
+        let sealed = seal.and_then(|s| s.digest_of(&entry.path, &before));
+        let actual = match sealed {
             Some(sealed) => sealed.to_owned(),
             None => {
                 let (actual, _) = manifest::digest_open(&file).map_err(io_err(&abs))?;
@@ -203,7 +213,8 @@ pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal
                 actual,
             });
         }
-        files.push(VerifiedFile { path: entry.path.clone(), file: Arc::new(file), stamp: before });
+        let sealed = sealed.is_some();
+        files.push(VerifiedFile { path: entry.path.clone(), file: Arc::new(file), stamp: before, sealed });
     }
     for file in manifest::list_files(&root)? {
         if !manifest.entries.iter().any(|e| e.path == file) {
@@ -327,8 +338,14 @@ mod tests {
         let mut seal = Seal::new();
         seal.record("blobs/model.bin", &File::open(&path).unwrap(), &written.entries[0].sha256).unwrap();
         let fetched = crate::source::Fetched { dir: dir.clone(), seal: Some(seal) };
-        manifest::verify_fetched(&fetched, &VerifyOptions::default()).expect("sealed, so not read");
+        let verified = manifest::verify_fetched(&fetched, &VerifyOptions::default()).expect("sealed, so not read");
+        assert!(verified.file("blobs/model.bin").unwrap().sealed(), "accepted by its seal");
         assert_eq!(verify(&dir).unwrap_err().kind(), "digest_mismatch");
+        // What no seal covers is hashed, and is not sealed.
+        std::fs::write(&path, b"model bytes").unwrap();
+        let unsealed = manifest::verify_fetched(&fetched, &VerifyOptions::default()).expect("read and hashed");
+        assert!(unsealed.files().iter().all(|f| !f.sealed()));
+        std::fs::write(&path, b"other bytes").unwrap();
         // Written to after sealing: read, and refused.
         std::fs::write(&path, b"other bytez").unwrap();
         let error = manifest::verify_fetched(&fetched, &VerifyOptions::default()).unwrap_err();

@@ -104,8 +104,12 @@ impl OnnxModel {
             None => return Err(BackendError::new("invalid_engine_options", "a pool needs at least one session")),
         };
         // Loads run on a lowered thread, which logs through the registry's agent.
-        let (shown, from_memory, staged) =
-            (path.display().to_string(), matches!(file.source(), SessionSource::Bytes(_)), file.is_staged());
+        let (shown, from_memory, staged, in_place) = (
+            path.display().to_string(),
+            matches!(file.source(), SessionSource::Bytes(_)),
+            file.is_staged(),
+            file.is_in_place(),
+        );
         let (count, intra, inter) = (options.sessions, options.intra_op_threads, options.inter_op_threads);
         let optimization = options.optimization.as_str();
         baton_core::agent::at_serving_priority(move || {
@@ -114,6 +118,7 @@ impl OnnxModel {
                 sessions = count,
                 from_memory,
                 staged,
+                in_place,
                 intra_op_threads = intra,
                 inter_op_threads = inter,
                 optimization,
@@ -158,12 +163,16 @@ fn prime() -> Result<(), BackendError> {
 /// The staged weights mapped once for every session; none when the model
 /// was not staged (small models, `stage_weights = false`).
 fn share(file: &ModelFile, version: &Verified, sharing: Sharing) -> Result<SharedWeights, BackendError> {
-    let Some((staged, (data, len))) = file.staged().and_then(|s| s.data().map(|d| (s, d))) else {
+    let Some((data, len, placed)) = file.mapped() else {
         return Ok(SharedWeights::default());
     };
-    SharedWeights::new(&crate::shared::model_dir(version.dir()), data, *len, staged.placed(), sharing)
+    SharedWeights::new(&crate::shared::model_dir(version.dir()), data, len, placed, sharing)
         .map_err(|e| BackendError::new("staging_failed", format!("{}: {e}", file.path().display())))
 }
+
+/// The session setting that says where external data files are, for a
+/// model given as bytes.
+const EXTERNAL_FOLDER: &str = "session.model_external_initializers_file_folder_path";
 
 fn create_session(
     file: &ModelFile,
@@ -196,6 +205,10 @@ fn create_session(
     }
     for (name, value) in shared.values() {
         builder = builder.with_initializer(name, value).map_err(setup)?;
+    }
+    if let Some(folder) = file.external_folder() {
+        let folder = folder.to_string_lossy();
+        builder = builder.with_config_entry(EXTERNAL_FOLDER, folder).map_err(setup)?;
     }
     if options.has_worker_threads() {
         // Created on this (low-priority loader) thread, the workers would

@@ -27,9 +27,11 @@
 //! path to a file of the version (`external_data_outside_version`,
 //! `external_data_missing`), and no other tensor may have external data
 //! (`external_data_unsupported`), since ONNX Runtime would look those up by
-//! name itself. A model with external data is always staged, its payloads
+//! name itself. A model with external data is staged, its payloads
 //! copied from the verified data files, so that the names ONNX Runtime looks
-//! up lead to what was verified. A file baton cannot parse is refused
+//! up lead to what was verified; unless its external data is one file that
+//! a source of baton's wrote and sealed into a directory only baton writes
+//! (a store's cache), which is mapped where it is ([`InPlace`]). A file baton cannot parse is refused
 //! (`model_invalid`): validation would refuse it anyway, and ONNX Runtime
 //! is never given a model whose external data baton has not seen.
 
@@ -43,7 +45,8 @@ use baton_core::manifest::VerifyError;
 use baton_core::verified::{Verified, VerifiedFile};
 
 use crate::proto::{self, InitData, OnnxModel, RawData};
-use crate::staged::{Input, ModelBytes, Staged};
+use crate::shared::Placed;
+use crate::staged::{InPlace, Input, ModelBytes, Staged};
 
 /// The largest model file read once for all sessions and validation: the
 /// size of the buffer ONNX Runtime reads a file through.
@@ -97,6 +100,9 @@ pub(crate) struct ModelFile {
     /// The model staged with its weights as external data, when the
     /// sessions are created from that.
     staged: Option<Staged>,
+    /// The model's external data mapped where it is, when its one data
+    /// file is baton's own: the sessions are created from the bytes.
+    in_place: Option<InPlace>,
     /// The verified model file's `/proc/self/fd` path.
     fd_path: PathBuf,
     /// Whether the bytes are a weights-only version's graph as rewritten
@@ -142,7 +148,16 @@ impl ModelFile {
         let files = Files { model, external: external_files(version, &parsed, &name)?, name };
         let has_external = !files.external.is_empty();
         let mut staged = None;
-        if has_external || (!whole && stage_weights) {
+        // External data in one file baton wrote itself (a store's cache) is
+        // mapped where it is: no copy.
+        let sealed = files.external.iter().next().filter(|(_, f)| whole && files.external.len() == 1 && f.sealed());
+        let in_place = match sealed {
+            Some((location, data)) => {
+                InPlace::new(&bytes, location, data, version.dir()).map_err(|e| model_invalid(&files.name, &e))?
+            }
+            None => None,
+        };
+        if in_place.is_none() && (has_external || (!whole && stage_weights)) {
             let model_bytes = match whole {
                 true => ModelBytes::Whole(&bytes),
                 false => ModelBytes::Skeleton(std::mem::take(&mut bytes)),
@@ -178,11 +193,11 @@ impl ModelFile {
                 }
             }
         }
-        if has_external && staged.is_none() {
+        if has_external && staged.is_none() && in_place.is_none() {
             return Err(BackendError::new("staging_failed", format!("{}: nothing was staged", files.name.display())));
         }
         let fd_path = files.model.fd_path();
-        Ok(ModelFile { files, bytes: whole.then_some(bytes), staged, fd_path, rewritten })
+        Ok(ModelFile { files, bytes: whole.then_some(bytes), staged, in_place, fd_path, rewritten })
     }
 
     /// The model file's path, for messages.
@@ -204,9 +219,26 @@ impl ModelFile {
         self.staged.is_some()
     }
 
-    /// The staged copy, if any.
-    pub(crate) fn staged(&self) -> Option<&Staged> {
-        self.staged.as_ref()
+    /// Whether the external data is mapped where it is.
+    pub(crate) fn is_in_place(&self) -> bool {
+        self.in_place.is_some()
+    }
+
+    /// The data file the sessions' tensors are mapped from, its length,
+    /// and where each tensor is in it: the staged copy's, or the file
+    /// itself when it is mapped in place.
+    pub(crate) fn mapped(&self) -> Option<(&File, u64, &[Placed])> {
+        if let Some(in_place) = &self.in_place {
+            return Some((&in_place.data.0, in_place.data.1, &in_place.placed));
+        }
+        let staged = self.staged.as_ref()?;
+        staged.data().map(|(file, len)| (file, *len, staged.placed()))
+    }
+
+    /// Where ONNX Runtime looks for external data, when it is given the
+    /// model's bytes of a version mapped in place.
+    pub(crate) fn external_folder(&self) -> Option<&Path> {
+        self.in_place.as_ref().map(|i| i.folder.as_path())
     }
 
     /// Whether every file read is still as the verify stage hashed it.

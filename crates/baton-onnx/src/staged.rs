@@ -37,6 +37,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use baton_core::verified::VerifiedFile;
+
 use crate::proto::{self, InitData, Origin};
 use crate::shared::Placed;
 
@@ -147,11 +149,9 @@ impl Staged {
                 rewrite(&skeleton).map_err(|e| e.to_string())?.ok_or("the rewrite moved nothing the second time")?
             }
         };
-        let dir_name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let dir = parent.join(dir_name);
-        DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let dir = new_dir(parent)?;
         // From here on, dropping `staged` removes the directory.
-        let placed = placed_in(&layout.model).map_err(|e| e.to_string())?;
+        let placed = placed_in(&layout.model, DATA_FILE).map_err(|e| e.to_string())?;
         let mut staged = Staged { model: dir.join(crate::MODEL_FILE), dir, data: None, placed };
         let fail = |what: &str, e: std::io::Error| format!("{what} in {}: {e}", staged.dir.display());
         std::fs::write(&staged.model, &layout.model).map_err(|e| fail("writing the model", e))?;
@@ -180,14 +180,67 @@ impl Staged {
     }
 }
 
-/// The initializers of a staged model whose payloads are in its data file.
-fn placed_in(model: &[u8]) -> Result<Vec<Placed>, proto::ProtoError> {
+/// A model whose external data stays where it is: in one file that a
+/// source of baton's wrote and sealed ([`VerifiedFile::sealed`]), in a
+/// directory only baton writes (a store's cache). Nothing is copied: the
+/// tensors are mapped from that file, and ONNX Runtime, given the model's
+/// bytes, is told to look for external data in the version's directory
+/// (it is given every tensor it would read there).
+#[derive(Debug)]
+pub(crate) struct InPlace {
+    /// The version's directory, where the model's data file is.
+    pub(crate) folder: PathBuf,
+    /// The data file, as verified, and its length.
+    pub(crate) data: (File, u64),
+    /// The initializers in the data file, where each is.
+    pub(crate) placed: Vec<Placed>,
+}
+
+impl InPlace {
+    /// `model`'s external data mapped where it is, when every external
+    /// tensor is in `data` (at `location` in `version_dir`) at an offset
+    /// aligned to its element size, which mapping needs; `Ok(None)`
+    /// otherwise, and the model is staged by copying.
+    pub(crate) fn new(
+        model: &[u8],
+        location: &str,
+        data: &VerifiedFile,
+        version_dir: &Path,
+    ) -> Result<Option<InPlace>, String> {
+        let parsed = proto::parse(model).map_err(|e| e.to_string())?;
+        let mappable = parsed.initializers.iter().all(|init| match &init.data {
+            InitData::External { location: at, offset, length: Some(_) } => {
+                at == location && proto::elem_size(init.data_type).is_some_and(|size| offset % size as u64 == 0)
+            }
+            InitData::External { .. } => false,
+            InitData::Raw(_) | InitData::Inline(_) => true,
+        });
+        if !mappable || proto::relative_location(location).is_none() {
+            return Ok(None);
+        }
+        let placed = placed_in(model, location).map_err(|e| e.to_string())?;
+        let reader = data.file().try_clone().map_err(|e| format!("opening {location}: {e}"))?;
+        Ok(Some(InPlace { folder: version_dir.to_owned(), data: (reader, data.size()), placed }))
+    }
+}
+
+/// A fresh directory of this process under `parent`, for one staged model.
+fn new_dir(parent: &Path) -> Result<PathBuf, String> {
+    let dir_name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let dir = parent.join(dir_name);
+    DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The initializers of a model whose payloads are in its data file, at
+/// `data_file`.
+fn placed_in(model: &[u8], data_file: &str) -> Result<Vec<Placed>, proto::ProtoError> {
     let parsed = proto::parse(model)?;
     Ok(parsed
         .initializers
         .into_iter()
         .filter_map(|init| match init.data {
-            InitData::External { location, offset, length: Some(length) } if location == DATA_FILE => Some(Placed {
+            InitData::External { location, offset, length: Some(length) } if location == data_file => Some(Placed {
                 name: init.name,
                 data_type: init.data_type,
                 dims: init.dims,
@@ -335,6 +388,56 @@ mod tests {
                 proto::initializer_bytes(after, RawData::InBytes(&staged_bytes), staged.dir.as_path(), &mut scratch);
             assert_eq!(is.unwrap(), was.unwrap(), "{}'s bytes", before.name);
         }
+    }
+
+    /// `dir`'s version verified with a seal for every file, as a store's
+    /// cache hands it over.
+    fn verified_sealed(dir: &Path) -> baton_core::verified::Verified {
+        use baton_core::manifest::{self, VerifyOptions};
+        let written = manifest::write(dir).unwrap();
+        let mut seal = baton_core::seal::Seal::new();
+        for entry in &written.entries {
+            seal.record(&entry.path, &File::open(dir.join(&entry.path)).unwrap(), &entry.sha256).unwrap();
+        }
+        let fetched = baton_core::source::Fetched { dir: dir.to_owned(), seal: Some(seal) };
+        manifest::verify_fetched(&fetched, &VerifyOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn sealed_external_data_is_mapped_where_it_is() {
+        let src = tempfile::tempdir().unwrap();
+        let path = model_file(src.path(), &[64, 48, 1], Some("w.bin"));
+        let verified = verified_sealed(src.path());
+        let data = verified.file("w.bin").unwrap();
+        assert!(data.sealed());
+        let model = std::fs::read(&path).unwrap();
+        let in_place = InPlace::new(&model, "w.bin", data, src.path()).unwrap().expect("aligned: mapped in place");
+        assert_eq!(in_place.folder, src.path());
+        // Every external tensor is placed at its own offset in the file.
+        let parsed = proto::parse(&model).unwrap();
+        let original = std::fs::read(src.path().join("w.bin")).unwrap();
+        let mut no_scratch = Vec::new();
+        assert_eq!(in_place.placed.len(), parsed.initializers.len());
+        for (placed, init) in in_place.placed.iter().zip(&parsed.initializers) {
+            let bytes = proto::initializer_bytes(init, RawData::InBytes(&model), src.path(), &mut no_scratch).unwrap();
+            let range = placed.range.start as usize..placed.range.end as usize;
+            assert_eq!((placed.name.as_str(), &original[range]), (init.name.as_str(), bytes));
+        }
+        assert_eq!(in_place.data.1, original.len() as u64);
+    }
+
+    #[test]
+    fn external_data_that_cannot_be_mapped_where_it_is_is_left_to_a_copy() {
+        let src = tempfile::tempdir().unwrap();
+        let path = model_file(src.path(), &[64, 48, 1], Some("w.bin"));
+        let verified = verified_sealed(src.path());
+        let data = verified.file("w.bin").unwrap();
+        let model = std::fs::read(&path).unwrap();
+        // Another file's name: the model's tensors are not all in `data`.
+        assert!(InPlace::new(&model, "other.bin", data, src.path()).unwrap().is_none());
+        // A tensor at an offset its element size does not divide.
+        let moved = proto::point_at(&model, "w.bin", &|name| name.ends_with("weight").then_some((2, 4))).unwrap();
+        assert!(InPlace::new(&moved, "w.bin", data, src.path()).unwrap().is_none());
     }
 
     #[test]

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use baton_core::backend::UpdateKind;
 use baton_core::events::Stage;
+use baton_core::source::{FetchError, Fetched, LocalRepository, Presence, Source};
+use baton_core::spec::ModelSpec;
 use baton_onnx::mlp::mlp_safetensors;
 use baton_onnx::proto::elem;
 use baton_onnx::safetensors;
@@ -32,14 +34,21 @@ fn bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-#[test]
-fn a_weights_only_version_serves_exactly_what_the_whole_model_serves() {
+/// Model `m`: version 1 whole, version 2 new weights only over version 1's
+/// graph, version 3 the same new weights whole.
+fn three_versions() -> TestRepo {
     let repo = TestRepo::new();
     let (old, new) = (Mlp::new(&SIZES, 1), Mlp::new(&SIZES, 2));
     repo.add_model("m", &mlp_toml(&old, ""));
     repo.publish_mlp("m", 1, &old);
     repo.publish_weights("m", 2, &old, &mlp_safetensors(&new), &[]);
     repo.publish_mlp("m", 3, &new);
+    repo
+}
+
+#[test]
+fn a_weights_only_version_serves_exactly_what_the_whole_model_serves() {
+    let repo = three_versions();
     let registry = registry(repo.root());
     let input = sample_input(SIZES[0], 3, 9);
     let mut answers = Vec::new();
@@ -261,4 +270,79 @@ fn what_a_shared_container_keeps_of_a_gone_version_is_counted() {
     // version 2 uses and the last one it replaced. No live version's
     // bytes_held counts them, so the book does.
     assert_eq!(status.retained, v1_weights, "{status:?}");
+}
+
+/// A source that hands each version over as a store's cache does: copied
+/// into a directory of its own and sealed as written, so that the verify
+/// stage reads nothing again and the files are baton's.
+struct Sealing {
+    local: LocalRepository,
+    cache: tempfile::TempDir,
+}
+
+impl Source for Sealing {
+    fn models(&self) -> Result<Vec<String>, FetchError> {
+        self.local.models()
+    }
+    fn versions(&self, model: &str) -> Result<Vec<u64>, FetchError> {
+        self.local.versions(model)
+    }
+    fn presence(&self, model: &str, version: Option<u64>) -> Presence {
+        self.local.presence(model, version)
+    }
+    fn spec(&self, model: &str) -> Result<ModelSpec, FetchError> {
+        self.local.spec(model)
+    }
+    fn version_stamp(&self, model: &str, version: u64) -> Option<String> {
+        self.local.version_stamp(model, version)
+    }
+    fn fetch(&self, model: &str, version: u64) -> Result<Fetched, FetchError> {
+        let from = self.local.fetch(model, version)?.dir;
+        let dir = self.cache.path().join(model).join(version.to_string());
+        let text = std::fs::read_to_string(from.join(baton_core::manifest::MANIFEST)).unwrap();
+        let listed = baton_core::manifest::parse(&text).unwrap();
+        let mut seal = baton_core::seal::Seal::new();
+        for entry in &listed.entries {
+            let to = dir.join(&entry.path);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(from.join(&entry.path), &to).unwrap();
+            seal.record(&entry.path, &std::fs::File::open(&to).unwrap(), &entry.sha256).unwrap();
+        }
+        std::fs::write(dir.join(baton_core::manifest::MANIFEST), text).unwrap();
+        Ok(Fetched { dir, seal: Some(seal) })
+    }
+}
+
+/// The lines of this process's memory map that name `needle`.
+fn mapped(needle: &str) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().filter(|l| l.contains(needle)).map(str::to_owned).collect()
+}
+
+#[test]
+fn a_weights_file_baton_wrote_itself_is_mapped_where_it_is_and_serves_what_a_copy_serves() {
+    let repo = three_versions();
+    let cache = tempfile::tempdir().unwrap();
+    let source = Sealing { local: LocalRepository::new(repo.root()), cache };
+    let cached = source.cache.path().join("m/2").join(safetensors::WEIGHTS_FILE).display().to_string();
+    let onnx = baton_onnx::OnnxBackend::new().unwrap();
+    baton_core::executor::start_spawner();
+    let backends: Vec<Arc<dyn baton_core::backend::Backend>> = vec![Arc::new(onnx)];
+    let registry = baton_core::registry::Registry::new(Arc::new(source), backends, Default::default());
+    let input = sample_input(SIZES[0], 3, 9);
+    registry.load("m", Some(2)).unwrap().wait().unwrap();
+    // Mapped from the sealed file itself, not from a staged copy of it.
+    assert!(!mapped(&cached).is_empty(), "the sealed weights file is not mapped");
+    let copies: Vec<String> = mapped("baton-staged-").into_iter().filter(|l| l.contains("weights.bin")).collect();
+    assert!(copies.is_empty(), "a staged copy is mapped: {copies:?}");
+    let weights_only = infer_mlp(&registry.snapshot(), "m", &input, 3).unwrap();
+    registry.load("m", Some(3)).unwrap().wait().unwrap();
+    let whole = infer_mlp(&registry.snapshot(), "m", &input, 3).unwrap();
+    assert_eq!((weights_only.0, whole.0), (2, 3));
+    assert_eq!(weights_only.1, whole.1, "mapped in place and whole model answer bit for bit alike");
+    // Unloaded, the version's mapping of the file goes with it.
+    registry.unload("m").unwrap().wait().unwrap();
+    baton_testkit::server::eventually("the unloaded version's mapping to go", || {
+        mapped(&cached).is_empty().then_some(())
+    });
 }
