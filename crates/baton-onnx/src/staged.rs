@@ -184,8 +184,9 @@ impl Staged {
 /// source of baton's wrote and sealed ([`VerifiedFile::sealed`]), in a
 /// directory only baton writes (a store's cache). Nothing is copied: the
 /// tensors are mapped from that file, and ONNX Runtime, given the model's
-/// bytes, is told to look for external data in the version's directory
-/// (it is given every tensor it would read there).
+/// bytes, is told to look for external data in the version's directory. It
+/// reads none from there but tensors of a type baton does not map
+/// (bfloat16, for one), which it reads from the cached file by name.
 #[derive(Debug)]
 pub(crate) struct InPlace {
     /// The version's directory, where the model's data file is.
