@@ -7,7 +7,8 @@
 # version downloads against the five seconds before.
 #
 #   bash bench/store.sh   # PREPACK=true packs matrices; ROUNDS=3;
-#                         # STORE_NICE=19 runs the store below serving
+#                         # STORE_NICE=19 runs the store below serving;
+#                         # SERVER_ARGS="--loader-idle" adds server flags
 #
 # Prints `figure:` lines and writes them to $results/store.txt.
 set -euo pipefail

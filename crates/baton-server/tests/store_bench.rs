@@ -118,14 +118,17 @@ fn a_gigabyte_from_disk_from_a_store_and_from_its_cache() {
     for model in ["big", "small"] {
         s3.publish_model("models", "prod", &repo.root().join(model));
     }
-    let explicit = ["--model-control", "explicit", "--load-model", "small"];
+    // SERVER_ARGS: more flags for every server, such as --loader-idle.
+    let extra = std::env::var("SERVER_ARGS").unwrap_or_default();
+    let mut explicit = vec!["--model-control", "explicit", "--load-model", "small"];
+    explicit.extend(extra.split_whitespace());
     for round in 1..=rounds {
         let local = Server::start(bin(), repo.root(), &explicit);
         measure(&local, &format!("round {round}, local disk (page cache)"));
         drop(local);
 
         let cache = tempfile::tempdir().unwrap();
-        let mut args = explicit.to_vec();
+        let mut args = explicit.clone();
         let cache_dir = cache.path().to_str().unwrap();
         args.extend(["--cache-dir", cache_dir]);
         let cold = Server::start_with_env(bin(), Path::new("s3://models/prod"), &args, &s3.env());
