@@ -149,7 +149,9 @@ impl Staged {
                 rewrite(&skeleton).map_err(|e| e.to_string())?.ok_or("the rewrite moved nothing the second time")?
             }
         };
-        let dir = new_dir(parent)?;
+        let dir_name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let dir = parent.join(dir_name);
+        DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         // From here on, dropping `staged` removes the directory.
         let placed = placed_in(&layout.model, DATA_FILE).map_err(|e| e.to_string())?;
         let mut staged = Staged { model: dir.join(crate::MODEL_FILE), dir, data: None, placed };
@@ -223,14 +225,6 @@ impl InPlace {
         let reader = data.file().try_clone().map_err(|e| format!("opening {location}: {e}"))?;
         Ok(Some(InPlace { folder: version_dir.to_owned(), data: (reader, data.size()), placed }))
     }
-}
-
-/// A fresh directory of this process under `parent`, for one staged model.
-fn new_dir(parent: &Path) -> Result<PathBuf, String> {
-    let dir_name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-    let dir = parent.join(dir_name);
-    DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    Ok(dir)
 }
 
 /// The initializers of a model whose payloads are in its data file, at

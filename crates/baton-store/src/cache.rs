@@ -63,11 +63,6 @@ impl Cache {
         Ok(cache)
     }
 
-    /// The root directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     fn model_dirs(&self) -> Vec<PathBuf> {
         let entries = std::fs::read_dir(&self.root).into_iter().flatten().flatten();
         entries
