@@ -38,6 +38,16 @@ pub trait Backend: Send + Sync + 'static {
     fn load_alone(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
         self.load(version, spec)
     }
+
+    /// Whether this backend maps the file at `path` of a version (of `size`
+    /// bytes) as it is, rather than reading it: an engine that reads a
+    /// weights file's tensors in place. The verify stage then copies such a
+    /// file into a directory of baton's while it hashes it, and hands on the
+    /// copy ([`crate::copied`]): one pass over the bytes, and a file that
+    /// nobody else can truncate under a live version. None by default.
+    fn maps_as_is(&self, _path: &str, _size: u64) -> bool {
+        false
+    }
 }
 
 /// A loaded model version, ready to run.

@@ -29,6 +29,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::copied::{CopyDir, CopyPlan};
 use crate::manifest::{self, MANIFEST, Manifest, VerifyError, VerifyOptions, io_err};
 use crate::seal::Seal;
 
@@ -48,6 +49,9 @@ pub struct VerifiedFile {
     file: Arc<File>,
     stamp: Stamp,
     sealed: bool,
+    /// The directory of baton's the file was copied into while it was
+    /// hashed, when it was ([`crate::copied`]); kept while the file is.
+    copied: Option<Arc<CopyDir>>,
 }
 
 /// What identifies a file's content without reading it.
@@ -110,6 +114,13 @@ impl Verified {
     pub fn files(&self) -> &[VerifiedFile] {
         &self.files
     }
+
+    /// Removes the directory of the copies the verify stage made, if any,
+    /// with their names: call it once the backend has built the version.
+    /// The copies stay readable through their descriptors and mappings.
+    pub fn remove_copies(&self) {
+        self.files.iter().filter_map(|f| f.copied.as_ref()).for_each(|dir| dir.remove());
+    }
 }
 
 impl VerifiedFile {
@@ -142,12 +153,19 @@ impl VerifiedFile {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
 
-    /// Whether the file was accepted by its seal: a source of baton's wrote
-    /// it and hashed it on the way, into a directory only baton writes (a
-    /// store's cache), and it has not changed since. Such a file may be
-    /// mapped where it is, as a copy baton staged would be.
+    /// Whether baton wrote the file itself and hashed it on the way, into a
+    /// directory only baton writes: a store's cache (accepted by its seal,
+    /// and unchanged since), or a copy the verify stage made
+    /// ([`crate::copied`]). Such a file may be mapped where it is.
     pub fn sealed(&self) -> bool {
         self.sealed
+    }
+
+    /// The directory the file is in at its manifest path: the version's
+    /// `dir`, or baton's directory of copies when the verify stage copied
+    /// it there.
+    pub fn folder<'a>(&'a self, dir: &'a Path) -> &'a Path {
+        self.copied.as_ref().map_or(dir, |copied| copied.path())
     }
 
     /// Whether the file still is as it was hashed: same size, modification
@@ -155,9 +173,16 @@ impl VerifiedFile {
     /// the file loses its name (another file renamed over it, a deletion),
     /// after which this descriptor would still read the hashed bytes; such a
     /// load is refused all the same, as one whose file was written to.
+    /// A copy the verify stage made ([`crate::copied`]) is in a directory
+    /// only baton writes, which the load removes: the change time that
+    /// removal moves is not compared.
     pub fn unchanged(&self) -> Result<(), VerifyError> {
         let now = self.file.metadata().map_err(io_err(Path::new(&self.path)))?;
-        match Stamp::of(&now).differs_from(&self.stamp) {
+        let mut now = Stamp::of(&now);
+        if self.copied.is_some() {
+            now.ctime = self.stamp.ctime;
+        }
+        match now.differs_from(&self.stamp) {
             None => Ok(()),
             Some(what) => Err(VerifyError::Changed { path: self.path.clone(), when: "after it was verified", what }),
         }
@@ -165,7 +190,12 @@ impl VerifiedFile {
 }
 
 /// See [`manifest::verify_with`].
-pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal>) -> Result<Verified, VerifyError> {
+pub(crate) fn verify_dir(
+    dir: &Path,
+    options: &VerifyOptions,
+    seal: Option<&Seal>,
+    copy: Option<&CopyPlan<'_>>,
+) -> Result<Verified, VerifyError> {
     let root = match std::fs::canonicalize(dir) {
         Ok(root) => root,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(VerifyError::Missing(dir.to_owned())),
@@ -183,6 +213,7 @@ pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal
     })?;
     let manifest = manifest::parse(&text)?;
     let mut files = Vec::with_capacity(manifest.entries.len());
+    let mut copies: Option<Arc<CopyDir>> = None;
     for entry in &manifest.entries {
         let (file, before) = open_inside(&root, &entry.path, options)?;
         if before.size != entry.size {
@@ -194,16 +225,27 @@ pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal
         }
         let abs = root.join(&entry.path);
         // Hashed by whoever wrote it, and not touched since: not read again.
-        let sealed = seal.and_then(|s| s.digest_of(&entry.path, &before));
-        let actual = match sealed {
-            Some(sealed) => sealed.to_owned(),
-            None => {
-                let (actual, _) = manifest::digest_open(&file).map_err(io_err(&abs))?;
-                let after = Stamp::of(&file.metadata().map_err(io_err(&abs))?);
-                if let Some(what) = after.differs_from(&before) {
-                    return Err(VerifyError::Changed { path: entry.path.clone(), when: "while it was verified", what });
-                }
-                actual
+        let sealed = seal.and_then(|s| s.digest_of(&entry.path, &before)).map(str::to_owned);
+        let wanted = copy.filter(|plan| sealed.is_none() && (plan.wanted)(&entry.path, entry.size));
+        let (actual, file, stamp, copied) = match (sealed.clone(), wanted) {
+            (Some(sealed), _) => (sealed, file, before, None),
+            (None, Some(plan)) => {
+                let home = match &copies {
+                    Some(home) => Arc::clone(home),
+                    None => {
+                        Arc::clone(copies.insert(Arc::new(CopyDir::create(plan.parent).map_err(io_err(plan.parent))?)))
+                    }
+                };
+                let (copy, actual, _) = home.copy(&entry.path, &file, manifest.format).map_err(io_err(&abs))?;
+                unchanged_while_read(&file, &before, &entry.path, &abs)?;
+                let stamp = Stamp::of(&copy.metadata().map_err(io_err(&abs))?);
+                (actual, copy, stamp, Some(home))
+            }
+            (None, None) => {
+                let threads = manifest::hashing_threads();
+                let (actual, _) = crate::digest::of_file(&file, manifest.format, threads).map_err(io_err(&abs))?;
+                unchanged_while_read(&file, &before, &entry.path, &abs)?;
+                (actual, file, before, None)
             }
         };
         if actual != entry.sha256 {
@@ -213,8 +255,8 @@ pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal
                 actual,
             });
         }
-        let sealed = sealed.is_some();
-        files.push(VerifiedFile { path: entry.path.clone(), file: Arc::new(file), stamp: before, sealed });
+        let sealed = sealed.is_some() || copied.is_some();
+        files.push(VerifiedFile { path: entry.path.clone(), file: Arc::new(file), stamp, sealed, copied });
     }
     for file in manifest::list_files(&root)? {
         if !manifest.entries.iter().any(|e| e.path == file) {
@@ -222,6 +264,17 @@ pub(crate) fn verify_dir(dir: &Path, options: &VerifyOptions, seal: Option<&Seal
         }
     }
     Ok(Verified { dir: dir.to_owned(), manifest, files })
+}
+
+/// Checks that `file` is still as it was (`before`) after it was read
+/// whole: a write while it was read would make the digest that of no
+/// version.
+fn unchanged_while_read(file: &File, before: &Stamp, rel: &str, abs: &Path) -> Result<(), VerifyError> {
+    let after = Stamp::of(&file.metadata().map_err(io_err(abs))?);
+    match after.differs_from(before) {
+        Some(what) => Err(VerifyError::Changed { path: rel.to_owned(), when: "while it was verified", what }),
+        None => Ok(()),
+    }
 }
 
 /// Opens `root/rel` for reading and checks that it is a regular file and,

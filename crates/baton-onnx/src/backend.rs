@@ -58,6 +58,14 @@ impl Backend for OnnxBackend {
         Ok(Box::new(OnnxModel::load(version, spec, Sharing::WithLive)?))
     }
 
+    /// Every file but the graph and the warmup requests may be external
+    /// data (a weights-only version's `weights.safetensors`, a model's data
+    /// files), which is mapped where it is when it is one aligned file
+    /// (`staged::InPlace`) and staged by copying from it otherwise.
+    fn maps_as_is(&self, path: &str, _size: u64) -> bool {
+        path != crate::MODEL_FILE && !path.starts_with("warmup/")
+    }
+
     /// A load whose tensors and packed matrices are its own: none taken
     /// from a live version, none offered to later ones.
     fn load_alone(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {

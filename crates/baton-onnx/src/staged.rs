@@ -35,7 +35,6 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use baton_core::verified::VerifiedFile;
 
@@ -182,19 +181,23 @@ impl Staged {
     }
 }
 
-/// A model whose external data stays where it is: in one file that a
-/// source of baton's wrote and sealed ([`VerifiedFile::sealed`]), in a
-/// directory only baton writes (a store's cache). Nothing is copied: the
-/// tensors are mapped from that file, and ONNX Runtime, given the model's
-/// bytes, is told to look for external data in the version's directory. It
-/// reads none from there but tensors of a type baton does not map
-/// (bfloat16, for one), which it reads from the cached file by name.
+/// A model whose external data stays where it is: in one file that baton
+/// wrote and hashed on the way ([`VerifiedFile::sealed`]), in a directory
+/// only baton writes (a store's cache, or the verify stage's copy of a
+/// repository's file). Nothing more is copied: the tensors are mapped from
+/// that file, and ONNX Runtime, given the model's bytes, is told to look
+/// for external data in the file's directory. It reads none from there but
+/// tensors of a type baton does not map (bfloat16, for one), which it reads
+/// from that file by name.
 #[derive(Debug)]
 pub(crate) struct InPlace {
-    /// The version's directory, where the model's data file is.
+    /// The directory the model's data file is in, at its location.
     pub(crate) folder: PathBuf,
     /// The data file, as verified, and its length.
     pub(crate) data: (File, u64),
+    /// The verified file, which keeps a directory of copies while the
+    /// sessions are made.
+    _verified: VerifiedFile,
     /// The initializers in the data file, where each is.
     pub(crate) placed: Vec<Placed>,
 }
@@ -223,7 +226,8 @@ impl InPlace {
         }
         let placed = placed_in(model, location).map_err(|e| e.to_string())?;
         let reader = data.file().try_clone().map_err(|e| format!("opening {location}: {e}"))?;
-        Ok(Some(InPlace { folder: version_dir.to_owned(), data: (reader, data.size()), placed }))
+        let folder = data.folder(version_dir).to_owned();
+        Ok(Some(InPlace { folder, data: (reader, data.size()), placed, _verified: data.clone() }))
     }
 }
 
@@ -258,33 +262,10 @@ impl Drop for Staged {
     }
 }
 
-/// A staged directory is left alone for this long after it was last
-/// changed, even when its process seems gone: a server in another pid
-/// namespace sharing the directory may be loading from it.
-const STALE_AFTER: Duration = Duration::from_secs(3600);
-
-/// Removes staged directories under `parent` left by processes that no
-/// longer run (a server killed while loading) and unchanged for
-/// [`STALE_AFTER`]. Errors are ignored: a directory that cannot be listed or
-/// removed is left for the next start.
+/// Removes staged directories under `parent` left by servers that no
+/// longer run ([`baton_core::scratch::remove_stale`]).
 pub(crate) fn remove_stale(parent: &Path) {
-    remove_stale_after(parent, STALE_AFTER);
-}
-
-fn remove_stale_after(parent: &Path, age: Duration) {
-    let Ok(entries) = std::fs::read_dir(parent) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|rest| rest.split('-').next())
-        else {
-            continue;
-        };
-        let alive = pid.parse::<u32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
-        let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|e| e >= age));
-        if !alive && old && std::fs::remove_dir_all(entry.path()).is_ok() {
-            tracing::info!(dir = %entry.path().display(), "A staged model directory left by a stopped server was removed.");
-        }
-    }
+    baton_core::scratch::remove_stale(parent, PREFIX);
 }
 
 #[cfg(test)]
@@ -449,23 +430,5 @@ mod tests {
         let e = stage(&path, tmp.path(), true).unwrap_err();
         assert!(e.contains("past its end"), "{e}");
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
-    }
-
-    #[test]
-    fn old_directories_of_stopped_servers_are_removed_and_others_kept() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mine = tmp.path().join(format!("{PREFIX}{}-0", std::process::id()));
-        // Pid numbers stop well below this.
-        let stale = tmp.path().join(format!("{PREFIX}{}-3", u32::MAX - 1));
-        let other = tmp.path().join("unrelated");
-        for dir in [&mine, &stale, &other] {
-            std::fs::create_dir(dir).unwrap();
-        }
-        // Too recent: another server may be loading from it.
-        remove_stale(tmp.path());
-        assert!(mine.exists() && other.exists() && stale.exists());
-        remove_stale_after(tmp.path(), Duration::ZERO);
-        assert!(mine.exists() && other.exists());
-        assert!(!stale.exists());
     }
 }

@@ -371,8 +371,7 @@ fn prepare(
         let fetched = inner.source.fetch(&model, number)?;
         Ok((Arc::new(spec), number, fetched))
     })?;
-    let options = spec.policy.verify_options();
-    let verified = run.stage(Stage::Verify, |_| Ok(manifest::verify_fetched(&dir, &options)?))?;
+    let verified = run.stage(Stage::Verify, |_| verify(&inner, &spec, &dir))?;
     let dir = dir.dir;
     let resource = spec.policy.swap == SwapPolicy::Resource;
     let leaving = if resource && may_pause { vacate::leaving(&inner, &model) } else { Vec::new() };
@@ -473,6 +472,21 @@ impl<'a> Growth<'a> {
     }
 }
 
+/// The verify stage: every file checked against the version's MANIFEST,
+/// and those the backend maps as they are copied into a directory of
+/// baton's on the way ([`crate::copied`]).
+fn verify(inner: &Inner, spec: &ModelSpec, fetched: &crate::source::Fetched) -> Result<Verified, LoadError> {
+    let options = spec.policy.verify_options();
+    let Some(backend) = inner.backends.get(&spec.backend) else {
+        // Refused at load, which names the backend.
+        return Ok(manifest::verify_fetched(fetched, &options)?);
+    };
+    let wanted = |path: &str, size: u64| backend.maps_as_is(path, size);
+    let temp = std::env::temp_dir();
+    let plan = crate::copied::CopyPlan { parent: &temp, wanted: &wanted };
+    Ok(manifest::verify_copying(fetched, &options, &plan)?)
+}
+
 /// Has the backend `spec` names make a runnable model of verified files;
 /// one that shares no weights with other versions when `alone` (a twin).
 fn engine(
@@ -488,6 +502,8 @@ fn engine(
         )
     })?;
     let loaded = if alone { backend.load_alone(verified, spec) } else { backend.load(verified, spec) };
+    // The backend has opened or mapped what it uses of the verify stage's copies.
+    verified.remove_copies();
     loaded.map_err(|e| match e.tensor {
         // The weights disagree with the graph: a validation failure.
         Some(tensor) => {

@@ -17,7 +17,6 @@ use crate::budget::Basis;
 use crate::error::LoadError;
 use crate::events::Stage;
 use crate::heap::HeapLease;
-use crate::manifest;
 use crate::registry::Inner;
 use crate::rollout::Mode;
 use crate::rollout::control::TwinStatus;
@@ -85,7 +84,7 @@ fn build(inner: &Arc<Inner>, stable: &Version, heap: HeapLease) -> Result<Arc<Ve
     let (model, number) = (stable.model(), stable.number());
     let spec = Arc::new(stable.spec().clone());
     let fetched = inner.source.fetch(model, number)?;
-    let verified = manifest::verify_fetched(&fetched, &spec.policy.verify_options())?;
+    let verified = super::verify(inner, &spec, &fetched)?;
     if verified.manifest() != stable.manifest() {
         let reason = format!("the manifest of version {number} changed since it loaded");
         return Err(LoadError::RolloutRefused { model: model.to_owned(), reason });

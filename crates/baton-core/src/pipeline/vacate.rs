@@ -15,7 +15,6 @@ use super::{Files, Run, build, caught};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage};
 use crate::heap::HeapLease;
-use crate::manifest;
 use crate::pause::Pause;
 use crate::registry::Inner;
 use crate::routing::ModelRoute;
@@ -139,7 +138,7 @@ pub(super) fn restore_and_resume(run: &mut Run, heap: &mut Option<HeapLease>) {
 fn restore(run: &mut Run, vacated: &Vacated, heap: &mut Option<HeapLease>) -> Result<Arc<Version>, LoadError> {
     let (inner, model) = (Arc::clone(&run.inner), run.model().to_owned());
     let fetched = inner.source.fetch(&model, vacated.number)?;
-    let verified = manifest::verify_fetched(&fetched, &vacated.spec.policy.verify_options())?;
+    let verified = super::verify(&inner, &vacated.spec, &fetched)?;
     let dir = fetched.dir;
     build(run, Files { number: vacated.number, spec: Arc::clone(&vacated.spec), dir, verified }, heap, true)
 }

@@ -203,6 +203,7 @@ impl Registry {
     /// and release threads at `config.loader_nice`, and the agent at the
     /// calling thread's priority: call it at serving priority.
     pub fn new(source: Arc<dyn Source>, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
+        crate::scratch::remove_stale(&std::env::temp_dir(), crate::copied::PREFIX);
         let agent = Agent::start();
         let (events, _) = broadcast::channel(config.event_capacity.max(1));
         let (memory, releaser) = Memory::start(events.clone(), agent.clone(), config.loader_nice, config.loader_idle);
