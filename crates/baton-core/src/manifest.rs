@@ -1,29 +1,33 @@
 //! `MANIFEST`: the list of every file of a version with its size and
-//! SHA-256, written last so that its presence marks a complete version.
+//! digest, written last so that its presence marks a complete version.
 //!
 //! ```text
-//! baton-manifest 1
+//! baton-manifest 2
 //! 3f1c…e2  1048576  model.onnx
 //! 9a0b…17  4096     warmup/batch1.json
 //! end 2
 //! ```
 //!
+//! The number on the first line says how the digests are computed
+//! ([`crate::digest`]): 1, the SHA-256 of each file; 2, the same for a file
+//! of up to 16 MiB and a digest of its 16 MiB pieces' SHA-256 for a larger
+//! one, which several cores compute at once. baton writes 2 and reads both.
 //! The closing `end N` line makes a manifest that was cut short (a partial
 //! copy, a crashed writer) detectable: without it the version is refused.
 
 use std::fs::File;
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::FileExt;
+use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 
-use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+pub use crate::digest::Format;
 pub use crate::verified::{Verified, VerifiedFile};
 
 /// The file name of a version's manifest.
 pub const MANIFEST: &str = "MANIFEST";
-const HEADER: &str = "baton-manifest 1";
+/// The first line, before the format's number.
+const HEADER: &str = "baton-manifest";
 
 /// One file of a version.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,13 +36,17 @@ pub struct Entry {
     pub path: String,
     /// Size in bytes.
     pub size: u64,
-    /// Lower-case hex SHA-256.
+    /// Lower-case hex digest, computed as the manifest's [`Format`] says:
+    /// SHA-256 of the file, or of its pieces' SHA-256 for a file of more
+    /// than one piece in format 2.
     pub sha256: String,
 }
 
 /// A parsed manifest.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Manifest {
+    /// How the digests are computed.
+    pub format: Format,
     /// Every file of the version, sorted by path.
     pub entries: Vec<Entry>,
 }
@@ -153,42 +161,21 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VerifyError 
     move |source| VerifyError::Io { path: path.to_owned(), source }
 }
 
-/// Size of the block [`digest_file`] reads at a time. Below the 256 KiB
-/// above which the server has glibc map every allocation afresh
-/// ([`keep_large_allocations_mapped`](crate::sys::keep_large_allocations_mapped)),
-/// so the buffer comes from the loading thread's heap and reuses its pages
-/// instead of faulting in new ones for every file of every load.
-const DIGEST_BLOCK: usize = 128 << 10;
-
-/// SHA-256 and size of a file, streamed in [`DIGEST_BLOCK`]s.
+/// SHA-256 and size of the file at `path` (a format-1 digest).
 pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
     digest_open(&File::open(path)?)
 }
 
-/// SHA-256 and size of an open file from its first byte to its end, read
-/// in blocks of 128 KiB at explicit offsets (the file's own offset is left
-/// alone, so the descriptor can be shared).
+/// SHA-256 and size of an open file from its first byte to its end (a
+/// format-1 digest), read at explicit offsets (the file's own offset is
+/// left alone, so the descriptor can be shared).
 pub fn digest_open(file: &File) -> std::io::Result<(String, u64)> {
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; DIGEST_BLOCK];
-    let mut size = 0u64;
-    loop {
-        let n = match file.read_at(&mut buf, size) {
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        size += n as u64;
-    }
-    Ok((hex(&hasher.finalize()), size))
+    crate::digest::of_file(file, Format::Whole, 1)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The threads a digest of format 2 takes: the machine's cores, up to 4.
+pub(crate) fn hashing_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 /// Every regular file below `dir` except the manifest, as sorted relative paths.
@@ -213,13 +200,21 @@ pub(crate) fn list_files(dir: &Path) -> Result<Vec<String>, VerifyError> {
     Ok(out)
 }
 
-/// Writes `dir/MANIFEST` for every file in `dir`: to a temporary name first,
-/// then renamed, so a reader never sees a partial manifest.
+/// Writes `dir/MANIFEST` for every file in `dir`, in format 2: to a
+/// temporary name first, then renamed, so a reader never sees a partial
+/// manifest.
 pub fn write(dir: &Path) -> Result<Manifest, VerifyError> {
-    let mut manifest = Manifest::default();
+    write_as(dir, Format::Pieces)
+}
+
+/// [`write`] in `format`: format 1 for tools that expect `sha256sum`'s
+/// digests.
+pub fn write_as(dir: &Path, format: Format) -> Result<Manifest, VerifyError> {
+    let mut manifest = Manifest { format, entries: Vec::new() };
     for path in list_files(dir)? {
         let abs = dir.join(&path);
-        let (sha256, size) = digest_file(&abs).map_err(io_err(&abs))?;
+        let file = File::open(&abs).map_err(io_err(&abs))?;
+        let (sha256, size) = crate::digest::of_file(&file, format, hashing_threads()).map_err(io_err(&abs))?;
         manifest.entries.push(Entry { path, size, sha256 });
     }
     let tmp = dir.join(".MANIFEST.tmp");
@@ -233,7 +228,7 @@ pub fn write(dir: &Path) -> Result<Manifest, VerifyError> {
 
 /// The manifest's text.
 pub fn render(manifest: &Manifest) -> String {
-    let mut text = format!("{HEADER}\n");
+    let mut text = format!("{HEADER} {}\n", manifest.format.number());
     for e in &manifest.entries {
         text.push_str(&format!("{}  {}  {}\n", e.sha256, e.size, e.path));
     }
@@ -244,14 +239,17 @@ pub fn render(manifest: &Manifest) -> String {
 /// Parses manifest text.
 pub fn parse(text: &str) -> Result<Manifest, VerifyError> {
     let mut lines = text.lines().enumerate();
-    match lines.next() {
-        Some((_, HEADER)) => {}
-        Some((_, other)) => {
-            return Err(VerifyError::Malformed { line: 1, reason: format!("expected '{HEADER}', got '{other}'") });
+    let format = match lines.next() {
+        Some((_, first)) => {
+            let number = first.strip_prefix(HEADER).and_then(|n| n.strip_prefix(' ')).and_then(|n| n.parse().ok());
+            number.and_then(Format::from_number).ok_or_else(|| VerifyError::Malformed {
+                line: 1,
+                reason: format!("expected '{HEADER} 1' or '{HEADER} 2', got '{first}'"),
+            })?
         }
         None => return Err(VerifyError::Incomplete("the file is empty".into())),
-    }
-    let mut manifest = Manifest::default();
+    };
+    let mut manifest = Manifest { format, entries: Vec::new() };
     for (i, line) in lines {
         let line_no = i + 1;
         if let Some(count) = line.strip_prefix("end ") {
@@ -321,14 +319,25 @@ pub fn verify(dir: &Path) -> Result<Verified, VerifyError> {
 /// returned [`Verified`] keeps it open, so that what is loaded afterwards
 /// is read from the very file that was hashed (see [`crate::verified`]).
 pub fn verify_with(dir: &Path, options: &VerifyOptions) -> Result<Verified, VerifyError> {
-    crate::verified::verify_dir(dir, options, None)
+    crate::verified::verify_dir(dir, options, None, None)
 }
 
 /// [`verify_with`] on what a source fetched: a file its fetcher hashed while
 /// writing it, and that has not changed since (its [`crate::seal::Seal`]),
 /// is not read again; every other check is made as for any version.
 pub fn verify_fetched(fetched: &crate::source::Fetched, options: &VerifyOptions) -> Result<Verified, VerifyError> {
-    crate::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref())
+    crate::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref(), None)
+}
+
+/// [`verify_fetched`], copying the files `plan` wants that no seal covers
+/// into a directory of baton's while they are hashed, in one pass
+/// ([`crate::copied`]): those files of the returned version are the copies.
+pub fn verify_copying(
+    fetched: &crate::source::Fetched,
+    options: &VerifyOptions,
+    plan: &crate::copied::CopyPlan<'_>,
+) -> Result<Verified, VerifyError> {
+    crate::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref(), Some(plan))
 }
 
 #[cfg(test)]
@@ -354,14 +363,27 @@ mod tests {
     }
 
     #[test]
-    fn a_file_of_several_blocks_digests_as_one_piece() {
+    fn both_formats_are_written_and_read_and_each_verifies_its_own_digests() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("model.onnx");
-        let bytes: Vec<u8> = (0..DIGEST_BLOCK * 5 / 2 + 7).map(|i| (i * 31 % 251) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let (digest, size) = digest_file(&path).unwrap();
-        assert_eq!(digest, hex(&Sha256::digest(&bytes)));
-        assert_eq!(size, bytes.len() as u64);
+        // Larger than a piece, so that the two formats' digests differ.
+        let bytes: Vec<u8> = (0..(crate::digest::PIECE_BYTES as usize + 7)).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(dir.path().join("weights.bin"), &bytes).unwrap();
+        let one = write_as(dir.path(), Format::Whole).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(MANIFEST)).unwrap();
+        assert!(text.starts_with("baton-manifest 1\n"), "{text}");
+        assert_eq!(one.entries[0].sha256, digest_file(&dir.path().join("weights.bin")).unwrap().0, "sha256sum's");
+        assert_eq!(verify(dir.path()).unwrap().manifest(), &one);
+        let two = write(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(MANIFEST)).unwrap();
+        assert!(text.starts_with("baton-manifest 2\n"), "{text}");
+        assert_ne!(one.entries[0].sha256, two.entries[0].sha256);
+        assert_eq!(verify(dir.path()).unwrap().manifest(), &two);
+        // Format 1's digest under format 2's header is refused, naming the file.
+        let swapped = text.replace(&two.entries[0].sha256, &one.entries[0].sha256);
+        std::fs::write(dir.path().join(MANIFEST), swapped).unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "digest_mismatch");
+        std::fs::write(dir.path().join(MANIFEST), text.replace("baton-manifest 2", "baton-manifest 3")).unwrap();
+        assert_eq!(verify(dir.path()).unwrap_err().kind(), "manifest_malformed");
     }
 
     #[test]
@@ -397,7 +419,7 @@ mod tests {
     fn paths_may_not_escape_the_version() {
         let zero = "0".repeat(64);
         for path in ["../x", "/etc/passwd", "a/../../b"] {
-            let text = format!("{HEADER}\n{zero}  1  {path}\nend 1\n");
+            let text = format!("{HEADER} 2\n{zero}  1  {path}\nend 1\n");
             assert_eq!(parse(&text).unwrap_err().kind(), "manifest_malformed", "{path}");
         }
     }

@@ -53,6 +53,11 @@ enum Command {
         /// weights-only version in DIR uses.
         #[arg(long, value_name = "VERSION_DIR|MODEL.onnx")]
         graph_from: Option<PathBuf>,
+        /// The MANIFEST's format: 2 (digests of 16 MiB pieces for larger
+        /// files, hashed on every core at load) or 1 (each file's SHA-256,
+        /// as sha256sum prints it). baton reads both.
+        #[arg(long, value_name = "1|2", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
+        manifest_format: u32,
     },
     /// Show every model's state, versions, last load and last error.
     Status(#[command(flatten)] cli::Target),
@@ -108,12 +113,15 @@ enum Command {
     },
 }
 
-fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>) -> anyhow::Result<()> {
+fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: u32) -> anyhow::Result<()> {
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    let format = baton_core::manifest::Format::from_number(format)
+        .ok_or_else(|| anyhow::anyhow!("there is no MANIFEST format {format}: 1 or 2"))?;
     if let Some(source) = graph_from {
         write_weights_graph(dir, source)?;
     }
-    let manifest = baton_core::manifest::write(dir).with_context(|| format!("packaging {}", dir.display()))?;
+    let manifest =
+        baton_core::manifest::write_as(dir, format).with_context(|| format!("packaging {}", dir.display()))?;
     println!(
         "Wrote {} listing {} files, {} bytes.",
         dir.join(baton_core::manifest::MANIFEST).display(),
@@ -161,7 +169,7 @@ pub fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Package { dir, graph_from } => package(&dir, graph_from.as_deref()),
+        Command::Package { dir, graph_from, manifest_format } => package(&dir, graph_from.as_deref(), manifest_format),
         Command::Status(target) => cli::status(&target),
         Command::Load { name, version, target } => cli::load(&target, &name, version),
         Command::Rollback { name, target } => cli::rollback(&target, &name),

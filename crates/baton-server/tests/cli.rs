@@ -39,7 +39,13 @@ fn package_writes_a_manifest_the_server_accepts() {
     let stdout = text(&out.stdout);
     assert!(stdout.contains("MANIFEST") && stdout.contains("listing 2 files"), "{stdout}");
     let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("a MANIFEST");
-    assert!(manifest.starts_with("baton-manifest 1\n") && manifest.trim_end().ends_with("end 2"), "{manifest}");
+    assert!(manifest.starts_with("baton-manifest 2\n") && manifest.trim_end().ends_with("end 2"), "{manifest}");
+    // Format 1, as sha256sum prints each file's digest, on request.
+    let out = baton(&["package", "--manifest-format", "1", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "baton package failed: {}", text(&out.stderr));
+    let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("a MANIFEST");
+    let model_sha = baton_core::manifest::digest_file(&dir.join("model.onnx")).unwrap().0;
+    assert!(manifest.starts_with("baton-manifest 1\n") && manifest.contains(&model_sha), "{manifest}");
 
     server.wait_serving("m", 2);
     let input = sample_input(SIZES[0], 2, 91);

@@ -4,19 +4,18 @@
 //! from the first byte not yet received.
 
 use std::fs::File;
-use std::io::Write;
 use std::ops::Range;
 use std::path::Path as FsPath;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use baton_core::digest::{Format, Hasher};
 use baton_core::manifest::{self, MANIFEST, Manifest};
 use baton_core::seal::Seal;
 use baton_core::source::FetchError;
 use futures_util::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore};
-use sha2::{Digest, Sha256};
 
 use crate::errors::fetch_error;
 use crate::listing::VersionListing;
@@ -103,7 +102,8 @@ pub async fn version(
         let mut file = File::create(&target).map_err(|e| io(&target, e))?;
         let object = entry.path.split('/').fold(remote.prefix.clone(), |p, part| p.child(part));
         let url = format!("{}/{}", remote.url, entry.path);
-        let digest = file_bytes(remote.store, &object, &url, entry.size, &mut file, plan, counters).await.map_err(
+        let into_file = Into { file: &mut file, format: parsed.format };
+        let digest = file_bytes(remote.store, &object, &url, entry.size, into_file, plan, counters).await.map_err(
             |e| match e {
                 Failure::Store(e) => e,
                 Failure::Write(e) => io(&target, e),
@@ -141,31 +141,39 @@ enum Failure {
     Write(std::io::Error),
 }
 
-/// Reads `size` bytes of `object` in ranges, writes them to `file` in order
-/// and returns their SHA-256.
+/// Where a file's bytes go: the file, and how the MANIFEST digests them.
+struct Into<'a> {
+    file: &'a mut File,
+    format: Format,
+}
+
+/// Reads `size` bytes of `object` in ranges, writes them to the file in
+/// order and returns their digest, of the MANIFEST's format.
 async fn file_bytes(
     store: &dyn ObjectStore,
     object: &Path,
     url: &str,
     size: u64,
-    file: &mut File,
+    into: Into<'_>,
     plan: Plan,
     counters: &Counters,
 ) -> Result<String, Failure> {
+    let Into { file, format } = into;
     let step = plan.range_bytes.max(1);
     let ranges = (0..size.div_ceil(step)).map(|i| i * step..((i + 1) * step).min(size));
     let pool = Pool::default();
     let mut chunks = futures_util::stream::iter(ranges)
         .map(|range| range_bytes(store, object, url, range, plan.attempts, counters, &pool))
         .buffered(plan.parallel.max(1));
-    let mut hasher = Sha256::new();
+    let mut hasher = Hasher::new(format);
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(Failure::Store)?;
         hasher.update(&chunk);
-        file.write_all(&chunk).map_err(Failure::Write)?;
+        // In pieces: one 8 MiB write would hold a CPU in the kernel for milliseconds.
+        baton_core::short_reads::write_all(file, &chunk).map_err(Failure::Write)?;
         pool.give(chunk);
     }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hasher.finish())
 }
 
 /// One range, resumed at the first byte not received when a request or its

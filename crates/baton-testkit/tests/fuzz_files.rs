@@ -45,8 +45,10 @@ proptest! {
     #[test]
     fn manifest_round_trips(
         entries in prop::collection::vec(("[a-z0-9_]{1,8}(/[a-z0-9_]{1,8}){0,2}", any::<u64>(), "[0-9a-f]{64}"), 0..6),
+        whole in any::<bool>(),
     ) {
         let manifest = Manifest {
+            format: if whole { manifest::Format::Whole } else { manifest::Format::Pieces },
             entries: entries.into_iter().map(|(path, size, sha256)| Entry { path, size, sha256 }).collect(),
         };
         prop_assert_eq!(manifest_kind(&manifest::render(&manifest)), Ok(manifest));

@@ -103,8 +103,8 @@ pub fn onnx() -> Vec<Vec<u8>> {
 /// A MANIFEST of two files.
 pub fn manifest() -> Vec<u8> {
     let entry = |path: &str, size| Entry { path: path.into(), size, sha256: "0a".repeat(32) };
-    manifest::render(&Manifest { entries: vec![entry("model.onnx", 1 << 20), entry("warmup/b1.json", 4096)] })
-        .into_bytes()
+    let entries = vec![entry("model.onnx", 1 << 20), entry("warmup/b1.json", 4096)];
+    manifest::render(&Manifest { entries, ..Manifest::default() }).into_bytes()
 }
 
 /// A REST body in the form the AFL++ `rest` target reads: the header
