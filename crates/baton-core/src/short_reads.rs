@@ -1,4 +1,4 @@
-//! File reads in pieces short enough not to hold a CPU.
+//! File reads (and writes) in pieces short enough not to hold a CPU.
 //!
 //! A loading thread runs at the lowest CPU priority so that a serving
 //! thread woken on its CPU takes that CPU at once. In user space it does;
@@ -34,6 +34,13 @@ pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Resul
 /// it fails with `UnexpectedEof` when the reader ends first.
 pub fn read_exact(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<()> {
     fill(buf, 0, |piece, _| reader.read(piece))
+}
+
+/// Writes all of `bytes` to `writer`, [`PIECE`] by piece: a write into the
+/// page cache holds the CPU in the kernel as a read does, for longer (it
+/// allocates the pages it fills).
+pub fn write_all(writer: &mut impl std::io::Write, bytes: &[u8]) -> std::io::Result<()> {
+    bytes.chunks(PIECE).try_for_each(|piece| writer.write_all(piece))
 }
 
 /// The whole file at `path`, read [`PIECE`] by piece (like [`std::fs::read`],

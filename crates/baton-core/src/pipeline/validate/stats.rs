@@ -92,42 +92,88 @@ const BIAS: i64 = 127;
 /// Elements per block of [`Stats::fp32`]: few enough that a block's sum of
 /// biased exponents (at most 254 each) fits in a `u32`.
 const BLOCK: usize = 1 << 20;
+/// From this many bytes on, [`Stats::fp32`] splits a tensor between cores:
+/// 16 MiB, where a thread's start is a small part of the pass.
+const PARALLEL_MIN: usize = 16 << 20;
+/// The most threads one tensor's pass takes.
+const MAX_THREADS: usize = 4;
+
+/// The pass of [`Stats::fp32`] over `words`; `max_abs` is left 0 and the
+/// largest finite magnitude's bits returned beside.
+fn fp32_words(words: &[[u8; 4]]) -> (Stats, u32) {
+    let mut stats = Stats::default();
+    let mut max_bits = 0u32;
+    for block in words.chunks(BLOCK) {
+        let (mut nan, mut inf, mut nonzero, mut ordinary) = (0u32, 0u32, 0u32, 0u32);
+        let (mut max, mut sum, mut normals) = (0i32, 0u32, 0u32);
+        for word in block {
+            let a = u32::from_le_bytes(*word) & 0x7fff_ffff;
+            // Conditions as 0 or 1 and masks, not branches.
+            let finite = u32::from(a < INF_BITS);
+            let normal = finite & u32::from(a >= MIN_NORMAL_BITS);
+            nan |= u32::from(a > INF_BITS);
+            inf |= u32::from(a == INF_BITS);
+            nonzero |= a;
+            ordinary |= u32::from(a != 0) & u32::from(a < EXTREME_BITS);
+            // Below 2^31, so a signed maximum is exact and vectorises
+            // on every x86-64.
+            max = max.max((a & finite.wrapping_neg()) as i32);
+            sum += (a >> 23) & normal.wrapping_neg();
+            normals += normal;
+        }
+        stats.nan |= nan != 0;
+        stats.inf |= inf != 0;
+        stats.nonzero |= nonzero != 0;
+        stats.ordinary |= ordinary != 0;
+        max_bits = max_bits.max(max as u32);
+        stats.normals += u64::from(normals);
+        stats.exponent_sum += i64::from(sum) - BIAS * i64::from(normals);
+    }
+    (stats, max_bits)
+}
 
 impl Stats {
     /// The stats of FP32 little-endian `data`, in one branch-free pass over
-    /// the bits. Equal to [`Stats::by_elements`] of the same data.
+    /// the bits. Equal to [`Stats::by_elements`] of the same data. A large
+    /// tensor is split between the machine's cores ([`PARALLEL_MIN`]).
     pub(super) fn fp32(data: &[u8]) -> Stats {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS));
+        let parts = if data.len() >= PARALLEL_MIN { cores } else { 1 };
+        Stats::fp32_in(data, parts)
+    }
+
+    /// [`Stats::fp32`] in `parts` pieces, all but the first on threads of
+    /// their own, merged.
+    fn fp32_in(data: &[u8], parts: usize) -> Stats {
         let (words, _) = data.as_chunks::<4>();
-        let mut stats = Stats::default();
-        let mut max_bits = 0u32;
-        for block in words.chunks(BLOCK) {
-            let (mut nan, mut inf, mut nonzero, mut ordinary) = (0u32, 0u32, 0u32, 0u32);
-            let (mut max, mut sum, mut normals) = (0i32, 0u32, 0u32);
-            for word in block {
-                let a = u32::from_le_bytes(*word) & 0x7fff_ffff;
-                // Conditions as 0 or 1 and masks, not branches.
-                let finite = u32::from(a < INF_BITS);
-                let normal = finite & u32::from(a >= MIN_NORMAL_BITS);
-                nan |= u32::from(a > INF_BITS);
-                inf |= u32::from(a == INF_BITS);
-                nonzero |= a;
-                ordinary |= u32::from(a != 0) & u32::from(a < EXTREME_BITS);
-                // Below 2^31, so a signed maximum is exact and vectorises
-                // on every x86-64.
-                max = max.max((a & finite.wrapping_neg()) as i32);
-                sum += (a >> 23) & normal.wrapping_neg();
-                normals += normal;
+        // Whole blocks per piece, so that the pieces' blocks are the pass's.
+        let per = words.len().div_ceil(BLOCK).div_ceil(parts.max(1)).max(1) * BLOCK;
+        let mut pieces = words.chunks(per);
+        let first = pieces.next().unwrap_or_default();
+        let (mut stats, max_bits) = std::thread::scope(|scope| {
+            let others: Vec<_> = pieces.map(|piece| scope.spawn(move || fp32_words(piece))).collect();
+            let mut total = fp32_words(first);
+            for other in others {
+                // A pass over bits does not panic; if a thread could not say, scan here.
+                let (part, bits) = other.join().unwrap_or_else(|_| fp32_words(&[]));
+                total.0.merge(&part);
+                total.1 = total.1.max(bits);
             }
-            stats.nan |= nan != 0;
-            stats.inf |= inf != 0;
-            stats.nonzero |= nonzero != 0;
-            stats.ordinary |= ordinary != 0;
-            max_bits = max_bits.max(max as u32);
-            stats.normals += u64::from(normals);
-            stats.exponent_sum += i64::from(sum) - BIAS * i64::from(normals);
-        }
+            total
+        });
         stats.max_abs = f64::from(f32::from_bits(max_bits));
         stats
+    }
+
+    /// Adds what `other` found in other elements of the same tensor,
+    /// except `max_abs`.
+    fn merge(&mut self, other: &Stats) {
+        self.nan |= other.nan;
+        self.inf |= other.inf;
+        self.nonzero |= other.nonzero;
+        self.ordinary |= other.ordinary;
+        self.normals += other.normals;
+        self.exponent_sum += other.exponent_sum;
     }
 
     /// The stats of `data`, elements of the floating-point type `float`
@@ -202,6 +248,25 @@ mod tests {
         let many: Vec<f32> = (0..(BLOCK + 4099)).map(|i| (i as f32 - 3.0e5) * 1.7e-3).collect();
         let data = bytes(&many);
         assert_eq!(Stats::fp32(&data), Stats::by_elements(DataType::Fp32, float, &data));
+    }
+
+    #[test]
+    fn a_pass_split_between_threads_equals_one_pass() {
+        // Three blocks and a bit; the largest value and a NaN in the last.
+        let mut many: Vec<f32> = (0..(3 * BLOCK + 777)).map(|i| (i as f32 - 2.0e6) * 1.3e-4).collect();
+        let last = many.len() - 1;
+        many[last - 5] = 9.5e3;
+        let data = bytes(&many);
+        let one = Stats::fp32_in(&data, 1);
+        for parts in 2..=5 {
+            assert_eq!(Stats::fp32_in(&data, parts), one, "{parts} parts");
+        }
+        many[last] = f32::NAN;
+        let data = bytes(&many);
+        let (one, split) = (Stats::fp32_in(&data, 1), Stats::fp32_in(&data, 3));
+        assert!(one.nan && split.nan);
+        assert_eq!(split, one);
+        assert_eq!(Stats::fp32_in(&[], 3), Stats::fp32_in(&[], 1), "an empty tensor");
     }
 
     #[test]
