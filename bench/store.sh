@@ -8,7 +8,9 @@
 #
 #   bash bench/store.sh   # PREPACK=true packs matrices; ROUNDS=3;
 #                         # STORE_NICE=19 runs the store below serving;
-#                         # SERVER_ARGS="--loader-idle" adds server flags
+#                         # SERVER_ARGS="--loader-idle" adds server flags;
+#                         # LOCAL_ONLY=1 loads from the local directory only;
+#                         # MANIFEST_FORMAT=1 writes plain SHA-256 digests
 #
 # Prints `figure:` lines and writes them to $results/store.txt.
 set -euo pipefail

@@ -32,4 +32,6 @@ PREPACK=true run a_gigabyte_of_safetensors_loads
 PREPACK=false run a_gigabyte_of_safetensors_loads
 PREPACK=true run a_gigabyte_as_one_onnx_file_loads
 PREPACK=false run a_gigabyte_as_one_onnx_file_loads
+MANIFEST_FORMAT=1 PREPACK=false run a_gigabyte_as_one_onnx_file_loads
+MANIFEST_FORMAT=1 PREPACK=false run a_gigabyte_of_safetensors_loads
 echo "Wrote $log"

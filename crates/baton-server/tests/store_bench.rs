@@ -106,7 +106,11 @@ fn a_gigabyte_from_disk_from_a_store_and_from_its_cache() {
     let repo = TestRepo::new();
     let toml = format!("[warmup]\ngenerated = false\n[engine]\nsessions = 1\nprepack = {prepack}");
     repo.add_model("big", &mlp_toml(&graph, &toml));
-    repo.publish_weights("big", 1, &graph, &mlp_safetensors(&graph), &[]);
+    let big = repo.publish_weights("big", 1, &graph, &mlp_safetensors(&graph), &[]);
+    // MANIFEST_FORMAT=1: each file's plain SHA-256, hashed on one core.
+    if std::env::var("MANIFEST_FORMAT").is_ok_and(|v| v == "1") {
+        baton_core::manifest::write_as(&big, baton_core::manifest::Format::Whole).unwrap();
+    }
     repo.add_model("small", &mlp_toml(&mlp(1), ""));
     repo.publish_mlp("small", 1, &mlp(1));
 
@@ -122,10 +126,15 @@ fn a_gigabyte_from_disk_from_a_store_and_from_its_cache() {
     let extra = std::env::var("SERVER_ARGS").unwrap_or_default();
     let mut explicit = vec!["--model-control", "explicit", "--load-model", "small"];
     explicit.extend(extra.split_whitespace());
+    // LOCAL_ONLY=1: the local directory's loads alone.
+    let local_only = std::env::var("LOCAL_ONLY").is_ok_and(|v| v == "1");
     for round in 1..=rounds {
         let local = Server::start(bin(), repo.root(), &explicit);
         measure(&local, &format!("round {round}, local disk (page cache)"));
         drop(local);
+        if local_only {
+            continue;
+        }
 
         let cache = tempfile::tempdir().unwrap();
         let mut args = explicit.clone();

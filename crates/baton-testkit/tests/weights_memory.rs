@@ -55,8 +55,9 @@ fn a_gigabyte_of_safetensors_loads() {
     let repo = TestRepo::new();
     let toml = format!("[warmup]\ngenerated = false\n[engine]\nsessions = 1\nprepack = {prepack}");
     repo.add_model("m", &mlp_toml(&graph, &toml));
-    repo.publish_weights("m", 1, &graph, &weights, &[]);
+    let dir = repo.publish_weights("m", 1, &graph, &weights, &[]);
     drop(weights);
+    manifest_format_from_env(&dir);
     let registry = baton_testkit::registry(repo.root());
     // The file is in the page cache: it was just written.
     load_twice(&registry, &format!("1 GiB safetensors, prepack {prepack}"));
@@ -92,10 +93,20 @@ fn a_gigabyte_as_one_onnx_file_loads() {
     let repo = TestRepo::new();
     let toml = format!("[warmup]\ngenerated = false\n[engine]\nsessions = 1\nprepack = {prepack}");
     repo.add_model("m", &mlp_toml(&graph, &toml));
-    repo.publish_mlp("m", 1, &graph);
+    let dir = repo.publish_mlp("m", 1, &graph);
     drop(graph);
+    manifest_format_from_env(&dir);
     let registry = baton_testkit::registry(repo.root());
     load_twice(&registry, &format!("1 GiB as one ONNX file, prepack {prepack}"));
+}
+
+/// With `MANIFEST_FORMAT=1`, writes the version's MANIFEST again with each
+/// file's plain SHA-256, which one core hashes.
+fn manifest_format_from_env(dir: &std::path::Path) {
+    if std::env::var("MANIFEST_FORMAT").is_ok_and(|v| v == "1") {
+        baton_core::manifest::write_as(dir, baton_core::manifest::Format::Whole).unwrap();
+        println!("figure: (MANIFEST format 1)");
+    }
 }
 
 #[test]

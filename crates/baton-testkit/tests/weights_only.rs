@@ -346,3 +346,51 @@ fn a_weights_file_baton_wrote_itself_is_mapped_where_it_is_and_serves_what_a_cop
         mapped(&cached).is_empty().then_some(())
     });
 }
+
+/// What in-place updates of weights would stand on: whether ONNX Runtime
+/// computes from the buffers baton maps, or from copies of its own. A
+/// weights-only version is loaded from a sealing source (its cached file
+/// stays writable by the test), then the file's tensors are overwritten with
+/// another model's of the same names, types and shapes. Without packing the
+/// next answer is the other model's: every run reads baton's mapping, so
+/// writing new weights there under a pause would update a live version. With
+/// packing it is not: the sessions compute from packed copies of the
+/// matrices, which an in-place write does not reach.
+#[test]
+fn without_packing_the_engine_computes_from_the_mapped_weights_and_with_packing_from_its_own_copy() {
+    use std::os::unix::fs::FileExt;
+    for prepack in [false, true] {
+        let repo = TestRepo::new();
+        let (old, new) = (Mlp::new(&SIZES, 1), Mlp::new(&SIZES, 2));
+        let toml = format!("[engine]\nprepack = {prepack}\nsessions = 1\n[warmup]\ngenerated = false");
+        repo.add_model("m", &mlp_toml(&old, &toml));
+        repo.publish_weights("m", 1, &old, &mlp_safetensors(&old), &[]);
+        let cache = tempfile::tempdir().unwrap();
+        let cached = cache.path().join("m/1").join(safetensors::WEIGHTS_FILE);
+        let source = Sealing { local: LocalRepository::new(repo.root()), cache };
+        let onnx = baton_onnx::OnnxBackend::new().unwrap();
+        baton_core::executor::start_spawner();
+        let backends: Vec<Arc<dyn baton_core::backend::Backend>> = vec![Arc::new(onnx)];
+        let registry = baton_core::registry::Registry::new(Arc::new(source), backends, Default::default());
+        registry.load("m", Some(1)).unwrap().wait().unwrap();
+        let input = sample_input(SIZES[0], 2, 9);
+        let before = infer_mlp(&registry.snapshot(), "m", &input, 2).unwrap().1;
+        assert!(baton_testkit::max_diff(&before, &old.forward(&input, 2)) < 1e-4);
+
+        let (old_bytes, new_bytes) = (std::fs::read(&cached).unwrap(), mlp_safetensors(&new));
+        let header = 8 + u64::from_le_bytes(old_bytes[..8].try_into().unwrap()) as usize;
+        assert_eq!(old_bytes[..header], new_bytes[..header], "the same tensors at the same offsets");
+        let file = std::fs::OpenOptions::new().write(true).open(&cached).unwrap();
+        file.write_all_at(&new_bytes[header..], header as u64).unwrap();
+        let after = infer_mlp(&registry.snapshot(), "m", &input, 2).unwrap().1;
+        if prepack {
+            // The packed matrices are the old ones (biases, which are not
+            // packed, may be read from the file: a mixture either way).
+            let diff = baton_testkit::max_diff(&after, &new.forward(&input, 2));
+            assert!(diff > 1e-3, "packed: the sessions computed from their own copies, not the file");
+        } else {
+            let diff = baton_testkit::max_diff(&after, &new.forward(&input, 2));
+            assert!(diff < 1e-4, "unpacked: the engine reads the mapped file at every run ({diff} off)");
+        }
+    }
+}
