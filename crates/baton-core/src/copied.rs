@@ -91,11 +91,8 @@ impl CopyDir {
             DirBuilder::new().mode(0o700).recursive(true).create(parent)?;
         }
         let dest = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&dest_path)?;
-        let hashers = match format {
-            Format::Whole => 1,
-            Format::Pieces => crate::manifest::hashing_threads(),
-        };
-        let (digest, size) = copy_hashing(src, &dest, format, hashers)?;
+        // Format 1 is one chain of SHA-256: copy_hashing gives it one hasher.
+        let (digest, size) = copy_hashing(src, &dest, format, crate::manifest::hashing_threads())?;
         drop(dest);
         Ok((File::open(&dest_path)?, digest, size))
     }

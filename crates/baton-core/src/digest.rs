@@ -24,7 +24,7 @@ use crate::short_reads::PIECE;
 pub const PIECE_BYTES: u64 = 16 << 20;
 
 /// How a manifest's digests are computed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Format {
     /// Format 1: SHA-256 of the whole file.
     Whole,
