@@ -56,6 +56,9 @@ struct Run {
     vacated: Option<vacate::Vacated>,
     /// How long the model was paused, once the pause ended.
     paused: Option<Duration>,
+    /// The rollout decision this run applies, announced once its table is
+    /// published: whoever hears it finds the routes it names.
+    announce: Option<crate::rollout::control::Decision>,
 }
 
 /// What a commit does to the routes; returns the version it replaced.
@@ -97,6 +100,7 @@ impl Run {
             current: None,
             vacated: None,
             paused: None,
+            announce: None,
         }
     }
 
@@ -185,6 +189,9 @@ impl Run {
                 Ok(old)
             })
             .unwrap_or_else(|never: LoadError| unreachable!("commit cannot fail: {never}"));
+        if let Some(decision) = self.announce.take() {
+            self.inner.emit(self.model(), Some(decision.candidate), EventKind::rollout(decision));
+        }
         if let Some(vacated) = vacated {
             self.replaced = Some(vacated.number);
             self.paused = Some(vacated.resume(&self.inner, self.model(), self.version, false));

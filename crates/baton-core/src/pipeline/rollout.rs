@@ -11,7 +11,7 @@ use crate::error::LoadError;
 use crate::events::{EventKind, State};
 use crate::heap::HeapLease;
 use crate::registry::{Busy, Inner, Operation, Reply};
-use crate::rollout::control::{Action, By, Phase, Progress};
+use crate::rollout::control::{Action, By, Decision, Phase, Progress};
 use crate::rollout::plan::{Overrides, Plan};
 use crate::rollout::shadow::Shadow;
 use crate::rollout::window::Observations;
@@ -183,6 +183,7 @@ pub(crate) fn promote(
     busy: Busy,
     reply: Reply,
     watch: Option<Arc<Observations>>,
+    decision: Decision,
 ) -> Result<(), LoadError> {
     let model = busy.model.clone();
     let (candidate, keep, timeout) = {
@@ -219,6 +220,7 @@ pub(crate) fn promote(
         }
         Some(replaced)
     });
+    run.announce = Some(decision);
     run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }
@@ -226,7 +228,7 @@ pub(crate) fn promote(
 /// Ends the watch after a promotion by going back to the version the
 /// promoted one replaced, by one store: it serves as stable again, and the
 /// promoted version leaves and is drained.
-pub(crate) fn restore(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+pub(crate) fn restore(inner: Arc<Inner>, busy: Busy, reply: Reply, decision: Decision) -> Result<(), LoadError> {
     let model = busy.model.clone();
     let (baseline, timeout) = {
         let current = inner.current();
@@ -245,6 +247,7 @@ pub(crate) fn restore(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(),
         let promoted = std::mem::replace(&mut route.stable, back);
         Some(promoted.number())
     });
+    run.announce = Some(decision);
     run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }
@@ -252,7 +255,7 @@ pub(crate) fn restore(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(),
 /// Ends a watch after promotion that did not fail, by one store: the
 /// comparison copies stop; the version it was judged against stays only as
 /// previous.
-pub(crate) fn end_watch(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+pub(crate) fn end_watch(inner: Arc<Inner>, busy: Busy, reply: Reply, decision: Decision) -> Result<(), LoadError> {
     let model = busy.model.clone();
     let (stable, timeout) = {
         let current = inner.current();
@@ -265,13 +268,14 @@ pub(crate) fn end_watch(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(
         models.get_mut(&model)?.rollout.take();
         None
     });
+    run.announce = Some(decision);
     run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }
 
 /// Takes the candidate out of traffic by one store: its weight is 0 from
 /// that table on; requests it is answering finish, then it is freed.
-pub(crate) fn remove(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), LoadError> {
+pub(crate) fn remove(inner: Arc<Inner>, busy: Busy, reply: Reply, decision: Decision) -> Result<(), LoadError> {
     let model = busy.model.clone();
     let (stable, timeout) = {
         let current = inner.current();
@@ -286,6 +290,7 @@ pub(crate) fn remove(inner: Arc<Inner>, busy: Busy, reply: Reply) -> Result<(), 
         rollout.stop_shadow();
         Some(rollout.candidate.number())
     });
+    run.announce = Some(decision);
     run.commit_then_drain(change, Finish::switched(timeout, State::Ready, reply));
     Ok(())
 }

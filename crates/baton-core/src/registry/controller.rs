@@ -11,7 +11,7 @@ use super::{Busy, Inner};
 use crate::error::LoadError;
 use crate::events::EventKind;
 use crate::pipeline;
-use crate::rollout::control::{Action, By, Effect, Phase};
+use crate::rollout::control::{Action, By, Decision, Effect, Phase};
 use crate::rollout::metric;
 use crate::rollout::window::{MetricReading, Observations};
 
@@ -59,33 +59,37 @@ impl Inner {
                 "{}",
                 decision.message
             );
-            // A new weight is in the table before its event is out.
-            if let Effect::Weight(weight) = effect {
-                pipeline::rollout::set_weight(self, &model, weight);
-            }
-            self.emit(&model, Some(decision.candidate), EventKind::rollout(decision));
+            // Every decision is announced once what it changes is in the
+            // table: a new weight here, a promotion or a rollback by the
+            // store that applies it.
             let (tx, _ignored) = oneshot::channel();
             let applied = match effect {
-                Effect::None | Effect::Weight(_) => Ok(()),
+                Effect::None | Effect::Weight(_) => {
+                    if let Effect::Weight(weight) = effect {
+                        pipeline::rollout::set_weight(self, &model, weight);
+                    }
+                    self.emit(&model, Some(decision.candidate), EventKind::rollout(decision));
+                    Ok(())
+                }
                 Effect::Promote => {
                     self.file_ended(&model);
-                    pipeline::rollout::promote(Arc::clone(self), busy, tx, None)
+                    pipeline::rollout::promote(Arc::clone(self), busy, tx, None, decision)
                 }
                 Effect::Watch => {
                     let observations = self.start_watch(&model);
-                    pipeline::rollout::promote(Arc::clone(self), busy, tx, Some(observations))
+                    pipeline::rollout::promote(Arc::clone(self), busy, tx, Some(observations), decision)
                 }
                 Effect::RollBack => {
                     self.file_ended(&model);
-                    pipeline::rollout::remove(Arc::clone(self), busy, tx)
+                    pipeline::rollout::remove(Arc::clone(self), busy, tx, decision)
                 }
                 Effect::Restore => {
                     self.file_ended(&model);
-                    pipeline::rollout::restore(Arc::clone(self), busy, tx)
+                    pipeline::rollout::restore(Arc::clone(self), busy, tx, decision)
                 }
                 Effect::EndWatch => {
                     self.file_ended(&model);
-                    pipeline::rollout::end_watch(Arc::clone(self), busy, tx)
+                    pipeline::rollout::end_watch(Arc::clone(self), busy, tx, decision)
                 }
             };
             if let Err(error) = applied {
@@ -107,8 +111,9 @@ impl Inner {
     }
 
     /// Ends the rollout of `model` by an operator's `action`, in `phase`:
-    /// records the decision and files the rollout's final status.
-    pub(super) fn end_rollout(&self, model: &str, action: Action, phase: Phase, by: By) -> Result<(), LoadError> {
+    /// records the decision and files the rollout's final status. Returns
+    /// the decision, for the store that applies it to announce.
+    pub(super) fn end_rollout(&self, model: &str, action: Action, phase: Phase, by: By) -> Result<Decision, LoadError> {
         let decision = {
             let mut rollouts = self.rollouts.lock();
             let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
@@ -117,15 +122,15 @@ impl Inner {
             progress.decide(model, action, by, None)
         };
         tracing::info!(model, candidate = decision.candidate, action = action.as_str(), "{}", decision.message);
-        self.emit(model, Some(decision.candidate), EventKind::rollout(decision));
         self.file_ended(model);
-        Ok(())
+        Ok(decision)
     }
 
     /// Records an operator's (or a fleet's) promotion of `model`'s
-    /// candidate; starts the watch after it when the rollout is watchable,
-    /// returning the watch's observations.
-    pub(super) fn promotion(&self, model: &str, by: By) -> Result<Option<Arc<Observations>>, LoadError> {
+    /// candidate; starts the watch after it when the rollout is watchable.
+    /// Returns the decision, for the store that applies it to announce, and
+    /// the watch's observations.
+    pub(super) fn promotion(&self, model: &str, by: By) -> Result<(Decision, Option<Arc<Observations>>), LoadError> {
         let (decision, watched) = {
             let mut rollouts = self.rollouts.lock();
             let progress = rollouts.get_mut(model).ok_or_else(|| LoadError::NoRollout { model: model.to_owned() })?;
@@ -134,12 +139,11 @@ impl Inner {
             (progress.decide(model, action, by, None), effect == Effect::Watch)
         };
         tracing::info!(model, candidate = decision.candidate, "{}", decision.message);
-        self.emit(model, Some(decision.candidate), EventKind::rollout(decision));
         if watched {
-            return Ok(Some(self.start_watch(model)));
+            return Ok((decision, Some(self.start_watch(model))));
         }
         self.file_ended(model);
-        Ok(None)
+        Ok((decision, None))
     }
 
     /// Starts the watch after `model`'s promotion, on fresh observations.

@@ -463,25 +463,25 @@ impl Registry {
             // During the watch after promotion: promoting confirms it,
             // anything else goes back to the version it replaced.
             (Ending::Promote, true) => {
-                inner.end_rollout(model, Action::Watched, Phase::Promoted, by)?;
-                pipeline::rollout::end_watch(inner, busy, tx)?;
+                let decision = inner.end_rollout(model, Action::Watched, Phase::Promoted, by)?;
+                pipeline::rollout::end_watch(inner, busy, tx, decision)?;
             }
             (Ending::RollBack | Ending::Abort, true) => {
                 let action = if ending == Ending::RollBack { Action::RolledBack } else { Action::Aborted };
-                inner.end_rollout(model, action, Phase::RolledBack, by)?;
-                pipeline::rollout::restore(inner, busy, tx)?;
+                let decision = inner.end_rollout(model, action, Phase::RolledBack, by)?;
+                pipeline::rollout::restore(inner, busy, tx, decision)?;
             }
             (Ending::Promote, false) => {
-                let watch = inner.promotion(model, by)?;
-                pipeline::rollout::promote(inner, busy, tx, watch)?;
+                let (decision, watch) = inner.promotion(model, by)?;
+                pipeline::rollout::promote(inner, busy, tx, watch, decision)?;
             }
             (Ending::RollBack | Ending::Abort, false) => {
                 let (action, phase) = match ending {
                     Ending::RollBack => (Action::RolledBack, Phase::RolledBack),
                     _ => (Action::Aborted, Phase::Aborted),
                 };
-                inner.end_rollout(model, action, phase, by)?;
-                pipeline::rollout::remove(inner, busy, tx)?;
+                let decision = inner.end_rollout(model, action, phase, by)?;
+                pipeline::rollout::remove(inner, busy, tx, decision)?;
             }
         }
         Ok(LoadHandle { rx })
