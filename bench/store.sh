@@ -4,13 +4,16 @@
 # S3-compatible store on loopback (SeaweedFS) with an empty cache, and from
 # the store after a restart (its cache); each load's stages, and the p99
 # of a small model of the same server (300 requests/s, open loop) while the
-# version downloads against the five seconds before.
+# version comes in (fetch and verify) against the five seconds before.
 #
 #   bash bench/store.sh   # PREPACK=true packs matrices; ROUNDS=3;
 #                         # STORE_NICE=19 runs the store below serving;
 #                         # SERVER_ARGS="--loader-idle" adds server flags;
 #                         # LOCAL_ONLY=1 loads from the local directory only;
-#                         # MANIFEST_FORMAT=1 writes plain SHA-256 digests
+#                         # MANIFEST_FORMAT=1 writes plain SHA-256 digests;
+#                         # ELSEWHERE=1 also downloads the bytes by curl in
+#                         # another process beside serving (at nice
+#                         # ELSEWHERE_NICE, 19 unless set)
 #
 # Prints `figure:` lines and writes them to $results/store.txt.
 set -euo pipefail
