@@ -1,0 +1,311 @@
+//! Calls across the hop. Each slot is a control channel and a region of
+//! its own: the server's [`Caller`] lets one call at a time use a slot,
+//! writes the inputs into its region and sends a short message on its
+//! channel; on the worker's side ([`answer`]) a thread per slot waits on
+//! that channel, runs the call, writes the outputs into the same region (or
+//! into a larger one it sends along) and answers. The calling thread waits
+//! on its own slot's channel, so a call costs two thread wake-ups, one in
+//! each process, and no thread hands work to another.
+//!
+//! Every call has a deadline. When the worker's ends close (the process
+//! exited, was killed, aborted), every waiting call and every later one
+//! fails at once with [`HopError::Gone`]; none waits for its deadline.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use baton_core::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+use crate::channel::Channel;
+use crate::frame::{self, Meta};
+use crate::region::Region;
+
+/// The first region a slot gets; it grows to what a call needs.
+const FIRST_REGION: usize = 64 * 1024;
+
+/// Why a call across the hop failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HopError {
+    /// The worker's end of the channel is closed.
+    #[error("the worker is gone: {0}")]
+    Gone(String),
+    /// The worker did not answer within the deadline.
+    #[error("the worker did not answer within {0:?}")]
+    TimedOut(Duration),
+    /// Every slot was taken for the whole deadline.
+    #[error("no free slot to the worker within {0:?}")]
+    Busy(Duration),
+    /// The worker ran the call and it failed there.
+    #[error("{message}")]
+    Failed {
+        /// The worker's stable kind string.
+        kind: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The two sides did not understand each other, or a system call failed.
+    #[error("the hop to the worker failed: {0}")]
+    Broken(String),
+}
+
+impl HopError {
+    /// A stable kind string for metrics and responses.
+    pub fn kind(&self) -> &str {
+        match self {
+            HopError::Gone(_) => "worker_gone",
+            HopError::TimedOut(_) => "worker_timed_out",
+            HopError::Busy(_) => "worker_busy",
+            HopError::Failed { kind, .. } => kind,
+            HopError::Broken(_) => "worker_hop_broken",
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Call {
+    /// Run on the inputs in the slot's region; `region`: the region's
+    /// descriptor is attached (the slot's first call, or a larger region).
+    Infer { inputs: Vec<Meta>, region: bool },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Answer {
+    /// The outputs are in the slot's region; `region`: in a larger one,
+    /// whose descriptor is attached and which replaces it.
+    Done { outputs: Vec<Meta>, region: bool },
+    /// The call failed in the worker.
+    Failed { kind: String, message: String },
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One call at a time's place on the hop: its channel, and its region
+/// with whether the worker has that region yet.
+struct Slot {
+    channel: Channel,
+    region: Option<(Region, bool)>,
+    buffer: Vec<u8>,
+}
+
+/// The server's side of the hop to one worker.
+pub struct Caller {
+    slots: Vec<Mutex<Slot>>,
+    free: Mutex<Vec<usize>>,
+    freed: Condvar,
+    gone: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caller").field("slots", &self.slots.len()).field("gone", &self.gone()).finish()
+    }
+}
+
+impl Caller {
+    /// The server's side over `channels`, one slot each: as many calls in
+    /// flight at most.
+    pub fn new(channels: Vec<Channel>) -> Caller {
+        let slots: Vec<_> = channels
+            .into_iter()
+            .map(|channel| Mutex::new(Slot { channel, region: None, buffer: Vec::new() }))
+            .collect();
+        Caller {
+            free: Mutex::new((0..slots.len()).rev().collect()),
+            slots,
+            freed: Condvar::new(),
+            gone: Mutex::new(None),
+        }
+    }
+
+    /// Why the worker is gone, once it is.
+    pub fn gone(&self) -> Option<String> {
+        lock(&self.gone).clone()
+    }
+
+    fn set_gone(&self, why: String) -> HopError {
+        let why = lock(&self.gone).get_or_insert(why).clone();
+        let _free = lock(&self.free);
+        self.freed.notify_all();
+        HopError::Gone(why)
+    }
+
+    /// Runs one call on the worker, within `within`.
+    pub fn call(&self, inputs: &[Tensor], within: Duration) -> Result<Vec<Tensor>, HopError> {
+        let deadline = Instant::now() + within;
+        let index = self.take_slot(deadline, within)?;
+        let mut slot = lock(&self.slots[index]);
+        let result = self.send(&mut slot, inputs).and_then(|()| self.wait(&mut slot, deadline, within));
+        drop(slot);
+        // A call that timed out leaves its slot to the worker, which may
+        // still write into it; any other returns it.
+        if !matches!(result, Err(HopError::TimedOut(_))) {
+            lock(&self.free).push(index);
+            self.freed.notify_one();
+        }
+        result
+    }
+
+    fn take_slot(&self, deadline: Instant, within: Duration) -> Result<usize, HopError> {
+        let mut free = lock(&self.free);
+        loop {
+            if let Some(why) = self.gone() {
+                return Err(HopError::Gone(why));
+            }
+            if let Some(index) = free.pop() {
+                return Ok(index);
+            }
+            let left = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero());
+            let Some(left) = left else { return Err(HopError::Busy(within)) };
+            free = self.freed.wait_timeout(free, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    fn send(&self, slot: &mut Slot, inputs: &[Tensor]) -> Result<(), HopError> {
+        let broken = |e: io::Error| HopError::Broken(e.to_string());
+        let need = frame::size_of(inputs);
+        if slot.region.as_ref().is_none_or(|(r, _)| r.len() < need) {
+            slot.region = Some((Region::create(need.max(FIRST_REGION)).map_err(broken)?, false));
+        }
+        let (region, shared) = slot.region.as_mut().expect("a region was just made");
+        let inputs = frame::write(region.bytes_mut(), inputs).map_err(HopError::Broken)?;
+        let call = Call::Infer { inputs, region: !*shared };
+        let message = serde_json::to_vec(&call).map_err(|e| HopError::Broken(e.to_string()))?;
+        let fds = if *shared { Vec::new() } else { vec![region.fd()] };
+        match slot.channel.send(&message, &fds) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe || e.raw_os_error() == Some(libc_econnreset()) => {
+                return Err(self.set_gone("the worker closed its channel".into()));
+            }
+            Err(e) => return Err(broken(e)),
+        }
+        *shared = true;
+        Ok(())
+    }
+
+    fn wait(&self, slot: &mut Slot, deadline: Instant, within: Duration) -> Result<Vec<Tensor>, HopError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !slot.channel.readable_within(left).map_err(|e| HopError::Broken(e.to_string()))? {
+            return Err(HopError::TimedOut(within));
+        }
+        let mut buffer = std::mem::take(&mut slot.buffer);
+        let received = slot.channel.recv(&mut buffer);
+        let result = match received {
+            Ok(None) => Err(self.set_gone("the worker closed its channel".into())),
+            Err(error) => Err(self.set_gone(format!("reading from the worker: {error}"))),
+            Ok(Some(fds)) => match serde_json::from_slice::<Answer>(&buffer) {
+                Err(error) => Err(HopError::Broken(format!("the worker sent a message baton does not read: {error}"))),
+                Ok(answer) => read_answer(slot, answer, fds.into_iter().next()),
+            },
+        };
+        slot.buffer = buffer;
+        result
+    }
+}
+
+/// The outputs an answer points at, in the slot's region or in the larger
+/// one the worker sent.
+fn read_answer(slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<Vec<Tensor>, HopError> {
+    match answer {
+        Answer::Failed { kind, message } => Err(HopError::Failed { kind, message }),
+        Answer::Done { outputs, region: grown } => {
+            if grown {
+                let fd = fd.ok_or_else(|| HopError::Broken("a larger region was announced, not sent".into()))?;
+                slot.region = Some((Region::open(fd).map_err(|e| HopError::Broken(e.to_string()))?, true));
+            }
+            let (region, _) = slot.region.as_ref().ok_or_else(|| HopError::Broken("an answer in no region".into()))?;
+            frame::read(region.bytes(), &outputs).map_err(HopError::Broken)
+        }
+    }
+}
+
+/// `ECONNRESET`: what a send reads when the peer died with data unread.
+fn libc_econnreset() -> i32 {
+    rustix::io::Errno::CONNRESET.raw_os_error()
+}
+
+/// What a worker's run returns when a call fails: a stable kind and a message.
+pub type RunError = (String, String);
+
+/// The worker's side: answers the calls of each of `channels` on a thread
+/// of its own with `run`, until the server's ends close.
+pub fn answer<F>(channels: Vec<Channel>, run: F) -> io::Result<()>
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+{
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = channels
+            .into_iter()
+            .map(|channel| {
+                let run = &run;
+                std::thread::Builder::new()
+                    .name("baton-worker-slot".into())
+                    .spawn_scoped(scope, move || serve_slot(&channel, run))
+            })
+            .collect::<io::Result<_>>()?;
+        threads
+            .into_iter()
+            .try_for_each(|t| t.join().unwrap_or_else(|_| Err(io::Error::other("a slot thread panicked"))))
+    })
+}
+
+/// One slot's calls, answered in turn until the server's end closes.
+fn serve_slot<F>(channel: &Channel, run: &F) -> io::Result<()>
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+{
+    let mut region: Option<Region> = None;
+    let mut buffer = Vec::new();
+    while let Some(fds) = channel.recv(&mut buffer)? {
+        let call: Call = serde_json::from_slice(&buffer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let Call::Infer { inputs, region: sent } = call;
+        if sent {
+            let fd = fds.into_iter().next();
+            let fd =
+                fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a region was announced, not sent"))?;
+            region = Some(Region::open(fd)?);
+        }
+        let Some(current) = region.as_mut() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a call before any region"));
+        };
+        let (answer, grown) = run_one(current, &inputs, run)?;
+        if let Some(larger) = grown {
+            *current = larger;
+        }
+        let message = serde_json::to_vec(&answer).map_err(io::Error::other)?;
+        let fds = if matches!(answer, Answer::Done { region: true, .. }) { vec![current.fd()] } else { Vec::new() };
+        channel.send(&message, &fds)?;
+    }
+    Ok(())
+}
+
+/// Runs one call on the inputs in `region`; the answer, and a larger
+/// region holding the outputs when they did not fit.
+fn run_one<F>(region: &mut Region, inputs: &[Meta], run: &F) -> io::Result<(Answer, Option<Region>)>
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+{
+    let failed = |kind: &str, message: String| Answer::Failed { kind: kind.to_owned(), message };
+    let outputs = match frame::read(region.bytes(), inputs) {
+        Err(message) => Err(("invalid_tensors".to_owned(), message)),
+        Ok(tensors) => catch_unwind(AssertUnwindSafe(|| run(&tensors)))
+            .unwrap_or_else(|_| Err(("worker_panicked".to_owned(), "the worker's engine panicked".to_owned()))),
+    };
+    let outputs = match outputs {
+        Err((kind, message)) => return Ok((failed(&kind, message), None)),
+        Ok(outputs) => outputs,
+    };
+    let need = frame::size_of(&outputs);
+    let mut larger = if need > region.len() { Some(Region::create(need)?) } else { None };
+    let target = larger.as_mut().unwrap_or(region);
+    let answer = match frame::write(target.bytes_mut(), &outputs) {
+        Ok(outputs) => Answer::Done { outputs, region: larger.is_some() },
+        Err(message) => return Ok((failed("worker_hop_broken", message), None)),
+    };
+    Ok((answer, larger))
+}

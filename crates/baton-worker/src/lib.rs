@@ -1,0 +1,23 @@
+//! Worker processes: a model version that runs in a child process of its
+//! own, behind the server.
+//!
+//! A worker holds the engine, its sessions and the weights; the server
+//! keeps the protocols, admission, routing and rollouts. This crate is
+//! the hop between the two:
+//!
+//! - [`region`]: shared memory both processes map, where tensors cross.
+//! - [`channel`]: the small control channel beside it, a Unix
+//!   `SOCK_SEQPACKET` socket pair that also carries descriptors.
+//! - [`frame`]: how tensors are laid out in a region, and read back with
+//!   every offset checked.
+//! - [`hop`]: calls from many server threads over one channel, each in a
+//!   slot of its own, with a deadline, failing fast when the worker is gone;
+//!   and the worker's side that answers them.
+//!
+//! The crate knows nothing of any engine: a worker answers with whatever
+//! closure it is given.
+
+pub mod channel;
+pub mod frame;
+pub mod hop;
+pub mod region;
