@@ -77,6 +77,12 @@ impl CopyDir {
         }
     }
 
+    /// A directory of copies another baton process made and will remove:
+    /// this one only points at it, and never removes it.
+    pub(crate) fn handed_over(path: PathBuf) -> CopyDir {
+        CopyDir { path, removed: AtomicBool::new(true) }
+    }
+
     /// The directory: a copied file is at its manifest path below it.
     pub fn path(&self) -> &Path {
         &self.path

@@ -89,7 +89,44 @@ impl Stamp {
     }
 }
 
+/// A file of a version that one baton process verified and handed over to
+/// another (a worker process), with its descriptor.
+#[derive(Debug)]
+pub struct HandedFile {
+    /// The manifest path.
+    pub path: String,
+    /// The verified file, as the verifying process opened it.
+    pub file: File,
+    /// Whether baton wrote it itself ([`VerifiedFile::sealed`]).
+    pub sealed: bool,
+    /// The directory of copies it is in, when the verify stage copied it
+    /// ([`VerifiedFile::copied_into`]); the verifying process removes it.
+    pub copied_into: Option<PathBuf>,
+}
+
 impl Verified {
+    /// A version another baton process verified, rebuilt from the files it
+    /// handed over. Each file's identity is taken as it is now: from here
+    /// on, [`VerifiedFile::unchanged`] says whether it moved since the
+    /// handover (the verifying process checks the time before).
+    pub fn handed_over(dir: PathBuf, manifest: Manifest, files: Vec<HandedFile>) -> std::io::Result<Verified> {
+        let files = files
+            .into_iter()
+            .map(|handed| {
+                let stamp = Stamp::of(&handed.file.metadata()?);
+                let copied = handed.copied_into.map(|path| Arc::new(CopyDir::handed_over(path)));
+                Ok(VerifiedFile {
+                    path: handed.path,
+                    file: Arc::new(handed.file),
+                    stamp,
+                    sealed: handed.sealed,
+                    copied,
+                })
+            })
+            .collect::<std::io::Result<_>>()?;
+        Ok(Verified { dir, manifest, files })
+    }
+
     /// The version directory, as the source gave it.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -166,6 +203,12 @@ impl VerifiedFile {
     /// it there.
     pub fn folder<'a>(&'a self, dir: &'a Path) -> &'a Path {
         self.copied.as_ref().map_or(dir, |copied| copied.path())
+    }
+
+    /// The directory of copies the verify stage copied the file into, if it
+    /// did ([`crate::copied`]).
+    pub fn copied_into(&self) -> Option<&Path> {
+        self.copied.as_ref().map(|copied| copied.path())
     }
 
     /// Whether the file still is as it was hashed: same size, modification

@@ -109,6 +109,11 @@ impl From<InferError> for ServeError {
             InferError::Backend(b) if b.kind == "invalid_input" || b.kind == "unsupported_datatype" => {
                 Class::BadRequest
             }
+            // A worker process that is gone, hung or full: the version cannot
+            // answer now; a client may retry, and another replica can.
+            InferError::Backend(b) if matches!(b.kind, "worker_gone" | "worker_timed_out" | "worker_busy") => {
+                Class::Unavailable
+            }
             InferError::Backend(_) | InferError::EnginePanicked(_) | InferError::Stopped => Class::Internal,
             InferError::Overloaded { .. } => Class::Overloaded,
             InferError::DeadlineExceeded { .. } => Class::DeadlineExceeded,

@@ -103,6 +103,10 @@ enum Command {
     Agent(Box<agent::AgentArgs>),
     /// Drive load at a KServe V2 server while swapping its model, and report what clients saw.
     Drill(Box<baton_drill::DrillArgs>),
+    /// Run one model version for a server, as its worker process (the
+    /// server starts it; not for people to run).
+    #[command(hide = true)]
+    Worker,
     /// Print state transitions and other events as they happen.
     Events {
         /// One JSON object per line instead of text.
@@ -155,6 +159,13 @@ fn write_weights_graph(dir: &std::path::Path, source: &std::path::Path) -> anyho
     Ok(())
 }
 
+/// `baton worker`: the ONNX engine, run for a server that handed this
+/// process a version.
+fn worker() -> anyhow::Result<()> {
+    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+    baton_worker::process::serve(std::sync::Arc::new(onnx)).map_err(|e| anyhow::anyhow!("the worker stopped: {e}"))
+}
+
 /// The `baton` command: parses the command line and runs what it asks for.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -180,6 +191,7 @@ pub fn main() -> ExitCode {
         Command::Events { json, target } => cli::events(&target, json),
         Command::Agent(args) => agent::run(*args),
         Command::Drill(args) => return baton_drill::run(*args),
+        Command::Worker => worker(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

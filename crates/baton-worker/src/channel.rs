@@ -104,6 +104,12 @@ impl Channel {
         Ok(Some(fds))
     }
 
+    /// Shuts both directions down: the other end reads its close, and a
+    /// thread of this process waiting on this end wakes.
+    pub fn shutdown(&self) {
+        let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
+    }
+
     /// Waits up to `within` for a message (or the other end's close) to
     /// read; false when none came.
     pub fn readable_within(&self, within: Duration) -> io::Result<bool> {

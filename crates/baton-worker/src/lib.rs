@@ -10,9 +10,11 @@
 //!   `SOCK_SEQPACKET` socket pair that also carries descriptors.
 //! - [`frame`]: how tensors are laid out in a region, and read back with
 //!   every offset checked.
-//! - [`hop`]: calls from many server threads over one channel, each in a
-//!   slot of its own, with a deadline, failing fast when the worker is gone;
-//!   and the worker's side that answers them.
+//! - [`hop`]: calls from many server threads, each in a slot of its own,
+//!   with a deadline, failing fast when the worker is gone; and the
+//!   worker's side that answers them.
+//! - [`process`]: a version loaded and run by a worker process, behind
+//!   the same `Backend` contract as one in the server.
 //!
 //! The crate knows nothing of any engine: a worker answers with whatever
 //! closure it is given.
@@ -20,4 +22,5 @@
 pub mod channel;
 pub mod frame;
 pub mod hop;
+pub mod process;
 pub mod region;

@@ -40,6 +40,14 @@ use tokio::sync::oneshot;
 
 pub use spawn::start_spawner;
 
+/// Starts a thread running `work` at serving priority, whatever the
+/// calling thread's: through the spawner [`start_spawner`] started. For
+/// what must not inherit a loading thread's lowered priority, such as a
+/// worker process started from a load.
+pub fn spawn_at_serving_priority(work: impl FnOnce() + Send + 'static) -> std::io::Result<std::thread::JoinHandle<()>> {
+    spawn::spawn(Box::new(work))
+}
+
 use crate::admission::{Limits, Load};
 use crate::backend::Model;
 use crate::batcher::{Batching, rows_of};

@@ -305,6 +305,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     baton_core::executor::start_spawner();
     // ONNX Runtime is started here, on the main thread, at serving priority.
     let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+    // A model whose [engine] says isolation = "process" runs in a worker:
+    // this executable again, as `baton worker`.
+    let program = std::env::current_exe().context("finding baton's own executable for worker processes")?;
+    let onnx = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()]);
     let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
     check_named_models(&app, &repo.name, &control)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

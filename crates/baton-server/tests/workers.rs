@@ -1,0 +1,136 @@
+//! A version in a worker process, through the real binary: a model whose
+//! `[engine]` says `isolation = "process"` is served by a child process
+//! (`baton worker`) with answers equal to the reference forward pass; a
+//! new version starts a new worker and the old one exits once drained; a
+//! worker killed with SIGKILL fails requests at once (503, never a hang)
+//! while a model of the server's own keeps serving; a worker's weights are
+//! validated through the hop, and a NaN refuses the version at validate;
+//! an unknown isolation is refused at load. The active version keeps
+//! serving through every refusal.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use baton_testkit::onnx::sample_input;
+use common::{SIZES, assert_close, infer, mlp, repo_with, start};
+
+const IN_WORKER: &str = "[engine]\nisolation = \"process\"\nsessions = 1\n";
+const LONG: Duration = Duration::from_secs(60);
+
+/// The pids of `baton worker` processes whose parent is `server`.
+fn workers_of(server: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The parent is the second field after the command's closing parenthesis.
+        let parent = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let is_worker = cmdline.split(|b| *b == 0).any(|arg| arg == b"worker");
+        if parent == Some(server) && is_worker {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits, within a bound, until `done` holds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LONG;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_version_in_a_worker_answers_as_in_the_server_and_its_worker_exits_when_it_is_replaced() {
+    let repo = repo_with("m", &[1], IN_WORKER);
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let first = workers_of(server.pid());
+    assert_eq!(first.len(), 1, "one worker for version 1: {first:?}");
+    for seed in 0..20 {
+        let input = sample_input(SIZES[0], 2, seed);
+        let (version, output) = infer(&server, "m", &input, 2);
+        assert_eq!(version, 1);
+        assert_close(&output, &mlp(1).forward(&input, 2), "version 1 in its worker");
+    }
+    repo.publish_mlp("m", 2, &mlp(2));
+    server.wait_serving("m", 2);
+    let input = sample_input(SIZES[0], 1, 7);
+    let (version, output) = infer(&server, "m", &input, 1);
+    assert_eq!(version, 2);
+    assert_close(&output, &mlp(2).forward(&input, 1), "version 2 in its worker");
+    // Version 1 is kept as previous by default: set it free by loading a
+    // third, and its worker goes once it is no longer kept.
+    repo.publish_mlp("m", 3, &mlp(3));
+    server.wait_serving("m", 3);
+    wait_until("version 1's worker has exited", || !workers_of(server.pid()).contains(&first[0]));
+    assert!(!std::path::Path::new(&format!("/proc/{}", first[0])).exists(), "the worker was reaped");
+}
+
+#[test]
+fn a_worker_killed_fails_its_requests_at_once_and_the_server_s_own_model_keeps_serving() {
+    let repo = repo_with("m", &[1], IN_WORKER);
+    repo.add_model("own", &baton_testkit::repo::mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("own", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    server.wait_serving("own", 1);
+    let worker = workers_of(server.pid());
+    assert_eq!(worker.len(), 1);
+    let input = sample_input(SIZES[0], 1, 3);
+    assert_eq!(infer(&server, "m", &input, 1).0, 1);
+    assert!(std::process::Command::new("kill").args(["-KILL", &worker[0].to_string()]).status().unwrap().success());
+    wait_until("the worker is gone", || !workers_of(server.pid()).contains(&worker[0]));
+    let began = Instant::now();
+    let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
+    assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(answer.error().contains("worker"), "{}", answer.error());
+    assert!(began.elapsed() < LONG / 4, "the request waited {:?}", began.elapsed());
+    let (version, output) = infer(&server, "own", &input, 1);
+    assert_eq!(version, 1);
+    assert_close(&output, &mlp(1).forward(&input, 1), "the server's own model");
+}
+
+#[test]
+fn an_unknown_isolation_is_refused_at_load_and_the_active_version_keeps_serving() {
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), "[engine]\nisolation = \"container\"\n"));
+    repo.publish_mlp("m", 2, &mlp(2));
+    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
+    wait_until("version 2 was refused", || !last_error().is_null());
+    let error = last_error();
+    assert_eq!(
+        (error["reason"].as_str(), error["version"].as_u64()),
+        (Some("invalid_engine_options"), Some(2)),
+        "{error}"
+    );
+    assert!(error["message"].as_str().unwrap_or_default().contains("isolation"), "{error}");
+    assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 1), 1).0, 1);
+}
+
+#[test]
+fn a_worker_s_weights_are_validated_a_nan_is_refused_and_its_worker_does_not_stay() {
+    let repo = repo_with("m", &[1], IN_WORKER);
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let serving = workers_of(server.pid());
+    let mut bad = mlp(2);
+    bad.layers[0].weight[3] = f32::NAN;
+    repo.publish_mlp("m", 2, &bad);
+    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
+    wait_until("version 2 was refused", || !last_error().is_null());
+    let error = last_error();
+    assert_eq!((error["stage"].as_str(), error["version"].as_u64()), (Some("validate"), Some(2)), "{error}");
+    assert!(error["message"].as_str().unwrap_or_default().to_lowercase().contains("nan"), "{error}");
+    wait_until("only version 1's worker is left", || workers_of(server.pid()) == serving);
+    let input = sample_input(SIZES[0], 1, 5);
+    let (version, output) = infer(&server, "m", &input, 1);
+    assert_eq!(version, 1);
+    assert_close(&output, &mlp(1).forward(&input, 1), "version 1 after the refusal");
+}

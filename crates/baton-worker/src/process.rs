@@ -1,0 +1,531 @@
+//! A version in a worker process. [`ProcessBackend`] wraps an engine's
+//! backend: a model whose `[engine]` table says `isolation = "process"`
+//! is loaded by a child process (`baton worker`), any other in this
+//! process as before. The server hands the child the version's verified
+//! files by descriptor, so the child maps the very bytes the server
+//! verified; the child loads them with the same engine, reports the
+//! signature, streams the weights for validation on request, and answers
+//! calls over the hop ([`crate::hop`]). The child's exit is the unload.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use baton_core::backend::{Backend, BackendError, Model, UpdateKind, Weight, WeightRole, WeightsError, WeightsInfo};
+use baton_core::manifest;
+use baton_core::signature::Signature;
+use baton_core::spec::ModelSpec;
+use baton_core::tensor::{DataType, Tensor};
+use baton_core::verified::{HandedFile, Verified};
+use serde::{Deserialize, Serialize};
+
+use crate::channel::{Channel, MAX_FDS};
+use crate::hop::{Caller, HopError};
+use crate::region::Region;
+
+/// The `[engine]` key that chooses where a version runs.
+pub const ISOLATION: &str = "isolation";
+
+/// The environment variable that tells a worker its descriptors: the setup
+/// channel's, then each slot's, comma-separated.
+pub const FDS_ENV: &str = "BATON_WORKER_FDS";
+
+/// How long a worker may take to load a version.
+const LOAD_LIMIT: Duration = Duration::from_secs(600);
+
+/// How long one call may take in a worker before it counts as hung.
+const CALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long a worker told to stop may take to exit before it is killed.
+const EXIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// Setup messages, server to worker.
+#[derive(Debug, Serialize, Deserialize)]
+enum Setup {
+    /// Files of the version; their descriptors are attached, in order.
+    Files { files: Vec<FileInfo> },
+    /// Load the version from the files handed over.
+    Load { dir: PathBuf, manifest: String, engine: String },
+    /// Stream the weights, one [`Report::Weight`] at a time.
+    Weights,
+    /// The next weight.
+    Next,
+    /// No more weights.
+    Stop,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FileInfo {
+    path: String,
+    sealed: bool,
+    copied_into: Option<PathBuf>,
+}
+
+/// Setup reports, worker to server.
+#[derive(Debug, Serialize, Deserialize)]
+enum Report {
+    Loaded {
+        signature: Signature,
+        instances: usize,
+        shared: u64,
+        reused: u64,
+        update: UpdateKind,
+    },
+    LoadFailed {
+        kind: String,
+        message: String,
+        tensor: Option<String>,
+    },
+    /// A weight, in the weights region (a new one attached when `region`).
+    Weight {
+        name: String,
+        datatype: Option<DataType>,
+        shape: Vec<i64>,
+        compute: bool,
+        len: usize,
+        region: bool,
+    },
+    WeightsEnd,
+    WeightsFailed {
+        message: String,
+    },
+}
+
+/// Where a model's versions run.
+fn in_worker(spec: &ModelSpec) -> Result<bool, BackendError> {
+    match spec.engine.get(ISOLATION) {
+        None => Ok(false),
+        Some(toml::Value::String(s)) if s == "process" => Ok(true),
+        Some(toml::Value::String(s)) if s == "none" => Ok(false),
+        Some(other) => Err(BackendError::new(
+            "invalid_engine_options",
+            format!("[engine] {ISOLATION} = {other}: use \"process\" (a worker process) or \"none\" (the server's)"),
+        )),
+    }
+}
+
+/// The spec as the engine reads it: without the key that is baton's.
+fn engine_spec(spec: &ModelSpec) -> ModelSpec {
+    let mut spec = spec.clone();
+    spec.engine.remove(ISOLATION);
+    spec
+}
+
+/// An engine's backend whose models run in worker processes when their
+/// `[engine]` table asks for it.
+pub struct ProcessBackend {
+    inner: Arc<dyn Backend>,
+    program: PathBuf,
+    args: Vec<String>,
+}
+
+impl ProcessBackend {
+    /// Wraps `inner`; a worker is `program` run with `args` (for baton,
+    /// its own executable and `worker`).
+    pub fn new(inner: Arc<dyn Backend>, program: PathBuf, args: Vec<String>) -> ProcessBackend {
+        ProcessBackend { inner, program, args }
+    }
+
+    fn start(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        let failed = |what: &str, e: std::io::Error| BackendError::new("worker_failed", format!("{what}: {e}"));
+        let sessions = spec.engine.get("sessions").and_then(toml::Value::as_integer).unwrap_or(4);
+        let slots = usize::try_from(sessions).unwrap_or(1).clamp(1, 8) * 2;
+        let (setup, their_setup) = Channel::pair().map_err(|e| failed("opening the worker's channel", e))?;
+        let (ours, theirs): (Vec<_>, Vec<_>) = (0..slots)
+            .map(|_| Channel::pair())
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| failed("opening the worker's slots", e))?
+            .into_iter()
+            .unzip();
+        let mut fds = vec![their_setup.inheritable().map_err(|e| failed("handing the channel over", e))?.to_string()];
+        for channel in &theirs {
+            fds.push(channel.inheritable().map_err(|e| failed("handing a slot over", e))?.to_string());
+        }
+        let child = self.spawn(fds.join(","))?;
+        drop((their_setup, theirs));
+        let mut worker = WorkerProcess { child: Some(child) };
+        let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
+        let (signature, instances, info) = loaded?;
+        Ok(Box::new(WorkerModel {
+            signature,
+            instances,
+            info,
+            caller: Caller::new(ours),
+            setup: Mutex::new((setup, None)),
+            worker,
+        }))
+    }
+
+    /// Starts the worker from a thread at serving priority: the child
+    /// inherits its starter's priority, and a load's thread is lowered.
+    fn spawn(&self, fds: String) -> Result<Child, BackendError> {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).env(FDS_ENV, fds).stdin(Stdio::null());
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = baton_core::executor::spawn_at_serving_priority(move || {
+            let _ = tx.send(command.spawn());
+        });
+        let started = spawned.map_err(std::io::Error::other).and_then(|thread| {
+            let child = rx.recv().map_err(std::io::Error::other)?;
+            let _ = thread.join();
+            child
+        });
+        started.map_err(|e| {
+            BackendError::new("worker_failed", format!("starting the worker {}: {e}", self.program.display()))
+        })
+    }
+}
+
+/// Sends the version's files and the load.
+fn hand_over(setup: &Channel, version: &Verified, spec: &ModelSpec) -> Result<(), BackendError> {
+    let broken = |e: std::io::Error| BackendError::new("worker_failed", format!("handing the version over: {e}"));
+    for files in version.files().chunks(MAX_FDS) {
+        let infos: Vec<FileInfo> = files
+            .iter()
+            .map(|f| FileInfo {
+                path: f.path().to_owned(),
+                sealed: f.sealed(),
+                copied_into: f.copied_into().map(PathBuf::from),
+            })
+            .collect();
+        let message =
+            serde_json::to_vec(&Setup::Files { files: infos }).map_err(std::io::Error::other).map_err(broken)?;
+        let fds: Vec<_> = files.iter().map(|f| f.file().as_fd()).collect();
+        setup.send(&message, &fds).map_err(broken)?;
+    }
+    let engine = toml::to_string(&engine_spec(spec).engine).map_err(std::io::Error::other).map_err(broken)?;
+    let load = Setup::Load { dir: version.dir().to_owned(), manifest: manifest::render(version.manifest()), engine };
+    setup.send(&serde_json::to_vec(&load).map_err(std::io::Error::other).map_err(broken)?, &[]).map_err(broken)
+}
+
+/// Waits for the worker's report of its load.
+fn await_loaded(setup: &Channel, worker: &mut WorkerProcess) -> Result<(Signature, usize, WeightsInfo), BackendError> {
+    let gone = |worker: &mut WorkerProcess, why: String| {
+        let status = worker.stop();
+        BackendError::new("worker_failed", format!("the worker exited before it loaded the version ({status}): {why}"))
+    };
+    match setup.readable_within(LOAD_LIMIT) {
+        Ok(true) => {}
+        Ok(false) => {
+            worker.stop();
+            return Err(BackendError::new("worker_failed", format!("the worker did not load within {LOAD_LIMIT:?}")));
+        }
+        Err(e) => return Err(gone(worker, e.to_string())),
+    }
+    let mut buffer = Vec::new();
+    match setup.recv(&mut buffer) {
+        Ok(Some(_)) => {}
+        Ok(None) => return Err(gone(worker, "it closed its channel".into())),
+        Err(e) => return Err(gone(worker, e.to_string())),
+    }
+    match serde_json::from_slice::<Report>(&buffer) {
+        Ok(Report::Loaded { signature, instances, shared, reused, update }) => {
+            Ok((signature, instances, WeightsInfo { shared, reused, update, container: None }))
+        }
+        Ok(Report::LoadFailed { kind, message, tensor }) => {
+            worker.stop();
+            let kind = known_kind(&kind);
+            Err(match tensor {
+                Some(tensor) => BackendError::refused_tensor(kind, tensor, message),
+                None => BackendError::new(kind, message),
+            })
+        }
+        Ok(other) => Err(gone(worker, format!("it reported {other:?} before loading"))),
+        Err(e) => Err(gone(worker, format!("it sent a report baton does not read: {e}"))),
+    }
+}
+
+/// The engine's kind strings a worker may report, as the static strings
+/// errors carry; any other reads `worker_failed`.
+fn known_kind(kind: &str) -> &'static str {
+    const KINDS: [&str; 12] = [
+        "model_invalid",
+        "weights_invalid",
+        "invalid_input",
+        "inference_failed",
+        "unsupported_datatype",
+        "staging_failed",
+        "invalid_engine_options",
+        "runtime_unusable",
+        "runtime_missing",
+        "file_changed",
+        "io",
+        "worker_panicked",
+    ];
+    KINDS.into_iter().find(|k| *k == kind).unwrap_or("worker_failed")
+}
+
+/// The worker process; stopped when dropped.
+struct WorkerProcess {
+    child: Option<Child>,
+}
+
+impl WorkerProcess {
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Waits up to [`EXIT_LIMIT`] for the worker to exit (its channels are
+    /// closed by then), kills it otherwise; says how it ended.
+    fn stop(&mut self) -> String {
+        let Some(mut child) = self.child.take() else { return "already stopped".into() };
+        let deadline = std::time::Instant::now() + EXIT_LIMIT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status.to_string(),
+                Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    let _ = child.kill();
+                    return child.wait().map_or_else(|e| e.to_string(), |s| format!("{s}, killed"));
+                }
+            }
+        }
+    }
+}
+
+/// A version running in a worker.
+struct WorkerModel {
+    signature: Signature,
+    instances: usize,
+    info: WeightsInfo,
+    caller: Caller,
+    /// The setup channel, and the region weights cross in.
+    setup: Mutex<(Channel, Option<Region>)>,
+    worker: WorkerProcess,
+}
+
+impl Drop for WorkerModel {
+    fn drop(&mut self) {
+        // Closing every channel tells the worker to exit.
+        let slots = std::mem::replace(&mut self.caller, Caller::new(Vec::new()));
+        drop(slots);
+        let (setup, _) = &*self.setup.lock().unwrap_or_else(PoisonError::into_inner);
+        setup.shutdown();
+        self.worker.stop();
+    }
+}
+
+impl Model for WorkerModel {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
+        let mut setup = self.setup.lock().unwrap_or_else(PoisonError::into_inner);
+        let (channel, region) = &mut *setup;
+        let send = |message: &Setup| {
+            let bytes = serde_json::to_vec(message).map_err(|e| WeightsError::Read(e.to_string()))?;
+            channel.send(&bytes, &[]).map_err(|e| WeightsError::Read(format!("asking the worker for weights: {e}")))
+        };
+        send(&Setup::Weights)?;
+        let mut buffer = Vec::new();
+        loop {
+            let fds = match channel.recv(&mut buffer) {
+                Ok(Some(fds)) => fds,
+                Ok(None) => return Err(WeightsError::Read("the worker closed its channel".into())),
+                Err(e) => return Err(WeightsError::Read(format!("reading weights from the worker: {e}"))),
+            };
+            let report = serde_json::from_slice::<Report>(&buffer).map_err(|e| WeightsError::Read(e.to_string()))?;
+            let (name, datatype, shape, compute, len, grown) = match report {
+                Report::WeightsEnd => return Ok(()),
+                Report::WeightsFailed { message } => return Err(WeightsError::Read(message)),
+                Report::Weight { name, datatype, shape, compute, len, region } => {
+                    (name, datatype, shape, compute, len, region)
+                }
+                other => return Err(WeightsError::Read(format!("the worker reported {other:?} among weights"))),
+            };
+            if grown {
+                let fd: Option<OwnedFd> = fds.into_iter().next();
+                let fd = fd.ok_or_else(|| WeightsError::Read("a weights region was announced, not sent".into()))?;
+                *region = Some(Region::open(fd).map_err(|e| WeightsError::Read(e.to_string()))?);
+            }
+            let data = region
+                .as_ref()
+                .and_then(|r| r.bytes().get(..len))
+                .ok_or_else(|| WeightsError::Read(format!("weight '{name}' lies outside the weights region")))?;
+            let role = if compute { WeightRole::Compute } else { WeightRole::Constant };
+            let weight = Weight { name: &name, datatype, shape: &shape, data, role };
+            if let Err(refused) = visit(&weight) {
+                send(&Setup::Stop)?;
+                return Err(WeightsError::Refused(refused));
+            }
+            send(&Setup::Next)?;
+        }
+    }
+
+    fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        self.caller.call(inputs, CALL_LIMIT).map_err(|e| {
+            let kind = match &e {
+                HopError::Failed { kind, .. } => known_kind(kind),
+                HopError::Gone(_) => "worker_gone",
+                HopError::TimedOut(_) => "worker_timed_out",
+                HopError::Busy(_) => "worker_busy",
+                HopError::Broken(_) => "worker_hop_broken",
+            };
+            let pid = self.worker.pid().unwrap_or_default();
+            BackendError::new(kind, format!("worker {pid}: {e}"))
+        })
+    }
+
+    fn instances(&self) -> usize {
+        self.instances
+    }
+
+    fn weights(&self) -> WeightsInfo {
+        self.info
+    }
+}
+
+impl Backend for ProcessBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        if in_worker(spec)? { self.start(version, spec) } else { self.inner.load(version, &engine_spec(spec)) }
+    }
+
+    fn load_alone(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+        // A worker shares no weights with any other process's versions.
+        if in_worker(spec)? { self.start(version, spec) } else { self.inner.load_alone(version, &engine_spec(spec)) }
+    }
+
+    fn maps_as_is(&self, path: &str, size: u64) -> bool {
+        self.inner.maps_as_is(path, size)
+    }
+}
+
+/// The worker's side: run by `baton worker`. Takes the descriptors the
+/// server left, loads the version it is handed with `backend`, answers
+/// setup requests and calls until the server closes the channels, then
+/// returns. Ends with the server, however the server ends.
+pub fn serve(backend: Arc<dyn Backend>) -> Result<(), String> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| format!("asking to end with the server: {e}"))?;
+    let fds = std::env::var(FDS_ENV).map_err(|_| format!("{FDS_ENV} is not set: baton starts workers itself"))?;
+    let mut channels = Vec::new();
+    for fd in fds.split(',') {
+        let fd = fd.parse().map_err(|_| format!("{FDS_ENV}: '{fd}' is not a descriptor"))?;
+        // SAFETY: the server left these sockets open for this process alone.
+        #[allow(unsafe_code)]
+        channels.push(unsafe { Channel::inherited(fd) }.map_err(|e| format!("descriptor {fd}: {e}"))?);
+    }
+    if channels.len() < 2 {
+        return Err(format!("{FDS_ENV} names no slot"));
+    }
+    let setup = channels.remove(0);
+    baton_core::executor::start_spawner();
+    let Some(model) = receive_and_load(&setup, backend.as_ref())? else { return Ok(()) };
+    let model: Arc<dyn Model> = Arc::from(model);
+    let weights = Arc::clone(&model);
+    std::thread::Builder::new()
+        .name("baton-worker-setup".into())
+        .spawn(move || answer_setup(&setup, weights.as_ref()))
+        .map_err(|e| e.to_string())?;
+    crate::hop::answer(channels, |inputs| model.infer(inputs).map_err(|e| (e.kind.to_owned(), e.message)))
+        .map_err(|e| format!("answering calls: {e}"))
+}
+
+/// Receives the files and the load, loads on a lowered thread, and
+/// reports; `None` when the server went away first.
+fn receive_and_load(setup: &Channel, backend: &dyn Backend) -> Result<Option<Box<dyn Model>>, String> {
+    let mut handed = Vec::new();
+    let mut buffer = Vec::new();
+    let (dir, manifest, engine) = loop {
+        let Some(fds) = setup.recv(&mut buffer).map_err(|e| e.to_string())? else { return Ok(None) };
+        match serde_json::from_slice::<Setup>(&buffer).map_err(|e| e.to_string())? {
+            Setup::Files { files } => {
+                if files.len() != fds.len() {
+                    return Err(format!("{} files came with {} descriptors", files.len(), fds.len()));
+                }
+                handed.extend(files.into_iter().zip(fds).map(|(info, fd)| HandedFile {
+                    path: info.path,
+                    file: std::fs::File::from(fd),
+                    sealed: info.sealed,
+                    copied_into: info.copied_into,
+                }));
+            }
+            Setup::Load { dir, manifest, engine } => break (dir, manifest, engine),
+            other => return Err(format!("the server asked {other:?} before the load")),
+        }
+    };
+    let loaded = std::thread::scope(|scope| {
+        let load = scope.spawn(|| -> Result<Box<dyn Model>, BackendError> {
+            // The load runs below this worker's serving, as in the server.
+            let _ = baton_core::sys::lower_current_thread(19, true);
+            let invalid = |e: String| BackendError::new("model_invalid", e);
+            let manifest = manifest::parse(&manifest).map_err(|e| invalid(e.to_string()))?;
+            let version = Verified::handed_over(dir, manifest, handed).map_err(|e| invalid(e.to_string()))?;
+            let spec = ModelSpec::parse(&format!("[engine]\n{engine}")).map_err(invalid)?;
+            backend.load(&version, &spec)
+        });
+        load.join().unwrap_or_else(|_| Err(BackendError::new("worker_panicked", "the engine panicked while loading")))
+    });
+    let (report, model) = match loaded {
+        Ok(model) => {
+            let info = model.weights();
+            let report = Report::Loaded {
+                signature: model.signature().clone(),
+                instances: model.instances(),
+                shared: info.shared,
+                reused: info.reused,
+                update: info.update,
+            };
+            (report, Some(model))
+        }
+        Err(e) => (Report::LoadFailed { kind: e.kind.to_owned(), message: e.message, tensor: e.tensor }, None),
+    };
+    setup.send(&serde_json::to_vec(&report).map_err(|e| e.to_string())?, &[]).map_err(|e| e.to_string())?;
+    Ok(model)
+}
+
+/// Answers the server's requests for the weights until it closes the channel.
+fn answer_setup(setup: &Channel, model: &dyn Model) {
+    let mut buffer = Vec::new();
+    let mut region: Option<Region> = None;
+    while let Ok(Some(_)) = setup.recv(&mut buffer) {
+        if !matches!(serde_json::from_slice::<Setup>(&buffer), Ok(Setup::Weights)) {
+            continue;
+        }
+        let mut stopped = false;
+        let visited = model.visit_weights(&mut |weight| {
+            let grown = region.as_ref().is_none_or(|r| r.len() < weight.data.len());
+            if grown {
+                region = Some(Region::create(weight.data.len()).map_err(|e| e.to_string())?);
+            }
+            let target = region.as_mut().expect("a region was just made");
+            target.bytes_mut()[..weight.data.len()].copy_from_slice(weight.data);
+            let report = Report::Weight {
+                name: weight.name.to_owned(),
+                datatype: weight.datatype,
+                shape: weight.shape.to_vec(),
+                compute: weight.role == WeightRole::Compute,
+                len: weight.data.len(),
+                region: grown,
+            };
+            let fds = if grown { vec![target.fd()] } else { Vec::new() };
+            let bytes = serde_json::to_vec(&report).map_err(|e| e.to_string())?;
+            setup.send(&bytes, &fds).map_err(|e| e.to_string())?;
+            match setup.recv(&mut buffer) {
+                Ok(Some(_)) if matches!(serde_json::from_slice::<Setup>(&buffer), Ok(Setup::Next)) => Ok(()),
+                _ => {
+                    stopped = true;
+                    Err("the server stopped reading weights".to_owned())
+                }
+            }
+        });
+        if stopped {
+            continue;
+        }
+        let report = match visited {
+            Ok(()) => Report::WeightsEnd,
+            Err(e) => Report::WeightsFailed { message: e.to_string() },
+        };
+        let Ok(bytes) = serde_json::to_vec(&report) else { return };
+        if setup.send(&bytes, &[]).is_err() {
+            return;
+        }
+    }
+}
