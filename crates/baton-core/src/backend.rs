@@ -89,6 +89,36 @@ pub trait Model: Send + Sync + 'static {
     fn weights(&self) -> WeightsInfo {
         WeightsInfo::default()
     }
+
+    /// Whether the engine can still answer: false once a version that runs
+    /// in a process of its own has lost that process. True by default.
+    fn alive(&self) -> bool {
+        true
+    }
+
+    /// Asks to be told, once and from another thread, when the engine ends
+    /// by itself (a worker process killed, aborted, out of memory), with
+    /// why. Not called when the version is dropped. By default the engine
+    /// never ends by itself, and `notify` is dropped.
+    fn on_exit(&self, notify: Box<dyn FnOnce(String) + Send>) {
+        drop(notify);
+    }
+
+    /// The process the engine runs in, when it is not the server's.
+    fn process(&self) -> Option<ProcessInfo> {
+        None
+    }
+}
+
+/// The worker process a version runs in, as status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProcessInfo {
+    /// Its process id.
+    pub pid: u32,
+    /// Its resident memory now, in bytes, when it could be read.
+    pub rss: Option<u64>,
+    /// When it started, in seconds since the Unix epoch.
+    pub started_at: u64,
 }
 
 /// One weight tensor, borrowed from the backend while it is checked.

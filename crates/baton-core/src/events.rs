@@ -302,6 +302,18 @@ pub enum EventKind {
         /// What the store answered; empty when `ok`.
         message: String,
     },
+    /// A version's engine ended by itself: the worker process it ran in was
+    /// killed, aborted or ran out of memory. Its requests fail at once
+    /// until the server has acted.
+    Exited {
+        /// How the process ended.
+        reason: String,
+        /// What the server did about it: `rolled_back` to the kept previous
+        /// version, `restarting` the version, `retired` (a kept previous
+        /// version), `aborted` (a rollout's candidate), `gave_up` (after
+        /// the last restart failed), or `none` (it no longer served).
+        action: String,
+    },
     /// A rollout's controller or an operator decided: a start, a step, a
     /// hold, a pause, a promotion, a rollback. It carries the measured
     /// values, the thresholds and the sample counts it was decided on.

@@ -80,6 +80,12 @@ pub struct LiveVersion {
     /// a second instance that only runs comparison copies).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub twin: bool,
+    /// The worker process it runs in, when it runs in one: its pid,
+    /// resident memory and start time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<crate::backend::ProcessInfo>,
+    /// False once the worker process it ran in has ended by itself.
+    pub alive: bool,
 }
 
 /// Which version a released engine was, as its unload record names it.
@@ -463,6 +469,8 @@ impl Memory {
                 memory: v.memory(),
                 update: v.weights().update,
                 twin: v.is_twin(),
+                worker: v.process(),
+                alive: v.alive(),
             })
             .collect();
         out.sort_by_key(|v| (v.version, v.twin));

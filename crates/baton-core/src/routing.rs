@@ -132,6 +132,13 @@ impl Routing {
         self.models.contains_key(model) || self.paused.contains_key(model)
     }
 
+    /// Whether `model` can answer: it [holds](Snapshot::holds) it, and its
+    /// stable version's engine is alive (a version whose worker process
+    /// ended is held, but answers nothing until it is replaced).
+    pub fn serves(&self, model: &str) -> bool {
+        self.paused.contains_key(model) || self.models.get(model).is_some_and(|route| route.stable.alive())
+    }
+
     /// Increases by one with every publish.
     pub fn generation(&self) -> u64 {
         self.generation

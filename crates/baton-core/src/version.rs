@@ -114,6 +114,23 @@ impl Version {
         }
     }
 
+    /// Whether its engine can still answer (see [`Model::alive`]).
+    pub fn alive(&self) -> bool {
+        self.engine.as_ref().is_none_or(|engine| engine.alive())
+    }
+
+    /// The worker process it runs in, if it runs in one.
+    pub fn process(&self) -> Option<crate::backend::ProcessInfo> {
+        self.engine.as_ref().and_then(|engine| engine.process())
+    }
+
+    /// See [`Model::on_exit`].
+    pub(crate) fn on_exit(&self, notify: Box<dyn FnOnce(String) + Send>) {
+        if let Some(engine) = &self.engine {
+            engine.on_exit(notify);
+        }
+    }
+
     /// Model name.
     pub fn model(&self) -> &str {
         &self.model

@@ -91,7 +91,7 @@ impl App {
             return false;
         }
         let snapshot = self.registry.snapshot();
-        self.required.read().unwrap_or_else(|e| e.into_inner()).iter().all(|m| snapshot.holds(m))
+        self.required.read().unwrap_or_else(|e| e.into_inner()).iter().all(|m| snapshot.serves(m))
     }
 
     /// Counts an inference request in flight until the guard drops, or

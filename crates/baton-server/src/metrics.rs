@@ -135,6 +135,8 @@ struct LoadMetrics {
     failures: BTreeMap<(String, Stage), u64>,
     rollbacks: BTreeMap<String, u64>,
     rollout_decisions: BTreeMap<(String, &'static str), u64>,
+    /// Versions whose worker process ended by itself, by what was done.
+    worker_exits: BTreeMap<(String, String), u64>,
     unloads: BTreeMap<String, u64>,
     /// Sum of every free's residual: growth of unaccounted memory since
     /// just before the first free.
@@ -463,6 +465,7 @@ impl Metrics {
                 *loads.rollout_decisions.entry((model, decision.action.as_str())).or_default() += 1;
             }
             EventKind::Resumed { paused, .. } => loads.pauses.entry(model).or_default().observe(*paused),
+            EventKind::Exited { action, .. } => *loads.worker_exits.entry((model, action.clone())).or_default() += 1,
             EventKind::Transition { .. }
             | EventKind::DrainTimedOut { .. }
             | EventKind::Decision { .. }
@@ -561,6 +564,16 @@ impl Metrics {
             let _ = writeln!(out, "baton_rollbacks_total{{model=\"{}\"}} {n}", escape(model));
         }
         let loads_decisions = loads.rollout_decisions.clone();
+        help(
+            &mut out,
+            "baton_worker_exits_total",
+            "counter",
+            "Versions whose worker process ended by itself, by what the server did.",
+        );
+        for ((model, action), n) in &loads.worker_exits {
+            let (model, action) = (escape(model), escape(action));
+            let _ = writeln!(out, "baton_worker_exits_total{{model=\"{model}\",action=\"{action}\"}} {n}");
+        }
         help(&mut out, "baton_unloads_total", "counter", "Versions freed.");
         for (model, n) in &loads.unloads {
             let _ = writeln!(out, "baton_unloads_total{{model=\"{}\"}} {n}", escape(model));

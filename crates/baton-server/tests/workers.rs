@@ -3,7 +3,9 @@
 //! (`baton worker`) with answers equal to the reference forward pass; a
 //! new version starts a new worker and the old one exits once drained; a
 //! worker killed with SIGKILL fails requests at once (503, never a hang)
-//! while a model of the server's own keeps serving; a worker's weights are
+//! while a model of the server's own keeps serving, and the version is
+//! loaded again in a new worker, or the route rolls back to the kept
+//! previous version when there is one; a worker's weights are
 //! validated through the hop, and a NaN refuses the version at validate;
 //! an unknown isolation is refused at load. The active version keeps
 //! serving through every refusal.
@@ -71,28 +73,84 @@ fn a_version_in_a_worker_answers_as_in_the_server_and_its_worker_exits_when_it_i
     assert!(!std::path::Path::new(&format!("/proc/{}", first[0])).exists(), "the worker was reaped");
 }
 
+/// Kills `pid` with SIGKILL.
+fn kill(pid: u32) {
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+}
+
+/// The `exited` events' actions in the server's metrics, for `model`.
+fn exits(server: &baton_testkit::server::Server, model: &str) -> Vec<String> {
+    let metrics = String::from_utf8_lossy(&server.get("/metrics").body).into_owned();
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("baton_worker_exits_total{") && l.contains(&format!("model=\"{model}\"")))
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
-fn a_worker_killed_fails_its_requests_at_once_and_the_server_s_own_model_keeps_serving() {
-    let repo = repo_with("m", &[1], IN_WORKER);
+fn a_killed_worker_with_no_version_kept_fails_fast_and_is_restarted_while_another_model_serves() {
+    let toml = format!("{IN_WORKER}[policy]\nkeep_previous = 0\n");
+    let repo = repo_with("m", &[1], &toml);
     repo.add_model("own", &baton_testkit::repo::mlp_toml(&mlp(1), ""));
     repo.publish_mlp("own", 1, &mlp(1));
     let server = start(&repo, &[]);
     server.wait_serving("m", 1);
     server.wait_serving("own", 1);
-    let worker = workers_of(server.pid());
-    assert_eq!(worker.len(), 1);
+    let first = workers_of(server.pid());
+    assert_eq!(first.len(), 1);
     let input = sample_input(SIZES[0], 1, 3);
     assert_eq!(infer(&server, "m", &input, 1).0, 1);
-    assert!(std::process::Command::new("kill").args(["-KILL", &worker[0].to_string()]).status().unwrap().success());
-    wait_until("the worker is gone", || !workers_of(server.pid()).contains(&worker[0]));
-    let began = Instant::now();
-    let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
-    assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
-    assert!(answer.error().contains("worker"), "{}", answer.error());
-    assert!(began.elapsed() < LONG / 4, "the request waited {:?}", began.elapsed());
-    let (version, output) = infer(&server, "own", &input, 1);
+    kill(first[0]);
+    // Every request answers at once: 503 naming the worker until the
+    // version is loaded again in a new worker, then version 1's answer.
+    let deadline = Instant::now() + LONG;
+    let (mut refused, mut own) = (0, 0);
+    loop {
+        assert!(Instant::now() < deadline, "the version was not restarted");
+        let began = Instant::now();
+        let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
+        assert!(began.elapsed() < LONG / 4, "a request waited {:?}", began.elapsed());
+        if answer.status == 200 {
+            assert_close(&common::output_f32(&answer.json(), "output"), &mlp(1).forward(&input, 1), "restarted");
+            break;
+        }
+        assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
+        assert!(answer.json()["kind"].as_str().is_some_and(|k| k.starts_with("worker_")), "{}", answer.error());
+        refused += 1;
+        // The server's own model answers meanwhile.
+        assert_eq!(infer(&server, "own", &input, 1).0, 1);
+        own += 1;
+    }
+    let now = workers_of(server.pid());
+    assert!(now.len() == 1 && now[0] != first[0], "a new worker serves: {now:?} (was {first:?})");
+    wait_until("the exit is counted", || exits(&server, "m").iter().any(|l| l.contains("action=\"restarting\"")));
+    eprintln!("{refused} requests refused while the version restarted, {own} answered by the other model");
+}
+
+#[test]
+fn a_killed_worker_of_the_stable_version_rolls_back_to_the_kept_one_by_one_store() {
+    let repo = repo_with("m", &[1], IN_WORKER);
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    repo.publish_mlp("m", 2, &mlp(2));
+    server.wait_serving("m", 2);
+    let workers = workers_of(server.pid());
+    assert_eq!(workers.len(), 2, "versions 1 and 2 each in a worker: {workers:?}");
+    let live = common::server_status(&server)["models"][0]["live"].clone();
+    let worker_of = |version: u64| {
+        live.as_array().unwrap().iter().find(|l| l["version"] == version).and_then(|l| l["worker"]["pid"].as_u64())
+    };
+    let (one, two) = (worker_of(1).expect("version 1's worker in status"), worker_of(2).expect("version 2's"));
+    assert!(workers.contains(&(one as u32)) && workers.contains(&(two as u32)), "{live}");
+    kill(two as u32);
+    server.wait_serving("m", 1);
+    let input = sample_input(SIZES[0], 1, 9);
+    let (version, output) = infer(&server, "m", &input, 1);
     assert_eq!(version, 1);
-    assert_close(&output, &mlp(1).forward(&input, 1), "the server's own model");
+    assert_close(&output, &mlp(1).forward(&input, 1), "rolled back to version 1");
+    assert_eq!(workers_of(server.pid()), vec![one as u32], "version 1's worker is the one left");
+    wait_until("the exit is counted", || exits(&server, "m").iter().any(|l| l.contains("action=\"rolled_back\"")));
 }
 
 #[test]
@@ -133,4 +191,20 @@ fn a_worker_s_weights_are_validated_a_nan_is_refused_and_its_worker_does_not_sta
     let (version, output) = infer(&server, "m", &input, 1);
     assert_eq!(version, 1);
     assert_close(&output, &mlp(1).forward(&input, 1), "version 1 after the refusal");
+}
+
+#[test]
+fn no_worker_outlives_its_server_killed_with_sigkill() {
+    let repo = repo_with("m", &[1], IN_WORKER);
+    let mut server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let workers = workers_of(server.pid());
+    assert_eq!(workers.len(), 1);
+    assert!(std::process::Command::new("kill").args(["-KILL", &server.pid().to_string()]).status().unwrap().success());
+    server.wait_exit();
+    wait_until("the worker has ended with its server", || {
+        // A zombie waiting for its new parent counts as ended.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", workers[0])).unwrap_or_default();
+        stat.is_empty() || stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
+    });
 }

@@ -22,5 +22,6 @@
 pub mod channel;
 pub mod frame;
 pub mod hop;
+mod life;
 pub mod process;
 pub mod region;

@@ -10,10 +10,12 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use baton_core::backend::{Backend, BackendError, Model, UpdateKind, Weight, WeightRole, WeightsError, WeightsInfo};
+use baton_core::backend::{
+    Backend, BackendError, Model, ProcessInfo, UpdateKind, Weight, WeightRole, WeightsError, WeightsInfo,
+};
 use baton_core::manifest;
 use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
@@ -23,23 +25,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::channel::{Channel, MAX_FDS};
 use crate::hop::{Caller, HopError};
+use crate::life::Worker;
 use crate::region::Region;
 
 /// The `[engine]` key that chooses where a version runs.
 pub const ISOLATION: &str = "isolation";
 
 /// The environment variable that tells a worker its descriptors: the setup
-/// channel's, then each slot's, comma-separated.
+/// channel's, the life channel's, then each slot's, comma-separated.
 pub const FDS_ENV: &str = "BATON_WORKER_FDS";
+
+/// The environment variable that tells a worker its server's pid.
+const PARENT_ENV: &str = "BATON_WORKER_PARENT";
 
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
 
 /// How long one call may take in a worker before it counts as hung.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
-
-/// How long a worker told to stop may take to exit before it is killed.
-const EXIT_LIMIT: Duration = Duration::from_secs(5);
 
 /// Setup messages, server to worker.
 #[derive(Debug, Serialize, Deserialize)]
@@ -133,19 +136,23 @@ impl ProcessBackend {
         let sessions = spec.engine.get("sessions").and_then(toml::Value::as_integer).unwrap_or(4);
         let slots = usize::try_from(sessions).unwrap_or(1).clamp(1, 8) * 2;
         let (setup, their_setup) = Channel::pair().map_err(|e| failed("opening the worker's channel", e))?;
+        let (life, their_life) = Channel::pair().map_err(|e| failed("opening the worker's channel", e))?;
         let (ours, theirs): (Vec<_>, Vec<_>) = (0..slots)
             .map(|_| Channel::pair())
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| failed("opening the worker's slots", e))?
             .into_iter()
             .unzip();
-        let mut fds = vec![their_setup.inheritable().map_err(|e| failed("handing the channel over", e))?.to_string()];
+        let mut fds = Vec::new();
+        for channel in [&their_setup, &their_life] {
+            fds.push(channel.inheritable().map_err(|e| failed("handing a channel over", e))?.to_string());
+        }
         for channel in &theirs {
             fds.push(channel.inheritable().map_err(|e| failed("handing a slot over", e))?.to_string());
         }
         let child = self.spawn(fds.join(","))?;
-        drop((their_setup, theirs));
-        let mut worker = WorkerProcess { child: Some(child) };
+        drop((their_setup, their_life, theirs));
+        let mut worker = Worker::new(child, life).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
         let (signature, instances, info) = loaded?;
         Ok(Box::new(WorkerModel {
@@ -158,24 +165,40 @@ impl ProcessBackend {
         }))
     }
 
-    /// Starts the worker from a thread at serving priority: the child
-    /// inherits its starter's priority, and a load's thread is lowered.
+    /// Starts the worker through the starter thread.
     fn spawn(&self, fds: String) -> Result<Child, BackendError> {
         let mut command = Command::new(&self.program);
-        command.args(&self.args).env(FDS_ENV, fds).stdin(Stdio::null());
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let spawned = baton_core::executor::spawn_at_serving_priority(move || {
-            let _ = tx.send(command.spawn());
-        });
-        let started = spawned.map_err(std::io::Error::other).and_then(|thread| {
-            let child = rx.recv().map_err(std::io::Error::other)?;
-            let _ = thread.join();
-            child
-        });
-        started.map_err(|e| {
+        command.args(&self.args).env(FDS_ENV, fds).env(PARENT_ENV, std::process::id().to_string()).stdin(Stdio::null());
+        start_process(command).map_err(|e| {
             BackendError::new("worker_failed", format!("starting the worker {}: {e}", self.program.display()))
         })
     }
+}
+
+type Start = (Command, mpsc::SyncSender<std::io::Result<Child>>);
+
+/// The thread that starts every worker process, for as long as the server
+/// runs. A child inherits the priority of the thread that starts it, so
+/// this one runs at serving priority (a load's thread is lowered). And a
+/// worker asks to be killed when the thread that started it ends, which
+/// must be when the server ends, not when some short-lived thread does.
+static STARTER: OnceLock<Mutex<Option<mpsc::Sender<Start>>>> = OnceLock::new();
+
+fn start_process(command: Command) -> std::io::Result<Child> {
+    let starter = STARTER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Start>();
+        let started = baton_core::executor::spawn_at_serving_priority(move || {
+            for (mut command, reply) in rx {
+                let _ = reply.send(command.spawn());
+            }
+        });
+        Mutex::new(started.ok().map(|_| tx))
+    });
+    let (reply, answer) = mpsc::sync_channel(1);
+    let sender = starter.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let sender = sender.ok_or_else(|| std::io::Error::other("the thread that starts workers could not be started"))?;
+    sender.send((command, reply)).map_err(|_| std::io::Error::other("the thread that starts workers stopped"))?;
+    answer.recv().map_err(|_| std::io::Error::other("the thread that starts workers stopped"))?
 }
 
 /// Sends the version's files and the load.
@@ -201,8 +224,8 @@ fn hand_over(setup: &Channel, version: &Verified, spec: &ModelSpec) -> Result<()
 }
 
 /// Waits for the worker's report of its load.
-fn await_loaded(setup: &Channel, worker: &mut WorkerProcess) -> Result<(Signature, usize, WeightsInfo), BackendError> {
-    let gone = |worker: &mut WorkerProcess, why: String| {
+fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usize, WeightsInfo), BackendError> {
+    let gone = |worker: &mut Worker, why: String| {
         let status = worker.stop();
         BackendError::new("worker_failed", format!("the worker exited before it loaded the version ({status}): {why}"))
     };
@@ -257,34 +280,6 @@ fn known_kind(kind: &str) -> &'static str {
     KINDS.into_iter().find(|k| *k == kind).unwrap_or("worker_failed")
 }
 
-/// The worker process; stopped when dropped.
-struct WorkerProcess {
-    child: Option<Child>,
-}
-
-impl WorkerProcess {
-    fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// Waits up to [`EXIT_LIMIT`] for the worker to exit (its channels are
-    /// closed by then), kills it otherwise; says how it ended.
-    fn stop(&mut self) -> String {
-        let Some(mut child) = self.child.take() else { return "already stopped".into() };
-        let deadline = std::time::Instant::now() + EXIT_LIMIT;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => return status.to_string(),
-                Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-                _ => {
-                    let _ = child.kill();
-                    return child.wait().map_or_else(|e| e.to_string(), |s| format!("{s}, killed"));
-                }
-            }
-        }
-    }
-}
-
 /// A version running in a worker.
 struct WorkerModel {
     signature: Signature,
@@ -293,7 +288,7 @@ struct WorkerModel {
     caller: Caller,
     /// The setup channel, and the region weights cross in.
     setup: Mutex<(Channel, Option<Region>)>,
-    worker: WorkerProcess,
+    worker: Worker,
 }
 
 impl Drop for WorkerModel {
@@ -364,7 +359,7 @@ impl Model for WorkerModel {
                 HopError::Busy(_) => "worker_busy",
                 HopError::Broken(_) => "worker_hop_broken",
             };
-            let pid = self.worker.pid().unwrap_or_default();
+            let pid = self.worker.pid();
             BackendError::new(kind, format!("worker {pid}: {e}"))
         })
     }
@@ -375,6 +370,18 @@ impl Model for WorkerModel {
 
     fn weights(&self) -> WeightsInfo {
         self.info
+    }
+
+    fn alive(&self) -> bool {
+        self.worker.alive() && self.caller.gone().is_none()
+    }
+
+    fn on_exit(&self, notify: Box<dyn FnOnce(String) + Send>) {
+        self.worker.on_exit(notify);
+    }
+
+    fn process(&self) -> Option<ProcessInfo> {
+        Some(self.worker.info())
     }
 }
 
@@ -404,6 +411,13 @@ impl Backend for ProcessBackend {
 pub fn serve(backend: Arc<dyn Backend>) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| format!("asking to end with the server: {e}"))?;
+    // The server may have ended before the request above: then this
+    // process was handed to another parent already.
+    let server = std::env::var(PARENT_ENV).ok().and_then(|pid| pid.parse::<i32>().ok());
+    let parent = rustix::process::getppid().map(|pid| pid.as_raw_nonzero().get());
+    if server.is_none() || parent != server {
+        return Err("the server ended before its worker started".into());
+    }
     let fds = std::env::var(FDS_ENV).map_err(|_| format!("{FDS_ENV} is not set: baton starts workers itself"))?;
     let mut channels = Vec::new();
     for fd in fds.split(',') {
@@ -412,10 +426,12 @@ pub fn serve(backend: Arc<dyn Backend>) -> Result<(), String> {
         #[allow(unsafe_code)]
         channels.push(unsafe { Channel::inherited(fd) }.map_err(|e| format!("descriptor {fd}: {e}"))?);
     }
-    if channels.len() < 2 {
+    if channels.len() < 3 {
         return Err(format!("{FDS_ENV} names no slot"));
     }
     let setup = channels.remove(0);
+    // Held, never used, until this process ends: the server reads its close.
+    let _life = channels.remove(0);
     baton_core::executor::start_spawner();
     let Some(model) = receive_and_load(&setup, backend.as_ref())? else { return Ok(()) };
     let model: Arc<dyn Model> = Arc::from(model);

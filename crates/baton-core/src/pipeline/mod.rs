@@ -475,6 +475,7 @@ impl<'a> Growth<'a> {
     fn track(self, parts: VersionParts) -> Arc<Version> {
         let version = Arc::new(Version::new(parts, Some(self.inner.releaser.clone())));
         self.inner.memory.track(&version);
+        crate::registry::exits::watch(self.inner, &version);
         version
     }
 }

@@ -9,6 +9,7 @@
 //! the agent has applied the load's last state.
 
 mod controller;
+pub(crate) mod exits;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -189,6 +190,8 @@ pub(crate) struct Inner {
     pub(crate) memory_budget: Option<u64>,
     /// Where metric guards are read.
     pub(crate) metric_source: Option<Arc<dyn MetricSource>>,
+    /// Where versions report that their engine ended by itself.
+    pub(crate) exits: std::sync::OnceLock<std::sync::mpsc::Sender<exits::Exit>>,
 }
 
 /// The model registry. Cheap to clone; all clones share one state.
@@ -232,8 +235,10 @@ impl Registry {
             step_aside: config.step_aside,
             memory_budget: config.memory_budget,
             metric_source: config.metric_source,
+            exits: std::sync::OnceLock::new(),
         });
         controller::start_controller(&inner);
+        exits::start(&inner, jobs.clone());
         Registry { inner, jobs }
     }
 

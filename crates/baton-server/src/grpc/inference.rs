@@ -228,7 +228,7 @@ impl GrpcInferenceService for Inference {
         let request = request.into_inner();
         let version = parse_version(&request.version)?;
         let snapshot = self.app.registry.snapshot();
-        let ready = snapshot.resolve(&request.name, version).is_ok();
+        let ready = snapshot.resolve(&request.name, version).is_ok_and(|v| v.alive());
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 

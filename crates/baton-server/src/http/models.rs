@@ -28,7 +28,7 @@ pub async fn ready(State(app): State<Arc<App>>) -> Response {
         return Json(json!({ "ready": true })).into_response();
     }
     let snapshot = app.registry.snapshot();
-    let waiting: Vec<String> = app.required().into_iter().filter(|m| !snapshot.holds(m)).collect();
+    let waiting: Vec<String> = app.required().into_iter().filter(|m| !snapshot.serves(m)).collect();
     let body = json!({ "ready": false, "draining": app.draining(), "waiting_for": waiting });
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
@@ -68,11 +68,16 @@ fn model_ready_at(app: &App, model: &str, version: Option<u64>) -> Result<Respon
     let snapshot = app.registry.snapshot();
     let state = app.registry.status(model).map(|s| s.state.as_str()).unwrap_or("IDLE");
     match resolve(app, &snapshot, model, version) {
-        Ok(v) => Ok(Json(json!({ "name": model, "version": v.number().to_string(), "ready": true, "state": state }))
-            .into_response()),
+        Ok(v) if v.alive() => {
+            Ok(Json(json!({ "name": model, "version": v.number().to_string(), "ready": true, "state": state }))
+                .into_response())
+        }
         Err(e) if e.class == Class::NotFound && e.kind == "model_not_found" => Err(e),
-        Err(_) => Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "name": model, "ready": false, "state": state })))
-            .into_response()),
+        // A version whose worker process ended is held, but answers nothing.
+        Ok(_) | Err(_) => {
+            Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "name": model, "ready": false, "state": state })))
+                .into_response())
+        }
     }
 }
 

@@ -1,0 +1,143 @@
+//! Versions whose engine ended by itself: a worker process that was
+//! killed, aborted or ran out of memory. Its requests fail at once (the
+//! engine says it is no longer alive), and the model is not ready. This
+//! thread, at serving priority, then acts on the role the version played:
+//!
+//! - the stable version, with a kept previous version alive: a rollback,
+//!   one pointer store, as an operator's;
+//! - the stable version without one: the same version loaded again through
+//!   the whole transaction, with backoff between failed attempts
+//!   (0.5 s, doubling up to 30 s, eight attempts), until it serves;
+//! - a kept previous version: retired;
+//! - a rollout's candidate: the rollout is aborted.
+//!
+//! An `exited` event says what happened and what was done.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{Ending, Inner, Job, Registry};
+use crate::error::LoadError;
+use crate::events::EventKind;
+use crate::rollout::control::By;
+use crate::version::Version;
+
+/// How long to wait before trying again when another operation holds the model.
+const BUSY_RETRY: Duration = Duration::from_millis(100);
+
+/// The first pause before a failed restart is tried again; it doubles.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The longest pause between restarts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Attempts to load an exited stable version again before giving up.
+const RESTARTS: u32 = 8;
+
+/// A version whose engine ended by itself.
+pub(crate) struct Exit {
+    pub(crate) model: String,
+    pub(crate) number: u64,
+    pub(crate) version: Weak<Version>,
+    pub(crate) why: String,
+}
+
+/// Starts the thread that acts on exits; versions built from now on report
+/// theirs to it.
+pub(super) fn start(inner: &Arc<Inner>, jobs: crate::sync::Sender<Job>) {
+    let (tx, rx) = mpsc::channel::<Exit>();
+    if inner.exits.set(tx).is_err() {
+        return;
+    }
+    let weak = Arc::downgrade(inner);
+    let started = std::thread::Builder::new().name("baton-exits".into()).spawn(move || {
+        for exit in rx {
+            let Some(inner) = weak.upgrade() else { break };
+            Registry { inner, jobs: jobs.clone() }.act_on_exit(&exit);
+        }
+    });
+    if let Err(error) = started {
+        tracing::error!(%error, "Could not start the thread that acts on worker exits.");
+    }
+}
+
+/// Asks `version` to report its engine's exit.
+pub(crate) fn watch(inner: &Inner, version: &Arc<Version>) {
+    let Some(exits) = inner.exits.get() else { return };
+    let (exits, weak) = (exits.clone(), Arc::downgrade(version));
+    let (model, number) = (version.model().to_owned(), version.number());
+    version.on_exit(Box::new(move |why| {
+        let _ = exits.send(Exit { model, number, version: weak, why });
+    }));
+}
+
+/// The part a version plays in its model's route.
+enum Role {
+    Stable { previous_alive: bool, rollout: bool },
+    Previous,
+    Candidate,
+}
+
+impl Registry {
+    fn act_on_exit(&self, exit: &Exit) {
+        let (model, number) = (exit.model.as_str(), exit.number);
+        let Some(version) = exit.version.upgrade() else { return };
+        tracing::warn!(model, version = number, reason = %exit.why, "A version's worker process ended by itself.");
+        let action = self.act(model, &version);
+        drop(version);
+        tracing::info!(model, version = number, action, "The server acted on the worker's exit.");
+        self.inner.emit(model, Some(number), EventKind::Exited { reason: exit.why.clone(), action: action.into() });
+    }
+
+    /// Acts on the exit of `version`; says what was done.
+    fn act(&self, model: &str, version: &Arc<Version>) -> &'static str {
+        let mut restarts = 0;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let Some(role) = self.role(model, version) else { return "none" };
+            let (action, result) = match role {
+                Role::Stable { previous_alive: true, rollout: false } => {
+                    ("rolled_back", self.rollback(model).and_then(|handle| handle.wait()))
+                }
+                Role::Stable { .. } => {
+                    restarts += 1;
+                    ("restarting", self.load(model, Some(version.number())).and_then(|handle| handle.wait()))
+                }
+                Role::Previous => ("retired", self.retire(model, version.number()).and_then(|handle| handle.wait())),
+                Role::Candidate => {
+                    ("aborted", self.end_rollout(model, Ending::Abort, By::Operator).and_then(|handle| handle.wait()))
+                }
+            };
+            match result {
+                Ok(_) => return action,
+                Err(LoadError::InProgress { .. }) => std::thread::sleep(BUSY_RETRY),
+                Err(error) if action == "restarting" => {
+                    tracing::warn!(model, attempt = restarts, %error, "Loading an exited version again failed.");
+                    if restarts >= RESTARTS {
+                        return "gave_up";
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(error) => {
+                    tracing::warn!(model, action, %error, "Acting on a worker's exit failed; trying again.");
+                    std::thread::sleep(BUSY_RETRY);
+                }
+            }
+        }
+    }
+
+    fn role(&self, model: &str, version: &Arc<Version>) -> Option<Role> {
+        let snapshot = self.snapshot();
+        let route = snapshot.model(model)?;
+        if Arc::ptr_eq(&route.stable, version) {
+            let previous_alive = route.previous.first().is_some_and(|p| p.alive());
+            return Some(Role::Stable { previous_alive, rollout: route.rollout.is_some() });
+        }
+        if route.previous.iter().any(|p| Arc::ptr_eq(p, version)) {
+            return Some(Role::Previous);
+        }
+        route.rollout.as_ref().filter(|r| Arc::ptr_eq(&r.candidate, version)).map(|_| Role::Candidate)
+    }
+}

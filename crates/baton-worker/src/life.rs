@@ -1,0 +1,172 @@
+//! A worker process's life, as the server sees it: started, watched, and
+//! stopped. A third socket pair, beside the setup channel and the slots,
+//! carries nothing: the worker holds its end for as long as it runs, so
+//! the server's end reads its close the moment the process ends, however
+//! it ends. A thread waits on it, reaps the process and tells whoever
+//! asked ([`Worker::on_exit`]), unless the server was stopping the worker
+//! itself.
+
+use std::io;
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use baton_core::backend::ProcessInfo;
+
+use crate::channel::Channel;
+
+/// How long a worker that ended, or was told to, may take to exit before
+/// it is killed.
+const EXIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long one wait of the watcher lasts; it waits again after.
+const WATCH: Duration = Duration::from_secs(3600);
+
+type Notify = Box<dyn FnOnce(String) + Send>;
+
+/// Who to tell of an exit, or the exit already seen.
+enum Exit {
+    Waiting(Option<Notify>),
+    Ended(String),
+}
+
+struct Shared {
+    child: Mutex<Option<Child>>,
+    /// How the process ended, once reaped.
+    status: Mutex<Option<String>>,
+    alive: AtomicBool,
+    stopping: AtomicBool,
+    exit: Mutex<Exit>,
+    life: Channel,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Waits up to [`EXIT_LIMIT`] for the process to exit, kills it after;
+    /// says how it ended.
+    fn reap(&self) -> String {
+        let Some(mut child) = lock(&self.child).take() else {
+            return lock(&self.status).clone().unwrap_or_else(|| "ended".into());
+        };
+        let deadline = Instant::now() + EXIT_LIMIT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status.to_string(),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    let _ = child.kill();
+                    break child.wait().map_or_else(|e| e.to_string(), |s| format!("{s} (killed)"));
+                }
+            }
+        };
+        *lock(&self.status) = Some(status.clone());
+        status
+    }
+
+    /// The watcher: waits for the worker's end of the life channel to close.
+    fn watch(&self, pid: u32) {
+        while let Ok(false) = self.life.readable_within(WATCH) {}
+        self.alive.store(false, Ordering::SeqCst);
+        if self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let why = format!("worker process {pid} ended: {}", self.reap());
+        let notify = match std::mem::replace(&mut *lock(&self.exit), Exit::Ended(why.clone())) {
+            Exit::Waiting(notify) => notify,
+            Exit::Ended(_) => None,
+        };
+        if let Some(notify) = notify {
+            notify(why);
+        }
+    }
+}
+
+/// A running worker process.
+pub(crate) struct Worker {
+    pid: u32,
+    started_at: SystemTime,
+    shared: Arc<Shared>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Watches `child`, which holds the other end of `life`.
+    pub(crate) fn new(child: Child, life: Channel) -> io::Result<Worker> {
+        let pid = child.id();
+        let shared = Arc::new(Shared {
+            child: Mutex::new(Some(child)),
+            status: Mutex::new(None),
+            alive: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
+            exit: Mutex::new(Exit::Waiting(None)),
+            life,
+        });
+        let watched = Arc::clone(&shared);
+        let watcher = std::thread::Builder::new().name("baton-worker-life".into()).spawn(move || watched.watch(pid));
+        let mut worker = Worker { pid, started_at: SystemTime::now(), shared, watcher: None };
+        match watcher {
+            Ok(watcher) => worker.watcher = Some(watcher),
+            Err(error) => {
+                worker.stop();
+                return Err(error);
+            }
+        }
+        Ok(worker)
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the process still runs, as far as the watcher knows.
+    pub(crate) fn alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    /// Tells `notify` once the process ends by itself; at once when it
+    /// already has.
+    pub(crate) fn on_exit(&self, notify: Notify) {
+        let mut exit = lock(&self.shared.exit);
+        match &mut *exit {
+            Exit::Waiting(slot) => *slot = Some(notify),
+            Exit::Ended(why) => {
+                let why = why.clone();
+                drop(exit);
+                notify(why);
+            }
+        }
+    }
+
+    /// Its pid, resident memory and start time.
+    pub(crate) fn info(&self) -> ProcessInfo {
+        let rss = std::fs::read_to_string(format!("/proc/{}/statm", self.pid))
+            .ok()
+            .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map(|pages| pages * rustix::param::page_size() as u64);
+        let started_at = self.started_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        ProcessInfo { pid: self.pid, rss, started_at }
+    }
+
+    /// Stops the worker (its other channels are closed by then, so it is
+    /// exiting): ends the watcher without telling anyone, and reaps it.
+    /// Says how it ended.
+    pub(crate) fn stop(&mut self) -> String {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.life.shutdown();
+        if let Some(watcher) = self.watcher.take() {
+            let _ = watcher.join();
+        }
+        self.shared.reap()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
