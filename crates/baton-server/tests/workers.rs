@@ -69,8 +69,11 @@ fn a_version_in_a_worker_answers_as_in_the_server_and_its_worker_exits_when_it_i
     // third, and its worker goes once it is no longer kept.
     repo.publish_mlp("m", 3, &mlp(3));
     server.wait_serving("m", 3);
-    wait_until("version 1's worker has exited", || !workers_of(server.pid()).contains(&first[0]));
-    assert!(!std::path::Path::new(&format!("/proc/{}", first[0])).exists(), "the worker was reaped");
+    // Exited and reaped: no zombie is left behind either.
+    wait_until("version 1's worker has exited and been reaped", || {
+        !std::path::Path::new(&format!("/proc/{}", first[0])).exists()
+    });
+    assert_eq!(workers_of(server.pid()).len(), 2, "versions 2 and 3 each in a worker");
 }
 
 /// Kills `pid` with SIGKILL.
