@@ -162,8 +162,11 @@ fn write_weights_graph(dir: &std::path::Path, source: &std::path::Path) -> anyho
 /// `baton worker`: the ONNX engine, run for a server that handed this
 /// process a version.
 fn worker() -> anyhow::Result<()> {
-    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
-    baton_worker::process::serve(std::sync::Arc::new(onnx)).map_err(|e| anyhow::anyhow!("the worker stopped: {e}"))
+    let make: baton_worker::serve::MakeBackend = Box::new(|| {
+        let onnx = baton_onnx::OnnxBackend::new()?;
+        Ok(std::sync::Arc::new(onnx) as std::sync::Arc<dyn baton_core::backend::Backend>)
+    });
+    baton_worker::serve::serve(make).map_err(|e| anyhow::anyhow!("the worker stopped: {e}"))
 }
 
 /// The `baton` command: parses the command line and runs what it asks for.

@@ -211,3 +211,49 @@ fn no_worker_outlives_its_server_killed_with_sigkill() {
         stat.is_empty() || stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
     });
 }
+
+/// Whether process `pid` maps a file at `path`.
+fn maps(pid: u32, path: &std::path::Path) -> bool {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines().any(|line| line.ends_with(&path.display().to_string()))
+}
+
+#[test]
+fn a_version_in_a_worker_runs_on_the_runtime_its_engine_table_names() {
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    // A second runtime: the same library, as another file.
+    let runtimes = tempfile::tempdir().unwrap();
+    let second = runtimes.path().join("libonnxruntime.so");
+    std::fs::copy(baton_onnx::runtime_path().unwrap(), &second).unwrap();
+    let engine = format!("[engine]\nisolation = \"process\"\nruntime = \"{}\"\n", second.display());
+    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), &engine));
+    repo.publish_mlp("m", 2, &mlp(2));
+    server.wait_serving("m", 2);
+    let worker = workers_of(server.pid());
+    assert_eq!(worker.len(), 1);
+    assert!(maps(worker[0], &second), "the worker maps the runtime named in [engine]");
+    assert!(!maps(server.pid(), &second), "the server does not");
+    let input = sample_input(SIZES[0], 1, 4);
+    let (version, output) = infer(&server, "m", &input, 1);
+    assert_eq!(version, 2);
+    assert_close(&output, &mlp(2).forward(&input, 1), "version 2 on the second runtime");
+}
+
+#[test]
+fn a_runtime_that_is_missing_refuses_the_version_at_load_with_its_reason() {
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let engine = "[engine]\nisolation = \"process\"\nruntime = \"/nonexistent/libonnxruntime.so\"\n";
+    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), engine));
+    repo.publish_mlp("m", 2, &mlp(2));
+    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
+    wait_until("version 2 was refused", || !last_error().is_null());
+    let error = last_error();
+    assert_eq!((error["stage"].as_str(), error["reason"].as_str()), (Some("load"), Some("runtime_missing")), "{error}");
+    assert!(error["message"].as_str().unwrap_or_default().contains("/nonexistent/libonnxruntime.so"), "{error}");
+    wait_until("no worker is left", || workers_of(server.pid()).is_empty());
+    assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
+}

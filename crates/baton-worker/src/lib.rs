@@ -14,7 +14,8 @@
 //!   with a deadline, failing fast when the worker is gone; and the
 //!   worker's side that answers them.
 //! - [`process`]: a version loaded and run by a worker process, behind
-//!   the same `Backend` contract as one in the server.
+//!   the same `Backend` contract as one in the server; [`serve`], the
+//!   worker's side.
 //!
 //! The crate knows nothing of any engine: a worker answers with whatever
 //! closure it is given.
@@ -25,3 +26,5 @@ pub mod hop;
 mod life;
 pub mod process;
 pub mod region;
+pub mod serve;
+mod wire;

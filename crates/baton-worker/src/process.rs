@@ -13,30 +13,25 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use baton_core::backend::{
-    Backend, BackendError, Model, ProcessInfo, UpdateKind, Weight, WeightRole, WeightsError, WeightsInfo,
-};
+use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightRole, WeightsError, WeightsInfo};
 use baton_core::manifest;
 use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, Tensor};
-use baton_core::verified::{HandedFile, Verified};
-use serde::{Deserialize, Serialize};
+use baton_core::tensor::Tensor;
+use baton_core::verified::Verified;
 
 use crate::channel::{Channel, MAX_FDS};
 use crate::hop::{Caller, HopError};
 use crate::life::Worker;
 use crate::region::Region;
+use crate::wire::{FDS_ENV, FileInfo, PARENT_ENV, Report, Setup};
 
 /// The `[engine]` key that chooses where a version runs.
 pub const ISOLATION: &str = "isolation";
 
-/// The environment variable that tells a worker its descriptors: the setup
-/// channel's, the life channel's, then each slot's, comma-separated.
-pub const FDS_ENV: &str = "BATON_WORKER_FDS";
-
-/// The environment variable that tells a worker its server's pid.
-const PARENT_ENV: &str = "BATON_WORKER_PARENT";
+/// The `[engine]` key naming the runtime library a worker loads its
+/// engine from: a new runtime for one version, beside the server's.
+pub const RUNTIME: &str = "runtime";
 
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
@@ -44,75 +39,38 @@ const LOAD_LIMIT: Duration = Duration::from_secs(600);
 /// How long one call may take in a worker before it counts as hung.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
 
-/// Setup messages, server to worker.
-#[derive(Debug, Serialize, Deserialize)]
-enum Setup {
-    /// Files of the version; their descriptors are attached, in order.
-    Files { files: Vec<FileInfo> },
-    /// Load the version from the files handed over.
-    Load { dir: PathBuf, manifest: String, engine: String },
-    /// Stream the weights, one [`Report::Weight`] at a time.
-    Weights,
-    /// The next weight.
-    Next,
-    /// No more weights.
-    Stop,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct FileInfo {
-    path: String,
-    sealed: bool,
-    copied_into: Option<PathBuf>,
-}
-
-/// Setup reports, worker to server.
-#[derive(Debug, Serialize, Deserialize)]
-enum Report {
-    Loaded {
-        signature: Signature,
-        instances: usize,
-        shared: u64,
-        reused: u64,
-        update: UpdateKind,
-    },
-    LoadFailed {
-        kind: String,
-        message: String,
-        tensor: Option<String>,
-    },
-    /// A weight, in the weights region (a new one attached when `region`).
-    Weight {
-        name: String,
-        datatype: Option<DataType>,
-        shape: Vec<i64>,
-        compute: bool,
-        len: usize,
-        region: bool,
-    },
-    WeightsEnd,
-    WeightsFailed {
-        message: String,
-    },
-}
-
 /// Where a model's versions run.
 fn in_worker(spec: &ModelSpec) -> Result<bool, BackendError> {
-    match spec.engine.get(ISOLATION) {
-        None => Ok(false),
-        Some(toml::Value::String(s)) if s == "process" => Ok(true),
-        Some(toml::Value::String(s)) if s == "none" => Ok(false),
-        Some(other) => Err(BackendError::new(
-            "invalid_engine_options",
-            format!("[engine] {ISOLATION} = {other}: use \"process\" (a worker process) or \"none\" (the server's)"),
-        )),
+    let invalid = |message: String| BackendError::new("invalid_engine_options", message);
+    let in_worker = match spec.engine.get(ISOLATION) {
+        None => false,
+        Some(toml::Value::String(s)) if s == "process" => true,
+        Some(toml::Value::String(s)) if s == "none" => false,
+        Some(other) => {
+            return Err(invalid(format!(
+                "[engine] {ISOLATION} = {other}: use \"process\" (a worker process) or \"none\" (the server's)"
+            )));
+        }
+    };
+    match spec.engine.get(RUNTIME) {
+        None => {}
+        Some(toml::Value::String(_)) if in_worker => {}
+        Some(toml::Value::String(path)) => {
+            return Err(invalid(format!(
+                "[engine] {RUNTIME} = \"{path}\" needs {ISOLATION} = \"process\": the server's process has one \
+                 runtime, loaded at start"
+            )));
+        }
+        Some(other) => return Err(invalid(format!("[engine] {RUNTIME} = {other}: give the library's path"))),
     }
+    Ok(in_worker)
 }
 
-/// The spec as the engine reads it: without the key that is baton's.
+/// The spec as the engine reads it: without the keys that are baton's.
 fn engine_spec(spec: &ModelSpec) -> ModelSpec {
     let mut spec = spec.clone();
     spec.engine.remove(ISOLATION);
+    spec.engine.remove(RUNTIME);
     spec
 }
 
@@ -122,13 +80,22 @@ pub struct ProcessBackend {
     inner: Arc<dyn Backend>,
     program: PathBuf,
     args: Vec<String>,
+    runtime_env: Option<&'static str>,
 }
 
 impl ProcessBackend {
     /// Wraps `inner`; a worker is `program` run with `args` (for baton,
     /// its own executable and `worker`).
     pub fn new(inner: Arc<dyn Backend>, program: PathBuf, args: Vec<String>) -> ProcessBackend {
-        ProcessBackend { inner, program, args }
+        ProcessBackend { inner, program, args, runtime_env: None }
+    }
+
+    /// Names the environment variable through which a worker is given the
+    /// runtime library a version's `[engine] runtime` names (for ONNX
+    /// Runtime, `ORT_DYLIB_PATH`).
+    pub fn with_runtime_env(mut self, name: &'static str) -> ProcessBackend {
+        self.runtime_env = Some(name);
+        self
     }
 
     fn start(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
@@ -150,7 +117,8 @@ impl ProcessBackend {
         for channel in &theirs {
             fds.push(channel.inheritable().map_err(|e| failed("handing a slot over", e))?.to_string());
         }
-        let child = self.spawn(fds.join(","))?;
+        let runtime = spec.engine.get(RUNTIME).and_then(toml::Value::as_str);
+        let child = self.spawn(fds.join(","), runtime)?;
         drop((their_setup, their_life, theirs));
         let mut worker = Worker::new(child, life).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
@@ -166,8 +134,17 @@ impl ProcessBackend {
     }
 
     /// Starts the worker through the starter thread.
-    fn spawn(&self, fds: String) -> Result<Child, BackendError> {
+    fn spawn(&self, fds: String, runtime: Option<&str>) -> Result<Child, BackendError> {
         let mut command = Command::new(&self.program);
+        if let Some(runtime) = runtime {
+            let Some(name) = self.runtime_env else {
+                return Err(BackendError::new(
+                    "invalid_engine_options",
+                    format!("[engine] {RUNTIME}: the {} engine cannot be given another runtime", self.inner.name()),
+                ));
+            };
+            command.env(name, runtime);
+        }
         command.args(&self.args).env(FDS_ENV, fds).env(PARENT_ENV, std::process::id().to_string()).stdin(Stdio::null());
         start_process(command).map_err(|e| {
             BackendError::new("worker_failed", format!("starting the worker {}: {e}", self.program.display()))
@@ -404,144 +381,30 @@ impl Backend for ProcessBackend {
     }
 }
 
-/// The worker's side: run by `baton worker`. Takes the descriptors the
-/// server left, loads the version it is handed with `backend`, answers
-/// setup requests and calls until the server closes the channels, then
-/// returns. Ends with the server, however the server ends.
-pub fn serve(backend: Arc<dyn Backend>) -> Result<(), String> {
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-        .map_err(|e| format!("asking to end with the server: {e}"))?;
-    // The server may have ended before the request above: then this
-    // process was handed to another parent already.
-    let server = std::env::var(PARENT_ENV).ok().and_then(|pid| pid.parse::<i32>().ok());
-    let parent = rustix::process::getppid().map(|pid| pid.as_raw_nonzero().get());
-    if server.is_none() || parent != server {
-        return Err("the server ended before its worker started".into());
-    }
-    let fds = std::env::var(FDS_ENV).map_err(|_| format!("{FDS_ENV} is not set: baton starts workers itself"))?;
-    let mut channels = Vec::new();
-    for fd in fds.split(',') {
-        let fd = fd.parse().map_err(|_| format!("{FDS_ENV}: '{fd}' is not a descriptor"))?;
-        // SAFETY: the server left these sockets open for this process alone.
-        #[allow(unsafe_code)]
-        channels.push(unsafe { Channel::inherited(fd) }.map_err(|e| format!("descriptor {fd}: {e}"))?);
-    }
-    if channels.len() < 3 {
-        return Err(format!("{FDS_ENV} names no slot"));
-    }
-    let setup = channels.remove(0);
-    // Held, never used, until this process ends: the server reads its close.
-    let _life = channels.remove(0);
-    baton_core::executor::start_spawner();
-    let Some(model) = receive_and_load(&setup, backend.as_ref())? else { return Ok(()) };
-    let model: Arc<dyn Model> = Arc::from(model);
-    let weights = Arc::clone(&model);
-    std::thread::Builder::new()
-        .name("baton-worker-setup".into())
-        .spawn(move || answer_setup(&setup, weights.as_ref()))
-        .map_err(|e| e.to_string())?;
-    crate::hop::answer(channels, |inputs| model.infer(inputs).map_err(|e| (e.kind.to_owned(), e.message)))
-        .map_err(|e| format!("answering calls: {e}"))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Receives the files and the load, loads on a lowered thread, and
-/// reports; `None` when the server went away first.
-fn receive_and_load(setup: &Channel, backend: &dyn Backend) -> Result<Option<Box<dyn Model>>, String> {
-    let mut handed = Vec::new();
-    let mut buffer = Vec::new();
-    let (dir, manifest, engine) = loop {
-        let Some(fds) = setup.recv(&mut buffer).map_err(|e| e.to_string())? else { return Ok(None) };
-        match serde_json::from_slice::<Setup>(&buffer).map_err(|e| e.to_string())? {
-            Setup::Files { files } => {
-                if files.len() != fds.len() {
-                    return Err(format!("{} files came with {} descriptors", files.len(), fds.len()));
-                }
-                handed.extend(files.into_iter().zip(fds).map(|(info, fd)| HandedFile {
-                    path: info.path,
-                    file: std::fs::File::from(fd),
-                    sealed: info.sealed,
-                    copied_into: info.copied_into,
-                }));
-            }
-            Setup::Load { dir, manifest, engine } => break (dir, manifest, engine),
-            other => return Err(format!("the server asked {other:?} before the load")),
-        }
-    };
-    let loaded = std::thread::scope(|scope| {
-        let load = scope.spawn(|| -> Result<Box<dyn Model>, BackendError> {
-            // The load runs below this worker's serving, as in the server.
-            let _ = baton_core::sys::lower_current_thread(19, true);
-            let invalid = |e: String| BackendError::new("model_invalid", e);
-            let manifest = manifest::parse(&manifest).map_err(|e| invalid(e.to_string()))?;
-            let version = Verified::handed_over(dir, manifest, handed).map_err(|e| invalid(e.to_string()))?;
-            let spec = ModelSpec::parse(&format!("[engine]\n{engine}")).map_err(invalid)?;
-            backend.load(&version, &spec)
-        });
-        load.join().unwrap_or_else(|_| Err(BackendError::new("worker_panicked", "the engine panicked while loading")))
-    });
-    let (report, model) = match loaded {
-        Ok(model) => {
-            let info = model.weights();
-            let report = Report::Loaded {
-                signature: model.signature().clone(),
-                instances: model.instances(),
-                shared: info.shared,
-                reused: info.reused,
-                update: info.update,
-            };
-            (report, Some(model))
-        }
-        Err(e) => (Report::LoadFailed { kind: e.kind.to_owned(), message: e.message, tensor: e.tensor }, None),
-    };
-    setup.send(&serde_json::to_vec(&report).map_err(|e| e.to_string())?, &[]).map_err(|e| e.to_string())?;
-    Ok(model)
-}
+    fn spec(engine: &str) -> ModelSpec {
+        ModelSpec::parse(&format!("[engine]\n{engine}")).unwrap()
+    }
 
-/// Answers the server's requests for the weights until it closes the channel.
-fn answer_setup(setup: &Channel, model: &dyn Model) {
-    let mut buffer = Vec::new();
-    let mut region: Option<Region> = None;
-    while let Ok(Some(_)) = setup.recv(&mut buffer) {
-        if !matches!(serde_json::from_slice::<Setup>(&buffer), Ok(Setup::Weights)) {
-            continue;
+    #[test]
+    fn isolation_and_runtime_are_read_strictly_and_never_reach_the_engine() {
+        assert!(!in_worker(&spec("sessions = 2")).unwrap());
+        assert!(!in_worker(&spec("isolation = \"none\"")).unwrap());
+        assert!(in_worker(&spec("isolation = \"process\"\nruntime = \"/lib/ort.so\"")).unwrap());
+        for (engine, needle) in [
+            ("isolation = \"container\"", "container"),
+            ("isolation = true", "isolation"),
+            ("runtime = \"/lib/ort.so\"", "needs isolation"),
+            ("isolation = \"process\"\nruntime = 3", "the library's path"),
+        ] {
+            let error = in_worker(&spec(engine)).unwrap_err();
+            assert_eq!(error.kind, "invalid_engine_options");
+            assert!(error.message.contains(needle), "{engine}: {}", error.message);
         }
-        let mut stopped = false;
-        let visited = model.visit_weights(&mut |weight| {
-            let grown = region.as_ref().is_none_or(|r| r.len() < weight.data.len());
-            if grown {
-                region = Some(Region::create(weight.data.len()).map_err(|e| e.to_string())?);
-            }
-            let target = region.as_mut().expect("a region was just made");
-            target.bytes_mut()[..weight.data.len()].copy_from_slice(weight.data);
-            let report = Report::Weight {
-                name: weight.name.to_owned(),
-                datatype: weight.datatype,
-                shape: weight.shape.to_vec(),
-                compute: weight.role == WeightRole::Compute,
-                len: weight.data.len(),
-                region: grown,
-            };
-            let fds = if grown { vec![target.fd()] } else { Vec::new() };
-            let bytes = serde_json::to_vec(&report).map_err(|e| e.to_string())?;
-            setup.send(&bytes, &fds).map_err(|e| e.to_string())?;
-            match setup.recv(&mut buffer) {
-                Ok(Some(_)) if matches!(serde_json::from_slice::<Setup>(&buffer), Ok(Setup::Next)) => Ok(()),
-                _ => {
-                    stopped = true;
-                    Err("the server stopped reading weights".to_owned())
-                }
-            }
-        });
-        if stopped {
-            continue;
-        }
-        let report = match visited {
-            Ok(()) => Report::WeightsEnd,
-            Err(e) => Report::WeightsFailed { message: e.to_string() },
-        };
-        let Ok(bytes) = serde_json::to_vec(&report) else { return };
-        if setup.send(&bytes, &[]).is_err() {
-            return;
-        }
+        let engine = engine_spec(&spec("isolation = \"process\"\nruntime = \"/lib/ort.so\"\nsessions = 2")).engine;
+        assert_eq!(engine.keys().collect::<Vec<_>>(), ["sessions"]);
     }
 }

@@ -308,7 +308,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // A model whose [engine] says isolation = "process" runs in a worker:
     // this executable again, as `baton worker`.
     let program = std::env::current_exe().context("finding baton's own executable for worker processes")?;
-    let onnx = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()]);
+    let onnx = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()])
+        .with_runtime_env("ORT_DYLIB_PATH");
     let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
     check_named_models(&app, &repo.name, &control)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

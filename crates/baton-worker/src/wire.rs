@@ -1,0 +1,68 @@
+//! The setup channel's messages between the server and a worker, and the
+//! environment a worker is started with.
+
+use std::path::PathBuf;
+
+use baton_core::backend::UpdateKind;
+use baton_core::signature::Signature;
+use baton_core::tensor::DataType;
+use serde::{Deserialize, Serialize};
+
+/// The environment variable that tells a worker its descriptors: the setup
+/// channel's, the life channel's, then each slot's, comma-separated.
+pub const FDS_ENV: &str = "BATON_WORKER_FDS";
+
+/// The environment variable that tells a worker its server's pid.
+pub(crate) const PARENT_ENV: &str = "BATON_WORKER_PARENT";
+
+/// Setup messages, server to worker.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Setup {
+    /// Files of the version; their descriptors are attached, in order.
+    Files { files: Vec<FileInfo> },
+    /// Load the version from the files handed over.
+    Load { dir: PathBuf, manifest: String, engine: String },
+    /// Stream the weights, one [`Report::Weight`] at a time.
+    Weights,
+    /// The next weight.
+    Next,
+    /// No more weights.
+    Stop,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct FileInfo {
+    pub(crate) path: String,
+    pub(crate) sealed: bool,
+    pub(crate) copied_into: Option<PathBuf>,
+}
+
+/// Setup reports, worker to server.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Report {
+    Loaded {
+        signature: Signature,
+        instances: usize,
+        shared: u64,
+        reused: u64,
+        update: UpdateKind,
+    },
+    LoadFailed {
+        kind: String,
+        message: String,
+        tensor: Option<String>,
+    },
+    /// A weight, in the weights region (a new one attached when `region`).
+    Weight {
+        name: String,
+        datatype: Option<DataType>,
+        shape: Vec<i64>,
+        compute: bool,
+        len: usize,
+        region: bool,
+    },
+    WeightsEnd,
+    WeightsFailed {
+        message: String,
+    },
+}
