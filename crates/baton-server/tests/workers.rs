@@ -257,3 +257,26 @@ fn a_runtime_that_is_missing_refuses_the_version_at_load_with_its_reason() {
     wait_until("no worker is left", || workers_of(server.pid()).is_empty());
     assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
 }
+
+#[test]
+fn a_hung_worker_is_cut_off_at_its_deadline_killed_and_replaced() {
+    let toml = format!("{IN_WORKER}worker_timeout_ms = 300\n[policy]\nkeep_previous = 0\n");
+    let repo = repo_with("m", &[1], &toml);
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let first = workers_of(server.pid());
+    assert_eq!(first.len(), 1);
+    // Stopped, it holds every call without answering: as hung as it gets.
+    assert!(std::process::Command::new("kill").args(["-STOP", &first[0].to_string()]).status().unwrap().success());
+    let input = sample_input(SIZES[0], 1, 6);
+    let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
+    assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(answer.json()["kind"], "worker_timed_out", "{}", answer.error());
+    // Killed for it, and loaded again in a new worker.
+    wait_until("a new worker serves version 1", || {
+        let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
+        answer.status == 200 && workers_of(server.pid()).iter().all(|pid| *pid != first[0])
+    });
+    assert_close(&infer(&server, "m", &input, 1).1, &mlp(1).forward(&input, 1), "the new worker");
+    wait_until("the exit is counted", || exits(&server, "m").iter().any(|l| l.contains("action=\"restarting\"")));
+}

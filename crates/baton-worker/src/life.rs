@@ -40,6 +40,8 @@ struct Shared {
     stopping: AtomicBool,
     exit: Mutex<Exit>,
     life: Channel,
+    /// Why the server killed the worker, when it did.
+    killed: Mutex<Option<String>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,7 +77,11 @@ impl Shared {
         if self.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let why = format!("worker process {pid} ended: {}", self.reap());
+        let status = self.reap();
+        let why = match lock(&self.killed).take() {
+            Some(reason) => format!("worker process {pid} was killed ({status}): {reason}"),
+            None => format!("worker process {pid} ended: {status}"),
+        };
         let notify = match std::mem::replace(&mut *lock(&self.exit), Exit::Ended(why.clone())) {
             Exit::Waiting(notify) => notify,
             Exit::Ended(_) => None,
@@ -105,6 +111,7 @@ impl Worker {
             stopping: AtomicBool::new(false),
             exit: Mutex::new(Exit::Waiting(None)),
             life,
+            killed: Mutex::new(None),
         });
         let watched = Arc::clone(&shared);
         let watcher = std::thread::Builder::new().name("baton-worker-life".into()).spawn(move || watched.watch(pid));
@@ -150,6 +157,16 @@ impl Worker {
             .map(|pages| pages * rustix::param::page_size() as u64);
         let started_at = self.started_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         ProcessInfo { pid: self.pid, rss, started_at }
+    }
+
+    /// Kills the worker, for `reason`: it then ends as one that ended by
+    /// itself, and whoever asked is told, with the reason.
+    pub(crate) fn kill(&self, reason: String) {
+        let mut child = lock(&self.shared.child);
+        if let Some(child) = child.as_mut() {
+            lock(&self.shared.killed).get_or_insert(reason);
+            let _ = child.kill();
+        }
     }
 
     /// Stops the worker (its other channels are closed by then, so it is

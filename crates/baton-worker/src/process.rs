@@ -36,8 +36,24 @@ pub const RUNTIME: &str = "runtime";
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
 
-/// How long one call may take in a worker before it counts as hung.
+/// The `[engine]` key bounding how long one call may take in a worker, in
+/// milliseconds, before the worker counts as hung and is replaced.
+pub const TIMEOUT: &str = "worker_timeout_ms";
+
+/// How long one call may take in a worker by default.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// The bound on one call in a worker of `spec`.
+fn call_limit(spec: &ModelSpec) -> Result<Duration, BackendError> {
+    match spec.engine.get(TIMEOUT) {
+        None => Ok(CALL_LIMIT),
+        Some(toml::Value::Integer(ms)) if *ms > 0 => Ok(Duration::from_millis(ms.unsigned_abs())),
+        Some(other) => Err(BackendError::new(
+            "invalid_engine_options",
+            format!("[engine] {TIMEOUT} = {other}: give a number of milliseconds above 0"),
+        )),
+    }
+}
 
 /// Where a model's versions run.
 fn in_worker(spec: &ModelSpec) -> Result<bool, BackendError> {
@@ -63,6 +79,7 @@ fn in_worker(spec: &ModelSpec) -> Result<bool, BackendError> {
         }
         Some(other) => return Err(invalid(format!("[engine] {RUNTIME} = {other}: give the library's path"))),
     }
+    call_limit(spec)?;
     Ok(in_worker)
 }
 
@@ -71,6 +88,7 @@ fn engine_spec(spec: &ModelSpec) -> ModelSpec {
     let mut spec = spec.clone();
     spec.engine.remove(ISOLATION);
     spec.engine.remove(RUNTIME);
+    spec.engine.remove(TIMEOUT);
     spec
 }
 
@@ -124,6 +142,7 @@ impl ProcessBackend {
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
         let (signature, instances, info) = loaded?;
         Ok(Box::new(WorkerModel {
+            call_limit: call_limit(spec)?,
             signature,
             instances,
             info,
@@ -259,6 +278,7 @@ fn known_kind(kind: &str) -> &'static str {
 
 /// A version running in a worker.
 struct WorkerModel {
+    call_limit: Duration,
     signature: Signature,
     instances: usize,
     info: WeightsInfo,
@@ -328,7 +348,12 @@ impl Model for WorkerModel {
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-        self.caller.call(inputs, CALL_LIMIT).map_err(|e| {
+        self.caller.call(inputs, self.call_limit).map_err(|e| {
+            if let HopError::TimedOut(limit) = &e {
+                // A worker that does not answer within the bound is hung:
+                // killed, it is replaced as one that ended by itself.
+                self.worker.kill(format!("a call did not answer within {limit:?} ({TIMEOUT})"));
+            }
             let kind = match &e {
                 HopError::Failed { kind, .. } => known_kind(kind),
                 HopError::Gone(_) => "worker_gone",
@@ -399,12 +424,15 @@ mod tests {
             ("isolation = true", "isolation"),
             ("runtime = \"/lib/ort.so\"", "needs isolation"),
             ("isolation = \"process\"\nruntime = 3", "the library's path"),
+            ("isolation = \"process\"\nworker_timeout_ms = 0", "milliseconds"),
         ] {
             let error = in_worker(&spec(engine)).unwrap_err();
             assert_eq!(error.kind, "invalid_engine_options");
             assert!(error.message.contains(needle), "{engine}: {}", error.message);
         }
-        let engine = engine_spec(&spec("isolation = \"process\"\nruntime = \"/lib/ort.so\"\nsessions = 2")).engine;
+        let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2";
+        assert_eq!(call_limit(&spec(engine)).unwrap(), Duration::from_millis(5));
+        let engine = engine_spec(&spec(engine)).engine;
         assert_eq!(engine.keys().collect::<Vec<_>>(), ["sessions"]);
     }
 }
