@@ -280,3 +280,68 @@ fn a_hung_worker_is_cut_off_at_its_deadline_killed_and_replaced() {
     assert_close(&infer(&server, "m", &input, 1).1, &mlp(1).forward(&input, 1), "the new worker");
     wait_until("the exit is counted", || exits(&server, "m").iter().any(|l| l.contains("action=\"restarting\"")));
 }
+
+/// A canary that promotes an equal candidate by itself: windows of 300 ms,
+/// 20 samples a side, drift guarded, latency not (a worker's hop costs
+/// microseconds that a latency ratio on a busy machine would read as a
+/// regression; the guards are tested elsewhere).
+const CANARY: &str = "[policy]\nkeep_previous = 0\n[rollout]\nauto = true\nsteps = [50, 100]\ninterval_ms = 300\n\
+                      watch_ms = 0\nmax_inconclusive = 1000\n[rollout.guards]\nmin_samples = 20\nmax_p99_ratio = 100\n\
+                      max_rel_l2 = 0.05\n";
+
+/// Publishes `version` (the same weights as version 1) with `engine`, and
+/// waits until its canary has promoted it.
+fn canary_to(server: &baton_testkit::server::Server, repo: &baton_testkit::repo::TestRepo, version: u64, engine: &str) {
+    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), &format!("{engine}{CANARY}")));
+    repo.publish_mlp("m", version, &mlp(1));
+    baton_testkit::server::eventually(&format!("version {version} promoted by its canary"), || {
+        let status = server.status("m");
+        (status["serving"] == version && status["rollout"]["phase"] == "promoted").then_some(())
+    });
+}
+
+#[test]
+fn a_canary_moves_a_model_into_a_worker_and_back_with_no_failed_request() {
+    let repo = repo_with("m", &[], "");
+    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), CANARY));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    assert!(workers_of(server.pid()).is_empty());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (answered, failures) = std::thread::scope(|scope| {
+        let traffic = scope.spawn(|| {
+            let client = server.client();
+            let (mut answered, mut failures) = (0u64, Vec::new());
+            let mut seed = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seed += 1;
+                let input = sample_input(SIZES[0], 1, seed);
+                let answer = client.post_json("/v2/models/m/infer", &common::request(&input, 1));
+                match answer.status {
+                    200 => {
+                        let got = common::output_f32(&answer.json(), "output");
+                        assert_close(&got, &mlp(1).forward(&input, 1), "an answer during the canaries");
+                        answered += 1;
+                    }
+                    status => failures.push(format!("{status}: {}", answer.error())),
+                }
+            }
+            (answered, failures)
+        });
+        canary_to(&server, &repo, 2, IN_WORKER);
+        wait_until("version 2 alone runs in a worker", || workers_of(server.pid()).len() == 1);
+        canary_to(&server, &repo, 3, "");
+        wait_until("no worker is left", || workers_of(server.pid()).is_empty());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        traffic.join().unwrap()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failures.len(),
+        answered,
+        &failures[..failures.len().min(5)]
+    );
+    assert!(answered > 40, "only {answered} requests were answered");
+}
