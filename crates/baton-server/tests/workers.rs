@@ -345,3 +345,31 @@ fn a_canary_moves_a_model_into_a_worker_and_back_with_no_failed_request() {
     );
     assert!(answered > 40, "only {answered} requests were answered");
 }
+
+#[test]
+fn a_worker_runs_at_its_nice_level_and_within_its_memory_limit_and_one_too_small_refuses_the_load() {
+    let limits = format!("{IN_WORKER}worker_nice = 5\nworker_memory_mb = 16384\n");
+    let repo = repo_with("m", &[1], &limits);
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let worker = workers_of(server.pid())[0];
+    let stat = std::fs::read_to_string(format!("/proc/{worker}/stat")).unwrap();
+    // After the command's closing parenthesis, the nice level is the 17th field.
+    let nice = stat.rsplit_once(") ").unwrap().1.split(' ').nth(16).unwrap();
+    assert_eq!(nice, "5", "{stat}");
+    let limits_file = std::fs::read_to_string(format!("/proc/{worker}/limits")).unwrap();
+    let address_space = limits_file.lines().find(|l| l.starts_with("Max address space")).unwrap();
+    assert!(address_space.contains(&(16384u64 << 20).to_string()), "{address_space}");
+    assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 1), 1).0, 1);
+    // 32 MiB of address space cannot hold the engine: version 2 is refused
+    // at load, and version 1 serves on.
+    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), &format!("{IN_WORKER}worker_memory_mb = 32\n")));
+    repo.publish_mlp("m", 2, &mlp(2));
+    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
+    wait_until("version 2 was refused", || !last_error().is_null());
+    let error = last_error();
+    assert_eq!((error["stage"].as_str(), error["version"].as_u64()), (Some("load"), Some(2)), "{error}");
+    wait_until("only version 1's worker is left", || workers_of(server.pid()) == vec![worker]);
+    assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
+    eprintln!("refused: {error}");
+}

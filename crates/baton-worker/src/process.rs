@@ -24,7 +24,7 @@ use crate::channel::{Channel, MAX_FDS};
 use crate::hop::{Caller, HopError};
 use crate::life::Worker;
 use crate::region::Region;
-use crate::wire::{FDS_ENV, FileInfo, PARENT_ENV, Report, Setup};
+use crate::wire::{FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
 
 /// The `[engine]` key that chooses where a version runs.
 pub const ISOLATION: &str = "isolation";
@@ -39,6 +39,36 @@ const LOAD_LIMIT: Duration = Duration::from_secs(600);
 /// The `[engine]` key bounding how long one call may take in a worker, in
 /// milliseconds, before the worker counts as hung and is replaced.
 pub const TIMEOUT: &str = "worker_timeout_ms";
+
+/// The `[engine]` key giving a worker's nice level, 0 to 19.
+pub const NICE: &str = "worker_nice";
+
+/// The `[engine]` key bounding a worker's memory, in MiB.
+pub const MEMORY: &str = "worker_memory_mb";
+
+/// A worker's resources, as `[engine]` gives them.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Resources {
+    nice: Option<i32>,
+    memory: Option<u64>,
+}
+
+fn resources(spec: &ModelSpec) -> Result<Resources, BackendError> {
+    let invalid = |key: &str, value: &toml::Value, what: &str| {
+        BackendError::new("invalid_engine_options", format!("[engine] {key} = {value}: {what}"))
+    };
+    let nice = match spec.engine.get(NICE) {
+        None => None,
+        Some(toml::Value::Integer(n)) if (0..=19).contains(n) => i32::try_from(*n).ok(),
+        Some(other) => return Err(invalid(NICE, other, "give a nice level from 0 (serving's) to 19 (the lowest)")),
+    };
+    let memory = match spec.engine.get(MEMORY) {
+        None => None,
+        Some(toml::Value::Integer(mb)) if *mb > 0 => Some(mb.unsigned_abs() << 20),
+        Some(other) => return Err(invalid(MEMORY, other, "give a number of MiB above 0")),
+    };
+    Ok(Resources { nice, memory })
+}
 
 /// How long one call may take in a worker by default.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
@@ -80,6 +110,7 @@ fn in_worker(spec: &ModelSpec) -> Result<bool, BackendError> {
         Some(other) => return Err(invalid(format!("[engine] {RUNTIME} = {other}: give the library's path"))),
     }
     call_limit(spec)?;
+    resources(spec)?;
     Ok(in_worker)
 }
 
@@ -89,6 +120,8 @@ fn engine_spec(spec: &ModelSpec) -> ModelSpec {
     spec.engine.remove(ISOLATION);
     spec.engine.remove(RUNTIME);
     spec.engine.remove(TIMEOUT);
+    spec.engine.remove(NICE);
+    spec.engine.remove(MEMORY);
     spec
 }
 
@@ -136,7 +169,7 @@ impl ProcessBackend {
             fds.push(channel.inheritable().map_err(|e| failed("handing a slot over", e))?.to_string());
         }
         let runtime = spec.engine.get(RUNTIME).and_then(toml::Value::as_str);
-        let child = self.spawn(fds.join(","), runtime)?;
+        let child = self.spawn(fds.join(","), runtime, &resources(spec)?)?;
         drop((their_setup, their_life, theirs));
         let mut worker = Worker::new(child, life).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
@@ -153,8 +186,14 @@ impl ProcessBackend {
     }
 
     /// Starts the worker through the starter thread.
-    fn spawn(&self, fds: String, runtime: Option<&str>) -> Result<Child, BackendError> {
+    fn spawn(&self, fds: String, runtime: Option<&str>, resources: &Resources) -> Result<Child, BackendError> {
         let mut command = Command::new(&self.program);
+        if let Some(nice) = resources.nice {
+            command.env(NICE_ENV, nice.to_string());
+        }
+        if let Some(memory) = resources.memory {
+            command.env(MEMORY_ENV, memory.to_string());
+        }
         if let Some(runtime) = runtime {
             let Some(name) = self.runtime_env else {
                 return Err(BackendError::new(
@@ -425,13 +464,17 @@ mod tests {
             ("runtime = \"/lib/ort.so\"", "needs isolation"),
             ("isolation = \"process\"\nruntime = 3", "the library's path"),
             ("isolation = \"process\"\nworker_timeout_ms = 0", "milliseconds"),
+            ("isolation = \"process\"\nworker_nice = 20", "nice level"),
+            ("isolation = \"process\"\nworker_memory_mb = -1", "MiB"),
         ] {
             let error = in_worker(&spec(engine)).unwrap_err();
             assert_eq!(error.kind, "invalid_engine_options");
             assert!(error.message.contains(needle), "{engine}: {}", error.message);
         }
-        let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2";
+        let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2\n\
+                      worker_nice = 7\nworker_memory_mb = 3";
         assert_eq!(call_limit(&spec(engine)).unwrap(), Duration::from_millis(5));
+        assert_eq!(resources(&spec(engine)).unwrap(), Resources { nice: Some(7), memory: Some(3 << 20) });
         let engine = engine_spec(&spec(engine)).engine;
         assert_eq!(engine.keys().collect::<Vec<_>>(), ["sessions"]);
     }

@@ -11,7 +11,7 @@ use baton_core::verified::{HandedFile, Verified};
 
 use crate::channel::Channel;
 use crate::region::Region;
-use crate::wire::{FDS_ENV, PARENT_ENV, Report, Setup};
+use crate::wire::{FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
 
 /// What makes the engine a worker loads with. Called once the version is
 /// handed over, so that an engine that cannot start (a runtime library
@@ -32,6 +32,7 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
     if server.is_none() || parent != server {
         return Err("the server ended before its worker started".into());
     }
+    limit_resources()?;
     let fds = std::env::var(FDS_ENV).map_err(|_| format!("{FDS_ENV} is not set: baton starts workers itself"))?;
     let mut channels = Vec::new();
     for fd in fds.split(',') {
@@ -56,6 +57,24 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     crate::hop::answer(channels, |inputs| model.infer(inputs).map_err(|e| (e.kind.to_owned(), e.message)))
         .map_err(|e| format!("answering calls: {e}"))
+}
+
+/// Applies the nice level and the memory limit the server passed, before
+/// any thread starts: every thread the worker starts inherits them. The
+/// memory limit bounds the address space (`RLIMIT_AS`); an allocation past
+/// it fails, and the engine's error or abort ends the load or the worker.
+fn limit_resources() -> Result<(), String> {
+    let read = |name: &str| std::env::var(name).ok().map(|v| v.parse::<u64>().map_err(|_| format!("{name}: '{v}'")));
+    if let Some(nice) = read(NICE_ENV).transpose()? {
+        let nice = i32::try_from(nice).map_err(|_| format!("{NICE_ENV}: {nice}"))?;
+        rustix::process::setpriority_process(None, nice).map_err(|e| format!("setting nice {nice}: {e}"))?;
+    }
+    if let Some(bytes) = read(MEMORY_ENV).transpose()? {
+        let limit = rustix::process::Rlimit { current: Some(bytes), maximum: Some(bytes) };
+        rustix::process::setrlimit(rustix::process::Resource::As, limit)
+            .map_err(|e| format!("limiting memory to {bytes} bytes: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Receives the files and the load, loads on a lowered thread, and

@@ -15,6 +15,12 @@ pub const FDS_ENV: &str = "BATON_WORKER_FDS";
 /// The environment variable that tells a worker its server's pid.
 pub(crate) const PARENT_ENV: &str = "BATON_WORKER_PARENT";
 
+/// The environment variable that gives a worker its nice level.
+pub(crate) const NICE_ENV: &str = "BATON_WORKER_NICE";
+
+/// The environment variable that gives a worker its memory limit, in bytes.
+pub(crate) const MEMORY_ENV: &str = "BATON_WORKER_MEMORY";
+
 /// Setup messages, server to worker.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Setup {
