@@ -176,9 +176,13 @@ fn an_identical_candidate_reads_a_p99_ratio_near_one_at_every_step_and_is_promot
         judged.iter().map(|d| format!("{} at {}%: {:?}", d.action.as_str(), d.weight_percent, p99_ratio(d))).collect();
     assert_eq!(judged.last().unwrap().action, Action::Promoted, "{summary:?}");
     eprintln!("{summary:#?}");
+    // Every step was judged on a latency ratio. Its value is a wall-clock
+    // reading on a shared machine (0.70 at one step of a CI run): the
+    // bound below only catches a measurement that compares unlike things,
+    // such as a cold candidate against a warm stable version (2-3x).
     for d in judged.iter().filter(|d| d.action != Action::Held) {
         let ratio = p99_ratio(d).unwrap_or_else(|| panic!("no p99 ratio: {summary:?}"));
-        assert!((0.8..=1.2).contains(&ratio), "an identical candidate read {ratio}: {summary:?}");
+        assert!((0.5..=1.5).contains(&ratio), "an identical candidate read {ratio}: {summary:?}");
     }
 }
 
