@@ -267,7 +267,12 @@ fn a_hung_worker_is_cut_off_at_its_deadline_killed_and_replaced() {
     let first = workers_of(server.pid());
     assert_eq!(first.len(), 1);
     // Stopped, it holds every call without answering: as hung as it gets.
+    // The stop is asynchronous: wait until the kernel shows it stopped.
     assert!(std::process::Command::new("kill").args(["-STOP", &first[0].to_string()]).status().unwrap().success());
+    wait_until("the worker is stopped", || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", first[0])).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+    });
     let input = sample_input(SIZES[0], 1, 6);
     let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
     assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
