@@ -37,6 +37,13 @@ fn workers_of(server: u32) -> Vec<u32> {
     found
 }
 
+/// Waits until model `m`'s status records a failure, and returns it.
+fn refusal(server: &baton_testkit::server::Server) -> serde_json::Value {
+    let last_error = || common::server_status(server)["models"][0]["last_error"].clone();
+    wait_until("a version was refused", || !last_error().is_null());
+    last_error()
+}
+
 /// Waits, within a bound, until `done` holds.
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + LONG;
@@ -163,9 +170,7 @@ fn an_unknown_isolation_is_refused_at_load_and_the_active_version_keeps_serving(
     server.wait_serving("m", 1);
     repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), "[engine]\nisolation = \"container\"\n"));
     repo.publish_mlp("m", 2, &mlp(2));
-    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
-    wait_until("version 2 was refused", || !last_error().is_null());
-    let error = last_error();
+    let error = refusal(&server);
     assert_eq!(
         (error["reason"].as_str(), error["version"].as_u64()),
         (Some("invalid_engine_options"), Some(2)),
@@ -184,9 +189,7 @@ fn a_worker_s_weights_are_validated_a_nan_is_refused_and_its_worker_does_not_sta
     let mut bad = mlp(2);
     bad.layers[0].weight[3] = f32::NAN;
     repo.publish_mlp("m", 2, &bad);
-    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
-    wait_until("version 2 was refused", || !last_error().is_null());
-    let error = last_error();
+    let error = refusal(&server);
     assert_eq!((error["stage"].as_str(), error["version"].as_u64()), (Some("validate"), Some(2)), "{error}");
     assert!(error["message"].as_str().unwrap_or_default().to_lowercase().contains("nan"), "{error}");
     wait_until("only version 1's worker is left", || workers_of(server.pid()) == serving);
@@ -249,9 +252,7 @@ fn a_runtime_that_is_missing_refuses_the_version_at_load_with_its_reason() {
     let engine = "[engine]\nisolation = \"process\"\nruntime = \"/nonexistent/libonnxruntime.so\"\n";
     repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), engine));
     repo.publish_mlp("m", 2, &mlp(2));
-    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
-    wait_until("version 2 was refused", || !last_error().is_null());
-    let error = last_error();
+    let error = refusal(&server);
     assert_eq!((error["stage"].as_str(), error["reason"].as_str()), (Some("load"), Some("runtime_missing")), "{error}");
     assert!(error["message"].as_str().unwrap_or_default().contains("/nonexistent/libonnxruntime.so"), "{error}");
     wait_until("no worker is left", || workers_of(server.pid()).is_empty());
@@ -370,9 +371,7 @@ fn a_worker_runs_at_its_nice_level_and_within_its_memory_limit_and_one_too_small
     // at load, and version 1 serves on.
     repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), &format!("{IN_WORKER}worker_memory_mb = 32\n")));
     repo.publish_mlp("m", 2, &mlp(2));
-    let last_error = || common::server_status(&server)["models"][0]["last_error"].clone();
-    wait_until("version 2 was refused", || !last_error().is_null());
-    let error = last_error();
+    let error = refusal(&server);
     assert_eq!((error["stage"].as_str(), error["version"].as_u64()), (Some("load"), Some(2)), "{error}");
     wait_until("only version 1's worker is left", || workers_of(server.pid()) == vec![worker]);
     assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);

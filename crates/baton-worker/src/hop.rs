@@ -179,7 +179,8 @@ impl Caller {
         let fds = if *shared { Vec::new() } else { vec![region.fd()] };
         match slot.channel.send(&message, &fds) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe || e.raw_os_error() == Some(libc_econnreset()) => {
+            // A peer that died with data unread reads as a reset connection.
+            Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
                 return Err(self.set_gone("the worker closed its channel".into()));
             }
             Err(e) => return Err(broken(e)),
@@ -222,11 +223,6 @@ fn read_answer(slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<V
             frame::read(region.bytes(), &outputs).map_err(HopError::Broken)
         }
     }
-}
-
-/// `ECONNRESET`: what a send reads when the peer died with data unread.
-fn libc_econnreset() -> i32 {
-    rustix::io::Errno::CONNRESET.raw_os_error()
 }
 
 /// What a worker's run returns when a call fails: a stable kind and a message.

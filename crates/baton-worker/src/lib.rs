@@ -24,6 +24,7 @@ pub mod channel;
 pub mod frame;
 pub mod hop;
 mod life;
+mod options;
 pub mod process;
 pub mod region;
 pub mod serve;

@@ -23,107 +23,12 @@ use baton_core::verified::Verified;
 use crate::channel::{Channel, MAX_FDS};
 use crate::hop::{Caller, HopError};
 use crate::life::Worker;
+use crate::options::{self, RUNTIME, TIMEOUT, WorkerOptions};
 use crate::region::Region;
 use crate::wire::{FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
 
-/// The `[engine]` key that chooses where a version runs.
-pub const ISOLATION: &str = "isolation";
-
-/// The `[engine]` key naming the runtime library a worker loads its
-/// engine from: a new runtime for one version, beside the server's.
-pub const RUNTIME: &str = "runtime";
-
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
-
-/// The `[engine]` key bounding how long one call may take in a worker, in
-/// milliseconds, before the worker counts as hung and is replaced.
-pub const TIMEOUT: &str = "worker_timeout_ms";
-
-/// The `[engine]` key giving a worker's nice level, 0 to 19.
-pub const NICE: &str = "worker_nice";
-
-/// The `[engine]` key bounding a worker's memory, in MiB.
-pub const MEMORY: &str = "worker_memory_mb";
-
-/// A worker's resources, as `[engine]` gives them.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Resources {
-    nice: Option<i32>,
-    memory: Option<u64>,
-}
-
-fn resources(spec: &ModelSpec) -> Result<Resources, BackendError> {
-    let invalid = |key: &str, value: &toml::Value, what: &str| {
-        BackendError::new("invalid_engine_options", format!("[engine] {key} = {value}: {what}"))
-    };
-    let nice = match spec.engine.get(NICE) {
-        None => None,
-        Some(toml::Value::Integer(n)) if (0..=19).contains(n) => i32::try_from(*n).ok(),
-        Some(other) => return Err(invalid(NICE, other, "give a nice level from 0 (serving's) to 19 (the lowest)")),
-    };
-    let memory = match spec.engine.get(MEMORY) {
-        None => None,
-        Some(toml::Value::Integer(mb)) if *mb > 0 => Some(mb.unsigned_abs() << 20),
-        Some(other) => return Err(invalid(MEMORY, other, "give a number of MiB above 0")),
-    };
-    Ok(Resources { nice, memory })
-}
-
-/// How long one call may take in a worker by default.
-const CALL_LIMIT: Duration = Duration::from_secs(60);
-
-/// The bound on one call in a worker of `spec`.
-fn call_limit(spec: &ModelSpec) -> Result<Duration, BackendError> {
-    match spec.engine.get(TIMEOUT) {
-        None => Ok(CALL_LIMIT),
-        Some(toml::Value::Integer(ms)) if *ms > 0 => Ok(Duration::from_millis(ms.unsigned_abs())),
-        Some(other) => Err(BackendError::new(
-            "invalid_engine_options",
-            format!("[engine] {TIMEOUT} = {other}: give a number of milliseconds above 0"),
-        )),
-    }
-}
-
-/// Where a model's versions run.
-fn in_worker(spec: &ModelSpec) -> Result<bool, BackendError> {
-    let invalid = |message: String| BackendError::new("invalid_engine_options", message);
-    let in_worker = match spec.engine.get(ISOLATION) {
-        None => false,
-        Some(toml::Value::String(s)) if s == "process" => true,
-        Some(toml::Value::String(s)) if s == "none" => false,
-        Some(other) => {
-            return Err(invalid(format!(
-                "[engine] {ISOLATION} = {other}: use \"process\" (a worker process) or \"none\" (the server's)"
-            )));
-        }
-    };
-    match spec.engine.get(RUNTIME) {
-        None => {}
-        Some(toml::Value::String(_)) if in_worker => {}
-        Some(toml::Value::String(path)) => {
-            return Err(invalid(format!(
-                "[engine] {RUNTIME} = \"{path}\" needs {ISOLATION} = \"process\": the server's process has one \
-                 runtime, loaded at start"
-            )));
-        }
-        Some(other) => return Err(invalid(format!("[engine] {RUNTIME} = {other}: give the library's path"))),
-    }
-    call_limit(spec)?;
-    resources(spec)?;
-    Ok(in_worker)
-}
-
-/// The spec as the engine reads it: without the keys that are baton's.
-fn engine_spec(spec: &ModelSpec) -> ModelSpec {
-    let mut spec = spec.clone();
-    spec.engine.remove(ISOLATION);
-    spec.engine.remove(RUNTIME);
-    spec.engine.remove(TIMEOUT);
-    spec.engine.remove(NICE);
-    spec.engine.remove(MEMORY);
-    spec
-}
 
 /// An engine's backend whose models run in worker processes when their
 /// `[engine]` table asks for it.
@@ -149,7 +54,12 @@ impl ProcessBackend {
         self
     }
 
-    fn start(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
+    fn start(
+        &self,
+        version: &Verified,
+        spec: &ModelSpec,
+        options: WorkerOptions,
+    ) -> Result<Box<dyn Model>, BackendError> {
         let failed = |what: &str, e: std::io::Error| BackendError::new("worker_failed", format!("{what}: {e}"));
         let sessions = spec.engine.get("sessions").and_then(toml::Value::as_integer).unwrap_or(4);
         let slots = usize::try_from(sessions).unwrap_or(1).clamp(1, 8) * 2;
@@ -168,14 +78,13 @@ impl ProcessBackend {
         for channel in &theirs {
             fds.push(channel.inheritable().map_err(|e| failed("handing a slot over", e))?.to_string());
         }
-        let runtime = spec.engine.get(RUNTIME).and_then(toml::Value::as_str);
-        let child = self.spawn(fds.join(","), runtime, &resources(spec)?)?;
+        let child = self.spawn(fds.join(","), &options)?;
         drop((their_setup, their_life, theirs));
         let mut worker = Worker::new(child, life).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
         let (signature, instances, info) = loaded?;
         Ok(Box::new(WorkerModel {
-            call_limit: call_limit(spec)?,
+            call_limit: options.call_limit,
             signature,
             instances,
             info,
@@ -186,15 +95,15 @@ impl ProcessBackend {
     }
 
     /// Starts the worker through the starter thread.
-    fn spawn(&self, fds: String, runtime: Option<&str>, resources: &Resources) -> Result<Child, BackendError> {
+    fn spawn(&self, fds: String, options: &WorkerOptions) -> Result<Child, BackendError> {
         let mut command = Command::new(&self.program);
-        if let Some(nice) = resources.nice {
+        if let Some(nice) = options.nice {
             command.env(NICE_ENV, nice.to_string());
         }
-        if let Some(memory) = resources.memory {
+        if let Some(memory) = options.memory {
             command.env(MEMORY_ENV, memory.to_string());
         }
-        if let Some(runtime) = runtime {
+        if let Some(runtime) = &options.runtime {
             let Some(name) = self.runtime_env else {
                 return Err(BackendError::new(
                     "invalid_engine_options",
@@ -253,7 +162,7 @@ fn hand_over(setup: &Channel, version: &Verified, spec: &ModelSpec) -> Result<()
         let fds: Vec<_> = files.iter().map(|f| f.file().as_fd()).collect();
         setup.send(&message, &fds).map_err(broken)?;
     }
-    let engine = toml::to_string(&engine_spec(spec).engine).map_err(std::io::Error::other).map_err(broken)?;
+    let engine = toml::to_string(&options::engine_spec(spec).engine).map_err(std::io::Error::other).map_err(broken)?;
     let load = Setup::Load { dir: version.dir().to_owned(), manifest: manifest::render(version.manifest()), engine };
     setup.send(&serde_json::to_vec(&load).map_err(std::io::Error::other).map_err(broken)?, &[]).map_err(broken)
 }
@@ -432,50 +341,21 @@ impl Backend for ProcessBackend {
     }
 
     fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
-        if in_worker(spec)? { self.start(version, spec) } else { self.inner.load(version, &engine_spec(spec)) }
+        match WorkerOptions::read(spec)? {
+            options if options.in_worker => self.start(version, spec, options),
+            _ => self.inner.load(version, &options::engine_spec(spec)),
+        }
     }
 
     fn load_alone(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError> {
         // A worker shares no weights with any other process's versions.
-        if in_worker(spec)? { self.start(version, spec) } else { self.inner.load_alone(version, &engine_spec(spec)) }
+        match WorkerOptions::read(spec)? {
+            options if options.in_worker => self.start(version, spec, options),
+            _ => self.inner.load_alone(version, &options::engine_spec(spec)),
+        }
     }
 
     fn maps_as_is(&self, path: &str, size: u64) -> bool {
         self.inner.maps_as_is(path, size)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(engine: &str) -> ModelSpec {
-        ModelSpec::parse(&format!("[engine]\n{engine}")).unwrap()
-    }
-
-    #[test]
-    fn isolation_and_runtime_are_read_strictly_and_never_reach_the_engine() {
-        assert!(!in_worker(&spec("sessions = 2")).unwrap());
-        assert!(!in_worker(&spec("isolation = \"none\"")).unwrap());
-        assert!(in_worker(&spec("isolation = \"process\"\nruntime = \"/lib/ort.so\"")).unwrap());
-        for (engine, needle) in [
-            ("isolation = \"container\"", "container"),
-            ("isolation = true", "isolation"),
-            ("runtime = \"/lib/ort.so\"", "needs isolation"),
-            ("isolation = \"process\"\nruntime = 3", "the library's path"),
-            ("isolation = \"process\"\nworker_timeout_ms = 0", "milliseconds"),
-            ("isolation = \"process\"\nworker_nice = 20", "nice level"),
-            ("isolation = \"process\"\nworker_memory_mb = -1", "MiB"),
-        ] {
-            let error = in_worker(&spec(engine)).unwrap_err();
-            assert_eq!(error.kind, "invalid_engine_options");
-            assert!(error.message.contains(needle), "{engine}: {}", error.message);
-        }
-        let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2\n\
-                      worker_nice = 7\nworker_memory_mb = 3";
-        assert_eq!(call_limit(&spec(engine)).unwrap(), Duration::from_millis(5));
-        assert_eq!(resources(&spec(engine)).unwrap(), Resources { nice: Some(7), memory: Some(3 << 20) });
-        let engine = engine_spec(&spec(engine)).engine;
-        assert_eq!(engine.keys().collect::<Vec<_>>(), ["sessions"]);
     }
 }

@@ -1,0 +1,142 @@
+//! The `[engine]` keys that are baton's, not the engine's: where a
+//! version runs, and what its worker is given. Read once per load, strictly
+//! (a typo or a wrong type is `invalid_engine_options`), and taken out of
+//! the table before the engine sees it.
+
+use std::time::Duration;
+
+use baton_core::backend::BackendError;
+use baton_core::spec::ModelSpec;
+
+/// The key that chooses where a version runs: `"process"` or `"none"`.
+pub const ISOLATION: &str = "isolation";
+
+/// The key naming the runtime library a worker loads its engine from: a
+/// new runtime for one version, beside the server's.
+pub const RUNTIME: &str = "runtime";
+
+/// The key bounding how long one call may take in a worker, in
+/// milliseconds, before the worker counts as hung and is replaced.
+pub const TIMEOUT: &str = "worker_timeout_ms";
+
+/// The key giving a worker's nice level, 0 to 19.
+pub const NICE: &str = "worker_nice";
+
+/// The key bounding a worker's memory, in MiB.
+pub const MEMORY: &str = "worker_memory_mb";
+
+/// Every key of baton's in `[engine]`.
+const KEYS: [&str; 5] = [ISOLATION, RUNTIME, TIMEOUT, NICE, MEMORY];
+
+/// How long one call may take in a worker by default.
+const CALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// What `[engine]` says of where a version runs and with what.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct WorkerOptions {
+    /// Whether the version runs in a worker process.
+    pub(crate) in_worker: bool,
+    /// The runtime library the worker loads, when not the server's.
+    pub(crate) runtime: Option<String>,
+    /// The bound on one call in the worker.
+    pub(crate) call_limit: Duration,
+    /// The worker's nice level.
+    pub(crate) nice: Option<i32>,
+    /// The worker's memory limit, in bytes.
+    pub(crate) memory: Option<u64>,
+}
+
+impl WorkerOptions {
+    /// Reads baton's keys of `spec`'s `[engine]` table.
+    pub(crate) fn read(spec: &ModelSpec) -> Result<WorkerOptions, BackendError> {
+        let invalid = |key: &str, value: &toml::Value, what: &str| {
+            BackendError::new("invalid_engine_options", format!("[engine] {key} = {value}: {what}"))
+        };
+        let engine = &spec.engine;
+        let in_worker = match engine.get(ISOLATION) {
+            None => false,
+            Some(toml::Value::String(s)) if s == "process" => true,
+            Some(toml::Value::String(s)) if s == "none" => false,
+            Some(other) => {
+                return Err(invalid(ISOLATION, other, "use \"process\" (a worker process) or \"none\" (the server's)"));
+            }
+        };
+        let runtime = match engine.get(RUNTIME) {
+            None => None,
+            Some(toml::Value::String(path)) if in_worker => Some(path.clone()),
+            Some(value @ toml::Value::String(_)) => {
+                let why =
+                    format!("needs {ISOLATION} = \"process\": the server's process has one runtime, loaded at start");
+                return Err(invalid(RUNTIME, value, &why));
+            }
+            Some(other) => return Err(invalid(RUNTIME, other, "give the library's path")),
+        };
+        let call_limit = match engine.get(TIMEOUT) {
+            None => CALL_LIMIT,
+            Some(toml::Value::Integer(ms)) if *ms > 0 => Duration::from_millis(ms.unsigned_abs()),
+            Some(other) => return Err(invalid(TIMEOUT, other, "give a number of milliseconds above 0")),
+        };
+        let nice = match engine.get(NICE) {
+            None => None,
+            Some(toml::Value::Integer(n)) if (0..=19).contains(n) => i32::try_from(*n).ok(),
+            Some(other) => return Err(invalid(NICE, other, "give a nice level from 0 (serving's) to 19 (the lowest)")),
+        };
+        let memory = match engine.get(MEMORY) {
+            None => None,
+            Some(toml::Value::Integer(mb)) if *mb > 0 => Some(mb.unsigned_abs() << 20),
+            Some(other) => return Err(invalid(MEMORY, other, "give a number of MiB above 0")),
+        };
+        Ok(WorkerOptions { in_worker, runtime, call_limit, nice, memory })
+    }
+}
+
+/// The spec as the engine reads it: without the keys that are baton's.
+pub(crate) fn engine_spec(spec: &ModelSpec) -> ModelSpec {
+    let mut spec = spec.clone();
+    for key in KEYS {
+        spec.engine.remove(key);
+    }
+    spec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(engine: &str) -> ModelSpec {
+        ModelSpec::parse(&format!("[engine]\n{engine}")).unwrap()
+    }
+
+    #[test]
+    fn isolation_and_runtime_are_read_strictly_and_never_reach_the_engine() {
+        assert!(!WorkerOptions::read(&spec("sessions = 2")).unwrap().in_worker);
+        assert!(!WorkerOptions::read(&spec("isolation = \"none\"")).unwrap().in_worker);
+        assert!(WorkerOptions::read(&spec("isolation = \"process\"\nruntime = \"/lib/ort.so\"")).unwrap().in_worker);
+        for (engine, needle) in [
+            ("isolation = \"container\"", "container"),
+            ("isolation = true", "isolation"),
+            ("runtime = \"/lib/ort.so\"", "needs isolation"),
+            ("isolation = \"process\"\nruntime = 3", "the library's path"),
+            ("isolation = \"process\"\nworker_timeout_ms = 0", "milliseconds"),
+            ("isolation = \"process\"\nworker_nice = 20", "nice level"),
+            ("isolation = \"process\"\nworker_memory_mb = -1", "MiB"),
+        ] {
+            let error = WorkerOptions::read(&spec(engine)).unwrap_err();
+            assert_eq!(error.kind, "invalid_engine_options");
+            assert!(error.message.contains(needle), "{engine}: {}", error.message);
+        }
+        let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2\n\
+                      worker_nice = 7\nworker_memory_mb = 3";
+        let options = WorkerOptions::read(&spec(engine)).unwrap();
+        let want = WorkerOptions {
+            in_worker: true,
+            runtime: Some("/lib/ort.so".into()),
+            call_limit: Duration::from_millis(5),
+            nice: Some(7),
+            memory: Some(3 << 20),
+        };
+        assert_eq!(options, want);
+        let engine = engine_spec(&spec(engine)).engine;
+        assert_eq!(engine.keys().collect::<Vec<_>>(), ["sessions"]);
+    }
+}
