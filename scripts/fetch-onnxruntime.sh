@@ -9,13 +9,16 @@
 #
 # baton-onnx is built against the ONNX Runtime C API version 24 (ort's
 # `api-24` feature), so any ONNX Runtime >= 1.24 serves it; the C API is
-# backward-compatible. ORT_VERSION overrides the pinned version.
+# backward-compatible. ORT_VERSION overrides the pinned version, and
+# ORT_LIB_DIR the directory (default <repo>/.baton/lib): the tests fetch a
+# second, older build into .baton/lib/second, the runtime a version in a
+# worker process can name beside the server's own.
 set -euo pipefail
 
 ORT_VERSION="${ORT_VERSION:-1.32.0}"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-lib_dir="$root/.baton/lib"
+lib_dir="${ORT_LIB_DIR:-$root/.baton/lib}"
 target="$lib_dir/libonnxruntime.so"
 
 IFS=. read -r major minor _ <<<"$ORT_VERSION"

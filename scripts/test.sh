@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/fetch-onnxruntime.sh
+# A second ONNX Runtime, older, for a version that runs on its own runtime
+# in a worker process beside the server's.
+ORT_VERSION=1.24.4 ORT_LIB_DIR=.baton/lib/second bash scripts/fetch-onnxruntime.sh
 bash scripts/setup-packages.sh
 # The black-box tests drive baton with tritonclient too.
 bash scripts/setup-clients.sh

@@ -189,14 +189,67 @@ pub enum UpdateKind {
     /// A whole model: graph and weights.
     #[default]
     Graph,
+    /// A version that runs in a process of its own, because what it needs
+    /// cannot change inside the server's process (another runtime library)
+    /// or because the operator asked for one.
+    Runtime,
 }
 
 impl UpdateKind {
-    /// `weights` or `graph`.
+    /// `weights`, `graph` or `runtime`.
     pub fn as_str(self) -> &'static str {
         match self {
             UpdateKind::Weights => "weights",
             UpdateKind::Graph => "graph",
+            UpdateKind::Runtime => "runtime",
+        }
+    }
+}
+
+/// Why a version is the kind of update it is: a stable code for metrics
+/// and clients, and a sentence for people.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateReason {
+    /// New tensors for a graph the engine already holds.
+    WeightsOnly,
+    /// A whole model, loaded in the server's process.
+    NewGraph,
+    /// Its `[engine] runtime` names a runtime library of its own, which
+    /// only a process of its own can load beside the server's.
+    RuntimeLibrary,
+    /// Its `[engine] isolation = "process"` asks for a process of its own.
+    OperatorChoice,
+}
+
+impl UpdateReason {
+    /// The stable code: `weights_only`, `new_graph`, `runtime_library` or
+    /// `operator_choice`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateReason::WeightsOnly => "weights_only",
+            UpdateReason::NewGraph => "new_graph",
+            UpdateReason::RuntimeLibrary => "runtime_library",
+            UpdateReason::OperatorChoice => "operator_choice",
+        }
+    }
+
+    /// The kind of update the reason makes.
+    pub fn kind(self) -> UpdateKind {
+        match self {
+            UpdateReason::WeightsOnly => UpdateKind::Weights,
+            UpdateReason::NewGraph => UpdateKind::Graph,
+            UpdateReason::RuntimeLibrary | UpdateReason::OperatorChoice => UpdateKind::Runtime,
+        }
+    }
+
+    /// The reason an engine's own kind of update has when nothing else
+    /// decided it.
+    pub fn of(kind: UpdateKind) -> UpdateReason {
+        match kind {
+            UpdateKind::Weights => UpdateReason::WeightsOnly,
+            UpdateKind::Graph => UpdateReason::NewGraph,
+            UpdateKind::Runtime => UpdateReason::OperatorChoice,
         }
     }
 }
@@ -211,9 +264,19 @@ pub struct WeightsInfo {
     pub reused: u64,
     /// Which kind of update the version was.
     pub update: UpdateKind,
+    /// Why, when something other than the engine decided it (a worker
+    /// process); else the kind's own reason ([`UpdateReason::of`]).
+    pub reason: Option<UpdateReason>,
     /// The container of packed weights the version shares with other
     /// versions of its model, if any.
     pub container: Option<SharedContainer>,
+}
+
+impl WeightsInfo {
+    /// Why the version is the kind of update it is.
+    pub fn why(&self) -> UpdateReason {
+        self.reason.unwrap_or(UpdateReason::of(self.update))
+    }
 }
 
 /// A container of packed weights that successive versions of a model

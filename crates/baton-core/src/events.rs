@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use crate::backend::UpdateKind;
+use crate::backend::{UpdateKind, UpdateReason};
 
 /// The state of a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -163,9 +163,12 @@ pub struct LoadReport {
     pub total: Duration,
     /// Memory the new version holds (measured RSS growth across its load).
     pub bytes_held: u64,
-    /// Which kind of update the loaded version was (`weights` or `graph`),
-    /// when the operation loaded one.
+    /// Which kind of update the loaded version was (`weights`, `graph` or
+    /// `runtime`), when the operation loaded one.
     pub update: Option<UpdateKind>,
+    /// Why it was that kind (`weights_only`, `new_graph`,
+    /// `runtime_library` or `operator_choice`).
+    pub update_reason: Option<UpdateReason>,
     /// Requests still pinned to the old routing table when the drain gave up.
     pub stragglers: usize,
     /// Whether the drain timed out.

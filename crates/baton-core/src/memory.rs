@@ -76,6 +76,8 @@ pub struct LiveVersion {
     pub memory: crate::version::VersionMemory,
     /// Which kind of update it was.
     pub update: crate::backend::UpdateKind,
+    /// Why it was that kind.
+    pub update_reason: crate::backend::UpdateReason,
     /// Whether it is a rollout's twin of the stable version (same number,
     /// a second instance that only runs comparison copies).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -468,6 +470,7 @@ impl Memory {
                 bytes_held: v.bytes_held(),
                 memory: v.memory(),
                 update: v.weights().update,
+                update_reason: v.weights().why(),
                 twin: v.is_twin(),
                 worker: v.process(),
                 alive: v.alive(),

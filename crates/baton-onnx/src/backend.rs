@@ -362,7 +362,7 @@ impl Model for OnnxModel {
         let update = if self.file.is_weights_only() { UpdateKind::Weights } else { UpdateKind::Graph };
         // Only a container versions share keeps what a gone version packed.
         let container = (self.shared.bytes() > 0 && !self.alone).then(|| self.chain.share());
-        WeightsInfo { shared: self.shared.bytes(), reused: self.shared.reused(), update, container }
+        WeightsInfo { shared: self.shared.bytes(), reused: self.shared.reused(), update, reason: None, container }
     }
 
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

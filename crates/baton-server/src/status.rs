@@ -36,6 +36,7 @@ fn idle(model: &str) -> ModelStatus {
         last_error: None,
         failed_versions: Default::default(),
         rollout: None,
+        workers: Default::default(),
     }
 }
 

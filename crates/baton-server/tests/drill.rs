@@ -363,6 +363,27 @@ fn a_refused_version_is_a_failed_swap_while_the_old_one_keeps_serving() {
     assert!(problems.contains("swap 1: the action failed"), "{problems}");
 }
 
+/// The drill's options for a canary of `version` through the rollout API,
+/// steps 50 % and 100 % of 300 ms each, guarded by `guards`.
+fn canary<'a>(version: &'a str, guards: &'a str) -> [&'a str; 14] {
+    [
+        "--swap",
+        "rollout",
+        "--rollout-version",
+        version,
+        "--rollout-mode",
+        "canary",
+        "--rollout-steps",
+        "50,100",
+        "--rollout-interval",
+        "300ms",
+        "--rollout-guards",
+        guards,
+        "--duration",
+        "60s",
+    ]
+}
+
 /// A rollout under fire whose candidate drifts (other weights than the
 /// stable version's): the drill starts it through the rollout API, follows
 /// it until the guards roll it back, and reports the phases, the decisions
@@ -378,23 +399,7 @@ fn a_rollout_drill_reports_the_rollback_of_a_drifting_candidate() {
     server.wait_settled("m", 1);
     repo.publish_mlp("m", 2, &drifting);
     let guards = r#"{"min_samples": 20, "max_rel_l2": 0.05}"#;
-    let rollout = [
-        "--swap",
-        "rollout",
-        "--rollout-version",
-        "2",
-        "--rollout-mode",
-        "canary",
-        "--rollout-steps",
-        "50,100",
-        "--rollout-interval",
-        "300ms",
-        "--rollout-guards",
-        guards,
-        "--duration",
-        "60s",
-    ];
-    let outcome = drill(server.base(), &[&TWO[..], &rollout].concat());
+    let outcome = drill(server.base(), &[&TWO[..], &canary("2", guards)].concat());
     let (r, ctx) = (&outcome.report, outcome.context());
     assert!(outcome.status.success(), "exit {:?}\n{ctx}", outcome.status);
     assert_eq!(r["failed"], 0, "{ctx}");
@@ -439,4 +444,35 @@ fn a_rollout_drill_reports_the_rollback_of_a_drifting_candidate() {
     assert_eq!(timing["candidate_answers_started_after_weight_zero"], 0, "{timing}");
     assert!(outcome.stdout.contains("rollback: window ended"), "{}", outcome.stdout);
     assert!(outcome.stdout.contains("answers by role"), "{}", outcome.stdout);
+}
+
+/// `baton drill` follows a canary that moves a model from the server's
+/// process into a worker process and one that moves it back: both
+/// candidates equal the stable version, so both are promoted, no request
+/// fails, and the status names each version's kind of update and why.
+#[test]
+fn a_canary_into_a_worker_process_and_back_passes_the_drill_with_no_failed_request() {
+    let repo = repo(&[1]);
+    let server = Server::start(bin(), repo.root(), &["--no-watch"]);
+    server.wait_settled("m", 1);
+    let guards = r#"{"min_samples": 20, "max_rel_l2": 0.05, "max_p99_ratio": 100}"#;
+    // No watch after a promotion: the next rollout starts at once.
+    let watch = "[rollout]\nwatch_ms = 0\n";
+    for (version, engine, update, reason) in [
+        (2, "[engine]\nisolation = \"process\"\nsessions = 1\n", "runtime", "operator_choice"),
+        (3, "", "graph", "new_graph"),
+    ] {
+        repo.add_model("m", &mlp_toml(&mlp(1), &format!("{engine}{watch}")));
+        repo.publish_mlp("m", version, &mlp(1));
+        let outcome = drill(server.base(), &[&TWO[..], &canary(&version.to_string(), guards)].concat());
+        let (r, ctx) = (&outcome.report, outcome.context());
+        assert!(outcome.status.success(), "exit {:?}\n{ctx}", outcome.status);
+        assert_eq!(r["failed"], 0, "{ctx}");
+        assert_eq!(r["rollout"]["outcome"], "promoted", "{}", r["rollout"]);
+        let status = server.status("m");
+        let live = status["live"].as_array().expect("live versions");
+        let serving = live.iter().find(|l| l["version"] == version).expect("the promoted version is live");
+        assert_eq!((serving["update"].as_str(), serving["update_reason"].as_str()), (Some(update), Some(reason)));
+        assert_eq!(serving["worker"].is_object(), update == "runtime", "{serving}");
+    }
 }

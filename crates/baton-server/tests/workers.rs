@@ -135,6 +135,16 @@ fn a_killed_worker_with_no_version_kept_fails_fast_and_is_restarted_while_anothe
     let now = workers_of(server.pid());
     assert!(now.len() == 1 && now[0] != first[0], "a new worker serves: {now:?} (was {first:?})");
     wait_until("the exit is counted", || exits(&server, "m").iter().any(|l| l.contains("action=\"restarting\"")));
+    // The status names the new worker and counts the exit and the restart.
+    let status = server.status("m");
+    assert_eq!(status["workers"], serde_json::json!({"exits": 1, "restarts": 1}), "{status}");
+    let worker = &status["live"][0]["worker"];
+    assert_eq!(worker["pid"], now[0], "{status}");
+    assert!(worker["rss"].as_u64().is_some_and(|rss| rss > 0) && worker["started_at"].as_u64() > Some(0), "{status}");
+    assert_eq!(
+        (status["live"][0]["update"].as_str(), status["live"][0]["update_reason"].as_str()),
+        (Some("runtime"), Some("operator_choice"))
+    );
     eprintln!("{refused} requests refused while the version restarted, {own} answered by the other model");
 }
 
@@ -186,6 +196,12 @@ fn a_worker_s_weights_are_validated_a_nan_is_refused_and_its_worker_does_not_sta
     let server = start(&repo, &[]);
     server.wait_serving("m", 1);
     let serving = workers_of(server.pid());
+    // The region the weights crossed for validation is gone on both sides
+    // once the version serves: it is as large as the largest tensor.
+    for pid in [server.pid(), serving[0]] {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        assert!(!maps.contains("baton-weights"), "process {pid} still maps the weights region");
+    }
     let mut bad = mlp(2);
     bad.layers[0].weight[3] = f32::NAN;
     repo.publish_mlp("m", 2, &bad);
@@ -221,27 +237,44 @@ fn maps(pid: u32, path: &std::path::Path) -> bool {
     maps.lines().any(|line| line.ends_with(&path.display().to_string()))
 }
 
+/// The second ONNX Runtime, an older build than the server's, that
+/// scripts/test.sh fetches.
+fn second_runtime() -> std::path::PathBuf {
+    let link = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.baton/lib/second/libonnxruntime.so");
+    link.canonicalize().unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; fetch it with `ORT_VERSION=1.24.4 ORT_LIB_DIR=.baton/lib/second bash \
+             scripts/fetch-onnxruntime.sh` (scripts/test.sh does)",
+            link.display()
+        )
+    })
+}
+
+/// Two ONNX Runtime builds serve side by side: model `m` in the server's
+/// process on the server's runtime, model `n` in a worker on the older
+/// build its `[engine] runtime` names, chosen by that key alone.
 #[test]
-fn a_version_in_a_worker_runs_on_the_runtime_its_engine_table_names() {
+fn a_version_on_another_runtime_runs_in_a_worker_beside_the_server_s_own() {
     let repo = repo_with("m", &[1], "");
+    let second = second_runtime();
+    let engine = format!("[engine]\nruntime = \"{}\"\n", second.display());
+    repo.add_model("n", &baton_testkit::repo::mlp_toml(&mlp(1), &engine));
+    repo.publish_mlp("n", 1, &mlp(3));
     let server = start(&repo, &[]);
     server.wait_serving("m", 1);
-    // A second runtime: the same library, as another file.
-    let runtimes = tempfile::tempdir().unwrap();
-    let second = runtimes.path().join("libonnxruntime.so");
-    std::fs::copy(baton_onnx::runtime_path().unwrap(), &second).unwrap();
-    let engine = format!("[engine]\nisolation = \"process\"\nruntime = \"{}\"\n", second.display());
-    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), &engine));
-    repo.publish_mlp("m", 2, &mlp(2));
-    server.wait_serving("m", 2);
+    server.wait_serving("n", 1);
     let worker = workers_of(server.pid());
     assert_eq!(worker.len(), 1);
-    assert!(maps(worker[0], &second), "the worker maps the runtime named in [engine]");
-    assert!(!maps(server.pid(), &second), "the server does not");
+    let own = baton_onnx::runtime_path().unwrap().canonicalize().unwrap();
+    assert_ne!(own, second, "the two runtimes are two files");
+    assert!(maps(worker[0], &second) && !maps(worker[0], &own), "the worker maps the runtime named in [engine] alone");
+    assert!(maps(server.pid(), &own) && !maps(server.pid(), &second), "the server maps its own alone");
     let input = sample_input(SIZES[0], 1, 4);
-    let (version, output) = infer(&server, "m", &input, 1);
-    assert_eq!(version, 2);
-    assert_close(&output, &mlp(2).forward(&input, 1), "version 2 on the second runtime");
+    assert_close(&infer(&server, "m", &input, 1).1, &mlp(1).forward(&input, 1), "m on the server's runtime");
+    assert_close(&infer(&server, "n", &input, 1).1, &mlp(3).forward(&input, 1), "n on the second runtime");
+    let status = server.status("n");
+    let live = &status["live"][0];
+    assert_eq!((live["update"].as_str(), live["update_reason"].as_str()), (Some("runtime"), Some("runtime_library")));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use baton_core::backend::BackendError;
+use baton_core::backend::{BackendError, UpdateReason};
 use baton_core::spec::ModelSpec;
 
 /// The key that chooses where a version runs: `"process"` or `"none"`.
@@ -36,6 +36,8 @@ const CALL_LIMIT: Duration = Duration::from_secs(60);
 pub(crate) struct WorkerOptions {
     /// Whether the version runs in a worker process.
     pub(crate) in_worker: bool,
+    /// Why it runs in one, when it does.
+    pub(crate) reason: Option<UpdateReason>,
     /// The runtime library the worker loads, when not the server's.
     pub(crate) runtime: Option<String>,
     /// The bound on one call in the worker.
@@ -53,24 +55,34 @@ impl WorkerOptions {
             BackendError::new("invalid_engine_options", format!("[engine] {key} = {value}: {what}"))
         };
         let engine = &spec.engine;
-        let in_worker = match engine.get(ISOLATION) {
-            None => false,
-            Some(toml::Value::String(s)) if s == "process" => true,
-            Some(toml::Value::String(s)) if s == "none" => false,
+        let isolation = match engine.get(ISOLATION) {
+            None => None,
+            Some(toml::Value::String(s)) if s == "process" => Some(true),
+            Some(toml::Value::String(s)) if s == "none" => Some(false),
             Some(other) => {
                 return Err(invalid(ISOLATION, other, "use \"process\" (a worker process) or \"none\" (the server's)"));
             }
         };
         let runtime = match engine.get(RUNTIME) {
             None => None,
-            Some(toml::Value::String(path)) if in_worker => Some(path.clone()),
-            Some(value @ toml::Value::String(_)) => {
-                let why =
-                    format!("needs {ISOLATION} = \"process\": the server's process has one runtime, loaded at start");
+            Some(value @ toml::Value::String(_)) if isolation == Some(false) => {
+                let why = format!(
+                    "contradicts {ISOLATION} = \"none\": the server's process has one runtime, loaded at start, \
+                     so another one runs only in a worker process"
+                );
                 return Err(invalid(RUNTIME, value, &why));
             }
+            Some(toml::Value::String(path)) => Some(path.clone()),
             Some(other) => return Err(invalid(RUNTIME, other, "give the library's path")),
         };
+        // A runtime of its own can only be loaded in a process of its own:
+        // naming one is enough to choose a worker.
+        let reason = match (isolation, &runtime) {
+            (_, Some(_)) => Some(UpdateReason::RuntimeLibrary),
+            (Some(true), None) => Some(UpdateReason::OperatorChoice),
+            _ => None,
+        };
+        let in_worker = reason.is_some();
         let call_limit = match engine.get(TIMEOUT) {
             None => CALL_LIMIT,
             Some(toml::Value::Integer(ms)) if *ms > 0 => Duration::from_millis(ms.unsigned_abs()),
@@ -86,7 +98,7 @@ impl WorkerOptions {
             Some(toml::Value::Integer(mb)) if *mb > 0 => Some(mb.unsigned_abs() << 20),
             Some(other) => return Err(invalid(MEMORY, other, "give a number of MiB above 0")),
         };
-        Ok(WorkerOptions { in_worker, runtime, call_limit, nice, memory })
+        Ok(WorkerOptions { in_worker, reason, runtime, call_limit, nice, memory })
     }
 }
 
@@ -112,10 +124,15 @@ mod tests {
         assert!(!WorkerOptions::read(&spec("sessions = 2")).unwrap().in_worker);
         assert!(!WorkerOptions::read(&spec("isolation = \"none\"")).unwrap().in_worker);
         assert!(WorkerOptions::read(&spec("isolation = \"process\"\nruntime = \"/lib/ort.so\"")).unwrap().in_worker);
+        let chosen = |engine: &str| WorkerOptions::read(&spec(engine)).unwrap().reason;
+        assert_eq!(chosen("sessions = 2"), None);
+        assert_eq!(chosen("isolation = \"process\""), Some(UpdateReason::OperatorChoice));
+        assert_eq!(chosen("runtime = \"/lib/ort.so\""), Some(UpdateReason::RuntimeLibrary));
+        assert_eq!(chosen("isolation = \"process\"\nruntime = \"/lib/ort.so\""), Some(UpdateReason::RuntimeLibrary));
         for (engine, needle) in [
             ("isolation = \"container\"", "container"),
             ("isolation = true", "isolation"),
-            ("runtime = \"/lib/ort.so\"", "needs isolation"),
+            ("isolation = \"none\"\nruntime = \"/lib/ort.so\"", "contradicts isolation"),
             ("isolation = \"process\"\nruntime = 3", "the library's path"),
             ("isolation = \"process\"\nworker_timeout_ms = 0", "milliseconds"),
             ("isolation = \"process\"\nworker_nice = 20", "nice level"),
@@ -130,6 +147,7 @@ mod tests {
         let options = WorkerOptions::read(&spec(engine)).unwrap();
         let want = WorkerOptions {
             in_worker: true,
+            reason: Some(UpdateReason::RuntimeLibrary),
             runtime: Some("/lib/ort.so".into()),
             call_limit: Duration::from_millis(5),
             nice: Some(7),

@@ -13,7 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightRole, WeightsError, WeightsInfo};
+use baton_core::backend::{
+    Backend, BackendError, Model, ProcessInfo, UpdateKind, Weight, WeightRole, WeightsError, WeightsInfo,
+};
 use baton_core::manifest;
 use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
@@ -82,7 +84,11 @@ impl ProcessBackend {
         drop((their_setup, their_life, theirs));
         let mut worker = Worker::new(child, life).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
-        let (signature, instances, info) = loaded?;
+        let (signature, instances, mut info) = loaded?;
+        // Whatever the files are, a version in a process of its own is a
+        // runtime update: it shares nothing with the server's versions.
+        info.update = UpdateKind::Runtime;
+        info.reason = options.reason;
         Ok(Box::new(WorkerModel {
             call_limit: options.call_limit,
             signature,
@@ -189,7 +195,7 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
     }
     match serde_json::from_slice::<Report>(&buffer) {
         Ok(Report::Loaded { signature, instances, shared, reused, update }) => {
-            Ok((signature, instances, WeightsInfo { shared, reused, update, container: None }))
+            Ok((signature, instances, WeightsInfo { shared, reused, update, reason: None, container: None }))
         }
         Ok(Report::LoadFailed { kind, message, tensor }) => {
             worker.stop();
@@ -260,39 +266,11 @@ impl Model for WorkerModel {
             channel.send(&bytes, &[]).map_err(|e| WeightsError::Read(format!("asking the worker for weights: {e}")))
         };
         send(&Setup::Weights)?;
-        let mut buffer = Vec::new();
-        loop {
-            let fds = match channel.recv(&mut buffer) {
-                Ok(Some(fds)) => fds,
-                Ok(None) => return Err(WeightsError::Read("the worker closed its channel".into())),
-                Err(e) => return Err(WeightsError::Read(format!("reading weights from the worker: {e}"))),
-            };
-            let report = serde_json::from_slice::<Report>(&buffer).map_err(|e| WeightsError::Read(e.to_string()))?;
-            let (name, datatype, shape, compute, len, grown) = match report {
-                Report::WeightsEnd => return Ok(()),
-                Report::WeightsFailed { message } => return Err(WeightsError::Read(message)),
-                Report::Weight { name, datatype, shape, compute, len, region } => {
-                    (name, datatype, shape, compute, len, region)
-                }
-                other => return Err(WeightsError::Read(format!("the worker reported {other:?} among weights"))),
-            };
-            if grown {
-                let fd: Option<OwnedFd> = fds.into_iter().next();
-                let fd = fd.ok_or_else(|| WeightsError::Read("a weights region was announced, not sent".into()))?;
-                *region = Some(Region::open(fd).map_err(|e| WeightsError::Read(e.to_string()))?);
-            }
-            let data = region
-                .as_ref()
-                .and_then(|r| r.bytes().get(..len))
-                .ok_or_else(|| WeightsError::Read(format!("weight '{name}' lies outside the weights region")))?;
-            let role = if compute { WeightRole::Compute } else { WeightRole::Constant };
-            let weight = Weight { name: &name, datatype, shape: &shape, data, role };
-            if let Err(refused) = visit(&weight) {
-                send(&Setup::Stop)?;
-                return Err(WeightsError::Refused(refused));
-            }
-            send(&Setup::Next)?;
-        }
+        // The region is as large as the largest tensor: it is let go once
+        // the pass ends, on both sides, so that it costs nothing after.
+        let passed = read_weights(channel, region, &send, visit);
+        *region = None;
+        passed
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
@@ -357,5 +335,48 @@ impl Backend for ProcessBackend {
 
     fn maps_as_is(&self, path: &str, size: u64) -> bool {
         self.inner.maps_as_is(path, size)
+    }
+}
+
+/// Reads one pass of the worker's weights, each through `region`, and
+/// hands each to `visit`.
+fn read_weights(
+    channel: &Channel,
+    region: &mut Option<Region>,
+    send: &dyn Fn(&Setup) -> Result<(), WeightsError>,
+    visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>,
+) -> Result<(), WeightsError> {
+    let mut buffer = Vec::new();
+    loop {
+        let fds = match channel.recv(&mut buffer) {
+            Ok(Some(fds)) => fds,
+            Ok(None) => return Err(WeightsError::Read("the worker closed its channel".into())),
+            Err(e) => return Err(WeightsError::Read(format!("reading weights from the worker: {e}"))),
+        };
+        let report = serde_json::from_slice::<Report>(&buffer).map_err(|e| WeightsError::Read(e.to_string()))?;
+        let (name, datatype, shape, compute, len, grown) = match report {
+            Report::WeightsEnd => return Ok(()),
+            Report::WeightsFailed { message } => return Err(WeightsError::Read(message)),
+            Report::Weight { name, datatype, shape, compute, len, region } => {
+                (name, datatype, shape, compute, len, region)
+            }
+            other => return Err(WeightsError::Read(format!("the worker reported {other:?} among weights"))),
+        };
+        if grown {
+            let fd: Option<OwnedFd> = fds.into_iter().next();
+            let fd = fd.ok_or_else(|| WeightsError::Read("a weights region was announced, not sent".into()))?;
+            *region = Some(Region::open(fd).map_err(|e| WeightsError::Read(e.to_string()))?);
+        }
+        let data = region
+            .as_ref()
+            .and_then(|r| r.bytes().get(..len))
+            .ok_or_else(|| WeightsError::Read(format!("weight '{name}' lies outside the weights region")))?;
+        let role = if compute { WeightRole::Compute } else { WeightRole::Constant };
+        let weight = Weight { name: &name, datatype, shape: &shape, data, role };
+        if let Err(refused) = visit(&weight) {
+            send(&Setup::Stop)?;
+            return Err(WeightsError::Refused(refused));
+        }
+        send(&Setup::Next)?;
     }
 }

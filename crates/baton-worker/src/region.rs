@@ -34,10 +34,16 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// A new region of at least `len` bytes, zeroed.
+    /// A new region of at least `len` bytes, zeroed, for calls.
     pub fn create(len: usize) -> io::Result<Region> {
+        Region::named("baton-hop", len)
+    }
+
+    /// A new region of at least `len` bytes, zeroed, under `name` (which
+    /// `/proc/PID/maps` shows as `/memfd:NAME`).
+    pub fn named(name: &str, len: usize) -> io::Result<Region> {
         let len = len.max(MIN_LEN).next_multiple_of(MIN_LEN);
-        let fd = memfd_create("baton-hop", MemfdFlags::CLOEXEC)?;
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
         ftruncate(&fd, len as u64)?;
         Region::map(fd, len)
     }

@@ -11,7 +11,7 @@ use baton_core::verified::{HandedFile, Verified};
 
 use crate::channel::Channel;
 use crate::region::Region;
-use crate::wire::{FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
+use crate::wire::{FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup, WEIGHTS_REGION};
 
 /// What makes the engine a worker loads with. Called once the version is
 /// handed over, so that an engine that cannot start (a runtime library
@@ -155,7 +155,7 @@ fn answer_setup(setup: &Channel, model: &dyn Model) {
         let visited = model.visit_weights(&mut |weight| {
             let grown = region.as_ref().is_none_or(|r| r.len() < weight.data.len());
             if grown {
-                region = Some(Region::create(weight.data.len()).map_err(|e| e.to_string())?);
+                region = Some(Region::named(WEIGHTS_REGION, weight.data.len()).map_err(|e| e.to_string())?);
             }
             let target = region.as_mut().expect("a region was just made");
             target.bytes_mut()[..weight.data.len()].copy_from_slice(weight.data);
@@ -178,6 +178,8 @@ fn answer_setup(setup: &Channel, model: &dyn Model) {
                 }
             }
         });
+        // The server lets go of its side once the pass ends.
+        region = None;
         if stopped {
             continue;
         }

@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 
 /// The environment variable that tells a worker its descriptors: the setup
 /// channel's, the life channel's, then each slot's, comma-separated.
+/// The name of the region a worker streams its weights through for
+/// validation: it lives only as long as one pass over the weights.
+pub const WEIGHTS_REGION: &str = "baton-weights";
+
 pub const FDS_ENV: &str = "BATON_WORKER_FDS";
 
 /// The environment variable that tells a worker its server's pid.

@@ -29,7 +29,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::agent::panic_message;
-use crate::backend::UpdateKind;
+use crate::backend::{UpdateKind, UpdateReason};
 use crate::budget::{Basis, Check};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
@@ -68,8 +68,8 @@ type Change = Box<dyn FnOnce(&mut BTreeMap<String, ModelRoute>) -> Option<u64> +
 struct Finish {
     timeout: Duration,
     bytes_held: u64,
-    /// The loaded version's kind of update, when the run loaded one.
-    update: Option<UpdateKind>,
+    /// The loaded version's kind of update and why, when the run loaded one.
+    update: Option<(UpdateKind, UpdateReason)>,
     end: State,
     reply: Reply,
 }
@@ -77,7 +77,8 @@ struct Finish {
 impl Finish {
     /// The end of a run that loaded `version`.
     fn loaded(timeout: Duration, version: &Version, reply: Reply) -> Finish {
-        let (bytes_held, update) = (version.bytes_held(), Some(version.weights().update));
+        let weights = version.weights();
+        let (bytes_held, update) = (version.bytes_held(), Some((weights.update, weights.why())));
         Finish { timeout, bytes_held, update, end: State::Ready, reply }
     }
 
@@ -220,7 +221,8 @@ impl Run {
             stages: self.stages.clone(),
             total: self.started.elapsed(),
             bytes_held: finish.bytes_held,
-            update: finish.update,
+            update: finish.update.map(|(kind, _)| kind),
+            update_reason: finish.update.map(|(_, why)| why),
             stragglers,
             drain_timed_out: timed_out,
             paused: self.paused,

@@ -84,6 +84,7 @@ impl Registry {
         let (model, number) = (exit.model.as_str(), exit.number);
         let Some(version) = exit.version.upgrade() else { return };
         tracing::warn!(model, version = number, reason = %exit.why, "A version's worker process ended by itself.");
+        self.count_worker(model, |c| c.exits += 1);
         let action = self.act(model, &version);
         drop(version);
         tracing::info!(model, version = number, action, "The server acted on the worker's exit.");
@@ -102,6 +103,7 @@ impl Registry {
                 }
                 Role::Stable { .. } => {
                     restarts += 1;
+                    self.count_worker(model, |c| c.restarts += 1);
                     ("restarting", self.load(model, Some(version.number())).and_then(|handle| handle.wait()))
                 }
                 Role::Previous => ("retired", self.retire(model, version.number()).and_then(|handle| handle.wait())),
@@ -126,6 +128,11 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// Counts in `model`'s worker counts for its status.
+    fn count_worker(&self, model: &str, count: impl FnOnce(&mut super::WorkerCounts)) {
+        count(&mut self.inner.models.lock().entry(model.to_owned()).or_default().workers);
     }
 
     fn role(&self, model: &str, version: &Arc<Version>) -> Option<Role> {

@@ -127,6 +127,8 @@ pub struct ModelStatus {
     pub failed_versions: BTreeMap<u64, Failure>,
     /// The rollout in progress, or else the last one that ended.
     pub rollout: Option<RolloutStatus>,
+    /// What its versions' worker processes went through.
+    pub workers: WorkerCounts,
 }
 
 /// Resolves when an operation has finished, drain included.
@@ -160,12 +162,28 @@ struct ModelEntry {
     working_on: Option<u64>,
     /// The last rollout that ended, as it ended.
     ended_rollout: Option<RolloutStatus>,
+    /// Its versions' worker processes that ended by themselves, and the
+    /// times one was loaded again in a new worker.
+    workers: WorkerCounts,
+}
+
+/// What a model's worker processes went through since the server started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WorkerCounts {
+    /// Workers that ended by themselves (killed, aborted, out of memory).
+    pub exits: u64,
+    /// Attempts to load an exited stable version again in a new worker.
+    pub restarts: u64,
 }
 
 impl ModelEntry {
     /// Whether no operation has left anything here.
     fn is_blank(&self) -> bool {
-        self.state.is_none() && self.last.is_none() && self.last_error.is_none() && self.failed_versions.is_empty()
+        self.state.is_none()
+            && self.last.is_none()
+            && self.last_error.is_none()
+            && self.failed_versions.is_empty()
+            && self.workers == WorkerCounts::default()
     }
 }
 
@@ -359,6 +377,7 @@ impl Registry {
             last_error: entry.and_then(|e| e.last_error.clone()),
             failed_versions: entry.map(|e| e.failed_versions.clone()).unwrap_or_default(),
             rollout,
+            workers: entry.map(|e| e.workers).unwrap_or_default(),
         })
     }
 

@@ -137,6 +137,8 @@ struct LoadMetrics {
     rollout_decisions: BTreeMap<(String, &'static str), u64>,
     /// Versions whose worker process ended by itself, by what was done.
     worker_exits: BTreeMap<(String, String), u64>,
+    /// Versions loaded, by model, kind of update and reason.
+    updates: BTreeMap<(String, &'static str, &'static str), u64>,
     unloads: BTreeMap<String, u64>,
     /// Sum of every free's residual: growth of unaccounted memory since
     /// just before the first free.
@@ -373,6 +375,9 @@ impl Metrics {
                 for stage in &report.stages {
                     loads.stages.entry((model.clone(), stage.stage)).or_default().observe(stage.duration);
                 }
+                if let (Some(kind), Some(why)) = (report.update, report.update_reason) {
+                    *loads.updates.entry((model.clone(), kind.as_str(), why.as_str())).or_default() += 1;
+                }
             }
             EventKind::Failed { stage, .. } => *loads.failures.entry((model, *stage)).or_default() += 1,
             EventKind::Unloaded { residual, unaccounted, .. } => {
@@ -495,6 +500,11 @@ impl Metrics {
         for ((model, action), n) in &loads.worker_exits {
             let (model, action) = (escape(model), escape(action));
             let _ = writeln!(out, "baton_worker_exits_total{{model=\"{model}\",action=\"{action}\"}} {n}");
+        }
+        help(&mut out, "baton_updates_total", "counter", "Versions loaded and committed, by kind of update and why.");
+        for ((model, kind, why), n) in &loads.updates {
+            let model = escape(model);
+            let _ = writeln!(out, "baton_updates_total{{model=\"{model}\",update=\"{kind}\",reason=\"{why}\"}} {n}");
         }
         help(&mut out, "baton_unloads_total", "counter", "Versions freed.");
         for (model, n) in &loads.unloads {
