@@ -272,6 +272,10 @@ pub enum EventKind {
         residual: i64,
         /// RSS after the free minus the footprint of every live version.
         unaccounted: u64,
+        /// For a version that ran in a worker process: the process, what it
+        /// held just before it exited, and whether it is gone.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        worker: Option<crate::memory::WorkerFreed>,
         /// Whether it was a rollout's twin of the stable version, which
         /// goes on serving.
         #[serde(skip_serializing_if = "std::ops::Not::not")]

@@ -56,6 +56,10 @@ pub struct UnloadRecord {
     /// RSS after this free minus the footprint of every live version: the
     /// server's own memory plus anything left behind.
     pub unaccounted: u64,
+    /// For a version that ran in a worker process: the process, what it
+    /// held, and whether it is gone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerFreed>,
     /// Whether it was a rollout's twin of a stable version, which goes on
     /// serving: the record is the twin's, not the version's.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -63,6 +67,20 @@ pub struct UnloadRecord {
     /// When it was freed.
     #[serde(skip)]
     pub at: SystemTime,
+}
+
+/// The unload check of a version that ran in a worker process: its memory
+/// is the process's, and comes back whole when the process has ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct WorkerFreed {
+    /// The worker's process id.
+    pub pid: u32,
+    /// Its resident memory just before it was told to exit, in bytes (0
+    /// when it could not be read).
+    pub rss: u64,
+    /// Whether the process was gone once the version was freed; `null`
+    /// where that cannot be seen.
+    pub gone: Option<bool>,
 }
 
 /// A version still alive: served, kept for rollback, or pinned by requests.
@@ -119,6 +137,7 @@ struct Freed {
     version: u64,
     twin: bool,
     held: u64,
+    worker: Option<WorkerFreed>,
     before: u64,
     after: u64,
     unaccounted_before: u64,
@@ -284,6 +303,10 @@ impl Memory {
         let before = self.trimmed_rss().unwrap_or(0);
         let book = Arc::clone(self);
         let unaccounted_before = self.agent.call(move || book.unaccounted(before));
+        // A worker's memory is its process's: read before it is told to
+        // exit, and checked gone after (freeing a worker's version waits
+        // for its process to end).
+        let process = job.engine.process();
         // Freed on the version's build thread, which then ends; see `HeapLease::free_there`.
         match job.heap {
             Some(heap) => heap.free_there(Box::new(job.engine)),
@@ -293,7 +316,10 @@ impl Memory {
         let after = self.trimmed_rss().unwrap_or(0);
         let book = Arc::clone(self);
         let (model, version, twin) = (job.model.clone(), job.version, job.twin);
-        let freed = Freed { model: job.model, version, twin, held: job.held, before, after, unaccounted_before };
+        let worker =
+            process.map(|p| WorkerFreed { pid: p.pid, rss: p.rss.unwrap_or(0), gone: crate::sys::process_gone(p.pid) });
+        let freed =
+            Freed { model: job.model, version, twin, held: job.held, worker, before, after, unaccounted_before };
         self.agent.call(move || book.settle(freed));
         // A twin's free is not its version's: nothing waits for it.
         if twin {
@@ -381,6 +407,7 @@ impl Memory {
             returned: freed.before.saturating_sub(freed.after),
             residual: signed(unaccounted) - signed(previous),
             unaccounted,
+            worker: freed.worker,
             twin: freed.twin,
             at: SystemTime::now(),
         };
@@ -411,6 +438,7 @@ impl Memory {
                 returned: record.returned,
                 residual: record.residual,
                 unaccounted: record.unaccounted,
+                worker: record.worker,
                 twin: record.twin,
             },
         });

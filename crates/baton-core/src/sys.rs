@@ -27,6 +27,15 @@ pub fn rss_bytes() -> Option<u64> {
     Some(resident * page_size())
 }
 
+/// Whether process `pid` is gone: no entry under `/proc` (a process that
+/// ended and was reaped). `None` where `/proc` is absent.
+pub fn process_gone(pid: u32) -> Option<bool> {
+    if !std::path::Path::new("/proc/self").exists() {
+        return None;
+    }
+    Some(!std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
 fn page_size() -> u64 {
     #[cfg(unix)]
     {

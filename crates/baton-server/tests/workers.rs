@@ -81,6 +81,14 @@ fn a_version_in_a_worker_answers_as_in_the_server_and_its_worker_exits_when_it_i
         !std::path::Path::new(&format!("/proc/{}", first[0])).exists()
     });
     assert_eq!(workers_of(server.pid()).len(), 2, "versions 2 and 3 each in a worker");
+    // The unload check names the worker, what it held, and that it is gone.
+    let unloads = || server.get("/baton/v1/unloads").json();
+    wait_until("version 1's free is recorded", || unloads().to_string().contains("\"version\":1"));
+    let all = unloads();
+    let record = all.as_array().into_iter().flatten().find(|r| r["version"] == 1).expect("version 1's record");
+    let worker = &record["worker"];
+    assert_eq!((worker["pid"].as_u64(), worker["gone"].as_bool()), (Some(u64::from(first[0])), Some(true)), "{record}");
+    assert!(worker["rss"].as_u64().is_some_and(|rss| rss > 1 << 20), "{record}");
 }
 
 /// Kills `pid` with SIGKILL.
@@ -409,4 +417,34 @@ fn a_worker_runs_at_its_nice_level_and_within_its_memory_limit_and_one_too_small
     wait_until("only version 1's worker is left", || workers_of(server.pid()) == vec![worker]);
     assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
     eprintln!("refused: {error}");
+}
+
+/// The stable version's worker killed while a canary runs: the rollout is
+/// aborted (no version loads while one runs, and the canary leaned on the
+/// stable version), then the stable version is loaded again in a new
+/// worker and serves alone.
+#[test]
+fn a_stable_worker_killed_during_a_canary_ends_the_canary_and_is_restarted() {
+    let slow = "[policy]\nkeep_previous = 0\n[rollout]\nauto = true\nsteps = [50]\ninterval_ms = 600000\n";
+    let repo = repo_with("m", &[1], &format!("{IN_WORKER}{slow}"));
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let stable = workers_of(server.pid());
+    assert_eq!(stable.len(), 1);
+    repo.publish_mlp("m", 2, &mlp(1));
+    wait_until("the canary runs", || server.status("m")["rollout"]["phase"] == "running");
+    kill(stable[0]);
+    wait_until("the canary is aborted", || server.status("m")["rollout"]["phase"] == "aborted");
+    let input = sample_input(SIZES[0], 1, 8);
+    wait_until("version 1 serves again in a new worker", || {
+        let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
+        answer.status == 200 && !workers_of(server.pid()).contains(&stable[0])
+    });
+    let (version, output) = infer(&server, "m", &input, 1);
+    assert_eq!(version, 1);
+    assert_close(&output, &mlp(1).forward(&input, 1), "version 1 restarted");
+    wait_until("the exit is counted as a restart", || {
+        exits(&server, "m").iter().any(|l| l.contains("action=\"restarting\""))
+    });
+    assert_eq!(server.status("m")["workers"]["restarts"], 1);
 }

@@ -9,7 +9,9 @@
 //!   the whole transaction, with backoff between failed attempts
 //!   (0.5 s, doubling up to 30 s, eight attempts), until it serves;
 //! - a kept previous version: retired;
-//! - a rollout's candidate: the rollout is aborted.
+//! - a rollout's candidate: the rollout is aborted;
+//! - the stable version while a rollout runs: the rollout is aborted,
+//!   then the version is acted on in the role it has after that.
 //!
 //! An `exited` event says what happened and what was done.
 
@@ -98,6 +100,13 @@ impl Registry {
         loop {
             let Some(role) = self.role(model, version) else { return "none" };
             let (action, result) = match role {
+                // A rollout leans on its stable version, and no version
+                // loads while one runs: it ends first (in the watch after
+                // a promotion, that goes back to the version replaced), and
+                // the exited version is acted on again in its new role.
+                Role::Stable { rollout: true, .. } => {
+                    ("aborting", self.end_rollout(model, Ending::Abort, By::Operator).and_then(|handle| handle.wait()))
+                }
                 Role::Stable { previous_alive: true, rollout: false } => {
                     ("rolled_back", self.rollback(model).and_then(|handle| handle.wait()))
                 }
@@ -112,6 +121,7 @@ impl Registry {
                 }
             };
             match result {
+                Ok(_) if action == "aborting" => {}
                 Ok(_) => return action,
                 Err(LoadError::InProgress { .. }) => std::thread::sleep(BUSY_RETRY),
                 Err(error) if action == "restarting" => {
