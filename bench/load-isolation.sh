@@ -15,7 +15,7 @@
 #   mlserver  POST /v2/repository/models/big/load
 #   kserve    POST /v2/repository/models/big/load
 #
-#   bash bench/load-isolation.sh [baton|mlserver|kserve|baton-noautogroup ...]
+#   bash bench/load-isolation.sh [baton|mlserver|kserve|baton-noautogroup|baton-worker ...]
 #                                                   (default: the first three)
 #
 #   A name may end in .N (baton.2, baton-noautogroup.3): the same drill
@@ -27,6 +27,11 @@
 #             as for a server in a container of its own. With autogroup on,
 #             the loader's CPU time is charged to the session it shares with
 #             the serving threads (docs/benchmarks-notebook.md §3, "Autogroup").
+#
+#   baton-worker  baton again with `big` in a worker process (`[engine]
+#             isolation = "process"`): each load starts a `baton worker`
+#             that maps, loads, validates and warms the version in its own
+#             address space; the MLP stays in the server (docs/workers.md).
 #
 # The drill's stall probe (--stall-probe 2ms, docs/drill.md) records when
 # a real-time thread could not get a CPU for 2 ms: in steady time that is
@@ -56,6 +61,7 @@ drill() { # $1 = server label, $2 = port
   base="$(server_of "$label")"
   local load="curl -sf -o /dev/null -X POST http://127.0.0.1:$port/v2/repository/models/big/load"
   local version="\$(( {swap} % 2 + 1 ))" # the shell the drill runs works it out per swap
+  base="${base%-worker}"
   if [ "${base%-noautogroup}" = baton ] && [ -z "${STAGES:-}" ]; then
     load="$load -d '{\"parameters\":{\"version\":'$version'}}'"
   elif [ "${base%-noautogroup}" = baton ]; then
@@ -84,9 +90,10 @@ run_server() {
   rm -rf "$d"
   mkdir -p "$d"
   case "$server" in
-    baton | baton-noautogroup)
+    baton | baton-noautogroup | baton-worker)
       if [ "$server" = baton-noautogroup ]; then autogroup_off "$label" || return 0; fi
       isolation_repo "$d"
+      if [ "$server" = baton-worker ]; then printf '\n[engine]\nisolation = "process"\n' >>"$d/big/model.toml"; fi
       start_baton "$d"
       curl -sf -o /dev/null -X POST http://127.0.0.1:8300/v2/repository/models/big/unload
       drill "$label" 8300

@@ -13,7 +13,7 @@ cd "$root"
 results=.baton/bench/results
 mkdir -p "$results"
 # bench/summarize.py reads every drill report it finds; none of an earlier run may stay.
-rm -f "$results"/swap-* "$results"/isolation-* "$results"/memory-*
+rm -f "$results"/swap-* "$results"/isolation-* "$results"/memory-* "$results"/tradeoff-*
 exec > >(tee "$results/run-all.txt") 2>&1
 
 echo "# run-all $(date -u +%FT%TZ) on $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB; $(uname -r)"
@@ -71,4 +71,13 @@ bash bench/load-isolation.sh baton baton-noautogroup mlserver baton.2 baton-noau
 
 echo "## memory over many swaps"
 bash bench/memory-drill.sh baton mlserver kserve
+
+echo "## a version in a worker process: the trade-off"
+# The load-isolation drills with `big` in a worker, then the MLP steady,
+# swapped 100 times and beside a killed worker, in the server, in a worker
+# and on Triton's python backend (docs/BENCHMARKS.md §11).
+bash bench/setup-triton.sh
+bash bench/load-isolation.sh baton-worker baton-worker.2
+bash bench/tradeoff.sh
+python3 bench/tradeoff_report.py
 echo "# done $(date -u +%FT%TZ)"

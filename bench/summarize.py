@@ -121,7 +121,7 @@ def encoder_throughput(parts):
               + f"; / raw engine (1 session) {b / median(raw[1]):.2f}, (2 sessions) {b / median(raw[2]):.2f}")
 
 
-SERVERS = ("baton", "mlserver", "kserve", "baton-noautogroup")
+SERVERS = ("baton", "mlserver", "kserve", "baton-noautogroup", "baton-worker")
 REPEAT = re.compile(r"^(.*)\.(\d+)$")
 
 

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# A version in the server's process against one in a worker process, the
+# same model under the same load, in one run: the trade-off table of
+# docs/BENCHMARKS.md. Each part runs once per route: `inproc`, `worker`
+# (`[engine] isolation = "process"` added to the model's config), and
+# `triton`, Triton 2.51 with the MLP on its python backend, whose model
+# instance runs in a stub process over shared memory: the same design as a
+# worker (bench/setup-triton.sh installs it; NO_TRITON=1 leaves it out).
+# Triton's swaps are made by `bench/run-triton.sh --swap`, which changes the
+# served version and calls Triton's load API.
+#
+#   steady   the MLP at batch 1 over gRPC, no swap, DURATION (default 20 s)
+#            each: closed loop at concurrency 4 (throughput: what the hop
+#            takes from it), then open loop at LIGHT (default 500)
+#            requests/s (p50 and p99 with no queue: what the hop adds to a
+#            request).
+#   swaps    SWAPS (default 100) swaps of the MLP through the load API,
+#            alternating versions 1 and 2 (as bench/swap-drill.sh: KServe V2
+#            REST with JSON tensors, closed loop at concurrency 4, 1 s
+#            between swaps and 1 s of steady load after each window): swap
+#            time, p99 and the worst request in swap windows against steady,
+#            the peak RSS during a swap and the RSS after them all, of the
+#            server and its workers together.
+#   blast    (worker only) the MLP in the server's process, driven open loop
+#            at RATE (default 300) requests/s, while a second MLP model,
+#            `other`, runs in a worker that is killed with SIGKILL KILLS
+#            times (default 5, every 4 s): the failed requests of the MLP.
+#            The server loads `other` again in a new worker each time.
+#
+#   bash bench/tradeoff.sh [steady] [swaps] [blast]        (default: all)
+#   python3 bench/tradeoff_report.py                 (the table, from the reports)
+#
+# The other model's p99 while a 480 MiB version loads is bench/load-isolation.sh's
+# `baton` against `baton-worker`.
+#
+# Reports go to .baton/bench/results/tradeoff-<part>-<route>.*. Needs
+# bench/models.py (the MLP) and a release build of baton.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+swaps="${SWAPS:-100}"
+duration="${DURATION:-20s}"
+light="${LIGHT:-500}"
+rate="${RATE:-300}"
+kills="${KILLS:-5}"
+in_worker='[engine]
+isolation = "process"'
+
+# repo DIR ROUTE: the MLP alone in DIR, in a worker when ROUTE is worker.
+repo() {
+  rm -rf "$1"
+  mkdir -p "$1"
+  cp -r "$out/baton/mlp" "$1/"
+  if [ "$2" = worker ]; then printf '\n%s\n' "$in_worker" >>"$1/mlp/model.toml"; fi
+}
+
+# serve ROUTE DIR: starts the server the route stands for and sets pid,
+# http and grpc (its ports): baton on the MLP alone in DIR, in a worker when
+# ROUTE is worker; Triton on the MLP's versions when ROUTE is triton.
+serve() {
+  if [ "$1" = triton ]; then
+    pid="$(bash bench/run-triton.sh "$out/baton/mlp" 8700)"
+    http=8700 grpc=8701
+    return
+  fi
+  repo "$2" "$1"
+  start_baton "$2"
+  http=8300 grpc=8301
+}
+
+steady() { # $1 = route
+  local d=".baton/bench/tradeoff/steady-$1" report="$results/tradeoff-steady-$1" http grpc
+  serve "$1" "$d"
+  echo "=== steady $1  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$baton" drill mlp --url "http://127.0.0.1:$http" --grpc-url "http://127.0.0.1:$grpc" --protocol grpc \
+    --input input:FP32:1,256 --concurrency 4 --warmup 3s --swaps 0 --duration "$duration" --pid "$pid" \
+    --json "$report.json" --svg "$report.svg" | tee "$report.txt" || true
+  echo "=== light $1  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$baton" drill mlp --url "http://127.0.0.1:$http" --grpc-url "http://127.0.0.1:$grpc" --protocol grpc \
+    --input input:FP32:1,256 --rate "$light" --connections 8 --warmup 3s --swaps 0 --duration "$duration" \
+    --json "$report-light.json" --svg "$report-light.svg" | tee "$report-light.txt" || true
+  stop_server
+}
+
+swaps() { # $1 = route
+  local d=".baton/bench/tradeoff/swaps-$1" report="$results/tradeoff-swaps-$1" http grpc swap
+  serve "$1" "$d"
+  swap=(--swap load-api)
+  [ "$1" != triton ] || swap=(--swap command --command "bash bench/run-triton.sh --swap $http {version}")
+  echo "=== swaps $1  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$baton" drill mlp --url "http://127.0.0.1:$http" --protocol http-json --input input:FP32:1,256 \
+    --concurrency 4 --warmup 3s --swaps "$swaps" --swap-interval 1s --swap-gap 1s --window 250ms \
+    --duration "$((swaps * 10 + 15))s" --pid "$pid" "${swap[@]}" --versions 1,2 \
+    --json "$report.json" --svg "$report.svg" | tee "$report.txt" || true
+  [ "$1" = triton ] || curl -sf http://127.0.0.1:8300/baton/v1/unloads >"$report.unloads.json" || true
+  stop_server
+}
+
+blast() {
+  local d=.baton/bench/tradeoff/blast-worker report="$results/tradeoff-blast-worker"
+  repo "$d" inproc
+  cp -r "$out/baton/mlp" "$d/other"
+  printf '\n[policy]\nkeep_previous = 0\n%s\n' "$in_worker" >>"$d/other/model.toml"
+  start_baton "$d"
+  # The worker of `other`: the server's child that is not gone.
+  local kill="kill -9 \$(pgrep -P $pid -f 'baton worker' | head -1)"
+  echo "=== blast worker  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$baton" drill mlp --url http://127.0.0.1:8300 --protocol http-json --input input:FP32:1,256 \
+    --rate "$rate" --connections 32 --warmup 3s --swaps "$kills" --swap-interval 4s --window 1s \
+    --duration "$((kills * 8 + 20))s" --pid "$pid" --swap command --command "$kill" \
+    --json "$report.json" --svg "$report.svg" | tee "$report.txt" || true
+  curl -sf http://127.0.0.1:8300/metrics | grep '^baton_worker_exits_total' >"$report.exits.txt" || true
+  curl -sf http://127.0.0.1:8300/baton/v1/status >"$report.status.json" || true
+  stop_server
+}
+
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(steady swaps blast)
+routes=(inproc worker)
+[ -n "${NO_TRITON:-}" ] || routes+=(triton)
+# ROUTES="triton" (say) runs the parts for those routes alone.
+[ -z "${ROUTES:-}" ] || read -r -a routes <<<"$ROUTES"
+for part in "${parts[@]}"; do
+  case "$part" in
+    steady | swaps) for route in "${routes[@]}"; do "$part" "$route"; done ;;
+    blast) blast ;;
+    *) echo "tradeoff: unknown part $part" >&2; exit 2 ;;
+  esac
+done

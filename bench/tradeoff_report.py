@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The trade-off table, in-process against worker-process versions (and
+Triton's python backend, whose stubs are worker processes too), from
+the reports bench/tradeoff.sh and bench/load-isolation.sh (its `baton` and
+`baton-worker` drills, repeats included: the median) leave in
+.baton/bench/results. Prints a Markdown table; a part with no report reads
+"not run".
+
+    python3 bench/tradeoff_report.py [RESULTS_DIR]
+"""
+
+import glob
+import json
+import os
+import statistics
+import sys
+
+RESULTS = sys.argv[1] if len(sys.argv) > 1 else ".baton/bench/results"
+MIB = 1 << 20
+
+
+def report(name):
+    path = os.path.join(RESULTS, name + ".json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def swaps_row(r):
+    if r is None:
+        return ["not run"] * 6
+    times = [s["action_ms"] for s in r["swaps"] if s.get("action_ok")]
+    steady, swaps, worst = r["steady"], r["in_swaps"], r["worst_at_equal_size"]
+    rss = r["rss"]
+    return [
+        f"{statistics.median(times):.0f} ms (of {len(times)})",
+        f"{swaps['p99_ms']:.2f} / {steady['p99_ms']:.2f} ms = {swaps['p99_ms'] / steady['p99_ms']:.2f}×",
+        f"{worst['in_swaps_ms']:.1f} / {worst['steady_ms']:.1f} ms",
+        f"{max(rss['peak_during_swaps']) / MIB:.0f} MiB",
+        f"{rss['last_bytes'] / MIB:.0f} MiB ({rss['growth_per_swap_bytes'] / 1024:+.0f} KiB per swap)",
+        f"{r['failed']} of {r['requests']:,}",
+    ]
+
+
+def steady_row(r, light):
+    cells = ["not run"] * 2
+    if r is not None:
+        s = r["steady"]
+        cells[0] = f"{r['requests'] / r['duration_s']:,.0f}/s (p50 {s['p50_ms'] * 1000:.0f} µs)"
+    if light is not None:
+        s = light["steady"]
+        cells[1] = f"{s['p50_ms'] * 1000:.0f} / {s['p99_ms'] * 1000:.0f} µs"
+    return cells
+
+
+def isolation_row(label):
+    runs = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, f"isolation-{label}.json"))) + sorted(
+        glob.glob(os.path.join(RESULTS, f"isolation-{label}.[0-9]*.json"))
+    ):
+        with open(path) as f:
+            r = json.load(f)
+        times = [s["action_ms"] for s in r["swaps"] if s.get("action_ok")]
+        runs.append((r["in_swaps"]["p99_ms"] / r["steady"]["p99_ms"], statistics.median(times)))
+    if not runs:
+        return ["not run"] * 2
+    ratios = ", ".join(f"{ratio:.2f}×" for ratio, _ in runs)
+    return [f"{ratios} (median {statistics.median(r for r, _ in runs):.2f}×)",
+            f"{statistics.median(t for _, t in runs) / 1000:.2f} s"]
+
+
+def main():
+    routes = ("inproc", "worker", "triton")
+    swaps = {route: swaps_row(report(f"tradeoff-swaps-{route}")) for route in routes}
+    steady = {
+        route: steady_row(report(f"tradeoff-steady-{route}"), report(f"tradeoff-steady-{route}-light"))
+        for route in routes
+    }
+    isolation = {"inproc": isolation_row("baton"), "worker": isolation_row("baton-worker"), "triton": ["not run"] * 2}
+    blast = report("tradeoff-blast-worker")
+    blast_cell = "not run"
+    if blast is not None:
+        killed = sum(1 for s in blast["swaps"] if s.get("action_ok"))
+        blast_cell = f"{blast['failed']} of {blast['requests']:,} failed, {killed} workers killed"
+    rows = [
+        ("throughput, MLP batch 1, gRPC closed loop ×4", steady, 0),
+        ("p50 / p99, the same at LIGHT requests/s (open loop)", steady, 1),
+        ("swap time (median)", swaps, 0),
+        ("p99 in swap windows / steady", swaps, 1),
+        ("worst request, swaps / steady (equal counts)", swaps, 2),
+        ("peak RSS during a swap (server and workers)", swaps, 3),
+        ("RSS after the swaps (growth per swap)", swaps, 4),
+        ("failed requests during the swaps", swaps, 5),
+        ("other model's p99 while 480 MiB load, / steady", isolation, 0),
+        ("that load's time (median)", isolation, 1),
+    ]
+    print("| | baton, in the server's process | baton, in a worker process | Triton 2.51, python backend stub |")
+    print("|---|---|---|---|")
+    for name, table, i in rows:
+        print(f"| {name} | {' | '.join(table[route][i] for route in routes)} |")
+    print(f"| other models when one version's process is killed | the server's process: every model | {blast_cell} | not run |")
+
+
+if __name__ == "__main__":
+    main()
