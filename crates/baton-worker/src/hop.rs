@@ -68,8 +68,14 @@ impl HopError {
 #[derive(Debug, Serialize, Deserialize)]
 enum Call {
     /// Run on the inputs in the slot's region; `region`: the region's
-    /// descriptor is attached (the slot's first call, or a larger region).
-    Infer { inputs: Vec<Meta>, region: bool },
+    /// descriptor is attached (the slot's first call, or a larger region);
+    /// `instance`: on that instance of the engine (warmup reaches each).
+    Infer {
+        inputs: Vec<Meta>,
+        region: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instance: Option<usize>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -137,10 +143,21 @@ impl Caller {
 
     /// Runs one call on the worker, within `within`.
     pub fn call(&self, inputs: &[Tensor], within: Duration) -> Result<Vec<Tensor>, HopError> {
+        self.call_on(None, inputs, within)
+    }
+
+    /// Runs one call on the worker, on the engine's `instance` when one is
+    /// named, within `within`.
+    pub fn call_on(
+        &self,
+        instance: Option<usize>,
+        inputs: &[Tensor],
+        within: Duration,
+    ) -> Result<Vec<Tensor>, HopError> {
         let deadline = Instant::now() + within;
         let index = self.take_slot(deadline, within)?;
         let mut slot = lock(&self.slots[index]);
-        let result = self.send(&mut slot, inputs).and_then(|()| self.wait(&mut slot, deadline, within));
+        let result = self.send(&mut slot, instance, inputs).and_then(|()| self.wait(&mut slot, deadline, within));
         drop(slot);
         // A call that timed out leaves its slot to the worker, which may
         // still write into it; any other returns it.
@@ -166,7 +183,7 @@ impl Caller {
         }
     }
 
-    fn send(&self, slot: &mut Slot, inputs: &[Tensor]) -> Result<(), HopError> {
+    fn send(&self, slot: &mut Slot, instance: Option<usize>, inputs: &[Tensor]) -> Result<(), HopError> {
         let broken = |e: io::Error| HopError::Broken(e.to_string());
         let need = frame::size_of(inputs);
         if slot.region.as_ref().is_none_or(|(r, _)| r.len() < need) {
@@ -174,7 +191,7 @@ impl Caller {
         }
         let (region, shared) = slot.region.as_mut().expect("a region was just made");
         let inputs = frame::write(region.bytes_mut(), inputs).map_err(HopError::Broken)?;
-        let call = Call::Infer { inputs, region: !*shared };
+        let call = Call::Infer { inputs, region: !*shared, instance };
         let message = serde_json::to_vec(&call).map_err(|e| HopError::Broken(e.to_string()))?;
         let fds = if *shared { Vec::new() } else { vec![region.fd()] };
         match slot.channel.send(&message, &fds) {
@@ -229,10 +246,11 @@ fn read_answer(slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<V
 pub type RunError = (String, String);
 
 /// The worker's side: answers the calls of each of `channels` on a thread
-/// of its own with `run`, until the server's ends close.
+/// of its own with `run` (given the engine instance a call names, if any),
+/// until the server's ends close.
 pub fn answer<F>(channels: Vec<Channel>, run: F) -> io::Result<()>
 where
-    F: Fn(&[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+    F: Fn(Option<usize>, &[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
 {
     std::thread::scope(|scope| {
         let threads: Vec<_> = channels
@@ -253,13 +271,13 @@ where
 /// One slot's calls, answered in turn until the server's end closes.
 fn serve_slot<F>(channel: &Channel, run: &F) -> io::Result<()>
 where
-    F: Fn(&[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+    F: Fn(Option<usize>, &[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
 {
     let mut region: Option<Region> = None;
     let mut buffer = Vec::new();
     while let Some(fds) = channel.recv(&mut buffer)? {
         let call: Call = serde_json::from_slice(&buffer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let Call::Infer { inputs, region: sent } = call;
+        let Call::Infer { inputs, region: sent, instance } = call;
         if sent {
             let fd = fds.into_iter().next();
             let fd =
@@ -269,7 +287,7 @@ where
         let Some(current) = region.as_mut() else {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "a call before any region"));
         };
-        let (answer, grown) = run_one(current, &inputs, run)?;
+        let (answer, grown) = run_one(current, &inputs, &|tensors: &[Tensor]| run(instance, tensors))?;
         if let Some(larger) = grown {
             *current = larger;
         }

@@ -253,6 +253,29 @@ impl Drop for WorkerModel {
     }
 }
 
+impl WorkerModel {
+    /// One call across the hop, on `instance` of the worker's engine when
+    /// named, with the hop's failures as the engine's errors.
+    fn call(&self, instance: Option<usize>, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        self.caller.call_on(instance, inputs, self.call_limit).map_err(|e| {
+            if let HopError::TimedOut(limit) = &e {
+                // A worker that does not answer within the bound is hung:
+                // killed, it is replaced as one that ended by itself.
+                self.worker.kill(format!("a call did not answer within {limit:?} ({TIMEOUT})"));
+            }
+            let kind = match &e {
+                HopError::Failed { kind, .. } => known_kind(kind),
+                HopError::Gone(_) => "worker_gone",
+                HopError::TimedOut(_) => "worker_timed_out",
+                HopError::Busy(_) => "worker_busy",
+                HopError::Broken(_) => "worker_hop_broken",
+            };
+            let pid = self.worker.pid();
+            BackendError::new(kind, format!("worker {pid}: {e}"))
+        })
+    }
+}
+
 impl Model for WorkerModel {
     fn signature(&self) -> &Signature {
         &self.signature
@@ -274,22 +297,11 @@ impl Model for WorkerModel {
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-        self.caller.call(inputs, self.call_limit).map_err(|e| {
-            if let HopError::TimedOut(limit) = &e {
-                // A worker that does not answer within the bound is hung:
-                // killed, it is replaced as one that ended by itself.
-                self.worker.kill(format!("a call did not answer within {limit:?} ({TIMEOUT})"));
-            }
-            let kind = match &e {
-                HopError::Failed { kind, .. } => known_kind(kind),
-                HopError::Gone(_) => "worker_gone",
-                HopError::TimedOut(_) => "worker_timed_out",
-                HopError::Busy(_) => "worker_busy",
-                HopError::Broken(_) => "worker_hop_broken",
-            };
-            let pid = self.worker.pid();
-            BackendError::new(kind, format!("worker {pid}: {e}"))
-        })
+        self.call(None, inputs)
+    }
+
+    fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        self.call(Some(instance), inputs)
     }
 
     fn instances(&self) -> usize {

@@ -50,7 +50,14 @@ fn worker() {
     // SAFETY: the parent left these sockets open for this process alone.
     #[allow(unsafe_code)]
     let channels = fds.split(',').map(|fd| unsafe { Channel::inherited(fd.parse().unwrap()) }.unwrap()).collect();
-    hop::answer(channels, run).unwrap();
+    hop::answer(channels, |instance, inputs| match inputs.first() {
+        // Answers which engine instance the call named (-1: none).
+        Some(input) if input.name == "instance" => {
+            Ok(vec![Tensor::from_f32("instance", vec![1], &[instance.map_or(-1.0, |i| i as f32)])])
+        }
+        _ => run(inputs),
+    })
+    .unwrap();
     std::process::exit(0);
 }
 
@@ -218,4 +225,18 @@ fn what_a_call_across_the_hop_costs() {
             h50 - d50
         );
     }
+}
+
+/// A call names the engine instance it runs on (warmup reaches each of a
+/// worker's sessions so); a plain call names none.
+#[test]
+fn a_call_on_an_instance_reaches_that_instance_in_the_worker() {
+    let mut worker = Worker::start();
+    let ask = [Tensor::from_f32("instance", vec![1], &[0.0])];
+    for instance in [Some(0), Some(3), None] {
+        let answer = worker.caller.call_on(instance, &ask, LONG).unwrap();
+        let want = Tensor::from_f32("instance", vec![1], &[instance.map_or(-1.0, |i| i as f32)]);
+        assert_eq!(answer, [want], "{instance:?}");
+    }
+    worker.kill();
 }
