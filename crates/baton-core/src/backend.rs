@@ -262,10 +262,11 @@ pub struct WeightsInfo {
     /// Of those, bytes taken from another live version of the same model
     /// because the tensors are identical, and so not held again.
     pub reused: u64,
-    /// Which kind of update the version was.
+    /// Which kind of update the engine saw in the version's files; what
+    /// the version is, once a reason overrides it, is [`WeightsInfo::kind`].
     pub update: UpdateKind,
     /// Why, when something other than the engine decided it (a worker
-    /// process); else the kind's own reason ([`UpdateReason::of`]).
+    /// process); else the engine's kind's own reason ([`UpdateReason::of`]).
     pub reason: Option<UpdateReason>,
     /// The container of packed weights the version shares with other
     /// versions of its model, if any.
@@ -276,6 +277,11 @@ impl WeightsInfo {
     /// Why the version is the kind of update it is.
     pub fn why(&self) -> UpdateReason {
         self.reason.unwrap_or(UpdateReason::of(self.update))
+    }
+
+    /// Which kind of update the version is: the one its reason makes.
+    pub fn kind(&self) -> UpdateKind {
+        self.why().kind()
     }
 }
 

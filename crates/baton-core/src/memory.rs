@@ -493,15 +493,18 @@ impl Memory {
             .iter()
             .filter(|(m, _)| m == model)
             .filter_map(|(_, w)| w.upgrade())
-            .map(|v| LiveVersion {
-                version: v.number(),
-                bytes_held: v.bytes_held(),
-                memory: v.memory(),
-                update: v.weights().update,
-                update_reason: v.weights().why(),
-                twin: v.is_twin(),
-                worker: v.process(),
-                alive: v.alive(),
+            .map(|v| {
+                let weights = v.weights();
+                LiveVersion {
+                    version: v.number(),
+                    bytes_held: v.bytes_held(),
+                    memory: v.memory(),
+                    update: weights.kind(),
+                    update_reason: weights.why(),
+                    twin: v.is_twin(),
+                    worker: v.process(),
+                    alive: v.alive(),
+                }
             })
             .collect();
         out.sort_by_key(|v| (v.version, v.twin));

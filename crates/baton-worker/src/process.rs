@@ -13,9 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use baton_core::backend::{
-    Backend, BackendError, Model, ProcessInfo, UpdateKind, Weight, WeightRole, WeightsError, WeightsInfo,
-};
+use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightRole, WeightsError, WeightsInfo};
 use baton_core::manifest;
 use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
@@ -86,8 +84,8 @@ impl ProcessBackend {
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
         let (signature, instances, mut info) = loaded?;
         // Whatever the files are, a version in a process of its own is a
-        // runtime update: it shares nothing with the server's versions.
-        info.update = UpdateKind::Runtime;
+        // runtime update (its reason makes it one): it shares nothing with
+        // the server's versions.
         info.reason = options.reason;
         Ok(Box::new(WorkerModel {
             call_limit: options.call_limit,

@@ -29,7 +29,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::agent::panic_message;
-use crate::backend::{UpdateKind, UpdateReason};
+use crate::backend::UpdateReason;
 use crate::budget::{Basis, Check};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
@@ -68,8 +68,9 @@ type Change = Box<dyn FnOnce(&mut BTreeMap<String, ModelRoute>) -> Option<u64> +
 struct Finish {
     timeout: Duration,
     bytes_held: u64,
-    /// The loaded version's kind of update and why, when the run loaded one.
-    update: Option<(UpdateKind, UpdateReason)>,
+    /// Why the loaded version is the kind of update it is, when the run
+    /// loaded one.
+    update: Option<UpdateReason>,
     end: State,
     reply: Reply,
 }
@@ -77,8 +78,7 @@ struct Finish {
 impl Finish {
     /// The end of a run that loaded `version`.
     fn loaded(timeout: Duration, version: &Version, reply: Reply) -> Finish {
-        let weights = version.weights();
-        let (bytes_held, update) = (version.bytes_held(), Some((weights.update, weights.why())));
+        let (bytes_held, update) = (version.bytes_held(), Some(version.weights().why()));
         Finish { timeout, bytes_held, update, end: State::Ready, reply }
     }
 
@@ -221,8 +221,8 @@ impl Run {
             stages: self.stages.clone(),
             total: self.started.elapsed(),
             bytes_held: finish.bytes_held,
-            update: finish.update.map(|(kind, _)| kind),
-            update_reason: finish.update.map(|(_, why)| why),
+            update: finish.update.map(UpdateReason::kind),
+            update_reason: finish.update,
             stragglers,
             drain_timed_out: timed_out,
             paused: self.paused,
