@@ -3,9 +3,11 @@
 //! Two budgets may apply to a load: the server's, over the live versions of
 //! every model, and the model's own (`[policy] memory_budget`), over that
 //! model's. Before the load stage the candidate's memory is estimated; after
-//! it (and again after warmup) it is measured; either time, live versions'
-//! `bytes_held` plus the candidate's must stay within each budget, or the
+//! it (and again after warmup) it is measured; either time, what live
+//! versions hold plus the candidate's must stay within each budget, or the
 //! load is refused at stage `load` and the serving version is untouched.
+//! A version in a worker process holds what it grew the server by plus the
+//! worker's resident memory, read when the budget is checked.
 //!
 //! The estimate is the footprint of a version of the same model whose files
 //! add up to the same size, when one was measured ([`crate::memory`]), and
@@ -37,6 +39,9 @@ pub enum Basis {
     Files,
     /// Measured while it loaded (RSS growth so far).
     Measured,
+    /// Measured while it loaded: RSS growth so far, plus the resident
+    /// memory of the worker process it runs in.
+    InWorker,
 }
 
 impl Basis {
@@ -45,6 +50,7 @@ impl Basis {
             Basis::Footprint => "estimated from a version of the same size measured earlier",
             Basis::Files => "estimated as the size of its files, a lower bound for a first load",
             Basis::Measured => "measured while it loaded",
+            Basis::InWorker => "measured while it loaded, its worker process's resident memory included",
         }
     }
 }

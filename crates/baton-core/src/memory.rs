@@ -370,9 +370,10 @@ impl Memory {
                 if leaving.iter().any(|l| l.ptr_eq(&weak)) {
                     continue;
                 }
-                in_use.all = in_use.all.saturating_add(version.bytes_held());
+                let holds = version.holds();
+                in_use.all = in_use.all.saturating_add(holds);
                 if name == model {
-                    in_use.model = in_use.model.saturating_add(version.bytes_held());
+                    in_use.model = in_use.model.saturating_add(holds);
                 }
                 counted.push(version);
             }

@@ -162,9 +162,17 @@ impl Version {
         &self.warmed
     }
 
-    /// Memory held, measured while loading.
+    /// Memory held in this process, measured while loading.
     pub fn bytes_held(&self) -> u64 {
         self.bytes_held
+    }
+
+    /// Everything the version holds, as the memory budgets count it:
+    /// [`Version::bytes_held`], plus its worker process's resident memory
+    /// now when it runs in one.
+    pub fn holds(&self) -> u64 {
+        let worker = self.engine().process().and_then(|p| p.rss).unwrap_or(0);
+        self.bytes_held.saturating_add(worker)
     }
 
     /// Whether this is a rollout's twin of its stable version: a second

@@ -7,8 +7,10 @@
 //! loaded again in a new worker, or the route rolls back to the kept
 //! previous version when there is one; a worker's weights are
 //! validated through the hop, and a NaN refuses the version at validate;
-//! an unknown isolation is refused at load. The active version keeps
-//! serving through every refusal.
+//! an unknown isolation is refused at load; a stopped worker is found by
+//! a call's deadline, or idle by its heartbeat, and replaced; a worker's
+//! resident memory counts against the memory budgets. The active version
+//! keeps serving through every refusal.
 
 mod common;
 
@@ -300,21 +302,30 @@ fn a_runtime_that_is_missing_refuses_the_version_at_load_with_its_reason() {
     assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
 }
 
-#[test]
-fn a_hung_worker_is_cut_off_at_its_deadline_killed_and_replaced() {
-    let toml = format!("{IN_WORKER}worker_timeout_ms = 300\n[policy]\nkeep_previous = 0\n");
-    let repo = repo_with("m", &[1], &toml);
+/// Starts model `m` (version 1, `toml`) in a worker and stops the worker
+/// with SIGSTOP: stopped, it answers nothing, as hung as it gets. Returns
+/// the repository, the server and the stopped worker's pid (one, in a
+/// vector to compare with [`workers_of`]).
+fn serving_then_stopped(toml: &str) -> (baton_testkit::repo::TestRepo, baton_testkit::server::Server, Vec<u32>) {
+    let repo = repo_with("m", &[1], toml);
     let server = start(&repo, &[]);
     server.wait_serving("m", 1);
     let first = workers_of(server.pid());
     assert_eq!(first.len(), 1);
-    // Stopped, it holds every call without answering: as hung as it gets.
-    // The stop is asynchronous: wait until the kernel shows it stopped.
     assert!(std::process::Command::new("kill").args(["-STOP", &first[0].to_string()]).status().unwrap().success());
+    // The stop is asynchronous: wait until the kernel shows it stopped.
     wait_until("the worker is stopped", || {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", first[0])).unwrap_or_default();
         stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
     });
+    (repo, server, first)
+}
+
+#[test]
+fn a_hung_worker_is_cut_off_at_its_deadline_killed_and_replaced() {
+    // No heartbeat: the call's own deadline is what finds it here.
+    let toml = format!("{IN_WORKER}worker_timeout_ms = 300\nworker_heartbeat_ms = 0\n[policy]\nkeep_previous = 0\n");
+    let (_repo, server, first) = serving_then_stopped(&toml);
     let input = sample_input(SIZES[0], 1, 6);
     let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
     assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
@@ -447,4 +458,41 @@ fn a_stable_worker_killed_during_a_canary_ends_the_canary_and_is_restarted() {
         exits(&server, "m").iter().any(|l| l.contains("action=\"restarting\""))
     });
     assert_eq!(server.status("m")["workers"]["restarts"], 1);
+}
+
+#[test]
+fn an_idle_worker_that_hangs_is_found_by_its_heartbeat_and_replaced_before_any_call() {
+    let toml = format!("{IN_WORKER}worker_timeout_ms = 1000\nworker_heartbeat_ms = 100\n[policy]\nkeep_previous = 0\n");
+    let (_repo, server, first) = serving_then_stopped(&toml);
+    // No call is made: the heartbeat alone finds it, and it is replaced.
+    wait_until("the stopped worker is replaced by a new one", || {
+        let now = workers_of(server.pid());
+        now.len() == 1 && now[0] != first[0]
+    });
+    wait_until("the exit is counted", || exits(&server, "m").iter().any(|l| l.contains("action=\"restarting\"")));
+    wait_until("model m is ready again", || server.get("/v2/models/m/ready").status == 200);
+    let input = sample_input(SIZES[0], 1, 3);
+    assert_close(&infer(&server, "m", &input, 1).1, &mlp(1).forward(&input, 1), "the new worker");
+}
+
+/// A version in a worker holds what its worker process holds: the memory
+/// budgets count the worker's resident memory, the candidate's and every
+/// live version's, so the second of two ~60 MiB workers does not fit in
+/// 90 MiB, which the server's own growth (a few MiB each) would let pass.
+#[test]
+fn a_worker_s_resident_memory_counts_against_the_memory_budget() {
+    let toml = format!("{IN_WORKER}[policy]\nmemory_budget = \"90MiB\"\nkeep_previous = 1\n");
+    let repo = repo_with("m", &[1], &toml);
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let worker = workers_of(server.pid());
+    let rss = common::server_status(&server)["models"][0]["live"][0]["worker"]["rss"].as_u64().unwrap();
+    assert!(rss > 45 << 20, "the test assumes a worker holds more than half of the budget: {rss}");
+    repo.publish_mlp("m", 2, &mlp(2));
+    let error = refusal(&server);
+    assert_eq!((error["stage"].as_str(), error["version"].as_u64()), (Some("load"), Some(2)), "{error}");
+    assert!(error.to_string().contains("memory_budget_exceeded"), "{error}");
+    assert!(error.to_string().contains("worker process"), "{error}");
+    wait_until("only version 1's worker is left", || workers_of(server.pid()) == worker);
+    assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
 }

@@ -1,10 +1,12 @@
 //! A worker process's life, as the server sees it: started, watched, and
 //! stopped. A third socket pair, beside the setup channel and the slots,
-//! carries nothing: the worker holds its end for as long as it runs, so
-//! the server's end reads its close the moment the process ends, however
-//! it ends. A thread waits on it, reaps the process and tells whoever
-//! asked ([`Worker::on_exit`]), unless the server was stopping the worker
-//! itself.
+//! carries the heartbeat: the worker holds its end for as long as it runs,
+//! so the server's end reads its close the moment the process ends,
+//! however it ends. A thread waits on it, reaps the process and tells
+//! whoever asked ([`Worker::on_exit`]), unless the server was stopping the
+//! worker itself. The same thread asks the worker, every so often, whether
+//! it still runs; a worker that does not answer within the bound is hung
+//! (stopped, or frozen), and is killed and ended as above, calls or none.
 
 use std::io;
 use std::process::Child;
@@ -21,8 +23,22 @@ use crate::channel::Channel;
 /// it is killed.
 const EXIT_LIMIT: Duration = Duration::from_secs(5);
 
-/// How long one wait of the watcher lasts; it waits again after.
+/// How long one wait of the watcher lasts without a heartbeat; it waits
+/// again after.
 const WATCH: Duration = Duration::from_secs(3600);
+
+/// What the server sends on the life channel to ask whether the worker
+/// still runs, and what the worker answers.
+pub(crate) const PING: &[u8] = b"?";
+pub(crate) const PONG: &[u8] = b"!";
+
+/// How often a worker is asked whether it still runs, and how long it has
+/// to answer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Heartbeat {
+    pub(crate) every: Duration,
+    pub(crate) within: Duration,
+}
 
 type Notify = Box<dyn FnOnce(String) + Send>;
 
@@ -70,9 +86,40 @@ impl Shared {
         status
     }
 
-    /// The watcher: waits for the worker's end of the life channel to close.
-    fn watch(&self, pid: u32) {
-        while let Ok(false) = self.life.readable_within(WATCH) {}
+    /// The watcher: waits for the worker's end of the life channel to
+    /// close, asking it for a heartbeat meanwhile.
+    fn watch(&self, pid: u32, mut heartbeat: Option<Heartbeat>) {
+        let mut buffer = Vec::new();
+        // When the last ping went, while it waits for its answer.
+        let mut asked: Option<Instant> = None;
+        loop {
+            let wait = match (heartbeat, asked) {
+                (None, _) => WATCH,
+                (Some(beat), None) => beat.every,
+                (Some(beat), Some(at)) => (at + beat.within).saturating_duration_since(Instant::now()),
+            };
+            match self.life.readable_within(wait) {
+                Ok(true) => match self.life.recv(&mut buffer) {
+                    Ok(Some(_)) => asked = None,
+                    _ => break,
+                },
+                Ok(false) => match (heartbeat, asked) {
+                    (Some(beat), Some(_)) => {
+                        // Killed, its end closes: the next wait reads it.
+                        self.kill(format!("it did not answer a heartbeat within {:?}", beat.within));
+                        heartbeat = None;
+                    }
+                    (Some(_), None) => {
+                        if self.life.send(PING, &[]).is_err() {
+                            break;
+                        }
+                        asked = Some(Instant::now());
+                    }
+                    (None, _) => {}
+                },
+                Err(_) => break,
+            }
+        }
         self.alive.store(false, Ordering::SeqCst);
         if self.stopping.load(Ordering::SeqCst) {
             return;
@@ -90,6 +137,15 @@ impl Shared {
             notify(why);
         }
     }
+
+    /// Kills the process for `reason`, unless it was reaped already.
+    fn kill(&self, reason: String) {
+        let mut child = lock(&self.child);
+        if let Some(child) = child.as_mut() {
+            lock(&self.killed).get_or_insert(reason);
+            let _ = child.kill();
+        }
+    }
 }
 
 /// A running worker process.
@@ -101,8 +157,9 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Watches `child`, which holds the other end of `life`.
-    pub(crate) fn new(child: Child, life: Channel) -> io::Result<Worker> {
+    /// Watches `child`, which holds the other end of `life`, asking it for
+    /// a `heartbeat` when one is given.
+    pub(crate) fn new(child: Child, life: Channel, heartbeat: Option<Heartbeat>) -> io::Result<Worker> {
         let pid = child.id();
         let shared = Arc::new(Shared {
             child: Mutex::new(Some(child)),
@@ -114,7 +171,8 @@ impl Worker {
             killed: Mutex::new(None),
         });
         let watched = Arc::clone(&shared);
-        let watcher = std::thread::Builder::new().name("baton-worker-life".into()).spawn(move || watched.watch(pid));
+        let watcher =
+            std::thread::Builder::new().name("baton-worker-life".into()).spawn(move || watched.watch(pid, heartbeat));
         let mut worker = Worker { pid, started_at: SystemTime::now(), shared, watcher: None };
         match watcher {
             Ok(watcher) => worker.watcher = Some(watcher),
@@ -162,11 +220,7 @@ impl Worker {
     /// Kills the worker, for `reason`: it then ends as one that ended by
     /// itself, and whoever asked is told, with the reason.
     pub(crate) fn kill(&self, reason: String) {
-        let mut child = lock(&self.shared.child);
-        if let Some(child) = child.as_mut() {
-            lock(&self.shared.killed).get_or_insert(reason);
-            let _ = child.kill();
-        }
+        self.shared.kill(reason);
     }
 
     /// Stops the worker (its other channels are closed by then, so it is

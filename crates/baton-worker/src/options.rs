@@ -19,6 +19,11 @@ pub const RUNTIME: &str = "runtime";
 /// milliseconds, before the worker counts as hung and is replaced.
 pub const TIMEOUT: &str = "worker_timeout_ms";
 
+/// The key giving how often, in milliseconds, the server asks a worker
+/// whether it still runs; 0 asks never. A worker that does not answer
+/// within [`TIMEOUT`] counts as hung and is replaced.
+pub const HEARTBEAT: &str = "worker_heartbeat_ms";
+
 /// The key giving a worker's nice level, 0 to 19.
 pub const NICE: &str = "worker_nice";
 
@@ -26,10 +31,13 @@ pub const NICE: &str = "worker_nice";
 pub const MEMORY: &str = "worker_memory_mb";
 
 /// Every key of baton's in `[engine]`.
-const KEYS: [&str; 5] = [ISOLATION, RUNTIME, TIMEOUT, NICE, MEMORY];
+const KEYS: [&str; 6] = [ISOLATION, RUNTIME, TIMEOUT, HEARTBEAT, NICE, MEMORY];
 
 /// How long one call may take in a worker by default.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// How often a worker is asked whether it still runs, by default.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// What `[engine]` says of where a version runs and with what.
 #[derive(Debug, PartialEq, Eq)]
@@ -40,8 +48,10 @@ pub(crate) struct WorkerOptions {
     pub(crate) reason: Option<UpdateReason>,
     /// The runtime library the worker loads, when not the server's.
     pub(crate) runtime: Option<String>,
-    /// The bound on one call in the worker.
+    /// The bound on one call in the worker, and on an answer to a heartbeat.
     pub(crate) call_limit: Duration,
+    /// How often the worker is asked whether it still runs; never if none.
+    pub(crate) heartbeat: Option<Duration>,
     /// The worker's nice level.
     pub(crate) nice: Option<i32>,
     /// The worker's memory limit, in bytes.
@@ -88,6 +98,12 @@ impl WorkerOptions {
             Some(toml::Value::Integer(ms)) if *ms > 0 => Duration::from_millis(ms.unsigned_abs()),
             Some(other) => return Err(invalid(TIMEOUT, other, "give a number of milliseconds above 0")),
         };
+        let heartbeat = match engine.get(HEARTBEAT) {
+            None => Some(HEARTBEAT_EVERY),
+            Some(toml::Value::Integer(0)) => None,
+            Some(toml::Value::Integer(ms)) if *ms > 0 => Some(Duration::from_millis(ms.unsigned_abs())),
+            Some(other) => return Err(invalid(HEARTBEAT, other, "give a number of milliseconds, or 0 for none")),
+        };
         let nice = match engine.get(NICE) {
             None => None,
             Some(toml::Value::Integer(n)) if (0..=19).contains(n) => i32::try_from(*n).ok(),
@@ -98,7 +114,7 @@ impl WorkerOptions {
             Some(toml::Value::Integer(mb)) if *mb > 0 => Some(mb.unsigned_abs() << 20),
             Some(other) => return Err(invalid(MEMORY, other, "give a number of MiB above 0")),
         };
-        Ok(WorkerOptions { in_worker, reason, runtime, call_limit, nice, memory })
+        Ok(WorkerOptions { in_worker, reason, runtime, call_limit, heartbeat, nice, memory })
     }
 }
 
@@ -136,6 +152,7 @@ mod tests {
             ("isolation = \"process\"\nruntime = 3", "the library's path"),
             ("isolation = \"process\"\nworker_timeout_ms = 0", "milliseconds"),
             ("isolation = \"process\"\nworker_nice = 20", "nice level"),
+            ("isolation = \"process\"\nworker_heartbeat_ms = -5", "or 0 for none"),
             ("isolation = \"process\"\nworker_memory_mb = -1", "MiB"),
         ] {
             let error = WorkerOptions::read(&spec(engine)).unwrap_err();
@@ -143,18 +160,22 @@ mod tests {
             assert!(error.message.contains(needle), "{engine}: {}", error.message);
         }
         let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2\n\
-                      worker_nice = 7\nworker_memory_mb = 3";
+                      worker_nice = 7\nworker_memory_mb = 3\nworker_heartbeat_ms = 250";
         let options = WorkerOptions::read(&spec(engine)).unwrap();
         let want = WorkerOptions {
             in_worker: true,
             reason: Some(UpdateReason::RuntimeLibrary),
             runtime: Some("/lib/ort.so".into()),
             call_limit: Duration::from_millis(5),
+            heartbeat: Some(Duration::from_millis(250)),
             nice: Some(7),
             memory: Some(3 << 20),
         };
         assert_eq!(options, want);
         let engine = engine_spec(&spec(engine)).engine;
         assert_eq!(engine.keys().collect::<Vec<_>>(), ["sessions"]);
+        let beats = |engine: &str| WorkerOptions::read(&spec(engine)).unwrap().heartbeat;
+        assert_eq!(beats("isolation = \"process\""), Some(HEARTBEAT_EVERY));
+        assert_eq!(beats("isolation = \"process\"\nworker_heartbeat_ms = 0"), None);
     }
 }

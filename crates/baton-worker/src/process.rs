@@ -22,7 +22,7 @@ use baton_core::verified::Verified;
 
 use crate::channel::{Channel, MAX_FDS};
 use crate::hop::{Caller, HopError};
-use crate::life::Worker;
+use crate::life::{Heartbeat, Worker};
 use crate::options::{self, RUNTIME, TIMEOUT, WorkerOptions};
 use crate::region::Region;
 use crate::wire::{FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
@@ -80,7 +80,8 @@ impl ProcessBackend {
         }
         let child = self.spawn(fds.join(","), &options)?;
         drop((their_setup, their_life, theirs));
-        let mut worker = Worker::new(child, life).map_err(|e| failed("watching the worker", e))?;
+        let heartbeat = options.heartbeat.map(|every| Heartbeat { every, within: options.call_limit });
+        let mut worker = Worker::new(child, life, heartbeat).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
         let (signature, instances, mut info) = loaded?;
         // Whatever the files are, a version in a process of its own is a

@@ -45,8 +45,7 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
         return Err(format!("{FDS_ENV} names no slot"));
     }
     let setup = channels.remove(0);
-    // Held, never used, until this process ends: the server reads its close.
-    let _life = channels.remove(0);
+    answer_heartbeats(channels.remove(0))?;
     baton_core::executor::start_spawner();
     let Some(model) = receive_and_load(&setup, make)? else { return Ok(()) };
     let model: Arc<dyn Model> = Arc::from(model);
@@ -63,6 +62,26 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
         outputs.map_err(|e| (e.kind.to_owned(), e.message))
     })
     .map_err(|e| format!("answering calls: {e}"))
+}
+
+/// Answers the server's heartbeats on the life channel, on a thread of
+/// their own, from before the load on. The channel stays open until this
+/// process ends, however it ends: the server reads its close.
+fn answer_heartbeats(life: Channel) -> Result<(), String> {
+    let answer = move || {
+        let mut buffer = Vec::new();
+        while let Ok(Some(_)) = life.recv(&mut buffer) {
+            if buffer == crate::life::PING && life.send(crate::life::PONG, &[]).is_err() {
+                break;
+            }
+        }
+        // The server is going, or reading failed: the end stays open until
+        // this process ends, so that its close still means the end.
+        loop {
+            std::thread::park();
+        }
+    };
+    std::thread::Builder::new().name("baton-worker-life".into()).spawn(answer).map(drop).map_err(|e| e.to_string())
 }
 
 /// Applies the nice level and the memory limit the server passed, before

@@ -410,16 +410,16 @@ fn build(
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
     // Checked against what it measurably holds so far.
-    let within_budget = |held: u64| -> Result<(), LoadError> {
+    let within_budget = |(held, basis): (u64, Basis)| -> Result<(), LoadError> {
         if restoring {
             return Ok(());
         }
-        Ok(budgets(&inner, &model, &spec, Vec::new()).admit(&model, number, held, Basis::Measured)?)
+        Ok(budgets(&inner, &model, &spec, Vec::new()).admit(&model, number, held, basis)?)
     };
     let growth = Growth::start(&inner);
     let engine = run.stage(Stage::Load, |_| {
         let engine = engine(&inner, &spec, &verified, false)?;
-        within_budget(growth.grown())?;
+        within_budget(growth.holds(engine.as_ref()))?;
         Ok(engine)
     })?;
     // The backend has what it read; the version's files close here.
@@ -435,8 +435,8 @@ fn build(
         let warmed = warmup::run(engine.as_ref(), &samples, &spec)?;
         Ok((samples, warmed))
     })?;
+    within_budget(growth.holds(engine.as_ref()))?;
     let bytes_held = growth.grown();
-    within_budget(bytes_held)?;
     let parts = VersionParts {
         model,
         number,
@@ -470,6 +470,16 @@ impl<'a> Growth<'a> {
     /// What RSS grew by since the start.
     fn grown(&self) -> u64 {
         self.inner.memory.trimmed_rss().unwrap_or(0).saturating_sub(self.before)
+    }
+
+    /// What the version being built holds, as the budgets count it: the
+    /// growth, plus the resident memory of the worker process `engine`
+    /// runs in, when it runs in one; and the basis that names.
+    fn holds(&self, engine: &dyn crate::backend::Model) -> (u64, Basis) {
+        match engine.process().and_then(|p| p.rss) {
+            Some(rss) => (self.grown().saturating_add(rss), Basis::InWorker),
+            None => (self.grown(), Basis::Measured),
+        }
     }
 
     /// Makes the version and tracks it, before the window closes, so that

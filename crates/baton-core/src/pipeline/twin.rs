@@ -35,9 +35,9 @@ pub(super) fn load(run: &mut Run, plan: &Plan, max_mb: u64) -> (Option<Arc<Versi
         (_, Mode::Shadow, _) => Some("a shadow's copies run on the candidate, not on the stable version".to_owned()),
         (_, _, false) => Some("the plan pairs no copies with the stable version".to_owned()),
         _ if max_mb == 0 => Some("twin_max_mb = 0".to_owned()),
-        (Some(stable), _, _) if stable.bytes_held() > max_mb.saturating_mul(MIB) => Some(format!(
+        (Some(stable), _, _) if stable.holds() > max_mb.saturating_mul(MIB) => Some(format!(
             "the stable version holds {} MiB, more than twin_max_mb = {max_mb}",
-            stable.bytes_held().div_ceil(MIB)
+            stable.holds().div_ceil(MIB)
         )),
         _ => None,
     };
@@ -90,17 +90,17 @@ fn build(inner: &Arc<Inner>, stable: &Version, heap: HeapLease) -> Result<Arc<Ve
         return Err(LoadError::RolloutRefused { model: model.to_owned(), reason });
     }
     // Refused on what the stable version holds before anything loads.
-    let fits = |held: u64, basis: Basis| budgets(inner, model, &spec, Vec::new()).admit(model, number, held, basis);
-    fits(stable.bytes_held(), Basis::Footprint)?;
+    let fits = |(held, basis): (u64, Basis)| budgets(inner, model, &spec, Vec::new()).admit(model, number, held, basis);
+    fits((stable.holds(), Basis::Footprint))?;
     let growth = Growth::start(inner);
     // Weights of its own: sharing the stable version's would share its warmth.
     let engine = engine(inner, &spec, &verified, true)?;
-    fits(growth.grown(), Basis::Measured)?;
+    fits(growth.holds(engine.as_ref()))?;
     let manifest = verified.into_manifest();
     let samples = stable.warmup().to_vec();
     let warmed = super::warmup::run(engine.as_ref(), &samples, &spec)?;
+    fits(growth.holds(engine.as_ref()))?;
     let bytes_held = growth.grown();
-    fits(bytes_held, Basis::Measured)?;
     let parts = VersionParts {
         model: model.to_owned(),
         number,
