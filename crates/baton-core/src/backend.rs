@@ -119,6 +119,20 @@ pub struct ProcessInfo {
     pub rss: Option<u64>,
     /// When it started, in seconds since the Unix epoch.
     pub started_at: u64,
+    /// The limit on its memory, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<MemoryLimit>,
+}
+
+/// The limit on a worker process's memory, and how it is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryLimit {
+    /// The limit, in bytes.
+    pub bytes: u64,
+    /// What keeps it: `cgroup_v2` or `cgroup_v1` (resident memory, through
+    /// a memory cgroup of the worker's own), or `address_space`
+    /// (`RLIMIT_AS`, where the machine offers no memory cgroup).
+    pub by: &'static str,
 }
 
 /// One weight tensor, borrowed from the backend while it is checked.

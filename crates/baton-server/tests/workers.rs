@@ -415,19 +415,64 @@ fn a_worker_runs_at_its_nice_level_and_within_its_memory_limit_and_one_too_small
     // After the command's closing parenthesis, the nice level is the 17th field.
     let nice = stat.rsplit_once(") ").unwrap().1.split(' ').nth(16).unwrap();
     assert_eq!(nice, "5", "{stat}");
-    let limits_file = std::fs::read_to_string(format!("/proc/{worker}/limits")).unwrap();
-    let address_space = limits_file.lines().find(|l| l.starts_with("Max address space")).unwrap();
-    assert!(address_space.contains(&(16384u64 << 20).to_string()), "{address_space}");
+    let limit = &server.status("m")["live"][0]["worker"]["memory_limit"];
+    assert_eq!(limit["bytes"].as_u64(), Some(16384 << 20), "{limit}");
+    match limit["by"].as_str().unwrap() {
+        by @ ("cgroup_v1" | "cgroup_v2") => {
+            // In a memory cgroup of its own, holding the limit.
+            let groups = std::fs::read_to_string(format!("/proc/{worker}/cgroup")).unwrap();
+            let line = groups.lines().find(|l| l.contains("baton-worker-")).unwrap_or_else(|| panic!("{groups}"));
+            let path = line.splitn(3, ':').nth(2).unwrap();
+            let file = if by == "cgroup_v1" { "memory.limit_in_bytes" } else { "memory.max" };
+            let found = memory_group_file(path, file);
+            assert_eq!(found.trim(), (16384u64 << 20).to_string(), "{by} {path}");
+        }
+        "address_space" => {
+            // Only where no memory cgroup could be made: not as root with
+            // a memory hierarchy mounted.
+            assert!(!can_make_memory_groups(), "a memory cgroup could be made, yet {limit}");
+            let limits_file = std::fs::read_to_string(format!("/proc/{worker}/limits")).unwrap();
+            let address_space = limits_file.lines().find(|l| l.starts_with("Max address space")).unwrap();
+            assert!(address_space.contains(&(16384u64 << 20).to_string()), "{address_space}");
+        }
+        other => panic!("memory limit kept by {other}"),
+    }
+    eprintln!("the worker's memory limit: {limit}");
     assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 1), 1).0, 1);
-    // 32 MiB of address space cannot hold the engine: version 2 is refused
-    // at load, and version 1 serves on.
-    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), &format!("{IN_WORKER}worker_memory_mb = 32\n")));
+    // 4 MiB cannot hold the engine, resident (the kernel kills the worker)
+    // or as address space (an allocation fails): version 2 is refused at
+    // load, and version 1 serves on.
+    repo.add_model("m", &baton_testkit::repo::mlp_toml(&mlp(1), &format!("{IN_WORKER}worker_memory_mb = 4\n")));
     repo.publish_mlp("m", 2, &mlp(2));
     let error = refusal(&server);
     assert_eq!((error["stage"].as_str(), error["version"].as_u64()), (Some("load"), Some(2)), "{error}");
     wait_until("only version 1's worker is left", || workers_of(server.pid()) == vec![worker]);
     assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
     eprintln!("refused: {error}");
+}
+
+/// The content of `file` of the memory cgroup at `path` (as
+/// `/proc/PID/cgroup` gives it), in whichever hierarchy holds it.
+fn memory_group_file(path: &str, file: &str) -> String {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let found = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .find_map(|mount| std::fs::read_to_string(format!("{mount}{path}/{file}")).ok());
+    found.unwrap_or_else(|| panic!("no {file} for {path}"))
+}
+
+/// Whether this machine lets a root process make memory cgroups of its
+/// own: cgroup v1's memory hierarchy is mounted writable and this test
+/// runs as root.
+fn can_make_memory_groups() -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let v1 = mounts.lines().any(|l| l.contains(" - cgroup ") && l.contains(",memory") && l.contains(" rw,"));
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    v1 && root
 }
 
 /// The stable version's worker killed while a canary runs: the rollout is

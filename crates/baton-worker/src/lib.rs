@@ -13,6 +13,8 @@
 //! - [`hop`]: calls from many server threads, each in a slot of its own,
 //!   with a deadline, failing fast when the worker is gone; and the
 //!   worker's side that answers them.
+//! - `cgroup`: a worker's memory limit, through a memory cgroup of its own
+//!   where the machine offers one.
 //! - [`process`]: a version loaded and run by a worker process, behind
 //!   the same `Backend` contract as one in the server; [`serve`], the
 //!   worker's side.
@@ -20,6 +22,7 @@
 //! The crate knows nothing of any engine: a worker answers with whatever
 //! closure it is given.
 
+mod cgroup;
 pub mod channel;
 pub mod frame;
 pub mod hop;

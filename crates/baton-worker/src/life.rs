@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use baton_core::backend::ProcessInfo;
+use baton_core::backend::{MemoryLimit, ProcessInfo};
 
+use crate::cgroup::Group;
 use crate::channel::Channel;
 
 /// How long a worker that ended, or was told to, may take to exit before
@@ -42,6 +43,28 @@ pub(crate) struct Heartbeat {
 
 type Notify = Box<dyn FnOnce(String) + Send>;
 
+/// A worker's memory limit, as it was started with.
+#[derive(Debug)]
+pub(crate) enum Memory {
+    /// None.
+    Unlimited,
+    /// A memory cgroup of its own, removed once the worker is reaped.
+    Group(Group),
+    /// A bound on its address space, because no memory cgroup could be
+    /// made.
+    AddressSpace { bytes: u64 },
+}
+
+impl Memory {
+    fn limit(&self) -> Option<MemoryLimit> {
+        match self {
+            Memory::Unlimited => None,
+            Memory::Group(group) => Some(group.limit()),
+            Memory::AddressSpace { bytes } => Some(MemoryLimit { bytes: *bytes, by: "address_space" }),
+        }
+    }
+}
+
 /// Who to tell of an exit, or the exit already seen.
 enum Exit {
     Waiting(Option<Notify>),
@@ -58,6 +81,7 @@ struct Shared {
     life: Channel,
     /// Why the server killed the worker, when it did.
     killed: Mutex<Option<String>>,
+    memory: Memory,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -72,7 +96,7 @@ impl Shared {
             return lock(&self.status).clone().unwrap_or_else(|| "ended".into());
         };
         let deadline = Instant::now() + EXIT_LIMIT;
-        let status = loop {
+        let mut status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break status.to_string(),
                 Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
@@ -82,6 +106,16 @@ impl Shared {
                 }
             }
         };
+        if let Memory::Group(group) = &self.memory {
+            if let Some(kills) = group.oom_kills().filter(|n| *n > 0) {
+                let limit = group.limit();
+                status = format!(
+                    "{status}; its memory cgroup's limit of {} MiB was reached ({kills} killed for it)",
+                    limit.bytes >> 20
+                );
+            }
+            group.remove();
+        }
         *lock(&self.status) = Some(status.clone());
         status
     }
@@ -158,8 +192,8 @@ pub(crate) struct Worker {
 
 impl Worker {
     /// Watches `child`, which holds the other end of `life`, asking it for
-    /// a `heartbeat` when one is given.
-    pub(crate) fn new(child: Child, life: Channel, heartbeat: Option<Heartbeat>) -> io::Result<Worker> {
+    /// a `heartbeat` when one is given; `memory` is its memory limit.
+    pub(crate) fn new(child: Child, life: Channel, heartbeat: Option<Heartbeat>, memory: Memory) -> io::Result<Worker> {
         let pid = child.id();
         let shared = Arc::new(Shared {
             child: Mutex::new(Some(child)),
@@ -169,6 +203,7 @@ impl Worker {
             exit: Mutex::new(Exit::Waiting(None)),
             life,
             killed: Mutex::new(None),
+            memory,
         });
         let watched = Arc::clone(&shared);
         let watcher =
@@ -214,7 +249,7 @@ impl Worker {
             .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
             .map(|pages| pages * rustix::param::page_size() as u64);
         let started_at = self.started_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        ProcessInfo { pid: self.pid, rss, started_at }
+        ProcessInfo { pid: self.pid, rss, started_at, memory_limit: self.shared.memory.limit() }
     }
 
     /// Kills the worker, for `reason`: it then ends as one that ended by

@@ -20,12 +20,13 @@ use baton_core::spec::ModelSpec;
 use baton_core::tensor::Tensor;
 use baton_core::verified::Verified;
 
+use crate::cgroup::Group;
 use crate::channel::{Channel, MAX_FDS};
 use crate::hop::{Caller, HopError};
-use crate::life::{Heartbeat, Worker};
+use crate::life::{Heartbeat, Memory, Worker};
 use crate::options::{self, RUNTIME, TIMEOUT, WorkerOptions};
 use crate::region::Region;
-use crate::wire::{FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
+use crate::wire::{CGROUP_ENV, FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
 
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
@@ -78,10 +79,10 @@ impl ProcessBackend {
         for channel in &theirs {
             fds.push(channel.inheritable().map_err(|e| failed("handing a slot over", e))?.to_string());
         }
-        let child = self.spawn(fds.join(","), &options)?;
+        let (child, memory) = self.spawn(fds.join(","), &options)?;
         drop((their_setup, their_life, theirs));
         let heartbeat = options.heartbeat.map(|every| Heartbeat { every, within: options.call_limit });
-        let mut worker = Worker::new(child, life, heartbeat).map_err(|e| failed("watching the worker", e))?;
+        let mut worker = Worker::new(child, life, heartbeat, memory).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
         let (signature, instances, mut info) = loaded?;
         // Whatever the files are, a version in a process of its own is a
@@ -99,15 +100,32 @@ impl ProcessBackend {
         }))
     }
 
-    /// Starts the worker through the starter thread.
-    fn spawn(&self, fds: String, options: &WorkerOptions) -> Result<Child, BackendError> {
+    /// Starts the worker through the starter thread, with its memory
+    /// limit: a memory cgroup of its own where the machine offers one,
+    /// else a bound on its address space.
+    fn spawn(&self, fds: String, options: &WorkerOptions) -> Result<(Child, Memory), BackendError> {
         let mut command = Command::new(&self.program);
         if let Some(nice) = options.nice {
             command.env(NICE_ENV, nice.to_string());
         }
-        if let Some(memory) = options.memory {
-            command.env(MEMORY_ENV, memory.to_string());
-        }
+        let memory = match options.memory.map(|bytes| (bytes, Group::make(bytes))) {
+            None => Memory::Unlimited,
+            Some((_, Ok(group))) => {
+                command.env(CGROUP_ENV, group.dir());
+                Memory::Group(group)
+            }
+            Some((bytes, Err(why))) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        %why,
+                        "No memory cgroup can be made for workers; their memory limits bound their address space instead."
+                    );
+                });
+                command.env(MEMORY_ENV, bytes.to_string());
+                Memory::AddressSpace { bytes }
+            }
+        };
         if let Some(runtime) = &options.runtime {
             let Some(name) = self.runtime_env else {
                 return Err(BackendError::new(
@@ -118,9 +136,10 @@ impl ProcessBackend {
             command.env(name, runtime);
         }
         command.args(&self.args).env(FDS_ENV, fds).env(PARENT_ENV, std::process::id().to_string()).stdin(Stdio::null());
-        start_process(command).map_err(|e| {
+        let child = start_process(command).map_err(|e| {
             BackendError::new("worker_failed", format!("starting the worker {}: {e}", self.program.display()))
-        })
+        })?;
+        Ok((child, memory))
     }
 }
 

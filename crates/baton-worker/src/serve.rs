@@ -11,7 +11,7 @@ use baton_core::verified::{HandedFile, Verified};
 
 use crate::channel::Channel;
 use crate::region::Region;
-use crate::wire::{FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup, WEIGHTS_REGION};
+use crate::wire::{CGROUP_ENV, FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup, WEIGHTS_REGION};
 
 /// What makes the engine a worker loads with. Called once the version is
 /// handed over, so that an engine that cannot start (a runtime library
@@ -86,9 +86,16 @@ fn answer_heartbeats(life: Channel) -> Result<(), String> {
 
 /// Applies the nice level and the memory limit the server passed, before
 /// any thread starts: every thread the worker starts inherits them. The
-/// memory limit bounds the address space (`RLIMIT_AS`); an allocation past
-/// it fails, and the engine's error or abort ends the load or the worker.
+/// memory limit is the memory cgroup the server made, which this process
+/// joins (past its limit, the kernel kills the worker); or, where the
+/// machine has none, a bound on the address space (`RLIMIT_AS`: an
+/// allocation past it fails, and the engine's error or abort ends the load
+/// or the worker).
 fn limit_resources() -> Result<(), String> {
+    if let Some(dir) = std::env::var_os(CGROUP_ENV) {
+        let dir = std::path::PathBuf::from(dir);
+        crate::cgroup::join(&dir).map_err(|e| format!("joining the memory cgroup {}: {e}", dir.display()))?;
+    }
     let read = |name: &str| std::env::var(name).ok().map(|v| v.parse::<u64>().map_err(|_| format!("{name}: '{v}'")));
     if let Some(nice) = read(NICE_ENV).transpose()? {
         let nice = i32::try_from(nice).map_err(|_| format!("{NICE_ENV}: {nice}"))?;

@@ -22,8 +22,12 @@ pub(crate) const PARENT_ENV: &str = "BATON_WORKER_PARENT";
 /// The environment variable that gives a worker its nice level.
 pub(crate) const NICE_ENV: &str = "BATON_WORKER_NICE";
 
-/// The environment variable that gives a worker its memory limit, in bytes.
+/// The environment variable that gives a worker its memory limit, in
+/// bytes, on its address space.
 pub(crate) const MEMORY_ENV: &str = "BATON_WORKER_MEMORY";
+
+/// The environment variable that names the memory cgroup a worker joins.
+pub(crate) const CGROUP_ENV: &str = "BATON_WORKER_CGROUP";
 
 /// Setup messages, server to worker.
 #[derive(Debug, Serialize, Deserialize)]
