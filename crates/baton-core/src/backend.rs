@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use crate::signature::Signature;
 use crate::spec::ModelSpec;
-use crate::tensor::{DataType, Tensor};
+use crate::tensor::{DataType, Tensor, TensorView};
 use crate::verified::Verified;
 
 /// An engine that can load model versions.
@@ -82,6 +82,28 @@ pub trait Model: Send + Sync + 'static {
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
         let _ = instance;
         self.infer(inputs)
+    }
+
+    /// Runs one inference on borrowed inputs, on `instance` when one is
+    /// named, and lends each output to `out` in turn: how a worker runs
+    /// inputs that lie in shared memory and writes the outputs there. By
+    /// default the inputs are copied into tensors and the outputs lent
+    /// from the engine's answer; an engine that reads borrowed inputs and
+    /// lends outputs from its own buffers overrides it, so that a worker
+    /// adds no copy of its own.
+    fn run_borrowed(
+        &self,
+        instance: Option<usize>,
+        inputs: &[TensorView<'_>],
+        out: &mut dyn FnMut(&TensorView<'_>),
+    ) -> Result<(), BackendError> {
+        let inputs: Vec<Tensor> = inputs.iter().map(TensorView::to_tensor).collect();
+        let outputs = match instance {
+            Some(instance) => self.infer_on(instance, &inputs)?,
+            None => self.infer(&inputs)?,
+        };
+        outputs.iter().for_each(|output| out(&output.view()));
+        Ok(())
     }
 
     /// What the version's weights cost and what kind of update it was, as

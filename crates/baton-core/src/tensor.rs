@@ -179,10 +179,73 @@ impl Tensor {
     /// Checks that the data agrees with the datatype and shape, and says
     /// exactly what disagrees.
     pub fn check_consistent(&self) -> Result<(), String> {
-        let count = element_count(&self.shape)
+        self.view().check_consistent()
+    }
+
+    /// The tensor, borrowed.
+    pub fn view(&self) -> TensorView<'_> {
+        let data = match &self.data {
+            TensorData::Raw(bytes) => ViewData::Raw(bytes),
+            TensorData::Bytes(items) => ViewData::Bytes(items.iter().map(Vec::as_slice).collect()),
+        };
+        TensorView { name: &self.name, datatype: self.datatype, shape: &self.shape, data }
+    }
+}
+
+/// A tensor whose parts are borrowed: how a worker hands its engine the
+/// inputs where they lie in shared memory, and how an engine lends its
+/// outputs to be written there, with no copy of their own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorView<'a> {
+    /// Input or output name.
+    pub name: &'a str,
+    /// Element datatype.
+    pub datatype: DataType,
+    /// Dimensions.
+    pub shape: &'a [i64],
+    /// The elements.
+    pub data: ViewData<'a>,
+}
+
+/// The elements of a [`TensorView`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum ViewData<'a> {
+    /// Fixed-size elements, little-endian, densely packed in row-major order.
+    Raw(&'a [u8]),
+    /// One byte string per element, for `BYTES`.
+    Bytes(Vec<&'a [u8]>),
+}
+
+impl TensorView<'_> {
+    /// A tensor of its own: the elements copied.
+    pub fn to_tensor(&self) -> Tensor {
+        let data = match &self.data {
+            ViewData::Raw(bytes) => TensorData::Raw(bytes.to_vec()),
+            ViewData::Bytes(items) => TensorData::Bytes(items.iter().map(|i| i.to_vec()).collect()),
+        };
+        Tensor { name: self.name.to_owned(), datatype: self.datatype, shape: self.shape.to_vec(), data }
+    }
+
+    /// The bytes its elements take (for BYTES, the elements' bytes alone).
+    pub fn len(&self) -> usize {
+        match &self.data {
+            ViewData::Raw(bytes) => bytes.len(),
+            ViewData::Bytes(items) => items.iter().map(|i| i.len()).fold(0, usize::saturating_add),
+        }
+    }
+
+    /// Whether its elements take no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks that the data agrees with the datatype and shape, and says
+    /// exactly what disagrees.
+    pub fn check_consistent(&self) -> Result<(), String> {
+        let count = element_count(self.shape)
             .ok_or_else(|| format!("tensor '{}': shape {:?} is not a valid concrete shape", self.name, self.shape))?;
         match (&self.data, self.datatype.size()) {
-            (TensorData::Raw(bytes), Some(size)) => {
+            (ViewData::Raw(bytes), Some(size)) => {
                 let expected = count.saturating_mul(size);
                 if bytes.len() != expected {
                     return Err(format!(
@@ -195,7 +258,7 @@ impl Tensor {
                     ));
                 }
             }
-            (TensorData::Bytes(items), None) => {
+            (ViewData::Bytes(items), None) => {
                 if items.len() != count {
                     return Err(format!(
                         "tensor '{}': shape {:?} needs {} elements, got {}",

@@ -10,13 +10,13 @@ use baton_core::backend::{
 };
 use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::tensor::{Tensor, TensorView};
 use baton_core::verified::Verified;
 use ort::session::builder::{AutoDevicePolicy, PrepackedWeights, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, ValueType};
 
-use crate::convert::{datatype_of, datatype_of_onnx, from_ort, to_ort};
+use crate::convert::{datatype_of, datatype_of_onnx, from_ort, lend_ort, to_ort};
 use crate::graph::Graph;
 use crate::model_file::{KeptFile, ModelFile, SessionSource, Weights};
 use crate::options::EngineOptions;
@@ -350,7 +350,8 @@ impl Model for OnnxModel {
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
         // Converted before a session is taken, so a session is held only
         // for the run itself.
-        let values = prepare(inputs)?;
+        let views: Vec<TensorView<'_>> = inputs.iter().map(Tensor::view).collect();
+        let values = prepare(&views)?;
         run(&mut self.sessions.take(), values)
     }
 
@@ -366,14 +367,40 @@ impl Model for OnnxModel {
     }
 
     fn infer_on(&self, instance: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-        let mut session = self.sessions.item(instance).ok_or_else(|| {
+        let views: Vec<TensorView<'_>> = inputs.iter().map(Tensor::view).collect();
+        let values = prepare(&views)?;
+        let mut session = self.instance(instance)?;
+        run(&mut session, values)
+    }
+
+    /// Reads the inputs where they lie and lends the outputs from ONNX
+    /// Runtime's own buffers: a worker copies neither.
+    fn run_borrowed(
+        &self,
+        instance: Option<usize>,
+        inputs: &[TensorView<'_>],
+        out: &mut dyn FnMut(&TensorView<'_>),
+    ) -> Result<(), BackendError> {
+        let values = prepare(inputs)?;
+        match instance {
+            Some(instance) => {
+                let mut session = self.instance(instance)?;
+                run_lending(&mut session, values, out)
+            }
+            None => run_lending(&mut self.sessions.take(), values, out),
+        }
+    }
+}
+
+impl OnnxModel {
+    /// The session of `instance`, held for a run.
+    fn instance(&self, instance: usize) -> Result<std::sync::MutexGuard<'_, OverMapping<Session>>, BackendError> {
+        self.sessions.item(instance).ok_or_else(|| {
             BackendError::new(
                 "invalid_input",
                 format!("instance {instance} does not exist; the model has {} sessions", self.sessions.len()),
             )
-        })?;
-        let values = prepare(inputs)?;
-        run(&mut session, values)
+        })
     }
 }
 
@@ -381,14 +408,14 @@ impl Model for OnnxModel {
 type Inputs<'a> = Vec<(Cow<'a, str>, SessionInputValue<'static>)>;
 
 /// Converts request tensors to ORT values.
-fn prepare(inputs: &[Tensor]) -> Result<Inputs<'_>, BackendError> {
+fn prepare<'a>(inputs: &[TensorView<'a>]) -> Result<Inputs<'a>, BackendError> {
     // ORT would quietly take one of two same-named inputs.
-    let mut names = inputs.iter().enumerate().map(|(i, t)| (i, t.name.as_str()));
+    let mut names = inputs.iter().enumerate().map(|(i, t)| (i, t.name));
     if let Some((_, dup)) = names.find(|&(i, name)| inputs[..i].iter().any(|u| u.name == name)) {
         return Err(BackendError::new("invalid_input", format!("input '{dup}' given more than once")));
     }
     guarded(
-        || inputs.iter().map(|t| Ok((Cow::Borrowed(t.name.as_str()), SessionInputValue::from(to_ort(t)?)))).collect(),
+        || inputs.iter().map(|t| Ok((Cow::Borrowed(t.name), SessionInputValue::from(to_ort(t)?)))).collect(),
         "invalid_input",
         "converting the inputs",
     )
@@ -403,6 +430,22 @@ fn run(session: &mut Session, values: Inputs<'_>) -> Result<Vec<Tensor>, Backend
         || {
             let outputs = session.run(values).map_err(|e| BackendError::new("inference_failed", e.to_string()))?;
             outputs.iter().map(|(name, value)| from_ort(name, &value)).collect()
+        },
+        "engine_panicked",
+        "running the model",
+    )
+}
+
+/// [`run`], lending each output to `out` from ORT's buffer.
+fn run_lending(
+    session: &mut Session,
+    values: Inputs<'_>,
+    out: &mut dyn FnMut(&TensorView<'_>),
+) -> Result<(), BackendError> {
+    guarded(
+        || {
+            let outputs = session.run(values).map_err(|e| BackendError::new("inference_failed", e.to_string()))?;
+            outputs.iter().try_for_each(|(name, value)| lend_ort(name, &value, out))
         },
         "engine_panicked",
         "running the model",
@@ -483,7 +526,7 @@ mod tests {
         // The shared weights go first, then everything else but the sessions.
         let OnnxModel { sessions, shared, file, chain, .. } = model;
         drop((shared, file, chain));
-        let values = prepare(&input).unwrap();
+        let values = prepare(&[input[0].view()]).unwrap();
         let after = run(&mut sessions.take(), values).unwrap();
         assert_eq!(after[0].to_f32(), before[0].to_f32(), "the session still reads the weights it was given");
     }

@@ -2,7 +2,7 @@
 //! Runtime values, for every datatype both sides know.
 
 use baton_core::backend::BackendError;
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensor::{DataType, Tensor, TensorData, TensorView, ViewData};
 use half::f16;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
@@ -81,24 +81,24 @@ fn encode<T: Copy, const N: usize>(values: &[T], to_le: fn(T) -> [u8; N]) -> Vec
 /// data does not agree with the datatype and shape, or (for `BYTES`) an
 /// element is not UTF-8 without NUL bytes, which is all an ORT string tensor
 /// can hold.
-pub(crate) fn to_ort(tensor: &Tensor) -> Result<DynValue, BackendError> {
+pub(crate) fn to_ort(tensor: &TensorView<'_>) -> Result<DynValue, BackendError> {
     tensor.check_consistent().map_err(invalid_input)?;
-    let shape = tensor.shape.clone();
-    let name = &tensor.name;
+    let shape = tensor.shape.to_vec();
+    let name = tensor.name;
     let created = match (&tensor.data, tensor.datatype) {
-        (TensorData::Raw(b), DataType::Fp32) => typed(shape, decode(b, f32::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Fp64) => typed(shape, decode(b, f64::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Fp16) => typed(shape, decode(b, f16::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Int8) => typed(shape, decode(b, i8::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Int16) => typed(shape, decode(b, i16::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Int32) => typed(shape, decode(b, i32::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Int64) => typed(shape, decode(b, i64::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Uint8) => typed(shape, b.clone()),
-        (TensorData::Raw(b), DataType::Uint16) => typed(shape, decode(b, u16::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Uint32) => typed(shape, decode(b, u32::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Uint64) => typed(shape, decode(b, u64::from_le_bytes)),
-        (TensorData::Raw(b), DataType::Bool) => typed(shape, b.iter().map(|&v| v != 0).collect::<Vec<bool>>()),
-        (TensorData::Bytes(items), DataType::Bytes) => {
+        (ViewData::Raw(b), DataType::Fp32) => typed(shape, decode(b, f32::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Fp64) => typed(shape, decode(b, f64::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Fp16) => typed(shape, decode(b, f16::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Int8) => typed(shape, decode(b, i8::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Int16) => typed(shape, decode(b, i16::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Int32) => typed(shape, decode(b, i32::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Int64) => typed(shape, decode(b, i64::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Uint8) => typed(shape, b.to_vec()),
+        (ViewData::Raw(b), DataType::Uint16) => typed(shape, decode(b, u16::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Uint32) => typed(shape, decode(b, u32::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Uint64) => typed(shape, decode(b, u64::from_le_bytes)),
+        (ViewData::Raw(b), DataType::Bool) => typed(shape, b.iter().map(|&v| v != 0).collect::<Vec<bool>>()),
+        (ViewData::Bytes(items), DataType::Bytes) => {
             let mut strings = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
                 let text = std::str::from_utf8(item).ok().filter(|s| !s.contains('\0')).ok_or_else(|| {
@@ -127,6 +127,69 @@ where
     T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static,
 {
     ort::value::Tensor::from_array((shape, values)).map(|t| t.into_dyn())
+}
+
+/// Lends an ORT output value to `out` as a view of the engine's own
+/// buffer, with no copy: on a little-endian machine an element's bytes in
+/// memory are its wire bytes. Elsewhere, and for `BYTES`, through
+/// [`from_ort`].
+pub(crate) fn lend_ort(name: &str, value: &DynValue, out: &mut dyn FnMut(&TensorView<'_>)) -> Result<(), BackendError> {
+    let datatype = match value.dtype() {
+        ValueType::Tensor { ty, .. } => datatype_of(*ty),
+        _ => None,
+    };
+    let extract = |e: ort::Error| failed(format!("reading output '{name}': {e}"));
+    let lend = |shape: &[i64], bytes: &[u8], datatype: DataType, out: &mut dyn FnMut(&TensorView<'_>)| {
+        out(&TensorView { name, datatype, shape, data: ViewData::Raw(bytes) });
+    };
+    macro_rules! lent {
+        ($t:ty, $datatype:expr) => {{
+            let (shape, values) = value.try_extract_tensor::<$t>().map_err(extract)?;
+            let shape: Vec<i64> = shape.iter().copied().collect();
+            lend(&shape, plain::as_bytes(values), $datatype, out);
+            return Ok(());
+        }};
+    }
+    if cfg!(target_endian = "little") {
+        match datatype {
+            Some(DataType::Fp32) => lent!(f32, DataType::Fp32),
+            Some(DataType::Fp64) => lent!(f64, DataType::Fp64),
+            Some(DataType::Fp16) => lent!(f16, DataType::Fp16),
+            Some(DataType::Int8) => lent!(i8, DataType::Int8),
+            Some(DataType::Int16) => lent!(i16, DataType::Int16),
+            Some(DataType::Int32) => lent!(i32, DataType::Int32),
+            Some(DataType::Int64) => lent!(i64, DataType::Int64),
+            Some(DataType::Uint8) => lent!(u8, DataType::Uint8),
+            Some(DataType::Uint16) => lent!(u16, DataType::Uint16),
+            Some(DataType::Uint32) => lent!(u32, DataType::Uint32),
+            Some(DataType::Uint64) => lent!(u64, DataType::Uint64),
+            Some(DataType::Bool) => lent!(bool, DataType::Bool),
+            Some(DataType::Bytes) | None => {}
+        }
+    }
+    out(&from_ort(name, value)?.view());
+    Ok(())
+}
+
+/// Element slices seen as their bytes.
+mod plain {
+    use half::f16;
+
+    /// Element types with no padding, every byte of which is initialized.
+    pub(super) trait Plain: Copy {}
+    macro_rules! plain {
+        ($($t:ty),*) => { $(impl Plain for $t {})* };
+    }
+    plain!(f32, f64, f16, i8, i16, i32, i64, u8, u16, u32, u64, bool);
+
+    /// The bytes `values` take in memory.
+    #[allow(unsafe_code)]
+    pub(super) fn as_bytes<T: Plain>(values: &[T]) -> &[u8] {
+        // SAFETY: a `Plain` type has no padding and every byte of a value
+        // is initialized; `u8` needs no alignment; the length is the
+        // slice's size in bytes; the result borrows `values`.
+        unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+    }
 }
 
 /// Makes a response tensor of an ORT output value.

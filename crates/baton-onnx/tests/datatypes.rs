@@ -176,6 +176,13 @@ fn every_datatype_round_trips_through_identity() {
                 .infer(std::slice::from_ref(&input))
                 .unwrap_or_else(|e| panic!("{datatype}: inference failed [{}]: {}", e.kind, e.message));
             assert_eq!(out.len(), 1);
+            // Run on a borrowed input with the output lent from the
+            // engine's buffer, as a worker runs: the same answer.
+            let mut lent = Vec::new();
+            model
+                .run_borrowed(None, &[input.view()], &mut |output| lent.push(output.to_tensor()))
+                .unwrap_or_else(|e| panic!("{datatype}: borrowed run failed [{}]: {}", e.kind, e.message));
+            assert_eq!(lent, out, "{datatype} batch {batch}, borrowed");
             let want = Tensor { name: "y".into(), ..input };
             assert_eq!(out[0], want, "{datatype} batch {batch}");
         }

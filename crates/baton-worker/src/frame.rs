@@ -4,11 +4,11 @@
 //! and the datatype, so a confused or hostile peer yields an error, never a
 //! read out of bounds.
 
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_core::tensor::{DataType, Tensor, TensorData, TensorView, ViewData, element_count};
 use serde::{Deserialize, Serialize};
 
 /// Where each tensor starts: a multiple of a cache line.
-const ALIGN: usize = 64;
+pub const ALIGN: usize = 64;
 
 /// One tensor as laid out in a region.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,41 +48,53 @@ pub fn write(region: &mut [u8], tensors: &[Tensor]) -> Result<Vec<Meta>, String>
     let mut offset = 0;
     let mut metas = Vec::with_capacity(tensors.len());
     for tensor in tensors {
-        let len = bytes_of(tensor);
-        let target = &mut region[offset..offset + len];
-        let elements = match &tensor.data {
-            TensorData::Raw(raw) => {
-                target.copy_from_slice(raw);
-                None
-            }
-            TensorData::Bytes(elements) => {
-                let mut at = 0;
-                for element in elements {
-                    target[at..at + element.len()].copy_from_slice(element);
-                    at += element.len();
-                }
-                Some(elements.iter().map(Vec::len).collect())
-            }
-        };
-        metas.push(Meta {
-            name: tensor.name.clone(),
-            datatype: tensor.datatype,
-            shape: tensor.shape.clone(),
-            offset,
-            len,
-            elements,
-        });
-        offset += len.next_multiple_of(ALIGN);
+        let meta = write_one(region, offset, &tensor.view());
+        offset += meta.len.next_multiple_of(ALIGN);
+        metas.push(meta);
     }
     Ok(metas)
 }
 
-/// Reads the tensors `metas` describe out of `region`.
-pub fn read(region: &[u8], metas: &[Meta]) -> Result<Vec<Tensor>, String> {
-    metas.iter().map(|meta| read_one(region, meta)).collect()
+/// Writes one tensor into `region` at `offset`, which the caller made
+/// sure leaves room for its [`TensorView::len`] bytes.
+pub fn write_one(region: &mut [u8], offset: usize, tensor: &TensorView<'_>) -> Meta {
+    let len = tensor.len();
+    let target = &mut region[offset..offset + len];
+    let elements = match &tensor.data {
+        ViewData::Raw(raw) => {
+            target.copy_from_slice(raw);
+            None
+        }
+        ViewData::Bytes(elements) => {
+            let mut at = 0;
+            for element in elements {
+                target[at..at + element.len()].copy_from_slice(element);
+                at += element.len();
+            }
+            Some(elements.iter().map(|e| e.len()).collect())
+        }
+    };
+    Meta {
+        name: tensor.name.to_owned(),
+        datatype: tensor.datatype,
+        shape: tensor.shape.to_vec(),
+        offset,
+        len,
+        elements,
+    }
 }
 
-fn read_one(region: &[u8], meta: &Meta) -> Result<Tensor, String> {
+/// Reads the tensors `metas` describe out of `region`: copies.
+pub fn read(region: &[u8], metas: &[Meta]) -> Result<Vec<Tensor>, String> {
+    metas.iter().map(|meta| Ok(view_one(region, meta)?.to_tensor())).collect()
+}
+
+/// The tensors `metas` describe where they lie in `region`: no copy.
+pub fn views<'a>(region: &'a [u8], metas: &'a [Meta]) -> Result<Vec<TensorView<'a>>, String> {
+    metas.iter().map(|meta| view_one(region, meta)).collect()
+}
+
+fn view_one<'a>(region: &'a [u8], meta: &'a Meta) -> Result<TensorView<'a>, String> {
     let name = &meta.name;
     let bytes = meta
         .offset
@@ -95,26 +107,26 @@ fn read_one(region: &[u8], meta: &Meta) -> Result<Tensor, String> {
             if count.checked_mul(size) != Some(meta.len) {
                 return Err(format!("tensor '{name}': {} bytes for {count} elements", meta.len));
             }
-            TensorData::Raw(bytes.to_vec())
+            ViewData::Raw(bytes)
         }
         (None, Some(lengths)) => {
             if lengths.len() != count || lengths.iter().try_fold(0usize, |a, l| a.checked_add(*l)) != Some(meta.len) {
                 return Err(format!("tensor '{name}': element lengths do not add up to its bytes"));
             }
             let mut at = 0;
-            TensorData::Bytes(
+            ViewData::Bytes(
                 lengths
                     .iter()
                     .map(|l| {
                         at += l;
-                        bytes[at - l..at].to_vec()
+                        &bytes[at - l..at]
                     })
                     .collect(),
             )
         }
         _ => return Err(format!("tensor '{name}': element lengths given for the wrong datatype")),
     };
-    Ok(Tensor { name: meta.name.clone(), datatype: meta.datatype, shape: meta.shape.clone(), data })
+    Ok(TensorView { name: &meta.name, datatype: meta.datatype, shape: &meta.shape, data })
 }
 
 #[cfg(test)]

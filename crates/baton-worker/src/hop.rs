@@ -1,11 +1,15 @@
-//! Calls across the hop. Each slot is a control channel and a region of
+//! Calls across the hop. Each slot is a control channel and two regions of
 //! its own: the server's [`Caller`] lets one call at a time use a slot,
-//! writes the inputs into its region and sends a short message on its
-//! channel; on the worker's side ([`answer`]) a thread per slot waits on
-//! that channel, runs the call, writes the outputs into the same region (or
-//! into a larger one it sends along) and answers. The calling thread waits
-//! on its own slot's channel, so a call costs two thread wake-ups, one in
-//! each process, and no thread hands work to another.
+//! writes the inputs into the slot's input region and sends a short
+//! message on its channel; on the worker's side ([`answer`]) a thread per
+//! slot waits on that channel and runs the call on the inputs where they
+//! lie, and the engine's outputs are written straight into the slot's
+//! output region (the worker's, sent along when it is new or grew); then
+//! it answers. So each tensor is copied once each way: the server's
+//! inputs into the region, the engine's outputs into the other. The
+//! calling thread waits on its own slot's channel, so a call costs two
+//! thread wake-ups, one in each process, and no thread hands work to
+//! another.
 //!
 //! Every call has a deadline. When the worker's ends close (the process
 //! exited, was killed, aborted), every waiting call and every later one
@@ -17,7 +21,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use baton_core::tensor::Tensor;
+use baton_core::tensor::{Tensor, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::channel::Channel;
@@ -80,8 +84,9 @@ enum Call {
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
-    /// The outputs are in the slot's region; `region`: in a larger one,
-    /// whose descriptor is attached and which replaces it.
+    /// The outputs are in the slot's output region; `region`: in a new
+    /// one (the slot's first, or a larger), whose descriptor is attached
+    /// and which replaces it.
     Done { outputs: Vec<Meta>, region: bool },
     /// The call failed in the worker.
     Failed { kind: String, message: String },
@@ -91,11 +96,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One call at a time's place on the hop: its channel, and its region
-/// with whether the worker has that region yet.
+/// One call at a time's place on the hop: its channel, its input region
+/// with whether the worker has that region yet, and the worker's output
+/// region.
 struct Slot {
     channel: Channel,
     region: Option<(Region, bool)>,
+    outputs: Option<Region>,
     buffer: Vec<u8>,
 }
 
@@ -119,7 +126,7 @@ impl Caller {
     pub fn new(channels: Vec<Channel>) -> Caller {
         let slots: Vec<_> = channels
             .into_iter()
-            .map(|channel| Mutex::new(Slot { channel, region: None, buffer: Vec::new() }))
+            .map(|channel| Mutex::new(Slot { channel, region: None, outputs: None, buffer: Vec::new() }))
             .collect();
         Caller {
             free: Mutex::new((0..slots.len()).rev().collect()),
@@ -226,18 +233,22 @@ impl Caller {
     }
 }
 
-/// The outputs an answer points at, in the slot's region or in the larger
-/// one the worker sent.
+/// The outputs an answer points at, in the slot's output region or in
+/// the new one the worker sent.
 fn read_answer(slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<Vec<Tensor>, HopError> {
     match answer {
         Answer::Failed { kind, message } => Err(HopError::Failed { kind, message }),
-        Answer::Done { outputs, region: grown } => {
-            if grown {
-                let fd = fd.ok_or_else(|| HopError::Broken("a larger region was announced, not sent".into()))?;
-                slot.region = Some((Region::open(fd).map_err(|e| HopError::Broken(e.to_string()))?, true));
+        Answer::Done { outputs, region: new } => {
+            if new {
+                let fd = fd.ok_or_else(|| HopError::Broken("an output region was announced, not sent".into()))?;
+                slot.outputs = Some(Region::open(fd).map_err(|e| HopError::Broken(e.to_string()))?);
             }
-            let (region, _) = slot.region.as_ref().ok_or_else(|| HopError::Broken("an answer in no region".into()))?;
-            frame::read(region.bytes(), &outputs).map_err(HopError::Broken)
+            let region = match (&slot.outputs, outputs.is_empty()) {
+                (Some(region), _) => region.bytes(),
+                (None, true) => &[],
+                (None, false) => return Err(HopError::Broken("an answer in no region".into())),
+            };
+            frame::read(region, &outputs).map_err(HopError::Broken)
         }
     }
 }
@@ -245,12 +256,16 @@ fn read_answer(slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<V
 /// What a worker's run returns when a call fails: a stable kind and a message.
 pub type RunError = (String, String);
 
+/// Where a worker's run lends each output, in turn.
+pub type Out<'o> = &'o mut dyn FnMut(&TensorView<'_>);
+
 /// The worker's side: answers the calls of each of `channels` on a thread
-/// of its own with `run` (given the engine instance a call names, if any),
-/// until the server's ends close.
+/// of its own with `run` (given the engine instance a call names, if any,
+/// the inputs where they lie in shared memory, and where to lend each
+/// output), until the server's ends close.
 pub fn answer<F>(channels: Vec<Channel>, run: F) -> io::Result<()>
 where
-    F: Fn(Option<usize>, &[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+    F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
     std::thread::scope(|scope| {
         let threads: Vec<_> = channels
@@ -271,9 +286,10 @@ where
 /// One slot's calls, answered in turn until the server's end closes.
 fn serve_slot<F>(channel: &Channel, run: &F) -> io::Result<()>
 where
-    F: Fn(Option<usize>, &[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+    F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
-    let mut region: Option<Region> = None;
+    let mut inputs_region: Option<Region> = None;
+    let mut outputs = Outputs { region: None, new: false, offset: 0, metas: Vec::new(), error: None };
     let mut buffer = Vec::new();
     while let Some(fds) = channel.recv(&mut buffer)? {
         let call: Call = serde_json::from_slice(&buffer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -282,44 +298,90 @@ where
             let fd = fds.into_iter().next();
             let fd =
                 fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a region was announced, not sent"))?;
-            region = Some(Region::open(fd)?);
+            inputs_region = Some(Region::open(fd)?);
         }
-        let Some(current) = region.as_mut() else {
+        let Some(current) = inputs_region.as_ref() else {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "a call before any region"));
         };
-        let (answer, grown) = run_one(current, &inputs, &|tensors: &[Tensor]| run(instance, tensors))?;
-        if let Some(larger) = grown {
-            *current = larger;
-        }
+        let answer = run_one(current, &inputs, &mut outputs, &|views: &[TensorView<'_>], out: Out<'_>| {
+            run(instance, views, out)
+        });
         let message = serde_json::to_vec(&answer).map_err(io::Error::other)?;
-        let fds = if matches!(answer, Answer::Done { region: true, .. }) { vec![current.fd()] } else { Vec::new() };
+        let fds = match (&answer, &outputs.region) {
+            (Answer::Done { region: true, .. }, Some(region)) => vec![region.fd()],
+            _ => Vec::new(),
+        };
         channel.send(&message, &fds)?;
     }
     Ok(())
 }
 
-/// Runs one call on the inputs in `region`; the answer, and a larger
-/// region holding the outputs when they did not fit.
-fn run_one<F>(region: &mut Region, inputs: &[Meta], run: &F) -> io::Result<(Answer, Option<Region>)>
+/// The outputs of one call, written into the slot's output region as the
+/// engine lends them, the region made anew (larger) when one does not fit.
+struct Outputs {
+    region: Option<Region>,
+    /// Whether this call made the region, so the server must be sent it.
+    new: bool,
+    offset: usize,
+    metas: Vec<Meta>,
+    error: Option<String>,
+}
+
+impl Outputs {
+    /// Begins a call's outputs. A region made by a call that then failed
+    /// is still new: it goes with the next answer that has outputs.
+    fn start(&mut self) {
+        (self.offset, self.error) = (0, None);
+        self.metas.clear();
+    }
+
+    fn push(&mut self, tensor: &TensorView<'_>) {
+        if self.error.is_some() {
+            return;
+        }
+        let need = self.offset + tensor.len().next_multiple_of(frame::ALIGN);
+        if self.region.as_ref().is_none_or(|r| r.len() < need) {
+            // What this call wrote so far moves with it: rare, as a region
+            // grows to what calls need and stays.
+            let size = need.max(FIRST_REGION).max(self.region.as_ref().map_or(0, |r| r.len() * 2));
+            match Region::create(size) {
+                Ok(mut larger) => {
+                    if let Some(old) = &self.region {
+                        larger.bytes_mut()[..self.offset].copy_from_slice(&old.bytes()[..self.offset]);
+                    }
+                    (self.region, self.new) = (Some(larger), true);
+                }
+                Err(e) => {
+                    self.error = Some(format!("making an output region of {size} bytes: {e}"));
+                    return;
+                }
+            }
+        }
+        let region = self.region.as_mut().expect("a region fits");
+        let meta = frame::write_one(region.bytes_mut(), self.offset, tensor);
+        self.offset = need;
+        self.metas.push(meta);
+    }
+}
+
+/// Runs one call on the inputs in `region`, its outputs written into
+/// `outputs`; the answer.
+fn run_one<F>(region: &Region, inputs: &[Meta], outputs: &mut Outputs, run: &F) -> Answer
 where
-    F: Fn(&[Tensor]) -> Result<Vec<Tensor>, RunError> + Sync,
+    F: Fn(&[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
     let failed = |kind: &str, message: String| Answer::Failed { kind: kind.to_owned(), message };
-    let outputs = match frame::read(region.bytes(), inputs) {
+    outputs.start();
+    let ran = match frame::views(region.bytes(), inputs) {
         Err(message) => Err(("invalid_tensors".to_owned(), message)),
-        Ok(tensors) => catch_unwind(AssertUnwindSafe(|| run(&tensors)))
+        Ok(views) => catch_unwind(AssertUnwindSafe(|| run(&views, &mut |tensor| outputs.push(tensor))))
             .unwrap_or_else(|_| Err(("worker_panicked".to_owned(), "the worker's engine panicked".to_owned()))),
     };
-    let outputs = match outputs {
-        Err((kind, message)) => return Ok((failed(&kind, message), None)),
-        Ok(outputs) => outputs,
-    };
-    let need = frame::size_of(&outputs);
-    let mut larger = if need > region.len() { Some(Region::create(need)?) } else { None };
-    let target = larger.as_mut().unwrap_or(region);
-    let answer = match frame::write(target.bytes_mut(), &outputs) {
-        Ok(outputs) => Answer::Done { outputs, region: larger.is_some() },
-        Err(message) => return Ok((failed("worker_hop_broken", message), None)),
-    };
-    Ok((answer, larger))
+    match (ran, outputs.error.take()) {
+        (Err((kind, message)), _) => failed(&kind, message),
+        (Ok(()), Some(message)) => failed("worker_hop_broken", message),
+        (Ok(()), None) => {
+            Answer::Done { outputs: std::mem::take(&mut outputs.metas), region: std::mem::take(&mut outputs.new) }
+        }
+    }
 }

@@ -54,12 +54,8 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
         .name("baton-worker-setup".into())
         .spawn(move || answer_setup(&setup, weights.as_ref()))
         .map_err(|e| e.to_string())?;
-    crate::hop::answer(channels, |instance, inputs| {
-        let outputs = match instance {
-            Some(instance) => model.infer_on(instance, inputs),
-            None => model.infer(inputs),
-        };
-        outputs.map_err(|e| (e.kind.to_owned(), e.message))
+    crate::hop::answer(channels, |instance, inputs, out| {
+        model.run_borrowed(instance, inputs, out).map_err(|e| (e.kind.to_owned(), e.message))
     })
     .map_err(|e| format!("answering calls: {e}"))
 }

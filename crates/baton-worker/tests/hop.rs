@@ -8,18 +8,23 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensor::{DataType, Tensor, TensorData, TensorView};
 use baton_worker::channel::Channel;
 use baton_worker::hop::{self, Caller, HopError};
 
 const ROLE: &str = "BATON_HOP_TEST_WORKER_FD";
 const LONG: Duration = Duration::from_secs(60);
 
+/// The worker's run on owned tensors, as a test's expectation.
+fn run(inputs: &[Tensor]) -> Result<Vec<Tensor>, hop::RunError> {
+    outputs_for(&inputs.iter().map(Tensor::view).collect::<Vec<_>>())
+}
+
 /// The worker's run: doubles FP32 inputs and echoes the rest, except for
 /// inputs named to fail, to hang or to grow the answer.
-fn run(inputs: &[Tensor]) -> Result<Vec<Tensor>, hop::RunError> {
+fn outputs_for(inputs: &[TensorView<'_>]) -> Result<Vec<Tensor>, hop::RunError> {
     let mut outputs = Vec::new();
-    for input in inputs {
+    for input in inputs.iter().map(TensorView::to_tensor) {
         match input.name.as_str() {
             "fail" => return Err(("model_refused".into(), "told to fail".into())),
             "hang" => {
@@ -32,8 +37,9 @@ fn run(inputs: &[Tensor]) -> Result<Vec<Tensor>, hop::RunError> {
             "grow" => outputs.push(Tensor::from_f32("grown", vec![1 << 21], &vec![0.5; 1 << 21])),
             _ => {}
         }
-        let mut output = input.clone();
-        if let (DataType::Fp32, TensorData::Raw(raw)) = (input.datatype, &mut output.data) {
+        // The copy an engine makes of its inputs into its outputs.
+        let mut output = input;
+        if let (DataType::Fp32, TensorData::Raw(raw)) = (output.datatype, &mut output.data) {
             for word in raw.chunks_exact_mut(4) {
                 let value = f32::from_le_bytes(word.try_into().unwrap()) * 2.0;
                 word.copy_from_slice(&value.to_le_bytes());
@@ -50,12 +56,21 @@ fn worker() {
     // SAFETY: the parent left these sockets open for this process alone.
     #[allow(unsafe_code)]
     let channels = fds.split(',').map(|fd| unsafe { Channel::inherited(fd.parse().unwrap()) }.unwrap()).collect();
-    hop::answer(channels, |instance, inputs| match inputs.first() {
-        // Answers which engine instance the call named (-1: none).
-        Some(input) if input.name == "instance" => {
-            Ok(vec![Tensor::from_f32("instance", vec![1], &[instance.map_or(-1.0, |i| i as f32)])])
-        }
-        _ => run(inputs),
+    hop::answer(channels, |instance, inputs, out| {
+        let outputs = match inputs.first() {
+            // Answers which engine instance the call named (-1: none).
+            Some(input) if input.name == "instance" => {
+                vec![Tensor::from_f32("instance", vec![1], &[instance.map_or(-1.0, |i| i as f32)])]
+            }
+            // Lends an output that grows the output region, then fails.
+            Some(input) if input.name == "grow-then-fail" => {
+                out(&Tensor::from_f32("grown", vec![1 << 21], &vec![0.5; 1 << 21]).view());
+                return Err(("model_refused".into(), "told to fail after an output".into()));
+            }
+            _ => outputs_for(inputs)?,
+        };
+        outputs.iter().for_each(|output| out(&output.view()));
+        Ok(())
     })
     .unwrap();
     std::process::exit(0);
@@ -68,7 +83,11 @@ struct Worker {
 
 impl Worker {
     fn start() -> Worker {
-        let (ours, theirs): (Vec<_>, Vec<_>) = (0..4).map(|_| Channel::pair().unwrap()).unzip();
+        Worker::start_with(4)
+    }
+
+    fn start_with(slots: usize) -> Worker {
+        let (ours, theirs): (Vec<_>, Vec<_>) = (0..slots).map(|_| Channel::pair().unwrap()).unzip();
         let fds: Vec<String> = theirs.iter().map(|c| c.inheritable().unwrap().to_string()).collect();
         let child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
@@ -161,6 +180,18 @@ fn a_failure_in_the_worker_comes_back_with_its_kind_and_the_next_call_answers() 
 }
 
 #[test]
+fn an_output_region_made_by_a_call_that_then_failed_reaches_the_server_with_the_next_answer() {
+    // One slot, so that both calls go through the same regions.
+    let worker = Worker::start_with(1);
+    assert_eq!(worker.caller.call(&input(1), LONG).unwrap(), run(&input(1)).unwrap());
+    let error = worker.caller.call(&[Tensor::from_f32("grow-then-fail", vec![1], &[1.0])], LONG).unwrap_err();
+    assert_eq!(error.kind(), "model_refused", "{error}");
+    let big = vec![Tensor::from_f32("x", vec![1 << 20], &vec![1.5; 1 << 20])];
+    assert_eq!(worker.caller.call(&big, LONG).unwrap(), run(&big).unwrap());
+    assert_eq!(worker.caller.call(&input(2), LONG).unwrap(), run(&input(2)).unwrap());
+}
+
+#[test]
 fn a_worker_killed_mid_call_fails_that_call_and_every_later_one_at_once() {
     let worker = Worker::start();
     assert!(worker.caller.call(&input(1), LONG).is_ok());
@@ -208,11 +239,12 @@ fn what_a_call_across_the_hop_costs() {
         [("1 x 256 FP32", 256, 20_000), ("1 MiB FP32", 1 << 18, 2_000), ("16 MiB FP32", 1 << 22, 100)]
     {
         let inputs = vec![Tensor::from_f32("x", vec![1, floats as i64], &vec![0.25; floats])];
+        let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
         let (mut direct, mut hopped) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
         // Alternated call by call, so that both see the same machine.
         for _ in 0..calls {
             let began = Instant::now();
-            std::hint::black_box(run(&inputs).unwrap());
+            std::hint::black_box(outputs_for(&views).unwrap());
             direct.push(began.elapsed());
             let began = Instant::now();
             std::hint::black_box(worker.caller.call(&inputs, LONG).unwrap());
