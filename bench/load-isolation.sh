@@ -14,8 +14,14 @@
 #             weight, warm up — on its low-priority loader thread
 #   mlserver  POST /v2/repository/models/big/load
 #   kserve    POST /v2/repository/models/big/load
+#   triton    Triton 2.51 (bench/setup-triton.sh), the MLP and `big` on its
+#             python backend (each instance a stub process running ONNX
+#             Runtime); a load is `bench/run-triton.sh --swap PORT V big`,
+#             which makes version V the one served and calls the load API:
+#             Triton starts a new stub for it, which loads the 480 MiB
+#             version, and ends the old one
 #
-#   bash bench/load-isolation.sh [baton|mlserver|kserve|baton-noautogroup|baton-worker ...]
+#   bash bench/load-isolation.sh [baton|mlserver|kserve|baton-noautogroup|baton-worker|triton ...]
 #                                                   (default: the first three)
 #
 #   A name may end in .N (baton.2, baton-noautogroup.3): the same drill
@@ -62,7 +68,9 @@ drill() { # $1 = server label, $2 = port
   local load="curl -sf -o /dev/null -X POST http://127.0.0.1:$port/v2/repository/models/big/load"
   local version="\$(( {swap} % 2 + 1 ))" # the shell the drill runs works it out per swap
   base="${base%-worker}"
-  if [ "${base%-noautogroup}" = baton ] && [ -z "${STAGES:-}" ]; then
+  if [ "$base" = triton ]; then
+    load="bash bench/run-triton.sh --swap $port $version big"
+  elif [ "${base%-noautogroup}" = baton ] && [ -z "${STAGES:-}" ]; then
     load="$load -d '{\"parameters\":{\"version\":'$version'}}'"
   elif [ "${base%-noautogroup}" = baton ]; then
     if [ -n "${PIN:-}" ]; then
@@ -107,6 +115,13 @@ run_server() {
     kserve)
       pid="$(bash bench/run-kserve.sh "$out/baton" 8200 --models mlp)"
       drill "$label" 8200
+      ;;
+    triton)
+      # Both versions of `big` in its repository, version 1 served at
+      # start (as the other servers load it before the drill).
+      pid="$(TRITON_ALSO="big=$out/baton/big" bash bench/run-triton.sh "$out/baton/mlp" 8700)"
+      bash bench/run-triton.sh --swap 8700 1 big >/dev/null
+      drill "$label" 8700
       ;;
     *) echo "load-isolation: unknown server $server" >&2; return 2 ;;
   esac

@@ -42,8 +42,9 @@
 # ready, and unloads the old version's instance (its stub exits);
 # requests go on to the old version meanwhile.
 #
-#   bash bench/run-triton.sh --swap PORT [V]
-#       makes the running server (started on PORT) serve version V: adds the
+#   bash bench/run-triton.sh --swap PORT [V [MODEL]]
+#       makes the running server (started on PORT) serve version V of MODEL
+#       (default: the model MODEL_DIR names): adds the
 #       version directory if the repository lacks it (its model.onnx from
 #       MODEL_DIR/V, or the newest version's when MODEL_DIR has no V),
 #       rewrites config.pbtxt's version_policy to `specific { versions: [V] }`
@@ -59,6 +60,11 @@
 #                    (default: every numbered directory of MODEL_DIR); the
 #                    newest of them serves.
 #   TRITON_MODEL     the model's name (default: MODEL_DIR's name)
+#   TRITON_ALSO      more models served beside it, loaded at start, each as
+#                    NAME=DIR (DIR: that model's directory of numbered
+#                    versions), separated by spaces; e.g. "other=DIR" for a
+#                    second model whose stub can be killed while the first
+#                    one serves, or "big=DIR" for one that loads beside it
 #   TRITON_AUTO_COMPLETE=1  keep Triton's config auto-completion (its
 #                    default; off here, see below)
 #   READY_TIMEOUT    seconds to wait for readiness (default 180)
@@ -86,11 +92,16 @@ add_version() {
 }
 
 if [ "${1:-}" = "--swap" ]; then
-  [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $0 --swap PORT [V]" >&2; exit 2; }
+  [ $# -ge 2 ] && [ $# -le 4 ] || { echo "usage: $0 --swap PORT [V [MODEL]]" >&2; exit 2; }
   port="$2"
   run="$root/.baton/bench/run/triton-$port"
   [ -f "$run/source" ] || { echo "run-triton: no server started on port $port ($run)" >&2; exit 1; }
-  read -r model src <"$run/source"
+  # The first line is the model MODEL_DIR names; TRITON_ALSO's follow.
+  if [ -n "${4:-}" ]; then
+    read -r model src < <(grep "^$4 " "$run/source") || { echo "run-triton: no model $4" >&2; exit 1; }
+  else
+    read -r model src <"$run/source"
+  fi
   repo="$run/models"
   newest="$(cd "$repo/$model" && ls -d [0-9]* | grep -E '^[0-9]+$' | sort -n | tail -n 1)"
   v="${3:-$((newest + 1))}"
@@ -174,12 +185,9 @@ class TritonPythonModel:
         return responses
 PY
 
-for v in "${versions[@]}"; do
-  add_version "$repo" "$model" "$v" "$src/$v/model.onnx"
-done
-
-# config.pbtxt from the newest version's ONNX signature (batch dim dropped).
-"$venv/bin/python" - "$src/${versions[-1]}/model.onnx" "$model" >"$repo/$model/config.pbtxt" <<'PY'
+# write_config MODEL ONNX: config.pbtxt from ONNX's signature (batch dim dropped).
+write_config() {
+"$venv/bin/python" - "$2" "$1" >"$repo/$1/config.pbtxt" <<'PY'
 import sys
 
 import onnxruntime as ort
@@ -213,6 +221,30 @@ output [
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 version_policy: {{ latest {{ num_versions: 1 }} }}''')
 PY
+}
+
+for v in "${versions[@]}"; do
+  add_version "$repo" "$model" "$v" "$src/$v/model.onnx"
+done
+write_config "$model" "$src/${versions[-1]}/model.onnx"
+
+# TRITON_ALSO: each with every numbered version of its directory.
+loads=(--load-model="$model")
+for also in ${TRITON_ALSO:-}; do
+  name="${also%%=*}" dir="$(cd "${also#*=}" && pwd)"
+  mkdir -p "$repo/$name"
+  printf '%s %s\n' "$name" "$dir" >>"$run/source"
+  newest=
+  for d in "$dir"/[0-9]*/; do
+    d="$(basename "$d")"
+    [[ "$d" =~ ^[0-9]+$ ]] && [ -f "$dir/$d/model.onnx" ] || continue
+    add_version "$repo" "$name" "$d" "$dir/$d/model.onnx"
+    newest="$d"
+  done
+  [ -n "$newest" ] || { echo "run-triton: no version directory with model.onnx in $dir" >&2; exit 1; }
+  write_config "$name" "$dir/$newest/model.onnx"
+  loads+=(--load-model="$name")
+done
 
 # The config is complete, so Triton's auto-completion is off: with it, every
 # load first starts one more stub to run the model's auto_complete_config
@@ -232,7 +264,7 @@ launch run-triton "$run" "$port" "$tsdir/bin/tritonserver" \
   --model-repository="$repo" \
   --backend-directory="$tsdir/backends" \
   --cache-directory="$tsdir/caches" \
-  --model-control-mode=explicit --load-model="$model" \
+  --model-control-mode=explicit "${loads[@]}" \
   --http-address=127.0.0.1 --http-port="$port" \
   --grpc-address=127.0.0.1 --grpc-port=$((port + 1)) \
   --metrics-address=127.0.0.1 --metrics-port=$((port + 2)) \

@@ -21,11 +21,13 @@
 #            time, p99 and the worst request in swap windows against steady,
 #            the peak RSS during a swap and the RSS after them all, of the
 #            server and its workers together.
-#   blast    (worker only) the MLP in the server's process, driven open loop
-#            at RATE (default 300) requests/s, while a second MLP model,
-#            `other`, runs in a worker that is killed with SIGKILL KILLS
-#            times (default 5, every 4 s): the failed requests of the MLP.
-#            The server loads `other` again in a new worker each time.
+#   blast    (worker and triton) the MLP driven open loop at RATE (default
+#            300) requests/s, while a second MLP model, `other`, has its
+#            process killed with SIGKILL KILLS times (default 5, every 4 s):
+#            the failed requests of the MLP. baton: the MLP in the server's
+#            process, `other` in a worker, which the server loads again in a
+#            new worker each time. Triton: both on the python backend, and
+#            `other`'s stub process is the one killed.
 #
 #   bash bench/tradeoff.sh [steady] [swaps] [blast]        (default: all)
 #   python3 bench/tradeoff_report.py                 (the table, from the reports)
@@ -94,21 +96,37 @@ swaps() { # $1 = route
   stop_server
 }
 
-blast() {
-  local d=.baton/bench/tradeoff/blast-worker report="$results/tradeoff-blast-worker"
-  repo "$d" inproc
-  cp -r "$out/baton/mlp" "$d/other"
-  printf '\n[policy]\nkeep_previous = 0\n%s\n' "$in_worker" >>"$d/other/model.toml"
-  start_baton "$d"
-  # The worker of `other`: the server's child that is not gone.
-  local kill="kill -9 \$(pgrep -P $pid -f 'baton worker' | head -1)"
-  echo "=== blast worker  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$baton" drill mlp --url http://127.0.0.1:8300 --protocol http-json --input input:FP32:1,256 \
+blast() { # $1 = route: worker or triton
+  local d=".baton/bench/tradeoff/blast-$1" report="$results/tradeoff-blast-$1" http kill
+  if [ "$1" = triton ]; then
+    pid="$(TRITON_ALSO="other=$out/baton/mlp" bash bench/run-triton.sh "$out/baton/mlp" 8700)"
+    http=8700
+    # The stub process of `other`'s instance, whichever version it serves
+    # (the bracket keeps the pattern from matching this command's own text).
+    # Triton starts a killed stub again only when its model is next asked,
+    # so each kill first asks `other` once, which waits for that restart.
+    mkdir -p "$d"
+    python3 -c 'import json; print(json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.0] * 256}]}))' >"$d/other.json"
+    kill="curl -s -o /dev/null -d @$d/other.json http://127.0.0.1:8700/v2/models/other/infer; \
+kill -9 \$(pgrep -f '[t]riton_python_backend_stub .*/models/other/' | head -1)"
+  else
+    repo "$d" inproc
+    cp -r "$out/baton/mlp" "$d/other"
+    printf '\n[policy]\nkeep_previous = 0\n%s\n' "$in_worker" >>"$d/other/model.toml"
+    start_baton "$d"
+    http=8300
+    # The worker of `other`: the server's child that is not gone.
+    kill="kill -9 \$(pgrep -P $pid -f 'baton worker' | head -1)"
+  fi
+  echo "=== blast $1  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$baton" drill mlp --url "http://127.0.0.1:$http" --protocol http-json --input input:FP32:1,256 \
     --rate "$rate" --connections 32 --warmup 3s --swaps "$kills" --swap-interval 4s --window 1s \
     --duration "$((kills * 8 + 20))s" --pid "$pid" --swap command --command "$kill" \
     --json "$report.json" --svg "$report.svg" | tee "$report.txt" || true
-  curl -sf http://127.0.0.1:8300/metrics | grep '^baton_worker_exits_total' >"$report.exits.txt" || true
-  curl -sf http://127.0.0.1:8300/baton/v1/status >"$report.status.json" || true
+  if [ "$1" = worker ]; then
+    curl -sf http://127.0.0.1:8300/metrics | grep '^baton_worker_exits_total' >"$report.exits.txt" || true
+    curl -sf http://127.0.0.1:8300/baton/v1/status >"$report.status.json" || true
+  fi
   stop_server
 }
 
@@ -121,7 +139,7 @@ routes=(inproc worker)
 for part in "${parts[@]}"; do
   case "$part" in
     steady | swaps) for route in "${routes[@]}"; do "$part" "$route"; done ;;
-    blast) blast ;;
+    blast) for route in "${routes[@]}"; do [ "$route" = inproc ] || blast "$route"; done ;;
     *) echo "tradeoff: unknown part $part" >&2; exit 2 ;;
   esac
 done

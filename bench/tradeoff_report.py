@@ -77,12 +77,18 @@ def main():
         route: steady_row(report(f"tradeoff-steady-{route}"), report(f"tradeoff-steady-{route}-light"))
         for route in routes
     }
-    isolation = {"inproc": isolation_row("baton"), "worker": isolation_row("baton-worker"), "triton": ["not run"] * 2}
-    blast = report("tradeoff-blast-worker")
-    blast_cell = "not run"
-    if blast is not None:
-        killed = sum(1 for s in blast["swaps"] if s.get("action_ok"))
-        blast_cell = f"{blast['failed']} of {blast['requests']:,} failed, {killed} workers killed"
+    isolation = {
+        "inproc": isolation_row("baton"),
+        "worker": isolation_row("baton-worker"),
+        "triton": isolation_row("triton"),
+    }
+    blast_cells = {}
+    for route, what in (("worker", "workers"), ("triton", "stubs")):
+        blast = report(f"tradeoff-blast-{route}")
+        blast_cells[route] = "not run"
+        if blast is not None:
+            killed = sum(1 for s in blast["swaps"] if s.get("action_ok"))
+            blast_cells[route] = f"{blast['failed']} of {blast['requests']:,} failed, {killed} {what} killed"
     rows = [
         ("throughput, MLP batch 1, gRPC closed loop ×4", steady, 0),
         ("p50 / p99, the same at LIGHT requests/s (open loop)", steady, 1),
@@ -99,7 +105,10 @@ def main():
     print("|---|---|---|---|")
     for name, table, i in rows:
         print(f"| {name} | {' | '.join(table[route][i] for route in routes)} |")
-    print(f"| other models when one version's process is killed | the server's process: every model | {blast_cell} | not run |")
+    print(
+        "| other models when one version's process is killed | the server's process: every model | "
+        f"{blast_cells['worker']} | {blast_cells['triton']} |"
+    )
 
 
 if __name__ == "__main__":
