@@ -86,14 +86,71 @@ impl Server {
     /// [`Server::start`] with `env` added to baton's environment (say, a
     /// store's endpoint and credentials); `repo` may be a store's URL.
     pub fn start_with_env(bin: &Path, repo: &Path, args: &[&str], env: &[(String, String)]) -> Server {
+        let mut command = Command::new(bin);
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        Server::spawn(command, repo, args)
+    }
+
+    /// [`Server::start`] with `sockets` passed to baton already listening,
+    /// as systemd's socket activation passes them: descriptors 3 onward,
+    /// `LISTEN_FDS`, `LISTEN_FDNAMES` with each one's name, and
+    /// `LISTEN_PID` set to baton's pid (by a shell that then becomes baton).
+    pub fn start_passing(bin: &Path, repo: &Path, args: &[&str], sockets: &[(&str, &std::net::TcpListener)]) -> Server {
+        use std::os::fd::{AsFd, AsRawFd};
+        use std::os::unix::process::CommandExt;
+        // Copies above any descriptor the child is given, closed on exec:
+        // only what the child puts at 3 onward reaches baton.
+        let copies: Vec<std::os::fd::OwnedFd> =
+            sockets.iter().map(|(_, s)| s.as_fd().try_clone_to_owned().expect("copying a socket")).collect();
+        let high: Vec<i32> = copies
+            .iter()
+            .map(|fd| {
+                // SAFETY: fcntl on a descriptor this process owns.
+                #[allow(unsafe_code)]
+                let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 64) };
+                assert!(high >= 64, "duplicating a socket");
+                high
+            })
+            .collect();
+        let names: Vec<&str> = sockets.iter().map(|(n, _)| *n).collect();
+        let mut command = Command::new("sh");
+        command.args(["-c", "export LISTEN_PID=$$; exec \"$0\" \"$@\""]).arg(bin);
+        command.env("LISTEN_FDS", sockets.len().to_string()).env("LISTEN_FDNAMES", names.join(":"));
+        let targets = high.clone();
+        // SAFETY: between fork and exec only dup2, which is async-signal-safe.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                for (i, fd) in targets.iter().enumerate() {
+                    if libc::dup2(*fd, 3 + i as i32) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let server = Server::spawn(command, repo, args);
+        for fd in high {
+            // SAFETY: closing the copies made above, which nothing else owns.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::close(fd);
+            }
+        }
+        drop(copies);
+        server
+    }
+
+    /// Starts `command` (baton, or what becomes it) with `serve` and the
+    /// arguments [`Server::start`] describes.
+    fn spawn(mut command: Command, repo: &Path, args: &[&str]) -> Server {
         let logdir = tempfile::tempdir().expect("a log dir");
         let log = logdir.path().join("baton.log");
-        let mut child = Command::new(bin)
+        let mut child = command
             .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--poll-ms", "50", "--repo"])
             .arg(repo)
             .args(args)
             .env("BATON_LOG", "info,baton=debug")
-            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).expect("a log file"))

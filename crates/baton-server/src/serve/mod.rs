@@ -3,6 +3,7 @@
 //! control mode wants it, and graceful shutdown.
 
 pub mod demo;
+pub mod listeners;
 pub mod repo;
 pub mod shutdown;
 pub mod watch;
@@ -292,7 +293,9 @@ impl ServeArgs {
 }
 
 /// Runs the server until SIGTERM or SIGINT.
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    let passed = listeners::Passed::from_env()?;
+    passed.apply(&mut args);
     let (control, access) = access(&args)?;
     let repo = Repo::open(&args)?;
     let decisions = decisions(&args, &repo.state_root)?;
@@ -313,7 +316,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
     check_named_models(&app, &repo.name, &control)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let result = runtime.block_on(serve(app, args, control, access, Trigger::Signals, |bound| {
+    let result = runtime.block_on(serve(app, args, passed, control, access, Trigger::Signals, |bound| {
         // Every line at once, REST first, then gRPC, then the admin
         // listeners: scripts and tests read them. A closed stdout is no
         // reason to stop serving.
@@ -475,9 +478,10 @@ impl InProcess {
             let stop = Trigger::Stop(Box::pin(async move {
                 let _ = stopped.await;
             }));
-            let result = runtime.block_on(serve(app, args, control, access, stop, move |bound| {
-                let _ = listening.send(*bound);
-            }));
+            let result =
+                runtime.block_on(serve(app, args, listeners::Passed::default(), control, access, stop, move |bound| {
+                    let _ = listening.send(*bound);
+                }));
             runtime.shutdown_background();
             result
         })?;
@@ -514,30 +518,18 @@ impl Drop for InProcess {
 
 type Served = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 
-async fn bind(address: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
-    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-    let bound = listener.local_addr()?;
-    Ok((listener, bound))
-}
-
 async fn serve(
     app: Arc<App>,
     args: ServeArgs,
+    passed: listeners::Passed,
     control: Control,
     access: Arc<Access>,
     trigger: Trigger,
     listening: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
-    let (listener, address) = bind(args.http).await?;
-    let (grpc_listener, grpc_address) = bind(args.grpc).await?;
-    let admin_http = match args.admin_http {
-        Some(address) => Some(bind(address).await?),
-        None => None,
-    };
-    let admin_grpc = match args.admin_grpc {
-        Some(address) => Some(bind(address).await?),
-        None => None,
-    };
+    let listeners = listeners::open(&args, passed).await?;
+    let ((listener, address), (grpc_listener, grpc_address)) = (listeners.http, listeners.grpc);
+    let (admin_http, admin_grpc) = (listeners.admin_http, listeners.admin_grpc);
     // Installed before the addresses are announced: from then on a signal
     // starts the shutdown sequence instead of killing the process.
     let signals = match trigger {

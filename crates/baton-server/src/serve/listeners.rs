@@ -1,0 +1,203 @@
+//! Where the server's listening sockets come from: passed to it already
+//! listening (systemd socket activation: `LISTEN_PID`, `LISTEN_FDS` and
+//! `LISTEN_FDNAMES`), or bound from its flags.
+//!
+//! A socket passed in keeps listening while the server restarts: the
+//! process manager holds it, connections queue in its backlog, and the
+//! next server takes them. Sockets are named after the listener they
+//! stand for: `http`, `grpc`, `admin-http` and `admin-grpc`. Without names
+//! they are taken in that order. A passed socket replaces its flag's
+//! address; a passed admin socket opens that admin listener even without
+//! its flag.
+
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use anyhow::{Context, bail};
+
+use super::ServeArgs;
+
+/// The listeners' names, in the order unnamed sockets are taken.
+pub const NAMES: [&str; 4] = ["http", "grpc", "admin-http", "admin-grpc"];
+
+/// The first descriptor passed (`SD_LISTEN_FDS_START`).
+const FIRST_FD: RawFd = 3;
+
+/// A listener, and the address it listens on.
+pub type Listener = (tokio::net::TcpListener, SocketAddr);
+
+/// The server's listeners.
+pub struct Listeners {
+    /// KServe V2 over HTTP.
+    pub http: Listener,
+    /// KServe V2 over gRPC.
+    pub grpc: Listener,
+    /// The management API over HTTP, when it listens apart.
+    pub admin_http: Option<Listener>,
+    /// The management API over gRPC, when it listens apart.
+    pub admin_grpc: Option<Listener>,
+}
+
+/// Listening sockets passed to this process, each with the listener it
+/// stands for and its address.
+#[derive(Debug, Default)]
+pub struct Passed(Vec<(String, std::net::TcpListener, SocketAddr)>);
+
+impl Passed {
+    /// Takes the sockets passed to this process, when `LISTEN_PID` names
+    /// it. Each must be a TCP socket that listens. They are closed on exec
+    /// from now on, so that no worker process holds them. The variables
+    /// stay: a child has another pid, so it takes nothing.
+    pub fn from_env() -> anyhow::Result<Passed> {
+        let vars = |name: &str| std::env::var(name).ok();
+        let passed = passed(std::process::id(), vars("LISTEN_PID"), vars("LISTEN_FDS"), vars("LISTEN_FDNAMES"))
+            .map_err(anyhow::Error::msg)?;
+        let mut adopted = Vec::new();
+        for (name, fd) in passed {
+            // SAFETY: the process that started this one left `fd` open for
+            // it (LISTEN_PID names this process), and nothing else here
+            // owns it.
+            #[allow(unsafe_code)]
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let (listener, address) = adopt(fd).with_context(|| format!("the socket passed as '{name}'"))?;
+            adopted.push((name, listener, address));
+        }
+        Ok(Passed(adopted))
+    }
+
+    /// Puts the passed sockets' addresses in place of the flags', so that
+    /// what is checked and said of each listener (its exposure, whether
+    /// there is an admin listener) is what serves.
+    pub fn apply(&self, args: &mut ServeArgs) {
+        for (name, _, address) in &self.0 {
+            match name.as_str() {
+                "http" => args.http = *address,
+                "grpc" => args.grpc = *address,
+                "admin-http" => args.admin_http = Some(*address),
+                _ => args.admin_grpc = Some(*address),
+            }
+        }
+    }
+
+    /// The passed socket named `name`, as the runtime's.
+    fn take(&mut self, name: &str) -> anyhow::Result<Option<Listener>> {
+        let Some(at) = self.0.iter().position(|(n, _, _)| n == name) else { return Ok(None) };
+        let (_, listener, address) = self.0.swap_remove(at);
+        Ok(Some((tokio::net::TcpListener::from_std(listener)?, address)))
+    }
+}
+
+/// The server's listeners: the sockets `passed`, and the rest bound from
+/// `args`.
+pub async fn open(args: &ServeArgs, mut passed: Passed) -> anyhow::Result<Listeners> {
+    let http = match passed.take(NAMES[0])? {
+        Some(listener) => listener,
+        None => bind(args.http).await?,
+    };
+    let grpc = match passed.take(NAMES[1])? {
+        Some(listener) => listener,
+        None => bind(args.grpc).await?,
+    };
+    let admin_http = match (passed.take(NAMES[2])?, args.admin_http) {
+        (Some(listener), _) => Some(listener),
+        (None, Some(address)) => Some(bind(address).await?),
+        (None, None) => None,
+    };
+    let admin_grpc = match (passed.take(NAMES[3])?, args.admin_grpc) {
+        (Some(listener), _) => Some(listener),
+        (None, Some(address)) => Some(bind(address).await?),
+        (None, None) => None,
+    };
+    Ok(Listeners { http, grpc, admin_http, admin_grpc })
+}
+
+/// Binds `address`.
+pub async fn bind(address: SocketAddr) -> anyhow::Result<Listener> {
+    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+/// A passed descriptor as a listener: it must be a TCP socket that
+/// listens. It is closed on exec from now on, so that no worker process
+/// holds the server's listening socket.
+fn adopt(fd: OwnedFd) -> anyhow::Result<(std::net::TcpListener, SocketAddr)> {
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).context("marking it close-on-exec")?;
+    if !rustix::net::sockopt::socket_acceptconn(&fd).context("asking whether it is a listening socket")? {
+        bail!("it is not a listening socket");
+    }
+    let listener = std::net::TcpListener::from(fd);
+    let address = listener.local_addr().context("it is not a TCP socket")?;
+    listener.set_nonblocking(true)?;
+    Ok((listener, address))
+}
+
+/// The descriptors passed to process `pid`, each with the listener it
+/// stands for, from the variables' values: none unless `LISTEN_PID` is
+/// `pid`, as systemd's `sd_listen_fds` reads them.
+fn passed(
+    pid: u32,
+    listen_pid: Option<String>,
+    listen_fds: Option<String>,
+    names: Option<String>,
+) -> Result<Vec<(String, RawFd)>, String> {
+    let (Some(listen_pid), Some(listen_fds)) = (listen_pid, listen_fds) else { return Ok(Vec::new()) };
+    if listen_pid.trim().parse::<u32>().ok() != Some(pid) {
+        return Ok(Vec::new());
+    }
+    let count: usize = listen_fds.trim().parse().map_err(|_| format!("LISTEN_FDS = '{listen_fds}': not a number"))?;
+    if count > NAMES.len() {
+        return Err(format!("LISTEN_FDS = {count}: baton listens on at most {} sockets", NAMES.len()));
+    }
+    // Sockets count as named when one of the names is a listener's; else
+    // (no names, systemd's defaults: the socket unit's name, or "unknown")
+    // they are taken in order.
+    let given: Vec<String> = names.map(|n| n.split(':').map(str::to_owned).collect()).unwrap_or_default();
+    let named = given.iter().any(|n| NAMES.contains(&n.as_str()));
+    if named && given.len() != count {
+        return Err(format!("LISTEN_FDNAMES names {} sockets, LISTEN_FDS passes {count}", given.len()));
+    }
+    let mut sockets = Vec::with_capacity(count);
+    for i in 0..count {
+        let name = if named { given[i].clone() } else { NAMES[i].to_owned() };
+        if !NAMES.contains(&name.as_str()) {
+            return Err(format!("LISTEN_FDNAMES: '{name}' is none of {}, as other sockets are", NAMES.join(", ")));
+        }
+        if sockets.iter().any(|(n, _)| *n == name) {
+            return Err(format!("LISTEN_FDNAMES: '{name}' is passed twice"));
+        }
+        sockets.push((name, FIRST_FD + RawFd::try_from(i).unwrap_or(RawFd::MAX)));
+    }
+    Ok(sockets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(pid: &str, fds: &str, names: Option<&str>) -> Result<Vec<(String, RawFd)>, String> {
+        passed(7, Some(pid.to_owned()), Some(fds.to_owned()), names.map(str::to_owned))
+    }
+
+    #[test]
+    fn passed_sockets_are_read_by_name_or_in_order_and_only_for_this_process() {
+        let named = read("7", "2", Some("grpc:http")).unwrap();
+        assert_eq!(named, [("grpc".to_owned(), 3), ("http".to_owned(), 4)]);
+        let ordered = read("7", "3", None).unwrap();
+        assert_eq!(ordered, [("http".to_owned(), 3), ("grpc".to_owned(), 4), ("admin-http".to_owned(), 5)]);
+        assert_eq!(read("7", "2", Some("unknown:unknown")).unwrap(), ordered[..2]);
+        assert_eq!(read("7", "2", Some("baton.socket:baton.socket")).unwrap(), ordered[..2]);
+        assert!(read("8", "2", None).unwrap().is_empty(), "passed to another process");
+        assert!(passed(7, None, Some("2".into()), None).unwrap().is_empty());
+        for (fds, names, needle) in [
+            ("x", None, "not a number"),
+            ("5", None, "at most 4"),
+            ("2", Some("http"), "names 1 sockets"),
+            ("2", Some("http:rest"), "'rest' is none of"),
+            ("2", Some("http:http"), "passed twice"),
+        ] {
+            let error = read("7", fds, names).unwrap_err();
+            assert!(error.contains(needle), "{fds} {names:?}: {error}");
+        }
+    }
+}

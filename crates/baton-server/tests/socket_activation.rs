@@ -1,0 +1,64 @@
+//! Listening sockets passed to baton, as systemd's socket activation
+//! passes them (`LISTEN_PID`, `LISTEN_FDS`, `LISTEN_FDNAMES`), through the
+//! real binary: baton serves KServe V2 over HTTP and gRPC and its admin
+//! API on the sockets it was given, not on its flags' addresses; a passed
+//! admin socket opens the admin listener without its flag; and a worker
+//! process does not hold the server's listening sockets.
+
+mod common;
+
+use std::net::TcpListener;
+
+use baton_testkit::onnx::sample_input;
+use baton_testkit::server::Server;
+use common::grpc::{client, runtime, within};
+use common::{SIZES, assert_close, bin, infer, listening_address, mlp, repo_with};
+
+use baton_protocol::grpc::pb::ServerReadyRequest;
+
+/// The socket inode a descriptor of `pid` points at, when it is a socket.
+fn socket_of(pid: u32, fd: u32) -> Option<String> {
+    let target = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    let target = target.to_string_lossy().into_owned();
+    target.starts_with("socket:").then_some(target)
+}
+
+/// Every socket `pid` holds.
+fn sockets_of(pid: u32) -> Vec<String> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    fds.iter().filter_map(|e| socket_of(pid, e.file_name().to_string_lossy().parse().ok()?)).collect()
+}
+
+#[test]
+fn passed_sockets_are_served_in_place_of_the_flags_and_no_worker_holds_them() {
+    let repo = repo_with("m", &[1], "[engine]\nisolation = \"process\"\nsessions = 1\n");
+    let sockets: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let addresses: Vec<String> = sockets.iter().map(|s| s.local_addr().unwrap().to_string()).collect();
+    let passed = [("grpc", &sockets[1]), ("http", &sockets[0]), ("admin-http", &sockets[2])];
+    // The flags' addresses (127.0.0.1:0) are not the ones served.
+    let mut server = Server::start_passing(bin(), repo.root(), &[], &passed);
+    // The test's own copies go: the server's are the listening ones now.
+    drop(sockets);
+    assert_eq!(server.base(), format!("http://{}", addresses[0]));
+    assert_eq!(server.grpc_address(), addresses[1]);
+    let admin = listening_address(&server.next_line());
+    assert_eq!(admin, addresses[2], "the admin listener opened on its passed socket, without --admin-http");
+    server.wait_serving("m", 1);
+    let input = sample_input(SIZES[0], 1, 4);
+    let (version, output) = infer(&server, "m", &input, 1);
+    assert_eq!(version, 1);
+    assert_close(&output, &mlp(1).forward(&input, 1), "over the passed HTTP socket");
+    runtime().block_on(async {
+        let mut c = client(&server).await;
+        assert!(within("ready", c.server_ready(ServerReadyRequest {})).await.unwrap().into_inner().ready);
+    });
+    let status = baton_testkit::server::Client::new(&format!("http://{admin}")).get("/baton/v1/status");
+    assert_eq!(status.status, 200, "the admin API on its passed socket");
+    // The listening sockets are descriptors 3 to 5 of the server; its
+    // worker holds none of them.
+    let listening: Vec<String> = (3..6).filter_map(|fd| socket_of(server.pid(), fd)).collect();
+    assert_eq!(listening.len(), 3, "{:?}", sockets_of(server.pid()));
+    let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
+    let held = sockets_of(worker);
+    assert!(listening.iter().all(|s| !held.contains(s)), "the worker holds {held:?} of {listening:?}");
+}
