@@ -491,6 +491,10 @@ fn a_stable_worker_killed_during_a_canary_ends_the_canary_and_is_restarted() {
     wait_until("the canary runs", || server.status("m")["rollout"]["phase"] == "running");
     kill(stable[0]);
     wait_until("the canary is aborted", || server.status("m")["rollout"]["phase"] == "aborted");
+    // The server decided, not an operator.
+    let ended = server.status("m");
+    let last = ended["rollout"]["decisions"].as_array().and_then(|d| d.last()).cloned().unwrap_or_default();
+    assert_eq!((last["action"].as_str(), last["by"].as_str()), (Some("aborted"), Some("server")), "{last}");
     let input = sample_input(SIZES[0], 1, 8);
     wait_until("version 1 serves again in a new worker", || {
         let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
@@ -540,4 +544,34 @@ fn a_worker_s_resident_memory_counts_against_the_memory_budget() {
     assert!(error.to_string().contains("worker process"), "{error}");
     wait_until("only version 1's worker is left", || workers_of(server.pid()) == worker);
     assert_eq!(infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
+}
+
+/// Two models' workers killed: one whose version cannot be loaded again
+/// (its files are gone), which is retried with backoff for about a
+/// minute, and another, loaded again at once. One model's restarts hold up
+/// no other's: the second serves again while the first is still retried.
+#[test]
+fn a_model_retried_with_backoff_holds_up_no_other_model_s_restart() {
+    let toml = format!("{IN_WORKER}[policy]\nkeep_previous = 0\n");
+    let repo = repo_with("m", &[1], &toml);
+    repo.add_model("n", &baton_testkit::repo::mlp_toml(&mlp(1), &toml));
+    repo.publish_mlp("n", 1, &mlp(1));
+    // Explicit: no poll notices the files gone and unloads the model.
+    let server = start(&repo, &["--model-control", "explicit", "--load-model", "m", "--load-model", "n"]);
+    server.wait_serving("m", 1);
+    server.wait_serving("n", 1);
+    let worker = |model: &str| server.status(model)["live"][0]["worker"]["pid"].as_u64().unwrap() as u32;
+    let (m, n) = (worker("m"), worker("n"));
+    repo.remove_version("m", 1);
+    kill(m);
+    wait_until("m's first restart fails", || server.status("m")["workers"]["restarts"].as_u64() >= Some(2));
+    kill(n);
+    let input = sample_input(SIZES[0], 1, 9);
+    wait_until("n serves again in a new worker", || {
+        server.post_json("/v2/models/n/infer", &common::request(&input, 1)).status == 200
+    });
+    // m is still being retried: it has not given up.
+    let m_exits = exits(&server, "m");
+    assert!(m_exits.iter().all(|l| !l.contains("gave_up")), "n waited for m's restarts to end: {m_exits:?}");
+    assert_ne!(worker("n"), n);
 }

@@ -1,7 +1,8 @@
 //! Versions whose engine ended by itself: a worker process that was
 //! killed, aborted or ran out of memory. Its requests fail at once (the
-//! engine says it is no longer alive), and the model is not ready. This
-//! thread, at serving priority, then acts on the role the version played:
+//! engine says it is no longer alive), and the model is not ready. A
+//! thread at serving priority, one per model at a time, then acts on the
+//! role the version played:
 //!
 //! - the stable version, with a kept previous version alive: a rollback,
 //!   one pointer store, as an operator's;
@@ -13,10 +14,13 @@
 //! - the stable version while a rollout runs: the rollout is aborted,
 //!   then the version is acted on in the role it has after that.
 //!
-//! An `exited` event says what happened and what was done.
+//! An `exited` event says what happened and what was done. Models are
+//! acted on apart: one model's restarts, backing off for up to a minute,
+//! hold up no other model's.
 
+use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::{Ending, Inner, Job, Registry};
@@ -45,8 +49,9 @@ pub(crate) struct Exit {
     pub(crate) why: String,
 }
 
-/// Starts the thread that acts on exits; versions built from now on report
-/// theirs to it.
+/// Starts the thread that takes exits; versions built from now on report
+/// theirs to it. It hands each to a thread of its own (which inherits its
+/// serving priority); exits of one model are acted on one at a time.
 pub(super) fn start(inner: &Arc<Inner>, jobs: crate::sync::Sender<Job>) {
     let (tx, rx) = mpsc::channel::<Exit>();
     if inner.exits.set(tx).is_err() {
@@ -54,9 +59,18 @@ pub(super) fn start(inner: &Arc<Inner>, jobs: crate::sync::Sender<Job>) {
     }
     let weak = Arc::downgrade(inner);
     let started = std::thread::Builder::new().name("baton-exits".into()).spawn(move || {
+        let mut turns: HashMap<String, Arc<Mutex<()>>> = HashMap::new();
         for exit in rx {
             let Some(inner) = weak.upgrade() else { break };
-            Registry { inner, jobs: jobs.clone() }.act_on_exit(&exit);
+            let registry = Registry { inner, jobs: jobs.clone() };
+            let turn = Arc::clone(turns.entry(exit.model.clone()).or_default());
+            let acted = std::thread::Builder::new().name("baton-exit".into()).spawn(move || {
+                let _turn = turn.lock().unwrap_or_else(PoisonError::into_inner);
+                registry.act_on_exit(&exit);
+            });
+            if let Err(error) = acted {
+                tracing::error!(%error, "Could not start a thread to act on a worker's exit.");
+            }
         }
     });
     if let Err(error) = started {
@@ -99,29 +113,33 @@ impl Registry {
         let mut backoff = FIRST_BACKOFF;
         loop {
             let Some(role) = self.role(model, version) else { return "none" };
-            let (action, result) = match role {
+            // `again`: the action changes the version's role, which is
+            // then acted on in turn.
+            let (action, again, result) = match role {
                 // A rollout leans on its stable version, and no version
                 // loads while one runs: it ends first (in the watch after
                 // a promotion, that goes back to the version replaced), and
                 // the exited version is acted on again in its new role.
                 Role::Stable { rollout: true, .. } => {
-                    ("aborting", self.end_rollout(model, Ending::Abort, By::Operator).and_then(|handle| handle.wait()))
+                    ("aborting", true, self.end_rollout(model, Ending::Abort, By::Server).and_then(|h| h.wait()))
                 }
                 Role::Stable { previous_alive: true, rollout: false } => {
-                    ("rolled_back", self.rollback(model).and_then(|handle| handle.wait()))
+                    ("rolled_back", false, self.rollback(model).and_then(|handle| handle.wait()))
                 }
                 Role::Stable { .. } => {
                     restarts += 1;
                     self.count_worker(model, |c| c.restarts += 1);
-                    ("restarting", self.load(model, Some(version.number())).and_then(|handle| handle.wait()))
+                    ("restarting", false, self.load(model, Some(version.number())).and_then(|handle| handle.wait()))
                 }
-                Role::Previous => ("retired", self.retire(model, version.number()).and_then(|handle| handle.wait())),
+                Role::Previous => {
+                    ("retired", false, self.retire(model, version.number()).and_then(|handle| handle.wait()))
+                }
                 Role::Candidate => {
-                    ("aborted", self.end_rollout(model, Ending::Abort, By::Operator).and_then(|handle| handle.wait()))
+                    ("aborted", false, self.end_rollout(model, Ending::Abort, By::Server).and_then(|h| h.wait()))
                 }
             };
             match result {
-                Ok(_) if action == "aborting" => {}
+                Ok(_) if again => {}
                 Ok(_) => return action,
                 Err(LoadError::InProgress { .. }) => std::thread::sleep(BUSY_RETRY),
                 Err(error) if action == "restarting" => {

@@ -89,6 +89,9 @@ pub enum By {
     /// A fleet's coordinator, which judges the fleet's windows and steers
     /// every server's rollout.
     Fleet,
+    /// The server itself, acting on a fault: a version's worker process
+    /// that ended.
+    Server,
 }
 
 /// One decision, with what it was decided on.
@@ -539,6 +542,7 @@ fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&
         By::Operator => "an operator",
         By::Restart => "a restart",
         By::Fleet => "the fleet's coordinator",
+        By::Server => "the server, as a worker process ended",
     };
     let why = verdict.map(|v| format!(": {}", v.reason)).unwrap_or_default();
     let share = percent(p.weight());
