@@ -2,16 +2,15 @@
 //! and, when asked, admin listeners), the repository watcher as the model
 //! control mode wants it, and graceful shutdown.
 
+mod args;
 pub mod demo;
 pub mod listeners;
 pub mod repo;
 pub mod shutdown;
 pub mod watch;
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,277 +19,14 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
-use baton_core::step_aside::StepAside;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::access::{Access, Exposed, Listener, ModelControl, Token};
-use crate::app::{App, ServerLimits};
+use crate::access::{Access, Listener, Token};
+use crate::app::App;
 use crate::decisions::{Decisions, Kind};
+pub use args::{Control, ServeArgs};
 use repo::Repo;
 
-/// Options of `baton serve`. An option given twice takes its last value, so
-/// wrappers can set defaults that their callers override.
-#[derive(clap::Args, Debug)]
-#[command(args_override_self = true)]
-pub struct ServeArgs {
-    /// The model repository. Without it, baton serves a demo repository it
-    /// generates under .baton/demo.
-    #[arg(long)]
-    pub repo: Option<PathBuf>,
-    /// Where versions fetched from an object store (`--repo s3://…`) are
-    /// kept, and the state file with them unless `--state-dir` is given.
-    #[arg(long, value_name = "DIR", default_value = ".baton/cache")]
-    pub cache_dir: PathBuf,
-    /// The most bytes of versions the cache keeps, e.g. 20GiB (none by
-    /// default): the least recently used versions that do not serve are
-    /// removed to make room, and a fetch the serving ones leave no room for
-    /// is refused.
-    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
-    pub cache_max_bytes: Option<u64>,
-    /// Address of the KServe V2 REST API (Triton's port, so habits carry over).
-    #[arg(long, default_value = "127.0.0.1:8000")]
-    pub http: SocketAddr,
-    /// Address of the KServe V2 gRPC API (Triton's port).
-    #[arg(long, default_value = "127.0.0.1:8001")]
-    pub grpc: SocketAddr,
-    /// Do not poll the repository: the same as `--model-control explicit`
-    /// with every model (or only the `--load-model` ones) loaded at start.
-    #[arg(long)]
-    pub no_watch: bool,
-    /// How often the repository is polled, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    pub poll_ms: u64,
-    /// Polls in a row a model directory (or `model.toml`) or a kept
-    /// version must be found missing ("no such file") before the watcher
-    /// unloads or retires it. Other errors reading the repository never
-    /// count: they change nothing.
-    #[arg(long, default_value_t = watch::MISSING_POLLS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub missing_polls: u32,
-    /// How long shutdown waits, in seconds, once the listeners have closed,
-    /// for requests in flight and operations running on models; past it
-    /// baton exits without them.
-    #[arg(long, default_value_t = 30)]
-    pub shutdown_timeout: u64,
-    /// Largest request body accepted, in bytes (or with a unit: 64MiB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_usize_bytes)]
-    pub max_request_bytes: usize,
-    /// Nice value of the threads that load and free versions.
-    #[arg(long, default_value_t = 19)]
-    pub loader_nice: i32,
-    /// Also run the loading threads under SCHED_IDLE (the default;
-    /// `--loader-idle=false` keeps them at their nice value only): a serving
-    /// thread that wakes where the loader runs gets the core at once, and
-    /// under sustained full load a load waits for idle moments.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub loader_idle: bool,
-    /// Let threads building or freeing a version step off the CPU while
-    /// other threads wait for one, interrupted by a timer signal (Linux
-    /// only; off by default, see docs/hot-swap.md). The three options
-    /// below tune it and do nothing without it.
-    #[arg(long)]
-    pub loader_step_aside: bool,
-    /// With --loader-step-aside: CPU time, in microseconds, such a thread
-    /// uses before it looks whether other threads wait for a CPU, and how
-    /// often it is interrupted to look (at least 100). 0 never looks.
-    #[arg(long, default_value_t = 250)]
-    pub loader_quantum_us: u64,
-    /// With --loader-step-aside: how long, in microseconds, it then steps
-    /// off the CPU when more threads are runnable than there are CPUs.
-    #[arg(long, default_value_t = 200)]
-    pub loader_pause_us: u64,
-    /// With --loader-step-aside: the share of one CPU, in percent (10–100),
-    /// such a thread keeps while requests are being served; 100 does not
-    /// limit it.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(10..=100))]
-    pub loader_serving_share: u8,
-    /// How models come and go, as in Triton: `poll` loads every model at
-    /// start and polls the repository, `explicit` loads only the
-    /// `--load-model` models at start and does not poll, `none` loads every
-    /// model at start, does not poll and refuses the API's model operations.
-    /// In `poll` and `explicit` the API loads, unloads, rolls back, retires.
-    #[arg(long, value_enum, default_value_t = ModelControl::Poll, conflicts_with = "no_watch")]
-    pub model_control: ModelControl,
-    /// With `--model-control explicit`, a model to load at start; repeat it
-    /// for more; `*` loads every model.
-    #[arg(long = "load-model", value_name = "NAME")]
-    pub load_model: Vec<String>,
-    /// Serve the management operations (load, unload, rollback, retire) on
-    /// this REST address instead of the inference ports, which then refuse
-    /// them. Status, events and health are served here too.
-    #[arg(long, value_name = "ADDR")]
-    pub admin_http: Option<SocketAddr>,
-    /// The same for gRPC: `baton.v1.Management` and the repository RPCs of
-    /// `inference.GRPCInferenceService` are served on this address.
-    #[arg(long, value_name = "ADDR")]
-    pub admin_grpc: Option<SocketAddr>,
-    /// A file holding the token the management operations need (as
-    /// `Authorization: Bearer <token>`), read once at start.
-    #[arg(long, value_name = "PATH")]
-    pub admin_token_file: Option<PathBuf>,
-    /// Start even when management operations would be open to anyone who
-    /// can reach a non-loopback address (no token, no loopback admin
-    /// listener).
-    #[arg(long)]
-    pub insecure_management: bool,
-    /// On SIGTERM, how long to keep serving and accepting, in seconds, after
-    /// turning not ready, before closing the listeners: time for load
-    /// balancers (a Kubernetes Service's endpoints) to stop sending traffic.
-    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
-    pub shutdown_delay: u64,
-    /// Inference requests the server holds at once, from arrival to answer;
-    /// more are refused at once (503, gRPC UNAVAILABLE).
-    #[arg(long, default_value_t = 1024)]
-    pub max_in_flight: usize,
-    /// Bytes that request bodies, decoded tensors and outputs may hold at
-    /// once, e.g. 512MiB or 2GiB; a request that does not fit waits up to
-    /// 100 ms, then is refused (503, gRPC UNAVAILABLE).
-    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
-    pub request_memory_budget: u64,
-    /// The most memory every model's loaded versions may hold together,
-    /// e.g. 2GiB or 6GiB (none by default): a load that would go beyond it
-    /// is refused at its load stage, and the serving version keeps serving.
-    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
-    pub memory_budget: Option<u64>,
-    /// The Prometheus that rollouts' metric guards query, e.g.
-    /// http://127.0.0.1:9090 (none by default: a rollout with metric guards
-    /// is then refused). Each query has 2 s to answer.
-    #[arg(long, value_name = "URL")]
-    pub prometheus_url: Option<String>,
-    /// The deadline of a request whose client sets none, e.g. 30s or
-    /// 500ms; 0 for none.
-    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
-    pub request_timeout: Timeout,
-    /// Keep operators' decisions (rollbacks, loads of older versions,
-    /// unloads, pins) in DIR/state.json instead of the repository's
-    /// .baton-state.json: for a repository baton cannot write to.
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
-    /// Taking part in a fleet.
-    #[command(flatten)]
-    pub cluster: crate::cluster::ClusterArgs,
-}
-
-/// How models come and go, resolved from `--model-control`, `--load-model`
-/// and `--no-watch`.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Control {
-    /// The mode.
-    pub mode: ModelControl,
-    /// The models loaded at start; `None`: every model.
-    pub at_start: Option<BTreeSet<String>>,
-}
-
-impl Control {
-    /// Whether the repository is polled after the first scan.
-    pub fn polls(&self) -> bool {
-        self.mode == ModelControl::Poll
-    }
-}
-
-/// A `--request-timeout`: a duration, or none.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timeout(pub Option<Duration>);
-
-pub use baton_core::bytes::parse as parse_bytes;
-
-/// [`parse_bytes`], for a size held in a `usize`.
-pub fn parse_usize_bytes(text: &str) -> Result<usize, String> {
-    usize::try_from(parse_bytes(text)?).map_err(|_| format!("'{text}' is too large"))
-}
-
-/// Parses a timeout: `0` for none, else a number with `ms` or `s`.
-pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Timeout(None));
-    }
-    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a timeout"))?;
-    match unit {
-        "ms" => Ok(Timeout(Some(Duration::from_millis(n)))),
-        "s" => Ok(Timeout(Some(Duration::from_secs(n)))),
-        _ => Err(format!("'{text}' needs a unit, ms or s (or is 0 for none)")),
-    }
-}
-
-impl ServeArgs {
-    /// The model control the flags ask for. `--no-watch` is explicit control
-    /// with every model loaded at start, unless `--load-model` names some.
-    pub fn control(&self) -> anyhow::Result<Control> {
-        let mode = if self.no_watch { ModelControl::Explicit } else { self.model_control };
-        let named = !self.load_model.is_empty();
-        anyhow::ensure!(
-            mode == ModelControl::Explicit || !named,
-            "--load-model applies to --model-control explicit only (with {} every model loads at start)",
-            mode.as_str()
-        );
-        let all =
-            mode != ModelControl::Explicit || self.load_model.iter().any(|m| m == "*") || (self.no_watch && !named);
-        Ok(Control { mode, at_start: (!all).then(|| self.load_model.iter().cloned().collect()) })
-    }
-
-    /// The listeners that serve management operations: the admin ones when
-    /// there are any, else the inference ones.
-    fn management_listeners(&self) -> Vec<Exposed<'static>> {
-        if self.admin_http.is_some() || self.admin_grpc.is_some() {
-            let admin = [(self.admin_http, "--admin-http"), (self.admin_grpc, "--admin-grpc")];
-            admin
-                .into_iter()
-                .filter_map(|(address, flag)| Some(Exposed { address: address?, flag, listener: Listener::Admin }))
-                .collect()
-        } else {
-            vec![
-                Exposed { address: self.http, flag: "--http", listener: Listener::Inference },
-                Exposed { address: self.grpc, flag: "--grpc", listener: Listener::Inference },
-            ]
-        }
-    }
-
-    /// Parses `baton serve`'s options (without `baton serve` itself), as
-    /// the command line would.
-    pub fn from_options<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(
-        options: I,
-    ) -> Result<ServeArgs, clap::Error> {
-        #[derive(clap::Parser)]
-        struct Serve {
-            #[command(flatten)]
-            serve: ServeArgs,
-        }
-        let options = options.into_iter().map(Into::into);
-        <Serve as clap::Parser>::try_parse_from(std::iter::once("serve".into()).chain(options)).map(|s| s.serve)
-    }
-
-    /// The server-wide bounds on requests the flags ask for.
-    pub fn limits(&self) -> ServerLimits {
-        ServerLimits {
-            max_request_bytes: self.max_request_bytes,
-            max_in_flight: self.max_in_flight.max(1),
-            memory_budget: self.request_memory_budget,
-            request_timeout: self.request_timeout.0,
-        }
-    }
-
-    /// The state file that keeps operators' decisions.
-    pub fn state_file(&self, root: &std::path::Path) -> PathBuf {
-        match &self.state_dir {
-            Some(dir) => dir.join(crate::decisions::file::IN_STATE_DIR),
-            None => root.join(crate::decisions::file::IN_REPOSITORY),
-        }
-    }
-
-    /// The loading threads' step-aside policy the flags ask for: off unless
-    /// `--loader-step-aside` is given.
-    pub fn step_aside(&self) -> StepAside {
-        if !self.loader_step_aside {
-            return StepAside::OFF;
-        }
-        StepAside {
-            quantum: Duration::from_micros(self.loader_quantum_us),
-            pause: Duration::from_micros(self.loader_pause_us),
-            serving_share: self.loader_serving_share,
-        }
-    }
-}
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
