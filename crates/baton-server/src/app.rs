@@ -61,6 +61,9 @@ pub struct App {
     /// The replica's part in a fleet, in cluster mode.
     pub cluster: std::sync::OnceLock<Arc<baton_cluster::Health>>,
     shutdown: tokio::sync::watch::Sender<bool>,
+    /// What this server hands over to a new binary, once it listens.
+    pub upgrade: std::sync::OnceLock<Arc<crate::serve::upgrade::Source>>,
+    upgrading: AtomicBool,
 }
 
 impl App {
@@ -78,6 +81,8 @@ impl App {
             required: RwLock::new(BTreeSet::new()),
             held: AtomicBool::new(false),
             cluster: std::sync::OnceLock::new(),
+            upgrade: std::sync::OnceLock::new(),
+            upgrading: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -124,6 +129,38 @@ impl App {
     /// while load balancers notice. [`App::start_draining`] follows.
     pub fn report_not_ready(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Replaces this server with `binary` (its own by default), waiting up
+    /// to `within` for the new process to be ready; then shuts down as on
+    /// SIGTERM. Returns the new process's pid. On failure nothing changes.
+    pub async fn upgrade(
+        &self,
+        binary: Option<std::path::PathBuf>,
+        within: std::time::Duration,
+    ) -> Result<u32, crate::serve::upgrade::UpgradeError> {
+        use crate::serve::upgrade::UpgradeError;
+        let source = self.upgrade.get().cloned().ok_or(UpgradeError::Busy("this server cannot hand itself over"))?;
+        if self.draining() {
+            return Err(UpgradeError::Busy("the server is shutting down"));
+        }
+        if self.upgrading.swap(true, Ordering::SeqCst) {
+            return Err(UpgradeError::Busy("an upgrade is already running"));
+        }
+        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within)).await;
+        let result = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
+        match &result {
+            Ok(pid) => {
+                tracing::info!(new_pid = pid, "A new process serves in this one's place; shutting down as on SIGTERM.");
+                let me = rustix::process::getpid();
+                let _ = rustix::process::kill_process(me, rustix::process::Signal::TERM);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "The upgrade did not happen; this process serves on.");
+                self.upgrading.store(false, Ordering::SeqCst);
+            }
+        }
+        result
     }
 
     /// Changes to `true` when shutdown begins.

@@ -87,6 +87,19 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
+    /// Replace the running server with a new binary (its own by default):
+    /// the new process takes over the listening sockets once it is ready,
+    /// and the old one drains and exits.
+    Upgrade {
+        /// The new binary.
+        #[arg(long)]
+        binary: Option<std::path::PathBuf>,
+        /// How long the new process may take to be ready, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[command(flatten)]
+        target: cli::Target,
+    },
     /// Remove a model's pin: its newest version serves again.
     Unpin {
         /// The model.
@@ -189,6 +202,7 @@ pub fn main() -> ExitCode {
         Command::Rollback { name, target } => cli::rollback(&target, &name),
         Command::Pin { name, version, target } => cli::pin(&target, &name, version),
         Command::Unpin { name, target } => cli::unpin(&target, &name),
+        Command::Upgrade { binary, timeout, target } => cli::upgrade(&target, binary.as_deref(), timeout),
         Command::Rollout(args) => cli::rollout(&args),
         Command::Fleet(args) => cli::fleet(&args),
         Command::Events { json, target } => cli::events(&target, json),

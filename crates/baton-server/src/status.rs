@@ -62,6 +62,7 @@ pub fn server(app: &App, privileged: bool) -> Value {
     let mut status = json!({
         "ready": app.ready(),
         "draining": app.draining(),
+        "pid": std::process::id(),
         "required": app.required(),
         "models": models,
     });

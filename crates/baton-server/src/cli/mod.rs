@@ -130,6 +130,21 @@ pub fn unpin(target: &Target, model: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `baton upgrade [--binary PATH] [--timeout S]`.
+pub fn upgrade(target: &Target, binary: Option<&std::path::Path>, timeout_s: u64) -> anyhow::Result<()> {
+    let mut body = json!({ "timeout_s": timeout_s });
+    if let Some(binary) = binary {
+        let binary = std::path::absolute(binary)?;
+        body["binary"] = json!(binary);
+    }
+    let answer = target.admin()?.post_json("/baton/v1/upgrade", &body)?;
+    println!(
+        "Upgraded: process {} serves in place of {} (handover {} ms).",
+        answer["new_pid"], answer["old_pid"], answer["took_ms"]
+    );
+    Ok(())
+}
+
 /// `baton events`: one line per event until the server closes the stream.
 pub fn events(target: &Target, as_json: bool) -> anyhow::Result<()> {
     let stream = target.client()?.events()?;

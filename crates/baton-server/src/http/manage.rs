@@ -18,6 +18,7 @@ use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 use super::error::ApiError;
 use crate::app::App;
 use crate::decisions::operate;
+use crate::error::Class;
 use crate::serving::parse_version;
 
 /// `GET /baton/v1/status`.
@@ -114,4 +115,39 @@ pub async fn events(
         })
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// `POST /baton/v1/upgrade`, with an optional `{"binary": PATH,
+/// "timeout_s": N}`: replaces this server with a new process of `binary`
+/// (this server's own, as on disk now, by default) that takes over its
+/// listening sockets once it is ready, within `timeout_s` (600). Answers
+/// with both pids once the new process serves; this one then shuts down
+/// as on SIGTERM. When the new process fails, nothing changes: 422
+/// `upgrade_failed` says why; 409 `upgrade_in_progress` when one runs.
+pub async fn upgrade(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Request {
+        binary: Option<std::path::PathBuf>,
+        timeout_s: Option<u64>,
+    }
+    let request: Request = if body.iter().all(u8::is_ascii_whitespace) {
+        Request::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request("invalid_json", format!("request body: {e}")))?
+    };
+    let within = Duration::from_secs(request.timeout_s.unwrap_or(600).max(1));
+    let began = std::time::Instant::now();
+    match app.upgrade(request.binary, within).await {
+        Ok(new_pid) => Ok(Json(json!({
+            "old_pid": std::process::id(),
+            "new_pid": new_pid,
+            "took_ms": began.elapsed().as_millis(),
+        }))),
+        Err(error) => {
+            let class = if error.kind() == "upgrade_in_progress" { Class::Conflict } else { Class::Unprocessable };
+            Err(ApiError::new(class, error.kind(), error.to_string()))
+        }
+    }
 }

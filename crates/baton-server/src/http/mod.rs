@@ -65,7 +65,8 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/models/{name}/rollout/pause", post(rollout::pause))
         .route("/baton/v1/models/{name}/rollout/resume", post(rollout::resume))
         .route("/baton/v1/models/{name}/rollout/promote", post(rollout::promote))
-        .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort));
+        .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort))
+        .route("/baton/v1/upgrade", post(manage::upgrade));
     open.merge(guarded(inference, &access, listener, Scope::Inference))
         .merge(guarded(management, &access, listener, Scope::Management))
         .fallback(not_found)

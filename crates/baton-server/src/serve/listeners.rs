@@ -65,6 +65,17 @@ impl Passed {
         Ok(Passed(adopted))
     }
 
+    /// Sockets handed over by the server this process replaces, named.
+    pub fn from_fds(fds: Vec<(String, OwnedFd)>) -> anyhow::Result<Passed> {
+        let mut adopted = Vec::new();
+        for (name, fd) in fds {
+            anyhow::ensure!(NAMES.contains(&name.as_str()), "a socket named '{name}' was handed over");
+            let (listener, address) = adopt(fd).with_context(|| format!("the socket handed over as '{name}'"))?;
+            adopted.push((name, listener, address));
+        }
+        Ok(Passed(adopted))
+    }
+
     /// Puts the passed sockets' addresses in place of the flags', so that
     /// what is checked and said of each listener (its exposure, whether
     /// there is an admin listener) is what serves.
@@ -109,6 +120,17 @@ pub async fn open(args: &ServeArgs, mut passed: Passed) -> anyhow::Result<Listen
         (None, None) => None,
     };
     Ok(Listeners { http, grpc, admin_http, admin_grpc })
+}
+
+impl Listeners {
+    /// Copies of the listening sockets, named: what this server hands
+    /// over to a new binary.
+    pub fn copies(&self) -> std::io::Result<Vec<(String, OwnedFd)>> {
+        use std::os::fd::AsFd;
+        let all = [Some(&self.http), Some(&self.grpc), self.admin_http.as_ref(), self.admin_grpc.as_ref()];
+        let named = NAMES.iter().zip(all).filter_map(|(name, listener)| Some((name, listener?)));
+        named.map(|(name, (listener, _))| Ok(((*name).to_owned(), listener.as_fd().try_clone_to_owned()?))).collect()
+    }
 }
 
 /// Binds `address`.

@@ -3,10 +3,12 @@
 //! control mode wants it, and graceful shutdown.
 
 mod args;
+mod closing;
 pub mod demo;
 pub mod listeners;
 pub mod repo;
 pub mod shutdown;
+pub mod upgrade;
 pub mod watch;
 
 use std::future::Future;
@@ -25,12 +27,17 @@ use crate::access::{Access, Listener, Token};
 use crate::app::App;
 use crate::decisions::{Decisions, Kind};
 pub use args::{Control, ServeArgs};
+use listeners::Passed;
 use repo::Repo;
-
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
-    let passed = listeners::Passed::from_env()?;
+    // Sockets handed over by the server this one replaces, or passed by a
+    // process manager.
+    let (target, passed) = match upgrade::Target::from_env()? {
+        Some((target, sockets)) => (Some(target), listeners::Passed::from_fds(sockets)?),
+        None => (None, listeners::Passed::from_env()?),
+    };
     passed.apply(&mut args);
     let (control, access) = access(&args)?;
     let repo = Repo::open(&args)?;
@@ -52,7 +59,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
     check_named_models(&app, &repo.name, &control)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let result = runtime.block_on(serve(app, args, passed, control, access, Trigger::Signals, |bound| {
+    let result = runtime.block_on(serve(app, args, (target, passed), control, access, Trigger::Signals, |bound| {
         // Every line at once, REST first, then gRPC, then the admin
         // listeners: scripts and tests read them. A closed stdout is no
         // reason to stop serving.
@@ -215,7 +222,7 @@ impl InProcess {
                 let _ = stopped.await;
             }));
             let result =
-                runtime.block_on(serve(app, args, listeners::Passed::default(), control, access, stop, move |bound| {
+                runtime.block_on(serve(app, args, (None, Passed::default()), control, access, stop, move |bound| {
                     let _ = listening.send(*bound);
                 }));
             runtime.shutdown_background();
@@ -257,13 +264,19 @@ type Served = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 async fn serve(
     app: Arc<App>,
     args: ServeArgs,
-    passed: listeners::Passed,
+    (target, passed): (Option<upgrade::Target>, Passed),
     control: Control,
     access: Arc<Access>,
     trigger: Trigger,
     listening: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
     let listeners = listeners::open(&args, passed).await?;
+    if let Ok(source) = listeners.copies().and_then(upgrade::Source::new) {
+        let _ = app.upgrade.set(Arc::new(source));
+        if matches!(trigger, Trigger::Signals) {
+            tokio::spawn(upgrade::on_signal(Arc::clone(&app)));
+        }
+    }
     let ((listener, address), (grpc_listener, grpc_address)) = (listeners.http, listeners.grpc);
     let (admin_http, admin_grpc) = (listeners.admin_http, listeners.admin_grpc);
     // Installed before the addresses are announced: from then on a signal
@@ -337,6 +350,10 @@ async fn serve(
         (None, Trigger::Signals) => unreachable!("signal handlers are installed for Trigger::Signals"),
     }
 
+    // Replacing a running server: it accepts until this one is ready.
+    if let Some(target) = &target {
+        target.await_ready(&app).await?;
+    }
     let mut servers: Vec<Served> = vec![
         Box::pin(serve_http(Arc::clone(&app), listener, Arc::clone(&access), Listener::Inference)),
         Box::pin(serve_grpc(Arc::clone(&app), grpc_listener, Arc::clone(&access), Listener::Inference)),
@@ -348,6 +365,9 @@ async fn serve(
         servers.push(Box::pin(serve_grpc(Arc::clone(&app), admin, Arc::clone(&access), Listener::Admin)));
     }
     let servers = async { futures_util::future::try_join_all(servers).await.map(drop) };
+    if let Some(target) = target {
+        target.ready();
+    }
     let grace = Duration::from_secs(args.shutdown_timeout);
     shutdown::drain(&app, servers, watcher, grace).await?;
     tracing::info!("baton stopped.");
@@ -369,9 +389,16 @@ async fn serve_http(
             tracing::debug!(%error, "Could not set TCP_NODELAY on a connection.");
         }
     });
+    // Draining stops accepting, answers with `Connection: close`, and
+    // closes idle connections a moment later (see closing.rs).
     let stopped = app.shutdown_signal();
-    axum::serve(listener, crate::http::router(app, access, role))
-        .with_graceful_shutdown(crate::grpc::draining(stopped))
+    let draining = stopped.clone();
+    let router = crate::http::router(app, access, role).layer(axum::middleware::map_response(move |response| {
+        let draining = *draining.borrow();
+        async move { closing::close_when_draining(draining, response) }
+    }));
+    axum::serve(closing::UntilDraining::new(listener, stopped.clone()), router)
+        .with_graceful_shutdown(closing::idle_closed(stopped))
         .await
         .context("serving HTTP")
 }

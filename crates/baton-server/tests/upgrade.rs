@@ -1,0 +1,164 @@
+//! `POST /baton/v1/upgrade` through the real binary, under traffic: the
+//! server starts a new process of itself, hands it its listening sockets,
+//! and once the new one serves it drains and exits; clients on keep-alive
+//! connections and on fresh ones see no failed request, through two
+//! upgrades in a row. A new binary that exits at start changes nothing:
+//! the upgrade says why and the old process serves on.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use baton_testkit::onnx::sample_input;
+use baton_testkit::server::Client;
+use common::{SIZES, repo_with, request, start};
+
+/// Requests to model `m` in a loop until stopped: over one keep-alive
+/// client, or a new client (a new connection) each time.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<(u64, Vec<String>)>>,
+}
+
+impl Traffic {
+    fn start(base: &str) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = [true, false]
+            .into_iter()
+            .map(|keep_alive| {
+                let (stop, base) = (Arc::clone(&stop), base.to_owned());
+                std::thread::spawn(move || {
+                    let body = request(&sample_input(SIZES[0], 1, 3), 1).to_string();
+                    let headers = [("content-type", "application/json")];
+                    let shared = Client::new(&base);
+                    let (mut answered, mut failed) = (0, Vec::new());
+                    while !stop.load(Ordering::SeqCst) {
+                        let client = if keep_alive { shared.clone() } else { Client::new(&base) };
+                        match client.try_post_raw("/v2/models/m/infer", body.as_bytes(), &headers) {
+                            Ok(answer) if answer.status == 200 => answered += 1,
+                            Ok(answer) => failed.push(format!("{}: {}", answer.status, common::text(&answer.body))),
+                            Err(error) => failed.push(error),
+                        }
+                    }
+                    (answered, failed)
+                })
+            })
+            .collect();
+        Traffic { stop, threads }
+    }
+
+    /// Stops, and returns the requests answered and the failures.
+    fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut all = (0, Vec::new());
+        for thread in self.threads {
+            let (answered, failed) = thread.join().unwrap();
+            all.0 += answered;
+            all.1.extend(failed);
+        }
+        all
+    }
+}
+
+/// A process this test did not start but must stop: SIGTERM, then waits
+/// until it is gone.
+struct Adopted(u32);
+
+impl Drop for Adopted {
+    fn drop(&mut self) {
+        let pid = self.0.to_string();
+        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();
+    }
+}
+
+fn gone(pid: u32) -> bool {
+    // A zombie is gone for this purpose: it serves nothing.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
+}
+
+#[test]
+fn two_upgrades_in_a_row_under_traffic_fail_no_request_and_each_old_process_exits() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let traffic = Traffic::start(server.base());
+    let admin = Client::new(server.base());
+    let headers = [("content-type", "application/json")];
+    let first = admin.post_raw("/baton/v1/upgrade", b"{}", &headers);
+    assert_eq!(first.status, 200, "{}", common::text(&first.body));
+    let (old, new) = (first.json()["old_pid"].as_u64().unwrap() as u32, first.json()["new_pid"].as_u64().unwrap());
+    let new = Adopted(new as u32);
+    assert_eq!(old, server.pid());
+    assert_ne!(new.0, old);
+    server.wait_exit();
+    // The new process serves on the same address, and hands over in turn.
+    let second = admin.post_raw("/baton/v1/upgrade", b"{}", &headers);
+    assert_eq!(second.status, 200, "{}", common::text(&second.body));
+    assert_eq!(second.json()["old_pid"].as_u64(), Some(u64::from(new.0)));
+    let newest = Adopted(second.json()["new_pid"].as_u64().unwrap() as u32);
+    baton_testkit::server::eventually("the first new process to exit", || gone(new.0).then_some(()));
+    // Some requests go to the newest alone.
+    let before = Instant::now();
+    while before.elapsed() < Duration::from_millis(300) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (answered, failed) = traffic.stop();
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        answered + failed.len() as u64,
+        &failed[..failed.len().min(5)]
+    );
+    assert!(answered > 100, "{answered} requests answered");
+    assert!(!gone(newest.0), "the newest process serves");
+    eprintln!("{answered} requests answered through two upgrades, none failed");
+}
+
+#[test]
+fn an_upgrade_to_a_binary_that_exits_at_start_changes_nothing() {
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let traffic = Traffic::start(server.base());
+    let refused = Client::new(server.base()).post_raw(
+        "/baton/v1/upgrade",
+        br#"{"binary": "/bin/false"}"#,
+        &[("content-type", "application/json")],
+    );
+    assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
+    assert_eq!(refused.json()["kind"], "upgrade_failed");
+    assert!(refused.error().contains("exited before it was ready"), "{}", refused.error());
+    let (answered, failed) = traffic.stop();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(answered > 0);
+    assert!(!gone(server.pid()), "the old process serves on");
+    assert_eq!(common::infer(&server, "m", &sample_input(SIZES[0], 1, 1), 1).0, 1);
+}
+
+#[test]
+fn sigusr2_upgrades_as_the_api_does() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let old = server.pid();
+    let traffic = Traffic::start(server.base());
+    server.signal("USR2");
+    server.wait_exit();
+    let status = Client::new(server.base()).get("/baton/v1/status").json();
+    let new = Adopted(status["pid"].as_u64().expect("the server's pid in its status") as u32);
+    assert_ne!(new.0, old);
+    assert_eq!(status["ready"], true, "{status}");
+    let (answered, failed) = traffic.stop();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(answered > 0);
+}
