@@ -2,8 +2,11 @@
 //! server starts a new process of itself, hands it its listening sockets,
 //! and once the new one serves it drains and exits; clients on keep-alive
 //! connections and on fresh ones see no failed request, through two
-//! upgrades in a row. A new binary that exits at start changes nothing:
-//! the upgrade says why and the old process serves on.
+//! upgrades in a row, and through one SIGUSR2 starts. A new binary that
+//! exits at start, or a new process that cannot load what serves, changes
+//! nothing: the upgrade says why, the new process is stopped and the old
+//! one serves on. A rollout in progress goes on in the new process at its
+//! step.
 
 mod common;
 
@@ -158,6 +161,68 @@ fn sigusr2_upgrades_as_the_api_does() {
     let new = Adopted(status["pid"].as_u64().expect("the server's pid in its status") as u32);
     assert_ne!(new.0, old);
     assert_eq!(status["ready"], true, "{status}");
+    let (answered, failed) = traffic.stop();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(answered > 0);
+}
+
+/// The pids of `baton` processes whose parent is `pid`, other than its
+/// workers.
+fn servers_started_by(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        let parent = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if parent == Some(pid) && cmdline.split(|b| *b == 0).any(|arg| arg == b"serve") && !gone(child) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+#[test]
+fn an_upgrade_whose_new_process_cannot_load_what_serves_changes_nothing() {
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    // The old process verified version 1 when it loaded it; the new one
+    // reads the files again, and finds them damaged.
+    repo.damage("m", 1, baton_testkit::repo::Damage::FlipByte);
+    let traffic = Traffic::start(server.base());
+    let refused =
+        Client::new(server.base()).post_raw("/baton/v1/upgrade", b"{}", &[("content-type", "application/json")]);
+    assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
+    assert!(refused.error().contains("a load failed") && refused.error().contains("model m"), "{}", refused.error());
+    let (answered, failed) = traffic.stop();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(answered > 0);
+    assert!(servers_started_by(server.pid()).is_empty(), "the new process was not stopped");
+    assert_eq!(common::infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
+}
+
+#[test]
+fn an_upgrade_during_a_rollout_carries_it_over_at_its_step() {
+    let repo = repo_with("m", &[1], "[rollout]\nauto = true\nsteps = [10, 50, 100]\ninterval_ms = 600000");
+    let mut server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    repo.publish_mlp("m", 2, &common::mlp(2));
+    baton_testkit::server::eventually("a running rollout of version 2", || {
+        let rollout = server.status("m")["rollout"].clone();
+        (rollout["phase"] == "running" && rollout["candidate"] == 2).then_some(())
+    });
+    let traffic = Traffic::start(server.base());
+    let answer =
+        Client::new(server.base()).post_raw("/baton/v1/upgrade", b"{}", &[("content-type", "application/json")]);
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let _new = Adopted(answer.json()["new_pid"].as_u64().unwrap() as u32);
+    server.wait_exit();
+    let status = Client::new(server.base()).get("/baton/v1/models/m/status").json();
+    let rollout = &status["rollout"];
+    assert_eq!((rollout["phase"].as_str(), rollout["stable"].as_u64()), (Some("running"), Some(1)), "{status}");
+    assert_eq!((rollout["candidate"].as_u64(), rollout["step"].as_u64()), (Some(2), Some(0)), "{status}");
+    assert_eq!(rollout["weight_percent"], 10.0, "{status}");
     let (answered, failed) = traffic.stop();
     assert!(failed.is_empty(), "{failed:?}");
     assert!(answered > 0);
