@@ -219,7 +219,13 @@ impl Target {
             if self.channel.readable_within(Duration::ZERO).unwrap_or(true) {
                 anyhow::bail!("taking over from the running server: it went away before this one was ready");
             }
+            // A model that serves nothing, has nothing loading, and failed:
+            // one that failed a version but serves another, or is still
+            // loading one, may yet be ready.
             let failed = app.registry.statuses().into_iter().find_map(|s| {
+                if s.serving.is_some() || s.busy {
+                    return None;
+                }
                 let error = s.last_error?;
                 Some(format!("model {} version {:?}: {}", s.name, error.version, error.message))
             });
