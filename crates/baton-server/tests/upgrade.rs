@@ -82,6 +82,11 @@ impl Drop for Adopted {
     }
 }
 
+/// `POST /baton/v1/upgrade` with `body` to the server at `base`.
+fn upgrade(base: &str, body: &[u8]) -> baton_testkit::server::Answer {
+    Client::new(base).post_raw("/baton/v1/upgrade", body, &[("content-type", "application/json")])
+}
+
 fn gone(pid: u32) -> bool {
     // A zombie is gone for this purpose: it serves nothing.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -94,9 +99,7 @@ fn two_upgrades_in_a_row_under_traffic_fail_no_request_and_each_old_process_exit
     let mut server = start(&repo, &[]);
     server.wait_serving("m", 1);
     let traffic = Traffic::start(server.base());
-    let admin = Client::new(server.base());
-    let headers = [("content-type", "application/json")];
-    let first = admin.post_raw("/baton/v1/upgrade", b"{}", &headers);
+    let first = upgrade(server.base(), b"{}");
     assert_eq!(first.status, 200, "{}", common::text(&first.body));
     let (old, new) = (first.json()["old_pid"].as_u64().unwrap() as u32, first.json()["new_pid"].as_u64().unwrap());
     let new = Adopted(new as u32);
@@ -104,7 +107,7 @@ fn two_upgrades_in_a_row_under_traffic_fail_no_request_and_each_old_process_exit
     assert_ne!(new.0, old);
     server.wait_exit();
     // The new process serves on the same address, and hands over in turn.
-    let second = admin.post_raw("/baton/v1/upgrade", b"{}", &headers);
+    let second = upgrade(server.base(), b"{}");
     assert_eq!(second.status, 200, "{}", common::text(&second.body));
     assert_eq!(second.json()["old_pid"].as_u64(), Some(u64::from(new.0)));
     let newest = Adopted(second.json()["new_pid"].as_u64().unwrap() as u32);
@@ -133,11 +136,7 @@ fn an_upgrade_to_a_binary_that_exits_at_start_changes_nothing() {
     let server = start(&repo, &[]);
     server.wait_serving("m", 1);
     let traffic = Traffic::start(server.base());
-    let refused = Client::new(server.base()).post_raw(
-        "/baton/v1/upgrade",
-        br#"{"binary": "/bin/false"}"#,
-        &[("content-type", "application/json")],
-    );
+    let refused = upgrade(server.base(), br#"{"binary": "/bin/false"}"#);
     assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
     assert_eq!(refused.json()["kind"], "upgrade_failed");
     assert!(refused.error().contains("exited before it was ready"), "{}", refused.error());
@@ -166,22 +165,6 @@ fn sigusr2_upgrades_as_the_api_does() {
     assert!(answered > 0);
 }
 
-/// The pids of `baton` processes whose parent is `pid`, other than its
-/// workers.
-fn servers_started_by(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
-        let parent = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok());
-        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
-        if parent == Some(pid) && cmdline.split(|b| *b == 0).any(|arg| arg == b"serve") && !gone(child) {
-            found.push(child);
-        }
-    }
-    found
-}
-
 #[test]
 fn an_upgrade_whose_new_process_cannot_load_what_serves_changes_nothing() {
     let repo = repo_with("m", &[1], "");
@@ -191,14 +174,13 @@ fn an_upgrade_whose_new_process_cannot_load_what_serves_changes_nothing() {
     // reads the files again, and finds them damaged.
     repo.damage("m", 1, baton_testkit::repo::Damage::FlipByte);
     let traffic = Traffic::start(server.base());
-    let refused =
-        Client::new(server.base()).post_raw("/baton/v1/upgrade", b"{}", &[("content-type", "application/json")]);
+    let refused = upgrade(server.base(), b"{}");
     assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
     assert!(refused.error().contains("a load failed") && refused.error().contains("model m"), "{}", refused.error());
     let (answered, failed) = traffic.stop();
     assert!(failed.is_empty(), "{failed:?}");
     assert!(answered > 0);
-    assert!(servers_started_by(server.pid()).is_empty(), "the new process was not stopped");
+    assert!(common::children_of(server.pid(), "serve").is_empty(), "the new process was not stopped");
     assert_eq!(common::infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
 }
 
@@ -213,8 +195,7 @@ fn an_upgrade_during_a_rollout_carries_it_over_at_its_step() {
         (rollout["phase"] == "running" && rollout["candidate"] == 2).then_some(())
     });
     let traffic = Traffic::start(server.base());
-    let answer =
-        Client::new(server.base()).post_raw("/baton/v1/upgrade", b"{}", &[("content-type", "application/json")]);
+    let answer = upgrade(server.base(), b"{}");
     assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
     let _new = Adopted(answer.json()["new_pid"].as_u64().unwrap() as u32);
     server.wait_exit();

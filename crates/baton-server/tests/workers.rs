@@ -24,19 +24,7 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// The pids of `baton worker` processes whose parent is `server`.
 fn workers_of(server: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        // The parent is the second field after the command's closing parenthesis.
-        let parent = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok());
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let is_worker = cmdline.split(|b| *b == 0).any(|arg| arg == b"worker");
-        if parent == Some(server) && is_worker {
-            found.push(pid);
-        }
-    }
-    found
+    common::children_of(server, "worker")
 }
 
 /// Waits until model `m`'s status records a failure, and returns it.

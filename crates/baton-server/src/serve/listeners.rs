@@ -52,25 +52,21 @@ impl Passed {
         let vars = |name: &str| std::env::var(name).ok();
         let passed = passed(std::process::id(), vars("LISTEN_PID"), vars("LISTEN_FDS"), vars("LISTEN_FDNAMES"))
             .map_err(anyhow::Error::msg)?;
-        let mut adopted = Vec::new();
-        for (name, fd) in passed {
-            // SAFETY: the process that started this one left `fd` open for
-            // it (LISTEN_PID names this process), and nothing else here
-            // owns it.
-            #[allow(unsafe_code)]
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            let (listener, address) = adopt(fd).with_context(|| format!("the socket passed as '{name}'"))?;
-            adopted.push((name, listener, address));
-        }
-        Ok(Passed(adopted))
+        // SAFETY: the process that started this one left each descriptor
+        // open for it (LISTEN_PID names this process), and nothing else
+        // here owns it.
+        #[allow(unsafe_code)]
+        let fds = passed.into_iter().map(|(name, fd)| (name, unsafe { OwnedFd::from_raw_fd(fd) })).collect();
+        Passed::from_fds(fds)
     }
 
-    /// Sockets handed over by the server this process replaces, named.
+    /// Sockets passed to this process or handed over by the server it
+    /// replaces, named.
     pub fn from_fds(fds: Vec<(String, OwnedFd)>) -> anyhow::Result<Passed> {
         let mut adopted = Vec::new();
         for (name, fd) in fds {
             anyhow::ensure!(NAMES.contains(&name.as_str()), "a socket named '{name}' was handed over");
-            let (listener, address) = adopt(fd).with_context(|| format!("the socket handed over as '{name}'"))?;
+            let (listener, address) = adopt(fd).with_context(|| format!("the socket passed as '{name}'"))?;
             adopted.push((name, listener, address));
         }
         Ok(Passed(adopted))

@@ -210,8 +210,6 @@ impl Target {
     /// stops this process when it gives up. Ends when the old server goes
     /// away.
     pub async fn await_ready(&self, app: &App) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(24 * 3600);
-        let within = Duration::from_secs(24 * 3600);
         loop {
             if app.ready() {
                 return Ok(());
@@ -229,12 +227,8 @@ impl Target {
                 let error = s.last_error?;
                 Some(format!("model {} version {:?}: {}", s.name, error.version, error.message))
             });
-            let why = match failed {
-                Some(failed) => Some(format!("a load failed: {failed}")),
-                None if Instant::now() >= deadline => Some(format!("not ready within {within:?}")),
-                None => None,
-            };
-            if let Some(why) = why {
+            if let Some(failed) = failed {
+                let why = format!("a load failed: {failed}");
                 self.send(&Message::Failed { reason: why.clone() });
                 anyhow::bail!("taking over from the running server: {why}");
             }

@@ -240,3 +240,23 @@ impl Drop for Reaper {
         }
     }
 }
+
+/// The pids of the running (not zombie) children of `parent` with `arg`
+/// among their arguments: a server's workers (`worker`), or a server
+/// started by another (`serve`).
+pub fn children_of(parent: u32, arg: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("reading /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // After the command's closing parenthesis: the state, then the parent.
+        let Some((_, rest)) = stat.rsplit_once(") ") else { continue };
+        let mut fields = rest.split(' ');
+        let (state, ppid) = (fields.next(), fields.next().and_then(|p| p.parse::<u32>().ok()));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(parent) && state != Some("Z") && cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
+            found.push(pid);
+        }
+    }
+    found
+}
