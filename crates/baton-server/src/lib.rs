@@ -6,6 +6,7 @@ mod access;
 mod agent;
 mod app;
 mod budget;
+pub mod build;
 mod cli;
 mod cluster;
 mod deadline;
@@ -27,7 +28,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// baton: a model-inference server where updating a model is a non-event.
 #[derive(Parser)]
@@ -184,7 +185,12 @@ fn worker() -> anyhow::Result<()> {
 
 /// The `baton` command: parses the command line and runs what it asks for.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The version `--version` prints includes the binary's build stamp.
+    let version: &'static str = Box::leak(build::version().into_boxed_str());
+    let cli = match Cli::from_arg_matches(&Cli::command().version(version).get_matches()) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     // `baton fleet` prints what happens itself; its library's log lines
     // would say it twice.
     let default_filter = if matches!(cli.command, Command::Fleet(_)) { "warn" } else { "info,ort=warn" };

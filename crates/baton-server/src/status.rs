@@ -63,6 +63,7 @@ pub fn server(app: &App, privileged: bool) -> Value {
         "ready": app.ready(),
         "draining": app.draining(),
         "pid": std::process::id(),
+        "version": crate::build::version(),
         "required": app.required(),
         "models": models,
     });

@@ -110,13 +110,6 @@ fn a_restart_mid_rollout_takes_it_up_where_it_was() {
     common::assert_no_panic(&server);
 }
 
-/// The virtual environment `scripts/setup-clients.sh` installs tritonclient into.
-fn client_python() -> PathBuf {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.baton/venv/bin/python");
-    assert!(python.exists(), "{} is missing; run scripts/setup-clients.sh", python.display());
-    python
-}
-
 /// What one way of sending a sticky key saw: key -> [(version, role)].
 type Seen = BTreeMap<String, Vec<(u64, String)>>;
 
@@ -149,7 +142,7 @@ fn sticky_keys_keep_a_client_on_one_side_over_http_and_grpc() {
     assert_eq!(status["rollout"]["weight_percent"], 50.0, "{status}");
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/sticky.py");
-    let output = Command::new(client_python())
+    let output = Command::new(common::client_python())
         .arg(&script)
         .args([server.base().trim_start_matches("http://"), server.grpc_address(), "m"])
         .args([KEYS.to_string(), REPEATS.to_string()])

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use baton_testkit::onnx::sample_input;
 use baton_testkit::server::Client;
+use common::upgrade::{Adopted, gone, upgrade};
 use common::{SIZES, repo_with, request, start};
 
 /// Requests to model `m` in a loop until stopped: over one keep-alive
@@ -64,33 +65,6 @@ impl Traffic {
         }
         all
     }
-}
-
-/// A process this test did not start but must stop: SIGTERM, then waits
-/// until it is gone.
-struct Adopted(u32);
-
-impl Drop for Adopted {
-    fn drop(&mut self) {
-        let pid = self.0.to_string();
-        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();
-    }
-}
-
-/// `POST /baton/v1/upgrade` with `body` to the server at `base`.
-fn upgrade(base: &str, body: &[u8]) -> baton_testkit::server::Answer {
-    Client::new(base).post_raw("/baton/v1/upgrade", body, &[("content-type", "application/json")])
-}
-
-fn gone(pid: u32) -> bool {
-    // A zombie is gone for this purpose: it serves nothing.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_or(true, |stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
 }
 
 #[test]

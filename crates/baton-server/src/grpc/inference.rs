@@ -238,7 +238,7 @@ impl GrpcInferenceService for Inference {
     ) -> Result<Response<ServerMetadataResponse>, Status> {
         Ok(Response::new(ServerMetadataResponse {
             name: "baton".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+            version: crate::build::version(),
             extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
         }))
     }

@@ -35,7 +35,7 @@ pub async fn ready(State(app): State<Arc<App>>) -> Response {
 
 /// `GET /v2`.
 pub async fn server_metadata() -> Json<serde_json::Value> {
-    Json(json!({ "name": "baton", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }))
+    Json(json!({ "name": "baton", "version": crate::build::version(), "extensions": EXTENSIONS }))
 }
 
 fn metadata(app: &App, model: &str, version: Option<u64>) -> Result<Json<serde_json::Value>, ApiError> {

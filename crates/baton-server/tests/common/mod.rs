@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod grpc;
+pub mod upgrade;
 
 use std::path::Path;
 
@@ -259,4 +260,12 @@ pub fn children_of(parent: u32, arg: &str) -> Vec<u32> {
         }
     }
     found
+}
+
+/// The Python of the virtual environment `scripts/setup-clients.sh`
+/// installs tritonclient into.
+pub fn client_python() -> std::path::PathBuf {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.baton/venv/bin/python");
+    assert!(python.exists(), "{} is missing; run scripts/setup-clients.sh", python.display());
+    python
 }
