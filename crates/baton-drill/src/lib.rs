@@ -65,9 +65,17 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         Protocol::Grpc => Some(Endpoint::parse(&args.grpc_url, 8001, args.allow_remote)?),
         _ => None,
     };
-    if let Some(pid) = args.pid {
+    // An upgrade follows the server's memory by default: the peak of the
+    // two processes is one of the things it measures.
+    let pid = match (args.pid, args.swap) {
+        (Some(pid), _) => Some(pid),
+        (None, args::SwapMethod::Upgrade) if args.swaps > 0 => Some(swap::upgrade::server_pid(args, &http)?),
+        (None, _) => None,
+    };
+    if let Some(pid) = pid {
         rss::read_rss(pid).with_context(|| format!("--pid {pid}: cannot read the process's memory"))?;
     }
+    let followed: rss::Followed = Arc::new(Mutex::new(pid.into_iter().collect()));
     let inputs = payload::tensors(&http, args)?;
     let rollout = match args.swap {
         args::SwapMethod::Rollout => Some(rollout::Driver::from_args(args, &http)?),
@@ -76,7 +84,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
     let action = match args.swaps {
         _ if rollout.is_some() => None,
         0 => None,
-        _ => Some(swap::action::Action::from_args(args, &http)?),
+        _ => Some(swap::action::Action::from_args(args, &http, &followed)?),
     };
     let mode = match args.rate {
         Some(rate) => Mode::Open { rate, connections: args.connections },
@@ -109,7 +117,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
     let live = Arc::new(Live::new(mode.workers()));
     let started_unix_s = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let phase: swap::Phase = Arc::new(Mutex::new(String::new()));
-    let sampler = args.pid.map(|pid| rss::spawn(pid, args.rss_interval, Arc::clone(&live)));
+    let sampler = pid.map(|_| rss::spawn(Arc::clone(&followed), args.rss_interval, Arc::clone(&live)));
     let probe = match args.stall_probe {
         Some(late) => Some(stalls::spawn(late, Arc::clone(&live)).context("starting the stall probe")?),
         None => None,
@@ -144,7 +152,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         swaps,
         planned_swaps: if rollout.is_some() { 0 } else { args.swaps },
         window: args.window.as_nanos() as u64,
-        rss: args.pid.zip(samples),
+        rss: pid.zip(samples),
         allow: args.allow_versions.clone(),
         probe,
         rollout,
@@ -222,6 +230,7 @@ fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::t
         "repo": args.repo,
         "template": args.template,
         "command": args.command,
+        "binary": args.binary,
         "rollout": (args.swap == args::SwapMethod::Rollout).then(|| json!({
             "body": rollout::start_body(args).ok(),
             "timeout_s": args.rollout_timeout.as_secs_f64(),

@@ -2,22 +2,31 @@
 //! `/proc/PID/status` of the process and of every process it started,
 //! sampled on a thread of its own.
 //!
+//! The processes followed can change while the drill runs: `--swap
+//! upgrade` adds the process that replaces the server, and drops the old
+//! one once it has exited, so that both count while both live.
+//!
 //! Children count because some servers run their models in worker
 //! processes (MLServer's inference pool): the main process's RSS alone
 //! would miss every model. Pages a forked child still shares with its
 //! parent count once per process, so the sum overstates absolute memory;
 //! what the drill reports is its growth.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 
 use super::record::Live;
 
+/// The processes whose memory is sampled (each with its descendants).
+pub type Followed = Arc<Mutex<Vec<u32>>>;
+
 /// RSS samples: (ns since the load started, bytes).
 #[derive(Debug, Default)]
 pub struct Samples {
+    /// Every process followed, in the order they were first followed.
+    pub pids: Vec<u32>,
     /// The samples, in time order.
     pub points: Vec<(u64, u64)>,
     /// Why sampling stopped early, if it did (e.g. the process exited).
@@ -26,9 +35,30 @@ pub struct Samples {
 
 /// The `VmRSS` of `pid` plus that of all its descendants, in bytes.
 pub fn read_rss(pid: u32) -> anyhow::Result<u64> {
-    let own = process_rss(pid)?;
-    // A child may exit between listing and reading: it no longer counts.
-    Ok(own + descendants(pid).into_iter().filter_map(|child| process_rss(child).ok()).sum::<u64>())
+    read_rss_of(&[pid])
+}
+
+/// The `VmRSS` of every process in `pids` and of their descendants, each
+/// process counted once; an error when none of `pids` can be read.
+pub fn read_rss_of(pids: &[u32]) -> anyhow::Result<u64> {
+    let mut all: Vec<u32> = Vec::new();
+    let mut last_error = None;
+    for &pid in pids {
+        match process_rss(pid) {
+            Ok(_) => {
+                all.push(pid);
+                all.extend(descendants(pid));
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    if all.is_empty() {
+        return Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no process to follow")));
+    }
+    all.sort_unstable();
+    all.dedup();
+    // A process may exit between listing and reading: it no longer counts.
+    Ok(all.into_iter().filter_map(|pid| process_rss(pid).ok()).sum())
 }
 
 fn process_rss(pid: u32) -> anyhow::Result<u64> {
@@ -63,8 +93,9 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Samples `pid` every `interval` until the load stops.
-pub fn spawn(pid: u32, interval: Duration, live: Arc<Live>) -> std::thread::JoinHandle<Samples> {
+/// Samples the followed processes every `interval` until the load stops,
+/// or until none of them can be read.
+pub fn spawn(followed: Followed, interval: Duration, live: Arc<Live>) -> std::thread::JoinHandle<Samples> {
     std::thread::Builder::new()
         .name("drill-rss".into())
         .spawn(move || {
@@ -72,7 +103,13 @@ pub fn spawn(pid: u32, interval: Duration, live: Arc<Live>) -> std::thread::Join
             let mut next = live.t0;
             loop {
                 let at = live.now();
-                match read_rss(pid) {
+                let pids = followed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                for &pid in &pids {
+                    if !samples.pids.contains(&pid) {
+                        samples.pids.push(pid);
+                    }
+                }
+                match read_rss_of(&pids) {
                     Ok(bytes) => samples.points.push((at, bytes)),
                     Err(e) => {
                         samples.stopped = Some(format!("{e:#}"));

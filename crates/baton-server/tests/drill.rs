@@ -2,6 +2,8 @@
 //! `baton serve` while swapping its model, and the tests read the JSON
 //! report and the chart it writes. No assertion is about speed.
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -310,6 +312,42 @@ fn a_shell_command_per_swap_over_grpc_json_fails_nothing() {
     let json = drill(server.base(), &[&args[..], &["--protocol", "http-json", "--rate", "200"]].concat());
     json.assert_clean(2, &["1", "2"]);
     assert_eq!(json.report["config"]["mode"]["loop"], "open");
+}
+
+#[test]
+fn upgrades_under_the_drill_fail_nothing_and_report_the_handover_and_both_processes_memory() {
+    let repo = repo(&[1]);
+    let mut server = serving(&repo, 1);
+    let args = ["--swaps", "2", "--swap", "upgrade", "--rss-interval", "5ms"];
+    let outcome = drill(server.base(), &[&args[..], &TWO].concat());
+    let (r, ctx) = (&outcome.report, outcome.context());
+    let made = r["swaps"].as_array().expect("a swaps list");
+    // Stop the last process whatever else the report says.
+    let last = made.last().and_then(|s| s["handover"]["new_pid"].as_u64());
+    let _last = last.map(|pid| common::upgrade::Adopted(pid as u32));
+    assert!(outcome.status.success(), "exit {:?}\n{ctx}", outcome.status);
+    assert_eq!((r["failed"].as_u64(), r["verdict"]["clean"].as_bool()), (Some(0), Some(true)), "{ctx}");
+    assert_eq!(made.len(), 2, "{ctx}");
+    let mut pids = vec![u64::from(server.pid())];
+    for s in made {
+        let handover = &s["handover"];
+        assert_eq!(s["action_ok"], true, "{s}");
+        assert_eq!(handover["old_pid"].as_u64(), pids.last().copied(), "{s}");
+        let (ready, exit) = (handover["ready_ms"].as_f64().unwrap(), handover["old_exit_ms"].as_f64().unwrap());
+        assert!(ready > 0.0 && exit >= ready, "{s}");
+        pids.push(handover["new_pid"].as_u64().unwrap());
+    }
+    assert!(outcome.stdout.contains("the old one exited after"), "{ctx}");
+    // The memory followed the server through both upgrades, and while both
+    // processes lived it counted both.
+    let rss = &r["rss"];
+    assert_eq!(rss["pids"], serde_json::json!(pids), "{ctx}");
+    assert!(rss["stopped"].is_null(), "{rss}");
+    let (before, peaks) = (rss["before_swaps"].as_array().unwrap(), rss["peak_during_swaps"].as_array().unwrap());
+    for (before, peak) in before.iter().zip(peaks) {
+        assert!(peak.as_u64() > before.as_u64(), "a handover's peak is above the memory before it: {rss}");
+    }
+    server.wait_exit();
 }
 
 #[test]

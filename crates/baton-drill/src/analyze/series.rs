@@ -75,6 +75,9 @@ pub fn series(records: &[Record], versions: &[String], end: u64) -> Series {
 pub struct RssReport {
     /// The process sampled.
     pub pid: u32,
+    /// Every process sampled, in order: more than `pid` when upgrades
+    /// replaced it.
+    pub pids: Vec<u32>,
     /// (s since the start, bytes), at most ~3000 of them.
     pub samples: Vec<(f64, u64)>,
     /// The first sample, bytes.
@@ -144,6 +147,7 @@ pub fn rss(pid: u32, samples: &Samples, triggers: &[u64]) -> Option<RssReport> {
     let stride = points.len().div_ceil(3000).max(1);
     Some(RssReport {
         pid,
+        pids: if samples.pids.is_empty() { vec![pid] } else { samples.pids.clone() },
         samples: points.iter().step_by(stride).map(|&(t, b)| (t as f64 / 1e9, b)).collect(),
         first_bytes: first,
         last_bytes: last,
@@ -182,7 +186,7 @@ mod tests {
 
     #[test]
     fn rss_growth() {
-        let samples = Samples { points: vec![(0, 100), (10, 110), (20, 120), (30, 130)], stopped: None };
+        let samples = Samples { pids: vec![7], points: vec![(0, 100), (10, 110), (20, 120), (30, 130)], stopped: None };
         let report = rss(7, &samples, &[5, 15, 25]).unwrap();
         assert_eq!(report.before_swaps, vec![100, 110, 120]);
         assert_eq!(report.growth_per_swap_bytes, Some(10.0));

@@ -59,6 +59,9 @@ pub struct SwapReport {
     pub stale_after_served: u64,
     /// Why the swap could not be fully measured, if it could not.
     pub note: Option<String>,
+    /// An upgrade's handover: the processes, when the new one served and
+    /// when the old one exited.
+    pub handover: Option<crate::swap::upgrade::Handover>,
 }
 
 /// The span of a swap's window, ns.
@@ -161,6 +164,7 @@ pub fn measure(
                  is unknown and the commit is the action's return"
                     .to_owned()
             }),
+            handover: swap.handover.clone(),
         });
         spans.push(Span { from: swap.trigger, commit: commit.map_or(to, |c| c.clamp(swap.trigger, to)), to });
     }
@@ -184,6 +188,7 @@ mod tests {
             ok: true,
             detail: String::new(),
             version: Some(version.into()),
+            handover: None,
         }
     }
 

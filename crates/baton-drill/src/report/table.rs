@@ -103,7 +103,10 @@ pub fn render(title: &str, a: &Analysis) -> String {
             "max"
         );
         for s in &a.swaps {
-            let change = format!("{}→{}", s.previous.as_deref().unwrap_or("?"), s.version.as_deref().unwrap_or("?"));
+            let before = s.previous.as_deref().unwrap_or("?");
+            // An upgrade keeps the version that serves.
+            let after = if s.handover.is_some() { before } else { s.version.as_deref().unwrap_or("?") };
+            let change = format!("{before}→{after}");
             let serve = match (s.action_ok, s.time_to_serve_ms, s.served) {
                 (false, _, _) => "FAILED".to_owned(),
                 (_, Some(t), _) => format!("{t:.1}"),
@@ -129,6 +132,8 @@ pub fn render(title: &str, a: &Analysis) -> String {
         for s in &a.swaps {
             if !s.action_ok {
                 let _ = writeln!(out, "  swap {} failed: {}", s.index, s.action_detail);
+            } else if s.handover.is_some() {
+                let _ = writeln!(out, "  swap {}: {}", s.index, s.action_detail);
             } else if let Some(note) = &s.note {
                 let _ = writeln!(out, "  swap {}: {note}", s.index);
             }
@@ -175,7 +180,7 @@ pub fn render(title: &str, a: &Analysis) -> String {
         let _ = writeln!(
             out,
             "RSS of pid {}: {} → {} (min {}, max {}){}",
-            r.pid,
+            r.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(" then "),
             mib(r.first_bytes as f64),
             mib(r.last_bytes as f64),
             mib(r.min_bytes as f64),

@@ -1,5 +1,6 @@
 //! The ways a swap is made: the repository load API, publishing a version
-//! directory into a watched repository, or a shell command.
+//! directory into a watched repository, a shell command, or replacing
+//! baton's binary.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::args::{DrillArgs, SwapMethod};
 use crate::caller::error_message;
+use crate::rss::Followed;
 use crate::target::Endpoint;
 
 /// What a swap action did.
@@ -21,6 +23,8 @@ pub struct Outcome {
     /// The version the action brings, when it tells (publish: the new
     /// directory's number; load API: the `version` of baton's answer).
     pub version: Option<String>,
+    /// An upgrade's handover, as the drill saw it.
+    pub handover: Option<super::upgrade::Handover>,
 }
 
 /// A configured swap method.
@@ -41,6 +45,8 @@ pub enum Action {
         /// The version directory copied.
         template: PathBuf,
     },
+    /// `POST /baton/v1/upgrade`, then the old process's exit.
+    Upgrade(super::upgrade::Upgrade),
     /// `sh -c` of the command with its placeholders filled.
     Shell {
         /// The command, placeholders unfilled.
@@ -56,7 +62,9 @@ pub enum Action {
 
 impl Action {
     /// The action the options describe; checks the repository and template up front.
-    pub fn from_args(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<Action> {
+    /// `followed` are the processes whose memory the drill samples; an
+    /// upgrade hands them on to the new process.
+    pub fn from_args(args: &DrillArgs, http: &Endpoint, followed: &Followed) -> anyhow::Result<Action> {
         Ok(match args.swap {
             SwapMethod::LoadApi => Action::LoadApi {
                 url: load_url(args, http),
@@ -75,6 +83,7 @@ impl Action {
                 Action::Publish { model_dir, template }
             }
             SwapMethod::Rollout => bail!("--swap rollout is driven by the rollout driver, not as a swap action"),
+            SwapMethod::Upgrade => Action::Upgrade(super::upgrade::Upgrade::from_args(args, http, followed)?),
             SwapMethod::Command => Action::Shell {
                 command: args.command.clone().context("--swap command needs --command")?,
                 model: args.model.clone(),
@@ -93,9 +102,11 @@ impl Action {
                     ok: true,
                     detail: format!("published {}", model_dir.join(number.to_string()).display()),
                     version: Some(number.to_string()),
+                    handover: None,
                 },
-                Err(e) => Outcome { ok: false, detail: format!("{e:#}"), version: None },
+                Err(e) => Outcome { ok: false, detail: format!("{e:#}"), version: None, handover: None },
             },
+            Action::Upgrade(upgrade) => upgrade.run(),
             Action::Shell { command, model, url, timeout } => {
                 let line = command
                     .replace("{n}", &(index + 1).to_string())
@@ -140,7 +151,7 @@ fn load_api(agent: &ureq::Agent, url: &str, token: Option<&str>, version: Option
     let response = request.send(body.to_string());
     let mut response = match response {
         Ok(r) => r,
-        Err(e) => return Outcome { ok: false, detail: format!("POST {url}: {e}"), version: None },
+        Err(e) => return Outcome { ok: false, detail: format!("POST {url}: {e}"), version: None, handover: None },
     };
     let status = response.status().as_u16();
     let text = response.body_mut().read_to_string().unwrap_or_default();
@@ -149,6 +160,7 @@ fn load_api(agent: &ureq::Agent, url: &str, token: Option<&str>, version: Option
             ok: false,
             detail: format!("HTTP {status}: {}", error_message(text.as_bytes())),
             version: None,
+            handover: None,
         };
     }
     // baton answers with the load's report, which names the version.
@@ -157,7 +169,7 @@ fn load_api(agent: &ureq::Agent, url: &str, token: Option<&str>, version: Option
         Value::String(s) => Some(s.clone()),
         _ => None,
     });
-    Outcome { ok: true, detail: format!("HTTP {status}"), version: learned }
+    Outcome { ok: true, detail: format!("HTTP {status}"), version: learned, handover: None }
 }
 
 /// The version directories of a model directory, by number.

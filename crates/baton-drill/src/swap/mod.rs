@@ -4,6 +4,7 @@
 
 pub mod action;
 pub mod shell;
+pub mod upgrade;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,8 @@ pub struct SwapRecord {
     pub detail: String,
     /// The version this swap should bring, when known.
     pub version: Option<String>,
+    /// An upgrade's handover.
+    pub handover: Option<upgrade::Handover>,
 }
 
 /// When the swaps happen.
@@ -149,6 +152,7 @@ fn drive(action: &Action, schedule: &Schedule, versions: &[String], live: &Live,
             ok: outcome.ok,
             detail: outcome.detail,
             version,
+            handover: outcome.handover,
         });
     }
     set(phase, "tail".into());

@@ -25,9 +25,9 @@ pub fn run(line: &str, timeout: Duration) -> Outcome {
     let (stdout, stderr) = (read(&out_path), read(&err_path));
     let said = tail(if stderr.trim().is_empty() { &stdout } else { &stderr });
     match result {
-        Ok(status) if status.success() => Outcome { ok: true, detail: tail(&stdout), version: None },
-        Ok(status) => Outcome { ok: false, detail: format!("{status}: {said}"), version: None },
-        Err(e) => Outcome { ok: false, detail: format!("{e}: {said}"), version: None },
+        Ok(status) if status.success() => Outcome { ok: true, detail: tail(&stdout), version: None, handover: None },
+        Ok(status) => Outcome { ok: false, detail: format!("{status}: {said}"), version: None, handover: None },
+        Err(e) => Outcome { ok: false, detail: format!("{e}: {said}"), version: None, handover: None },
     }
 }
 
