@@ -15,6 +15,15 @@ use crate::records::{SwitchSummary, now_ms};
 pub struct Health {
     connected: AtomicBool,
     state: Lock<State>,
+    leases: Lock<Leases>,
+}
+
+/// The lease this process acts under, and one it shares with another
+/// process of the same replica.
+#[derive(Debug, Default)]
+struct Leases {
+    current: Option<i64>,
+    shared: Option<i64>,
 }
 
 /// A copy of [`Health`] for status.
@@ -108,6 +117,38 @@ impl Health {
     /// Counts a lease found gone.
     pub fn lease_lost(&self) {
         self.state.lock().leases_lost += 1;
+    }
+
+    /// The lease this process acts under now, when it holds one.
+    pub fn lease(&self) -> Option<i64> {
+        self.leases.lock().current
+    }
+
+    /// Starts this process under `lease`, a live lease of the process it
+    /// replaces: the registration, acks and coordinator keys under it stay
+    /// where they are, so the fleet sees the replica go on. Until
+    /// [`Health::share_lease`] says otherwise, the lease is shared: this
+    /// process leaves it alone when it stops (a replacement that fails to
+    /// start must not take its predecessor's lease with it).
+    pub fn inherit_lease(&self, lease: i64) {
+        *self.leases.lock() = Leases { current: Some(lease), shared: Some(lease) };
+    }
+
+    /// Says that another process of this replica acts under `lease` too
+    /// (`None`: no other does), so that this process does not revoke it
+    /// when it stops.
+    pub fn share_lease(&self, lease: Option<i64>) {
+        self.leases.lock().shared = lease;
+    }
+
+    /// Records the lease this process acts under.
+    pub(crate) fn set_lease(&self, lease: Option<i64>) {
+        self.leases.lock().current = lease;
+    }
+
+    /// Whether another process shares `lease`.
+    pub(crate) fn shares(&self, lease: i64) -> bool {
+        self.leases.lock().shared == Some(lease)
     }
 
     /// Records how many replicas are live.

@@ -26,6 +26,11 @@ pub enum Scope {
     Inference,
     /// Load, unload, rollback, retire.
     Management,
+    /// Operations on the server process itself (its upgrade): the admin
+    /// listener and token rules of management, but not the refusals of
+    /// model operations (a fleet's replica, `--model-control none`), since
+    /// the models that serve do not change.
+    Server,
 }
 
 /// The role of a listener.
@@ -145,7 +150,7 @@ impl Access {
         match scope {
             Scope::Open => true,
             Scope::Inference => listener == Listener::Inference,
-            Scope::Management => false,
+            Scope::Management | Scope::Server => false,
         }
     }
 
@@ -171,13 +176,13 @@ impl Access {
                     "inference is served on the inference listeners, not on the admin listener",
                 ));
             }
-            (Scope::Management, Listener::Inference) if self.admin_listener => {
+            (Scope::Management | Scope::Server, Listener::Inference) if self.admin_listener => {
                 return Err(wrong_listener(
                     "management operations are served on the admin listener only (--admin-http, --admin-grpc), \
                      not on this inference listener",
                 ));
             }
-            (Scope::Management, _) => {}
+            (Scope::Management | Scope::Server, _) => {}
         }
         if let Some(token) = &self.token {
             let presented = authorization.and_then(bearer);
@@ -195,6 +200,9 @@ impl Access {
                 };
                 return Err(ServeError::new(Class::Unauthorized, "unauthorized", message));
             }
+        }
+        if scope == Scope::Server {
+            return Ok(());
         }
         if self.fleet {
             return Err(ServeError::new(
@@ -311,6 +319,25 @@ mod tests {
         assert_eq!(kind(none.check(l, m, Some(b"Bearer t"), "x")), Some("model_control_disabled"));
         let open = access(None, false, ModelControl::Explicit);
         assert_eq!(kind(open.check(l, m, None, "x")), None);
+    }
+
+    #[test]
+    fn the_server_scope_needs_the_token_and_the_admin_listener_but_not_model_control() {
+        let fleet = access(Some("t"), true, ModelControl::Poll).managed_by_fleet();
+        let none = access(Some("t"), true, ModelControl::None);
+        for a in [&fleet, &none] {
+            assert_eq!(kind(a.check(Listener::Admin, Scope::Server, None, "x")), Some("unauthorized"));
+            assert_eq!(
+                kind(a.check(Listener::Inference, Scope::Server, Some(b"Bearer t"), "x")),
+                Some("wrong_listener")
+            );
+            assert_eq!(kind(a.check(Listener::Admin, Scope::Server, Some(b"Bearer t"), "x")), None);
+        }
+        assert_eq!(
+            kind(fleet.check(Listener::Admin, Scope::Management, Some(b"Bearer t"), "x")),
+            Some("fleet_managed")
+        );
+        assert!(!fleet.is_open(Listener::Admin, Scope::Server) && !fleet.is_open(Listener::Inference, Scope::Server));
     }
 
     #[test]

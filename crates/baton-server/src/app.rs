@@ -60,6 +60,8 @@ pub struct App {
     held: AtomicBool,
     /// The replica's part in a fleet, in cluster mode.
     pub cluster: std::sync::OnceLock<Arc<baton_cluster::Health>>,
+    /// This replica's ID in a fleet, resolved once: an upgrade hands it on.
+    pub replica_id: std::sync::OnceLock<String>,
     shutdown: tokio::sync::watch::Sender<bool>,
     /// What this server hands over to a new binary, once it listens.
     pub upgrade: std::sync::OnceLock<Arc<crate::serve::upgrade::Source>>,
@@ -82,6 +84,7 @@ impl App {
             held: AtomicBool::new(false),
             cluster: std::sync::OnceLock::new(),
             upgrade: std::sync::OnceLock::new(),
+            replica_id: std::sync::OnceLock::new(),
             upgrading: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
         }
@@ -147,10 +150,17 @@ impl App {
         if self.upgrading.swap(true, Ordering::SeqCst) {
             return Err(UpgradeError::Busy("an upgrade is already running"));
         }
-        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within)).await;
+        // In a fleet the new process is the same replica, under the same
+        // lease: the fleet sees no replica leave.
+        let lease = self.cluster.get().and_then(|health| health.lease());
+        let fleet = crate::serve::upgrade::Fleet { replica_id: self.replica_id.get().cloned(), lease };
+        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, &fleet)).await;
         let result = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
         match &result {
             Ok(pid) => {
+                if let (Some(health), Some(lease)) = (self.cluster.get(), lease) {
+                    health.share_lease(Some(lease));
+                }
                 tracing::info!(new_pid = pid, "A new process serves in this one's place; shutting down as on SIGTERM.");
                 let me = rustix::process::getpid();
                 let _ = rustix::process::kill_process(me, rustix::process::Signal::TERM);

@@ -123,16 +123,30 @@ pub fn replica_id(flag: Option<&str>) -> String {
 
 /// Starts the participant on the current runtime; it stops when the app
 /// starts draining. Readiness follows its convergence.
-pub fn start(app: &Arc<App>, args: &ClusterArgs, address: String) -> Option<Arc<Health>> {
+/// `handed` is what the process this one replaces handed on (nothing
+/// outside an upgrade): the replica's ID and lease are taken over.
+pub fn start(
+    app: &Arc<App>,
+    args: &ClusterArgs,
+    address: String,
+    handed: crate::serve::upgrade::Fleet,
+) -> Option<Arc<Health>> {
     let cluster = args.cluster.clone()?;
     let health = Arc::new(Health::default());
+    if let Some(lease) = handed.lease {
+        health.inherit_lease(lease);
+    }
     let ready_app = Arc::clone(app);
     let ready = Arc::new(move |models: Option<BTreeSet<String>>| match models {
         Some(models) => ready_app.release(models),
         None => ready_app.hold(),
     });
     let node = Arc::new(RegistryNode::new(app.registry.clone(), ready));
-    let config = args.replica(&cluster, address, false);
+    let mut config = args.replica(&cluster, address, false);
+    if let Some(id) = handed.replica_id {
+        config.id = id;
+    }
+    let _ = app.replica_id.set(config.id.clone());
     tracing::info!(replica = %config.id, cluster = %config.name, "Taking part in a fleet.");
     let participant = Participant::new(config, node, Arc::clone(&health));
     let stop = app.shutdown_signal();

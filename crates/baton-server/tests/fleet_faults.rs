@@ -4,7 +4,10 @@
 //! rollout` process killed mid-rollout, and etcd restarted while a gray
 //! step is committed. In each case no replica serves a version the fleet
 //! did not commit, every live replica ends on one version, and the live
-//! replicas fail no request.
+//! replicas fail no request. And a replica upgraded to a new process
+//! (`baton upgrade`) during a gray step: the fleet sees the same replica
+//! under the same lease throughout, its coordination goes on, and the
+//! rollout promotes.
 
 mod common;
 
@@ -129,6 +132,18 @@ impl Traffic {
     }
 }
 
+/// Repositories of `s` version 1 that prepare quickly: the default warmup.
+fn quick_repos(count: usize) -> Vec<TestRepo> {
+    (0..count)
+        .map(|_| {
+            let repo = TestRepo::new();
+            repo.add_model("s", &mlp_toml(&slow_mlp(1), ""));
+            repo.publish_mlp("s", 1, &slow_mlp(1));
+            repo
+        })
+        .collect()
+}
+
 /// Starts a replica on each repository (`r1`, `r2`, …), waits until all
 /// are ready, publishes version 2 in every repository and starts traffic
 /// to each.
@@ -213,15 +228,7 @@ fn a_rollout_whose_fleet_process_is_killed_is_finished_by_a_replica() {
 #[test]
 fn etcd_restarted_while_a_step_is_committed_leaves_every_replica_on_one_version() {
     let mut etcd = Etcd::start();
-    // Prepared quickly: the default warmup.
-    let repos: Vec<TestRepo> = (0..2)
-        .map(|_| {
-            let repo = TestRepo::new();
-            repo.add_model("s", &mlp_toml(&slow_mlp(1), ""));
-            repo.publish_mlp("s", 1, &slow_mlp(1));
-            repo
-        })
-        .collect();
+    let repos = quick_repos(2);
     let (replicas, traffic) = fleet_of(&etcd, &repos);
     let guards = ["--min-samples", "1", "--max-error-rate-increase", "0.5"];
     let mut args = vec!["rollout", "s", "--version", "2", "--steps", "50,100", "--interval", "3s"];
@@ -242,5 +249,92 @@ fn etcd_restarted_while_a_step_is_committed_leaves_every_replica_on_one_version(
     });
     for t in traffic {
         t.assert_clean(&[1, 2]);
+    }
+}
+
+#[test]
+fn a_replica_upgraded_while_it_coordinates_a_gray_step_stays_in_the_fleet_and_the_rollout_promotes() {
+    let etcd = Etcd::start();
+    let repos = quick_repos(2);
+    let (replicas, traffic) = fleet_of(&etcd, &repos);
+    let guards = ["--min-samples", "1", "--max-error-rate-increase", "0.5"];
+    let mut args = vec!["rollout", "s", "--version", "2", "--steps", "50,100", "--interval", "6s", "--detach"];
+    args.extend_from_slice(&guards);
+    let detached = fleet_child(&etcd, &args).wait_with_output().expect("baton fleet rollout --detach");
+    assert!(detached.status.success(), "{}", common::text(&detached.stderr));
+    eventually("the first step to be committed", || record(&etcd).filter(|r| r["phase"] == "committed").map(drop));
+    // The replica that coordinates is the one upgraded.
+    let coordinator_key = "/baton/ff/coordinator/s";
+    let held = eventually("a replica to coordinate", || etcd.get_kv(coordinator_key));
+    let holder = read(&etcd, "coordinator/s").and_then(|v| v.as_str().map(str::to_owned)).expect("the holder's id");
+    let upgraded: usize = holder.trim_start_matches('r').parse::<usize>().expect("r1 or r2") - 1;
+    let registration = format!("/baton/ff/replicas/{holder}");
+    let lease_before = etcd.get_kv(&registration).expect("the holder's registration")["lease"].clone();
+
+    // The registration is looked at all through the handover.
+    let stop = AtomicBool::new(false);
+    let _new = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let (mut looks, mut missing) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                looks += 1;
+                missing += u64::from(etcd.get_kv(&registration).is_none());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            (looks, missing)
+        });
+        // Stops the watcher however this closure ends.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let stopping = Stop(&stop);
+        let server = &replicas[upgraded];
+        let answer = common::upgrade::upgrade(server.base(), b"{}");
+        assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+        let new = common::upgrade::Adopted(answer.json()["new_pid"].as_u64().expect("the new pid") as u32);
+        eventually("the old process to exit", || common::upgrade::gone(server.pid()).then_some(()));
+        drop(stopping);
+        let (looks, missing) = watcher.join().expect("the watcher");
+        assert_eq!(missing, 0, "the registration of {holder} was missing {missing} of {looks} times");
+        new
+    });
+    assert_eq!(etcd.get_kv(&registration).expect("the registration")["lease"], lease_before, "the same lease");
+    let still = etcd.get_kv(coordinator_key).expect("the coordinator key");
+    assert_eq!(still["create_revision"], held["create_revision"], "the same tenure: {still} after {held}");
+
+    eventually("the rollout to end", || {
+        record(&etcd).filter(|r| r["phase"] != "committed" && r["phase"] != "preparing")
+    });
+    let done = record(&etcd).expect("a record");
+    assert_eq!(done["phase"], "promoted", "{done}");
+    assert_eq!(desired(&etcd), Some(2));
+    eventually("both serve 2", || replicas.iter().all(|r| serving(r) == (Some(2), false)).then_some(()));
+    for t in traffic {
+        t.assert_clean(&[1, 2]);
+    }
+}
+
+#[test]
+fn a_failed_upgrade_of_a_replica_leaves_its_lease_and_registration_alone() {
+    let etcd = Etcd::start();
+    // The new process takes seconds to warm the model up: the old one
+    // gives up first and stops it, while it takes part in the fleet.
+    let repos = [slow_repo(&[1])];
+    let (replicas, traffic) = fleet_of(&etcd, &repos);
+    let registration = "/baton/ff/replicas/r1";
+    let before = etcd.get_kv(registration).expect("the registration");
+    let refused = common::upgrade::upgrade(replicas[0].base(), br#"{"timeout_s": 1}"#);
+    assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
+    assert!(refused.error().contains("not ready within"), "{}", refused.error());
+    assert!(common::children_of(replicas[0].pid(), "serve").is_empty(), "the new process was not stopped");
+    let after = etcd.get_kv(registration).expect("the registration after the failed upgrade");
+    assert_eq!(after["lease"], before["lease"], "the new process took the replica's lease with it");
+    let metrics = String::from_utf8(replicas[0].get("/metrics").body).expect("UTF-8 metrics");
+    assert_eq!(baton_testkit::server::metric(&metrics, "baton_cluster_leases_lost_total"), Some(0.0), "{metrics}");
+    for t in traffic {
+        t.assert_clean(&[1]);
     }
 }

@@ -203,6 +203,14 @@ impl Etcd {
         Some(STANDARD.decode(value).unwrap_or_else(|e| panic!("etcd sent a value that is not base64 ({e}): {value}")))
     }
 
+    /// The key-value record of `key` as etcd's gateway gives it (base64
+    /// key and value, `create_revision`, `mod_revision`, `lease`, as
+    /// strings), if the key exists.
+    pub fn get_kv(&self, key: &str) -> Option<Value> {
+        let answer = self.gateway("/v3/kv/range", &json!({ "key": STANDARD.encode(key) }));
+        answer["kvs"].get(0).cloned()
+    }
+
     /// Compacts the store's history up to its current revision, as
     /// `etcdctl compact` does: watches that start before it are cancelled.
     /// Returns the revision.

@@ -90,8 +90,6 @@ pub struct Participant<N: Node> {
     required: Lock<Option<BTreeSet<String>>>,
     /// The session writes go through; none while the store is lost.
     session: tokio::sync::watch::Sender<Option<Session>>,
-    /// The lease of the last session, kept when it is still alive.
-    lease: Lock<Option<i64>>,
     /// The registration last written, and under which lease: rewritten
     /// only when it changes.
     registered: Lock<Option<(i64, ReplicaRecord)>>,
@@ -113,7 +111,6 @@ impl<N: Node> Participant<N> {
             models: Lock::default(),
             required: Lock::default(),
             session: tokio::sync::watch::channel(None).0,
-            lease: Lock::default(),
             registered: Lock::default(),
             reported: Lock::default(),
             tasks: Lock::default(),
@@ -191,7 +188,7 @@ impl<N: Node> Participant<N> {
                     let error = ended.unwrap_or_else(|e| ClusterError::Unreachable(format!("the keep-alive task ended: {e}")));
                     if matches!(error, ClusterError::LeaseLost(_)) {
                         self.health.lease_lost();
-                        *self.lease.lock() = None;
+                        self.health.set_lease(None);
                     }
                     return Err(error);
                 }
@@ -213,8 +210,13 @@ impl<N: Node> Participant<N> {
                 _ = stop.changed() => {
                     if *stop.borrow() {
                         self.election.stop_all();
-                        let _ = store.revoke(lease).await;
-                        *self.lease.lock() = None;
+                        // A lease shared with the process that replaces
+                        // this one (or that this one failed to replace)
+                        // lives on in it.
+                        if !self.health.shares(lease) {
+                            let _ = store.revoke(lease).await;
+                        }
+                        self.health.set_lease(None);
                         return Ok(());
                     }
                 }
@@ -222,11 +224,12 @@ impl<N: Node> Participant<N> {
         }
     }
 
-    /// The lease to act under: the last session's while it is alive (so
-    /// the registration, acks and coordinator keys under it stay), else a
-    /// new one.
+    /// The lease to act under: the last session's, or the one inherited
+    /// from the process this one replaces, while it is alive (so the
+    /// registration, acks and coordinator keys under it stay), else a new
+    /// one.
     async fn lease_for(&self, store: &Store) -> Result<i64, ClusterError> {
-        let previous = *self.lease.lock();
+        let previous = self.health.lease();
         if let Some(lease) = previous {
             if store.renew(lease).await? {
                 return Ok(lease);
@@ -235,7 +238,7 @@ impl<N: Node> Participant<N> {
             tracing::warn!(replica = %self.config.id, lease = format!("{lease:x}"), "The replica's lease expired while the store was lost; registering again.");
         }
         let lease = store.grant(self.config.lease_ttl).await?;
-        *self.lease.lock() = Some(lease);
+        self.health.set_lease(Some(lease));
         *self.registered.lock() = None;
         Ok(lease)
     }

@@ -65,10 +65,11 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/models/{name}/rollout/pause", post(rollout::pause))
         .route("/baton/v1/models/{name}/rollout/resume", post(rollout::resume))
         .route("/baton/v1/models/{name}/rollout/promote", post(rollout::promote))
-        .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort))
-        .route("/baton/v1/upgrade", post(manage::upgrade));
+        .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort));
+    let server = Router::new().route("/baton/v1/upgrade", post(manage::upgrade));
     open.merge(guarded(inference, &access, listener, Scope::Inference))
         .merge(guarded(management, &access, listener, Scope::Management))
+        .merge(guarded(server, &access, listener, Scope::Server))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)

@@ -326,7 +326,8 @@ async fn serve(
         admin_http: admin_http.as_ref().map(|(_, a)| *a),
         admin_grpc: admin_grpc.as_ref().map(|(_, a)| *a),
     };
-    if let Some(health) = crate::cluster::start(&app, &args.cluster, format!("http://{address}")) {
+    let handed = target.as_ref().map(|t| t.fleet.clone()).unwrap_or_default();
+    if let Some(health) = crate::cluster::start(&app, &args.cluster, format!("http://{address}"), handed) {
         let _ = app.cluster.set(health);
     }
     listening(&bound);
@@ -367,6 +368,10 @@ async fn serve(
     let servers = async { futures_util::future::try_join_all(servers).await.map(drop) };
     if let Some(target) = target {
         target.ready();
+        // The lease is this process's own from now on.
+        if let Some(health) = app.cluster.get() {
+            health.share_lease(None);
+        }
     }
     let grace = Duration::from_secs(args.shutdown_timeout);
     shutdown::drain(&app, servers, watcher, grace).await?;

@@ -30,12 +30,28 @@ pub const FD_ENV: &str = "BATON_UPGRADE_FD";
 #[derive(Debug, Serialize, Deserialize)]
 enum Message {
     /// Old to new: the listening sockets, named, their descriptors attached
-    /// in order.
-    Listeners { names: Vec<String> },
+    /// in order, and the replica's place in a fleet.
+    Listeners {
+        names: Vec<String>,
+        #[serde(default)]
+        fleet: Fleet,
+    },
     /// New to old: it serves.
     Ready { pid: u32 },
     /// New to old: it could not become ready, and exits.
     Failed { reason: String },
+}
+
+/// What a replica of a fleet hands on: its ID, resolved once (the new
+/// process is the same replica, whatever its environment would make of
+/// it), and its live lease, under which its registration, acks and
+/// coordinator keys stay where they are through the handover.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Fleet {
+    /// The replica's ID.
+    pub replica_id: Option<String>,
+    /// The lease it acts under now.
+    pub lease: Option<i64>,
 }
 
 /// Why an upgrade did not happen; the old process serves on.
@@ -91,9 +107,10 @@ impl Source {
     }
 
     /// Starts `binary` (this server's own path by default) with this
-    /// server's arguments, hands it the listeners, and waits up to
-    /// `within` for it to be ready. Blocking. Returns its pid.
-    pub fn hand_over(&self, binary: Option<PathBuf>, within: Duration) -> Result<u32, UpgradeError> {
+    /// server's arguments, hands it the listeners and the replica's place
+    /// in a fleet, and waits up to `within` for it to be ready. Blocking.
+    /// Returns its pid.
+    pub fn hand_over(&self, binary: Option<PathBuf>, within: Duration, fleet: &Fleet) -> Result<u32, UpgradeError> {
         let binary = binary.unwrap_or_else(|| self.binary.clone());
         let (ours, theirs) = Channel::pair().map_err(UpgradeError::Channel)?;
         let fd = theirs.inheritable().map_err(UpgradeError::Channel)?;
@@ -105,8 +122,8 @@ impl Source {
         let mut child = Stopped(Some(child));
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
         let fds: Vec<_> = self.listeners.iter().map(|(_, fd)| fd.as_fd()).collect();
-        let message =
-            serde_json::to_vec(&Message::Listeners { names }).map_err(|e| UpgradeError::Failed(e.to_string()))?;
+        let message = serde_json::to_vec(&Message::Listeners { names, fleet: fleet.clone() })
+            .map_err(|e| UpgradeError::Failed(e.to_string()))?;
         if let Err(error) = ours.send(&message, &fds) {
             return Err(child.exited().unwrap_or(UpgradeError::Channel(error)));
         }
@@ -184,6 +201,8 @@ pub type Sockets = Vec<(String, OwnedFd)>;
 /// The new process's side: the server it replaces.
 pub struct Target {
     channel: Channel,
+    /// The replica's place in a fleet, handed on.
+    pub fleet: Fleet,
 }
 
 impl Target {
@@ -198,11 +217,11 @@ impl Target {
         let channel = unsafe { Channel::inherited(fd) }?;
         let mut buffer = Vec::new();
         let fds = channel.recv(&mut buffer)?.ok_or_else(|| anyhow::anyhow!("the old server closed the channel"))?;
-        let Message::Listeners { names } = serde_json::from_slice(&buffer)? else {
+        let Message::Listeners { names, fleet } = serde_json::from_slice(&buffer)? else {
             anyhow::bail!("the old server sent something else than its listeners");
         };
         anyhow::ensure!(names.len() == fds.len(), "{} listeners named, {} sent", names.len(), fds.len());
-        Ok(Some((Target { channel }, names.into_iter().zip(fds).collect())))
+        Ok(Some((Target { channel, fleet }, names.into_iter().zip(fds).collect())))
     }
 
     /// Waits until `app` is ready (every model it must serve serves); says
