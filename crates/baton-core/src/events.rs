@@ -136,6 +136,10 @@ pub enum Operation {
     Unload,
     /// A kept previous version dropped from the routing table.
     Retire,
+    /// A version through the whole load transaction, then kept beside the
+    /// stable version for rollback, without serving: how a new process
+    /// of an upgrade takes over the old one's kept versions.
+    Keep,
     /// A candidate through the whole load transaction, then into a rollout
     /// beside the stable version.
     Rollout,

@@ -154,7 +154,18 @@ impl App {
         // lease: the fleet sees no replica leave.
         let lease = self.cluster.get().and_then(|health| health.lease());
         let fleet = crate::serve::upgrade::Fleet { replica_id: self.replica_id.get().cloned(), lease };
-        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, &fleet)).await;
+        // The new process keeps what this one keeps for rollback.
+        let kept: crate::serve::upgrade::Kept = self
+            .registry
+            .statuses()
+            .into_iter()
+            .filter(|status| !status.previous.is_empty())
+            .map(|status| (status.name, status.previous))
+            .collect();
+        // The new process takes each rollout up where the state file has
+        // it: no rollout here moves on meanwhile.
+        self.registry.hold_rollouts(true);
+        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, (&fleet, &kept))).await;
         let result = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
         match &result {
             Ok(pid) => {
@@ -167,6 +178,7 @@ impl App {
             }
             Err(error) => {
                 tracing::warn!(%error, "The upgrade did not happen; this process serves on.");
+                self.registry.hold_rollouts(false);
                 self.upgrading.store(false, Ordering::SeqCst);
             }
         }

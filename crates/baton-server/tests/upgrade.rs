@@ -182,3 +182,23 @@ fn an_upgrade_during_a_rollout_carries_it_over_at_its_step() {
     assert!(failed.is_empty(), "{failed:?}");
     assert!(answered > 0);
 }
+
+#[test]
+fn the_new_process_keeps_the_versions_the_old_one_kept_for_rollback() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    repo.publish_mlp("m", 2, &common::mlp(2));
+    server.wait_settled("m", 2);
+    assert_eq!(server.status("m")["previous"], serde_json::json!([1]), "the old process keeps 1");
+    let answer = upgrade(server.base(), b"{}");
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let _new = Adopted(answer.json()["new_pid"].as_u64().unwrap() as u32);
+    server.wait_exit();
+    let status = Client::new(server.base()).get("/baton/v1/models/m/status").json();
+    assert_eq!((status["serving"].as_u64(), status["previous"].clone()), (Some(2), serde_json::json!([1])), "{status}");
+    // A rollback right after the upgrade goes back to it, without a load.
+    let rolled = Client::new(server.base()).post_json("/baton/v1/models/m/rollback", &serde_json::json!({}));
+    assert_eq!(rolled.status, 200, "{}", common::text(&rolled.body));
+    assert_eq!(common::infer(&server, "m", &sample_input(SIZES[0], 1, 4), 1).0, 1);
+}

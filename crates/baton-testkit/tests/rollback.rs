@@ -83,3 +83,35 @@ fn keep_previous_bounds_the_versions_kept() {
     assert_eq!(registry.status("m").unwrap().serving, Some(2));
     assert!(registry.status("m").unwrap().previous.is_empty());
 }
+
+#[test]
+fn a_kept_version_loads_behind_the_stable_one_and_rolls_back_like_any_other() {
+    let repo = TestRepo::new();
+    let mlp = |v| Mlp::new(&[4, 4, 1], v);
+    repo.add_model("m", &mlp_toml(&mlp(1), "[policy]\nkeep_previous = 2"));
+    for v in 1..=4 {
+        repo.publish_mlp("m", v, &mlp(v));
+    }
+    let registry = registry(repo.root());
+    let refused = registry.keep("m", 3).unwrap_err();
+    assert!(matches!(refused, LoadError::NotLoaded { .. }), "no stable version to keep beside: {refused}");
+    registry.load("m", Some(4)).unwrap().wait().unwrap();
+    // Kept newest first, as an upgrade hands them on.
+    for v in [3, 2] {
+        let report = registry.keep("m", v).unwrap().wait().unwrap();
+        assert_eq!((report.operation, report.version), (Operation::Keep, Some(v)));
+        assert!(report.stage(Stage::Warmup).is_some(), "the whole load transaction");
+    }
+    let status = registry.status("m").unwrap();
+    assert_eq!((status.serving, status.previous), (Some(4), vec![3, 2]));
+    // Beyond keep_previous, or one already there: nothing changes.
+    registry.keep("m", 1).unwrap().wait().unwrap();
+    registry.keep("m", 3).unwrap().wait().unwrap();
+    assert_eq!(registry.status("m").unwrap().previous, vec![3, 2]);
+    let report = registry.rollback("m").unwrap().wait().unwrap();
+    assert_eq!((report.version, report.replaced), (Some(3), Some(4)));
+    let input = sample_input(4, 1, 5);
+    let (version, output) = infer_mlp(&registry.snapshot(), "m", &input, 1).unwrap();
+    assert_eq!(version, 3);
+    assert!(max_diff(&output, &mlp(3).forward(&input, 1)) < 1e-5);
+}

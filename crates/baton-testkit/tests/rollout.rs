@@ -307,3 +307,22 @@ fn a_shadow_never_answers_and_its_drift_rolls_it_back() {
         baton_core::sync::misuses().into_iter().filter(|m| m.thread.as_deref() == Some("baton-shadow")).collect();
     assert!(misused.is_empty(), "the lowered shadow runner took a serving lock: {misused:?}");
 }
+
+#[test]
+fn held_rollouts_do_not_move_until_released_then_judge_the_windows_that_ended() {
+    let mlp = Mlp::new(&[8, 16, 1], 1);
+    let (_repo, registry) = two_versions(&mlp, &mlp, &section("10, 100", 100, 1, ""));
+    registry.hold_rollouts(true);
+    registry.start_rollout("m", RolloutStart { version: Some(2), ..RolloutStart::default() }).unwrap().wait().unwrap();
+    let traffic = Traffic::start(&registry);
+    // Ten windows' time: held, none is judged.
+    std::thread::sleep(Duration::from_millis(1000));
+    let status = registry.status("m").unwrap().rollout.unwrap();
+    assert_eq!((status.phase, status.step), (Phase::Running, 0), "a held rollout moved");
+    let mut events = registry.subscribe();
+    registry.hold_rollouts(false);
+    let event = wait_for_event(&mut events, LONG, |e| decision(e).is_some_and(|d| d.action != Action::Started));
+    let (sent, failed) = traffic.stop();
+    assert_eq!(failed, 0, "{failed} of {sent} requests failed");
+    assert!(matches!(decision(&event).unwrap().action, Action::Advanced | Action::Held), "{event:?}");
+}

@@ -314,6 +314,30 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
     agent.send(move || run.commit_then_drain(change, finish));
 }
 
+/// Keep: `number` through the whole transaction, then behind the kept
+/// versions of the model's route by one store; the stable version stays.
+/// A version the route already has, or one beyond `keep_previous`, is
+/// dropped instead.
+pub(crate) fn keep(inner: Arc<Inner>, busy: Busy, number: u64, reply: Reply, heap: HeapLease) {
+    let mut run = Run::new(inner, busy, Operation::Keep);
+    let mut heap = Some(heap);
+    let (version, keep, timeout) = match caught(&mut run, |run| prepare(run, Some(number), &mut heap, false)) {
+        Ok(prepared) => prepared,
+        Err(error) => return run.fail(error, reply),
+    };
+    let finish = Finish::loaded(timeout, &version, reply);
+    let model = run.model().to_owned();
+    let change: Change = Box::new(move |models| {
+        let route = models.get_mut(&model)?;
+        if route.versions().all(|v| v.number() != number) && route.previous.len() < keep {
+            route.previous.push(version);
+        }
+        None
+    });
+    let agent = run.inner.agent.clone();
+    agent.send(move || run.commit_then_drain(change, finish));
+}
+
 /// The error for a model the table does not serve and the source says is
 /// not there; `None` when either knows it (or the source cannot tell).
 fn unknown_model(inner: &Inner, model: &str) -> Option<LoadError> {

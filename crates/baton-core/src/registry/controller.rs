@@ -39,6 +39,9 @@ impl Inner {
     /// what each decision changes. A model another operation holds is
     /// judged on a later tick.
     pub(super) fn judge_due_windows(self: &Arc<Self>) {
+        if self.rollouts_held.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let now = std::time::Instant::now();
         let due: Vec<String> =
             self.rollouts.lock().iter().filter(|(_, p)| p.due(now)).map(|(m, _)| m.clone()).collect();

@@ -201,6 +201,9 @@ pub(crate) struct Inner {
     pub(crate) releaser: Releaser,
     /// The controller's state of each rollout in progress.
     pub(crate) rollouts: Lock<BTreeMap<String, Progress>>,
+    /// Whether the controller holds its judgements (see
+    /// [`Registry::hold_rollouts`]).
+    pub(crate) rollouts_held: std::sync::atomic::AtomicBool,
     /// The nice value, and whether `SCHED_IDLE`, of lowered threads.
     pub(crate) lowering: (i32, bool),
     pub(crate) step_aside: StepAside,
@@ -249,6 +252,7 @@ impl Registry {
             memory,
             releaser,
             rollouts: Lock::new(BTreeMap::new()),
+            rollouts_held: std::sync::atomic::AtomicBool::new(false),
             lowering: (nice, idle),
             step_aside: config.step_aside,
             memory_budget: config.memory_budget,
@@ -258,6 +262,15 @@ impl Registry {
         controller::start_controller(&inner);
         exits::start(&inner, jobs.clone());
         Registry { inner, jobs }
+    }
+
+    /// Holds every rollout's judgements (`true`) or lets them go on: while
+    /// held, a window that ends is not judged, so no rollout changes step;
+    /// once released, the windows that ended meanwhile are judged at once.
+    /// For an upgrade: the new process takes the rollouts up where the
+    /// state file left them, so this one must not move them meanwhile.
+    pub fn hold_rollouts(&self, held: bool) {
+        self.inner.rollouts_held.store(held, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The current routing table. Take it once per request and use it for
@@ -315,6 +328,25 @@ impl Registry {
         let job: Job = Box::new(move || {
             let step_aside = inner.step_aside;
             crate::heap::build_on_own_heap(step_aside, move |heap| pipeline::load(inner, busy, version, tx, heap))
+        });
+        self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
+        Ok(LoadHandle { rx })
+    }
+
+    /// Loads `version` through the whole transaction and keeps it for
+    /// rollback behind the versions already kept, without serving it: the
+    /// stable version does not change. Refused for a model that serves no
+    /// stable version.
+    pub fn keep(&self, model: &str, version: u64) -> Result<LoadHandle, LoadError> {
+        let busy = Busy::take(&self.inner, model)?;
+        if self.inner.current().model(model).is_none() {
+            return Err(LoadError::NotLoaded { model: model.to_owned() });
+        }
+        let (tx, rx) = oneshot::channel();
+        let inner = Arc::clone(&self.inner);
+        let job: Job = Box::new(move || {
+            let step_aside = inner.step_aside;
+            crate::heap::build_on_own_heap(step_aside, move |heap| pipeline::keep(inner, busy, version, tx, heap))
         });
         self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
         Ok(LoadHandle { rx })

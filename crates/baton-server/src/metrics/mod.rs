@@ -368,6 +368,7 @@ impl Metrics {
                     Operation::Rollback => *loads.rollbacks.entry(model.clone()).or_default() += 1,
                     Operation::Unload
                     | Operation::Retire
+                    | Operation::Keep
                     | Operation::Rollout
                     | Operation::Promote
                     | Operation::Abort => {}

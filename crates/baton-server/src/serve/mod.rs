@@ -354,6 +354,7 @@ async fn serve(
     // Replacing a running server: it accepts until this one is ready.
     if let Some(target) = &target {
         target.await_ready(&app).await?;
+        target.keep(&app).await;
     }
     let mut servers: Vec<Served> = vec![
         Box::pin(serve_http(Arc::clone(&app), listener, Arc::clone(&access), Listener::Inference)),

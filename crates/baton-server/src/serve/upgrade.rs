@@ -35,6 +35,8 @@ enum Message {
         names: Vec<String>,
         #[serde(default)]
         fleet: Fleet,
+        #[serde(default)]
+        kept: Kept,
     },
     /// New to old: it serves.
     Ready { pid: u32 },
@@ -53,6 +55,9 @@ pub struct Fleet {
     /// The lease it acts under now.
     pub lease: Option<i64>,
 }
+
+/// The versions each model keeps for rollback, newest first.
+pub type Kept = std::collections::BTreeMap<String, Vec<u64>>;
 
 /// Why an upgrade did not happen; the old process serves on.
 #[derive(Debug, thiserror::Error)]
@@ -107,10 +112,15 @@ impl Source {
     }
 
     /// Starts `binary` (this server's own path by default) with this
-    /// server's arguments, hands it the listeners and the replica's place
-    /// in a fleet, and waits up to `within` for it to be ready. Blocking.
-    /// Returns its pid.
-    pub fn hand_over(&self, binary: Option<PathBuf>, within: Duration, fleet: &Fleet) -> Result<u32, UpgradeError> {
+    /// server's arguments, hands it the listeners, the replica's place in
+    /// a fleet and the versions kept for rollback, and waits up to `within`
+    /// for it to be ready. Blocking. Returns its pid.
+    pub fn hand_over(
+        &self,
+        binary: Option<PathBuf>,
+        within: Duration,
+        (fleet, kept): (&Fleet, &Kept),
+    ) -> Result<u32, UpgradeError> {
         let binary = binary.unwrap_or_else(|| self.binary.clone());
         let (ours, theirs) = Channel::pair().map_err(UpgradeError::Channel)?;
         let fd = theirs.inheritable().map_err(UpgradeError::Channel)?;
@@ -122,7 +132,7 @@ impl Source {
         let mut child = Stopped(Some(child));
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
         let fds: Vec<_> = self.listeners.iter().map(|(_, fd)| fd.as_fd()).collect();
-        let message = serde_json::to_vec(&Message::Listeners { names, fleet: fleet.clone() })
+        let message = serde_json::to_vec(&Message::Listeners { names, fleet: fleet.clone(), kept: kept.clone() })
             .map_err(|e| UpgradeError::Failed(e.to_string()))?;
         if let Err(error) = ours.send(&message, &fds) {
             return Err(child.exited().unwrap_or(UpgradeError::Channel(error)));
@@ -203,6 +213,8 @@ pub struct Target {
     channel: Channel,
     /// The replica's place in a fleet, handed on.
     pub fleet: Fleet,
+    /// The versions the old server keeps for rollback.
+    kept: Kept,
 }
 
 impl Target {
@@ -217,11 +229,11 @@ impl Target {
         let channel = unsafe { Channel::inherited(fd) }?;
         let mut buffer = Vec::new();
         let fds = channel.recv(&mut buffer)?.ok_or_else(|| anyhow::anyhow!("the old server closed the channel"))?;
-        let Message::Listeners { names, fleet } = serde_json::from_slice(&buffer)? else {
+        let Message::Listeners { names, fleet, kept } = serde_json::from_slice(&buffer)? else {
             anyhow::bail!("the old server sent something else than its listeners");
         };
         anyhow::ensure!(names.len() == fds.len(), "{} listeners named, {} sent", names.len(), fds.len());
-        Ok(Some((Target { channel, fleet }, names.into_iter().zip(fds).collect())))
+        Ok(Some((Target { channel, fleet, kept }, names.into_iter().zip(fds).collect())))
     }
 
     /// Waits until `app` is ready (every model it must serve serves); says
@@ -252,6 +264,25 @@ impl Target {
                 anyhow::bail!("taking over from the running server: {why}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Loads the versions the old server keeps for rollback, each through
+    /// the whole load transaction, and keeps them behind the stable
+    /// version, as the old server does. A version that cannot be loaded
+    /// (its files are gone, say) is left out with a warning: the upgrade
+    /// goes on, since what serves is unchanged.
+    pub async fn keep(&self, app: &App) {
+        for (model, versions) in &self.kept {
+            for &version in versions {
+                let kept = match app.registry.keep(model, version) {
+                    Ok(handle) => handle.finished().await.map(drop),
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = kept {
+                    tracing::warn!(model, version, %error, "A version the old server kept could not be kept here.");
+                }
+            }
         }
     }
 
