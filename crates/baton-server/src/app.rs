@@ -137,10 +137,14 @@ impl App {
     /// Replaces this server with `binary` (its own by default), waiting up
     /// to `within` for the new process to be ready; then shuts down as on
     /// SIGTERM. Returns the new process's pid. On failure nothing changes.
+    /// `cold`: the new process gets the sockets at once and loads only
+    /// once this one has drained and exited, so the two never hold the
+    /// models together; this one shuts down at once.
     pub async fn upgrade(
         &self,
         binary: Option<std::path::PathBuf>,
         within: std::time::Duration,
+        cold: bool,
     ) -> Result<u32, crate::serve::upgrade::UpgradeError> {
         use crate::serve::upgrade::UpgradeError;
         let source = self.upgrade.get().cloned().ok_or(UpgradeError::Busy("this server cannot hand itself over"))?;
@@ -165,7 +169,7 @@ impl App {
         // The new process takes each rollout up where the state file has
         // it: no rollout here moves on meanwhile.
         self.registry.hold_rollouts(true);
-        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, (&fleet, &kept))).await;
+        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, (&fleet, &kept), cold)).await;
         let result = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
         match &result {
             Ok(pid) => {

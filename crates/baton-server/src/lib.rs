@@ -98,6 +98,13 @@ enum Command {
         /// How long the new process may take to be ready, in seconds.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
+        /// The old process drains and exits before the new one loads, so
+        /// the two never hold the models together (for a machine without
+        /// room for both); connections wait in the sockets' backlog
+        /// meanwhile, and a new process that fails has nothing to fall
+        /// back on.
+        #[arg(long)]
+        cold: bool,
         #[command(flatten)]
         target: cli::Target,
     },
@@ -208,7 +215,7 @@ pub fn main() -> ExitCode {
         Command::Rollback { name, target } => cli::rollback(&target, &name),
         Command::Pin { name, version, target } => cli::pin(&target, &name, version),
         Command::Unpin { name, target } => cli::unpin(&target, &name),
-        Command::Upgrade { binary, timeout, target } => cli::upgrade(&target, binary.as_deref(), timeout),
+        Command::Upgrade { binary, timeout, cold, target } => cli::upgrade(&target, binary.as_deref(), timeout, cold),
         Command::Rollout(args) => cli::rollout(&args),
         Command::Fleet(args) => cli::fleet(&args),
         Command::Events { json, target } => cli::events(&target, json),

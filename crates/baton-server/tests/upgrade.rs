@@ -202,3 +202,30 @@ fn the_new_process_keeps_the_versions_the_old_one_kept_for_rollback() {
     assert_eq!(rolled.status, 200, "{}", common::text(&rolled.body));
     assert_eq!(common::infer(&server, "m", &sample_input(SIZES[0], 1, 4), 1).0, 1);
 }
+
+#[test]
+fn a_cold_upgrade_loads_only_once_the_old_process_has_exited_and_fails_no_request() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let traffic = Traffic::start(server.base());
+    let answer = upgrade(server.base(), br#"{"cold": true}"#);
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    assert_eq!(answer.json()["cold"], true);
+    let new = Adopted(answer.json()["new_pid"].as_u64().unwrap() as u32);
+    server.wait_exit();
+    baton_testkit::server::eventually("the new process to serve", || {
+        let status = Client::new(server.base()).try_get("/baton/v1/status").ok()?.json();
+        (status["pid"] == new.0 && status["ready"] == true).then_some(())
+    });
+    let (answered, failed) = traffic.stop();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(answered > 0);
+    // In the log both processes share: the old one stopped before the new
+    // one loaded anything.
+    let log = server.log();
+    let waiting = log.find("Waiting for the server this one replaces to exit").expect("the new process waited");
+    let after = &log[waiting..];
+    let (stopped, loaded) = (after.find("baton stopped."), after.find("Model operation finished"));
+    assert!(stopped.is_some() && loaded.is_some() && stopped < loaded, "{after}");
+}

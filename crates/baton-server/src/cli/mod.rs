@@ -130,19 +130,40 @@ pub fn unpin(target: &Target, model: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `baton upgrade [--binary PATH] [--timeout S]`.
-pub fn upgrade(target: &Target, binary: Option<&std::path::Path>, timeout_s: u64) -> anyhow::Result<()> {
-    let mut body = json!({ "timeout_s": timeout_s });
+/// `baton upgrade [--binary PATH] [--timeout S] [--cold]`.
+pub fn upgrade(target: &Target, binary: Option<&std::path::Path>, timeout_s: u64, cold: bool) -> anyhow::Result<()> {
+    let mut body = json!({ "timeout_s": timeout_s, "cold": cold });
     if let Some(binary) = binary {
         let binary = std::path::absolute(binary)?;
         body["binary"] = json!(binary);
     }
     let answer = target.admin()?.post_json("/baton/v1/upgrade", &body)?;
-    println!(
-        "Upgraded: process {} serves in place of {} (handover {} ms).",
-        answer["new_pid"], answer["old_pid"], answer["took_ms"]
-    );
-    Ok(())
+    if !cold {
+        println!(
+            "Upgraded: process {} serves in place of {} (handover {} ms).",
+            answer["new_pid"], answer["old_pid"], answer["took_ms"]
+        );
+        return Ok(());
+    }
+    // The new process loads once the old one has exited: follow it.
+    println!("Process {} drains and exits; process {} loads then.", answer["old_pid"], answer["new_pid"]);
+    let started = std::time::Instant::now();
+    let client = target.client()?;
+    loop {
+        if let Ok(status) = client.get_json("/baton/v1/status")
+            && status["pid"] == answer["new_pid"]
+            && status["ready"] == true
+        {
+            println!("Upgraded: process {} serves ({} ms).", answer["new_pid"], started.elapsed().as_millis());
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < std::time::Duration::from_secs(timeout_s),
+            "process {} was not ready within {timeout_s} s; see its log",
+            answer["new_pid"]
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// `baton events`: one line per event until the server closes the stream.

@@ -118,18 +118,22 @@ pub async fn events(
 }
 
 /// `POST /baton/v1/upgrade`, with an optional `{"binary": PATH,
-/// "timeout_s": N}`: replaces this server with a new process of `binary`
-/// (this server's own, as on disk now, by default) that takes over its
-/// listening sockets once it is ready, within `timeout_s` (600). Answers
-/// with both pids once the new process serves; this one then shuts down
-/// as on SIGTERM. When the new process fails, nothing changes: 422
+/// "timeout_s": N, "cold": BOOL}`: replaces this server with a new process
+/// of `binary` (this server's own, as on disk now, by default) that takes
+/// over its listening sockets once it is ready, within `timeout_s` (600).
+/// Answers with both pids once the new process serves; this one then shuts
+/// down as on SIGTERM. When the new process fails, nothing changes: 422
 /// `upgrade_failed` says why; 409 `upgrade_in_progress` when one runs.
+/// `cold`: answers once the new process has the sockets; this one drains
+/// and exits, and the new one loads only then.
 pub async fn upgrade(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Value>, ApiError> {
     #[derive(serde::Deserialize, Default)]
     #[serde(deny_unknown_fields)]
     struct Request {
         binary: Option<std::path::PathBuf>,
         timeout_s: Option<u64>,
+        #[serde(default)]
+        cold: bool,
     }
     let request: Request = if body.iter().all(u8::is_ascii_whitespace) {
         Request::default()
@@ -139,11 +143,12 @@ pub async fn upgrade(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Va
     };
     let within = Duration::from_secs(request.timeout_s.unwrap_or(600).max(1));
     let began = std::time::Instant::now();
-    match app.upgrade(request.binary, within).await {
+    match app.upgrade(request.binary, within, request.cold).await {
         Ok(new_pid) => Ok(Json(json!({
             "old_pid": std::process::id(),
             "new_pid": new_pid,
             "took_ms": began.elapsed().as_millis(),
+            "cold": request.cold,
         }))),
         Err(error) => {
             let class = if error.kind() == "upgrade_in_progress" { Class::Conflict } else { Class::Unprocessable };

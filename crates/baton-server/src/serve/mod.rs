@@ -39,6 +39,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         None => (None, listeners::Passed::from_env()?),
     };
     passed.apply(&mut args);
+    // A cold handover: nothing loads here until the old server has freed
+    // its memory by exiting. Connections wait in the sockets' backlog.
+    if let Some(target) = target.as_ref().filter(|t| t.cold) {
+        tracing::info!("Waiting for the server this one replaces to exit before loading (a cold upgrade).");
+        target.await_old_exit();
+    }
     let (control, access) = access(&args)?;
     let repo = Repo::open(&args)?;
     let decisions = decisions(&args, &repo.state_root)?;
@@ -353,8 +359,13 @@ async fn serve(
 
     // Replacing a running server: it accepts until this one is ready.
     if let Some(target) = &target {
-        target.await_ready(&app).await?;
-        target.keep(&app).await;
+        match target.await_ready(&app).await {
+            Ok(()) => target.keep(&app).await,
+            // After a cold handover there is no old server to fall back
+            // on: this one serves, not ready, as any start whose load failed.
+            Err(error) if target.cold => tracing::warn!(%error, "Serving though not ready."),
+            Err(error) => return Err(error),
+        }
     }
     let mut servers: Vec<Served> = vec![
         Box::pin(serve_http(Arc::clone(&app), listener, Arc::clone(&access), Listener::Inference)),

@@ -37,6 +37,10 @@ enum Message {
         fleet: Fleet,
         #[serde(default)]
         kept: Kept,
+        /// A cold handover: the old process drains and exits first, and
+        /// the new one loads only then.
+        #[serde(default)]
+        cold: bool,
     },
     /// New to old: it serves.
     Ready { pid: u32 },
@@ -99,6 +103,8 @@ pub struct Source {
     listeners: Sockets,
     binary: PathBuf,
     args: Vec<OsString>,
+    /// Channels of cold handovers, held open until this process exits.
+    held: std::sync::Mutex<Vec<Channel>>,
 }
 
 impl Source {
@@ -108,18 +114,25 @@ impl Source {
         let binary = std::env::current_exe()?;
         // A binary replaced on disk reads "PATH (deleted)": the new one is at PATH.
         let binary = PathBuf::from(binary.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
-        Ok(Source { listeners, binary, args: std::env::args_os().skip(1).collect() })
+        let args = std::env::args_os().skip(1).collect();
+        Ok(Source { listeners, binary, args, held: std::sync::Mutex::default() })
     }
 
     /// Starts `binary` (this server's own path by default) with this
     /// server's arguments, hands it the listeners, the replica's place in
     /// a fleet and the versions kept for rollback, and waits up to `within`
     /// for it to be ready. Blocking. Returns its pid.
+    ///
+    /// `cold`: returns once the sockets are handed over, without waiting;
+    /// the new process loads only after this one has exited, which it
+    /// learns when the channel closes, so the channel is left open until
+    /// this process ends.
     pub fn hand_over(
         &self,
         binary: Option<PathBuf>,
         within: Duration,
         (fleet, kept): (&Fleet, &Kept),
+        cold: bool,
     ) -> Result<u32, UpgradeError> {
         let binary = binary.unwrap_or_else(|| self.binary.clone());
         let (ours, theirs) = Channel::pair().map_err(UpgradeError::Channel)?;
@@ -132,10 +145,16 @@ impl Source {
         let mut child = Stopped(Some(child));
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
         let fds: Vec<_> = self.listeners.iter().map(|(_, fd)| fd.as_fd()).collect();
-        let message = serde_json::to_vec(&Message::Listeners { names, fleet: fleet.clone(), kept: kept.clone() })
-            .map_err(|e| UpgradeError::Failed(e.to_string()))?;
+        let message = Message::Listeners { names, fleet: fleet.clone(), kept: kept.clone(), cold };
+        let message = serde_json::to_vec(&message).map_err(|e| UpgradeError::Failed(e.to_string()))?;
         if let Err(error) = ours.send(&message, &fds) {
             return Err(child.exited().unwrap_or(UpgradeError::Channel(error)));
+        }
+        if cold {
+            let pid = child.0.take().map_or(0, |c| c.id());
+            // Closed when this process exits: the new one's signal to load.
+            self.held.lock().unwrap_or_else(|e| e.into_inner()).push(ours);
+            return Ok(pid);
         }
         let deadline = Instant::now() + within;
         let mut buffer = Vec::new();
@@ -215,6 +234,8 @@ pub struct Target {
     pub fleet: Fleet,
     /// The versions the old server keeps for rollback.
     kept: Kept,
+    /// Whether the old server drains and exits before this one loads.
+    pub cold: bool,
 }
 
 impl Target {
@@ -229,11 +250,28 @@ impl Target {
         let channel = unsafe { Channel::inherited(fd) }?;
         let mut buffer = Vec::new();
         let fds = channel.recv(&mut buffer)?.ok_or_else(|| anyhow::anyhow!("the old server closed the channel"))?;
-        let Message::Listeners { names, fleet, kept } = serde_json::from_slice(&buffer)? else {
+        let Message::Listeners { names, fleet, kept, cold } = serde_json::from_slice(&buffer)? else {
             anyhow::bail!("the old server sent something else than its listeners");
         };
         anyhow::ensure!(names.len() == fds.len(), "{} listeners named, {} sent", names.len(), fds.len());
-        Ok(Some((Target { channel, fleet, kept }, names.into_iter().zip(fds).collect())))
+        Ok(Some((Target { channel, fleet, kept, cold }, names.into_iter().zip(fds).collect())))
+    }
+
+    /// In a cold handover: waits until the old server has exited (its end
+    /// of the channel closes), so that its memory is free before this
+    /// process loads anything. Blocking; the old server bounds its drain.
+    pub fn await_old_exit(&self) {
+        let mut buffer = Vec::new();
+        loop {
+            match self.channel.readable_within(Duration::from_secs(3600)) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(_) => return,
+            }
+            if !matches!(self.channel.recv(&mut buffer), Ok(Some(_))) {
+                return;
+            }
+        }
     }
 
     /// Waits until `app` is ready (every model it must serve serves); says
@@ -245,7 +283,7 @@ impl Target {
             if app.ready() {
                 return Ok(());
             }
-            if self.channel.readable_within(Duration::ZERO).unwrap_or(true) {
+            if !self.cold && self.channel.readable_within(Duration::ZERO).unwrap_or(true) {
                 anyhow::bail!("taking over from the running server: it went away before this one was ready");
             }
             // A model that serves nothing, has nothing loading, and failed:
@@ -309,7 +347,7 @@ pub async fn on_signal(app: std::sync::Arc<App>) {
         tracing::info!("SIGUSR2: replacing this server with the binary on disk.");
         let app = std::sync::Arc::clone(&app);
         tokio::spawn(async move {
-            let _ = app.upgrade(None, Duration::from_secs(600)).await;
+            let _ = app.upgrade(None, Duration::from_secs(600), false).await;
         });
     }
 }
