@@ -12,6 +12,8 @@
 //! REST and gRPC.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -113,6 +115,8 @@ pub struct Access {
     admin_listener: bool,
     control: ModelControl,
     fleet: bool,
+    /// Set while an upgrade of the server runs: model operations wait.
+    held: Arc<AtomicBool>,
 }
 
 impl Access {
@@ -120,7 +124,14 @@ impl Access {
     /// on admin listeners when `admin_listener`, and is refused under
     /// [`ModelControl::None`].
     pub fn new(token: Option<Token>, admin_listener: bool, control: ModelControl) -> Access {
-        Access { token, admin_listener, control, fleet: false }
+        Access { token, admin_listener, control, fleet: false, held: Arc::default() }
+    }
+
+    /// The switch that holds model operations (409 `upgrade_in_progress`)
+    /// while it is on: an upgrade turns it on, so that no operator's
+    /// decision reaches this process after the new one read the state file.
+    pub fn holder(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.held)
     }
 
     /// The same policy on a replica of a fleet: its models are what the
@@ -203,6 +214,14 @@ impl Access {
         }
         if scope == Scope::Server {
             return Ok(());
+        }
+        if self.held.load(Ordering::SeqCst) {
+            return Err(ServeError::new(
+                Class::Conflict,
+                "upgrade_in_progress",
+                "an upgrade of the server is under way: model operations are refused until it ends (try again \
+                 then; the new process takes over what the state file says)",
+            ));
         }
         if self.fleet {
             return Err(ServeError::new(
@@ -338,6 +357,19 @@ mod tests {
             Some("fleet_managed")
         );
         assert!(!fleet.is_open(Listener::Admin, Scope::Server) && !fleet.is_open(Listener::Inference, Scope::Server));
+    }
+
+    #[test]
+    fn model_operations_are_held_while_an_upgrade_runs() {
+        let a = access(Some("t"), false, ModelControl::Poll);
+        let (l, m, t) = (Listener::Inference, Scope::Management, Some(&b"Bearer t"[..]));
+        a.holder().store(true, Ordering::SeqCst);
+        assert_eq!(kind(a.check(l, m, None, "x")), Some("unauthorized"), "the token first");
+        assert_eq!(kind(a.check(l, m, t, "x")), Some("upgrade_in_progress"));
+        assert_eq!(kind(a.check(l, Scope::Server, t, "x")), None);
+        assert_eq!(kind(a.check(l, Scope::Inference, None, "x")), None);
+        a.holder().store(false, Ordering::SeqCst);
+        assert_eq!(kind(a.check(l, m, t, "x")), None);
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub struct App {
     pub cluster: std::sync::OnceLock<Arc<baton_cluster::Health>>,
     /// This replica's ID in a fleet, resolved once: an upgrade hands it on.
     pub replica_id: std::sync::OnceLock<String>,
+    /// The access policy's switch that holds model operations while an
+    /// upgrade runs.
+    pub operations_held: std::sync::OnceLock<Arc<AtomicBool>>,
     shutdown: tokio::sync::watch::Sender<bool>,
     /// What this server hands over to a new binary, once it listens.
     pub upgrade: std::sync::OnceLock<Arc<crate::serve::upgrade::Source>>,
@@ -85,6 +88,7 @@ impl App {
             cluster: std::sync::OnceLock::new(),
             upgrade: std::sync::OnceLock::new(),
             replica_id: std::sync::OnceLock::new(),
+            operations_held: std::sync::OnceLock::new(),
             upgrading: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
         }
@@ -169,6 +173,8 @@ impl App {
         // The new process takes each rollout up where the state file has
         // it: no rollout here moves on meanwhile.
         self.registry.hold_rollouts(true);
+        let held = self.operations_held.get().cloned().unwrap_or_default();
+        held.store(true, Ordering::SeqCst);
         let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, (&fleet, &kept), cold)).await;
         let result = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
         match &result {
@@ -183,6 +189,7 @@ impl App {
             Err(error) => {
                 tracing::warn!(%error, "The upgrade did not happen; this process serves on.");
                 self.registry.hold_rollouts(false);
+                held.store(false, Ordering::SeqCst);
                 self.upgrading.store(false, Ordering::SeqCst);
             }
         }

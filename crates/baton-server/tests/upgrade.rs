@@ -229,3 +229,29 @@ fn a_cold_upgrade_loads_only_once_the_old_process_has_exited_and_fails_no_reques
     let (stopped, loaded) = (after.find("baton stopped."), after.find("Model operation finished"));
     assert!(stopped.is_some() && loaded.is_some() && stopped < loaded, "{after}");
 }
+
+#[test]
+fn model_operations_wait_while_an_upgrade_runs_and_go_on_once_it_failed() {
+    use std::os::unix::fs::PermissionsExt;
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    // A "binary" that takes a second and a half to fail.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let slow = dir.path().join("slow-to-fail");
+    std::fs::write(&slow, "#!/bin/sh\nsleep 1.5\nexit 3\n").expect("writing the script");
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let rollback = || Client::new(server.base()).post_json("/baton/v1/models/m/rollback", &serde_json::json!({}));
+    assert_eq!(rollback().json()["kind"], "no_previous_version");
+    let base = server.base().to_owned();
+    let body = serde_json::json!({ "binary": slow }).to_string();
+    let upgrading = std::thread::spawn(move || upgrade(&base, body.as_bytes()));
+    let held = baton_testkit::server::eventually("a model operation held by the upgrade", || {
+        let answer = rollback();
+        (answer.json()["kind"] == "upgrade_in_progress").then_some(answer)
+    });
+    assert_eq!(held.status, 409, "{}", common::text(&held.body));
+    let failed = upgrading.join().expect("the upgrade's thread");
+    assert_eq!(failed.status, 422, "{}", common::text(&failed.body));
+    assert_eq!(rollback().json()["kind"], "no_previous_version", "released once the upgrade failed");
+}

@@ -64,6 +64,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .with_runtime_env("ORT_DYLIB_PATH");
     let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
     check_named_models(&app, &repo.name, &control)?;
+    let _ = app.operations_held.set(access.holder());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let result = runtime.block_on(serve(app, args, (target, passed), control, access, Trigger::Signals, |bound| {
         // Every line at once, REST first, then gRPC, then the admin
@@ -216,6 +217,7 @@ impl InProcess {
         baton_core::executor::start_spawner();
         let app = app(&repo, &args, backends, decisions);
         check_named_models(&app, &repo.name, &control)?;
+        let _ = app.operations_held.set(access.holder());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening, addresses) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new().name("baton-in-process".into()).spawn(move || {
