@@ -196,6 +196,12 @@ impl App {
         result
     }
 
+    /// Whether this server is handing itself over to a new process, or
+    /// has.
+    pub fn upgrading(&self) -> bool {
+        self.upgrading.load(Ordering::SeqCst)
+    }
+
     /// Changes to `true` when shutdown begins.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
         self.shutdown.subscribe()

@@ -3,7 +3,10 @@
 //! real binary: baton serves KServe V2 over HTTP and gRPC and its admin
 //! API on the sockets it was given, not on its flags' addresses; a passed
 //! admin socket opens the admin listener without its flag; and a worker
-//! process does not hold the server's listening sockets.
+//! process does not hold the server's listening sockets. And systemd's
+//! notifications (`NOTIFY_SOCKET`): `READY=1` once baton serves, the new
+//! process's `MAINPID=` after an upgrade with no `STOPPING=1` from the
+//! old one, and `STOPPING=1` at the end.
 
 mod common;
 
@@ -61,4 +64,33 @@ fn passed_sockets_are_served_in_place_of_the_flags_and_no_worker_holds_them() {
     let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
     let held = sockets_of(worker);
     assert!(listening.iter().all(|s| !held.contains(s)), "the worker holds {held:?} of {listening:?}");
+}
+
+/// The next notification on `socket`, within the test's patience.
+fn next_notification(socket: &std::os::unix::net::UnixDatagram) -> String {
+    let mut buffer = [0u8; 512];
+    socket.set_read_timeout(Some(baton_testkit::server::PATIENCE)).expect("a read timeout");
+    let n = socket.recv(&mut buffer).expect("a notification from baton");
+    String::from_utf8_lossy(&buffer[..n]).into_owned()
+}
+
+#[test]
+fn systemd_hears_ready_the_new_main_pid_after_an_upgrade_and_stopping_at_the_end() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("binding the notification socket");
+    let repo = repo_with("m", &[1], "");
+    let env = [("NOTIFY_SOCKET".to_owned(), path.display().to_string())];
+    let mut server = Server::start_with_env(bin(), repo.root(), &[], &env);
+    assert_eq!(next_notification(&socket), "READY=1");
+    server.wait_serving("m", 1);
+    let answer = common::upgrade::upgrade(server.base(), b"{}");
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let new = answer.json()["new_pid"].as_u64().expect("the new pid") as u32;
+    let _adopted = common::upgrade::Adopted(new);
+    assert_eq!(next_notification(&socket), format!("MAINPID={new}\nREADY=1"));
+    server.wait_exit();
+    // The old process's shutdown said nothing; the new one's says STOPPING.
+    std::process::Command::new("kill").args(["-TERM", &new.to_string()]).status().expect("kill");
+    assert_eq!(next_notification(&socket), "STOPPING=1");
 }

@@ -6,6 +6,7 @@ mod args;
 mod closing;
 pub mod demo;
 pub mod listeners;
+mod notify;
 pub mod repo;
 pub mod shutdown;
 pub mod upgrade;
@@ -380,6 +381,7 @@ async fn serve(
         servers.push(Box::pin(serve_grpc(Arc::clone(&app), admin, Arc::clone(&access), Listener::Admin)));
     }
     let servers = async { futures_util::future::try_join_all(servers).await.map(drop) };
+    tokio::spawn(notify::when_ready(Arc::clone(&app), target.is_some()));
     if let Some(target) = target {
         target.ready();
         // The lease is this process's own from now on.

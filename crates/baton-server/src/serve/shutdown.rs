@@ -56,6 +56,10 @@ pub async fn on_signals(mut signals: Signals, app: Arc<App>, delay: Duration, st
     let (first, _) = signals.next().await;
     // Not ready first, then say so: whoever reads the line can rely on it.
     app.report_not_ready();
+    // After an upgrade the service goes on in the new process.
+    if !app.upgrading() {
+        super::notify::notify("STOPPING=1");
+    }
     drop(stop_watching);
     if delay.is_zero() {
         tracing::info!(signal = first, "Shutting down: not ready from now on, finishing requests in flight.");

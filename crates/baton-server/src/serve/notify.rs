@@ -1,0 +1,54 @@
+//! Telling systemd how the service stands (`sd_notify`), when it runs
+//! baton as a `Type=notify` service: `NOTIFY_SOCKET` names a datagram
+//! socket, and baton sends it `READY=1` once it first serves every model it
+//! must, `STOPPING=1` when it shuts down, and, from the new process of an
+//! upgrade, `MAINPID=` with its own pid, so that systemd follows the new
+//! process rather than counting the old one's exit as the service's end
+//! (the unit needs `NotifyAccess=all`, since the new process is not the
+//! one systemd started). Outside systemd, nothing is sent.
+
+use std::os::unix::net::UnixDatagram;
+
+/// The variable systemd sets to its notification socket's path.
+const SOCKET_ENV: &str = "NOTIFY_SOCKET";
+
+/// Sends `state` (lines of `KEY=VALUE`) to systemd, if it listens. A
+/// failure is logged and otherwise ignored: the service serves on.
+pub fn notify(state: &str) {
+    let Ok(path) = std::env::var(SOCKET_ENV) else { return };
+    if let Err(error) = send(&path, state) {
+        tracing::warn!(%error, socket = %path, "Could not tell systemd how the service stands.");
+    }
+}
+
+fn send(path: &str, state: &str) -> std::io::Result<()> {
+    let socket = UnixDatagram::unbound()?;
+    // A leading '@' names a socket in the abstract namespace.
+    if let Some(name) = path.strip_prefix('@') {
+        use std::os::linux::net::SocketAddrExt;
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        socket.send_to_addr(state.as_bytes(), &address)?;
+    } else {
+        socket.send_to(state.as_bytes(), path)?;
+    }
+    Ok(())
+}
+
+/// Sends `READY=1` (with `MAINPID=` when `upgraded`) once `app` first
+/// reports ready.
+pub async fn when_ready(app: std::sync::Arc<crate::app::App>, upgraded: bool) {
+    if std::env::var_os(SOCKET_ENV).is_none() {
+        return;
+    }
+    while !app.ready() {
+        if app.draining() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    if upgraded {
+        notify(&format!("MAINPID={}\nREADY=1", std::process::id()));
+    } else {
+        notify("READY=1");
+    }
+}
