@@ -162,8 +162,16 @@ fn a_restart_serves_from_the_cache_with_the_store_down_and_the_store_coming_back
     // Back, with what it held: listed again, an event says so, and a new
     // version is downloaded and swapped in.
     s3.restart();
-    let line = wait_line(&lines, "\"event\":\"store\"");
-    assert!(line.contains("\"ok\":true"), "{line}");
+    // A store that has just restarted may answer 500 for a moment before
+    // it serves what it held (seen once in CI): the event that matters is
+    // the one saying it answers, and only failures may come before it.
+    loop {
+        let line = wait_line(&lines, "\"event\":\"store\"");
+        if line.contains("\"ok\":true") {
+            break;
+        }
+        assert!(line.contains("store_error") || line.contains("store_unreachable"), "{line}");
+    }
     eventually("the store to answer", || (store_status(&server)["ok"] == true).then_some(()));
     repo.publish_mlp("m", 2, &mlp(2));
     s3.publish_version("models", "prod", "m", 2, &repo.version_dir("m", 2));
