@@ -54,6 +54,13 @@ impl Traffic {
         Traffic { stop, threads }
     }
 
+    /// Stops, and asserts that some requests were answered and none failed.
+    fn assert_clean(self) {
+        let (answered, failed) = self.stop();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert!(answered > 0);
+    }
+
     /// Stops, and returns the requests answered and the failures.
     fn stop(self) -> (u64, Vec<String>) {
         self.stop.store(true, Ordering::SeqCst);
@@ -114,9 +121,7 @@ fn an_upgrade_to_a_binary_that_exits_at_start_changes_nothing() {
     assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
     assert_eq!(refused.json()["kind"], "upgrade_failed");
     assert!(refused.error().contains("exited before it was ready"), "{}", refused.error());
-    let (answered, failed) = traffic.stop();
-    assert!(failed.is_empty(), "{failed:?}");
-    assert!(answered > 0);
+    traffic.assert_clean();
     assert!(!gone(server.pid()), "the old process serves on");
     assert_eq!(common::infer(&server, "m", &sample_input(SIZES[0], 1, 1), 1).0, 1);
 }
@@ -134,9 +139,7 @@ fn sigusr2_upgrades_as_the_api_does() {
     let new = Adopted(status["pid"].as_u64().expect("the server's pid in its status") as u32);
     assert_ne!(new.0, old);
     assert_eq!(status["ready"], true, "{status}");
-    let (answered, failed) = traffic.stop();
-    assert!(failed.is_empty(), "{failed:?}");
-    assert!(answered > 0);
+    traffic.assert_clean();
 }
 
 #[test]
@@ -151,9 +154,7 @@ fn an_upgrade_whose_new_process_cannot_load_what_serves_changes_nothing() {
     let refused = upgrade(server.base(), b"{}");
     assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
     assert!(refused.error().contains("a load failed") && refused.error().contains("model m"), "{}", refused.error());
-    let (answered, failed) = traffic.stop();
-    assert!(failed.is_empty(), "{failed:?}");
-    assert!(answered > 0);
+    traffic.assert_clean();
     assert!(common::children_of(server.pid(), "serve").is_empty(), "the new process was not stopped");
     assert_eq!(common::infer(&server, "m", &sample_input(SIZES[0], 1, 2), 1).0, 1);
 }
@@ -178,9 +179,7 @@ fn an_upgrade_during_a_rollout_carries_it_over_at_its_step() {
     assert_eq!((rollout["phase"].as_str(), rollout["stable"].as_u64()), (Some("running"), Some(1)), "{status}");
     assert_eq!((rollout["candidate"].as_u64(), rollout["step"].as_u64()), (Some(2), Some(0)), "{status}");
     assert_eq!(rollout["weight_percent"], 10.0, "{status}");
-    let (answered, failed) = traffic.stop();
-    assert!(failed.is_empty(), "{failed:?}");
-    assert!(answered > 0);
+    traffic.assert_clean();
 }
 
 #[test]
@@ -218,9 +217,7 @@ fn a_cold_upgrade_loads_only_once_the_old_process_has_exited_and_fails_no_reques
         let status = Client::new(server.base()).try_get("/baton/v1/status").ok()?.json();
         (status["pid"] == new.0 && status["ready"] == true).then_some(())
     });
-    let (answered, failed) = traffic.stop();
-    assert!(failed.is_empty(), "{failed:?}");
-    assert!(answered > 0);
+    traffic.assert_clean();
     // In the log both processes share: the old one stopped before the new
     // one loaded anything.
     let log = server.log();

@@ -323,11 +323,20 @@ impl Registry {
     pub fn load(&self, model: &str, version: Option<u64>) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
         self.refuse_during_rollout(model)?;
+        self.build(move |inner, tx, heap| pipeline::load(inner, busy, version, tx, heap))
+    }
+
+    /// Queues `build` on the loader thread, on a heap of its own, and
+    /// returns the handle its reply resolves.
+    fn build(
+        &self,
+        build: impl FnOnce(Arc<Inner>, Reply, crate::heap::HeapLease) + Send + 'static,
+    ) -> Result<LoadHandle, LoadError> {
         let (tx, rx) = oneshot::channel();
         let inner = Arc::clone(&self.inner);
         let job: Job = Box::new(move || {
             let step_aside = inner.step_aside;
-            crate::heap::build_on_own_heap(step_aside, move |heap| pipeline::load(inner, busy, version, tx, heap))
+            crate::heap::build_on_own_heap(step_aside, move |heap| build(inner, tx, heap))
         });
         self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
         Ok(LoadHandle { rx })
@@ -342,14 +351,7 @@ impl Registry {
         if self.inner.current().model(model).is_none() {
             return Err(LoadError::NotLoaded { model: model.to_owned() });
         }
-        let (tx, rx) = oneshot::channel();
-        let inner = Arc::clone(&self.inner);
-        let job: Job = Box::new(move || {
-            let step_aside = inner.step_aside;
-            crate::heap::build_on_own_heap(step_aside, move |heap| pipeline::keep(inner, busy, version, tx, heap))
-        });
-        self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
-        Ok(LoadHandle { rx })
+        self.build(move |inner, tx, heap| pipeline::keep(inner, busy, version, tx, heap))
     }
 
     /// Makes the newest previous version stable again: one pointer store, no
@@ -432,16 +434,7 @@ impl Registry {
         if self.inner.current().model(model).is_none() {
             return Err(LoadError::NotLoaded { model: model.to_owned() });
         }
-        let (tx, rx) = oneshot::channel();
-        let inner = Arc::clone(&self.inner);
-        let job: Job = Box::new(move || {
-            let step_aside = inner.step_aside;
-            crate::heap::build_on_own_heap(step_aside, move |heap| {
-                pipeline::rollout::start(inner, busy, start, tx, heap)
-            })
-        });
-        self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
-        Ok(LoadHandle { rx })
+        self.build(move |inner, tx, heap| pipeline::rollout::start(inner, busy, start, tx, heap))
     }
 
     /// The rollout of `model` in progress, or the last one that ended.

@@ -52,31 +52,24 @@ def main():
                 first = False
                 started.wait()
 
-    def over_http():
-        client = httpclient.InferenceServerClient(url=http_address)
-        tensor = httpclient.InferInput("input", [1, 8], "FP32")
+    def unary(name, module, address, outputs_of, version_of):
+        client = module.InferenceServerClient(url=address)
+        tensor = module.InferInput("input", [1, 8], "FP32")
         tensor.set_data_from_numpy(DATA)
 
         def send():
             response = client.infer(model, [tensor]).get_response()
-            assert response["outputs"], response
-            return response["model_version"]
+            assert outputs_of(response), response
+            return version_of(response)
 
-        way("http", send)
+        way(name, send)
         client.close()
+
+    def over_http():
+        unary("http", httpclient, http_address, lambda r: r["outputs"], lambda r: r["model_version"])
 
     def over_grpc():
-        client = grpcclient.InferenceServerClient(url=grpc_address)
-        tensor = grpcclient.InferInput("input", [1, 8], "FP32")
-        tensor.set_data_from_numpy(DATA)
-
-        def send():
-            response = client.infer(model, [tensor]).get_response()
-            assert response.outputs, response
-            return response.model_version
-
-        way("grpc", send)
-        client.close()
+        unary("grpc", grpcclient, grpc_address, lambda r: r.outputs, lambda r: r.model_version)
 
     def over_stream():
         client = grpcclient.InferenceServerClient(url=grpc_address)

@@ -13,13 +13,22 @@ pub struct Adopted(pub u32);
 
 impl Drop for Adopted {
     fn drop(&mut self) {
-        let pid = self.0.to_string();
-        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).stderr(std::process::Stdio::null()).status();
+        let kill = |signal: &str| {
+            let pid = self.0.to_string();
+            let _ =
+                std::process::Command::new("kill").args([signal, &pid]).stderr(std::process::Stdio::null()).status();
+        };
+        if gone(self.0) {
+            return;
+        }
+        kill("-TERM");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        while !gone(self.0) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = std::process::Command::new("kill").args(["-KILL", &pid]).stderr(std::process::Stdio::null()).status();
+        if !gone(self.0) {
+            kill("-KILL");
+        }
     }
 }
 
@@ -28,12 +37,9 @@ pub fn upgrade(base: &str, body: &[u8]) -> baton_testkit::server::Answer {
     Client::new(base).post_raw("/baton/v1/upgrade", body, &[("content-type", "application/json")])
 }
 
-/// Whether process `pid` is gone.
-pub fn gone(pid: u32) -> bool {
-    // A zombie is gone for this purpose: it serves nothing.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_or(true, |stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
-}
+/// Whether process `pid` is gone: the drill's own test of it (a zombie
+/// counts as gone: it serves nothing).
+pub use baton_drill::swap::upgrade::gone;
 
 /// A copy of the binary under test, in `dir`, whose build stamp is
 /// `stamp`: a second, different binary, which reports the version
