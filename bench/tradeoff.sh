@@ -2,7 +2,9 @@
 # A version in the server's process against one in a worker process, the
 # same model under the same load, in one run: the trade-off table of
 # docs/BENCHMARKS.md. Each part runs once per route: `inproc`, `worker`
-# (`[engine] isolation = "process"` added to the model's config), and
+# (`[engine] isolation = "process"` added to the model's config),
+# `worker-asleep` (steady only: a worker whose hop sleeps at once rather
+# than looking for the other side's message first, `worker_spin_us = 0`), and
 # `triton`, Triton 2.51 with the MLP on its python backend, whose model
 # instance runs in a stub process over shared memory: the same design as a
 # worker (bench/setup-triton.sh installs it; NO_TRITON=1 leaves it out).
@@ -46,12 +48,17 @@ kills="${KILLS:-5}"
 in_worker='[engine]
 isolation = "process"'
 
-# repo DIR ROUTE: the MLP alone in DIR, in a worker when ROUTE is worker.
+# repo DIR ROUTE: the MLP alone in DIR, in a worker when ROUTE is worker;
+# worker-asleep is a worker whose hop sleeps at once, without looking for
+# the other side's message first (worker_spin_us = 0).
 repo() {
   rm -rf "$1"
   mkdir -p "$1"
   cp -r "$out/baton/mlp" "$1/"
-  if [ "$2" = worker ]; then printf '\n%s\n' "$in_worker" >>"$1/mlp/model.toml"; fi
+  case "$2" in
+    worker) printf '\n%s\n' "$in_worker" >>"$1/mlp/model.toml" ;;
+    worker-asleep) printf '\n%s\nworker_spin_us = 0\n' "$in_worker" >>"$1/mlp/model.toml" ;;
+  esac
 }
 
 # serve ROUTE DIR: starts the server the route stands for and sets pid,
@@ -68,17 +75,33 @@ serve() {
   http=8300 grpc=8301
 }
 
+# cpu_ticks PID: the CPU time PID and its children (a server's workers,
+# Triton's stubs) have used, in clock ticks.
+cpu_ticks() {
+  local total=0 p
+  for p in "$1" $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
 steady() { # $1 = route
-  local d=".baton/bench/tradeoff/steady-$1" report="$results/tradeoff-steady-$1" http grpc
+  local d=".baton/bench/tradeoff/steady-$1" report="$results/tradeoff-steady-$1" http grpc before
   serve "$1" "$d"
   echo "=== steady $1  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  before="$(cpu_ticks "$pid")"
   "$baton" drill mlp --url "http://127.0.0.1:$http" --grpc-url "http://127.0.0.1:$grpc" --protocol grpc \
     --input input:FP32:1,256 --concurrency 4 --warmup 3s --swaps 0 --duration "$duration" --pid "$pid" \
     --json "$report.json" --svg "$report.svg" | tee "$report.txt" || true
+  # The server's CPU over the drill, its warm-up included: per request, what
+  # the route costs beside its latency (bench/tradeoff_report.py).
+  echo "$(($(cpu_ticks "$pid") - before)) $(getconf CLK_TCK)" >"$report.cpu"
   echo "=== light $1  $(date -u +%FT%TZ)  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  before="$(cpu_ticks "$pid")"
   "$baton" drill mlp --url "http://127.0.0.1:$http" --grpc-url "http://127.0.0.1:$grpc" --protocol grpc \
     --input input:FP32:1,256 --rate "$light" --connections 8 --warmup 3s --swaps 0 --duration "$duration" \
     --json "$report-light.json" --svg "$report-light.svg" | tee "$report-light.txt" || true
+  echo "$(($(cpu_ticks "$pid") - before)) $(getconf CLK_TCK)" >"$report-light.cpu"
   stop_server
 }
 
@@ -132,14 +155,15 @@ kill -9 \$(pgrep -f '[t]riton_python_backend_stub .*/models/other/' | head -1)"
 
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(steady swaps blast)
-routes=(inproc worker)
+routes=(inproc worker worker-asleep)
 [ -n "${NO_TRITON:-}" ] || routes+=(triton)
 # ROUTES="triton" (say) runs the parts for those routes alone.
 [ -z "${ROUTES:-}" ] || read -r -a routes <<<"$ROUTES"
 for part in "${parts[@]}"; do
   case "$part" in
-    steady | swaps) for route in "${routes[@]}"; do "$part" "$route"; done ;;
-    blast) for route in "${routes[@]}"; do [ "$route" = inproc ] || blast "$route"; done ;;
+    steady) for route in "${routes[@]}"; do steady "$route"; done ;;
+    swaps) for route in "${routes[@]}"; do [ "$route" = worker-asleep ] || swaps "$route"; done ;;
+    blast) for route in "${routes[@]}"; do [ "$route" = inproc ] || [ "$route" = worker-asleep ] || blast "$route"; done ;;
     *) echo "tradeoff: unknown part $part" >&2; exit 2 ;;
   esac
 done

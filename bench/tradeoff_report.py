@@ -43,8 +43,25 @@ def swaps_row(r):
     ]
 
 
-def steady_row(r, light):
-    cells = ["not run"] * 2
+def cpu_per_request(name, r):
+    """The server's (and its workers') CPU per request over a drill, in µs."""
+    path = os.path.join(RESULTS, name + ".cpu")
+    if r is None or not os.path.exists(path):
+        return "not run"
+    with open(path) as f:
+        ticks, per_second = (int(x) for x in f.read().split())
+    # The drill's warm-up is in the CPU time: count its requests too, at
+    # the rate of the measured part.
+    warmup = 3.0
+    requests = r["requests"] * (1 + warmup / r["duration_s"])
+    return f"{ticks / per_second / requests * 1e6:.0f} µs"
+
+
+def steady_row(r, light, name=None):
+    cells = ["not run"] * 4
+    if name is not None:
+        cells[2] = cpu_per_request(name, r)
+        cells[3] = cpu_per_request(name + "-light", light)
     if r is not None:
         s = r["steady"]
         cells[0] = f"{r['requests'] / r['duration_s']:,.0f}/s (p50 {s['p50_ms'] * 1000:.0f} µs)"
@@ -74,8 +91,9 @@ def main():
     routes = ("inproc", "worker", "triton")
     swaps = {route: swaps_row(report(f"tradeoff-swaps-{route}")) for route in routes}
     steady = {
-        route: steady_row(report(f"tradeoff-steady-{route}"), report(f"tradeoff-steady-{route}-light"))
-        for route in routes
+        route: steady_row(report(f"tradeoff-steady-{route}"), report(f"tradeoff-steady-{route}-light"),
+                          f"tradeoff-steady-{route}")
+        for route in routes + ("worker-asleep",)
     }
     isolation = {
         "inproc": isolation_row("baton"),
@@ -109,6 +127,15 @@ def main():
         "| other models when one version's process is killed | the server's process: every model | "
         f"{blast_cells['worker']} | {blast_cells['triton']} |"
     )
+    print()
+    print("The hop's look for the other side's message (worker_spin_us), steady only:")
+    print()
+    print("| | in the server's process | worker, looking 100 µs (default) | worker, sleeping at once |")
+    print("|---|---|---|---|")
+    for name, i in (("throughput, closed loop ×4", 0), ("p50 / p99 at LIGHT requests/s", 1),
+                    ("CPU per request, closed loop (server and workers)", 2),
+                    ("CPU per request at LIGHT requests/s", 3)):
+        print(f"| {name} | {' | '.join(steady[r][i] for r in ('inproc', 'worker', 'worker-asleep'))} |")
 
 
 if __name__ == "__main__":

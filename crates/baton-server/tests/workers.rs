@@ -393,8 +393,8 @@ fn a_canary_moves_a_model_into_a_worker_and_back_with_no_failed_request() {
 }
 
 #[test]
-fn a_worker_runs_at_its_nice_level_and_within_its_memory_limit_and_one_too_small_refuses_the_load() {
-    let limits = format!("{IN_WORKER}worker_nice = 5\nworker_memory_mb = 16384\n");
+fn a_worker_runs_at_its_nice_level_looks_as_told_and_within_its_memory_limit_and_one_too_small_refuses_the_load() {
+    let limits = format!("{IN_WORKER}worker_nice = 5\nworker_memory_mb = 16384\nworker_spin_us = 250\n");
     let repo = repo_with("m", &[1], &limits);
     let server = start(&repo, &[]);
     server.wait_serving("m", 1);
@@ -403,6 +403,10 @@ fn a_worker_runs_at_its_nice_level_and_within_its_memory_limit_and_one_too_small
     // After the command's closing parenthesis, the nice level is the 17th field.
     let nice = stat.rsplit_once(") ").unwrap().1.split(' ').nth(16).unwrap();
     assert_eq!(nice, "5", "{stat}");
+    // How long its slots look for the next call before they sleep.
+    let environ = std::fs::read(format!("/proc/{worker}/environ")).unwrap();
+    let spin = environ.split(|&b| b == 0).find_map(|v| v.strip_prefix(b"BATON_WORKER_SPIN_US="));
+    assert_eq!(spin, Some(&b"250"[..]));
     let limit = &server.status("m")["live"][0]["worker"]["memory_limit"];
     assert_eq!(limit["bytes"].as_u64(), Some(16384 << 20), "{limit}");
     match limit["by"].as_str().unwrap() {

@@ -7,9 +7,11 @@
 //! output region (the worker's, sent along when it is new or grew); then
 //! it answers. So each tensor is copied once each way: the server's
 //! inputs into the region, the engine's outputs into the other. The
-//! calling thread waits on its own slot's channel, so a call costs two
-//! thread wake-ups, one in each process, and no thread hands work to
-//! another.
+//! calling thread waits on its own slot's channel, and no thread hands
+//! work to another. Each side looks for the other's message briefly before
+//! it sleeps: a call whose answer (or a slot whose next call) comes within
+//! that time costs no wake-up, which on an idle CPU costs more than the
+//! call itself (docs/workers.md, "Waiting for the other side").
 //!
 //! Every call has a deadline. When the worker's ends close (the process
 //! exited, was killed, aborted), every waiting call and every later one
@@ -24,9 +26,15 @@ use std::time::{Duration, Instant};
 use baton_core::tensor::{Tensor, TensorView};
 use serde::{Deserialize, Serialize};
 
-use crate::channel::Channel;
+use crate::channel::{Channel, MAX_MESSAGE};
 use crate::frame::{self, Meta};
 use crate::region::Region;
+
+/// How long each side looks for the other's message by default before it
+/// sleeps: longer than a small model's call and the hop together, short
+/// enough that the CPU it spends when nothing comes stays small
+/// (docs/workers.md, "Waiting for the other side").
+pub const SPIN_DEFAULT: Duration = Duration::from_micros(100);
 
 /// The first region a slot gets; it grows to what a call needs.
 const FIRST_REGION: usize = 64 * 1024;
@@ -112,6 +120,7 @@ pub struct Caller {
     free: Mutex<Vec<usize>>,
     freed: Condvar,
     gone: Mutex<Option<String>>,
+    spin: Duration,
 }
 
 impl std::fmt::Debug for Caller {
@@ -122,8 +131,9 @@ impl std::fmt::Debug for Caller {
 
 impl Caller {
     /// The server's side over `channels`, one slot each: as many calls in
-    /// flight at most.
-    pub fn new(channels: Vec<Channel>) -> Caller {
+    /// flight at most. A call looks for its answer for up to `spin` before
+    /// its thread sleeps ([`Channel::readable_soon`]); zero sleeps at once.
+    pub fn new(channels: Vec<Channel>, spin: Duration) -> Caller {
         let slots: Vec<_> = channels
             .into_iter()
             .map(|channel| Mutex::new(Slot { channel, region: None, outputs: None, buffer: Vec::new() }))
@@ -133,6 +143,7 @@ impl Caller {
             slots,
             freed: Condvar::new(),
             gone: Mutex::new(None),
+            spin,
         }
     }
 
@@ -215,15 +226,20 @@ impl Caller {
 
     fn wait(&self, slot: &mut Slot, deadline: Instant, within: Duration) -> Result<Vec<Tensor>, HopError> {
         let left = deadline.saturating_duration_since(Instant::now());
-        if !slot.channel.readable_within(left).map_err(|e| HopError::Broken(e.to_string()))? {
+        if !slot.channel.readable_soon(self.spin.min(left))
+            && !slot.channel.readable_within(left).map_err(|e| HopError::Broken(e.to_string()))?
+        {
             return Err(HopError::TimedOut(within));
         }
+        if slot.buffer.len() < MAX_MESSAGE {
+            slot.buffer = vec![0; MAX_MESSAGE];
+        }
         let mut buffer = std::mem::take(&mut slot.buffer);
-        let received = slot.channel.recv(&mut buffer);
+        let received = slot.channel.recv_into(&mut buffer);
         let result = match received {
             Ok(None) => Err(self.set_gone("the worker closed its channel".into())),
             Err(error) => Err(self.set_gone(format!("reading from the worker: {error}"))),
-            Ok(Some(fds)) => match serde_json::from_slice::<Answer>(&buffer) {
+            Ok(Some((bytes, fds))) => match serde_json::from_slice::<Answer>(&buffer[..bytes]) {
                 Err(error) => Err(HopError::Broken(format!("the worker sent a message baton does not read: {error}"))),
                 Ok(answer) => read_answer(slot, answer, fds.into_iter().next()),
             },
@@ -262,8 +278,9 @@ pub type Out<'o> = &'o mut dyn FnMut(&TensorView<'_>);
 /// The worker's side: answers the calls of each of `channels` on a thread
 /// of its own with `run` (given the engine instance a call names, if any,
 /// the inputs where they lie in shared memory, and where to lend each
-/// output), until the server's ends close.
-pub fn answer<F>(channels: Vec<Channel>, run: F) -> io::Result<()>
+/// output), until the server's ends close. After each answer a thread looks
+/// for its next call for up to `spin` before it sleeps.
+pub fn answer<F>(channels: Vec<Channel>, spin: Duration, run: F) -> io::Result<()>
 where
     F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
@@ -274,7 +291,7 @@ where
                 let run = &run;
                 std::thread::Builder::new()
                     .name("baton-worker-slot".into())
-                    .spawn_scoped(scope, move || serve_slot(&channel, run))
+                    .spawn_scoped(scope, move || serve_slot(&channel, spin, run))
             })
             .collect::<io::Result<_>>()?;
         threads
@@ -284,15 +301,20 @@ where
 }
 
 /// One slot's calls, answered in turn until the server's end closes.
-fn serve_slot<F>(channel: &Channel, run: &F) -> io::Result<()>
+fn serve_slot<F>(channel: &Channel, spin: Duration, run: &F) -> io::Result<()>
 where
     F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
     let mut inputs_region: Option<Region> = None;
     let mut outputs = Outputs { region: None, new: false, offset: 0, metas: Vec::new(), error: None };
-    let mut buffer = Vec::new();
-    while let Some(fds) = channel.recv(&mut buffer)? {
-        let call: Call = serde_json::from_slice(&buffer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let mut buffer = vec![0; MAX_MESSAGE];
+    loop {
+        // The next call often follows at once under load: looking for it
+        // briefly spares the wake-up.
+        channel.readable_soon(spin);
+        let Some((bytes, fds)) = channel.recv_into(&mut buffer)? else { break };
+        let call: Call =
+            serde_json::from_slice(&buffer[..bytes]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let Call::Infer { inputs, region: sent, instance } = call;
         if sent {
             let fd = fds.into_iter().next();

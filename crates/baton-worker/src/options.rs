@@ -8,6 +8,8 @@ use std::time::Duration;
 use baton_core::backend::{BackendError, UpdateReason};
 use baton_core::spec::ModelSpec;
 
+use crate::hop::SPIN_DEFAULT;
+
 /// The key that chooses where a version runs: `"process"` or `"none"`.
 pub const ISOLATION: &str = "isolation";
 
@@ -30,14 +32,21 @@ pub const NICE: &str = "worker_nice";
 /// The key bounding a worker's memory, in MiB.
 pub const MEMORY: &str = "worker_memory_mb";
 
+/// The key giving how long, in microseconds, each side of the hop looks
+/// for the other's message before its thread sleeps; 0 sleeps at once.
+pub const SPIN: &str = "worker_spin_us";
+
 /// Every key of baton's in `[engine]`.
-const KEYS: [&str; 6] = [ISOLATION, RUNTIME, TIMEOUT, HEARTBEAT, NICE, MEMORY];
+const KEYS: [&str; 7] = [ISOLATION, RUNTIME, TIMEOUT, HEARTBEAT, NICE, MEMORY, SPIN];
 
 /// How long one call may take in a worker by default.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
 
 /// How often a worker is asked whether it still runs, by default.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest look [`SPIN`] allows: beyond it, sleeping costs less.
+const SPIN_MOST_US: i64 = 10_000;
 
 /// What `[engine]` says of where a version runs and with what.
 #[derive(Debug, PartialEq, Eq)]
@@ -56,6 +65,9 @@ pub(crate) struct WorkerOptions {
     pub(crate) nice: Option<i32>,
     /// The worker's memory limit, in bytes.
     pub(crate) memory: Option<u64>,
+    /// How long each side of the hop looks for the other's message before
+    /// it sleeps.
+    pub(crate) spin: Duration,
 }
 
 impl WorkerOptions {
@@ -114,7 +126,20 @@ impl WorkerOptions {
             Some(toml::Value::Integer(mb)) if *mb > 0 => Some(mb.unsigned_abs() << 20),
             Some(other) => return Err(invalid(MEMORY, other, "give a number of MiB above 0")),
         };
-        Ok(WorkerOptions { in_worker, reason, runtime, call_limit, heartbeat, nice, memory })
+        let spin = match engine.get(SPIN) {
+            None => SPIN_DEFAULT,
+            Some(toml::Value::Integer(us)) if (0..=SPIN_MOST_US).contains(us) => {
+                Duration::from_micros(us.unsigned_abs())
+            }
+            Some(other) => {
+                return Err(invalid(
+                    SPIN,
+                    other,
+                    &format!("give microseconds from 0 (sleep at once) to {SPIN_MOST_US}"),
+                ));
+            }
+        };
+        Ok(WorkerOptions { in_worker, reason, runtime, call_limit, heartbeat, nice, memory, spin })
     }
 }
 
@@ -154,13 +179,14 @@ mod tests {
             ("isolation = \"process\"\nworker_nice = 20", "nice level"),
             ("isolation = \"process\"\nworker_heartbeat_ms = -5", "or 0 for none"),
             ("isolation = \"process\"\nworker_memory_mb = -1", "MiB"),
+            ("isolation = \"process\"\nworker_spin_us = 20000", "microseconds"),
         ] {
             let error = WorkerOptions::read(&spec(engine)).unwrap_err();
             assert_eq!(error.kind, "invalid_engine_options");
             assert!(error.message.contains(needle), "{engine}: {}", error.message);
         }
         let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2\n\
-                      worker_nice = 7\nworker_memory_mb = 3\nworker_heartbeat_ms = 250";
+                      worker_nice = 7\nworker_memory_mb = 3\nworker_heartbeat_ms = 250\nworker_spin_us = 0";
         let options = WorkerOptions::read(&spec(engine)).unwrap();
         let want = WorkerOptions {
             in_worker: true,
@@ -170,10 +196,13 @@ mod tests {
             heartbeat: Some(Duration::from_millis(250)),
             nice: Some(7),
             memory: Some(3 << 20),
+            spin: Duration::ZERO,
         };
         assert_eq!(options, want);
         let engine = engine_spec(&spec(engine)).engine;
         assert_eq!(engine.keys().collect::<Vec<_>>(), ["sessions"]);
+        let spin = WorkerOptions::read(&spec("isolation = \"process\"")).unwrap().spin;
+        assert_eq!(spin, SPIN_DEFAULT);
         let beats = |engine: &str| WorkerOptions::read(&spec(engine)).unwrap().heartbeat;
         assert_eq!(beats("isolation = \"process\""), Some(HEARTBEAT_EVERY));
         assert_eq!(beats("isolation = \"process\"\nworker_heartbeat_ms = 0"), None);

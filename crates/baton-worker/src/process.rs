@@ -26,7 +26,7 @@ use crate::hop::{Caller, HopError};
 use crate::life::{Heartbeat, Memory, Worker};
 use crate::options::{self, RUNTIME, TIMEOUT, WorkerOptions};
 use crate::region::Region;
-use crate::wire::{CGROUP_ENV, FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup};
+use crate::wire::{CGROUP_ENV, FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, SPIN_ENV, Setup};
 
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
@@ -94,7 +94,7 @@ impl ProcessBackend {
             signature,
             instances,
             info,
-            caller: Caller::new(ours),
+            caller: Caller::new(ours, options.spin),
             setup: Mutex::new((setup, None)),
             worker,
         }))
@@ -135,6 +135,7 @@ impl ProcessBackend {
             };
             command.env(name, runtime);
         }
+        command.env(SPIN_ENV, options.spin.as_micros().to_string());
         command.args(&self.args).env(FDS_ENV, fds).env(PARENT_ENV, std::process::id().to_string()).stdin(Stdio::null());
         let child = start_process(command).map_err(|e| {
             BackendError::new("worker_failed", format!("starting the worker {}: {e}", self.program.display()))
@@ -263,7 +264,7 @@ struct WorkerModel {
 impl Drop for WorkerModel {
     fn drop(&mut self) {
         // Closing every channel tells the worker to exit.
-        let slots = std::mem::replace(&mut self.caller, Caller::new(Vec::new()));
+        let slots = std::mem::replace(&mut self.caller, Caller::new(Vec::new(), Duration::ZERO));
         drop(slots);
         let (setup, _) = &*self.setup.lock().unwrap_or_else(PoisonError::into_inner);
         setup.shutdown();

@@ -3,6 +3,7 @@
 //! requests for the weights and its calls, and ends with the server.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use baton_core::backend::{Backend, BackendError, Model, WeightRole};
 use baton_core::manifest;
@@ -11,7 +12,7 @@ use baton_core::verified::{HandedFile, Verified};
 
 use crate::channel::Channel;
 use crate::region::Region;
-use crate::wire::{CGROUP_ENV, FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, Setup, WEIGHTS_REGION};
+use crate::wire::{CGROUP_ENV, FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, SPIN_ENV, Setup, WEIGHTS_REGION};
 
 /// What makes the engine a worker loads with. Called once the version is
 /// handed over, so that an engine that cannot start (a runtime library
@@ -54,7 +55,10 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
         .name("baton-worker-setup".into())
         .spawn(move || answer_setup(&setup, weights.as_ref()))
         .map_err(|e| e.to_string())?;
-    crate::hop::answer(channels, |instance, inputs, out| {
+    // The server's choice; a worker started by another means sleeps at once.
+    let spin =
+        std::env::var(SPIN_ENV).ok().and_then(|us| us.parse().ok()).map_or(Duration::ZERO, Duration::from_micros);
+    crate::hop::answer(channels, spin, |instance, inputs, out| {
         model.run_borrowed(instance, inputs, out).map_err(|e| (e.kind.to_owned(), e.message))
     })
     .map_err(|e| format!("answering calls: {e}"))

@@ -8,12 +8,12 @@ use baton_core::signature::Signature;
 use baton_core::tensor::DataType;
 use serde::{Deserialize, Serialize};
 
-/// The environment variable that tells a worker its descriptors: the setup
-/// channel's, the life channel's, then each slot's, comma-separated.
 /// The name of the region a worker streams its weights through for
 /// validation: it lives only as long as one pass over the weights.
 pub const WEIGHTS_REGION: &str = "baton-weights";
 
+/// The environment variable that tells a worker its descriptors: the setup
+/// channel's, the life channel's, then each slot's, comma-separated.
 pub const FDS_ENV: &str = "BATON_WORKER_FDS";
 
 /// The environment variable that tells a worker its server's pid.
@@ -25,6 +25,10 @@ pub(crate) const NICE_ENV: &str = "BATON_WORKER_NICE";
 /// The environment variable that gives a worker its memory limit, in
 /// bytes, on its address space.
 pub(crate) const MEMORY_ENV: &str = "BATON_WORKER_MEMORY";
+
+/// The environment variable that gives how long, in microseconds, a
+/// worker's slot looks for its next call before it sleeps.
+pub(crate) const SPIN_ENV: &str = "BATON_WORKER_SPIN_US";
 
 /// The environment variable that names the memory cgroup a worker joins.
 pub(crate) const CGROUP_ENV: &str = "BATON_WORKER_CGROUP";

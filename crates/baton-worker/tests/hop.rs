@@ -13,6 +13,7 @@ use baton_worker::channel::Channel;
 use baton_worker::hop::{self, Caller, HopError};
 
 const ROLE: &str = "BATON_HOP_TEST_WORKER_FD";
+const SPIN: &str = "BATON_HOP_TEST_SPIN_US";
 const LONG: Duration = Duration::from_secs(60);
 
 /// The worker's run on owned tensors, as a test's expectation.
@@ -56,7 +57,8 @@ fn worker() {
     // SAFETY: the parent left these sockets open for this process alone.
     #[allow(unsafe_code)]
     let channels = fds.split(',').map(|fd| unsafe { Channel::inherited(fd.parse().unwrap()) }.unwrap()).collect();
-    hop::answer(channels, |instance, inputs, out| {
+    let spin = Duration::from_micros(std::env::var(SPIN).unwrap().parse().unwrap());
+    hop::answer(channels, spin, |instance, inputs, out| {
         let outputs = match inputs.first() {
             // Answers which engine instance the call named (-1: none).
             Some(input) if input.name == "instance" => {
@@ -87,16 +89,23 @@ impl Worker {
     }
 
     fn start_with(slots: usize) -> Worker {
+        Worker::start_spinning(slots, hop::SPIN_DEFAULT)
+    }
+
+    /// A worker whose two sides look for each other's message for `spin`
+    /// before they sleep.
+    fn start_spinning(slots: usize, spin: Duration) -> Worker {
         let (ours, theirs): (Vec<_>, Vec<_>) = (0..slots).map(|_| Channel::pair().unwrap()).unzip();
         let fds: Vec<String> = theirs.iter().map(|c| c.inheritable().unwrap().to_string()).collect();
         let child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
             .env(ROLE, fds.join(","))
+            .env(SPIN, spin.as_micros().to_string())
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
         drop(theirs);
-        Worker { child, caller: Caller::new(ours) }
+        Worker { child, caller: Caller::new(ours, spin) }
     }
 
     fn kill(&mut self) {
@@ -234,28 +243,48 @@ fn quantiles(mut took: Vec<Duration>) -> (f64, f64) {
 #[test]
 #[ignore = "a benchmark: prints what a call across the hop costs (bash bench/hop.sh)"]
 fn what_a_call_across_the_hop_costs() {
-    let worker = Worker::start();
-    for (what, floats, calls) in
-        [("1 x 256 FP32", 256, 20_000), ("1 MiB FP32", 1 << 18, 2_000), ("16 MiB FP32", 1 << 22, 100)]
-    {
+    // With the default look for the other side's message, and with none
+    // (each side sleeps at once).
+    let workers = [("looking", Worker::start()), ("sleeping", Worker::start_spinning(4, Duration::ZERO))];
+    // Calls back to back, and calls 1 ms apart, as a light load spaces them.
+    for (what, floats, calls, apart) in [
+        ("1 x 256 FP32", 256, 20_000, Duration::ZERO),
+        ("1 x 256 FP32 1 ms apart", 256, 2_000, Duration::from_millis(1)),
+        ("1 MiB FP32", 1 << 18, 2_000, Duration::ZERO),
+        ("16 MiB FP32", 1 << 22, 100, Duration::ZERO),
+    ] {
         let inputs = vec![Tensor::from_f32("x", vec![1, floats as i64], &vec![0.25; floats])];
         let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
-        let (mut direct, mut hopped) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
-        // Alternated call by call, so that both see the same machine.
-        for _ in 0..calls {
-            let began = Instant::now();
-            std::hint::black_box(outputs_for(&views).unwrap());
-            direct.push(began.elapsed());
-            let began = Instant::now();
-            std::hint::black_box(worker.caller.call(&inputs, LONG).unwrap());
-            hopped.push(began.elapsed());
+        const BLOCK: usize = 50;
+        let mut direct = Vec::with_capacity(calls * 2);
+        let mut hopped: Vec<Vec<Duration>> = workers.iter().map(|_| Vec::with_capacity(calls)).collect();
+        // Alternated in blocks, so that all see the same machine, with a
+        // pause between blocks longer than the look: one worker's slots
+        // looking for calls keep a CPU awake, which would spare the other
+        // its wake-ups if the two were alternated call by call.
+        for _ in 0..calls / BLOCK {
+            for ((_, worker), took) in workers.iter().zip(&mut hopped) {
+                std::thread::sleep(Duration::from_millis(2));
+                for _ in 0..BLOCK {
+                    std::thread::sleep(apart);
+                    let began = Instant::now();
+                    std::hint::black_box(worker.caller.call(&inputs, LONG).unwrap());
+                    took.push(began.elapsed());
+                    let began = Instant::now();
+                    std::hint::black_box(outputs_for(&views).unwrap());
+                    direct.push(began.elapsed());
+                }
+            }
         }
-        let ((d50, d99), (h50, h99)) = (quantiles(direct), quantiles(hopped));
-        println!(
-            "figure: {what}, {calls} calls: in process p50 {d50:.1} us, p99 {d99:.1} us; across the hop p50 {h50:.1} us, \
-             p99 {h99:.1} us; the hop adds {:.1} us at the median",
-            h50 - d50
-        );
+        let (d50, d99) = quantiles(direct);
+        for ((how, _), took) in workers.iter().zip(hopped) {
+            let (h50, h99) = quantiles(took);
+            println!(
+                "figure: {what}, {calls} calls: in process p50 {d50:.1} us, p99 {d99:.1} us; across the hop, \
+                 {how}, p50 {h50:.1} us, p99 {h99:.1} us; the hop adds {:.1} us at the median",
+                h50 - d50
+            );
+        }
     }
 }
 
