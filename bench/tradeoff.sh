@@ -3,8 +3,9 @@
 # same model under the same load, in one run: the trade-off table of
 # docs/BENCHMARKS.md. Each part runs once per route: `inproc`, `worker`
 # (`[engine] isolation = "process"` added to the model's config),
-# `worker-asleep` (steady only: a worker whose hop sleeps at once rather
-# than looking for the other side's message first, `worker_spin_us = 0`), and
+# `worker-asleep` (a worker whose hop sleeps at once rather than looking
+# for the other side's message first, `worker_spin_us = 0`: steady only,
+# unless ROUTES names it), and
 # `triton`, Triton 2.51 with the MLP on its python backend, whose model
 # instance runs in a stub process over shared memory: the same design as a
 # worker (bench/setup-triton.sh installs it; NO_TRITON=1 leaves it out).
@@ -162,8 +163,14 @@ routes=(inproc worker worker-asleep)
 for part in "${parts[@]}"; do
   case "$part" in
     steady) for route in "${routes[@]}"; do steady "$route"; done ;;
-    swaps) for route in "${routes[@]}"; do [ "$route" = worker-asleep ] || swaps "$route"; done ;;
-    blast) for route in "${routes[@]}"; do [ "$route" = inproc ] || [ "$route" = worker-asleep ] || blast "$route"; done ;;
+    swaps) # worker-asleep swaps only when ROUTES names it.
+      for route in "${routes[@]}"; do
+        if [ "$route" != worker-asleep ] || [ -n "${ROUTES:-}" ]; then swaps "$route"; fi
+      done ;;
+    blast)
+      for route in "${routes[@]}"; do
+        if [ "$route" != inproc ] && [ "$route" != worker-asleep ]; then blast "$route"; fi
+      done ;;
     *) echo "tradeoff: unknown part $part" >&2; exit 2 ;;
   esac
 done
