@@ -175,7 +175,7 @@ impl App {
         self.registry.hold_rollouts(true);
         let held = self.operations_held.get().cloned().unwrap_or_default();
         held.store(true, Ordering::SeqCst);
-        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, (&fleet, &kept), cold)).await;
+        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, fleet, kept, cold)).await;
         let result = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
         match &result {
             Ok(pid) => {

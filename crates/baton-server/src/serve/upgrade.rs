@@ -131,7 +131,8 @@ impl Source {
         &self,
         binary: Option<PathBuf>,
         within: Duration,
-        (fleet, kept): (&Fleet, &Kept),
+        fleet: Fleet,
+        kept: Kept,
         cold: bool,
     ) -> Result<u32, UpgradeError> {
         let binary = binary.unwrap_or_else(|| self.binary.clone());
@@ -145,7 +146,7 @@ impl Source {
         let mut child = Stopped(Some(child));
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
         let fds: Vec<_> = self.listeners.iter().map(|(_, fd)| fd.as_fd()).collect();
-        let message = Message::Listeners { names, fleet: fleet.clone(), kept: kept.clone(), cold };
+        let message = Message::Listeners { names, fleet, kept, cold };
         let message = serde_json::to_vec(&message).map_err(|e| UpgradeError::Failed(e.to_string()))?;
         if let Err(error) = ours.send(&message, &fds) {
             return Err(child.exited().unwrap_or(UpgradeError::Channel(error)));
@@ -261,17 +262,10 @@ impl Target {
     /// of the channel closes), so that its memory is free before this
     /// process loads anything. Blocking; the old server bounds its drain.
     pub fn await_old_exit(&self) {
+        // The old server sends nothing more; a message is read past, and
+        // the wait ends when the channel closes (or fails).
         let mut buffer = Vec::new();
-        loop {
-            match self.channel.readable_within(Duration::from_secs(3600)) {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(_) => return,
-            }
-            if !matches!(self.channel.recv(&mut buffer), Ok(Some(_))) {
-                return;
-            }
-        }
+        while let Ok(Some(_)) = self.channel.recv(&mut buffer) {}
     }
 
     /// Waits until `app` is ready (every model it must serve serves); says
