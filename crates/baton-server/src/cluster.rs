@@ -129,7 +129,7 @@ pub fn start(
     app: &Arc<App>,
     args: &ClusterArgs,
     address: String,
-    handed: crate::serve::upgrade::Fleet,
+    handed: crate::upgrade::Fleet,
 ) -> Option<Arc<Health>> {
     let cluster = args.cluster.clone()?;
     let health = Arc::new(Health::default());

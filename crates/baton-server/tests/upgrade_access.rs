@@ -46,7 +46,11 @@ fn an_unprotected_public_listener_refuses_the_upgrade_and_runs_nothing() {
             assert_eq!(refused.status, 403, "{mode:?} {body}: {}", common::text(&refused.body));
             assert_eq!(refused.json()["kind"], "upgrade_unprotected", "{mode:?} {body}");
             for needle in ["--admin-token-file", "--admin-http", "SIGUSR2"] {
-                assert!(refused.error().contains(needle), "{mode:?}: the refusal should say {needle:?}: {}", refused.error());
+                assert!(
+                    refused.error().contains(needle),
+                    "{mode:?}: the refusal should say {needle:?}: {}",
+                    refused.error()
+                );
             }
         }
         assert!(!marker.exists(), "{mode:?}: the script named in the request ran");
