@@ -121,15 +121,22 @@ impl Target {
 
     /// Loads the versions the old server keeps for rollback, each through
     /// the whole load transaction, and keeps them behind the stable
-    /// version, as the old server does. A version that cannot be loaded
-    /// (its files are gone, say) is left out with a warning: the upgrade
-    /// goes on, since what serves is unchanged.
+    /// version, as the old server does. A model whose load is still
+    /// draining (it serves already) is waited for. A version that cannot
+    /// be loaded (its files are gone, say) is left out with a warning: the
+    /// upgrade goes on, since what serves is unchanged. The old server
+    /// bounds the whole wait.
     pub async fn keep(&self, app: &App) {
         for (model, versions) in &self.kept {
             for &version in versions {
-                let kept = match app.registry.keep(model, version) {
-                    Ok(handle) => handle.finished().await.map(drop),
-                    Err(error) => Err(error),
+                let kept = loop {
+                    match app.registry.keep(model, version) {
+                        Ok(handle) => break handle.finished().await.map(drop),
+                        Err(error) if error.kind() == "load_in_progress" && !app.draining() => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(error) => break Err(error),
+                    }
                 };
                 if let Err(error) = kept {
                     tracing::warn!(model, version, %error, "A version the old server kept could not be kept here.");
