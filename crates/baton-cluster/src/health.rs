@@ -147,8 +147,11 @@ impl Health {
     /// take its predecessor's lease with it), and this process does not
     /// act for the replica: it reads the fleet's records and loads, but
     /// neither registers, acks nor coordinates.
-    pub fn inherit_lease(&self, lease: i64) {
-        *self.leases.lock() = Leases { current: Some(lease), shared: Some(lease) };
+    /// `None`: the process it replaces held no live lease (it had lost the
+    /// store); this one grants its own, and still does not act until
+    /// [`Health::own_lease`].
+    pub fn inherit_lease(&self, lease: Option<i64>) {
+        *self.leases.lock() = Leases { current: lease, shared: lease };
         self.acting.0.send_replace(false);
     }
 
@@ -162,10 +165,11 @@ impl Health {
     }
 
     /// This process has handed the replica over to a new process that
-    /// acts under `lease` from now on: this one leaves the lease alone
-    /// when it stops, and no longer acts for the replica.
-    pub fn hand_over_lease(&self, lease: i64) {
-        self.leases.lock().shared = Some(lease);
+    /// acts under `lease` (the one this process handed on, if any) from now
+    /// on: this one leaves that lease alone when it stops, and no longer
+    /// acts for the replica.
+    pub fn hand_over_lease(&self, lease: Option<i64>) {
+        self.leases.lock().shared = lease;
         self.acting.0.send_replace(false);
     }
 

@@ -380,7 +380,7 @@ async fn serve(
         admin_http: admin_http.as_ref().map(|(_, a)| *a),
         admin_grpc: admin_grpc.as_ref().map(|(_, a)| *a),
     };
-    let handed = target.as_ref().map(|t| t.fleet.clone()).unwrap_or_default();
+    let handed = target.as_ref().map(|t| t.fleet.clone());
     if let Some(health) = crate::cluster::start(&app, &args.cluster, format!("http://{address}"), handed) {
         let _ = app.cluster.set(health);
     }

@@ -85,7 +85,7 @@ async fn run(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, Upgrade
         }
     };
     holds.hand_over();
-    if let (Some(health), Some(lease)) = (app.cluster.get(), lease) {
+    if let Some(health) = app.cluster.get() {
         // The lease lives on in the new process; this one no longer acts
         // for the replica.
         health.hand_over_lease(lease);
