@@ -140,7 +140,9 @@ fn a_warm_upgrade_that_gives_up_stops_its_new_process_with_sigterm_which_it_obey
     repo.publish_mlp("s", 1, &slow);
     let server = common::start(&repo, &[]);
     server.wait_serving("s", 1);
+    let began = std::time::Instant::now();
     let refused = upgrade(server.base(), br#"{"timeout_s": 1}"#);
+    eprintln!("a warm upgrade with a timeout of 1 s was answered in {:?}", began.elapsed());
     assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
     let reason = refused.error();
     assert!(reason.contains("not ready within"), "{reason}");
