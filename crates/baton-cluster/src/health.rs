@@ -16,6 +16,21 @@ pub struct Health {
     connected: AtomicBool,
     state: Lock<State>,
     leases: Lock<Leases>,
+    acting: Acting,
+}
+
+/// Whether this process acts for its replica: registers it, acks its
+/// prepares and coordinates rollouts. A new process of an upgrade does
+/// not until it serves and owns the lease; the old one stops once it has
+/// handed over. Until then it only reads the fleet's records and loads
+/// what they say.
+#[derive(Debug)]
+struct Acting(tokio::sync::watch::Sender<bool>);
+
+impl Default for Acting {
+    fn default() -> Self {
+        Acting(tokio::sync::watch::channel(true).0)
+    }
 }
 
 /// The lease this process acts under, and one it shares with another
@@ -127,18 +142,47 @@ impl Health {
     /// Starts this process under `lease`, a live lease of the process it
     /// replaces: the registration, acks and coordinator keys under it stay
     /// where they are, so the fleet sees the replica go on. Until
-    /// [`Health::share_lease`] says otherwise, the lease is shared: this
-    /// process leaves it alone when it stops (a replacement that fails to
-    /// start must not take its predecessor's lease with it).
-    pub fn inherit_lease(&self, lease: i64) {
-        *self.leases.lock() = Leases { current: Some(lease), shared: Some(lease) };
+    /// [`Health::own_lease`], the lease is shared (this process leaves it
+    /// alone when it stops: a replacement that fails to start must not
+    /// take its predecessor's lease with it), and this process does not
+    /// act for the replica: it reads the fleet's records and loads, but
+    /// neither registers, acks nor coordinates.
+    /// `None`: the process it replaces held no live lease (it had lost the
+    /// store); this one grants its own, and still does not act until
+    /// [`Health::own_lease`].
+    pub fn inherit_lease(&self, lease: Option<i64>) {
+        *self.leases.lock() = Leases { current: lease, shared: lease };
+        self.acting.0.send_replace(false);
     }
 
-    /// Says that another process of this replica acts under `lease` too
-    /// (`None`: no other does), so that this process does not revoke it
-    /// when it stops.
-    pub fn share_lease(&self, lease: Option<i64>) {
+    /// The lease is this process's alone from now on (the process it
+    /// replaced has been told this one serves), and it acts for the
+    /// replica: it takes over the coordinator keys under the lease, so
+    /// that the old process's late writes are refused.
+    pub fn own_lease(&self) {
+        self.leases.lock().shared = None;
+        self.acting.0.send_replace(true);
+    }
+
+    /// This process has handed the replica over to a new process that
+    /// acts under `lease` (the one this process handed on, if any) from now
+    /// on: this one leaves that lease alone when it stops, and no longer
+    /// acts for the replica.
+    pub fn hand_over_lease(&self, lease: Option<i64>) {
         self.leases.lock().shared = lease;
+        self.acting.0.send_replace(false);
+    }
+
+    /// Whether this process acts for the replica (see [`Health::own_lease`]).
+    pub fn acting(&self) -> bool {
+        *self.acting.0.borrow()
+    }
+
+    /// Waits until this process acts for the replica.
+    pub(crate) async fn until_acting(&self) {
+        let mut acting = self.acting.0.subscribe();
+        // The sender lives as long as `self`: this fails never.
+        let _ = acting.wait_for(|acting| *acting).await;
     }
 
     /// Records the lease this process acts under.

@@ -240,6 +240,46 @@ fn only_the_holder_of_the_coordinator_key_acts_and_gives_it_back() {
 }
 
 #[test]
+fn a_coordinator_taken_over_by_a_new_process_of_its_replica_writes_nothing_more() {
+    let fleet = Fleet::new();
+    let store = &fleet.store;
+    let key = store.keys.coordinator("f");
+    // One replica's lease, shared by its old and new process (an upgrade).
+    let lease = fleet.runtime.block_on(store.grant(5)).unwrap();
+    let old = fleet.runtime.block_on(coordinator::campaign(store, "f", "r1", lease)).unwrap().expect("it holds it");
+    let new = fleet.runtime.block_on(coordinator::take_over(store, "f", "r1", lease, old.created)).unwrap();
+    let new = new.expect("the new process takes the key over");
+    assert_eq!((new.created, new.lease), (old.created, old.lease), "the same key, no new election");
+    assert!(new.revision > old.revision, "a new epoch: {new:?} after {old:?}");
+    // The old process, giving back what it thinks is its key, leaves the
+    // new one's alone.
+    fleet.runtime.block_on(coordinator::resign(store, "f", old));
+    let holder = fleet.runtime.block_on(store.get::<String>(&key)).unwrap().expect("the key");
+    assert_eq!((holder.created, holder.revision), (new.created, new.revision), "the old process deleted the key");
+
+    // Both drive one rollout at once: only the new epoch's decisions are
+    // written, and the old one stops.
+    fleet.seed(1);
+    let r1 = fleet.replica("r1", &[(1, false), (2, false)], false);
+    wait_until("r1 ready", || r1.ready());
+    wait_until("r1 registered", || fleet.registration("r1").is_some());
+    fleet.start(2, plan()).unwrap();
+    let (so, sn) = (store.clone(), store.clone());
+    let (ho, hn) = (Health::default(), Health::default());
+    let (from_old, from_new) = fleet.runtime.block_on(async {
+        tokio::join!(
+            coordinator::coordinate(&so, "f", "old", old, &ho),
+            coordinator::coordinate(&sn, "f", "new", new, &hn)
+        )
+    });
+    let done = from_new.expect("the new process coordinated");
+    assert_eq!(done.phase, FleetPhase::Promoted);
+    assert!(from_old.as_ref().is_err_and(|e| e.kind() == "cluster_fenced"), "the old one acted: {from_old:?}");
+    let by: BTreeSet<&str> = done.decisions.iter().filter(|d| d.by != "test").map(|d| d.by.as_str()).collect();
+    assert_eq!(by, BTreeSet::from(["new"]), "{:?}", done.decisions);
+}
+
+#[test]
 fn records_with_fields_this_baton_does_not_know_are_followed() {
     let fleet = Fleet::new();
     let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], false);

@@ -26,8 +26,9 @@ pub enum SwapMethod {
     Publish,
     /// Run --command with `sh -c`.
     Command,
-    /// Replace baton's binary (`POST /baton/v1/upgrade`, with --binary
-    /// when given); a swap is done once the old process has exited. The
+    /// Replace baton's process with a new one of its executable as on
+    /// disk (`POST /baton/v1/upgrade`); a swap is done once the old
+    /// process has exited. The
     /// memory sampled (--pid, or the server's own pid by default) follows
     /// the new process.
     Upgrade,
@@ -135,10 +136,6 @@ pub struct DrillArgs {
     /// model's newest complete version in --repo).
     #[arg(long)]
     pub template: Option<PathBuf>,
-    /// upgrade: the binary the server is replaced with (default: the one
-    /// on disk where the server was started from).
-    #[arg(long)]
-    pub binary: Option<PathBuf>,
     /// command: run with `sh -c` at each swap, placeholders filled:
     /// `{swap}` the swap number from 1 (also spelled n in braces),
     /// `{version}` the version from --versions, `{model}` the model, `{url}`
@@ -261,7 +258,6 @@ impl DrillArgs {
             || self.rollout_max_inconclusive.is_some()
             || self.rollout_guards.is_some();
         ensure!(self.swap == SwapMethod::Rollout || !rollout_options, "--rollout-* options need --swap rollout");
-        ensure!(self.swap == SwapMethod::Upgrade || self.binary.is_none(), "--binary needs --swap upgrade");
         if self.swap == SwapMethod::Rollout {
             if let Some(guards) = &self.rollout_guards {
                 let value: serde_json::Value =

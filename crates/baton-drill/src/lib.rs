@@ -230,7 +230,6 @@ fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::t
         "repo": args.repo,
         "template": args.template,
         "command": args.command,
-        "binary": args.binary,
         "rollout": (args.swap == args::SwapMethod::Rollout).then(|| json!({
             "body": rollout::start_body(args).ok(),
             "timeout_s": args.rollout_timeout.as_secs_f64(),

@@ -7,15 +7,19 @@
 //! anyone. Inference is served on the inference listeners only. Management
 //! (load, unload, rollback, retire) is served on the admin listeners when
 //! there are any, else on the inference listeners; it needs the admin token
-//! when one is set, and is refused under `--model-control none`. The front
-//! ends classify their routes; [`Access::check`] decides, the same way for
-//! REST and gRPC.
+//! when one is set, and is refused under `--model-control none`. The
+//! server scope (the upgrade, which runs a program) follows management's
+//! listener and token rules, and is refused on a listener bound to an
+//! address that is not loopback unless the token protects it, whatever the
+//! model control and `--insecure-management` say. The front ends classify
+//! their routes; [`Access::check`] decides, the same way for REST and gRPC.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::error::{Class, ServeError};
 
@@ -85,11 +89,11 @@ impl Token {
 
     /// Whether `presented` is the token. The comparison takes the same time
     /// whatever the presented token holds and however long it is: both
-    /// sides are digests of fixed length, compared without an early exit.
+    /// sides are digests of fixed length, compared in constant time
+    /// (`subtle`, which keeps the optimiser from adding an early exit).
     pub fn matches(&self, presented: &[u8]) -> bool {
         let theirs: [u8; 32] = Sha256::digest(presented).into();
-        let difference = self.digest.iter().zip(theirs.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        std::hint::black_box(difference) == 0
+        self.digest.ct_eq(&theirs).into()
     }
 }
 
@@ -117,6 +121,9 @@ pub struct Access {
     fleet: bool,
     /// Set while an upgrade of the server runs: model operations wait.
     held: Arc<AtomicBool>,
+    /// Whether the REST listener of each role (inference, admin) binds an
+    /// address that is not loopback. The server scope is REST alone.
+    public: [bool; 2],
 }
 
 impl Access {
@@ -124,7 +131,21 @@ impl Access {
     /// on admin listeners when `admin_listener`, and is refused under
     /// [`ModelControl::None`].
     pub fn new(token: Option<Token>, admin_listener: bool, control: ModelControl) -> Access {
-        Access { token, admin_listener, control, fleet: false, held: Arc::default() }
+        Access { token, admin_listener, control, fleet: false, held: Arc::default(), public: [false; 2] }
+    }
+
+    /// The same policy, knowing that the REST listener of `role` binds an
+    /// address that is not loopback (`public`): there the server scope
+    /// needs the token.
+    pub fn exposed(mut self, role: Listener, public: bool) -> Access {
+        self.public[role as usize] = public;
+        self
+    }
+
+    /// Whether the server scope is refused on `listener` for want of a
+    /// token: it is public and no token is set.
+    pub fn server_unprotected(&self, listener: Listener) -> bool {
+        self.token.is_none() && self.public[listener as usize]
     }
 
     /// The switch that holds model operations (409 `upgrade_in_progress`)
@@ -213,6 +234,17 @@ impl Access {
             }
         }
         if scope == Scope::Server {
+            if self.server_unprotected(listener) {
+                tracing::warn!(operation = what, "Refused an upgrade on a public listener that no token protects.");
+                return Err(ServeError::new(
+                    Class::Forbidden,
+                    "upgrade_unprotected",
+                    "replacing the server is refused on this listener: it binds an address that is not loopback \
+                     and no admin token protects it. Start baton with --admin-token-file FILE and send the token, \
+                     or upgrade through a loopback admin listener (--admin-http 127.0.0.1:PORT), or send SIGUSR2 \
+                     to the process on its machine",
+                ));
+            }
             return Ok(());
         }
         if self.held.load(Ordering::SeqCst) {
@@ -357,6 +389,27 @@ mod tests {
             Some("fleet_managed")
         );
         assert!(!fleet.is_open(Listener::Admin, Scope::Server) && !fleet.is_open(Listener::Inference, Scope::Server));
+    }
+
+    #[test]
+    fn the_server_scope_on_a_public_listener_needs_the_token_whatever_the_mode() {
+        let s = Scope::Server;
+        for control in [ModelControl::None, ModelControl::Poll, ModelControl::Explicit] {
+            let open = access(None, false, control).exposed(Listener::Inference, true);
+            assert_eq!(kind(open.check(Listener::Inference, s, None, "x")), Some("upgrade_unprotected"), "{control:?}");
+            assert_eq!(kind(open.check(Listener::Inference, Scope::Inference, None, "x")), None, "the rest serves");
+            let token = access(Some("t"), false, control).exposed(Listener::Inference, true);
+            assert_eq!(kind(token.check(Listener::Inference, s, None, "x")), Some("unauthorized"));
+            assert_eq!(kind(token.check(Listener::Inference, s, Some(b"Bearer t"), "x")), None);
+            let loopback = access(None, false, control);
+            assert_eq!(kind(loopback.check(Listener::Inference, s, None, "x")), None);
+        }
+        // A loopback admin listener takes the upgrade off the public port.
+        let admin = access(None, true, ModelControl::Poll).exposed(Listener::Inference, true);
+        assert_eq!(kind(admin.check(Listener::Inference, s, None, "x")), Some("wrong_listener"));
+        assert_eq!(kind(admin.check(Listener::Admin, s, None, "x")), None);
+        let public_admin = admin.exposed(Listener::Admin, true);
+        assert_eq!(kind(public_admin.check(Listener::Admin, s, None, "x")), Some("upgrade_unprotected"));
     }
 
     #[test]

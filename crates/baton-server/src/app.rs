@@ -67,7 +67,7 @@ pub struct App {
     pub operations_held: std::sync::OnceLock<Arc<AtomicBool>>,
     shutdown: tokio::sync::watch::Sender<bool>,
     /// What this server hands over to a new binary, once it listens.
-    pub upgrade: std::sync::OnceLock<Arc<crate::serve::upgrade::Source>>,
+    pub upgrade: std::sync::OnceLock<Arc<crate::upgrade::Source>>,
     upgrading: AtomicBool,
 }
 
@@ -138,68 +138,26 @@ impl App {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    /// Replaces this server with `binary` (its own by default), waiting up
-    /// to `within` for the new process to be ready; then shuts down as on
-    /// SIGTERM. Returns the new process's pid. On failure nothing changes.
-    /// `cold`: the new process gets the sockets at once and loads only
-    /// once this one has drained and exited, so the two never hold the
-    /// models together; this one shuts down at once.
-    pub async fn upgrade(
-        &self,
-        binary: Option<std::path::PathBuf>,
-        within: std::time::Duration,
-        cold: bool,
-    ) -> Result<u32, crate::serve::upgrade::UpgradeError> {
-        use crate::serve::upgrade::UpgradeError;
-        let source = self.upgrade.get().cloned().ok_or(UpgradeError::Busy("this server cannot hand itself over"))?;
-        if self.draining() {
-            return Err(UpgradeError::Busy("the server is shutting down"));
-        }
-        if self.upgrading.swap(true, Ordering::SeqCst) {
-            return Err(UpgradeError::Busy("an upgrade is already running"));
-        }
-        // In a fleet the new process is the same replica, under the same
-        // lease: the fleet sees no replica leave.
-        let lease = self.cluster.get().and_then(|health| health.lease());
-        let fleet = crate::serve::upgrade::Fleet { replica_id: self.replica_id.get().cloned(), lease };
-        // The new process keeps what this one keeps for rollback.
-        let kept: crate::serve::upgrade::Kept = self
-            .registry
-            .statuses()
-            .into_iter()
-            .filter(|status| !status.previous.is_empty())
-            .map(|status| (status.name, status.previous))
-            .collect();
-        // The new process takes each rollout up where the state file has
-        // it: no rollout here moves on meanwhile.
-        self.registry.hold_rollouts(true);
-        let held = self.operations_held.get().cloned().unwrap_or_default();
-        held.store(true, Ordering::SeqCst);
-        let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, fleet, kept, cold)).await;
-        let result = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
-        match &result {
-            Ok(pid) => {
-                if let (Some(health), Some(lease)) = (self.cluster.get(), lease) {
-                    health.share_lease(Some(lease));
-                }
-                tracing::info!(new_pid = pid, "A new process serves in this one's place; shutting down as on SIGTERM.");
-                let me = rustix::process::getpid();
-                let _ = rustix::process::kill_process(me, rustix::process::Signal::TERM);
-            }
-            Err(error) => {
-                tracing::warn!(%error, "The upgrade did not happen; this process serves on.");
-                self.registry.hold_rollouts(false);
-                held.store(false, Ordering::SeqCst);
-                self.upgrading.store(false, Ordering::SeqCst);
-            }
-        }
-        result
-    }
-
     /// Whether this server is handing itself over to a new process, or
     /// has.
     pub fn upgrading(&self) -> bool {
         self.upgrading.load(Ordering::SeqCst)
+    }
+
+    /// Marks an upgrade begun; false when one runs already.
+    pub(crate) fn begin_upgrade(&self) -> bool {
+        !self.upgrading.swap(true, Ordering::SeqCst)
+    }
+
+    /// Marks the upgrade that ran ended without a handover.
+    pub(crate) fn end_upgrade(&self) {
+        self.upgrading.store(false, Ordering::SeqCst);
+    }
+
+    /// The access policy's switch that holds model operations; a detached
+    /// one when the policy gave none (a server inside a test).
+    pub(crate) fn operations_held(&self) -> Arc<AtomicBool> {
+        self.operations_held.get_or_init(Arc::default).clone()
     }
 
     /// Changes to `true` when shutdown begins.

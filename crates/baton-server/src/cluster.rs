@@ -123,18 +123,19 @@ pub fn replica_id(flag: Option<&str>) -> String {
 
 /// Starts the participant on the current runtime; it stops when the app
 /// starts draining. Readiness follows its convergence.
-/// `handed` is what the process this one replaces handed on (nothing
-/// outside an upgrade): the replica's ID and lease are taken over.
+/// `handed` is what the process this one replaces handed on (`None`
+/// outside an upgrade): the replica's ID and lease are taken over, and
+/// this process acts for the replica only once it serves.
 pub fn start(
     app: &Arc<App>,
     args: &ClusterArgs,
     address: String,
-    handed: crate::serve::upgrade::Fleet,
+    handed: Option<crate::upgrade::Fleet>,
 ) -> Option<Arc<Health>> {
     let cluster = args.cluster.clone()?;
     let health = Arc::new(Health::default());
-    if let Some(lease) = handed.lease {
-        health.inherit_lease(lease);
+    if let Some(handed) = &handed {
+        health.inherit_lease(handed.lease);
     }
     let ready_app = Arc::clone(app);
     let ready = Arc::new(move |models: Option<BTreeSet<String>>| match models {
@@ -143,7 +144,7 @@ pub fn start(
     });
     let node = Arc::new(RegistryNode::new(app.registry.clone(), ready));
     let mut config = args.replica(&cluster, address, false);
-    if let Some(id) = handed.replica_id {
+    if let Some(id) = handed.and_then(|h| h.replica_id) {
         config.id = id;
     }
     let _ = app.replica_id.set(config.id.clone());

@@ -21,6 +21,7 @@ mod rollout_start;
 mod serve;
 mod serving;
 mod status;
+mod upgrade;
 
 pub use serve::{InProcess, ServeArgs};
 
@@ -88,13 +89,11 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
-    /// Replace the running server with a new binary (its own by default):
-    /// the new process takes over the listening sockets once it is ready,
-    /// and the old one drains and exits.
+    /// Replace the running server with a new process of its own
+    /// executable, as on disk now (install the new binary at that path
+    /// first): the new process takes over the listening sockets once it is
+    /// ready, and the old one drains and exits.
     Upgrade {
-        /// The new binary.
-        #[arg(long)]
-        binary: Option<std::path::PathBuf>,
         /// How long the new process may take to be ready, in seconds.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
@@ -215,7 +214,7 @@ pub fn main() -> ExitCode {
         Command::Rollback { name, target } => cli::rollback(&target, &name),
         Command::Pin { name, version, target } => cli::pin(&target, &name, version),
         Command::Unpin { name, target } => cli::unpin(&target, &name),
-        Command::Upgrade { binary, timeout, cold, target } => cli::upgrade(&target, binary.as_deref(), timeout, cold),
+        Command::Upgrade { timeout, cold, target } => cli::upgrade(&target, timeout, cold),
         Command::Rollout(args) => cli::rollout(&args),
         Command::Fleet(args) => cli::fleet(&args),
         Command::Events { json, target } => cli::events(&target, json),

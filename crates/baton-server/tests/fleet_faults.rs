@@ -338,3 +338,68 @@ fn a_failed_upgrade_of_a_replica_leaves_its_lease_and_registration_alone() {
         t.assert_clean(&[1]);
     }
 }
+
+#[test]
+fn an_upgraded_coordinator_and_its_successor_never_both_judge_a_window() {
+    let etcd = Etcd::start();
+    // A model that takes seconds to warm up: the new process of the
+    // upgrade loads for several windows while the old one coordinates.
+    let repos: Vec<TestRepo> = (0..2).map(|_| slow_repo(&[1])).collect();
+    let (replicas, traffic) = fleet_of(&etcd, &repos);
+    // Every judgement is inconclusive (no window has a billion samples), so
+    // the step holds and each window's judgement is written as a decision.
+    let interval_ms = 500;
+    let args = [
+        "rollout",
+        "s",
+        "--version",
+        "2",
+        "--steps",
+        "50,100",
+        "--interval",
+        "500ms",
+        "--min-samples",
+        "1000000000",
+        "--max-inconclusive",
+        "100000",
+        "--detach",
+    ];
+    let detached = fleet_child(&etcd, &args).wait_with_output().expect("baton fleet rollout --detach");
+    assert!(detached.status.success(), "{}", common::text(&detached.stderr));
+    eventually("the first step to be committed", || record(&etcd).filter(|r| r["phase"] == "committed").map(drop));
+    let coordinator_key = "/baton/ff/coordinator/s";
+    let held = eventually("a replica to coordinate", || etcd.get_kv(coordinator_key));
+    let holder = read(&etcd, "coordinator/s").and_then(|v| v.as_str().map(str::to_owned)).expect("the holder's id");
+    let upgraded = &replicas[holder.trim_start_matches('r').parse::<usize>().expect("r1 or r2") - 1];
+    let judged = |record: &Value| -> Vec<u64> {
+        let decisions = record["decisions"].as_array().cloned().unwrap_or_default();
+        decisions.iter().filter(|d| d["action"] == "held").filter_map(|d| d["at_ms"].as_u64()).collect()
+    };
+    eventually("a first judgement", || record(&etcd).filter(|r| !judged(r).is_empty()).map(drop));
+
+    let answer = common::upgrade::upgrade(upgraded.base(), b"{}");
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let _new = common::upgrade::Adopted(answer.json()["new_pid"].as_u64().expect("the new pid") as u32);
+    eventually("the old process to exit", || common::upgrade::gone(upgraded.pid()).then_some(()));
+    let at_exit = judged(&record(&etcd).expect("the record")).len();
+    eventually("three judgements after the old process exited", || {
+        record(&etcd).filter(|r| judged(r).len() >= at_exit + 3).map(drop)
+    });
+    let done = record(&etcd).expect("the record");
+    let mut times = judged(&done);
+    times.sort_unstable();
+    let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    // One coordinator judges a window every interval on its own clock; two
+    // at once judge at interleaved instants, some closer than half of it.
+    assert!(
+        gaps.iter().all(|gap| *gap * 10 >= interval_ms * 8),
+        "two judgements closer than the interval ({interval_ms} ms): gaps {gaps:?}"
+    );
+    let still = etcd.get_kv(coordinator_key).expect("the coordinator key");
+    assert_eq!(still["create_revision"], held["create_revision"], "the same tenure: {still} after {held}");
+    assert_ne!(still["mod_revision"], held["mod_revision"], "the new process took the key over: {still}");
+    assert_eq!(done["phase"], "committed", "{done}");
+    for t in traffic {
+        t.assert_clean(&[1, 2]);
+    }
+}

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use baton_testkit::onnx::sample_input;
 use baton_testkit::server::Client;
-use common::upgrade::{Adopted, gone, upgrade};
+use common::upgrade::{Adopted, Installed, gone, upgrade};
 use common::{SIZES, repo_with, request, start};
 
 /// Requests to model `m` in a loop until stopped: over one keep-alive
@@ -114,10 +114,12 @@ fn two_upgrades_in_a_row_under_traffic_fail_no_request_and_each_old_process_exit
 #[test]
 fn an_upgrade_to_a_binary_that_exits_at_start_changes_nothing() {
     let repo = repo_with("m", &[1], "");
-    let server = start(&repo, &[]);
+    let installed = Installed::new();
+    let server = installed.start(&repo, &[]);
     server.wait_serving("m", 1);
     let traffic = Traffic::start(server.base());
-    let refused = upgrade(server.base(), br#"{"binary": "/bin/false"}"#);
+    installed.replace_with_script("exit 1");
+    let refused = upgrade(server.base(), b"{}");
     assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
     assert_eq!(refused.json()["kind"], "upgrade_failed");
     assert!(refused.error().contains("exited before it was ready"), "{}", refused.error());
@@ -229,26 +231,25 @@ fn a_cold_upgrade_loads_only_once_the_old_process_has_exited_and_fails_no_reques
 
 #[test]
 fn model_operations_wait_while_an_upgrade_runs_and_go_on_once_it_failed() {
-    use std::os::unix::fs::PermissionsExt;
     let repo = repo_with("m", &[1], "");
-    let server = start(&repo, &[]);
+    let installed = Installed::new();
+    let server = installed.start(&repo, &[]);
     server.wait_serving("m", 1);
-    // A "binary" that takes a second and a half to fail.
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let slow = dir.path().join("slow-to-fail");
-    std::fs::write(&slow, "#!/bin/sh\nsleep 1.5\nexit 3\n").expect("writing the script");
-    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // A "binary" that fails once the test lets it.
+    let go = installed.dir().join("go");
+    installed.replace_with_script(&format!("while [ ! -e '{}' ]; do sleep 0.05; done\nexit 3", go.display()));
     let rollback = || Client::new(server.base()).post_json("/baton/v1/models/m/rollback", &serde_json::json!({}));
     assert_eq!(rollback().json()["kind"], "no_previous_version");
     let base = server.base().to_owned();
-    let body = serde_json::json!({ "binary": slow }).to_string();
-    let upgrading = std::thread::spawn(move || upgrade(&base, body.as_bytes()));
+    let upgrading = std::thread::spawn(move || upgrade(&base, b"{}"));
     let held = baton_testkit::server::eventually("a model operation held by the upgrade", || {
         let answer = rollback();
         (answer.json()["kind"] == "upgrade_in_progress").then_some(answer)
     });
     assert_eq!(held.status, 409, "{}", common::text(&held.body));
+    std::fs::write(&go, "").expect("letting the new process fail");
     let failed = upgrading.join().expect("the upgrade's thread");
     assert_eq!(failed.status, 422, "{}", common::text(&failed.body));
+    assert!(failed.error().contains("exit status: 3"), "{}", failed.error());
     assert_eq!(rollback().json()["kind"], "no_previous_version", "released once the upgrade failed");
 }

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
 use baton_testkit::server::{Client, eventually};
-use common::upgrade::{Adopted, gone, second_binary, upgrade};
-use common::{repo_with, start};
+use common::repo_with;
+use common::upgrade::{Adopted, Installed, gone, stamped, upgrade};
 use serde_json::{Value, json};
 
 /// `perf_analyzer` sending to model `m` at concurrency 1 over `protocol`,
@@ -111,10 +111,11 @@ impl Drop for Tritonclient {
     }
 }
 
-/// Upgrades the server at `base` to `binary`, waits for the old process to
-/// exit, and returns the new process.
-fn upgrade_to(base: &str, binary: &Path, old: u32) -> Adopted {
-    let answer = upgrade(base, json!({ "binary": binary }).to_string().as_bytes());
+/// Puts `binary` at the server's executable path, upgrades the server at
+/// `base`, waits for the old process to exit, and returns the new process.
+fn upgrade_to(base: &str, installed: &Installed, binary: &[u8], old: u32) -> Adopted {
+    installed.replace(binary);
+    let answer = upgrade(base, b"{}");
     assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
     assert_eq!(answer.json()["old_pid"].as_u64(), Some(u64::from(old)));
     let new = Adopted(answer.json()["new_pid"].as_u64().expect("the new pid") as u32);
@@ -125,9 +126,10 @@ fn upgrade_to(base: &str, binary: &Path, old: u32) -> Adopted {
 #[test]
 fn tritonclient_and_perf_analyzer_see_no_failure_through_upgrades_between_two_binaries() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let second = second_binary(dir.path(), "second");
+    let installed = Installed::new();
+    let (first, second) = (std::fs::read(&installed.path).expect("the binary"), stamped("second"));
     let repo = repo_with("m", &[1], "");
-    let server = start(&repo, &[]);
+    let server = installed.start(&repo, &[]);
     server.wait_serving("m", 1);
     let (http, grpc) = (server.base().trim_start_matches("http://").to_owned(), server.grpc_address().to_owned());
     let version_of_server =
@@ -141,9 +143,9 @@ fn tritonclient_and_perf_analyzer_see_no_failure_through_upgrades_between_two_bi
     }
     let clients = Tritonclient::start(&http, &grpc);
 
-    let middle = upgrade_to(server.base(), &second, server.pid());
+    let middle = upgrade_to(server.base(), &installed, &second, server.pid());
     assert_eq!(version_of_server(), format!("{first_version}+second"), "the second binary answers");
-    let last = upgrade_to(server.base(), common::bin(), middle.0);
+    let last = upgrade_to(server.base(), &installed, &first, middle.0);
     assert_eq!(version_of_server(), first_version, "the first binary answers again");
     for p in &mut perf {
         assert!(p.running(), "perf_analyzer finished before the upgrades did:\n{}", p.text());

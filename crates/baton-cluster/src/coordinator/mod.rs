@@ -32,27 +32,56 @@ const SWITCH_REPORTS: Duration = Duration::from_secs(10);
 /// Names listed in a reason, at most; the rest are counted.
 const NAMED: usize = 5;
 
-/// Holding a coordinator key: the revision it was created at (the fence
-/// every write checks) and the lease it lives under.
+/// Holding a coordinator key: the revisions it was created and last
+/// written at (the fence every write checks) and the lease it lives under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tenure {
     /// The key's creation revision.
     pub created: i64,
+    /// The revision this process took the key at: its epoch as the
+    /// coordinator.
+    pub revision: i64,
     /// The lease it lives under.
     pub lease: i64,
+}
+
+impl Tenure {
+    /// `txn`, only while the coordinator key of `model` is this tenure's.
+    fn fence(&self, store: &Store, model: &str, txn: Txn) -> Txn {
+        let key = store.keys.coordinator(model);
+        txn.if_created_at(&key, self.created).if_changed_at(&key, self.revision)
+    }
 }
 
 /// Takes the coordinator key of `model` under `lease`: the tenure, or
 /// `None` when someone holds it.
 pub async fn campaign(store: &Store, model: &str, me: &str, lease: i64) -> Result<Option<Tenure>, ClusterError> {
     let created = store.create(&store.keys.coordinator(model), &me.to_owned(), Some(lease)).await?;
-    Ok(created.map(|created| Tenure { created, lease }))
+    Ok(created.map(|created| Tenure { created, revision: created, lease }))
+}
+
+/// Takes over the coordinator key of `model` that this replica holds under
+/// `lease`, created at `created`, from an earlier process of the same
+/// replica (an upgrade, or this process before a reconnect): rewrites it,
+/// which gives it a new revision, the new tenure's epoch. Every write
+/// fenced by an earlier epoch is refused from then on. `None` when the key
+/// is gone or another's.
+pub async fn take_over(
+    store: &Store,
+    model: &str,
+    me: &str,
+    lease: i64,
+    created: i64,
+) -> Result<Option<Tenure>, ClusterError> {
+    let key = store.keys.coordinator(model);
+    let txn = Txn::new().if_created_at(&key, created).put_record(&key, &me.to_owned(), Some(lease))?;
+    Ok(store.commit(txn).await?.map(|revision| Tenure { created, revision, lease }))
 }
 
 /// Gives the coordinator key back, if it is still the one of `tenure`.
 pub async fn resign(store: &Store, model: &str, tenure: Tenure) {
     let key = store.keys.coordinator(model);
-    if let Err(error) = store.commit(Txn::new().if_created_at(&key, tenure.created).delete(&key)).await {
+    if let Err(error) = store.commit(tenure.fence(store, model, Txn::new()).delete(&key)).await {
         tracing::debug!(model, %error, "Could not give the coordinator key back; its lease will.");
     }
 }
@@ -107,7 +136,7 @@ pub async fn coordinate(
     let mut watch = store.watch(&spans, view.revision + 1).await?;
     let mut clock = Clock::default();
     loop {
-        if view.holder != Some(tenure.created) {
+        if view.holder != Some((tenure.created, tenure.revision)) {
             return Err(ClusterError::Fenced(format!("the coordinator key of model {model} is gone or another's")));
         }
         let Some(read) = view.record.clone() else {
@@ -239,10 +268,7 @@ async fn look(
         ends = Some("guards");
     }
     let key = store.keys.record(model);
-    let txn = txn
-        .if_created_at(&store.keys.coordinator(model), tenure.created)
-        .if_changed_at(&key, read.revision)
-        .put_record(&key, &next, None)?;
+    let txn = tenure.fence(store, model, txn).if_changed_at(&key, read.revision).put_record(&key, &next, None)?;
     if store.commit(txn).await?.is_some() {
         if let Some(reason) = ends {
             health.aborted(reason);
@@ -266,7 +292,7 @@ async fn look(
 /// deliver it).
 async fn fenced(store: &Store, model: &str, tenure: Tenure) -> Result<(), ClusterError> {
     let holder = store.get::<String>(&store.keys.coordinator(model)).await?;
-    if holder.is_some_and(|h| h.created == tenure.created) {
+    if holder.is_some_and(|h| (h.created, h.revision) == (tenure.created, tenure.revision)) {
         return Ok(());
     }
     Err(ClusterError::Fenced(format!("the coordinator key of model {model} is gone or another's")))
@@ -454,10 +480,8 @@ async fn finish(
     let mut filed = record.clone();
     filed.switch = Some(summary);
     let key = store.keys.record(model);
-    let txn = Txn::new()
-        .if_created_at(&store.keys.coordinator(model), tenure.created)
-        .if_changed_at(&key, read.revision)
-        .put_record(&key, &filed, None)?;
+    let txn =
+        tenure.fence(store, model, Txn::new()).if_changed_at(&key, read.revision).put_record(&key, &filed, None)?;
     if store.commit(txn).await?.is_none() {
         // Another rollout began, or the key is gone: the summary is only
         // for status, so it is not filed.

@@ -21,8 +21,8 @@ pub(crate) struct View {
     pub revision: i64,
     /// The rollout record.
     pub record: Option<Read<RolloutRecord>>,
-    /// The coordinator key's creation revision, while it exists.
-    pub holder: Option<i64>,
+    /// The coordinator key's creation and last revisions, while it exists.
+    pub holder: Option<(i64, i64)>,
     /// Registered replicas, with their labels.
     live: BTreeMap<String, BTreeMap<String, String>>,
     /// Every replica's latest ack, of whichever rollout.
@@ -111,7 +111,7 @@ impl View {
                 Err(error) => tracing::warn!(key, %error, "Skipped a rollout record that cannot be read."),
             }
         } else if key == self.keys.coordinator(&self.model) {
-            self.holder = kv.map(|kv| kv.created);
+            self.holder = kv.map(|kv| (kv.created, kv.revision));
         } else if key.starts_with(&self.keys.replicas()) {
             match kv.map(|kv| decode::<ReplicaRecord>(key, &kv.value)) {
                 Some(Ok(replica)) => {

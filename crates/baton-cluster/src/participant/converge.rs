@@ -123,6 +123,11 @@ impl<N: Node> Participant<N> {
     /// written under that lease already or the rollout moved on. With no
     /// session, the next one writes it.
     pub(super) async fn write_ack(&self, model: &Model) {
+        // A new process of an upgrade acks once it acts for the replica:
+        // what the old one acked stands meanwhile.
+        if !self.health.acting() {
+            return;
+        }
         let Some(session) = self.session.borrow().clone() else { return };
         let ack = {
             let view = model.view.lock();

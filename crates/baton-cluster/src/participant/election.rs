@@ -126,9 +126,11 @@ impl Election {
         }
     }
 
-    /// Coordinates again the rollouts whose keys this replica still holds
-    /// under `lease` (kept alive across a reconnect).
-    pub fn resume_held<N: Node>(&self, participant: &Arc<Participant<N>>, store: &Store, lease: i64) {
+    /// Coordinates again the rollouts whose keys this replica holds under
+    /// `lease` (kept alive across a reconnect, or handed over by the
+    /// process this one replaced), each under a new epoch: the key is
+    /// taken over first, so that a write of the earlier holder is refused.
+    pub async fn resume_held<N: Node>(&self, participant: &Arc<Participant<N>>, store: &Store, lease: i64) {
         let held: Vec<(String, i64)> = {
             let state = self.state.lock();
             state
@@ -139,8 +141,16 @@ impl Election {
                 .collect()
         };
         for (model, created) in held {
-            tracing::info!(model = %model, replica = %participant.config.id, "Coordinating again a fleet rollout whose key this replica kept.");
-            self.spawn(participant, store, &model, Tenure { created, lease });
+            match coordinator::take_over(store, &model, &participant.config.id, lease, created).await {
+                Ok(Some(tenure)) => {
+                    tracing::info!(model = %model, replica = %participant.config.id, epoch = tenure.revision, "Coordinating again a fleet rollout whose key this replica kept.");
+                    self.spawn(participant, store, &model, tenure);
+                }
+                Ok(None) => tracing::debug!(model = %model, "The coordinator key this replica kept is gone."),
+                Err(error) => {
+                    tracing::warn!(model = %model, %error, "Could not take over the coordinator key this replica kept.")
+                }
+            }
         }
     }
 

@@ -178,6 +178,9 @@ impl<N: Node> Participant<N> {
         tracing::info!(replica = %self.config.id, cluster = %self.config.name, endpoint = store.endpoint(), "Joined the fleet.");
 
         let mut keeper = keeper;
+        // A new process of an upgrade acts for the replica only once it
+        // serves (see `Health::own_lease`).
+        let mut acting = self.health.acting();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
@@ -204,8 +207,16 @@ impl<N: Node> Participant<N> {
                     ticks += 1;
                     self.on_tick(store, lease, ticks).await?;
                 }
-                () = tokio::time::sleep_until(due.into()), if self.config.coordinate => {
+                () = tokio::time::sleep_until(due.into()), if self.config.coordinate && acting && self.health.acting() => {
                     self.election.campaign_due(self, store, lease).await;
+                }
+                () = self.health.until_acting(), if !acting => {
+                    acting = true;
+                    tracing::info!(replica = %self.config.id, "This process acts for the replica from now on.");
+                    self.register(store, lease).await?;
+                    if self.config.coordinate {
+                        self.election.resume_held(self, store, lease).await;
+                    }
                 }
                 _ = stop.changed() => {
                     if *stop.borrow() {
@@ -269,7 +280,9 @@ impl<N: Node> Participant<N> {
         }
         if self.config.coordinate {
             self.election.reset(lists.next().unwrap_or_default());
-            self.election.resume_held(self, store, lease);
+            if self.health.acting() {
+                self.election.resume_held(self, store, lease).await;
+            }
         }
         store.watch(prefixes, revision + 1).await
     }
@@ -438,8 +451,12 @@ impl<N: Node> Participant<N> {
         Ok(())
     }
 
-    /// Writes the replica's registration under the lease, when it changed.
+    /// Writes the replica's registration under the lease, when it changed
+    /// and this process acts for the replica.
     async fn register(&self, store: &Store, lease: i64) -> Result<(), ClusterError> {
+        if !self.health.acting() {
+            return Ok(());
+        }
         let required = self.required.lock().clone().unwrap_or_default();
         let models: BTreeMap<String, Serving> = required.iter().map(|m| (m.clone(), self.node.serving(m))).collect();
         let ready = self.reported.lock().clone().flatten().is_some();

@@ -1,11 +1,12 @@
-//! `--swap upgrade`: replaces baton's binary under the load. A swap posts
+//! `--swap upgrade`: replaces baton's process under the load with a new
+//! one of its executable as on disk (the server never runs a binary a
+//! request names). A swap posts
 //! `POST /baton/v1/upgrade`, which answers once the new process serves,
 //! then waits for the old process to exit: the swap is done, and its window
 //! starts to close, only then, so the window covers the old process's
 //! drain. The memory sampled follows both processes while both live, then
 //! the new one alone.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -39,7 +40,6 @@ pub struct Upgrade {
     url: String,
     token: Option<String>,
     agent: ureq::Agent,
-    binary: Option<PathBuf>,
     timeout: Duration,
     followed: Followed,
 }
@@ -47,17 +47,10 @@ pub struct Upgrade {
 impl Upgrade {
     /// The upgrade the options describe.
     pub fn from_args(args: &DrillArgs, http: &Endpoint, followed: &Followed) -> anyhow::Result<Upgrade> {
-        let binary = match &args.binary {
-            Some(binary) => {
-                Some(std::path::absolute(binary).with_context(|| format!("--binary {}", binary.display()))?)
-            }
-            None => None,
-        };
         Ok(Upgrade {
             url: admin_url(args, http, "/baton/v1/upgrade"),
             token: baton_protocol::token::client_token(args.token_file.as_deref())?,
             agent: admin_agent(args),
-            binary,
             timeout: args.swap_timeout,
             followed: std::sync::Arc::clone(followed),
         })
@@ -67,10 +60,7 @@ impl Upgrade {
     pub fn run(&self) -> Outcome {
         let failed = |detail: String| Outcome { ok: false, detail, version: None, handover: None };
         let started = Instant::now();
-        let mut body = json!({ "timeout_s": self.timeout.as_secs().max(1) });
-        if let Some(binary) = &self.binary {
-            body["binary"] = json!(binary);
-        }
+        let body = json!({ "timeout_s": self.timeout.as_secs().max(1) });
         let mut request = self.agent.post(&self.url).header("content-type", "application/json");
         if let Some(token) = &self.token {
             request = request.header("authorization", format!("Bearer {token}"));

@@ -130,13 +130,9 @@ pub fn unpin(target: &Target, model: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `baton upgrade [--binary PATH] [--timeout S] [--cold]`.
-pub fn upgrade(target: &Target, binary: Option<&std::path::Path>, timeout_s: u64, cold: bool) -> anyhow::Result<()> {
-    let mut body = json!({ "timeout_s": timeout_s, "cold": cold });
-    if let Some(binary) = binary {
-        let binary = std::path::absolute(binary)?;
-        body["binary"] = json!(binary);
-    }
+/// `baton upgrade [--timeout S] [--cold]`.
+pub fn upgrade(target: &Target, timeout_s: u64, cold: bool) -> anyhow::Result<()> {
+    let body = json!({ "timeout_s": timeout_s, "cold": cold });
     let answer = target.admin()?.post_json("/baton/v1/upgrade", &body)?;
     if !cold {
         println!(

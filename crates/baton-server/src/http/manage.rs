@@ -117,20 +117,24 @@ pub async fn events(
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-/// `POST /baton/v1/upgrade`, with an optional `{"binary": PATH,
-/// "timeout_s": N, "cold": BOOL}`: replaces this server with a new process
-/// of `binary` (this server's own, as on disk now, by default) that takes
-/// over its listening sockets once it is ready, within `timeout_s` (600).
-/// Answers with both pids once the new process serves; this one then shuts
-/// down as on SIGTERM. When the new process fails, nothing changes: 422
-/// `upgrade_failed` says why; 409 `upgrade_in_progress` when one runs.
-/// `cold`: answers once the new process has the sockets; this one drains
-/// and exits, and the new one loads only then.
+/// `POST /baton/v1/upgrade`, with an optional `{"timeout_s": N, "cold":
+/// BOOL}`: replaces this server with a new process of its own executable,
+/// as on disk now, that takes over its listening sockets once it is ready,
+/// within `timeout_s` (600). Answers with both pids once the new process
+/// serves; this one then shuts down as on SIGTERM. When the new process
+/// fails, nothing changes: 422 `upgrade_failed` says why; 409
+/// `upgrade_in_progress` when one runs. `cold`: answers once the new
+/// process has the sockets and has checked its start; this one drains and
+/// exits, and the new one loads only then. A body naming a `binary` is
+/// refused (400 `binary_not_accepted`): the program is never chosen over
+/// the network.
 pub async fn upgrade(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Value>, ApiError> {
     #[derive(serde::Deserialize, Default)]
     #[serde(deny_unknown_fields)]
     struct Request {
-        binary: Option<std::path::PathBuf>,
+        /// Refused whatever it holds; parsed to say so rather than
+        /// "unknown field".
+        binary: Option<Value>,
         timeout_s: Option<u64>,
         #[serde(default)]
         cold: bool,
@@ -141,9 +145,20 @@ pub async fn upgrade(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Va
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request("invalid_json", format!("request body: {e}")))?
     };
+    if request.binary.is_some() {
+        let own = app.upgrade.get().map_or_else(|| "its path".to_owned(), |s| s.binary().display().to_string());
+        return Err(ApiError::bad_request(
+            "binary_not_accepted",
+            format!(
+                "an upgrade runs the server's own executable as on disk now ({own}), never a binary named in a \
+                 request, which would let a caller run a program of its choosing: replace the file at that path \
+                 with the new binary (install it there, or rename it into place), then upgrade with no \"binary\""
+            ),
+        ));
+    }
     let within = Duration::from_secs(request.timeout_s.unwrap_or(600).max(1));
     let began = std::time::Instant::now();
-    match app.upgrade(request.binary, within, request.cold).await {
+    match crate::upgrade::upgrade(Arc::clone(&app), within, request.cold).await {
         Ok(new_pid) => Ok(Json(json!({
             "old_pid": std::process::id(),
             "new_pid": new_pid,

@@ -2,6 +2,11 @@
 //! listening (systemd socket activation: `LISTEN_PID`, `LISTEN_FDS` and
 //! `LISTEN_FDNAMES`), or bound from its flags.
 //!
+//! The variables are read by the `sd-notify` crate, as systemd's
+//! `sd_listen_fds_with_names` reads them (only when `LISTEN_PID` names this
+//! process; every descriptor marked close-on-exec); baton then decides what
+//! each socket stands for.
+//!
 //! A socket passed in keeps listening while the server restarts: the
 //! process manager holds it, connections queue in its backlog, and the
 //! next server takes them. Sockets are named after the listener they
@@ -19,9 +24,6 @@ use super::ServeArgs;
 
 /// The listeners' names, in the order unnamed sockets are taken.
 pub const NAMES: [&str; 4] = ["http", "grpc", "admin-http", "admin-grpc"];
-
-/// The first descriptor passed (`SD_LISTEN_FDS_START`).
-const FIRST_FD: RawFd = 3;
 
 /// A listener, and the address it listens on.
 pub type Listener = (tokio::net::TcpListener, SocketAddr);
@@ -49,9 +51,8 @@ impl Passed {
     /// from now on, so that no worker process holds them. The variables
     /// stay: a child has another pid, so it takes nothing.
     pub fn from_env() -> anyhow::Result<Passed> {
-        let vars = |name: &str| std::env::var(name).ok();
-        let passed = passed(std::process::id(), vars("LISTEN_PID"), vars("LISTEN_FDS"), vars("LISTEN_FDNAMES"))
-            .map_err(anyhow::Error::msg)?;
+        let given = sd_notify::listen_fds_with_names().context("reading the sockets passed in (LISTEN_FDS)")?;
+        let passed = named(given.collect()).map_err(anyhow::Error::msg)?;
         // SAFETY: the process that started this one left each descriptor
         // open for it (LISTEN_PID names this process), and nothing else
         // here owns it.
@@ -150,41 +151,24 @@ fn adopt(fd: OwnedFd) -> anyhow::Result<(std::net::TcpListener, SocketAddr)> {
     Ok((listener, address))
 }
 
-/// The descriptors passed to process `pid`, each with the listener it
-/// stands for, from the variables' values: none unless `LISTEN_PID` is
-/// `pid`, as systemd's `sd_listen_fds` reads them.
-fn passed(
-    pid: u32,
-    listen_pid: Option<String>,
-    listen_fds: Option<String>,
-    names: Option<String>,
-) -> Result<Vec<(String, RawFd)>, String> {
-    let (Some(listen_pid), Some(listen_fds)) = (listen_pid, listen_fds) else { return Ok(Vec::new()) };
-    if listen_pid.trim().parse::<u32>().ok() != Some(pid) {
-        return Ok(Vec::new());
+/// The listener each passed descriptor stands for, from the names it was
+/// passed with: by name when one of them is a listener's, else (no names,
+/// or systemd's defaults: the socket unit's name, or "unknown") in order.
+fn named(given: Vec<(RawFd, String)>) -> Result<Vec<(String, RawFd)>, String> {
+    if given.len() > NAMES.len() {
+        return Err(format!("LISTEN_FDS = {}: baton listens on at most {} sockets", given.len(), NAMES.len()));
     }
-    let count: usize = listen_fds.trim().parse().map_err(|_| format!("LISTEN_FDS = '{listen_fds}': not a number"))?;
-    if count > NAMES.len() {
-        return Err(format!("LISTEN_FDS = {count}: baton listens on at most {} sockets", NAMES.len()));
-    }
-    // Sockets count as named when one of the names is a listener's; else
-    // (no names, systemd's defaults: the socket unit's name, or "unknown")
-    // they are taken in order.
-    let given: Vec<String> = names.map(|n| n.split(':').map(str::to_owned).collect()).unwrap_or_default();
-    let named = given.iter().any(|n| NAMES.contains(&n.as_str()));
-    if named && given.len() != count {
-        return Err(format!("LISTEN_FDNAMES names {} sockets, LISTEN_FDS passes {count}", given.len()));
-    }
-    let mut sockets = Vec::with_capacity(count);
-    for i in 0..count {
-        let name = if named { given[i].clone() } else { NAMES[i].to_owned() };
+    let by_name = given.iter().any(|(_, n)| NAMES.contains(&n.as_str()));
+    let mut sockets: Vec<(String, RawFd)> = Vec::with_capacity(given.len());
+    for (i, (fd, given)) in given.into_iter().enumerate() {
+        let name = if by_name { given } else { NAMES[i].to_owned() };
         if !NAMES.contains(&name.as_str()) {
             return Err(format!("LISTEN_FDNAMES: '{name}' is none of {}, as other sockets are", NAMES.join(", ")));
         }
         if sockets.iter().any(|(n, _)| *n == name) {
             return Err(format!("LISTEN_FDNAMES: '{name}' is passed twice"));
         }
-        sockets.push((name, FIRST_FD + RawFd::try_from(i).unwrap_or(RawFd::MAX)));
+        sockets.push((name, fd));
     }
     Ok(sockets)
 }
@@ -193,29 +177,25 @@ fn passed(
 mod tests {
     use super::*;
 
-    fn read(pid: &str, fds: &str, names: Option<&str>) -> Result<Vec<(String, RawFd)>, String> {
-        passed(7, Some(pid.to_owned()), Some(fds.to_owned()), names.map(str::to_owned))
+    fn read(names: &[&str]) -> Result<Vec<(String, RawFd)>, String> {
+        named(names.iter().enumerate().map(|(i, n)| (3 + i as RawFd, (*n).to_owned())).collect())
     }
 
     #[test]
-    fn passed_sockets_are_read_by_name_or_in_order_and_only_for_this_process() {
-        let named = read("7", "2", Some("grpc:http")).unwrap();
+    fn passed_sockets_are_taken_by_name_or_in_order() {
+        let named = read(&["grpc", "http"]).unwrap();
         assert_eq!(named, [("grpc".to_owned(), 3), ("http".to_owned(), 4)]);
-        let ordered = read("7", "3", None).unwrap();
+        let ordered = read(&["unknown", "unknown", "unknown"]).unwrap();
         assert_eq!(ordered, [("http".to_owned(), 3), ("grpc".to_owned(), 4), ("admin-http".to_owned(), 5)]);
-        assert_eq!(read("7", "2", Some("unknown:unknown")).unwrap(), ordered[..2]);
-        assert_eq!(read("7", "2", Some("baton.socket:baton.socket")).unwrap(), ordered[..2]);
-        assert!(read("8", "2", None).unwrap().is_empty(), "passed to another process");
-        assert!(passed(7, None, Some("2".into()), None).unwrap().is_empty());
-        for (fds, names, needle) in [
-            ("x", None, "not a number"),
-            ("5", None, "at most 4"),
-            ("2", Some("http"), "names 1 sockets"),
-            ("2", Some("http:rest"), "'rest' is none of"),
-            ("2", Some("http:http"), "passed twice"),
+        assert_eq!(read(&["baton.socket", "baton.socket"]).unwrap(), ordered[..2]);
+        assert!(read(&[]).unwrap().is_empty());
+        for (names, needle) in [
+            (&["http", "grpc", "admin-http", "admin-grpc", "x"][..], "at most 4"),
+            (&["http", "rest"], "'rest' is none of"),
+            (&["http", "http"], "passed twice"),
         ] {
-            let error = read("7", fds, names).unwrap_err();
-            assert!(error.contains(needle), "{fds} {names:?}: {error}");
+            let error = read(names).unwrap_err();
+            assert!(error.contains(needle), "{names:?}: {error}");
         }
     }
 }

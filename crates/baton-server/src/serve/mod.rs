@@ -9,7 +9,6 @@ pub mod listeners;
 mod notify;
 pub mod repo;
 pub mod shutdown;
-pub mod upgrade;
 pub mod watch;
 
 use std::future::Future;
@@ -27,6 +26,7 @@ use tokio::sync::broadcast::error::RecvError;
 use crate::access::{Access, Listener, Token};
 use crate::app::App;
 use crate::decisions::{Decisions, Kind};
+use crate::upgrade;
 pub use args::{Control, ServeArgs};
 use listeners::Passed;
 use repo::Repo;
@@ -40,31 +40,32 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         None => (None, listeners::Passed::from_env()?),
     };
     passed.apply(&mut args);
+    // What a start checks before it loads anything; the server this one
+    // replaces learns the outcome before it drains (a cold upgrade).
+    let checked = Checked::run(&args);
+    if let Some(target) = &target {
+        target.checked(checked.as_ref().map(drop).map_err(|e| format!("{e:#}")));
+    }
+    let Checked { control, access, repo, mut decisions, onnx } = checked?;
     // A cold handover: nothing loads here until the old server has freed
     // its memory by exiting. Connections wait in the sockets' backlog.
     if let Some(target) = target.as_ref().filter(|t| t.cold) {
         tracing::info!("Waiting for the server this one replaces to exit before loading (a cold upgrade).");
         target.await_old_exit();
+        // Read again: the state file is the old server's until it exits.
+        decisions = self::decisions(&args, &repo.state_root)?;
     }
-    let (control, access) = access(&args)?;
-    let repo = Repo::open(&args)?;
-    let decisions = decisions(&args, &repo.state_root)?;
     baton_core::sys::keep_large_allocations_mapped();
     match baton_core::sys::raise_open_files_limit() {
         Ok(limit) => tracing::debug!(limit, "Open files limit."),
         Err(error) => tracing::warn!(%error, "Could not raise the limit on open files."),
     }
-    // Session threads are started from here, at serving priority.
-    baton_core::executor::start_spawner();
-    // ONNX Runtime is started here, on the main thread, at serving priority.
-    let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
     // A model whose [engine] says isolation = "process" runs in a worker:
     // this executable again, as `baton worker`.
     let program = std::env::current_exe().context("finding baton's own executable for worker processes")?;
     let onnx = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()])
         .with_runtime_env("ORT_DYLIB_PATH");
     let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
-    check_named_models(&app, &repo.name, &control)?;
     let _ = app.operations_held.set(access.holder());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let result = runtime.block_on(serve(app, args, (target, passed), control, access, Trigger::Signals, |bound| {
@@ -89,6 +90,33 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     result
 }
 
+/// What `baton serve` checks before it loads anything, and what the
+/// checks read: the flags, the token file, the repository (readable, and
+/// holding every model `--load-model` names), the state file, and ONNX
+/// Runtime. A new process of an upgrade reports the outcome to the old
+/// one before it goes on.
+struct Checked {
+    control: Control,
+    access: Arc<Access>,
+    repo: Repo,
+    decisions: Decisions,
+    onnx: baton_onnx::OnnxBackend,
+}
+
+impl Checked {
+    fn run(args: &ServeArgs) -> anyhow::Result<Checked> {
+        let (control, access) = access(args)?;
+        let repo = Repo::open(args)?;
+        check_repository(&repo, &control)?;
+        let decisions = decisions(args, &repo.state_root)?;
+        // Session threads are started from here, at serving priority.
+        baton_core::executor::start_spawner();
+        // ONNX Runtime is started here, on the main thread, at serving priority.
+        let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Checked { control, access, repo, decisions, onnx })
+    }
+}
+
 /// The model control and the access rules the flags ask for; refuses
 /// management open to a public address.
 fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
@@ -101,21 +129,38 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
         args.insecure_management,
     )?;
     let admin_listener = args.admin_http.is_some() || args.admin_grpc.is_some();
-    let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode);
+    let public = |address: std::net::SocketAddr| !address.ip().to_canonical().is_loopback();
+    let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode)
+        .exposed(Listener::Inference, public(args.http))
+        .exposed(Listener::Admin, args.admin_http.is_some_and(public));
     if args.cluster.checked_store()?.is_some() {
         access = access.managed_by_fleet();
+    }
+    // Said at start, not only to the first caller refused.
+    let upgrades_on =
+        if admin_listener { (Listener::Admin, args.admin_http) } else { (Listener::Inference, Some(args.http)) };
+    if let (role, Some(address)) = upgrades_on
+        && access.server_unprotected(role)
+    {
+        tracing::warn!(
+            %address,
+            "Upgrades (POST /baton/v1/upgrade) are refused here: the address is not loopback and no admin token \
+             protects it. Use --admin-token-file, a loopback --admin-http, or SIGUSR2."
+        );
     }
     let access = Arc::new(access);
     Ok((control, access))
 }
 
-/// Refuses to start when `--load-model` names a model the repository does
-/// not have: a typo should be loud.
-fn check_named_models(app: &App, repo: &str, control: &Control) -> anyhow::Result<()> {
-    if let Some(named) = &control.at_start {
-        let models = app.registry.source().models().map_err(|e| anyhow::anyhow!("listing {repo}: {e}"))?;
-        if let Some(missing) = named.iter().find(|m| !models.contains(m)) {
-            anyhow::bail!("--load-model {missing}: the repository {repo} has no such model");
+/// Refuses to start when the repository cannot be listed (a directory;
+/// an object store is listed as it answers, and baton rides out its
+/// outages), or when `--load-model` names a model it does not have: a typo
+/// should be loud.
+fn check_repository(repo: &Repo, control: &Control) -> anyhow::Result<()> {
+    if !repo.is_store() || control.at_start.is_some() {
+        let models = repo.source.models().map_err(|e| anyhow::anyhow!("listing {}: {e}", repo.name))?;
+        if let Some(missing) = control.at_start.iter().flatten().find(|m| !models.contains(m)) {
+            anyhow::bail!("--load-model {missing}: the repository {} has no such model", repo.name);
         }
     }
     Ok(())
@@ -214,10 +259,10 @@ impl InProcess {
         anyhow::ensure!(args.repo.is_some(), "an in-process server needs --repo");
         let repo = Repo::open(&args)?;
         let (control, access) = access(&args)?;
+        check_repository(&repo, &control)?;
         let decisions = decisions(&args, &repo.state_root)?;
         baton_core::executor::start_spawner();
         let app = app(&repo, &args, backends, decisions);
-        check_named_models(&app, &repo.name, &control)?;
         let _ = app.operations_held.set(access.holder());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening, addresses) = std::sync::mpsc::channel();
@@ -335,7 +380,7 @@ async fn serve(
         admin_http: admin_http.as_ref().map(|(_, a)| *a),
         admin_grpc: admin_grpc.as_ref().map(|(_, a)| *a),
     };
-    let handed = target.as_ref().map(|t| t.fleet.clone()).unwrap_or_default();
+    let handed = target.as_ref().map(|t| t.fleet.clone());
     if let Some(health) = crate::cluster::start(&app, &args.cluster, format!("http://{address}"), handed) {
         let _ = app.cluster.set(health);
     }
@@ -364,10 +409,17 @@ async fn serve(
     if let Some(target) = &target {
         match target.await_ready(&app).await {
             Ok(()) => target.keep(&app).await,
+            // The old server gave up on this one (it shuts the channel,
+            // then sends SIGTERM), or an operator stopped it: a clean exit,
+            // loads still running left behind.
+            Err(stopped @ (upgrade::NotReady::Stopped | upgrade::NotReady::OldGone)) if !target.cold => {
+                tracing::info!(why = %stopped, "Stopped before it was ready: the server it was to replace serves on.");
+                return Ok(());
+            }
             // After a cold handover there is no old server to fall back
             // on: this one serves, not ready, as any start whose load failed.
             Err(error) if target.cold => tracing::warn!(%error, "Serving though not ready."),
-            Err(error) => return Err(error),
+            Err(error) => return Err(anyhow::anyhow!("taking over from the running server: {error}")),
         }
     }
     let mut servers: Vec<Served> = vec![
@@ -384,9 +436,10 @@ async fn serve(
     tokio::spawn(notify::when_ready(Arc::clone(&app), target.is_some()));
     if let Some(target) = target {
         target.ready();
-        // The lease is this process's own from now on.
+        // The lease is this process's own from now on, and it acts for
+        // the replica: registers, acks, coordinates.
         if let Some(health) = app.cluster.get() {
-            health.share_lease(None);
+            health.own_lease();
         }
     }
     let grace = Duration::from_secs(args.shutdown_timeout);

@@ -6,6 +6,12 @@
 //! process rather than counting the old one's exit as the service's end
 //! (the unit needs `NotifyAccess=all`, since the new process is not the
 //! one systemd started). Outside systemd, nothing is sent.
+//!
+//! Sent by hand rather than with the `sd-notify` crate (which baton uses to
+//! read passed sockets): its `notify` connects to `NOTIFY_SOCKET` as a
+//! path, so a manager that names an abstract socket (`@name`, as systemd's
+//! own `sd_notify` accepts and container managers use) would never hear
+//! from baton. The protocol is one datagram of `KEY=VALUE` lines.
 
 use std::os::unix::net::UnixDatagram;
 

@@ -79,6 +79,11 @@ impl Repo {
         Ok(Repo { name: text, source: Arc::new(LocalRepository::new(&root)), state_root: root, store: None })
     }
 
+    /// Whether it is an object store read through the cache.
+    pub fn is_store(&self) -> bool {
+        self.store.is_some()
+    }
+
     /// Lets the cache know which versions serve, so that it keeps them.
     pub fn serve_for(&self, app: &Arc<App>) {
         if let Some(store) = &self.store {

@@ -1,0 +1,121 @@
+//! Replacing the running server with a new process of its own executable
+//! while it serves: the handover, in one place.
+//!
+//! The running server (the old process) starts its executable again with
+//! its own arguments and one end of a channel (a Unix socket pair) at a
+//! fixed descriptor, named by `BATON_UPGRADE_FD`, and hands over its
+//! listening sockets (`SCM_RIGHTS`), which it keeps accepting on. The new
+//! process checks what any start checks, says so, loads what the state
+//! file and the repository say should serve, as a restart would, and only
+//! once ready starts accepting on the same sockets and says so. The old
+//! process then shuts down as on SIGTERM. A cold upgrade turns the order
+//! round: once the new process has checked its start, the old one drains
+//! and exits first, and the new one loads after.
+//!
+//! The pieces, from start to exit:
+//!
+//! - [`upgrade`]: the operation, for the API and SIGUSR2. It runs in a task
+//!   of its own, which a client that hangs up does not cancel.
+//! - [`holds`]: what the old process holds while it hands over (model
+//!   operations, rollouts, one upgrade at a time), and the guard that
+//!   releases it on every path but a handover.
+//! - [`old`]: the old side: start the new process, hand over, wait, or
+//!   stop it (channel shut, SIGTERM, SIGKILL past a grace).
+//! - [`message`]: what the two say over the channel.
+//! - [`new`]: the new side: receive, check, wait for the old process
+//!   (cold), wait until ready or told to stop, say so.
+//!
+//! In a fleet the new process is the same replica under the same lease;
+//! it owns the lease, registers, acks and coordinates only once it serves
+//! (docs/upgrade.md, "In a fleet").
+
+mod error;
+mod holds;
+mod message;
+pub mod new;
+pub mod old;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use error::UpgradeError;
+pub use message::{Fleet, Kept};
+pub use new::{NotReady, Target};
+pub use old::Source;
+
+use crate::app::App;
+
+/// The variable naming the channel's descriptor in the new process.
+pub const FD_ENV: &str = "BATON_UPGRADE_FD";
+
+/// Replaces this server with a new process of its own executable, waiting
+/// up to `within` for it to take over; this process then shuts down as on
+/// SIGTERM. Returns the new process's pid. On failure nothing changes.
+///
+/// The work runs in a task of its own: dropping the returned future (a
+/// client that hung up) neither cancels the upgrade nor leaves its holds
+/// set.
+pub async fn upgrade(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, UpgradeError> {
+    let task = tokio::spawn(run(app, within, cold));
+    task.await.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the upgrade's task ended: {e}"))))
+}
+
+/// The upgrade, start to end.
+async fn run(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, UpgradeError> {
+    let deadline = Instant::now() + within;
+    let source = app.upgrade.get().cloned().ok_or(UpgradeError::Busy("this server cannot hand itself over"))?;
+    let holding = Arc::clone(&app);
+    let holds = tokio::task::spawn_blocking(move || holds::Holds::take(holding))
+        .await
+        .unwrap_or_else(|e| Err(UpgradeError::Failed(format!("taking the upgrade's holds: {e}"))))?;
+    // Read only now that nothing moves: the rollouts' hold is a barrier.
+    let kept = kept(&app);
+    // In a fleet the new process is the same replica, under the same
+    // lease: the fleet sees no replica leave.
+    let lease = app.cluster.get().and_then(|health| health.lease());
+    let fleet = Fleet { replica_id: app.replica_id.get().cloned(), lease };
+    tracing::info!(binary = %source.binary().display(), cold, "Starting a new process to take this one's place.");
+    let handed = tokio::task::spawn_blocking(move || source.hand_over(deadline, within, fleet, kept, cold)).await;
+    let pid = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
+    let pid = match pid {
+        Ok(pid) => pid,
+        Err(error) => {
+            tracing::warn!(%error, "The upgrade did not happen; this process serves on.");
+            return Err(error);
+        }
+    };
+    holds.hand_over();
+    if let Some(health) = app.cluster.get() {
+        // The lease lives on in the new process; this one no longer acts
+        // for the replica.
+        health.hand_over_lease(lease);
+    }
+    tracing::info!(new_pid = pid, "A new process serves in this one's place; shutting down as on SIGTERM.");
+    let me = rustix::process::getpid();
+    let _ = rustix::process::kill_process(me, rustix::process::Signal::TERM);
+    Ok(pid)
+}
+
+/// The versions each model keeps for rollback: what the new process
+/// keeps too.
+fn kept(app: &App) -> Kept {
+    app.registry
+        .statuses()
+        .into_iter()
+        .filter(|status| !status.previous.is_empty())
+        .map(|status| (status.name, status.previous))
+        .collect()
+}
+
+/// Upgrades on SIGUSR2, as `POST /baton/v1/upgrade` with no body does,
+/// for process managers: the outcome is in the log.
+pub async fn on_signal(app: Arc<App>) {
+    let Ok(mut usr2) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()) else {
+        tracing::warn!("Could not install the SIGUSR2 handler; upgrades go through the API alone.");
+        return;
+    };
+    while usr2.recv().await.is_some() {
+        tracing::info!("SIGUSR2: replacing this server with its executable as on disk now.");
+        tokio::spawn(upgrade(Arc::clone(&app), Duration::from_secs(600), false));
+    }
+}
