@@ -172,7 +172,10 @@ impl App {
             .collect();
         // The new process takes each rollout up where the state file has
         // it: no rollout here moves on meanwhile.
-        self.registry.hold_rollouts(true);
+        // A barrier: it waits for a judgement in flight (up to the metric
+        // guards' Prometheus timeout), so not on an async worker.
+        let registry = self.registry.clone();
+        crate::serving::blocking(move || registry.hold_rollouts(true)).await;
         let held = self.operations_held.get().cloned().unwrap_or_default();
         held.store(true, Ordering::SeqCst);
         let handed = tokio::task::spawn_blocking(move || source.hand_over(binary, within, fleet, kept, cold)).await;

@@ -63,7 +63,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let program = std::env::current_exe().context("finding baton's own executable for worker processes")?;
     let onnx = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()])
         .with_runtime_env("ORT_DYLIB_PATH");
-    let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
+    let app = app(&repo, &args, vec![Arc::new(onnx)], decisions)?;
     check_named_models(&app, &repo.name, &control)?;
     let _ = app.operations_held.set(access.holder());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
@@ -101,7 +101,9 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
         args.insecure_management,
     )?;
     let admin_listener = args.admin_http.is_some() || args.admin_grpc.is_some();
-    let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode);
+    let outcomes_token = args.outcomes_token_file.as_deref().map(crate::access::read_token_file).transpose()?;
+    let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode)
+        .with_outcomes_token(outcomes_token.as_deref().map(Token::new));
     if args.cluster.checked_store()?.is_some() {
         access = access.managed_by_fleet();
     }
@@ -143,7 +145,25 @@ fn decisions(args: &ServeArgs, root: &std::path::Path) -> anyhow::Result<Decisio
     Ok(decisions)
 }
 
-fn app(repo: &Repo, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions: Decisions) -> Arc<App> {
+fn app(
+    repo: &Repo,
+    args: &ServeArgs,
+    backends: Vec<Arc<dyn Backend>>,
+    decisions: Decisions,
+) -> anyhow::Result<Arc<App>> {
+    let metric_source = match args.prometheus_url.as_deref() {
+        Some(url) => {
+            let timeout = args.prometheus_timeout.0.unwrap_or(crate::prometheus::QUERY_TIMEOUT);
+            let prometheus = crate::prometheus::Prometheus::new(url, timeout).map_err(|e| anyhow::anyhow!(e))?;
+            tracing::info!(
+                prometheus = prometheus.shown(),
+                timeout_ms = timeout.as_millis() as u64,
+                "Metric guards query this Prometheus."
+            );
+            Some(Arc::new(prometheus) as Arc<dyn baton_core::rollout::metric::MetricSource>)
+        }
+        None => None,
+    };
     let registry = Registry::new(
         Arc::clone(&repo.source),
         backends,
@@ -152,9 +172,8 @@ fn app(repo: &Repo, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions
             loader_idle: args.loader_idle,
             step_aside: args.step_aside(),
             memory_budget: args.memory_budget,
-            metric_source: args.prometheus_url.as_deref().map(|url| {
-                Arc::new(crate::prometheus::Prometheus::new(url)) as Arc<dyn baton_core::rollout::metric::MetricSource>
-            }),
+            metric_source,
+            outcome_key: args.outcome_key()?,
             ..RegistryConfig::default()
         },
     );
@@ -168,7 +187,7 @@ fn app(repo: &Repo, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions
     }
     let app = Arc::new(App::new(registry, limits, decisions));
     repo.serve_for(&app);
-    app
+    Ok(app)
 }
 
 /// The addresses a server listens on.
@@ -216,7 +235,7 @@ impl InProcess {
         let (control, access) = access(&args)?;
         let decisions = decisions(&args, &repo.state_root)?;
         baton_core::executor::start_spawner();
-        let app = app(&repo, &args, backends, decisions);
+        let app = app(&repo, &args, backends, decisions)?;
         check_named_models(&app, &repo.name, &control)?;
         let _ = app.operations_held.set(access.holder());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
