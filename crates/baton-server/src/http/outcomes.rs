@@ -10,9 +10,10 @@
 //! What a client posts decides a canary, so a post is held to what an
 //! inference request is, and more:
 //!
-//! - It is admitted like one (`--max-in-flight`), and its body and then
-//!   its decoded items are reserved in the request memory budget before
-//!   they are held (503 when the server is full).
+//! - It is admitted like one (`--max-in-flight`), its body must arrive
+//!   within `--request-timeout`, and its body and then its decoded items
+//!   are reserved in the request memory budget before they are held (503
+//!   when the server is full).
 //! - Its body has a limit of its own, [`MAX_BODY`], far below
 //!   `--max-request-bytes` (413 beyond it, unread).
 //! - It is decoded item by item ([`decode`]): the item after the
@@ -69,7 +70,14 @@ pub async fn post(State(app): State<Arc<App>>, Path(model): Path<String>, reques
     };
     let deadline = deadline::after(arrived, app.limits.request_timeout);
     let mut ticket = Ticket::new(&app, deadline);
-    let bytes = match body::read_within(&app, &model, &parts.headers, &mut body, &mut ticket, limit).await {
+    let reading = body::read_within(&app, &model, &parts.headers, &mut body, &mut ticket, limit);
+    let read = match deadline {
+        None => reading.await,
+        Some(deadline) => {
+            tokio::time::timeout_at(deadline.into(), reading).await.unwrap_or_else(|_| Err(deadline::exceeded()))
+        }
+    };
+    let bytes = match read {
         Ok(bytes) => bytes,
         Err(e) => {
             drop(ticket);

@@ -102,6 +102,13 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
     )?;
     let admin_listener = args.admin_http.is_some() || args.admin_grpc.is_some();
     let outcomes_token = args.outcomes_token_file.as_deref().map(crate::access::read_token_file).transpose()?;
+    if outcomes_token.is_none() && !args.http.ip().to_canonical().is_loopback() {
+        tracing::warn!(
+            address = %args.http,
+            "Anyone who can reach this address may post outcomes, which rollouts' outcome guards judge; \
+             --outcomes-token-file keeps them to the services given its token."
+        );
+    }
     let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode)
         .with_outcomes_token(outcomes_token.as_deref().map(Token::new));
     if args.cluster.checked_store()?.is_some() {
