@@ -54,6 +54,11 @@ impl Inner {
         let due: Vec<(String, u64)> =
             self.rollouts.lock().iter().filter(|(_, p)| p.due(now)).map(|(m, p)| (m.clone(), p.id)).collect();
         for (model, id) in due {
+            // A model another operation holds is judged on a later tick;
+            // its Prometheus is not asked for nothing meanwhile.
+            if Busy::is_taken(self, &model) {
+                continue;
+            }
             let Some(judging) = self.hold.begin() else { return };
             let metrics = self.read_metrics(&model);
             let Some(_applying) = judging.apply() else {

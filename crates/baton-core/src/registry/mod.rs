@@ -643,6 +643,11 @@ pub(crate) struct Busy {
 }
 
 impl Busy {
+    /// Whether another operation holds `model` now.
+    fn is_taken(inner: &Inner, model: &str) -> bool {
+        inner.models.lock().get(model).is_some_and(|entry| entry.busy)
+    }
+
     fn take(inner: &Arc<Inner>, model: &str) -> Result<Busy, LoadError> {
         let mut models = inner.models.lock();
         let entry = models.entry(model.to_owned()).or_default();

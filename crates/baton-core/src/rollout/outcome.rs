@@ -152,7 +152,13 @@ impl Fields {
         if bytes.len() != ID_LEN || bytes[0] != b'o' || !id.is_ascii() {
             return Err(malformed());
         }
-        let hex = |range: std::ops::Range<usize>| u64::from_str_radix(&id[range], 16).map_err(|_| malformed());
+        // Hex digits only: `from_str_radix` would take a sign too.
+        let hex = |range: std::ops::Range<usize>| {
+            if !bytes[range.clone()].iter().all(u8::is_ascii_hexdigit) {
+                return Err(malformed());
+            }
+            u64::from_str_radix(&id[range], 16).map_err(|_| malformed())
+        };
         let (front, seq, back) = (hex(1..9)?, hex(10..26)?, hex(26..34)?);
         let candidate = match bytes[9] {
             b's' => false,
@@ -401,7 +407,8 @@ mod tests {
     #[test]
     fn what_is_not_an_id_is_malformed() {
         let o = key().outcomes("m", 1);
-        for bad in ["", "click", &"o".repeat(ID_LEN), &format!("x{}", &o.issue(Role::Stable).unwrap()[1..])] {
+        let signed = format!("o+{}", &o.issue(Role::Stable).unwrap()[2..]);
+        for bad in ["", "click", &"o".repeat(ID_LEN), &format!("x{}", &o.issue(Role::Stable).unwrap()[1..]), &signed] {
             assert!(matches!(o.parse(bad), Err(IdError::Malformed(_))), "{bad}");
         }
         let mut other_side = o.issue(Role::Stable).unwrap().into_bytes();
