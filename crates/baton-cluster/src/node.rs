@@ -41,6 +41,15 @@ pub trait Node: Send + Sync + 'static {
     /// stable one, with no traffic.
     fn prepare(&self, model: &str, version: u64) -> impl Future<Output = Result<(), Refusal>> + Send;
 
+    /// [`Node::prepare`], for the fleet's rollout `rollout`: a node that
+    /// serves the rollout itself takes the id as the rollout's identity,
+    /// which its answers' outcome ids are bound to, so that every replica
+    /// takes the ids any of them issued. By default, as `prepare`.
+    fn prepare_for(&self, model: &str, version: u64, rollout: u64) -> impl Future<Output = Result<(), Refusal>> + Send {
+        let _ = rollout;
+        self.prepare(model, version)
+    }
+
     /// The prepared candidate takes all of the node's traffic; the stable
     /// version stays loaded, to go back to.
     fn share_all(&self, model: &str) -> impl Future<Output = Result<(), Refusal>> + Send;

@@ -31,6 +31,36 @@ impl RegistryNode {
     pub fn new(registry: Registry, ready: Readiness) -> RegistryNode {
         RegistryNode { registry, ready }
     }
+
+    /// Prepares `version` as the candidate of a steered rollout whose
+    /// identity is `rollout` (a fresh one when `None`). A candidate of the
+    /// same version and rollout is kept; one of an earlier rollout (ended
+    /// unseen, or of the same version under another rollout) is dropped
+    /// first, so that its outcome ids are not taken for this one's.
+    async fn prepare_rollout(&self, model: &str, version: u64, rollout: Option<u64>) -> Result<(), Refusal> {
+        if let Some(candidate) = self.serving(model).candidate {
+            let same = candidate == version && rollout.is_none_or(|id| self.rollout_id(model) == Some(id));
+            if same {
+                return Ok(());
+            }
+            self.drop_candidate(model, false).await?;
+        }
+        let paired = true;
+        let start = RolloutStart {
+            version: Some(version),
+            plan: Some(steered_plan(paired)),
+            steered: true,
+            id: rollout,
+            ..RolloutStart::default()
+        };
+        let handle = self.registry.start_rollout(model, start).map_err(|e| refusal(&e))?;
+        handle.finished().await.map(drop).map_err(|e| refusal(&e))
+    }
+
+    /// The identity of `model`'s rollout in the routing table, if any.
+    fn rollout_id(&self, model: &str) -> Option<u64> {
+        self.registry.snapshot().model(model)?.rollout.as_ref().map(|r| r.id)
+    }
 }
 
 /// The plan of a steered rollout: no traffic, then all of it; windows are
@@ -78,22 +108,11 @@ impl Node for RegistryNode {
     }
 
     async fn prepare(&self, model: &str, version: u64) -> Result<(), Refusal> {
-        if let Some(candidate) = self.serving(model).candidate {
-            if candidate == version {
-                return Ok(());
-            }
-            // A candidate of an earlier rollout that ended unseen.
-            self.drop_candidate(model, false).await?;
-        }
-        let paired = true;
-        let start = RolloutStart {
-            version: Some(version),
-            plan: Some(steered_plan(paired)),
-            steered: true,
-            ..RolloutStart::default()
-        };
-        let handle = self.registry.start_rollout(model, start).map_err(|e| refusal(&e))?;
-        handle.finished().await.map(drop).map_err(|e| refusal(&e))
+        self.prepare_rollout(model, version, None).await
+    }
+
+    async fn prepare_for(&self, model: &str, version: u64, rollout: u64) -> Result<(), Refusal> {
+        self.prepare_rollout(model, version, Some(rollout)).await
     }
 
     async fn share_all(&self, model: &str) -> Result<(), Refusal> {

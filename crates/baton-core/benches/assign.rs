@@ -1,6 +1,8 @@
 //! What picking a request's side of a rollout costs: the route a request
 //! takes through a table with a canary rollout, with and without a sticky
-//! key, and the sticky bucket of a key alone.
+//! key, and the sticky bucket of a key alone; and what the outcome id an
+//! answer carries costs to issue (its HMAC-SHA256 code) and to check when
+//! it is posted back.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -63,7 +65,8 @@ fn table() -> Routing {
         weight: 500,
         paired: true,
         salt: assign::salt("m", 2),
-        outcomes: Arc::new(baton_core::rollout::outcome::Outcomes::new(assign::salt("m", 2))),
+        id: 1,
+        outcomes: Arc::new(baton_core::rollout::outcome::OutcomeKey::new(b"bench").outcomes("m", 1)),
         observations: Arc::new(Observations::default()),
         copies: Arc::new(CopyGate::new(64)),
         shadow: None,
@@ -90,5 +93,13 @@ fn bucket(c: &mut Criterion) {
     c.bench_function("bucket/64_bytes", |b| b.iter(|| assign::bucket(salt, black_box(&long))));
 }
 
-criterion_group!(benches, route, bucket);
+fn outcome_id(c: &mut Criterion) {
+    let outcomes = baton_core::rollout::outcome::OutcomeKey::new(b"a benchmark's key").outcomes("m", 1);
+    let role = baton_core::rollout::Role::Candidate;
+    c.bench_function("outcome_id/issue", |b| b.iter(|| outcomes.issue(black_box(role))));
+    let id = outcomes.issue(role).expect("an id");
+    c.bench_function("outcome_id/parse", |b| b.iter(|| outcomes.parse(black_box(&id)).is_ok()));
+}
+
+criterion_group!(benches, route, bucket, outcome_id);
 criterion_main!(benches);

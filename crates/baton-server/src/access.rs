@@ -4,7 +4,10 @@
 //!
 //! Every route and RPC has a [`Scope`]. Open ones (health, server metadata,
 //! metrics, status, the index, events) are served on every listener to
-//! anyone. Inference is served on the inference listeners only. Management
+//! anyone. Inference is served on the inference listeners only. Posting
+//! outcomes is served there too, and needs the outcomes token when one is
+//! set (`--outcomes-token-file`): what is posted decides canaries, so it
+//! can be kept from clients that may only ask for answers. Management
 //! (load, unload, rollback, retire) is served on the admin listeners when
 //! there are any, else on the inference listeners; it needs the admin token
 //! when one is set, and is refused under `--model-control none`. The
@@ -30,6 +33,10 @@ pub enum Scope {
     Open,
     /// Model metadata, configuration, readiness, statistics, inference.
     Inference,
+    /// Posting business outcomes of answers, which rollouts' outcome
+    /// guards judge: served where inference is, and needing the outcomes
+    /// token when one is set.
+    Outcomes,
     /// Load, unload, rollback, retire.
     Management,
     /// Operations on the server process itself (its upgrade): the admin
@@ -116,6 +123,8 @@ pub struct Privileged(pub bool);
 /// The access policy of a server.
 pub struct Access {
     token: Option<Token>,
+    /// The token posting outcomes needs, when one is set.
+    outcomes_token: Option<Token>,
     admin_listener: bool,
     control: ModelControl,
     fleet: bool,
@@ -131,7 +140,15 @@ impl Access {
     /// on admin listeners when `admin_listener`, and is refused under
     /// [`ModelControl::None`].
     pub fn new(token: Option<Token>, admin_listener: bool, control: ModelControl) -> Access {
-        Access { token, admin_listener, control, fleet: false, held: Arc::default(), public: [false; 2] }
+        Access {
+            token,
+            admin_listener,
+            control,
+            fleet: false,
+            held: Arc::default(),
+            public: [false; 2],
+            outcomes_token: None,
+        }
     }
 
     /// The same policy, knowing that the REST listener of `role` binds an
@@ -146,6 +163,13 @@ impl Access {
     /// token: it is public and no token is set.
     pub fn server_unprotected(&self, listener: Listener) -> bool {
         self.token.is_none() && self.public[listener as usize]
+    }
+
+    /// The same policy, with posting outcomes needing `token`
+    /// (`--outcomes-token-file`).
+    pub fn with_outcomes_token(mut self, token: Option<Token>) -> Access {
+        self.outcomes_token = token;
+        self
     }
 
     /// The switch that holds model operations (409 `upgrade_in_progress`)
@@ -182,6 +206,7 @@ impl Access {
         match scope {
             Scope::Open => true,
             Scope::Inference => listener == Listener::Inference,
+            Scope::Outcomes => listener == Listener::Inference && self.outcomes_token.is_none(),
             Scope::Management | Scope::Server => false,
         }
     }
@@ -203,11 +228,12 @@ impl Access {
     ) -> Result<(), ServeError> {
         match (scope, listener) {
             (Scope::Open, _) | (Scope::Inference, Listener::Inference) => return Ok(()),
-            (Scope::Inference, Listener::Admin) => {
+            (Scope::Inference | Scope::Outcomes, Listener::Admin) => {
                 return Err(wrong_listener(
-                    "inference is served on the inference listeners, not on the admin listener",
+                    "inference and outcomes are served on the inference listeners, not on the admin listener",
                 ));
             }
+            (Scope::Outcomes, Listener::Inference) => return self.check_outcomes(authorization, what),
             (Scope::Management | Scope::Server, Listener::Inference) if self.admin_listener => {
                 return Err(wrong_listener(
                     "management operations are served on the admin listener only (--admin-http, --admin-grpc), \
@@ -272,6 +298,30 @@ impl Access {
             ));
         }
         Ok(())
+    }
+}
+
+impl Access {
+    /// Whether a post of outcomes carrying `authorization` may go on: with
+    /// no outcomes token, as inference; with one, only with it.
+    fn check_outcomes(&self, authorization: Option<&[u8]>, what: &str) -> Result<(), ServeError> {
+        let Some(token) = &self.outcomes_token else { return Ok(()) };
+        let presented = authorization.and_then(bearer);
+        if presented.is_some_and(|p| token.matches(p)) {
+            return Ok(());
+        }
+        tracing::warn!(
+            operation = what,
+            presented = presented.is_some(),
+            "Refused a post of outcomes without the outcomes token."
+        );
+        let message = if presented.is_some() {
+            "the bearer token is not the server's outcomes token (--outcomes-token-file)"
+        } else {
+            "posting outcomes needs the outcomes token: send 'Authorization: Bearer <token>' with the token of the \
+             server's --outcomes-token-file"
+        };
+        Err(ServeError::new(Class::Unauthorized, "unauthorized", message))
     }
 }
 
@@ -423,6 +473,22 @@ mod tests {
         assert_eq!(kind(a.check(l, Scope::Inference, None, "x")), None);
         a.holder().store(false, Ordering::SeqCst);
         assert_eq!(kind(a.check(l, m, t, "x")), None);
+    }
+
+    #[test]
+    fn outcomes_are_open_as_inference_until_they_have_a_token_of_their_own() {
+        let (l, o) = (Listener::Inference, Scope::Outcomes);
+        let open = access(Some("admin"), false, ModelControl::Poll);
+        assert!(open.is_open(l, o) && !open.is_open(Listener::Admin, o));
+        assert_eq!(kind(open.check(l, o, None, "x")), None);
+        let guarded = access(Some("admin"), false, ModelControl::Poll).with_outcomes_token(Some(Token::new("o")));
+        assert!(!guarded.is_open(l, o));
+        for refused in [None, Some(&b"Bearer admin"[..]), Some(b"Bearer x"), Some(b"Basic o")] {
+            assert_eq!(kind(guarded.check(l, o, refused, "x")), Some("unauthorized"), "{refused:?}");
+        }
+        assert_eq!(kind(guarded.check(l, o, Some(b"Bearer o"), "x")), None);
+        assert_eq!(kind(guarded.check(Listener::Admin, o, Some(b"Bearer o"), "x")), Some("wrong_listener"));
+        assert_eq!(kind(guarded.check(l, Scope::Inference, None, "x")), None, "inference needs no token");
     }
 
     #[test]

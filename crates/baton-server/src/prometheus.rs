@@ -11,43 +11,100 @@ use std::time::Duration;
 use baton_core::rollout::metric::MetricSource;
 use serde_json::Value;
 
-/// How long one query may take before its reading is "did not answer".
+/// How long one query may take by default before its reading is "did not
+/// answer" (`--prometheus-timeout`).
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A Prometheus server's query API.
 #[derive(Debug)]
 pub struct Prometheus {
-    base: String,
+    /// The query API's URL, credentials and query string included.
+    url: String,
+    /// How the Prometheus is named in readings and logs: the URL without
+    /// its credentials and query.
+    shown: String,
+    /// What must never appear in a reading: the credentials and the query.
+    secrets: Vec<String>,
+    timeout: Duration,
     agent: ureq::Agent,
 }
 
 impl Prometheus {
-    /// The Prometheus at `base`, e.g. `http://127.0.0.1:9090`.
-    pub fn new(base: &str) -> Prometheus {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(QUERY_TIMEOUT))
-            .build()
-            .into();
-        Prometheus { base: base.trim_end_matches('/').to_owned(), agent }
+    /// The Prometheus at `base`, e.g. `http://127.0.0.1:9090` (or with
+    /// credentials, `http://user:password@host:9090`, sent as basic
+    /// authentication), each query given `timeout`. Refused, without
+    /// repeating the URL, when it is not an `http://` or `https://` URL
+    /// with a host.
+    pub fn new(base: &str, timeout: Duration) -> Result<Prometheus, String> {
+        let uri: axum::http::Uri =
+            base.parse().map_err(|_| "--prometheus-url is not a URL (http://host:port)".to_owned())?;
+        let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+            return Err("--prometheus-url needs a scheme and a host, as in http://127.0.0.1:9090".to_owned());
+        };
+        if !matches!(scheme, "http" | "https") {
+            return Err(format!("--prometheus-url must be an http:// or https:// URL, not {scheme}://"));
+        }
+        let host = authority.as_str().rsplit_once('@').map_or(authority.as_str(), |(_, host)| host);
+        let path = uri.path().trim_end_matches('/');
+        let shown = format!("{scheme}://{host}{path}");
+        let mut secrets = Vec::new();
+        if let Some((userinfo, _)) = authority.as_str().rsplit_once('@') {
+            secrets.push(userinfo.to_owned());
+            secrets.extend(userinfo.split(':').filter(|part| part.len() >= 3).map(str::to_owned));
+        }
+        if let Some(query) = uri.query() {
+            secrets.push(query.to_owned());
+            secrets.extend(query.split(['&', '=']).filter(|part| part.len() >= 3).map(str::to_owned));
+        }
+        let agent =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build().into();
+        let query = uri.query().map_or_else(String::new, |query| format!("?{query}"));
+        let url = format!("{scheme}://{}{path}/api/v1/query{query}", authority.as_str());
+        Ok(Prometheus { url, shown, secrets, timeout, agent })
+    }
+
+    /// How this Prometheus is named in readings and logs: its URL without
+    /// credentials or query string.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// `text` with every credential and query part of the URL blanked out:
+    /// an error from the HTTP client may quote the URL.
+    fn scrub(&self, text: &str) -> String {
+        let mut text = text.replace(&self.url, &self.shown);
+        for secret in &self.secrets {
+            text = text.replace(secret.as_str(), "…");
+        }
+        text
+    }
+
+    /// Why a query got no answer, in words that name no secret.
+    fn unanswered(&self, error: &ureq::Error) -> String {
+        let why = match error {
+            ureq::Error::Timeout(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+            ureq::Error::HostNotFound => "its host was not found".to_owned(),
+            ureq::Error::ConnectionFailed => "the connection failed".to_owned(),
+            ureq::Error::Io(e) => e.kind().to_string(),
+            other => self.scrub(&other.to_string()),
+        };
+        format!("Prometheus at {} did not answer: {why}", self.shown)
     }
 }
 
 impl MetricSource for Prometheus {
     fn read(&self, query: &str) -> Result<f64, String> {
-        let url = format!("{}/api/v1/query", self.base);
-        let answer = self.agent.get(&url).query("query", query).call();
-        let mut response = answer.map_err(|e| format!("Prometheus at {} did not answer: {e}", self.base))?;
+        let answer = self.agent.get(&self.url).query("query", query).call();
+        let mut response = answer.map_err(|e| self.unanswered(&e))?;
         let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| format!("Prometheus at {} did not answer whole: {e}", self.base))?;
+        let text = response.body_mut().with_config().limit(1 << 20).read_to_string().map_err(|e| {
+            format!("Prometheus at {} did not answer whole: {}", self.shown, self.scrub(&e.to_string()))
+        })?;
         let body: Value = serde_json::from_str(&text)
-            .map_err(|_| format!("Prometheus at {} answered HTTP {status} with no JSON", self.base))?;
+            .map_err(|_| format!("Prometheus at {} answered HTTP {status} with no JSON", self.shown))?;
         if body["status"] != "success" {
             let error = body["error"].as_str().unwrap_or("no reason given");
-            return Err(format!("Prometheus refused the query `{query}` (HTTP {status}): {error}"));
+            return Err(format!("Prometheus refused the query `{query}` (HTTP {status}): {}", self.scrub(error)));
         }
         one_number(&body["data"]).map_err(|why| format!("the query `{query}` {why}"))
     }
@@ -79,6 +136,20 @@ fn one_number(data: &Value) -> Result<f64, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_url_is_shown_without_its_credentials_or_query() {
+        let p = Prometheus::new("http://user:s3cret@prom.example:9090/sub/?token=abc123", QUERY_TIMEOUT).unwrap();
+        assert_eq!(p.shown(), "http://prom.example:9090/sub");
+        let scrubbed = p.scrub("bad uri: http://user:s3cret@prom.example:9090/sub/api/v1/query?token=abc123&query=up");
+        for secret in ["s3cret", "abc123", "user:"] {
+            assert!(!scrubbed.contains(secret), "{scrubbed}");
+        }
+        for bad in ["prom:9090", "ftp://prom", "not a url", "http://"] {
+            let error = Prometheus::new(bad, QUERY_TIMEOUT).unwrap_err();
+            assert!(error.contains("--prometheus-url"), "{bad}: {error}");
+        }
+    }
 
     #[test]
     fn one_number_takes_a_scalar_or_one_sample_and_nothing_else() {

@@ -174,3 +174,58 @@ impl Drop for Prometheus {
         self.stop();
     }
 }
+
+/// A Prometheus that has stalled: a loopback listener that accepts every
+/// connection and never answers (as a Prometheus under SIGSTOP, or behind
+/// a black hole, would), until dropped. It counts the connections it
+/// holds, so that a test knows when a query is in flight.
+pub struct Stalled {
+    port: u16,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stalled {
+    /// Listens on a free loopback port.
+    pub fn start() -> Stalled {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a port for the stalled Prometheus");
+        listener.set_nonblocking(true).expect("a non-blocking listener");
+        let port = listener.local_addr().expect("its address").port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, stopped) = (Arc::clone(&accepted), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        held.push(stream);
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Stalled { port, accepted, stop, thread: Some(thread) }
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The connections accepted so far (each held open, unanswered).
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -103,7 +103,7 @@ impl<N: Node> Participant<N> {
         let name = &model.name;
         let started = Instant::now();
         tracing::info!(model = %name, version, "Preparing a fleet rollout's candidate.");
-        let result = self.node.prepare(name, version).await;
+        let result = self.node.prepare_for(name, version, rollout).await;
         let prepare_ms = started.elapsed().as_millis() as u64;
         self.health.prepared(name, started.elapsed().as_secs_f64());
         let mut ack = Ack { rollout, ok: result.is_ok(), stage: None, reason: None, prepare_ms };

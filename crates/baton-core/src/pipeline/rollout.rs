@@ -38,6 +38,10 @@ pub struct RolloutStart {
     /// ([`crate::registry::Registry::step_rollout`] and
     /// [`crate::registry::Registry::end_rollout`]).
     pub steered: bool,
+    /// The rollout's identity, which its outcome ids are bound to: a
+    /// fleet's rollout id, so that every replica takes the ids any of them
+    /// issued; a random one when `None`.
+    pub id: Option<u64>,
 }
 
 /// On a build thread: loads the candidate through the whole transaction,
@@ -79,13 +83,15 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         None => Observations::default(),
     });
     let salt = crate::rollout::assign::salt(&model, candidate.number());
+    let id = start.id.unwrap_or_else(crate::rollout::outcome::random_u64);
     let rollout = Rollout {
+        id,
         candidate: Arc::clone(&candidate),
         mode: plan.mode,
         weight: plan.steps[start.step.min(plan.steps.len() - 1)],
         paired: plan.paired,
         salt,
-        outcomes: Arc::new(crate::rollout::outcome::Outcomes::new(salt)),
+        outcomes: Arc::new(run.inner.outcome_key.outcomes(&model, id)),
         observations: Arc::clone(&observations),
         copies: Arc::new(CopyGate::new(plan.queue)),
         shadow: None,
@@ -132,7 +138,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
             && !start.steered
             && policy.keep_previous >= 1
             && policy.swap == crate::spec::SwapPolicy::Availability;
-        let mut progress = Progress::new(stable, candidate.number(), plan, start.step, observations);
+        let mut progress = Progress::new(id, (stable, candidate.number()), plan, start.step, observations);
         progress.steered = start.steered;
         progress.watchable = watchable;
         progress.twin = twin_status;

@@ -38,20 +38,46 @@ impl Inner {
     /// Judges every rollout window that has run its interval, and applies
     /// what each decision changes. A model another operation holds is
     /// judged on a later tick.
+    ///
+    /// The metric guards are read first, holding nothing of the model: a
+    /// slow Prometheus (up to its timeout) delays this judgement, never an
+    /// operator's command. Only then is the model claimed, the rollout
+    /// checked to be the one read for and still due, and the window taken,
+    /// judged and applied. The whole judgement is in flight for the hold
+    /// ([`super::hold`]): one the hold overtook is dropped, and its window
+    /// stays open to be judged once released.
     pub(super) fn judge_due_windows(self: &Arc<Self>) {
-        if self.rollouts_held.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.hold.is_held() {
             return;
         }
         let now = std::time::Instant::now();
-        let due: Vec<String> =
-            self.rollouts.lock().iter().filter(|(_, p)| p.due(now)).map(|(m, _)| m.clone()).collect();
-        for model in due {
+        let due: Vec<(String, u64)> =
+            self.rollouts.lock().iter().filter(|(_, p)| p.due(now)).map(|(m, p)| (m.clone(), p.id)).collect();
+        for (model, id) in due {
+            // A model another operation holds is judged on a later tick;
+            // its Prometheus is not asked for nothing meanwhile.
+            if Busy::is_taken(self, &model) {
+                continue;
+            }
+            let Some(judging) = self.hold.begin() else { return };
+            let metrics = self.read_metrics(&model);
+            let Some(_applying) = judging.apply() else {
+                tracing::info!(model = %model, "Rollouts were held while a window was read; it is judged once released.");
+                return;
+            };
             let Ok(busy) = Busy::take(self, &model) else { continue };
+            // Ended, replaced, paused or steered while its numbers were read.
+            let now = std::time::Instant::now();
+            if !self.rollouts.lock().get(&model).is_some_and(|p| p.id == id && p.due(now)) {
+                continue;
+            }
             let current = self.current();
-            let Some(rollout) = current.model(&model).and_then(|r| r.rollout.as_ref()) else { continue };
+            let Some(rollout) = current.model(&model).and_then(|r| r.rollout.as_ref()).filter(|r| r.id == id) else {
+                continue;
+            };
             let mut window = rollout.observations.take();
             drop(current);
-            window.metrics = self.read_metrics(&model);
+            window.metrics = metrics;
             let judged = self.rollouts.lock().get_mut(&model).map(|p| p.judge(&model, window));
             let Some((decision, effect)) = judged else { continue };
             tracing::info!(

@@ -10,6 +10,7 @@
 
 mod controller;
 pub(crate) mod exits;
+mod hold;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use crate::pause::Pause;
 use crate::pipeline::{self, RolloutStart};
 use crate::rollout::control::{Action, By, Ending, Phase, Progress, RolloutStatus};
 use crate::rollout::metric::MetricSource;
-use crate::rollout::outcome::{self, PostError, Posted};
+use crate::rollout::outcome::{self, OutcomeKey, PostError, Posted};
 use crate::rollout::window::Sums;
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
@@ -62,6 +63,10 @@ pub struct RegistryConfig {
     /// Prometheus). None by default: a rollout with metric guards is then
     /// refused.
     pub metric_source: Option<Arc<dyn MetricSource>>,
+    /// The secret key rollouts' outcome ids are authenticated with
+    /// ([`crate::rollout::outcome`]); random by default. A fleet's replicas
+    /// share one, so that each takes the ids any of them issued.
+    pub outcome_key: OutcomeKey,
 }
 
 impl Default for RegistryConfig {
@@ -73,6 +78,7 @@ impl Default for RegistryConfig {
             event_capacity: 1024,
             memory_budget: None,
             metric_source: None,
+            outcome_key: OutcomeKey::random().expect("random bytes for the outcome ids' key"),
         }
     }
 }
@@ -201,9 +207,9 @@ pub(crate) struct Inner {
     pub(crate) releaser: Releaser,
     /// The controller's state of each rollout in progress.
     pub(crate) rollouts: Lock<BTreeMap<String, Progress>>,
-    /// Whether the controller holds its judgements (see
-    /// [`Registry::hold_rollouts`]).
-    pub(crate) rollouts_held: std::sync::atomic::AtomicBool,
+    /// Whether the controller holds its judgements, and those in flight
+    /// (see [`Registry::hold_rollouts`]).
+    pub(crate) hold: hold::Hold,
     /// The nice value, and whether `SCHED_IDLE`, of lowered threads.
     pub(crate) lowering: (i32, bool),
     pub(crate) step_aside: StepAside,
@@ -211,6 +217,8 @@ pub(crate) struct Inner {
     pub(crate) memory_budget: Option<u64>,
     /// Where metric guards are read.
     pub(crate) metric_source: Option<Arc<dyn MetricSource>>,
+    /// What rollouts' outcome ids are authenticated with.
+    pub(crate) outcome_key: OutcomeKey,
     /// Where versions report that their engine ended by itself.
     pub(crate) exits: std::sync::OnceLock<std::sync::mpsc::Sender<exits::Exit>>,
 }
@@ -252,11 +260,12 @@ impl Registry {
             memory,
             releaser,
             rollouts: Lock::new(BTreeMap::new()),
-            rollouts_held: std::sync::atomic::AtomicBool::new(false),
+            hold: hold::Hold::default(),
             lowering: (nice, idle),
             step_aside: config.step_aside,
             memory_budget: config.memory_budget,
             metric_source: config.metric_source,
+            outcome_key: config.outcome_key,
             exits: std::sync::OnceLock::new(),
         });
         controller::start_controller(&inner);
@@ -266,11 +275,25 @@ impl Registry {
 
     /// Holds every rollout's judgements (`true`) or lets them go on: while
     /// held, a window that ends is not judged, so no rollout changes step;
-    /// once released, the windows that ended meanwhile are judged at once.
-    /// For an upgrade: the new process takes the rollouts up where the
-    /// state file left them, so this one must not move them meanwhile.
+    /// once released, the windows that ended meanwhile are judged at once,
+    /// on numbers read then. For an upgrade: the new process takes the
+    /// rollouts up where the state file left them, so this one must not
+    /// move them meanwhile.
+    ///
+    /// Holding is a barrier: it returns once no judgement is in flight, and
+    /// a judgement that began before it (its metric guards being read, say)
+    /// is dropped rather than applied, so that nothing it decided lands
+    /// after this returns. It blocks for as long as that judgement's
+    /// reading lasts, at most the metric source's timeout (docs/rollout.md,
+    /// "Holding rollouts"): call it where blocking is allowed, not on an
+    /// async worker.
     pub fn hold_rollouts(&self, held: bool) {
-        self.inner.rollouts_held.store(held, std::sync::atomic::Ordering::SeqCst);
+        self.inner.hold.set(held);
+    }
+
+    /// Whether rollouts' judgements are held ([`Registry::hold_rollouts`]).
+    pub fn rollouts_held(&self) -> bool {
+        self.inner.hold.is_held()
     }
 
     /// The current routing table. Take it once per request and use it for
@@ -620,6 +643,11 @@ pub(crate) struct Busy {
 }
 
 impl Busy {
+    /// Whether another operation holds `model` now.
+    fn is_taken(inner: &Inner, model: &str) -> bool {
+        inner.models.lock().get(model).is_some_and(|entry| entry.busy)
+    }
+
     fn take(inner: &Arc<Inner>, model: &str) -> Result<Busy, LoadError> {
         let mut models = inner.models.lock();
         let entry = models.entry(model.to_owned()).or_default();

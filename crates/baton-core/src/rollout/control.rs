@@ -225,6 +225,8 @@ pub struct WatchStatus {
 
 /// The controller's state for one rollout.
 pub(crate) struct Progress {
+    /// The rollout's identity ([`super::Rollout::id`]).
+    pub(crate) id: u64,
     pub(crate) stable: u64,
     pub(crate) candidate: u64,
     pub(crate) plan: Plan,
@@ -283,9 +285,16 @@ pub fn percent(weight: u32) -> f64 {
 }
 
 impl Progress {
-    pub(crate) fn new(stable: u64, candidate: u64, plan: Plan, step: usize, observations: Arc<Observations>) -> Self {
+    pub(crate) fn new(
+        id: u64,
+        (stable, candidate): (u64, u64),
+        plan: Plan,
+        step: usize,
+        observations: Arc<Observations>,
+    ) -> Self {
         let step = step.min(plan.steps.len() - 1);
         Progress {
+            id,
             stable,
             candidate,
             plan,

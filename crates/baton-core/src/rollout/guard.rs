@@ -53,14 +53,14 @@ pub struct MetricGuard {
 }
 
 impl MetricGuard {
-    /// The query for one side: `{{model}}` and `{{version}}` replaced by
-    /// the model and the side's version, `{{window}}` by the window's length
-    /// as a PromQL duration in milliseconds (`30000ms`).
-    pub fn query_for(&self, model: &str, version: u64, window_ms: u64) -> String {
-        self.query
-            .replace("{{model}}", model)
-            .replace("{{version}}", &version.to_string())
-            .replace("{{window}}", &format!("{window_ms}ms"))
+    /// The query for one side: `{{model}}` replaced by the model's name,
+    /// escaped as the PromQL string it stands in requires
+    /// ([`super::promql`]), `{{version}}` by the side's version,
+    /// `{{window}}` by the window's length as a PromQL duration in
+    /// milliseconds (`30000ms`). An error for a query in which a name
+    /// could change the query's shape (refused when the rollout starts).
+    pub fn query_for(&self, model: &str, version: u64, window_ms: u64) -> Result<String, String> {
+        super::promql::fill(&self.query, model, version, window_ms)
     }
 }
 
@@ -118,6 +118,7 @@ impl Guards {
             if metric.query.trim().is_empty() {
                 return Err(format!("metric guard {name} has an empty query"));
             }
+            super::promql::check(&metric.query).map_err(|why| format!("metric guard {name}: {why}"))?;
             if metric.min_ratio.is_none() && metric.max_ratio.is_none() {
                 return Err(format!("metric guard {name} needs min_ratio, max_ratio or both"));
             }
@@ -674,7 +675,7 @@ mod tests {
     #[test]
     fn a_metric_guard_judges_the_ratio_of_its_two_readings() {
         let guards = metric(Some(0.9), Some(1.2));
-        assert_eq!(guards.metrics[0].query_for("m", 7, 3000), "sum(rate(clicks{version=\"7\"}[3000ms]))");
+        assert_eq!(guards.metrics[0].query_for("m", 7, 3000).unwrap(), "sum(rate(clicks{version=\"7\"}[3000ms]))");
         let v = evaluate(&guards, &read(Some(0.1), Some(0.05), None), false);
         assert_eq!(outcomes(&v), [("metric:ctr", Outcome::Fail), ("metric:ctr", Outcome::Pass)]);
         let v = evaluate(&guards, &read(Some(0.1), Some(0.13), None), false);

@@ -37,7 +37,7 @@ pub fn read(source: Option<&dyn MetricSource>, guards: &Guards, sides: Sides<'_>
         let Some(source) = source else {
             return Err("this server has no Prometheus to ask (start it with --prometheus-url)".to_owned());
         };
-        source.read(&guard.query_for(sides.model, version, sides.window_ms))
+        source.read(&guard.query_for(sides.model, version, sides.window_ms)?)
     };
     std::thread::scope(|scope| {
         let started: Vec<_> = guards

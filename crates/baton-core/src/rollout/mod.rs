@@ -19,6 +19,7 @@ pub mod guard;
 pub mod metric;
 pub mod outcome;
 pub mod plan;
+pub mod promql;
 pub mod shadow;
 pub mod window;
 
@@ -99,6 +100,10 @@ pub const FULL: u32 = 10_000;
 /// this and another `weight`.
 #[derive(Clone, Debug)]
 pub struct Rollout {
+    /// The rollout's identity, which its outcome ids are bound to: a
+    /// fleet's rollout id, or a random number drawn when it started. A
+    /// later rollout of the same candidate has another.
+    pub id: u64,
     /// The version being rolled out.
     pub candidate: Arc<Version>,
     /// How it takes part in traffic.

@@ -111,8 +111,8 @@ impl Observations {
             Role::Candidate => &mut state.open.candidate,
             Role::Previous => return,
         };
-        tally.outcomes += count;
-        tally.outcome_value += value;
+        tally.outcomes = tally.outcomes.saturating_add(count);
+        tally.outcome_value = super::outcome::add_saturating(tally.outcome_value, value);
     }
 
     /// Counts a copy dropped because the comparison queue was full.
@@ -231,7 +231,18 @@ struct SideTally {
     errors: u64,
     latency: Histogram,
     outcomes: u64,
+    /// Never infinite ([`super::outcome::add_saturating`]); a null, which
+    /// is how an infinity was written before sums saturated, reads as the
+    /// largest finite number.
+    #[serde(deserialize_with = "finite_or_max")]
     outcome_value: f64,
+}
+
+/// A sum of outcome values as a fleet's records hold it: a number, or
+/// null for one that overflowed on a server that did not saturate.
+fn finite_or_max<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    let value: Option<f64> = Option::deserialize(deserializer)?;
+    Ok(value.map_or(f64::MAX, |v| if v.is_finite() { v } else { f64::MAX }))
 }
 
 impl SideTally {
@@ -240,8 +251,8 @@ impl SideTally {
         self.answered += other.answered;
         self.errors += other.errors;
         self.latency.merge(&other.latency);
-        self.outcomes += other.outcomes;
-        self.outcome_value += other.outcome_value;
+        self.outcomes = self.outcomes.saturating_add(other.outcomes);
+        self.outcome_value = super::outcome::add_saturating(self.outcome_value, other.outcome_value);
     }
 
     fn side(&self) -> Side {

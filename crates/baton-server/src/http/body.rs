@@ -17,11 +17,20 @@ use crate::app::App;
 use crate::error::{Class, ServeError};
 use crate::serving::Ticket;
 
-fn too_large(limit: usize) -> ServeError {
+/// The most a body may hold, and what sets it, for the refusal.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    /// Bytes.
+    pub bytes: usize,
+    /// What sets it, e.g. `--max-request-bytes`.
+    pub by: &'static str,
+}
+
+fn too_large(limit: Limit) -> ServeError {
     ServeError::new(
         Class::TooLarge,
         "too_large",
-        format!("the request body is larger than the limit of {limit} bytes (--max-request-bytes)"),
+        format!("the request body is larger than the limit of {} bytes ({})", limit.bytes, limit.by),
     )
 }
 
@@ -73,8 +82,9 @@ async fn drain(body: &mut Body, limit: u64) -> bool {
     true
 }
 
-/// Reads the body of a request to `model`, its bytes reserved in `ticket`.
-/// Errors are counted by the caller.
+/// Reads the body of an inference request to `model`, its bytes reserved
+/// in `ticket`, up to `--max-request-bytes`. Errors are counted by the
+/// caller.
 pub async fn read(
     app: &App,
     model: &str,
@@ -82,14 +92,26 @@ pub async fn read(
     body: &mut Body,
     ticket: &mut Ticket,
 ) -> Result<Vec<u8>, ServeError> {
-    let limit = app.max_request_bytes;
+    let limit = Limit { bytes: app.max_request_bytes, by: "--max-request-bytes" };
+    read_within(app, model, headers, body, ticket, limit).await
+}
+
+/// [`read`], up to `limit`.
+pub async fn read_within(
+    app: &App,
+    model: &str,
+    headers: &HeaderMap,
+    body: &mut Body,
+    ticket: &mut Ticket,
+    limit: Limit,
+) -> Result<Vec<u8>, ServeError> {
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     match declared {
-        Some(length) if length > limit as u64 => Err(too_large(limit)),
+        Some(length) if length > limit.bytes as u64 => Err(too_large(limit)),
         Some(length) => {
             ticket.reserve(app, model, length).await?;
             // Within the limit, so it fits in a usize.
-            read_declared(body, usize::try_from(length).unwrap_or(limit)).await
+            read_declared(body, usize::try_from(length).unwrap_or(limit.bytes)).await
         }
         None => read_chunked(app, model, body, limit, ticket).await,
     }
@@ -115,7 +137,7 @@ async fn read_chunked(
     app: &App,
     model: &str,
     body: &mut Body,
-    limit: usize,
+    limit: Limit,
     ticket: &mut Ticket,
 ) -> Result<Vec<u8>, ServeError> {
     let mut chunks: Vec<Bytes> = Vec::new();
@@ -123,7 +145,7 @@ async fn read_chunked(
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.map_err(unreadable)?.into_data() {
             total += data.len();
-            if total > limit {
+            if total > limit.bytes {
                 return Err(too_large(limit));
             }
             ticket.reserve(app, model, data.len() as u64).await?;

@@ -1,7 +1,7 @@
 //! The REST front end: KServe V2 (Open Inference Protocol) with the Triton
 //! extensions real tools use, and baton's management API under `/baton/v1`.
-//! Routes come in three scopes (open, inference, management) that
-//! [`crate::access`] allows or refuses per listener.
+//! Routes come in scopes (open, inference, outcomes, management, server)
+//! that [`crate::access`] allows or refuses per listener.
 
 mod body;
 mod error;
@@ -49,7 +49,6 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/v2/models/{name}/ready", get(models::model_ready))
         .route("/v2/models/{name}/config", get(models::model_config))
         .route("/v2/models/{name}/infer", post(infer::infer))
-        .route("/baton/v1/models/{name}/outcomes", post(outcomes::post))
         .route("/v2/models/{name}/versions/{version}", get(models::version_metadata))
         .route("/v2/models/{name}/versions/{version}/ready", get(models::version_ready))
         .route("/v2/models/{name}/versions/{version}/config", get(models::version_config))
@@ -66,8 +65,10 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/models/{name}/rollout/resume", post(rollout::resume))
         .route("/baton/v1/models/{name}/rollout/promote", post(rollout::promote))
         .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort));
+    let outcomes = Router::new().route("/baton/v1/models/{name}/outcomes", post(outcomes::post));
     let server = Router::new().route("/baton/v1/upgrade", post(manage::upgrade));
     open.merge(guarded(inference, &access, listener, Scope::Inference))
+        .merge(guarded(outcomes, &access, listener, Scope::Outcomes))
         .merge(guarded(management, &access, listener, Scope::Management))
         .merge(guarded(server, &access, listener, Scope::Server))
         .fallback(not_found)

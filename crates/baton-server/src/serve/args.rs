@@ -137,9 +137,27 @@ pub struct ServeArgs {
     pub memory_budget: Option<u64>,
     /// The Prometheus that rollouts' metric guards query, e.g.
     /// http://127.0.0.1:9090 (none by default: a rollout with metric guards
-    /// is then refused). Each query has 2 s to answer.
+    /// is then refused). Credentials in it (http://user:password@host) are
+    /// sent as basic authentication and never shown.
     #[arg(long, value_name = "URL")]
     pub prometheus_url: Option<String>,
+    /// How long one metric guard query may take, e.g. 2s or 500ms; a query
+    /// that takes longer makes its window inconclusive.
+    #[arg(long, default_value = "2s", value_parser = parse_positive_timeout)]
+    pub prometheus_timeout: Timeout,
+    /// A file holding the token that posting outcomes
+    /// (`POST /baton/v1/models/{m}/outcomes`) needs, as `Authorization:
+    /// Bearer <token>`, read once at start. Without it, whoever may ask for
+    /// answers may post their outcomes.
+    #[arg(long, value_name = "PATH")]
+    pub outcomes_token_file: Option<PathBuf>,
+    /// A file holding the secret key outcome ids are authenticated with
+    /// (at least 16 characters; e.g. `head -c 32 /dev/urandom | base64`).
+    /// Give every replica of a fleet the same file, so that each takes the
+    /// outcome ids the others issued. Without it, a random key is drawn at
+    /// start.
+    #[arg(long, value_name = "PATH")]
+    pub outcomes_key_file: Option<PathBuf>,
     /// The deadline of a request whose client sets none, e.g. 30s or
     /// 500ms; 0 for none.
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
@@ -180,6 +198,14 @@ pub use baton_core::bytes::parse as parse_bytes;
 /// [`parse_bytes`], for a size held in a `usize`.
 pub fn parse_usize_bytes(text: &str) -> Result<usize, String> {
     usize::try_from(parse_bytes(text)?).map_err(|_| format!("'{text}' is too large"))
+}
+
+/// Parses a timeout that must be more than 0: a number with `ms` or `s`.
+pub fn parse_positive_timeout(text: &str) -> Result<Timeout, String> {
+    match parse_timeout(text)? {
+        Timeout(Some(timeout)) if !timeout.is_zero() => Ok(Timeout(Some(timeout))),
+        _ => Err(format!("'{text}' must be more than 0")),
+    }
 }
 
 /// Parses a timeout: `0` for none, else a number with `ms` or `s`.
@@ -260,6 +286,26 @@ impl ServeArgs {
             Some(dir) => dir.join(crate::decisions::file::IN_STATE_DIR),
             None => root.join(crate::decisions::file::IN_REPOSITORY),
         }
+    }
+
+    /// The key outcome ids are authenticated with: the contents of
+    /// `--outcomes-key-file` (trimmed), or random bytes from the operating
+    /// system. The key itself never appears in an error.
+    pub fn outcome_key(&self) -> anyhow::Result<baton_core::rollout::outcome::OutcomeKey> {
+        use baton_core::rollout::outcome::OutcomeKey;
+        let Some(path) = &self.outcomes_key_file else {
+            return OutcomeKey::random().map_err(|e| anyhow::anyhow!("drawing the outcome ids' key: {e}"));
+        };
+        let bytes =
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("reading --outcomes-key-file {}: {e}", path.display()))?;
+        let key = bytes.trim_ascii();
+        anyhow::ensure!(
+            key.len() >= 16,
+            "--outcomes-key-file {} holds {} characters; a key needs at least 16 (e.g. head -c 32 /dev/urandom | base64)",
+            path.display(),
+            key.len()
+        );
+        Ok(OutcomeKey::new(key))
     }
 
     /// The loading threads' step-aside policy the flags ask for: off unless

@@ -46,7 +46,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if let Some(target) = &target {
         target.checked(checked.as_ref().map(drop).map_err(|e| format!("{e:#}")));
     }
-    let Checked { control, access, repo, mut decisions, onnx } = checked?;
+    let Checked { control, access, repo, mut decisions, guards, onnx } = checked?;
     // A cold handover: nothing loads here until the old server has freed
     // its memory by exiting. Connections wait in the sockets' backlog.
     if let Some(target) = target.as_ref().filter(|t| t.cold) {
@@ -65,7 +65,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let program = std::env::current_exe().context("finding baton's own executable for worker processes")?;
     let onnx = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()])
         .with_runtime_env("ORT_DYLIB_PATH");
-    let app = app(&repo, &args, vec![Arc::new(onnx)], decisions);
+    let app = app(&repo, &args, vec![Arc::new(onnx)], decisions, guards);
     let _ = app.operations_held.set(access.holder());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let result = runtime.block_on(serve(app, args, (target, passed), control, access, Trigger::Signals, |bound| {
@@ -91,15 +91,16 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// What `baton serve` checks before it loads anything, and what the
-/// checks read: the flags, the token file, the repository (readable, and
-/// holding every model `--load-model` names), the state file, and ONNX
-/// Runtime. A new process of an upgrade reports the outcome to the old
+/// checks read: the flags, the token files, the repository (readable, and
+/// holding every model `--load-model` names), the state file, the
+/// Prometheus URL and the outcome ids' key file, and ONNX Runtime. A new process of an upgrade reports the outcome to the old
 /// one before it goes on.
 struct Checked {
     control: Control,
     access: Arc<Access>,
     repo: Repo,
     decisions: Decisions,
+    guards: Guards,
     onnx: baton_onnx::OnnxBackend,
 }
 
@@ -109,11 +110,12 @@ impl Checked {
         let repo = Repo::open(args)?;
         check_repository(&repo, &control)?;
         let decisions = decisions(args, &repo.state_root)?;
+        let guards = Guards::read(args)?;
         // Session threads are started from here, at serving priority.
         baton_core::executor::start_spawner();
         // ONNX Runtime is started here, on the main thread, at serving priority.
         let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(Checked { control, access, repo, decisions, onnx })
+        Ok(Checked { control, access, repo, decisions, guards, onnx })
     }
 }
 
@@ -130,9 +132,18 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
     )?;
     let admin_listener = args.admin_http.is_some() || args.admin_grpc.is_some();
     let public = |address: std::net::SocketAddr| !address.ip().to_canonical().is_loopback();
+    let outcomes_token = args.outcomes_token_file.as_deref().map(crate::access::read_token_file).transpose()?;
+    if outcomes_token.is_none() && public(args.http) {
+        tracing::warn!(
+            address = %args.http,
+            "Anyone who can reach this address may post outcomes, which rollouts' outcome guards judge; \
+             --outcomes-token-file keeps them to the services given its token."
+        );
+    }
     let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode)
         .exposed(Listener::Inference, public(args.http))
-        .exposed(Listener::Admin, args.admin_http.is_some_and(public));
+        .exposed(Listener::Admin, args.admin_http.is_some_and(public))
+        .with_outcomes_token(outcomes_token.as_deref().map(Token::new));
     if args.cluster.checked_store()?.is_some() {
         access = access.managed_by_fleet();
     }
@@ -188,7 +199,41 @@ fn decisions(args: &ServeArgs, root: &std::path::Path) -> anyhow::Result<Decisio
     Ok(decisions)
 }
 
-fn app(repo: &Repo, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions: Decisions) -> Arc<App> {
+/// What rollouts' guards read beyond the server's own numbers: the
+/// Prometheus metric guards query, and the key outcome ids are signed
+/// with. Read with the other start checks, so that a bad URL or key file
+/// stops a start (and a cold upgrade) before anything is handed over.
+struct Guards {
+    metric_source: Option<Arc<dyn baton_core::rollout::metric::MetricSource>>,
+    outcome_key: baton_core::rollout::outcome::OutcomeKey,
+}
+
+impl Guards {
+    fn read(args: &ServeArgs) -> anyhow::Result<Guards> {
+        let metric_source = match args.prometheus_url.as_deref() {
+            Some(url) => {
+                let timeout = args.prometheus_timeout.0.unwrap_or(crate::prometheus::QUERY_TIMEOUT);
+                let prometheus = crate::prometheus::Prometheus::new(url, timeout).map_err(|e| anyhow::anyhow!(e))?;
+                tracing::info!(
+                    prometheus = prometheus.shown(),
+                    timeout_ms = timeout.as_millis() as u64,
+                    "Metric guards query this Prometheus."
+                );
+                Some(Arc::new(prometheus) as Arc<dyn baton_core::rollout::metric::MetricSource>)
+            }
+            None => None,
+        };
+        Ok(Guards { metric_source, outcome_key: args.outcome_key()? })
+    }
+}
+
+fn app(
+    repo: &Repo,
+    args: &ServeArgs,
+    backends: Vec<Arc<dyn Backend>>,
+    decisions: Decisions,
+    guards: Guards,
+) -> Arc<App> {
     let registry = Registry::new(
         Arc::clone(&repo.source),
         backends,
@@ -197,9 +242,8 @@ fn app(repo: &Repo, args: &ServeArgs, backends: Vec<Arc<dyn Backend>>, decisions
             loader_idle: args.loader_idle,
             step_aside: args.step_aside(),
             memory_budget: args.memory_budget,
-            metric_source: args.prometheus_url.as_deref().map(|url| {
-                Arc::new(crate::prometheus::Prometheus::new(url)) as Arc<dyn baton_core::rollout::metric::MetricSource>
-            }),
+            metric_source: guards.metric_source,
+            outcome_key: guards.outcome_key,
             ..RegistryConfig::default()
         },
     );
@@ -261,8 +305,9 @@ impl InProcess {
         let (control, access) = access(&args)?;
         check_repository(&repo, &control)?;
         let decisions = decisions(&args, &repo.state_root)?;
+        let guards = Guards::read(&args)?;
         baton_core::executor::start_spawner();
-        let app = app(&repo, &args, backends, decisions);
+        let app = app(&repo, &args, backends, decisions, guards);
         let _ = app.operations_held.set(access.holder());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening, addresses) = std::sync::mpsc::channel();
