@@ -131,7 +131,7 @@ if [ "${1:-}" = "--repo" ]; then
   run="$root/.baton/bench/run/triton-$port"
   rm -rf "$run"
   mkdir -p "$run"
-  serve "$run" "$repo" "$port" --log-info=true "$@"
+  serve "$run" "$repo" "$port" --log-info=true --exit-timeout-secs=5 "$@"
   exit 0
 fi
 

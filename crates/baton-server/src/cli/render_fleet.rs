@@ -90,3 +90,41 @@ fn rollout(out: &mut String, r: &RolloutRecord, acks: Option<&BTreeMap<String, A
         let _ = writeln!(out, "  - {}", d.message);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use baton_cluster::records::{FleetPlan, ReplicaRecord, Serving};
+
+    use super::*;
+
+    fn replica(id: &str, stable: u64) -> ReplicaRecord {
+        ReplicaRecord {
+            id: id.into(),
+            address: format!("{id}:8000"),
+            labels: BTreeMap::new(),
+            models: [("m".to_owned(), Serving { stable: Some(stable), candidate: None, candidate_percent: 0.0 })]
+                .into(),
+            ready: stable == 3,
+            agent: false,
+            note: (stable != 3).then(|| "could not load the committed version 3".to_owned()),
+            since_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_promoted_rollout_counts_the_replicas_that_serve_it_not_those_told_to() {
+        let mut record = RolloutRecord::new("m", 3, Some(2), FleetPlan::default(), vec!["a".into(), "b".into()]);
+        record.phase = FleetPhase::Promoted;
+        record.members = vec!["a".into(), "b".into()];
+        let desired = Desired { version: 3, rollout: Some(record.id), at_ms: 0 };
+        let fleet = Fleet {
+            replicas: vec![replica("a", 3), replica("b", 2)],
+            desired: [("m".to_owned(), desired)].into(),
+            rollouts: vec![record],
+            acks: BTreeMap::new(),
+        };
+        let text = render(&fleet);
+        assert!(text.contains("1 of 2 replicas serve it"), "{text}");
+        assert!(text.contains("b serves version 2: could not load the committed version 3"), "{text}");
+    }
+}
