@@ -78,7 +78,13 @@ impl Node for RegistryNode {
     }
 
     async fn prepare(&self, model: &str, version: u64) -> Result<(), Refusal> {
-        if let Some(candidate) = self.serving(model).candidate {
+        let serving = self.serving(model);
+        if serving.stable == Some(version) && serving.candidate.is_none() {
+            // It serves that version already (a rollout back to it, on a
+            // replica that could not load what the fleet committed since).
+            return Ok(());
+        }
+        if let Some(candidate) = serving.candidate {
             if candidate == version {
                 return Ok(());
             }

@@ -118,8 +118,12 @@ fn a_candidate_the_target_cannot_load_aborts_the_rollout_at_the_agents_prepare()
     assert_eq!(server.status("m")["serving"], 1, "the server kept its version");
     assert_eq!(answering_version(&server.client()).as_deref(), Some("1"));
     assert_eq!(placed(&target.path()), ["1"]);
-    let entries: Vec<String> =
-        std::fs::read_dir(target.path()).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    let entries: Vec<String> = std::fs::read_dir(target.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
     assert_eq!(entries, ["m"], "nothing of the prepare is left in the target's repository");
     fleet.stop(agent);
 }

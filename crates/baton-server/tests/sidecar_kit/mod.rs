@@ -132,7 +132,8 @@ impl Fleet {
             target_token: None,
             layout,
             load_timeout: Duration::from_secs(60),
-        });
+        })
+        .expect("the agent's directories");
         let node = Arc::new(node);
         let config = ReplicaConfig {
             store: StoreConfig::plain(&self.spec()),
