@@ -28,6 +28,10 @@ pub const MLSERVER_SETTINGS: &str = "model-settings.json";
 /// (bench/mlserver_onnx/runtime.py, on MLServer's Python path).
 pub const MLSERVER_RUNTIME: &str = "runtime.OnnxModel";
 
+/// A file of a model's directory: its name, and its bytes, or `None` to
+/// keep the one in place.
+pub type ModelFile = (&'static str, Option<Vec<u8>>);
+
 /// The kind of server the agent speaks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TargetLayout {
@@ -113,7 +117,7 @@ impl TargetLayout {
         model_dir: &Path,
         source_model_dir: &Path,
         model: &str,
-    ) -> std::io::Result<Vec<(&'static str, Option<Vec<u8>>)>> {
+    ) -> std::io::Result<Vec<ModelFile>> {
         match self {
             TargetLayout::Mlserver => Ok(Vec::new()),
             TargetLayout::Baton => Ok(vec![("model.toml", Some(std::fs::read(source_model_dir.join("model.toml"))?))]),
