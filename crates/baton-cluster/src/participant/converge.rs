@@ -68,8 +68,11 @@ impl<N: Node> Participant<N> {
                     .await
                     .map_err(|r| ("drop the candidate".to_owned(), r)),
                 Action::Converge { version } => {
-                    let why = format!("loading version {version}, which the fleet committed");
-                    self.set_problem(&model, Some(why), false);
+                    // A retry leaves the last failure's reason up meanwhile.
+                    if model.view.lock().unloadable != Some(version) {
+                        let why = format!("loading version {version}, which the fleet committed");
+                        self.set_problem(&model, Some(why), false);
+                    }
                     tracing::info!(model = %model.name, version, replica = %self.config.id, "Converging on the version the fleet committed.");
                     let result = self.node.converge(&model.name, version).await;
                     match &result {
@@ -82,7 +85,11 @@ impl<N: Node> Participant<N> {
                 }
             };
             match result {
-                Ok(()) => retry = None,
+                Ok(()) => {
+                    retry = None;
+                    // What it serves may have changed: the fleet hears of it now.
+                    self.registration_due.notify_one();
+                }
                 Err((what, refusal)) => {
                     let after = next_retry(retry);
                     retry = Some(after);

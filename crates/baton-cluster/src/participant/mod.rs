@@ -99,9 +99,9 @@ pub struct Participant<N: Node> {
     /// that says so is written, so that nothing sees the replica ready
     /// before the fleet does.
     told: Lock<Option<Option<BTreeSet<String>>>>,
-    /// Rung when the readiness changed: the registration is written at
-    /// once, not at the next tick.
-    readiness_changed: tokio::sync::Notify,
+    /// Rung when the readiness or what the node serves changed: the
+    /// registration is written at once, not at the next tick.
+    registration_due: tokio::sync::Notify,
     /// The per-model tasks, which live as long as the participant runs.
     tasks: Lock<BTreeMap<String, tokio::task::AbortHandle>>,
     /// Who coordinates which rollout.
@@ -121,7 +121,7 @@ impl<N: Node> Participant<N> {
             registered: Lock::default(),
             reported: Lock::default(),
             told: Lock::default(),
-            readiness_changed: tokio::sync::Notify::new(),
+            registration_due: tokio::sync::Notify::new(),
             tasks: Lock::default(),
             election: Election::default(),
         })
@@ -213,7 +213,7 @@ impl<N: Node> Participant<N> {
                     ticks += 1;
                     self.on_tick(store, lease, ticks).await?;
                 }
-                () = self.readiness_changed.notified() => self.register(store, lease).await?,
+                () = self.registration_due.notified() => self.register(store, lease).await?,
                 () = tokio::time::sleep_until(due.into()), if self.config.coordinate => {
                     self.election.campaign_due(self, store, lease).await;
                 }
@@ -396,7 +396,7 @@ impl<N: Node> Participant<N> {
             if ready.is_none() || self.session.borrow().is_none() {
                 self.tell(ready);
             }
-            self.readiness_changed.notify_one();
+            self.registration_due.notify_one();
         }
     }
 

@@ -87,6 +87,11 @@ impl TargetLayout {
                             )));
                         };
                         fields.insert("name".into(), json!(name));
+                        // The agent asks for the version by number.
+                        let parameters = fields.entry("parameters").or_insert_with(|| json!({}));
+                        if let Some(parameters) = parameters.as_object_mut() {
+                            parameters.entry("version").or_insert_with(|| json!(version.to_string()));
+                        }
                         own
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => mlserver_settings(name, version),
@@ -333,6 +338,12 @@ mod tests {
         assert_eq!(settings["name"], "ranker");
         assert_eq!(settings["implementation"], "mlserver_sklearn.SKLearnModel");
         assert_eq!(settings["parameters"]["version"], "v7");
+        let bare = json!({ "implementation": "mlserver_sklearn.SKLearnModel" });
+        std::fs::write(dir.path().join(MLSERVER_SETTINGS), bare.to_string()).unwrap();
+        TargetLayout::Mlserver.name_version(dir.path(), "ranker", 3).unwrap();
+        let settings: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(MLSERVER_SETTINGS)).unwrap()).unwrap();
+        assert_eq!(settings["parameters"]["version"], "3", "the version the agent asks for");
     }
 
     #[test]
