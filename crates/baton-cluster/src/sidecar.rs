@@ -115,14 +115,23 @@ impl SidecarNode {
     /// nothing into place yet: on joining the fleet it loads the committed
     /// version once, whatever the server serves. Refuses a target URL with
     /// credentials, and a staging directory inside the target's repository
-    /// or on another file system ([`Area::open`]), which it creates.
+    /// or on another file system ([`Area::open`]), which it creates; has
+    /// the server unload the probes an earlier agent left (blocks).
     pub fn new(config: SidecarConfig) -> Result<SidecarNode, String> {
         target::check_url(&config.target_url)?;
+        let (area, probes) = Area::open(config.target_repo, config.staging)?;
+        let target = Target::new(&config.target_url, config.target_token, config.load_timeout);
+        // Blocks briefly: a probe an earlier agent left is unloaded (best effort).
+        for probe in probes {
+            if let Err(error) = target.unload(&probe) {
+                tracing::debug!(%probe, %error, "Could not unload a probe an earlier agent left.");
+            }
+        }
         Ok(SidecarNode {
             source: config.source,
             specs: config.specs,
-            area: Area::open(config.target_repo, config.staging)?,
-            target: Target::new(&config.target_url, config.target_token, config.load_timeout),
+            area,
+            target,
             layout: config.layout,
             placed: Lock::default(),
             turn: Semaphore::new(1),

@@ -127,8 +127,9 @@ impl Area {
     /// [`Area::new`], then creates the staging directory and refuses one
     /// inside the target's repository or on another file system; removes
     /// what an agent left in the repository (probes of a prepare it did not
-    /// finish, the staging directory of earlier agents).
-    pub fn open(target: PathBuf, staging: Option<PathBuf>) -> Result<Area, String> {
+    /// finish, the staging directory of earlier agents). Returns the area
+    /// and the model names of the probes it removed.
+    pub fn open(target: PathBuf, staging: Option<PathBuf>) -> Result<(Area, Vec<String>), String> {
         use std::os::unix::fs::MetadataExt;
         let area = Area::new(target, staging);
         let meta = std::fs::metadata(&area.target)
@@ -158,24 +159,28 @@ impl Area {
                 area.target.display()
             ));
         }
-        area.remove_leftovers()
+        let probes = area
+            .remove_leftovers()
             .map_err(|e| format!("cleaning the target repository {}: {e}", area.target.display()))?;
-        Ok(area)
+        Ok((area, probes))
     }
 
     /// Removes probes and the staging directory of earlier agents from the
-    /// target's repository.
-    fn remove_leftovers(&self) -> std::io::Result<()> {
+    /// target's repository; returns the probes' model names.
+    fn remove_leftovers(&self) -> std::io::Result<Vec<String>> {
+        let mut probes = Vec::new();
         for entry in std::fs::read_dir(&self.target)? {
             let entry = entry?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
+            let name = entry.file_name().to_string_lossy().into_owned();
             if (name.ends_with(PROBE) || name == OLD_STAGING) && entry.file_type()?.is_dir() {
                 tracing::warn!(dir = %entry.path().display(), "Removing what an agent left in the target's repository.");
                 remove(&entry.path())?;
+                if name.ends_with(PROBE) {
+                    probes.push(name);
+                }
             }
         }
-        Ok(())
+        Ok(probes)
     }
 
     /// The directory of a probe of `model` in the target's repository.
@@ -375,7 +380,8 @@ mod tests {
         std::fs::create_dir_all(target.join(".baton-agent/staged/m/2")).unwrap();
         std::fs::create_dir_all(target.join("m.baton-probe/3")).unwrap();
         std::fs::create_dir_all(target.join("m/2")).unwrap();
-        let area = Area::open(target.clone(), None).unwrap();
+        let (area, probes) = Area::open(target.clone(), None).unwrap();
+        assert_eq!(probes, ["m.baton-probe"]);
         assert_eq!(area.staging, root.path().join("repo.baton-staging"));
         assert!(area.staging.is_dir());
         assert!(!target.join(".baton-agent").exists() && !target.join("m.baton-probe").exists());
