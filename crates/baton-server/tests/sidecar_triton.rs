@@ -17,11 +17,14 @@
 mod common;
 mod sidecar_kit;
 
+use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use baton_testkit::etcd::Etcd;
 use baton_testkit::repo::TestRepo;
-use baton_testkit::server::Server;
+use baton_testkit::server::{Client, Server};
 use sidecar_kit::{AgentProcess, Peer, TargetRepo, answer, fleet_cli, wait_until};
 
 const CLUSTER: &str = "tri";
@@ -121,6 +124,39 @@ impl Setup {
     }
 }
 
+/// Requests to Triton from a thread, one after another, until stopped:
+/// how many were sent and failed, and which versions answered.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, u64, BTreeSet<String>)>,
+}
+
+impl Traffic {
+    fn start(base: &str) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (done, client) = (Arc::clone(&stop), Client::new(base));
+        let thread = std::thread::spawn(move || {
+            let (mut sent, mut failed, mut versions) = (0, 0, BTreeSet::new());
+            while !done.load(Ordering::Relaxed) {
+                sent += 1;
+                match answer(&client) {
+                    Some((version, _)) => {
+                        versions.insert(version);
+                    }
+                    None => failed += 1,
+                }
+            }
+            (sent, failed, versions)
+        });
+        Traffic { stop, thread }
+    }
+
+    fn stop(self) -> (u64, u64, BTreeSet<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 fn agent_args(cluster: &str, triton: &Peer, target: &Path, source: &Path) -> Vec<String> {
     let mut args: Vec<String> =
         ["--target", &triton.base, "--target-kind", "triton", "--cluster", cluster, "--cluster-name", CLUSTER]
@@ -141,6 +177,9 @@ fn a_version_triton_cannot_load_aborts_the_rollout_with_its_reason_and_a_later_g
     assert!(ok, "{out}");
     assert_eq!(answer(&s.triton.client()), Some(("2".into(), 2.0)));
     assert_eq!(s.replica_serves(), 2);
+
+    // Requests to Triton throughout, none naming a version: none may fail.
+    let traffic = Traffic::start(&s.triton.base);
 
     // Triton refuses version 3 at the agent's prepare: the fleet aborts.
     s.publish(3, false);
@@ -171,6 +210,13 @@ fn a_version_triton_cannot_load_aborts_the_rollout_with_its_reason_and_a_later_g
     println!("{}", out.lines().find(|l| l.contains("switched within")).unwrap_or_default());
     assert_eq!(answer(&s.triton.client()), Some(("4".into(), 4.0)));
     assert_eq!(s.replica_serves(), 4);
+    let (sent, failed, versions) = traffic.stop();
+    println!(
+        "requests to Triton during the rollouts of 3 and 4: {sent} sent, {failed} failed, answered by {versions:?}"
+    );
+    assert!(sent > 0);
+    assert_eq!(failed, 0, "no request to Triton failed during the trial loads and the switch");
+    assert!(!versions.contains("3"), "version 3 never answered: {versions:?}");
     let config = std::fs::read_to_string(s.target.path().join("m/config.pbtxt")).unwrap();
     assert_eq!(config, CONFIG, "the configuration the version brought is the one in place");
 }
