@@ -55,6 +55,12 @@
 #       baton drill mlp --url http://127.0.0.1:PORT --versions 1,2 \
 #         --swap command --command 'bash bench/run-triton.sh --swap PORT {version}'
 #
+#   bash bench/run-triton.sh --repo REPO PORT [TRITONSERVER_ARGS...]
+#       serves the Triton repository REPO as it is (nothing is written into
+#       it), in explicit model control, on the same loopback ports; what
+#       loads at start is up to TRITONSERVER_ARGS (e.g. --load-model=*).
+#       The sidecar agent's tests start Triton so.
+#
 # Environment:
 #   TRITON_VERSIONS  comma-separated versions put in the repository at start
 #                    (default: every numbered directory of MODEL_DIR); the
@@ -90,6 +96,44 @@ add_version() {
   rm -rf "${repo:?}/$model/$v"
   mv "$repo/$model/$v.tmp" "$repo/$model/$v"
 }
+
+# serve RUN REPO PORT ARGS...: starts tritonserver on REPO, on loopback ports.
+serve() {
+  local run=$1 repo=$2 port=$3
+  shift 3
+  cd "$run"
+  # The stub embeds CPython in isolated mode (PYTHONPATH/PYTHONHOME ignored):
+  # it finds the venv through `python3` on PATH (pyvenv.cfg beside it), and
+  # loads libpython from LD_LIBRARY_PATH, the venv's base Python's LIBDIR (see
+  # bench/setup-triton.sh).
+  export PATH="$venv/bin:$PATH"
+  local libdir
+  libdir="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')"
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  launch run-triton "$run" "$port" "$tsdir/bin/tritonserver" \
+    --model-repository="$repo" \
+    --backend-directory="$tsdir/backends" \
+    --cache-directory="$tsdir/caches" \
+    --model-control-mode=explicit \
+    --http-address=127.0.0.1 --http-port="$port" \
+    --grpc-address=127.0.0.1 --grpc-port=$((port + 1)) \
+    --metrics-address=127.0.0.1 --metrics-port=$((port + 2)) \
+    --allow-gpu-metrics=false "$@"
+}
+
+if [ "${1:-}" = "--repo" ]; then
+  [ $# -ge 3 ] || { echo "usage: $0 --repo REPO PORT [TRITONSERVER_ARGS...]" >&2; exit 2; }
+  [ -x "$tsdir/bin/tritonserver" ] && [ -x "$tsdir/backends/python/triton_python_backend_stub" ] ||
+    { echo "run-triton: no Triton in $venv; run bash bench/setup-triton.sh" >&2; exit 1; }
+  repo="$(cd "$2" && pwd)"
+  port="$3"
+  shift 3
+  run="$root/.baton/bench/run/triton-$port"
+  rm -rf "$run"
+  mkdir -p "$run"
+  serve "$run" "$repo" "$port" --log-info=true --exit-timeout-secs=5 "$@"
+  exit 0
+fi
 
 if [ "${1:-}" = "--swap" ]; then
   [ $# -ge 2 ] && [ $# -le 4 ] || { echo "usage: $0 --swap PORT [V [MODEL]]" >&2; exit 2; }
@@ -252,21 +296,4 @@ done
 autocomplete=(--disable-auto-complete-config)
 [ -n "${TRITON_AUTO_COMPLETE:-}" ] && autocomplete=()
 
-cd "$run"
-# The stub embeds CPython in isolated mode (PYTHONPATH/PYTHONHOME ignored):
-# it finds the venv through `python3` on PATH (pyvenv.cfg beside it), and
-# loads libpython from LD_LIBRARY_PATH, the venv's base Python's LIBDIR (see
-# bench/setup-triton.sh).
-export PATH="$venv/bin:$PATH"
-libdir="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')"
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-launch run-triton "$run" "$port" "$tsdir/bin/tritonserver" \
-  --model-repository="$repo" \
-  --backend-directory="$tsdir/backends" \
-  --cache-directory="$tsdir/caches" \
-  --model-control-mode=explicit "${loads[@]}" \
-  --http-address=127.0.0.1 --http-port="$port" \
-  --grpc-address=127.0.0.1 --grpc-port=$((port + 1)) \
-  --metrics-address=127.0.0.1 --metrics-port=$((port + 2)) \
-  --allow-gpu-metrics=false "${autocomplete[@]}" \
-  --log-info=true
+serve "$run" "$repo" "$port" "${loads[@]}" "${autocomplete[@]}" --log-info=true

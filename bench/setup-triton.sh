@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs NVIDIA Triton Inference Server 2.51 as a benchmark peer, from PyPI
-# only, into .baton/bench-venv-triton:
+# only, into .baton/bench-venv-triton (the sidecar agent's tests run against
+# it too: scripts/test.sh runs this script):
 #
 #   nvidia-pytriton  its wheel ships the tritonserver binary, the python
 #                    backend (backends/python/libtriton_python.so) and python

@@ -10,8 +10,10 @@ ORT_VERSION=1.24.4 ORT_LIB_DIR=.baton/lib/second bash scripts/fetch-onnxruntime.
 bash scripts/setup-packages.sh
 # The black-box tests drive baton with tritonclient too.
 bash scripts/setup-clients.sh
-# The sidecar agent is tested against a real MLServer.
+# The sidecar agent is tested against a real MLServer ...
 bash bench/setup-peers.sh --only mlserver
+# ... and against a real Triton (tritonserver from the nvidia-pytriton wheel).
+bash bench/setup-triton.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

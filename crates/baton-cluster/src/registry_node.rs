@@ -38,7 +38,13 @@ impl RegistryNode {
     /// unseen, or of the same version under another rollout) is dropped
     /// first, so that its outcome ids are not taken for this one's.
     async fn prepare_rollout(&self, model: &str, version: u64, rollout: Option<u64>) -> Result<(), Refusal> {
-        if let Some(candidate) = self.serving(model).candidate {
+        let serving = self.serving(model);
+        if serving.stable == Some(version) && serving.candidate.is_none() {
+            // It serves that version already (a rollout back to it, on a
+            // replica that could not load what the fleet committed since).
+            return Ok(());
+        }
+        if let Some(candidate) = serving.candidate {
             let same = candidate == version && rollout.is_none_or(|id| self.rollout_id(model) == Some(id));
             if same {
                 return Ok(());

@@ -3,17 +3,23 @@
 //! cluster mode, Triton, MLServer) and shares a file system with it.
 //!
 //! Versions are published in a source repository in baton's layout. To
-//! prepare, the agent verifies a version against its MANIFEST and copies it
-//! into a staging directory beside the target's repository, in the layout
-//! that server reads ([`TargetLayout`]); the server sees nothing. To switch,
-//! it renames the staged version into the target's repository (the one in
-//! place moves aside) and asks the server to load the model; the switch is
-//! done when that call returns and the version answers ready.
+//! prepare, the agent verifies a version against its MANIFEST, copies it
+//! into a staging directory outside the target's repository, in the layout
+//! that server reads ([`TargetLayout`]), and has the server load it on
+//! trial under a name of its own ([`probe`]): the candidate is prepared
+//! only once the server answered ready for it and answered a request with
+//! it; a version the server cannot load fails the prepare with the
+//! server's reason, and the rollout aborts with nobody switched. To
+//! switch, the agent renames the staged version into the target's
+//! repository (the one in place moves aside) and asks the server to load
+//! the model; the switch is done when that call returns and the version
+//! answers ready.
 //!
 //! What this cannot give, compared with a baton replica (see
 //! docs/fleet.md, "The sidecar agent"):
 //! - a switch is a whole load by the server, not one store: the server may
-//!   answer from either version while it loads;
+//!   answer from either version while it loads, and the candidate is
+//!   loaded twice (on trial, then for real);
 //! - a subset step ([`Node::share_all`]) is that same whole switch on this
 //!   server — it cannot split traffic — and going back is a load of the
 //!   version kept aside;
@@ -23,6 +29,7 @@
 
 pub mod area;
 pub mod layout;
+pub mod probe;
 pub mod target;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -53,8 +60,8 @@ pub struct SidecarConfig {
     pub specs: PathBuf,
     /// The target server's model repository.
     pub target_repo: PathBuf,
-    /// Where candidates are staged, on the target repository's file system;
-    /// by default `<target_repo>/.baton-agent`.
+    /// Where candidates are staged: outside the target's repository, on its
+    /// file system; by default `<target_repo>.baton-staging`.
     pub staging: Option<PathBuf>,
     /// The target's REST base URL, `http://HOST:PORT`.
     pub target_url: String,
@@ -106,18 +113,30 @@ async fn blocking<T: Send + 'static>(
 impl SidecarNode {
     /// An agent for the server and repositories of `config`. It has put
     /// nothing into place yet: on joining the fleet it loads the committed
-    /// version once, whatever the server serves.
-    pub fn new(config: SidecarConfig) -> SidecarNode {
-        SidecarNode {
+    /// version once, whatever the server serves. Refuses a target URL with
+    /// credentials, and a staging directory inside the target's repository
+    /// or on another file system ([`Area::open`]), which it creates; has
+    /// the server unload the probes an earlier agent left (blocks).
+    pub fn new(config: SidecarConfig) -> Result<SidecarNode, String> {
+        target::check_url(&config.target_url)?;
+        let (area, probes) = Area::open(config.target_repo, config.staging)?;
+        let target = Target::new(&config.target_url, config.target_token, config.load_timeout);
+        // Blocks briefly: a probe an earlier agent left is unloaded (best effort).
+        for probe in probes {
+            if let Err(error) = target.unload(&probe) {
+                tracing::debug!(%probe, %error, "Could not unload a probe an earlier agent left.");
+            }
+        }
+        Ok(SidecarNode {
             source: config.source,
             specs: config.specs,
-            area: Area::new(config.target_repo, config.staging),
-            target: Target::new(&config.target_url, config.target_token, config.load_timeout),
+            area,
+            target,
             layout: config.layout,
             placed: Lock::default(),
             turn: Semaphore::new(1),
             ready: Lock::default(),
-        }
+        })
     }
 
     /// What the participant reported last: ready with these models, or not
@@ -154,10 +173,23 @@ impl SidecarNode {
             area.stage(&dir, &options, layout, &name, version)
         })
         .await?;
-        let mut placed = self.placed(model);
-        placed.candidate = Some(version);
-        self.set_placed(model, placed);
         tracing::info!(model, version, target = %self.target.base(), "Staged a verified version for the target server.");
+        Ok(())
+    }
+
+    /// Stages `version` and has the server load it on trial
+    /// ([`SidecarNode::probe`]); a version the server cannot serve is
+    /// deleted from staging.
+    async fn stage_and_probe(&self, model: &str, version: u64) -> Result<(), Refusal> {
+        self.stage(model, version).await?;
+        if let Err(refused) = self.probe(model, version).await {
+            let (area, name) = (self.area.clone(), model.to_owned());
+            let unstaged = blocking("place", move || area.unstage(&name, version).map_err(|e| refusal("place", e)));
+            if let Err(error) = unstaged.await {
+                tracing::warn!(model, version, %error, "Could not delete a staged version the server could not serve.");
+            }
+            return Err(refused);
+        }
         Ok(())
     }
 
@@ -183,7 +215,8 @@ impl SidecarNode {
         let source_model = self.specs.join(model);
         blocking("place", move || {
             let place = |e: std::io::Error| refusal("place", e);
-            layout.finish_model(&area.model_dir(&name), &source_model, &name).map_err(place)?;
+            let staged = area.staged_dir(&name, version);
+            layout.finish_model(&staged, &area.model_dir(&name), &source_model, &name).map_err(place)?;
             area.put_in_place(&name, version).map_err(place)
         })
         .await?;
@@ -248,15 +281,19 @@ impl Node for SidecarNode {
         }
     }
 
-    /// Stages and verifies the version; the server sees no change.
+    /// Stages and verifies the version, and has the server load it on
+    /// trial and answer with it; what the server serves does not change.
+    /// A version it serves already is prepared as it is.
     async fn prepare(&self, model: &str, version: u64) -> Result<(), Refusal> {
         let _turn = self.take_turn().await?;
         let placed = self.placed(model);
-        if placed.candidate == Some(version) {
+        if placed.candidate == Some(version) || (placed.stable == Some(version) && placed.candidate.is_none()) {
             return Ok(());
         }
         self.drop_now(model).await?;
-        self.stage(model, version).await
+        self.stage_and_probe(model, version).await?;
+        self.set_placed(model, Placed { candidate: Some(version), shared: false, ..self.placed(model) });
+        Ok(())
     }
 
     /// A server behind a sidecar cannot split its traffic: a subset step
@@ -299,14 +336,16 @@ impl Node for SidecarNode {
         self.drop_now(model).await
     }
 
-    /// Stages, verifies, puts into place and loads `version`.
+    /// Stages, verifies and tries `version` (as a prepare does), then puts
+    /// it into place and loads it. A version the server cannot load is
+    /// refused before anything in place moves.
     async fn converge(&self, model: &str, version: u64) -> Result<(), Refusal> {
         let _turn = self.take_turn().await?;
         self.drop_now(model).await?;
         if self.placed(model).stable == Some(version) {
             return Ok(());
         }
-        self.stage(model, version).await?;
+        self.stage_and_probe(model, version).await?;
         self.switch(model, version, false).await?;
         self.set_placed(model, Placed { stable: Some(version), candidate: None, shared: false });
         Ok(())

@@ -411,6 +411,36 @@ fn a_prepare_that_outlasts_its_timeout_aborts_the_rollout() {
 }
 
 #[test]
+fn a_prepare_that_outlasts_its_timeout_is_left_out_when_the_plan_allows_a_missing_replica() {
+    let fleet = Fleet::new();
+    let store = fleet.store();
+    // One replica needs a minute to prepare, the other 50 ms; the plan
+    // allows one missing and waits 2 s.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut simulated = Vec::new();
+    for (prefix, prepare) in [("slow", Duration::from_secs(60)), ("fast", Duration::from_millis(50))] {
+        let (spec, name, stopped) = (fleet.spec(), fleet.name.clone(), stopped.clone());
+        simulated.push(fleet.runtime.spawn(async move {
+            let config = StoreConfig::plain(&spec);
+            baton_cluster::sim::simulate(&config, &name, prefix, 1, vec!["m".into()], prepare, stopped).await;
+        }));
+    }
+    wait_until("both registered", || fleet.registered(&store, "slow-0") && fleet.registered(&store, "fast-0"));
+    let plan = FleetPlan { prepare_timeout_ms: 2_000, allow_missing: 1, ..plain() };
+    fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
+    let done = fleet.runtime.block_on(fleet.coordinate(&store, "coordinator")).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    assert_eq!(done.missing, ["slow-0"], "the replica that did not prepare in time is left out");
+    assert_eq!(done.members, ["fast-0"]);
+    let left_out = done.decisions.iter().find(|d| d.action == "left_out").expect("a decision to leave it out");
+    assert!(left_out.message.contains("slow-0") && left_out.message.contains("2000 ms"), "{}", left_out.message);
+    let _ = stop.send(true);
+    for task in simulated {
+        fleet.runtime.block_on(task).unwrap();
+    }
+}
+
+#[test]
 fn an_operator_pauses_resumes_and_promotes_a_gray_release_fleet_wide() {
     let fleet = Fleet::new();
     let store = fleet.store();

@@ -5,20 +5,23 @@
 //! beside that repository, puts it into place and has the server load it.
 //! See docs/fleet.md ("The sidecar agent") for what this gives and what it cannot.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{ConnectInfo, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use baton_cluster::{Health, Participant, SidecarConfig, SidecarNode, TargetLayout};
 use baton_core::source::{LocalRepository, Source};
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::access::{Token, bearer};
 use crate::cluster::ClusterArgs;
 use crate::serve::repo::{StoreCache, open_store};
 
@@ -42,9 +45,10 @@ pub struct AgentArgs {
     /// Where versions fetched from an object store source are kept.
     #[arg(long, value_name = "DIR", default_value = ".baton/cache")]
     pub cache_dir: PathBuf,
-    /// Where candidates are staged; on the target repository's file system.
-    /// Defaults to <target-repo>/.baton-agent.
-    #[arg(long, value_name = "DIR")]
+    /// Where candidates are staged: outside the target's repository (where
+    /// the server does not look), on its file system. Defaults to
+    /// <target-repo>.baton-staging, beside the repository.
+    #[arg(long = "staging-dir", alias = "staging", value_name = "DIR")]
     pub staging: Option<PathBuf>,
     /// A file holding the bearer token for the target's load calls. A
     /// secret is never taken from the command line.
@@ -58,6 +62,11 @@ pub struct AgentArgs {
     /// (/v2/health/live, /v2/health/ready, /baton/v1/agent).
     #[arg(long, value_name = "ADDR")]
     pub http: Option<String>,
+    /// A file holding the token /baton/v1/agent asks for (`Authorization:
+    /// Bearer`). Without one, that endpoint answers loopback callers only;
+    /// the health endpoints are open either way.
+    #[arg(long, value_name = "FILE", env = "BATON_AGENT_TOKEN_FILE")]
+    pub http_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -68,6 +77,8 @@ struct Shared {
     health: Arc<Health>,
     id: String,
     target: String,
+    /// What `/baton/v1/agent` asks for; none: loopback callers only.
+    token: Option<Token>,
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -98,16 +109,26 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         "the target repository {} is not a directory",
         args.target_repo.display()
     );
-    let node = Arc::new(SidecarNode::new(SidecarConfig {
-        source,
-        specs,
-        target_repo: args.target_repo.clone(),
-        staging: args.staging.clone(),
-        target_url: args.target.clone(),
-        target_token,
-        layout: args.target_kind,
-        load_timeout: Duration::from_secs(args.load_timeout_s),
-    }));
+    let http_token = args
+        .http_token_file
+        .as_deref()
+        .map(crate::access::read_token_file)
+        .transpose()
+        .context("reading the token of the agent's state endpoint")?
+        .map(|t| Token::new(&t));
+    let node = Arc::new(
+        SidecarNode::new(SidecarConfig {
+            source,
+            specs,
+            target_repo: args.target_repo.clone(),
+            staging: args.staging.clone(),
+            target_url: args.target.clone(),
+            target_token,
+            layout: args.target_kind,
+            load_timeout: Duration::from_secs(args.load_timeout_s),
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
     let config = args.cluster.replica(&cluster, args.target.clone(), true);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
@@ -119,6 +140,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
             health: Arc::clone(&health),
             id: config.id.clone(),
             target: args.target.clone(),
+            token: http_token,
         });
         if let Some(address) = &args.http {
             serve_health(address, shared).await?;
@@ -158,7 +180,8 @@ async fn serve_health(address: &str, shared: Arc<Shared>) -> anyhow::Result<()> 
         .route("/baton/v1/agent", get(state))
         .with_state(shared);
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router).await {
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        if let Err(error) = axum::serve(listener, service).await {
             tracing::error!(%error, "The agent's health listener stopped.");
         }
     });
@@ -170,13 +193,83 @@ async fn ready(State(shared): State<Arc<Shared>>) -> StatusCode {
     if shared.node.readiness().is_some() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
 }
 
-/// The agent's part in the fleet and what it put into place.
-async fn state(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    Json(json!({
+/// The agent's part in the fleet and what it put into place, its errors
+/// included: to a caller with the token, or, without one configured, to a
+/// loopback caller.
+async fn state(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> (StatusCode, Json<Value>) {
+    if let Err(refused) = allowed(shared.token.as_ref(), peer, headers.get(AUTHORIZATION).map(|v| v.as_bytes())) {
+        return refused;
+    }
+    let state = json!({
         "replica": shared.id,
         "target": shared.target,
         "ready": shared.node.readiness().is_some(),
         "models": shared.node.placed_models(),
         "fleet": shared.health.state(),
-    }))
+    });
+    (StatusCode::OK, Json(state))
+}
+
+/// Whether a caller at `peer` presenting `authorization` may read the
+/// agent's state, else the refusal to answer.
+fn allowed(
+    token: Option<&Token>,
+    peer: SocketAddr,
+    authorization: Option<&[u8]>,
+) -> Result<(), (StatusCode, Json<Value>)> {
+    let refuse = |status: StatusCode, kind: &str, message: &str| {
+        tracing::warn!(%peer, kind, "Refused a request for the agent's state.");
+        Err((status, Json(json!({ "error": message, "kind": kind }))))
+    };
+    match token {
+        Some(token) => {
+            let presented = authorization.and_then(bearer);
+            if presented.is_some_and(|p| token.matches(p)) {
+                Ok(())
+            } else if presented.is_some() {
+                refuse(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not the agent's token")
+            } else {
+                refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "the agent's state needs its token: send 'Authorization: Bearer <token>' with the token of \
+                     the agent's --http-token-file",
+                )
+            }
+        }
+        None if peer.ip().to_canonical().is_loopback() => Ok(()),
+        None => refuse(
+            StatusCode::FORBIDDEN,
+            "loopback_only",
+            "the agent's state is served to loopback callers only: start the agent with --http-token-file to \
+             serve it to others who present the token",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_needs_the_token_when_there_is_one_and_loopback_when_not() {
+        let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:5000".parse().unwrap();
+        let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
+        assert!(allowed(None, local, None).is_ok());
+        assert!(allowed(None, mapped, None).is_ok());
+        let refused = allowed(None, remote, None).unwrap_err();
+        assert_eq!(refused.0, StatusCode::FORBIDDEN);
+        assert!(refused.1["error"].as_str().unwrap().contains("--http-token-file"));
+        let token = Token::new("t0ken");
+        for peer in [local, remote] {
+            assert_eq!(allowed(Some(&token), peer, None).unwrap_err().0, StatusCode::UNAUTHORIZED);
+            assert_eq!(allowed(Some(&token), peer, Some(b"Bearer other")).unwrap_err().0, StatusCode::UNAUTHORIZED);
+            assert!(allowed(Some(&token), peer, Some(b"Bearer t0ken")).is_ok());
+        }
+    }
 }

@@ -242,13 +242,26 @@ async fn look(
                     .filter(|id| !view.ok.contains(*id))
                     .map(|id| (id.clone(), id.clone()))
                     .collect();
-                let reason = format!(
-                    "prepare timed out after {} ms waiting for {}",
-                    record.plan.prepare_timeout_ms,
-                    summarize_names(&waiting)
-                );
-                ends = Some("prepare_timeout");
-                ops::end(&mut next, FleetPhase::Aborted, reason, me);
+                if record.missing.len() + waiting.len() <= record.plan.allow_missing {
+                    // Late is lost, for a plan that may go on without some:
+                    // left out like a replica that failed, it converges later.
+                    for (id, _) in waiting {
+                        let why = format!(
+                            "replica {id} did not prepare within {} ms; the rollout goes on without it.",
+                            record.plan.prepare_timeout_ms
+                        );
+                        decide(&mut next, "left_out", me, why);
+                        next.missing.push(id);
+                    }
+                } else {
+                    let reason = format!(
+                        "prepare timed out after {} ms waiting for {}",
+                        record.plan.prepare_timeout_ms,
+                        summarize_names(&waiting)
+                    );
+                    ends = Some("prepare_timeout");
+                    ops::end(&mut next, FleetPhase::Aborted, reason, me);
+                }
             }
         }
         FleetPhase::Committed => {

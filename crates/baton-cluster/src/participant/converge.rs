@@ -24,9 +24,10 @@ impl<N: Node> Participant<N> {
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
-            let action = {
+            let serving = self.node.serving(&model.name);
+            let (action, committed) = {
                 let view = model.view.lock();
-                decide(&self.config.id, &view, &self.node.serving(&model.name), now)
+                (decide(&self.config.id, &view, &serving, now), view.committed())
             };
             let result = match action {
                 Action::Settled => {
@@ -36,9 +37,19 @@ impl<N: Node> Participant<N> {
                     continue;
                 }
                 Action::Prepare { rollout, version, retry: again } => {
-                    // It serves the committed version: ready meanwhile.
-                    self.set_problem(&model, None, true);
-                    self.prepare(&model, rollout, version, again).await.map_err(|r| ("prepare", r))
+                    if serving.stable == committed {
+                        // It serves the committed version: ready meanwhile.
+                        self.set_problem(&model, None, true);
+                    }
+                    self.prepare(&model, rollout, version, again).await.map_err(|r| ("prepare".to_owned(), r))
+                }
+                Action::Hold { why } => {
+                    if model.view.lock().problem.is_none() {
+                        self.set_problem(&model, Some(why), false);
+                    }
+                    retry = None;
+                    wait(&mut changes, None).await;
+                    continue;
                 }
                 Action::Share { at, .. } | Action::Promote { at, .. } if at > now => {
                     // The named instant: a newer record wakes it earlier.
@@ -46,27 +57,39 @@ impl<N: Node> Participant<N> {
                     continue;
                 }
                 Action::Share { record, .. } => {
-                    self.switch(&model, &record, Switch::Share).await.map_err(|r| ("switch", r))
+                    self.switch(&model, &record, Switch::Share).await.map_err(|r| ("switch".to_owned(), r))
                 }
                 Action::Promote { record, .. } => {
-                    self.switch(&model, &record, Switch::Promote).await.map_err(|r| ("switch", r))
+                    self.switch(&model, &record, Switch::Promote).await.map_err(|r| ("switch".to_owned(), r))
                 }
-                Action::Drop { rolled_back } => {
-                    self.node.drop_candidate(&model.name, rolled_back).await.map_err(|r| ("drop the candidate", r))
-                }
+                Action::Drop { rolled_back } => self
+                    .node
+                    .drop_candidate(&model.name, rolled_back)
+                    .await
+                    .map_err(|r| ("drop the candidate".to_owned(), r)),
                 Action::Converge { version } => {
-                    let why = format!("loading version {version}, which the fleet committed");
-                    self.set_problem(&model, Some(why), false);
+                    // A retry leaves the last failure's reason up meanwhile.
+                    if model.view.lock().unloadable != Some(version) {
+                        let why = format!("loading version {version}, which the fleet committed");
+                        self.set_problem(&model, Some(why), false);
+                    }
                     tracing::info!(model = %model.name, version, replica = %self.config.id, "Converging on the version the fleet committed.");
                     let result = self.node.converge(&model.name, version).await;
-                    if result.is_ok() {
-                        tracing::info!(model = %model.name, version, "Converged.");
+                    match &result {
+                        Ok(()) => tracing::info!(model = %model.name, version, "Converged."),
+                        // Said in the registration (its note), and the next
+                        // rollout is prepared without loading it first.
+                        Err(_) => model.view.lock().unloadable = Some(version),
                     }
-                    result.map_err(|r| ("load the committed version", r))
+                    result.map_err(|r| (format!("load version {version}, which the fleet committed"), r))
                 }
             };
             match result {
-                Ok(()) => retry = None,
+                Ok(()) => {
+                    retry = None;
+                    // What it serves may have changed: the fleet hears of it now.
+                    self.registration_due.notify_one();
+                }
                 Err((what, refusal)) => {
                     let after = next_retry(retry);
                     retry = Some(after);

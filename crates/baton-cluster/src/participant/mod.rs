@@ -93,8 +93,15 @@ pub struct Participant<N: Node> {
     /// The registration last written, and under which lease: rewritten
     /// only when it changes.
     registered: Lock<Option<(i64, ReplicaRecord)>>,
-    /// The readiness last reported to the node.
+    /// The readiness last decided.
     reported: Lock<Option<Option<BTreeSet<String>>>>,
+    /// The readiness last told to the node: ready only once a registration
+    /// that says so is written, so that nothing sees the replica ready
+    /// before the fleet does.
+    told: Lock<Option<Option<BTreeSet<String>>>>,
+    /// Rung when the readiness or what the node serves changed: the
+    /// registration is written at once, not at the next tick.
+    registration_due: tokio::sync::Notify,
     /// The per-model tasks, which live as long as the participant runs.
     tasks: Lock<BTreeMap<String, tokio::task::AbortHandle>>,
     /// Who coordinates which rollout.
@@ -113,6 +120,8 @@ impl<N: Node> Participant<N> {
             session: tokio::sync::watch::channel(None).0,
             registered: Lock::default(),
             reported: Lock::default(),
+            told: Lock::default(),
+            registration_due: tokio::sync::Notify::new(),
             tasks: Lock::default(),
             election: Election::default(),
         })
@@ -122,7 +131,7 @@ impl<N: Node> Participant<N> {
     /// is lost. Not ready until every model serves what the fleet
     /// committed.
     pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        self.node.set_ready(None);
+        self.tell(None);
         loop {
             let why = match Store::connect(&self.config.store, &self.config.name).await {
                 Ok(store) => match self.session(&store, &mut stop).await {
@@ -207,6 +216,7 @@ impl<N: Node> Participant<N> {
                     ticks += 1;
                     self.on_tick(store, lease, ticks).await?;
                 }
+                () = self.registration_due.notified() => self.register(store, lease).await?,
                 () = tokio::time::sleep_until(due.into()), if self.config.coordinate && acting && self.health.acting() => {
                     self.election.campaign_due(self, store, lease).await;
                 }
@@ -393,6 +403,22 @@ impl<N: Node> Participant<N> {
         if reported.as_ref() != Some(&ready) {
             *reported = Some(ready.clone());
             drop(reported);
+            // Not ready is told at once; ready once the registration says
+            // so, or at once while the store is lost (nothing to write to;
+            // the registration follows at the reconnect).
+            if ready.is_none() || self.session.borrow().is_none() {
+                self.tell(ready);
+            }
+            self.registration_due.notify_one();
+        }
+    }
+
+    /// Tells the node its readiness, when it changed.
+    fn tell(&self, ready: Option<BTreeSet<String>>) {
+        let mut told = self.told.lock();
+        if told.as_ref() != Some(&ready) {
+            *told = Some(ready.clone());
+            drop(told);
             self.node.set_ready(ready);
         }
     }
@@ -452,14 +478,23 @@ impl<N: Node> Participant<N> {
     }
 
     /// Writes the replica's registration under the lease, when it changed
-    /// and this process acts for the replica.
+    /// and this process acts for the replica. Then tells the node it is
+    /// ready, if the registration says so and that is still what was
+    /// decided.
     async fn register(&self, store: &Store, lease: i64) -> Result<(), ClusterError> {
+        let decided = self.reported.lock().clone().flatten();
+        let ready = decided.is_some();
         if !self.health.acting() {
+            // The new process of an upgrade writes nothing until it acts,
+            // and acts only once it serves: it is told at once, as when
+            // there is no store to write to.
+            if ready {
+                self.tell(decided);
+            }
             return Ok(());
         }
         let required = self.required.lock().clone().unwrap_or_default();
         let models: BTreeMap<String, Serving> = required.iter().map(|m| (m.clone(), self.node.serving(m))).collect();
-        let ready = self.reported.lock().clone().flatten().is_some();
         let record = ReplicaRecord {
             id: self.config.id.clone(),
             address: self.config.address.clone(),
@@ -473,13 +508,18 @@ impl<N: Node> Participant<N> {
         let since_ms = {
             let registered = self.registered.lock();
             match registered.as_ref() {
-                Some((l, r)) if *l == lease && *r == record => return Ok(()),
-                _ => now_ms(),
+                Some((l, r)) if *l == lease && *r == record => None,
+                _ => Some(now_ms()),
             }
         };
-        let written = ReplicaRecord { since_ms, ..record.clone() };
-        store.put(&store.keys.replica(&self.config.id), &written, Some(lease)).await?;
-        *self.registered.lock() = Some((lease, record));
+        if let Some(since_ms) = since_ms {
+            let written = ReplicaRecord { since_ms, ..record.clone() };
+            store.put(&store.keys.replica(&self.config.id), &written, Some(lease)).await?;
+            *self.registered.lock() = Some((lease, record));
+        }
+        if ready && self.reported.lock().clone().flatten() == decided {
+            self.tell(decided);
+        }
         Ok(())
     }
 }

@@ -57,6 +57,10 @@ pub(crate) struct View {
     /// Whether the node was found to serve what the records say at least
     /// once since the replica started.
     pub settled: bool,
+    /// A committed version whose whole load failed here (the node still
+    /// serves what it served): the replica takes part in the next rollout
+    /// rather than retrying that load first.
+    pub unloadable: Option<u64>,
 }
 
 impl View {
@@ -135,6 +139,10 @@ pub(crate) enum Action {
     Promote { record: Box<RolloutRecord>, at: Instant },
     /// The candidate leaves.
     Drop { rolled_back: bool },
+    /// Nothing to do until the records change, but the node does not
+    /// serve the committed version: not ready, for this reason (unless a
+    /// more precise one stands).
+    Hold { why: String },
     /// A whole load of the committed version.
     Converge { version: u64 },
 }
@@ -148,17 +156,36 @@ pub(crate) fn decide(me: &str, view: &View, have: &Serving, now: Instant) -> Act
         r.phase.in_progress() && r.participants.iter().any(|p| p == me) && !r.missing.iter().any(|p| p == me)
     });
     if let Some(r) = taking_part {
-        if have.stable != Some(committed) {
+        let converged = have.stable == Some(committed);
+        // A node that serves another version, or that failed to load the
+        // committed one, prepares the candidate all the same: the promotion
+        // converges it, and a version it cannot load must not keep it from
+        // acking (a rollout would wait for it until its timeout). A node
+        // that serves nothing yet loads the committed version first.
+        let may_prepare = converged || have.stable.is_some() || view.unloadable == Some(committed);
+        if !may_prepare {
             return Action::Converge { version: committed };
         }
         let prepare = |retry| Action::Prepare { rollout: r.id, version: r.version, retry };
+        let hold = || Action::Hold {
+            why: match have.stable {
+                Some(stable) => format!("serves version {stable}, not version {committed}, which the fleet committed"),
+                None => format!("serves no version; the fleet committed version {committed}"),
+            },
+        };
         if r.phase == FleetPhase::Preparing {
             let done = view.prepared.as_ref().is_some_and(|(id, _)| *id == r.id);
-            return if done || have.candidate == Some(r.version) { Action::Settled } else { prepare(false) };
+            return if !(done || have.candidate == Some(r.version)) {
+                prepare(false)
+            } else if converged {
+                Action::Settled
+            } else {
+                hold()
+            };
         }
         // Committed: a member serves the candidate, the others hold it.
         if !r.members.iter().any(|m| m == me) {
-            return Action::Settled;
+            return if converged { Action::Settled } else { Action::Converge { version: committed } };
         }
         if have.candidate != Some(r.version) {
             return prepare(true);
@@ -267,7 +294,29 @@ mod tests {
             Action::Settled,
             "a failed prepare is acked, not retried"
         );
-        assert_eq!(decide("a", &v, &serving(3, None, 0.0), now), Action::Converge { version: 1 });
+        assert!(
+            matches!(decide("a", &v, &serving(3, None, 0.0), now), Action::Hold { .. }),
+            "prepared while serving another version: not ready, waiting for the commit"
+        );
+    }
+
+    #[test]
+    fn a_node_off_the_committed_version_still_prepares_and_one_with_none_loads_it_first() {
+        let now = Instant::now();
+        let mut v = view(1, Some((record(FleetPhase::Preparing, &[]), 6)));
+        // It serves 3 (it missed a commit, or could not load 1): it prepares.
+        assert!(matches!(decide("a", &v, &serving(3, None, 0.0), now), Action::Prepare { retry: false, .. }));
+        // It serves nothing: it loads the committed version first, unless
+        // that load failed already.
+        let nothing = Serving::default();
+        assert_eq!(decide("a", &v, &nothing, now), Action::Converge { version: 1 });
+        v.unloadable = Some(1);
+        assert!(matches!(decide("a", &v, &nothing, now), Action::Prepare { retry: false, .. }));
+        // Committed: a member shares the candidate it holds; another
+        // replica loads the committed version.
+        let v = view(1, Some((record(FleetPhase::Committed, &["a"]), 6)));
+        assert!(matches!(decide("a", &v, &serving(3, Some(2), 0.0), now), Action::Share { .. }));
+        assert_eq!(decide("b", &v, &serving(3, None, 0.0), now), Action::Converge { version: 1 });
     }
 
     #[test]

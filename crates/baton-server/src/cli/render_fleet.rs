@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use baton_cluster::records::{Ack, Desired, FleetPhase, ReplicaRecord, RolloutRecord};
+use baton_cluster::records::{Ack, Desired, FleetPhase, ReplicaRecord, RolloutRecord, Serving};
 
 /// What `baton fleet status` reads, shown as text or as JSON.
 #[derive(serde::Serialize)]
@@ -43,14 +43,38 @@ pub fn render(view: &Fleet) -> String {
     }
     for (model, d) in &view.desired {
         let _ = writeln!(out, "\nmodel {model}: the fleet serves version {}", d.version);
+        // Replicas that say they serve another version, and why.
+        for r in &view.replicas {
+            let Some(serving) = r.models.get(model) else { continue };
+            if serves(serving, d.version) {
+                continue;
+            }
+            let stable = serving.stable.map_or("no version".into(), |v| format!("version {v}"));
+            let why = r.note.as_deref().map(|n| format!(": {n}")).unwrap_or_default();
+            let _ = writeln!(out, "  {} serves {stable}{why}", r.id);
+        }
         let Some(r) = view.rollouts.iter().find(|r| &r.model == model) else { continue };
-        rollout(&mut out, r, view.acks.get(model));
+        rollout(&mut out, r, view.acks.get(model), &view.replicas);
     }
     out
 }
 
-fn rollout(out: &mut String, r: &RolloutRecord, acks: Option<&BTreeMap<String, Ack>>) {
+/// Whether a replica serving `serving` answers with `version`: as its
+/// stable version, or as a candidate with all of its traffic.
+fn serves(serving: &Serving, version: u64) -> bool {
+    (serving.stable == Some(version) && serving.candidate.is_none_or(|_| serving.candidate_percent < 100.0))
+        || (serving.candidate == Some(version) && serving.candidate_percent >= 100.0)
+}
+
+fn rollout(out: &mut String, r: &RolloutRecord, acks: Option<&BTreeMap<String, Ack>>, replicas: &[ReplicaRecord]) {
     let step = r.step.map_or("-".into(), |s| format!("{}/{}", s + 1, r.plan.steps.len()));
+    // Counted from what each participant says it serves, not from whom
+    // the record told to switch: a replica whose switch failed is not one.
+    let switched = replicas
+        .iter()
+        .filter(|p| r.participants.contains(&p.id))
+        .filter(|p| p.models.get(&r.model).is_some_and(|s| serves(s, r.version)))
+        .count();
     let _ = writeln!(
         out,
         "  rollout of version {} (from {}): {}{}, step {step}, {} of {} replicas serve it",
@@ -58,7 +82,7 @@ fn rollout(out: &mut String, r: &RolloutRecord, acks: Option<&BTreeMap<String, A
         r.from.map_or("-".into(), |v| v.to_string()),
         r.phase.as_str(),
         r.paused.as_ref().map(|p| format!(" (paused: {p})")).unwrap_or_default(),
-        if r.phase == FleetPhase::Promoted || r.phase.in_progress() { r.members.len() } else { 0 },
+        if r.phase == FleetPhase::Promoted || r.phase.in_progress() { switched } else { 0 },
         r.participants.len()
     );
     if r.phase == FleetPhase::Preparing {
@@ -88,5 +112,43 @@ fn rollout(out: &mut String, r: &RolloutRecord, acks: Option<&BTreeMap<String, A
     }
     for d in r.decisions.iter().rev().take(5).collect::<Vec<_>>().into_iter().rev() {
         let _ = writeln!(out, "  - {}", d.message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use baton_cluster::records::FleetPlan;
+
+    use super::*;
+
+    fn replica(id: &str, stable: u64) -> ReplicaRecord {
+        ReplicaRecord {
+            id: id.into(),
+            address: format!("{id}:8000"),
+            labels: BTreeMap::new(),
+            models: [("m".to_owned(), Serving { stable: Some(stable), candidate: None, candidate_percent: 0.0 })]
+                .into(),
+            ready: stable == 3,
+            agent: false,
+            note: (stable != 3).then(|| "could not load the committed version 3".to_owned()),
+            since_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_promoted_rollout_counts_the_replicas_that_serve_it_not_those_told_to() {
+        let mut record = RolloutRecord::new("m", 3, Some(2), FleetPlan::default(), vec!["a".into(), "b".into()]);
+        record.phase = FleetPhase::Promoted;
+        record.members = vec!["a".into(), "b".into()];
+        let desired = Desired { version: 3, rollout: Some(record.id), at_ms: 0 };
+        let fleet = Fleet {
+            replicas: vec![replica("a", 3), replica("b", 2)],
+            desired: [("m".to_owned(), desired)].into(),
+            rollouts: vec![record],
+            acks: BTreeMap::new(),
+        };
+        let text = render(&fleet);
+        assert!(text.contains("1 of 2 replicas serve it"), "{text}");
+        assert!(text.contains("b serves version 2: could not load the committed version 3"), "{text}");
     }
 }
