@@ -137,12 +137,16 @@ impl Source {
     ) -> Result<u32, UpgradeError> {
         let binary = binary.unwrap_or_else(|| self.binary.clone());
         let (ours, theirs) = Channel::pair().map_err(UpgradeError::Channel)?;
-        let fd = theirs.inheritable().map_err(UpgradeError::Channel)?;
+        // Handed over in the child alone: no process started meanwhile (a
+        // worker) inherits the new process's end.
         let mut command = Command::new(&binary);
-        command.args(&self.args).env(FD_ENV, fd.to_string()).stdin(Stdio::null());
-        let child =
-            command.spawn().map_err(|error| UpgradeError::Start { binary: binary.display().to_string(), error })?;
-        drop(theirs);
+        let fd =
+            baton_worker::channel::hand_to_child(&mut command, vec![theirs.into()]).map_err(UpgradeError::Channel)?;
+        command.args(&self.args).env(FD_ENV, fd[0].to_string()).stdin(Stdio::null());
+        let child = command.spawn();
+        // The command holds this process's copy of the new process's end.
+        drop(command);
+        let child = child.map_err(|error| UpgradeError::Start { binary: binary.display().to_string(), error })?;
         let mut child = Stopped(Some(child));
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
         let fds: Vec<_> = self.listeners.iter().map(|(_, fd)| fd.as_fd()).collect();
