@@ -322,3 +322,26 @@ fn a_rollout_is_refused_while_the_stable_version_has_no_worker() {
     let input = sample_input(SIZES[0], 1, 5);
     assert_close(&infer(&server, "m", &input, 1).1, &mlp(2).forward(&input, 1), "version 2");
 }
+
+/// A model that rolls new versions out by itself, whose stable version
+/// has no worker (it died, and cannot be loaded again: its files are
+/// gone): a version published then is loaded rather than rolled out
+/// against a version that answers nothing, and the model serves again.
+#[test]
+fn a_version_published_while_the_stable_version_has_no_worker_is_loaded_rather_than_rolled_out() {
+    let auto = "[policy]\nkeep_previous = 0\n[rollout]\nauto = true\nsteps = [50]\ninterval_ms = 600000\n";
+    let repo = repo_with("m", &[1], &format!("{IN_WORKER}{auto}"));
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    let first = workers_of(server.pid());
+    assert_eq!(first.len(), 1);
+    repo.remove_version("m", 1);
+    kill(first[0]);
+    wait_until("a restart failed", || server.status("m")["workers"]["restarts"].as_u64() >= Some(2));
+    repo.publish_mlp("m", 2, &mlp(2));
+    wait_until("version 2 serves", || server.status("m")["serving"] == 2);
+    let status = server.status("m");
+    assert!(status["rollout"].is_null(), "a rollout was started: {status}");
+    let input = sample_input(SIZES[0], 1, 6);
+    assert_close(&infer(&server, "m", &input, 1).1, &mlp(2).forward(&input, 1), "version 2");
+}

@@ -191,9 +191,9 @@ impl Caller {
     }
 
     /// Bounds each region, the server's and the worker's, to `most` bytes
-    /// (a multiple of the page size, as the worker is told).
+    /// (taken down to a whole number of pages, as the worker takes it).
     pub fn with_region_limit(mut self, most: usize) -> Caller {
-        self.most = most;
+        self.most = page_floor(most);
         self
     }
 
@@ -329,6 +329,13 @@ impl Caller {
     }
 }
 
+/// `bytes` taken down to a whole number of pages (of at least one): a
+/// region's bound, so that a region made up to it, whole pages, stays
+/// within it.
+pub fn page_floor(bytes: usize) -> usize {
+    (bytes - bytes % crate::region::PAGE).max(crate::region::PAGE)
+}
+
 /// What a worker's run returns when a call fails: a stable kind and a message.
 pub type RunError = (String, String);
 
@@ -359,6 +366,7 @@ pub fn answer<F>(channels: Vec<Channel>, how: Answering, run: F) -> io::Result<(
 where
     F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
+    let how = Answering { most: page_floor(how.most), ..how };
     std::thread::scope(|scope| {
         let all = &channels;
         let threads: Vec<_> = channels

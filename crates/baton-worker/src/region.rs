@@ -23,8 +23,12 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use memfd::{FileSeal, Memfd, MemfdOptions};
 use memmap2::{MmapOptions, MmapRaw};
 
-/// The smallest region: a mapping is made of whole pages.
-const MIN_LEN: usize = 4096;
+/// The unit a region's size is a multiple of: a mapping is made of whole
+/// pages.
+pub const PAGE: usize = 4096;
+
+/// The smallest region.
+const MIN_LEN: usize = PAGE;
 
 fn memfd_error(error: memfd::Error) -> io::Error {
     match error {
@@ -53,7 +57,7 @@ impl Region {
     /// A new region of at least `len` bytes, zeroed, under `name` (which
     /// `/proc/PID/maps` shows as `/memfd:NAME`), sealed at its size.
     pub fn named(name: &str, len: usize) -> io::Result<Region> {
-        let len = len.max(MIN_LEN).checked_next_multiple_of(MIN_LEN).ok_or_else(|| invalid(format!("{len} bytes")))?;
+        let len = len.max(MIN_LEN).checked_next_multiple_of(PAGE).ok_or_else(|| invalid(format!("{len} bytes")))?;
         let memfd =
             MemfdOptions::default().close_on_exec(true).allow_sealing(true).create(name).map_err(memfd_error)?;
         memfd.as_file().set_len(len as u64)?;

@@ -11,7 +11,7 @@ use baton_core::spec::ModelSpec;
 use baton_core::verified::{HandedFile, Verified};
 
 use crate::channel::{Channel, take_handed};
-use crate::hop::{Answering, REGION_DEFAULT, SPIN_DEFAULT};
+use crate::hop::{Answering, REGION_DEFAULT, page_floor};
 use crate::region::{PeerRegion, Region};
 use crate::wire::{
     CGROUP_ENV, FDS_ENV, MANIFEST_MOST, MEMORY_ENV, NICE_ENV, PARENT_ENV, REGION_ENV, Report, SPIN_ENV, Setup,
@@ -89,8 +89,9 @@ fn env_number(name: &str, range: std::ops::RangeInclusive<u64>) -> Result<Option
 /// How the slots answer, as the server said: how long they look for the
 /// next call, how large a region may be.
 fn answering() -> Result<Answering, String> {
-    let spin = env_number(SPIN_ENV, 0..=10_000)?.map_or(SPIN_DEFAULT, Duration::from_micros);
-    let most = env_number(REGION_ENV, 1 << 20..=4095 << 20)?.map_or(REGION_DEFAULT, |bytes| bytes as usize);
+    // The server always says; a worker started by other means sleeps at once.
+    let spin = env_number(SPIN_ENV, 0..=10_000)?.map_or(Duration::ZERO, Duration::from_micros);
+    let most = env_number(REGION_ENV, 1 << 20..=4095 << 20)?.map_or(REGION_DEFAULT, |bytes| page_floor(bytes as usize));
     Ok(Answering { spin, most })
 }
 
