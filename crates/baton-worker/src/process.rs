@@ -34,6 +34,9 @@ use crate::wire::{
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
 
+/// The most engine instances a worker may report.
+const MOST_INSTANCES: usize = 1024;
+
 /// An engine's backend whose models run in worker processes when their
 /// `[engine]` table asks for it.
 pub struct ProcessBackend {
@@ -207,6 +210,11 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
         let status = worker.stop();
         BackendError::new("worker_failed", format!("the worker exited before it loaded the version ({status}): {why}"))
     };
+    // A report baton does not take: the worker is stopped.
+    let refused = |worker: &mut Worker, why: String| {
+        worker.stop();
+        BackendError::new("worker_failed", format!("the worker's report of its load was refused: {why}"))
+    };
     match setup.readable_within(LOAD_LIMIT) {
         Ok(true) => {}
         Ok(false) => {
@@ -222,6 +230,11 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
         Err(e) => return Err(gone(worker, e.to_string())),
     }
     match serde_json::from_slice::<Report>(&buffer) {
+        // Warmup runs a call on each instance: a number past any engine's
+        // is no number to act on.
+        Ok(Report::Loaded { instances, .. }) if !(1..=MOST_INSTANCES).contains(&instances) => {
+            Err(refused(worker, format!("it reported {instances} engine instances (1 to {MOST_INSTANCES} are taken)")))
+        }
         Ok(Report::Loaded { signature, instances, shared, reused, update }) => {
             Ok((signature, instances, WeightsInfo { shared, reused, update, reason: None, container: None }))
         }
@@ -233,8 +246,8 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
                 None => BackendError::new(kind, message),
             })
         }
-        Ok(other) => Err(gone(worker, format!("it reported {other:?} before loading"))),
-        Err(e) => Err(gone(worker, format!("it sent a report baton does not read: {e}"))),
+        Ok(other) => Err(refused(worker, format!("it reported {other:?} before loading"))),
+        Err(e) => Err(refused(worker, format!("it sent a report baton does not read: {e}"))),
     }
 }
 

@@ -1,7 +1,7 @@
-//! Versions in real worker processes, through [`ProcessBackend`]: this
-//! test binary starts itself again as the worker (the `worker` test, which
-//! does nothing unless the server's environment says it is one) and runs
-//! the test kit's fake engine there, whose failures the tests choose. An
+//! Versions in real worker processes, through baton's `ProcessBackend`:
+//! this test binary starts itself again as the worker (the `worker` test,
+//! which does nothing unless the server's environment says it is one) and
+//! runs the test kit's fake engine there, whose failures the tests choose. An
 //! engine's panic in a worker is the engine's panic; a worker that hangs
 //! while it streams its weights fails the pass within its timeout; and no
 //! other process started while workers start inherits their descriptors.
