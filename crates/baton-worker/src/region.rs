@@ -134,8 +134,19 @@ impl PeerRegion {
     /// Copies the `len` bytes at `offset` out; `None` when they do not lie
     /// within the region.
     pub fn read(&self, offset: usize, len: usize) -> Option<Vec<u8>> {
-        let mut out = vec![0; len];
-        self.read_into(offset, &mut out)?;
+        let end = offset.checked_add(len)?;
+        if end > self.map.len() {
+            return None;
+        }
+        // Not zeroed first: the copy is the one pass over the bytes.
+        let mut out = Vec::with_capacity(len);
+        // SAFETY: `offset..end` lies within the mapping (see `read_into`);
+        // `out` has room for `len` bytes, all of which the copy writes
+        // before the length is set.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.map.as_ptr().add(offset), out.as_mut_ptr(), len);
+            out.set_len(len);
+        }
         Some(out)
     }
 
