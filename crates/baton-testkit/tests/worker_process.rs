@@ -3,8 +3,9 @@
 //! which does nothing unless the server's environment says it is one) and
 //! runs the test kit's fake engine there, whose failures the tests choose. An
 //! engine's panic in a worker is the engine's panic; a worker that hangs
-//! while it streams its weights fails the pass within its timeout; and no
-//! other process started while workers start inherits their descriptors.
+//! while it streams its weights fails the pass within its timeout; no
+//! other process started while workers start inherits their descriptors;
+//! and a worker refuses descriptor numbers that are not its channels.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -28,6 +29,9 @@ fn worker() {
     }
     let make: baton_worker::serve::MakeBackend = Box::new(|| Ok(Arc::new(FakeBackend::new()) as Arc<dyn Backend>));
     let served = baton_worker::serve::serve(make);
+    if let Err(error) = &served {
+        eprintln!("the worker stopped: {error}");
+    }
     std::process::exit(if served.is_ok() { 0 } else { 3 });
 }
 
@@ -164,4 +168,38 @@ fn a_process_started_while_workers_start_inherits_none_of_their_descriptors() {
     });
     assert!(started > 40, "only {started} other processes started");
     assert!(leaked.is_empty(), "processes started meanwhile inherited {leaked:?}");
+}
+
+/// A worker started with descriptor numbers that are not channel ends
+/// (standard streams, a number given twice, one that is not open) refuses
+/// them and stops, saying which, before it takes any of them.
+#[test]
+fn a_worker_refuses_descriptors_that_are_not_its_channels() {
+    let args = ["--exact", "worker", "--nocapture", "--test-threads", "1", "--quiet"];
+    for (fds, says) in [("1,2,5", "descriptor 1"), ("3,3,4", "named twice"), ("200,201,202", "not open")] {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(args)
+            .env("BATON_WORKER_FDS", fds)
+            .env("BATON_WORKER_PARENT", std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + LONG;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{fds}: the worker did not stop");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(3), "{fds}: {stderr}");
+        assert!(stderr.contains(says), "{fds}: {stderr}");
+    }
 }
