@@ -300,6 +300,10 @@ impl Caller {
         let received = slot.channel.recv_into(&mut buffer);
         let result = match received {
             Ok(None) => Err(self.set_gone("the worker closed its channel".into())),
+            // A peer that died with data unread reads as a reset connection.
+            Err(error) if error.kind() == io::ErrorKind::ConnectionReset => {
+                Err(self.set_gone("the worker closed its channel".into()))
+            }
             Err(error) => Err(HopError::Broken(format!("reading its answer: {error}"))),
             Ok(Some((bytes, fds))) => match serde_json::from_slice::<Answer>(&buffer[..bytes]) {
                 Err(error) => Err(HopError::Broken(format!("it sent a message baton does not read: {error}"))),
