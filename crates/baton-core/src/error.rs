@@ -101,6 +101,14 @@ pub enum LoadError {
     /// The warmup stage failed.
     #[error("warmup failed: {0}")]
     Warmup(#[from] WarmupError),
+    /// The version's engine ended by itself (its worker process exited)
+    /// after it loaded and before the version was published: nothing was
+    /// published, and the serving version is untouched.
+    #[error("commit refused: the version's engine ended before it was published ({why})")]
+    EngineEnded {
+        /// What is known of how it ended.
+        why: String,
+    },
     /// Code in a stage panicked; the loader survived it.
     #[error("{stage} failed: internal error: {message}")]
     Panicked {
@@ -120,6 +128,7 @@ impl LoadError {
             LoadError::Load(_) | LoadError::MemoryBudget(_) => Some(Stage::Load),
             LoadError::Validate(_) => Some(Stage::Validate),
             LoadError::Warmup(_) => Some(Stage::Warmup),
+            LoadError::EngineEnded { .. } => Some(Stage::Commit),
             LoadError::Panicked { stage, .. } => Some(*stage),
             _ => None,
         }
@@ -145,6 +154,7 @@ impl LoadError {
             LoadError::MemoryBudget(_) => "memory_budget_exceeded",
             LoadError::Validate(_) => "validate_failed",
             LoadError::Warmup(_) => "warmup_failed",
+            LoadError::EngineEnded { .. } => "commit_failed",
             LoadError::Panicked { .. } => "internal",
         }
     }
@@ -157,6 +167,7 @@ impl LoadError {
             LoadError::Load(e) => e.kind,
             LoadError::Validate(e) => e.kind(),
             LoadError::Warmup(e) => e.kind(),
+            LoadError::EngineEnded { .. } => "engine_ended",
             other => other.kind(),
         }
     }

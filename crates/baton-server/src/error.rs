@@ -109,11 +109,17 @@ impl From<InferError> for ServeError {
             InferError::Backend(b) if b.kind == "invalid_input" || b.kind == "unsupported_datatype" => {
                 Class::BadRequest
             }
-            // A worker process that is gone, hung or full: the version cannot
-            // answer now; a client may retry, and another replica can.
-            InferError::Backend(b) if matches!(b.kind, "worker_gone" | "worker_timed_out" | "worker_busy") => {
+            // A worker process that is gone, hung, full, or being replaced
+            // because its hop broke: the version cannot answer now; a
+            // client may retry, and another replica can.
+            InferError::Backend(b)
+                if matches!(b.kind, "worker_gone" | "worker_timed_out" | "worker_busy" | "worker_hop_broken") =>
+            {
                 Class::Unavailable
             }
+            // The request's inputs, or the answer it asks for, do not fit
+            // the worker's shared region (`[engine] worker_region_mb`).
+            InferError::Backend(b) if b.kind == "worker_region_exceeded" => Class::TooLarge,
             InferError::Backend(_) | InferError::EnginePanicked(_) | InferError::Stopped => Class::Internal,
             InferError::Overloaded { .. } => Class::Overloaded,
             InferError::DeadlineExceeded { .. } => Class::DeadlineExceeded,
@@ -155,7 +161,8 @@ impl From<LoadError> for ServeError {
             | LoadError::Verify(_)
             | LoadError::Load(_)
             | LoadError::Validate(_)
-            | LoadError::Warmup(_) => Class::Unprocessable,
+            | LoadError::Warmup(_)
+            | LoadError::EngineEnded { .. } => Class::Unprocessable,
         };
         let message = match &e {
             LoadError::Panicked { stage, .. } => format!("{stage} failed: internal error (see the server log)"),

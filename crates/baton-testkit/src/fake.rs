@@ -29,6 +29,12 @@
 //! engine ran since its own last one (up to eight), as a model whose
 //! weights other models' runs pushed out of the cache pays to read them
 //! back: at a small share of the traffic, a version runs colder.
+//!
+//! For engines that end by themselves (as a worker process does): a
+//! version holding `exit-after` (a number) reports its engine's end once it
+//! has answered that many inferences: it is no longer alive, and whoever
+//! asked is told from another thread. It still answers, so that the
+//! inference that ends it succeeds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -180,6 +186,7 @@ impl Backend for FakeBackend {
         let nan_from = number("nan-from")?.map(|v| v as f32);
         let cold_work = number("cold-work")?.map(|thousands| (thousands * 1000.0) as u64);
         let fail = has("fail-when-told").then(|| Arc::clone(&self.fail));
+        let exit_after = number("exit-after")?.map(|n| n as u64);
         let ballast = match read("ballast")? {
             Some(mib) => {
                 let mib: usize = mib.trim().parse().map_err(|_| BackendError::new("model_invalid", "bad ballast"))?;
@@ -200,6 +207,7 @@ impl Backend for FakeBackend {
             cold: cold_work.map(|rounds| Cold { rounds, last: AtomicU64::new(RUNS.load(Ordering::SeqCst)) }),
             nan_from,
             fail,
+            exit: exit_after.map(|after| Exit { after, answered: AtomicU64::new(0), state: Mutex::default() }),
             calls: Arc::clone(&self.calls),
             threads: Arc::clone(&self.threads),
         }))
@@ -235,6 +243,48 @@ fn spin(rounds: u64) {
     std::hint::black_box(acc);
 }
 
+type Notify = Box<dyn FnOnce(String) + Send>;
+
+/// An engine that ends by itself after answering a number of inferences.
+struct Exit {
+    after: u64,
+    answered: AtomicU64,
+    /// Whether it has ended, and who to tell when it does.
+    state: Mutex<(bool, Option<Notify>)>,
+}
+
+impl Exit {
+    /// Counts one answered inference; the one that reaches `after` ends
+    /// the engine.
+    fn answered(&self) {
+        if self.answered.fetch_add(1, Ordering::SeqCst) + 1 != self.after {
+            return;
+        }
+        let notify = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.0 = true;
+            state.1.take()
+        };
+        if let Some(notify) = notify {
+            std::thread::spawn(move || notify("the fake engine ended, as asked".into()));
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    fn on_exit(&self, notify: Notify) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.0 {
+            drop(state);
+            std::thread::spawn(move || notify("the fake engine ended, as asked".into()));
+        } else {
+            state.1 = Some(notify);
+        }
+    }
+}
+
 struct FakeModel {
     ballast: Vec<u8>,
     leak: bool,
@@ -247,6 +297,7 @@ struct FakeModel {
     cold: Option<Cold>,
     nan_from: Option<f32>,
     fail: Option<Arc<std::sync::atomic::AtomicBool>>,
+    exit: Option<Exit>,
     calls: Arc<Mutex<Vec<usize>>>,
     threads: Arc<Mutex<Vec<String>>>,
 }
@@ -307,6 +358,20 @@ impl Model for FakeModel {
                 }
             }
         }
+        if let Some(exit) = &self.exit {
+            exit.answered();
+        }
         Ok(vec![Tensor::from_f32("y", inputs[0].shape.clone(), &y)])
+    }
+
+    fn alive(&self) -> bool {
+        !self.exit.as_ref().is_some_and(Exit::ended)
+    }
+
+    fn on_exit(&self, notify: Notify) {
+        match &self.exit {
+            Some(exit) => exit.on_exit(notify),
+            None => drop(notify),
+        }
     }
 }

@@ -2,22 +2,78 @@
 //! `SOCK_SEQPACKET` socket pair. Each send is one message, received whole
 //! or not at all, and may carry descriptors (a shared region's, a model's
 //! files). Messages are small: tensors cross in shared memory.
+//!
+//! A child gets its ends of the channels at fixed descriptor numbers
+//! ([`hand_to_child`]), set up in the child between fork and exec, so that
+//! the server never clears a close-on-exec flag: a flag cleared in the
+//! server is cleared for every process it starts meanwhile (another
+//! worker, an upgrade), which would inherit the ends and hold the
+//! channels open after the worker ended.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use command_fds::{CommandFdExt, FdMapping};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
-
 use rustix::io::{FdFlags, fcntl_getfd, fcntl_setfd};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketFlags, SocketType, recvmsg, sendmsg, socketpair,
 };
 
-/// The largest control message.
-pub const MAX_MESSAGE: usize = 256 * 1024;
+/// The first descriptor number a child is handed an end at: the ones
+/// after its standard streams.
+pub const FIRST_HANDED: RawFd = 3;
+
+/// The most ends one child is handed.
+pub const MOST_HANDED: usize = 64;
+
+/// Gives the child `command` starts each of `fds`, in order, at descriptors
+/// [`FIRST_HANDED`], 4, 5, …; returns those numbers. They are duplicated
+/// onto those numbers in the child, between fork and exec (`dup2`), so this
+/// process's close-on-exec flags never change and no other process started
+/// meanwhile inherits them. `command` holds `fds` until it is dropped: drop
+/// it once the child is started, or the ends stay open here too.
+pub fn hand_to_child(command: &mut Command, fds: Vec<OwnedFd>) -> io::Result<Vec<RawFd>> {
+    if fds.len() > MOST_HANDED {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} descriptors to hand over", fds.len())));
+    }
+    let numbers: Vec<RawFd> = (FIRST_HANDED..).take(fds.len()).collect();
+    let mappings =
+        fds.into_iter().zip(&numbers).map(|(parent_fd, &child_fd)| FdMapping { parent_fd, child_fd }).collect();
+    command.fd_mappings(mappings).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(numbers)
+}
+
+/// Takes the channel ends a parent handed this process at `numbers` (see
+/// [`hand_to_child`]), refusing a number that is not one: each must be
+/// distinct, from [`FIRST_HANDED`] on, and an open Unix `SOCK_SEQPACKET`
+/// socket. Each is closed on exec from then on.
+pub fn take_handed(numbers: &[RawFd]) -> io::Result<Vec<Channel>> {
+    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+    if numbers.len() > MOST_HANDED {
+        return Err(invalid(format!("{} descriptors named", numbers.len())));
+    }
+    for (i, fd) in numbers.iter().enumerate() {
+        if numbers[..i].contains(fd) {
+            return Err(invalid(format!("descriptor {fd} named twice")));
+        }
+    }
+    // SAFETY: every number was checked to be a distinct socket of the kind
+    // a parent hands, above the standard streams, before any of them is
+    // owned; this process opens its own sockets close-on-exec and takes
+    // these first thing, so nothing else in it owns them.
+    #[allow(unsafe_code)]
+    numbers.iter().map(|&fd| unsafe { Channel::inherited(fd) }).collect()
+}
+
+/// The largest control message: the setup channel's (a version's files,
+/// its signature, a weight's name and shape); a slot's are far smaller
+/// ([`crate::hop::SLOT_MESSAGE`]).
+pub const MAX_MESSAGE: usize = 128 * 1024;
 
 /// The most descriptors one message carries.
 pub const MAX_FDS: usize = 16;
@@ -29,29 +85,35 @@ pub struct Channel {
 }
 
 impl Channel {
-    /// A connected pair; both ends closed on exec unless one is made
-    /// [`inheritable`](Channel::inheritable).
+    /// A connected pair; both ends closed on exec. An end reaches a child
+    /// through [`hand_to_child`] alone.
     pub fn pair() -> io::Result<(Channel, Channel)> {
         let (a, b) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
         Ok((Channel { fd: a }, Channel { fd: b }))
     }
 
-    /// Lets a child started after this call inherit this end; returns the
-    /// descriptor number the child finds it at.
-    pub fn inheritable(&self) -> io::Result<RawFd> {
-        let flags = fcntl_getfd(&self.fd)?;
-        fcntl_setfd(&self.fd, flags - FdFlags::CLOEXEC)?;
-        Ok(self.fd.as_raw_fd())
-    }
-
-    /// Takes the end a parent left at descriptor `fd`, and closes it on exec.
+    /// Takes the end a parent left at descriptor `fd`, and closes it on
+    /// exec. Refused unless `fd` is from [`FIRST_HANDED`] on and an open
+    /// Unix `SOCK_SEQPACKET` socket.
     ///
     /// # Safety
-    /// `fd` must be an open socket descriptor that nothing else in this
-    /// process owns.
+    /// If `fd` is such a socket, nothing else in this process may own it.
     #[allow(unsafe_code)]
     pub unsafe fn inherited(fd: RawFd) -> io::Result<Channel> {
-        // SAFETY: the caller guarantees `fd` is open and owned by no one else.
+        let invalid = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("descriptor {fd}: {why}"));
+        if fd < FIRST_HANDED {
+            return Err(invalid("a standard stream, or no descriptor"));
+        }
+        // SAFETY: borrowed for these checks only; a number that is not open
+        // makes them fail with EBADF, and nothing is closed or kept.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        fcntl_getfd(borrowed).map_err(|_| invalid("not open"))?;
+        let kind = rustix::net::sockopt::socket_type(borrowed).map_err(|_| invalid("not a socket"))?;
+        let domain = rustix::net::sockopt::socket_domain(borrowed).map_err(|_| invalid("not a socket"))?;
+        if kind != SocketType::SEQPACKET || domain != AddressFamily::UNIX {
+            return Err(invalid("not a Unix SOCK_SEQPACKET socket"));
+        }
+        // SAFETY: open, and, as the caller guarantees, owned by no one else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         fcntl_setfd(&fd, FdFlags::CLOEXEC)?;
         Ok(Channel { fd })
@@ -83,14 +145,13 @@ impl Channel {
         Ok(received.map(|(_, fds)| fds))
     }
 
-    /// Receives one message into the start of `buffer`, which must hold
-    /// [`MAX_MESSAGE`] bytes: its length and descriptors; `None` once the
-    /// other end is closed. The calls across the hop use this with a buffer
-    /// of their own, which is never cleared or resized between messages.
+    /// Receives one message into the start of `buffer`: its length and
+    /// descriptors; `None` once the other end is closed. A message longer
+    /// than `buffer` is an error (it was cut short), as is one with more
+    /// than [`MAX_FDS`] descriptors. The calls across the hop use this with
+    /// a buffer of their own, which is never cleared or resized between
+    /// messages.
     pub fn recv_into(&self, buffer: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
-        if buffer.len() < MAX_MESSAGE {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a receive buffer smaller than a message"));
-        }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let received = loop {
@@ -162,8 +223,16 @@ impl Channel {
     }
 }
 
+impl From<Channel> for OwnedFd {
+    fn from(channel: Channel) -> OwnedFd {
+        channel.fd
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
 
     #[test]
@@ -179,6 +248,20 @@ mod tests {
         assert_eq!((buffer.as_slice(), fds.len()), (&b"second"[..], 0));
         drop(a);
         assert!(b.recv(&mut buffer).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_descriptor_that_is_no_channel_end_is_refused() {
+        #[allow(unsafe_code)]
+        let take = |fd| unsafe { Channel::inherited(fd) };
+        assert!(take(1).is_err(), "a standard stream");
+        let file = tempfile::tempfile().unwrap();
+        let error = take(file.as_raw_fd()).unwrap_err();
+        assert!(error.to_string().contains("not a socket"), "{error}");
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let error = take(a.as_raw_fd()).unwrap_err();
+        assert!(error.to_string().contains("SOCK_SEQPACKET"), "{error}");
+        assert!(take_handed(&[5, 5]).unwrap_err().to_string().contains("twice"));
     }
 
     #[test]

@@ -1,14 +1,31 @@
-//! Tensors in a shared region: each one's bytes at an offset aligned to a
-//! cache line, described by a [`Meta`] that travels in the control message.
-//! Reading back checks every offset, length and shape against the region
-//! and the datatype, so a confused or hostile peer yields an error, never a
-//! read out of bounds.
+//! How tensors lie in a shared region, so that no control message grows
+//! with them.
+//!
+//! A frame is the tensors of one call (or one answer), each at an offset
+//! aligned to a cache line, then its index: a JSON list of [`Meta`], one
+//! per tensor (name, datatype, shape, offset, length). A `BYTES` tensor's
+//! element lengths lie in the region too, as little-endian `u32`s before
+//! its elements. The control message carries only where the index lies
+//! ([`Placed`]), so it is small whatever the tensors are: a string model's
+//! answer of a hundred thousand elements is no larger a message than one
+//! float's.
+//!
+//! Reading a frame checks every offset, length, count and shape against
+//! the region and the datatype, so a confused or hostile peer yields an
+//! error, never a read out of bounds. The server reads what a worker wrote
+//! by copying it out ([`read`]); a worker reads the server's inputs where
+//! they lie ([`views`]).
 
 use baton_core::tensor::{DataType, Tensor, TensorData, TensorView, ViewData, element_count};
 use serde::{Deserialize, Serialize};
 
+use crate::region::PeerRegion;
+
 /// Where each tensor starts: a multiple of a cache line.
 pub const ALIGN: usize = 64;
+
+/// The bytes of one `BYTES` element's length.
+const LENGTH: usize = std::mem::size_of::<u32>();
 
 /// One tensor as laid out in a region.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,72 +38,193 @@ pub struct Meta {
     pub shape: Vec<i64>,
     /// Where its bytes start in the region.
     pub offset: usize,
-    /// How many bytes it takes there.
+    /// How many bytes it takes there (for `BYTES`, its element lengths
+    /// and its elements).
     pub len: usize,
-    /// For `BYTES`: each element's length, its elements laid end to end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub elements: Option<Vec<usize>>,
 }
 
-fn bytes_of(tensor: &Tensor) -> usize {
+/// Where a frame's index lies in its region: all a control message says
+/// of the tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placed {
+    /// Where the index starts.
+    pub offset: usize,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+/// The bytes `tensor` takes in a region, unaligned.
+pub fn len_of(tensor: &TensorView<'_>) -> usize {
     match &tensor.data {
-        TensorData::Raw(raw) => raw.len(),
-        TensorData::Bytes(elements) => elements.iter().map(Vec::len).sum(),
+        ViewData::Raw(raw) => raw.len(),
+        ViewData::Bytes(elements) => elements.len() * LENGTH + elements.iter().map(|e| e.len()).sum::<usize>(),
     }
 }
 
-/// The region size `tensors` need.
-pub fn size_of(tensors: &[Tensor]) -> usize {
-    tensors.iter().map(|t| bytes_of(t).next_multiple_of(ALIGN)).sum()
-}
-
-/// Writes `tensors` into `region`, which must hold [`size_of`] bytes.
-pub fn write(region: &mut [u8], tensors: &[Tensor]) -> Result<Vec<Meta>, String> {
-    if size_of(tensors) > region.len() {
-        return Err(format!("{} bytes of tensors do not fit a region of {}", size_of(tensors), region.len()));
-    }
+/// Where `tensors` go, one after another from offset 0, and where their
+/// data ends (the index's offset).
+pub fn layout(tensors: &[TensorView<'_>]) -> (Vec<Meta>, usize) {
     let mut offset = 0;
-    let mut metas = Vec::with_capacity(tensors.len());
-    for tensor in tensors {
-        let meta = write_one(region, offset, &tensor.view());
-        offset += meta.len.next_multiple_of(ALIGN);
-        metas.push(meta);
-    }
-    Ok(metas)
+    let metas = tensors
+        .iter()
+        .map(|tensor| {
+            let meta = meta_of(tensor, offset);
+            offset += meta.len.next_multiple_of(ALIGN);
+            meta
+        })
+        .collect();
+    (metas, offset)
 }
 
-/// Writes one tensor into `region` at `offset`, which the caller made
-/// sure leaves room for its [`TensorView::len`] bytes.
-pub fn write_one(region: &mut [u8], offset: usize, tensor: &TensorView<'_>) -> Meta {
-    let len = tensor.len();
-    let target = &mut region[offset..offset + len];
-    let elements = match &tensor.data {
-        ViewData::Raw(raw) => {
-            target.copy_from_slice(raw);
-            None
-        }
-        ViewData::Bytes(elements) => {
-            let mut at = 0;
-            for element in elements {
-                target[at..at + element.len()].copy_from_slice(element);
-                at += element.len();
-            }
-            Some(elements.iter().map(|e| e.len()).collect())
-        }
-    };
+fn meta_of(tensor: &TensorView<'_>, offset: usize) -> Meta {
     Meta {
         name: tensor.name.to_owned(),
         datatype: tensor.datatype,
         shape: tensor.shape.to_vec(),
         offset,
-        len,
-        elements,
+        len: len_of(tensor),
     }
 }
 
-/// Reads the tensors `metas` describe out of `region`: copies.
-pub fn read(region: &[u8], metas: &[Meta]) -> Result<Vec<Tensor>, String> {
-    metas.iter().map(|meta| Ok(view_one(region, meta)?.to_tensor())).collect()
+/// The index of `metas`, as it lies in a region.
+pub fn index_bytes(metas: &[Meta]) -> Vec<u8> {
+    serde_json::to_vec(metas).unwrap_or_default()
+}
+
+/// Writes `tensors` and then `index` (of their [`layout`], whose data ends
+/// at `end`) into `region`, which must hold `end + index.len()` bytes.
+pub fn write(region: &mut [u8], tensors: &[TensorView<'_>], end: usize, index: &[u8]) -> Result<Placed, String> {
+    let need = end.checked_add(index.len()).filter(|need| *need <= region.len());
+    need.ok_or_else(|| format!("{end} bytes of tensors and their index do not fit a region of {}", region.len()))?;
+    let mut offset = 0;
+    for tensor in tensors {
+        offset += write_one(region, offset, tensor)?.len.next_multiple_of(ALIGN);
+    }
+    region[end..end + index.len()].copy_from_slice(index);
+    Ok(Placed { offset: end, len: index.len() })
+}
+
+/// Writes one tensor into `region` at `offset`, which the caller made sure
+/// leaves room for its [`len_of`] bytes.
+pub fn write_one(region: &mut [u8], offset: usize, tensor: &TensorView<'_>) -> Result<Meta, String> {
+    let meta = meta_of(tensor, offset);
+    let target = &mut region[offset..offset + meta.len];
+    match &tensor.data {
+        ViewData::Raw(raw) => target.copy_from_slice(raw),
+        ViewData::Bytes(elements) => {
+            let (lengths, mut data) = target.split_at_mut(elements.len() * LENGTH);
+            for (element, length) in elements.iter().zip(lengths.chunks_exact_mut(LENGTH)) {
+                let len = u32::try_from(element.len())
+                    .map_err(|_| format!("tensor '{}': an element of {} bytes", tensor.name, element.len()))?;
+                length.copy_from_slice(&len.to_le_bytes());
+                let (this, rest) = data.split_at_mut(element.len());
+                this.copy_from_slice(element);
+                data = rest;
+            }
+        }
+    }
+    Ok(meta)
+}
+
+/// Writes `index` at `offset` of `region`, which must leave room for it.
+pub fn write_index(region: &mut [u8], offset: usize, index: &[u8]) -> Result<Placed, String> {
+    let target = offset.checked_add(index.len()).and_then(|end| region.get_mut(offset..end));
+    target.ok_or_else(|| format!("an index of {} bytes does not fit the region", index.len()))?.copy_from_slice(index);
+    Ok(Placed { offset, len: index.len() })
+}
+
+/// What a frame is read from: the peer's region (copied out at checked
+/// offsets), or bytes of this process.
+pub trait Source {
+    /// The `len` bytes at `offset`, copied; `None` when they are not all
+    /// there.
+    fn copy(&self, offset: usize, len: usize) -> Option<Vec<u8>>;
+    /// Its size in bytes.
+    fn size(&self) -> usize;
+}
+
+impl Source for PeerRegion {
+    fn copy(&self, offset: usize, len: usize) -> Option<Vec<u8>> {
+        self.read(offset, len)
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Source for [u8] {
+    fn copy(&self, offset: usize, len: usize) -> Option<Vec<u8>> {
+        self.get(offset..offset.checked_add(len)?).map(<[u8]>::to_vec)
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+/// The index at `placed` in `region`.
+pub fn index<S: Source + ?Sized>(region: &S, placed: Placed) -> Result<Vec<Meta>, String> {
+    let bytes = region
+        .copy(placed.offset, placed.len)
+        .ok_or_else(|| format!("an index of {} bytes at {} lies outside the region", placed.len, placed.offset))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("an index baton does not read: {e}"))
+}
+
+/// The tensors of the frame whose index is at `placed` in `region`,
+/// copied out.
+pub fn read<S: Source + ?Sized>(region: &S, placed: Placed) -> Result<Vec<Tensor>, String> {
+    index(region, placed)?.into_iter().map(|meta| read_one(region, meta)).collect()
+}
+
+/// How many elements `meta` has, and, for a fixed-size datatype, checks
+/// its length against them.
+fn count_of(meta: &Meta, size: usize) -> Result<usize, String> {
+    let name = &meta.name;
+    let count = element_count(&meta.shape).ok_or_else(|| format!("tensor '{name}' has an invalid shape"))?;
+    let elements = meta.datatype.size().map_or(LENGTH, |s| s);
+    let least = count.checked_mul(elements).filter(|least| *least <= size);
+    let least = least.ok_or_else(|| format!("tensor '{name}': {count} elements do not fit the region"))?;
+    if meta.datatype.size().is_some() && least != meta.len {
+        return Err(format!("tensor '{name}': {} bytes for {count} elements", meta.len));
+    }
+    if meta.datatype.size().is_none() && meta.len < least {
+        return Err(format!("tensor '{name}': {} bytes hold no lengths for {count} elements", meta.len));
+    }
+    Ok(count)
+}
+
+fn read_one<S: Source + ?Sized>(region: &S, meta: Meta) -> Result<Tensor, String> {
+    let outside = || format!("tensor '{}' lies outside the shared region", meta.name);
+    let end = meta.offset.checked_add(meta.len).filter(|end| *end <= region.size()).ok_or_else(outside)?;
+    let count = count_of(&meta, region.size())?;
+    let data = match meta.datatype.size() {
+        Some(_) => TensorData::Raw(region.copy(meta.offset, meta.len).ok_or_else(outside)?),
+        None => {
+            let lengths = region.copy(meta.offset, count * LENGTH).ok_or_else(outside)?;
+            let data_at = meta.offset + count * LENGTH;
+            let data = region.copy(data_at, end - data_at).ok_or_else(outside)?;
+            TensorData::Bytes(split(&meta.name, &lengths, &data)?.map(<[u8]>::to_vec).collect())
+        }
+    };
+    Ok(Tensor { name: meta.name, datatype: meta.datatype, shape: meta.shape, data })
+}
+
+/// `data` cut at the little-endian `u32` `lengths`, which must add up to
+/// all of it.
+fn split<'a>(name: &str, lengths: &'a [u8], data: &'a [u8]) -> Result<impl Iterator<Item = &'a [u8]>, String> {
+    let total = lengths
+        .chunks_exact(LENGTH)
+        .try_fold(0usize, |sum, l| sum.checked_add(u32::from_le_bytes(l.try_into().unwrap_or_default()) as usize));
+    if total != Some(data.len()) {
+        return Err(format!("tensor '{name}': element lengths do not add up to its bytes"));
+    }
+    let mut at = 0;
+    Ok(lengths.chunks_exact(LENGTH).map(move |l| {
+        let len = u32::from_le_bytes(l.try_into().unwrap_or_default()) as usize;
+        at += len;
+        &data[at - len..at]
+    }))
 }
 
 /// The tensors `metas` describe where they lie in `region`: no copy.
@@ -101,30 +239,13 @@ fn view_one<'a>(region: &'a [u8], meta: &'a Meta) -> Result<TensorView<'a>, Stri
         .checked_add(meta.len)
         .and_then(|end| region.get(meta.offset..end))
         .ok_or_else(|| format!("tensor '{name}' lies outside the shared region"))?;
-    let count = element_count(&meta.shape).ok_or_else(|| format!("tensor '{name}' has an invalid shape"))?;
-    let data = match (meta.datatype.size(), &meta.elements) {
-        (Some(size), None) => {
-            if count.checked_mul(size) != Some(meta.len) {
-                return Err(format!("tensor '{name}': {} bytes for {count} elements", meta.len));
-            }
-            ViewData::Raw(bytes)
+    let count = count_of(meta, region.len())?;
+    let data = match meta.datatype.size() {
+        Some(_) => ViewData::Raw(bytes),
+        None => {
+            let (lengths, data) = bytes.split_at(count * LENGTH);
+            ViewData::Bytes(split(name, lengths, data)?.collect())
         }
-        (None, Some(lengths)) => {
-            if lengths.len() != count || lengths.iter().try_fold(0usize, |a, l| a.checked_add(*l)) != Some(meta.len) {
-                return Err(format!("tensor '{name}': element lengths do not add up to its bytes"));
-            }
-            let mut at = 0;
-            ViewData::Bytes(
-                lengths
-                    .iter()
-                    .map(|l| {
-                        at += l;
-                        &bytes[at - l..at]
-                    })
-                    .collect(),
-            )
-        }
-        _ => return Err(format!("tensor '{name}': element lengths given for the wrong datatype")),
     };
     Ok(TensorView { name: &meta.name, datatype: meta.datatype, shape: &meta.shape, data })
 }
@@ -145,29 +266,69 @@ mod tests {
         ]
     }
 
-    #[test]
-    fn tensors_written_read_back_equal() {
-        let tensors = tensors();
-        let mut region = vec![0; size_of(&tensors)];
-        let metas = write(&mut region, &tensors).unwrap();
-        assert_eq!(metas[1].offset % ALIGN, 0);
-        assert_eq!(read(&region, &metas).unwrap(), tensors);
+    /// A region holding `tensors` as a frame, and where its index is.
+    fn frame(tensors: &[Tensor]) -> (Vec<u8>, Placed) {
+        let views: Vec<_> = tensors.iter().map(Tensor::view).collect();
+        let (metas, end) = layout(&views);
+        let index = index_bytes(&metas);
+        let mut region = vec![0; end + index.len()];
+        let placed = write(&mut region, &views, end, &index).unwrap();
+        (region, placed)
     }
 
     #[test]
-    fn a_meta_that_does_not_fit_the_region_or_its_datatype_is_refused() {
+    fn tensors_written_read_back_equal_copied_or_in_place() {
         let tensors = tensors();
-        let mut region = vec![0; size_of(&tensors)];
-        let metas = write(&mut region, &tensors).unwrap();
-        let mut outside = metas[0].clone();
-        outside.offset = usize::MAX - 2;
-        assert!(read(&region, &[outside]).unwrap_err().contains("outside"));
-        let mut short = metas[0].clone();
-        short.shape = vec![2, 4];
-        assert!(read(&region, &[short]).unwrap_err().contains("bytes for 8 elements"));
-        let mut lengths = metas[1].clone();
-        lengths.elements = Some(vec![1, 1, 1]);
-        assert!(read(&region, &[lengths]).is_err());
-        assert!(write(&mut [0; 8], &tensors).is_err());
+        let (region, placed) = frame(&tensors);
+        let metas = index(&region[..], placed).unwrap();
+        assert_eq!(metas[1].offset % ALIGN, 0);
+        assert_eq!(read(&region[..], placed).unwrap(), tensors);
+        let views = views(&region, &metas).unwrap();
+        assert_eq!(views.iter().map(TensorView::to_tensor).collect::<Vec<_>>(), tensors);
+    }
+
+    #[test]
+    fn a_message_s_worth_of_metadata_does_not_grow_with_the_elements() {
+        let many = vec![Tensor {
+            name: "s".into(),
+            datatype: DataType::Bytes,
+            shape: vec![100_000],
+            data: TensorData::Bytes(vec![b"ten bytes!".to_vec(); 100_000]),
+        }];
+        let (region, placed) = frame(&many);
+        assert!(placed.len < 100, "an index of {} bytes", placed.len);
+        assert_eq!(read(&region[..], placed).unwrap(), many);
+    }
+
+    #[test]
+    fn an_index_that_does_not_fit_the_region_or_its_datatype_is_refused() {
+        let tensors = tensors();
+        let (region, placed) = frame(&tensors);
+        let metas = index(&region[..], placed).unwrap();
+        let reread = |metas: &[Meta]| {
+            let mut copy = region.clone();
+            let index = index_bytes(metas);
+            copy.extend_from_slice(&index);
+            read(&copy[..], Placed { offset: region.len(), len: index.len() })
+        };
+        let mut outside = metas.clone();
+        outside[0].offset = usize::MAX - 2;
+        assert!(reread(&outside).unwrap_err().contains("outside"));
+        let mut short = metas.clone();
+        short[0].shape = vec![2, 4];
+        assert!(reread(&short).unwrap_err().contains("bytes for 8 elements"));
+        let mut lengths = metas.clone();
+        lengths[1].len -= 1;
+        assert!(reread(&lengths).unwrap_err().contains("do not add up"));
+        let mut huge = metas.clone();
+        huge[1].shape = vec![i64::MAX / 2];
+        assert!(reread(&huge).is_err());
+        let mut negative = metas.clone();
+        negative[1].shape = vec![-3];
+        assert!(reread(&negative).unwrap_err().contains("invalid shape"));
+        assert!(read(&region[..], Placed { offset: placed.offset, len: placed.len + 1 }).is_err());
+        assert!(read(&region[..], Placed { offset: usize::MAX, len: 2 }).unwrap_err().contains("outside"));
+        let views: Vec<_> = tensors.iter().map(Tensor::view).collect();
+        assert!(write(&mut [0; 8], &views, 64, b"[]").is_err());
     }
 }

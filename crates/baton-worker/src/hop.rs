@@ -13,9 +13,19 @@
 //! that time costs no wake-up, which on an idle CPU costs more than the
 //! call itself (docs/workers.md, "Waiting for the other side").
 //!
+//! Messages are small by design: the tensors and their index lie in the
+//! regions ([`frame`]), and a message says only where the index is. A
+//! region is bounded (`[engine] worker_region_mb`): inputs or an answer
+//! that do not fit fail their own call with `worker_region_exceeded`, and
+//! the slot serves the next.
+//!
 //! Every call has a deadline. When the worker's ends close (the process
 //! exited, was killed, aborted), every waiting call and every later one
-//! fails at once with [`HopError::Gone`]; none waits for its deadline.
+//! fails at once with [`HopError::Gone`]; none waits for its deadline. A
+//! slot whose peer breaks the protocol (a message or a region it cannot
+//! read) is never used again, on either side: the worker exits, and the
+//! server counts the worker as gone, so that it is replaced as one that
+//! ended by itself.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -26,9 +36,9 @@ use std::time::{Duration, Instant};
 use baton_core::tensor::{Tensor, TensorView};
 use serde::{Deserialize, Serialize};
 
-use crate::channel::{Channel, MAX_MESSAGE};
-use crate::frame::{self, Meta};
-use crate::region::Region;
+use crate::channel::Channel;
+use crate::frame::{self, Placed};
+use crate::region::{PeerRegion, Region};
 
 /// How long each side looks for the other's message by default before it
 /// sleeps: longer than a small model's call and the hop together, short
@@ -36,13 +46,28 @@ use crate::region::Region;
 /// (docs/workers.md, "Waiting for the other side").
 pub const SPIN_DEFAULT: Duration = Duration::from_micros(100);
 
+/// The largest shared region of a slot by default (`[engine]
+/// worker_region_mb`): a call's inputs, or its answer, with their index.
+pub const REGION_DEFAULT: usize = 1 << 30;
+
+/// The largest message on a slot's channel: a call or an answer says where
+/// its index lies, or why it failed, in a few hundred bytes.
+pub const SLOT_MESSAGE: usize = 16 << 10;
+
+/// The longest failure message an answer carries, in characters.
+const MESSAGE_CHARS: usize = 2048;
+
 /// The first region a slot gets; it grows to what a call needs.
 const FIRST_REGION: usize = 64 * 1024;
+
+/// The kind of a call whose inputs or answer do not fit a slot's region.
+pub const REGION_EXCEEDED: &str = "worker_region_exceeded";
 
 /// Why a call across the hop failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HopError {
-    /// The worker's end of the channel is closed.
+    /// The worker's end of the channel is closed, or the worker counts as
+    /// gone since its hop broke.
     #[error("the worker is gone: {0}")]
     Gone(String),
     /// The worker did not answer within the deadline.
@@ -59,8 +84,20 @@ pub enum HopError {
         /// What went wrong.
         message: String,
     },
-    /// The two sides did not understand each other, or a system call failed.
+    /// The call's inputs do not fit a slot's region.
+    #[error("the request's inputs need {need} bytes of the worker's shared region, more than its {most} bytes")]
+    TooLarge {
+        /// What they need, index included.
+        need: usize,
+        /// The region's bound.
+        most: usize,
+    },
+    /// A system call on the server's side failed; nothing was sent.
     #[error("the hop to the worker failed: {0}")]
+    System(String),
+    /// The worker broke the protocol: a message or a region the server
+    /// cannot read. The worker counts as gone from then on.
+    #[error("the hop to the worker broke: {0}")]
     Broken(String),
 }
 
@@ -72,6 +109,8 @@ impl HopError {
             HopError::TimedOut(_) => "worker_timed_out",
             HopError::Busy(_) => "worker_busy",
             HopError::Failed { kind, .. } => kind,
+            HopError::TooLarge { .. } => REGION_EXCEEDED,
+            HopError::System(_) => "worker_hop_failed",
             HopError::Broken(_) => "worker_hop_broken",
         }
     }
@@ -79,11 +118,12 @@ impl HopError {
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Call {
-    /// Run on the inputs in the slot's region; `region`: the region's
-    /// descriptor is attached (the slot's first call, or a larger region);
-    /// `instance`: on that instance of the engine (warmup reaches each).
+    /// Run on the inputs whose index is at `inputs` in the slot's region;
+    /// `region`: the region's descriptor is attached (the slot's first
+    /// call, or a larger region); `instance`: on that instance of the
+    /// engine (warmup reaches each).
     Infer {
-        inputs: Vec<Meta>,
+        inputs: Placed,
         region: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         instance: Option<usize>,
@@ -92,10 +132,10 @@ enum Call {
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
-    /// The outputs are in the slot's output region; `region`: in a new
-    /// one (the slot's first, or a larger), whose descriptor is attached
-    /// and which replaces it.
-    Done { outputs: Vec<Meta>, region: bool },
+    /// The outputs' index is at `outputs` in the slot's output region;
+    /// `region`: in a new one (the slot's first, or a larger), whose
+    /// descriptor is attached and which replaces it.
+    Done { outputs: Placed, region: bool },
     /// The call failed in the worker.
     Failed { kind: String, message: String },
 }
@@ -110,7 +150,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Slot {
     channel: Channel,
     region: Option<(Region, bool)>,
-    outputs: Option<Region>,
+    outputs: Option<PeerRegion>,
     buffer: Vec<u8>,
 }
 
@@ -121,6 +161,7 @@ pub struct Caller {
     freed: Condvar,
     gone: Mutex<Option<String>>,
     spin: Duration,
+    most: usize,
 }
 
 impl std::fmt::Debug for Caller {
@@ -133,6 +174,7 @@ impl Caller {
     /// The server's side over `channels`, one slot each: as many calls in
     /// flight at most. A call looks for its answer for up to `spin` before
     /// its thread sleeps ([`Channel::readable_soon`]); zero sleeps at once.
+    /// Regions hold up to [`REGION_DEFAULT`] bytes.
     pub fn new(channels: Vec<Channel>, spin: Duration) -> Caller {
         let slots: Vec<_> = channels
             .into_iter()
@@ -144,7 +186,15 @@ impl Caller {
             freed: Condvar::new(),
             gone: Mutex::new(None),
             spin,
+            most: REGION_DEFAULT,
         }
+    }
+
+    /// Bounds each region, the server's and the worker's, to `most` bytes
+    /// (taken down to a whole number of pages, as the worker takes it).
+    pub fn with_region_limit(mut self, most: usize) -> Caller {
+        self.most = page_floor(most);
+        self
     }
 
     /// Why the worker is gone, once it is.
@@ -177,11 +227,16 @@ impl Caller {
         let mut slot = lock(&self.slots[index]);
         let result = self.send(&mut slot, instance, inputs).and_then(|()| self.wait(&mut slot, deadline, within));
         drop(slot);
-        // A call that timed out leaves its slot to the worker, which may
-        // still write into it; any other returns it.
-        if !matches!(result, Err(HopError::TimedOut(_))) {
-            lock(&self.free).push(index);
-            self.freed.notify_one();
+        match &result {
+            // The slot is left to the worker, which may still write into
+            // it; the server kills a worker that does not answer.
+            Err(HopError::TimedOut(_)) => {}
+            // Nobody can tell what the slot holds now: the worker goes.
+            Err(HopError::Broken(why)) => drop(self.set_gone(format!("its hop broke: {why}"))),
+            _ => {
+                lock(&self.free).push(index);
+                self.freed.notify_one();
+            }
         }
         result
     }
@@ -202,15 +257,22 @@ impl Caller {
     }
 
     fn send(&self, slot: &mut Slot, instance: Option<usize>, inputs: &[Tensor]) -> Result<(), HopError> {
-        let broken = |e: io::Error| HopError::Broken(e.to_string());
-        let need = frame::size_of(inputs);
+        let system = |e: io::Error| HopError::System(e.to_string());
+        let views: Vec<TensorView<'_>> = inputs.iter().map(Tensor::view).collect();
+        let (metas, end) = frame::layout(&views);
+        let index = frame::index_bytes(&metas);
+        let need = end.saturating_add(index.len());
+        if need > self.most {
+            return Err(HopError::TooLarge { need, most: self.most });
+        }
         if slot.region.as_ref().is_none_or(|(r, _)| r.len() < need) {
-            slot.region = Some((Region::create(need.max(FIRST_REGION)).map_err(broken)?, false));
+            let size = need.max(FIRST_REGION).min(self.most);
+            slot.region = Some((Region::create(size).map_err(system)?, false));
         }
         let (region, shared) = slot.region.as_mut().expect("a region was just made");
-        let inputs = frame::write(region.bytes_mut(), inputs).map_err(HopError::Broken)?;
+        let inputs = frame::write(region.bytes_mut(), &views, end, &index).map_err(HopError::System)?;
         let call = Call::Infer { inputs, region: !*shared, instance };
-        let message = serde_json::to_vec(&call).map_err(|e| HopError::Broken(e.to_string()))?;
+        let message = serde_json::to_vec(&call).map_err(|e| HopError::System(e.to_string()))?;
         let fds = if *shared { Vec::new() } else { vec![region.fd()] };
         match slot.channel.send(&message, &fds) {
             Ok(()) => {}
@@ -218,7 +280,7 @@ impl Caller {
             Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
                 return Err(self.set_gone("the worker closed its channel".into()));
             }
-            Err(e) => return Err(broken(e)),
+            Err(e) => return Err(system(e)),
         }
         *shared = true;
         Ok(())
@@ -227,46 +289,55 @@ impl Caller {
     fn wait(&self, slot: &mut Slot, deadline: Instant, within: Duration) -> Result<Vec<Tensor>, HopError> {
         let left = deadline.saturating_duration_since(Instant::now());
         if !slot.channel.readable_soon(self.spin.min(left))
-            && !slot.channel.readable_within(left).map_err(|e| HopError::Broken(e.to_string()))?
+            && !slot.channel.readable_within(left).map_err(|e| HopError::Broken(format!("waiting for it: {e}")))?
         {
             return Err(HopError::TimedOut(within));
         }
-        if slot.buffer.len() < MAX_MESSAGE {
-            slot.buffer = vec![0; MAX_MESSAGE];
+        if slot.buffer.len() < SLOT_MESSAGE {
+            slot.buffer = vec![0; SLOT_MESSAGE];
         }
         let mut buffer = std::mem::take(&mut slot.buffer);
         let received = slot.channel.recv_into(&mut buffer);
         let result = match received {
             Ok(None) => Err(self.set_gone("the worker closed its channel".into())),
-            Err(error) => Err(self.set_gone(format!("reading from the worker: {error}"))),
+            // A peer that died with data unread reads as a reset connection.
+            Err(error) if error.kind() == io::ErrorKind::ConnectionReset => {
+                Err(self.set_gone("the worker closed its channel".into()))
+            }
+            Err(error) => Err(HopError::Broken(format!("reading its answer: {error}"))),
             Ok(Some((bytes, fds))) => match serde_json::from_slice::<Answer>(&buffer[..bytes]) {
-                Err(error) => Err(HopError::Broken(format!("the worker sent a message baton does not read: {error}"))),
-                Ok(answer) => read_answer(slot, answer, fds.into_iter().next()),
+                Err(error) => Err(HopError::Broken(format!("it sent a message baton does not read: {error}"))),
+                Ok(answer) => self.read_answer(slot, answer, fds.into_iter().next()),
             },
         };
         slot.buffer = buffer;
         result
     }
-}
 
-/// The outputs an answer points at, in the slot's output region or in
-/// the new one the worker sent.
-fn read_answer(slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<Vec<Tensor>, HopError> {
-    match answer {
-        Answer::Failed { kind, message } => Err(HopError::Failed { kind, message }),
-        Answer::Done { outputs, region: new } => {
-            if new {
-                let fd = fd.ok_or_else(|| HopError::Broken("an output region was announced, not sent".into()))?;
-                slot.outputs = Some(Region::open(fd).map_err(|e| HopError::Broken(e.to_string()))?);
+    /// The outputs an answer points at, in the slot's output region or in
+    /// the new one the worker sent.
+    fn read_answer(&self, slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<Vec<Tensor>, HopError> {
+        match answer {
+            Answer::Failed { kind, message } => Err(HopError::Failed { kind, message }),
+            Answer::Done { outputs, region: new } => {
+                if new {
+                    let fd = fd.ok_or_else(|| HopError::Broken("an output region was announced, not sent".into()))?;
+                    let region = PeerRegion::open(fd, self.most)
+                        .map_err(|e| HopError::Broken(format!("its output region: {e}")))?;
+                    slot.outputs = Some(region);
+                }
+                let region = slot.outputs.as_ref().ok_or_else(|| HopError::Broken("an answer in no region".into()))?;
+                frame::read(region, outputs).map_err(|e| HopError::Broken(format!("its answer: {e}")))
             }
-            let region = match (&slot.outputs, outputs.is_empty()) {
-                (Some(region), _) => region.bytes(),
-                (None, true) => &[],
-                (None, false) => return Err(HopError::Broken("an answer in no region".into())),
-            };
-            frame::read(region, &outputs).map_err(HopError::Broken)
         }
     }
+}
+
+/// `bytes` taken down to a whole number of pages (of at least one): a
+/// region's bound, so that a region made up to it, whole pages, stays
+/// within it.
+pub fn page_floor(bytes: usize) -> usize {
+    (bytes - bytes % crate::region::PAGE).max(crate::region::PAGE)
 }
 
 /// What a worker's run returns when a call fails: a stable kind and a message.
@@ -275,59 +346,83 @@ pub type RunError = (String, String);
 /// Where a worker's run lends each output, in turn.
 pub type Out<'o> = &'o mut dyn FnMut(&TensorView<'_>);
 
+/// How the worker's side answers: how long a slot looks for its next call
+/// before it sleeps, and how large a region may be.
+#[derive(Clone, Copy, Debug)]
+pub struct Answering {
+    /// The look for the next call; zero sleeps at once.
+    pub spin: Duration,
+    /// The largest region, the server's or the worker's, in bytes.
+    pub most: usize,
+}
+
 /// The worker's side: answers the calls of each of `channels` on a thread
 /// of its own with `run` (given the engine instance a call names, if any,
 /// the inputs where they lie in shared memory, and where to lend each
 /// output), until the server's ends close. After each answer a thread looks
-/// for its next call for up to `spin` before it sleeps.
-pub fn answer<F>(channels: Vec<Channel>, spin: Duration, run: F) -> io::Result<()>
+/// for its next call for `how.spin` before it sleeps.
+///
+/// A slot that fails (a call it cannot read, an answer it cannot send)
+/// ends every slot, and this returns its error: the worker then exits,
+/// and the server replaces it, rather than keep a process whose slots the
+/// server can no longer trust.
+pub fn answer<F>(channels: Vec<Channel>, how: Answering, run: F) -> io::Result<()>
 where
     F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
+    let how = Answering { most: page_floor(how.most), ..how };
     std::thread::scope(|scope| {
+        let all = &channels;
         let threads: Vec<_> = channels
-            .into_iter()
+            .iter()
             .map(|channel| {
                 let run = &run;
-                std::thread::Builder::new()
-                    .name("baton-worker-slot".into())
-                    .spawn_scoped(scope, move || serve_slot(&channel, spin, run))
+                std::thread::Builder::new().name("baton-worker-slot".into()).spawn_scoped(scope, move || {
+                    let served = serve_slot(channel, how, run);
+                    if served.is_err() {
+                        // The others read their channel's close and end.
+                        all.iter().for_each(Channel::shutdown);
+                    }
+                    served
+                })
             })
             .collect::<io::Result<_>>()?;
-        threads
+        let ended: Vec<io::Result<()>> = threads
             .into_iter()
-            .try_for_each(|t| t.join().unwrap_or_else(|_| Err(io::Error::other("a slot thread panicked"))))
+            .map(|t| t.join().unwrap_or_else(|_| Err(io::Error::other("a slot thread panicked"))))
+            .collect();
+        ended.into_iter().collect()
     })
 }
 
+fn invalid(why: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.into())
+}
+
 /// One slot's calls, answered in turn until the server's end closes.
-fn serve_slot<F>(channel: &Channel, spin: Duration, run: &F) -> io::Result<()>
+fn serve_slot<F>(channel: &Channel, how: Answering, run: &F) -> io::Result<()>
 where
     F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
-    let mut inputs_region: Option<Region> = None;
-    let mut outputs = Outputs { region: None, new: false, offset: 0, metas: Vec::new(), error: None };
-    let mut buffer = vec![0; MAX_MESSAGE];
+    let mut inputs_region: Option<PeerRegion> = None;
+    let mut outputs = Outputs { region: None, new: false, offset: 0, metas: Vec::new(), error: None, most: how.most };
+    let mut buffer = vec![0; SLOT_MESSAGE];
     loop {
         // The next call often follows at once under load: looking for it
         // briefly spares the wake-up.
-        channel.readable_soon(spin);
+        channel.readable_soon(how.spin);
         let Some((bytes, fds)) = channel.recv_into(&mut buffer)? else { break };
-        let call: Call =
-            serde_json::from_slice(&buffer[..bytes]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let call: Call = serde_json::from_slice(&buffer[..bytes])
+            .map_err(|e| invalid(format!("the server sent a call this worker does not read: {e}")))?;
         let Call::Infer { inputs, region: sent, instance } = call;
         if sent {
-            let fd = fds.into_iter().next();
-            let fd =
-                fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a region was announced, not sent"))?;
-            inputs_region = Some(Region::open(fd)?);
+            let fd = fds.into_iter().next().ok_or_else(|| invalid("a region was announced, not sent"))?;
+            inputs_region =
+                Some(PeerRegion::open(fd, how.most).map_err(|e| invalid(format!("the input region: {e}")))?);
         }
-        let Some(current) = inputs_region.as_ref() else {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "a call before any region"));
-        };
-        let answer = run_one(current, &inputs, &mut outputs, &|views: &[TensorView<'_>], out: Out<'_>| {
-            run(instance, views, out)
-        });
+        let current = inputs_region.as_ref().ok_or_else(|| invalid("a call before any region"))?;
+        let answer =
+            run_one(current, inputs, &mut outputs, &|views: &[TensorView<'_>], out: Out<'_>| run(instance, views, out));
         let message = serde_json::to_vec(&answer).map_err(io::Error::other)?;
         let fds = match (&answer, &outputs.region) {
             (Answer::Done { region: true, .. }, Some(region)) => vec![region.fd()],
@@ -339,14 +434,17 @@ where
 }
 
 /// The outputs of one call, written into the slot's output region as the
-/// engine lends them, the region made anew (larger) when one does not fit.
+/// engine lends them, the region made anew (larger, up to `most` bytes)
+/// when one does not fit.
 struct Outputs {
     region: Option<Region>,
     /// Whether this call made the region, so the server must be sent it.
     new: bool,
     offset: usize,
-    metas: Vec<Meta>,
-    error: Option<String>,
+    metas: Vec<frame::Meta>,
+    /// Why the answer cannot be written: its kind and message.
+    error: Option<(&'static str, String)>,
+    most: usize,
 }
 
 impl Outputs {
@@ -357,53 +455,147 @@ impl Outputs {
         self.metas.clear();
     }
 
+    /// Makes sure the region holds `need` bytes, what this call wrote so
+    /// far moving into a larger one if it does not.
+    fn fit(&mut self, need: usize) -> Result<(), (&'static str, String)> {
+        if self.region.as_ref().is_some_and(|r| r.len() >= need) {
+            return Ok(());
+        }
+        if need > self.most {
+            let why = format!(
+                "the answer needs more than the {} MiB the worker's shared region may hold \
+                 ([engine] worker_region_mb): ask for less in one request, or raise it",
+                self.most >> 20
+            );
+            return Err((REGION_EXCEEDED, why));
+        }
+        // Rare: a region grows to what calls need and stays.
+        let size = need.max(FIRST_REGION).max(self.region.as_ref().map_or(0, |r| r.len() * 2)).min(self.most);
+        let mut larger = Region::create(size)
+            .map_err(|e| ("worker_hop_failed", format!("making an output region of {size} bytes: {e}")))?;
+        if let Some(mut old) = self.region.take() {
+            larger.bytes_mut()[..self.offset].copy_from_slice(&old.bytes_mut()[..self.offset]);
+        }
+        (self.region, self.new) = (Some(larger), true);
+        Ok(())
+    }
+
     fn push(&mut self, tensor: &TensorView<'_>) {
         if self.error.is_some() {
             return;
         }
-        let need = self.offset + tensor.len().next_multiple_of(frame::ALIGN);
-        if self.region.as_ref().is_none_or(|r| r.len() < need) {
-            // What this call wrote so far moves with it: rare, as a region
-            // grows to what calls need and stays.
-            let size = need.max(FIRST_REGION).max(self.region.as_ref().map_or(0, |r| r.len() * 2));
-            match Region::create(size) {
-                Ok(mut larger) => {
-                    if let Some(old) = &self.region {
-                        larger.bytes_mut()[..self.offset].copy_from_slice(&old.bytes()[..self.offset]);
-                    }
-                    (self.region, self.new) = (Some(larger), true);
-                }
-                Err(e) => {
-                    self.error = Some(format!("making an output region of {size} bytes: {e}"));
-                    return;
-                }
+        let len = frame::len_of(tensor);
+        let written = self.fit(self.offset.saturating_add(len)).and_then(|()| {
+            let region = self.region.as_mut().expect("a region fits");
+            frame::write_one(region.bytes_mut(), self.offset, tensor).map_err(|e| ("invalid_tensors", e))
+        });
+        match written {
+            Ok(meta) => {
+                self.offset += len.next_multiple_of(frame::ALIGN);
+                self.metas.push(meta);
             }
+            Err(error) => self.error = Some(error),
         }
+    }
+
+    /// Writes the index after the outputs; where it lies.
+    fn finish(&mut self) -> Result<Placed, (&'static str, String)> {
+        let index = frame::index_bytes(&self.metas);
+        self.fit(self.offset.saturating_add(index.len()))?;
         let region = self.region.as_mut().expect("a region fits");
-        let meta = frame::write_one(region.bytes_mut(), self.offset, tensor);
-        self.offset = need;
-        self.metas.push(meta);
+        frame::write_index(region.bytes_mut(), self.offset, &index).map_err(|e| ("worker_hop_failed", e))
     }
 }
 
-/// Runs one call on the inputs in `region`, its outputs written into
-/// `outputs`; the answer.
-fn run_one<F>(region: &Region, inputs: &[Meta], outputs: &mut Outputs, run: &F) -> Answer
+/// A failure's message as an answer carries it: at most
+/// [`MESSAGE_CHARS`] characters, without control characters, so that the
+/// answer fits a slot's message.
+pub(crate) fn bounded(message: &str) -> String {
+    let mut bounded: String =
+        message.chars().take(MESSAGE_CHARS).map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if message.chars().nth(MESSAGE_CHARS).is_some() {
+        bounded.push_str(" (cut short)");
+    }
+    bounded
+}
+
+/// A stable kind as an answer carries it: what the engine said, when it is
+/// a short word.
+fn bounded_kind(kind: &str) -> String {
+    let word = !kind.is_empty() && kind.len() <= 64 && kind.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if word { kind.to_owned() } else { "worker_failed".to_owned() }
+}
+
+/// The message of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("")
+}
+
+/// Runs one call on the inputs whose index is at `inputs` in `region`, its
+/// outputs written into `outputs`; the answer.
+fn run_one<F>(region: &PeerRegion, inputs: Placed, outputs: &mut Outputs, run: &F) -> Answer
 where
     F: Fn(&[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
-    let failed = |kind: &str, message: String| Answer::Failed { kind: kind.to_owned(), message };
+    let failed = |kind: &str, message: &str| Answer::Failed { kind: bounded_kind(kind), message: bounded(message) };
     outputs.start();
-    let ran = match frame::views(region.bytes(), inputs) {
+    let bytes = region.bytes_in_place();
+    let metas = match frame::index(bytes, inputs) {
+        Ok(metas) => metas,
+        Err(message) => return failed("invalid_tensors", &message),
+    };
+    let ran = match frame::views(bytes, &metas) {
         Err(message) => Err(("invalid_tensors".to_owned(), message)),
-        Ok(views) => catch_unwind(AssertUnwindSafe(|| run(&views, &mut |tensor| outputs.push(tensor))))
-            .unwrap_or_else(|_| Err(("worker_panicked".to_owned(), "the worker's engine panicked".to_owned()))),
+        Ok(views) => catch_unwind(AssertUnwindSafe(|| run(&views, &mut |tensor| outputs.push(tensor)))).unwrap_or_else(
+            |payload| {
+                // The kind an engine's panic has in the server's process too.
+                let message = format!("the engine panicked on this request: {}", panic_message(payload.as_ref()));
+                Err(("engine_panicked".to_owned(), message))
+            },
+        ),
     };
     match (ran, outputs.error.take()) {
-        (Err((kind, message)), _) => failed(&kind, message),
-        (Ok(()), Some(message)) => failed("worker_hop_broken", message),
-        (Ok(()), None) => {
-            Answer::Done { outputs: std::mem::take(&mut outputs.metas), region: std::mem::take(&mut outputs.new) }
-        }
+        (Err((kind, message)), _) => failed(&kind, &message),
+        (Ok(()), Some((kind, message))) => failed(kind, &message),
+        (Ok(()), None) => match outputs.finish() {
+            Ok(placed) => Answer::Done { outputs: placed, region: std::mem::take(&mut outputs.new) },
+            Err((kind, message)) => failed(kind, &message),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_s_kind_and_message_are_bounded_so_that_its_answer_fits_a_message() {
+        let message = "\"\\\u{0}é".repeat(10_000);
+        let answer = Answer::Failed { kind: bounded_kind(&"k".repeat(100)), message: bounded(&message) };
+        assert!(serde_json::to_vec(&answer).unwrap().len() <= SLOT_MESSAGE);
+        assert_eq!(bounded_kind("model_refused"), "model_refused");
+        assert_eq!(bounded_kind("no spaces"), "worker_failed");
+        assert_eq!(bounded("short"), "short");
+    }
+
+    #[test]
+    fn an_answer_past_the_region_bound_is_refused_and_the_next_fits() {
+        let mut outputs =
+            Outputs { region: None, new: false, offset: 0, metas: Vec::new(), error: None, most: 1 << 20 };
+        outputs.start();
+        let big = Tensor::from_f32("big", vec![1 << 19], &vec![0.5; 1 << 19]);
+        outputs.push(&big.view());
+        assert_eq!(outputs.error.as_ref().map(|(kind, _)| *kind), Some(REGION_EXCEEDED));
+        outputs.start();
+        outputs.push(&Tensor::from_f32("small", vec![4], &[1.0; 4]).view());
+        assert!(outputs.error.is_none());
+        let placed = outputs.finish().unwrap();
+        let region = outputs.region.as_mut().unwrap();
+        let tensors = frame::read(&region.bytes_mut()[..], placed).unwrap();
+        assert_eq!(tensors, vec![Tensor::from_f32("small", vec![4], &[1.0; 4])]);
     }
 }

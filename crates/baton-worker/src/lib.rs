@@ -5,14 +5,18 @@
 //! keeps the protocols, admission, routing and rollouts. This crate is
 //! the hop between the two:
 //!
-//! - [`region`]: shared memory both processes map, where tensors cross.
+//! - [`region`]: shared memory both processes map, where tensors cross:
+//!   sealed at its size, and read by copying out when the peer made it.
 //! - [`channel`]: the small control channel beside it, a Unix
-//!   `SOCK_SEQPACKET` socket pair that also carries descriptors.
-//! - [`frame`]: how tensors are laid out in a region, and read back with
-//!   every offset checked.
+//!   `SOCK_SEQPACKET` socket pair that also carries descriptors, and how a
+//!   child is handed its ends (at fixed numbers, between fork and exec).
+//! - [`frame`]: how tensors and their index are laid out in a region, so
+//!   that no message grows with them, and read back with every offset,
+//!   length and count checked.
 //! - [`hop`]: calls from many server threads, each in a slot of its own,
-//!   with a deadline, failing fast when the worker is gone; and the
-//!   worker's side that answers them.
+//!   with a deadline, failing fast when the worker is gone, and retiring a
+//!   worker whose slot breaks the protocol; and the worker's side that
+//!   answers them, which ends the worker when one of its slots breaks.
 //! - `cgroup`: a worker's memory limit, through a memory cgroup of its own
 //!   where the machine offers one.
 //! - [`process`]: a version loaded and run by a worker process, behind

@@ -8,7 +8,7 @@ use std::time::Duration;
 use baton_core::backend::{BackendError, UpdateReason};
 use baton_core::spec::ModelSpec;
 
-use crate::hop::SPIN_DEFAULT;
+use crate::hop::{REGION_DEFAULT, SPIN_DEFAULT};
 
 /// The key that chooses where a version runs: `"process"` or `"none"`.
 pub const ISOLATION: &str = "isolation";
@@ -36,8 +36,16 @@ pub const MEMORY: &str = "worker_memory_mb";
 /// for the other's message before its thread sleeps; 0 sleeps at once.
 pub const SPIN: &str = "worker_spin_us";
 
+/// The key bounding each shared region of a worker's slots, in MiB: a
+/// call's inputs, or its answer, must fit one.
+pub const REGION: &str = "worker_region_mb";
+
 /// Every key of baton's in `[engine]`.
-const KEYS: [&str; 7] = [ISOLATION, RUNTIME, TIMEOUT, HEARTBEAT, NICE, MEMORY, SPIN];
+const KEYS: [&str; 8] = [ISOLATION, RUNTIME, TIMEOUT, HEARTBEAT, NICE, MEMORY, SPIN, REGION];
+
+/// The largest [`REGION`], in MiB: a `BYTES` element's length crosses as
+/// 32 bits.
+const REGION_MOST_MB: i64 = 4095;
 
 /// How long one call may take in a worker by default.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
@@ -68,6 +76,8 @@ pub(crate) struct WorkerOptions {
     /// How long each side of the hop looks for the other's message before
     /// it sleeps.
     pub(crate) spin: Duration,
+    /// The largest shared region of a slot, in bytes.
+    pub(crate) region: usize,
 }
 
 impl WorkerOptions {
@@ -139,7 +149,12 @@ impl WorkerOptions {
                 ));
             }
         };
-        Ok(WorkerOptions { in_worker, reason, runtime, call_limit, heartbeat, nice, memory, spin })
+        let region = match engine.get(REGION) {
+            None => REGION_DEFAULT,
+            Some(toml::Value::Integer(mb)) if (1..=REGION_MOST_MB).contains(mb) => (mb.unsigned_abs() as usize) << 20,
+            Some(other) => return Err(invalid(REGION, other, &format!("give MiB from 1 to {REGION_MOST_MB}"))),
+        };
+        Ok(WorkerOptions { in_worker, reason, runtime, call_limit, heartbeat, nice, memory, spin, region })
     }
 }
 
@@ -180,13 +195,16 @@ mod tests {
             ("isolation = \"process\"\nworker_heartbeat_ms = -5", "or 0 for none"),
             ("isolation = \"process\"\nworker_memory_mb = -1", "MiB"),
             ("isolation = \"process\"\nworker_spin_us = 20000", "microseconds"),
+            ("isolation = \"process\"\nworker_region_mb = 0", "MiB from 1"),
+            ("isolation = \"process\"\nworker_region_mb = 4096", "MiB from 1"),
         ] {
             let error = WorkerOptions::read(&spec(engine)).unwrap_err();
             assert_eq!(error.kind, "invalid_engine_options");
             assert!(error.message.contains(needle), "{engine}: {}", error.message);
         }
         let engine = "isolation = \"process\"\nruntime = \"/lib/ort.so\"\nworker_timeout_ms = 5\nsessions = 2\n\
-                      worker_nice = 7\nworker_memory_mb = 3\nworker_heartbeat_ms = 250\nworker_spin_us = 0";
+                      worker_nice = 7\nworker_memory_mb = 3\nworker_heartbeat_ms = 250\nworker_spin_us = 0\n\
+                      worker_region_mb = 2";
         let options = WorkerOptions::read(&spec(engine)).unwrap();
         let want = WorkerOptions {
             in_worker: true,
@@ -197,6 +215,7 @@ mod tests {
             nice: Some(7),
             memory: Some(3 << 20),
             spin: Duration::ZERO,
+            region: 2 << 20,
         };
         assert_eq!(options, want);
         let engine = engine_spec(&spec(engine)).engine;

@@ -21,15 +21,21 @@ use baton_core::tensor::Tensor;
 use baton_core::verified::Verified;
 
 use crate::cgroup::Group;
-use crate::channel::{Channel, MAX_FDS};
+use crate::channel::{Channel, MAX_FDS, hand_to_child};
 use crate::hop::{Caller, HopError};
 use crate::life::{Heartbeat, Memory, Worker};
 use crate::options::{self, RUNTIME, TIMEOUT, WorkerOptions};
-use crate::region::Region;
-use crate::wire::{CGROUP_ENV, FDS_ENV, FileInfo, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, SPIN_ENV, Setup};
+use crate::region::{PeerRegion, Region};
+use crate::wire::{
+    CGROUP_ENV, FDS_ENV, FileInfo, MANIFEST_REGION, MEMORY_ENV, NICE_ENV, PARENT_ENV, REGION_ENV, Report, SPIN_ENV,
+    Setup,
+};
 
 /// How long a worker may take to load a version.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
+
+/// The most engine instances a worker may report.
+const MOST_INSTANCES: usize = 1024;
 
 /// An engine's backend whose models run in worker processes when their
 /// `[engine]` table asks for it.
@@ -72,15 +78,10 @@ impl ProcessBackend {
             .map_err(|e| failed("opening the worker's slots", e))?
             .into_iter()
             .unzip();
-        let mut fds = Vec::new();
-        for channel in [&their_setup, &their_life] {
-            fds.push(channel.inheritable().map_err(|e| failed("handing a channel over", e))?.to_string());
-        }
-        for channel in &theirs {
-            fds.push(channel.inheritable().map_err(|e| failed("handing a slot over", e))?.to_string());
-        }
-        let (child, memory) = self.spawn(fds.join(","), &options)?;
-        drop((their_setup, their_life, theirs));
+        // The worker's ends go with the command, which is dropped once the
+        // worker is started: then only the worker holds them.
+        let ends: Vec<OwnedFd> = [their_setup, their_life].into_iter().chain(theirs).map(OwnedFd::from).collect();
+        let (child, memory) = self.spawn(ends, &options)?;
         let heartbeat = options.heartbeat.map(|every| Heartbeat { every, within: options.call_limit });
         let mut worker = Worker::new(child, life, heartbeat, memory).map_err(|e| failed("watching the worker", e))?;
         let loaded = hand_over(&setup, version, spec).and_then(|()| await_loaded(&setup, &mut worker));
@@ -94,17 +95,20 @@ impl ProcessBackend {
             signature,
             instances,
             info,
-            caller: Caller::new(ours, options.spin),
-            setup: Mutex::new((setup, None)),
+            caller: Caller::new(ours, options.spin).with_region_limit(options.region),
+            setup: Mutex::new(SetupChannel { channel: setup, region: None, weight: Vec::new(), broken: None }),
             worker,
         }))
     }
 
-    /// Starts the worker through the starter thread, with its memory
-    /// limit: a memory cgroup of its own where the machine offers one,
-    /// else a bound on its address space.
-    fn spawn(&self, fds: String, options: &WorkerOptions) -> Result<(Child, Memory), BackendError> {
+    /// Starts the worker through the starter thread, handing it `ends` at
+    /// fixed descriptors, with its memory limit: a memory cgroup of its own
+    /// where the machine offers one, else a bound on its address space.
+    fn spawn(&self, ends: Vec<OwnedFd>, options: &WorkerOptions) -> Result<(Child, Memory), BackendError> {
         let mut command = Command::new(&self.program);
+        let fds = hand_to_child(&mut command, ends)
+            .map_err(|e| BackendError::new("worker_failed", format!("handing the worker its channels: {e}")))?;
+        let fds: Vec<String> = fds.iter().map(ToString::to_string).collect();
         if let Some(nice) = options.nice {
             command.env(NICE_ENV, nice.to_string());
         }
@@ -135,8 +139,9 @@ impl ProcessBackend {
             };
             command.env(name, runtime);
         }
-        command.env(SPIN_ENV, options.spin.as_micros().to_string());
-        command.args(&self.args).env(FDS_ENV, fds).env(PARENT_ENV, std::process::id().to_string()).stdin(Stdio::null());
+        command.env(SPIN_ENV, options.spin.as_micros().to_string()).env(REGION_ENV, options.region.to_string());
+        command.args(&self.args).env(FDS_ENV, fds.join(",")).env(PARENT_ENV, std::process::id().to_string());
+        command.stdin(Stdio::null());
         let child = start_process(command).map_err(|e| {
             BackendError::new("worker_failed", format!("starting the worker {}: {e}", self.program.display()))
         })?;
@@ -158,7 +163,10 @@ fn start_process(command: Command) -> std::io::Result<Child> {
         let (tx, rx) = mpsc::channel::<Start>();
         let started = baton_core::executor::spawn_at_serving_priority(move || {
             for (mut command, reply) in rx {
-                let _ = reply.send(command.spawn());
+                let child = command.spawn();
+                // The command holds the worker's ends: closed here first.
+                drop(command);
+                let _ = reply.send(child);
             }
         });
         Mutex::new(started.ok().map(|_| tx))
@@ -188,8 +196,12 @@ fn hand_over(setup: &Channel, version: &Verified, spec: &ModelSpec) -> Result<()
         setup.send(&message, &fds).map_err(broken)?;
     }
     let engine = toml::to_string(&options::engine_spec(spec).engine).map_err(std::io::Error::other).map_err(broken)?;
-    let load = Setup::Load { dir: version.dir().to_owned(), manifest: manifest::render(version.manifest()), engine };
-    setup.send(&serde_json::to_vec(&load).map_err(std::io::Error::other).map_err(broken)?, &[]).map_err(broken)
+    let text = manifest::render(version.manifest());
+    let mut region = Region::named(MANIFEST_REGION, text.len()).map_err(broken)?;
+    region.bytes_mut()[..text.len()].copy_from_slice(text.as_bytes());
+    let load = Setup::Load { dir: version.dir().to_owned(), manifest: text.len(), engine };
+    let message = serde_json::to_vec(&load).map_err(std::io::Error::other).map_err(broken)?;
+    setup.send(&message, &[region.fd()]).map_err(broken)
 }
 
 /// Waits for the worker's report of its load.
@@ -197,6 +209,11 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
     let gone = |worker: &mut Worker, why: String| {
         let status = worker.stop();
         BackendError::new("worker_failed", format!("the worker exited before it loaded the version ({status}): {why}"))
+    };
+    // A report baton does not take: the worker is stopped.
+    let refused = |worker: &mut Worker, why: String| {
+        worker.stop();
+        BackendError::new("worker_failed", format!("the worker's report of its load was refused: {why}"))
     };
     match setup.readable_within(LOAD_LIMIT) {
         Ok(true) => {}
@@ -213,6 +230,11 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
         Err(e) => return Err(gone(worker, e.to_string())),
     }
     match serde_json::from_slice::<Report>(&buffer) {
+        // Warmup runs a call on each instance: a number past any engine's
+        // is no number to act on.
+        Ok(Report::Loaded { instances, .. }) if !(1..=MOST_INSTANCES).contains(&instances) => {
+            Err(refused(worker, format!("it reported {instances} engine instances (1 to {MOST_INSTANCES} are taken)")))
+        }
         Ok(Report::Loaded { signature, instances, shared, reused, update }) => {
             Ok((signature, instances, WeightsInfo { shared, reused, update, reason: None, container: None }))
         }
@@ -224,15 +246,15 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
                 None => BackendError::new(kind, message),
             })
         }
-        Ok(other) => Err(gone(worker, format!("it reported {other:?} before loading"))),
-        Err(e) => Err(gone(worker, format!("it sent a report baton does not read: {e}"))),
+        Ok(other) => Err(refused(worker, format!("it reported {other:?} before loading"))),
+        Err(e) => Err(refused(worker, format!("it sent a report baton does not read: {e}"))),
     }
 }
 
 /// The engine's kind strings a worker may report, as the static strings
 /// errors carry; any other reads `worker_failed`.
 fn known_kind(kind: &str) -> &'static str {
-    const KINDS: [&str; 12] = [
+    const KINDS: [&str; 14] = [
         "model_invalid",
         "weights_invalid",
         "invalid_input",
@@ -244,7 +266,9 @@ fn known_kind(kind: &str) -> &'static str {
         "runtime_missing",
         "file_changed",
         "io",
-        "worker_panicked",
+        "engine_panicked",
+        crate::hop::REGION_EXCEEDED,
+        "worker_hop_failed",
     ];
     KINDS.into_iter().find(|k| *k == kind).unwrap_or("worker_failed")
 }
@@ -256,9 +280,22 @@ struct WorkerModel {
     instances: usize,
     info: WeightsInfo,
     caller: Caller,
-    /// The setup channel, and the region weights cross in.
-    setup: Mutex<(Channel, Option<Region>)>,
+    /// The setup channel, and what a pass over the weights holds.
+    setup: Mutex<SetupChannel>,
     worker: Worker,
+}
+
+/// The setup channel, after the load: it carries the weights for
+/// validation.
+struct SetupChannel {
+    channel: Channel,
+    /// The region weights cross in, during a pass.
+    region: Option<PeerRegion>,
+    /// The server's copy of the weight being visited, during a pass.
+    weight: Vec<u8>,
+    /// Why the channel can no longer be trusted (a pass that broke off
+    /// midway), once it cannot.
+    broken: Option<String>,
 }
 
 impl Drop for WorkerModel {
@@ -266,8 +303,7 @@ impl Drop for WorkerModel {
         // Closing every channel tells the worker to exit.
         let slots = std::mem::replace(&mut self.caller, Caller::new(Vec::new(), Duration::ZERO));
         drop(slots);
-        let (setup, _) = &*self.setup.lock().unwrap_or_else(PoisonError::into_inner);
-        setup.shutdown();
+        self.setup.lock().unwrap_or_else(PoisonError::into_inner).channel.shutdown();
         self.worker.stop();
     }
 }
@@ -277,16 +313,24 @@ impl WorkerModel {
     /// named, with the hop's failures as the engine's errors.
     fn call(&self, instance: Option<usize>, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
         self.caller.call_on(instance, inputs, self.call_limit).map_err(|e| {
-            if let HopError::TimedOut(limit) = &e {
+            match &e {
                 // A worker that does not answer within the bound is hung:
                 // killed, it is replaced as one that ended by itself.
-                self.worker.kill(format!("a call did not answer within {limit:?} ({TIMEOUT})"));
+                HopError::TimedOut(limit) => {
+                    self.worker.kill(format!("a call did not answer within {limit:?} ({TIMEOUT})"));
+                }
+                // A worker whose slot broke the protocol cannot be trusted
+                // with another call on any slot: replaced the same way.
+                HopError::Broken(why) => self.worker.kill(format!("its hop broke: {why}")),
+                _ => {}
             }
             let kind = match &e {
                 HopError::Failed { kind, .. } => known_kind(kind),
                 HopError::Gone(_) => "worker_gone",
                 HopError::TimedOut(_) => "worker_timed_out",
                 HopError::Busy(_) => "worker_busy",
+                HopError::TooLarge { .. } => crate::hop::REGION_EXCEEDED,
+                HopError::System(_) => "worker_hop_failed",
                 HopError::Broken(_) => "worker_hop_broken",
             };
             let pid = self.worker.pid();
@@ -302,17 +346,22 @@ impl Model for WorkerModel {
 
     fn visit_weights(&self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
         let mut setup = self.setup.lock().unwrap_or_else(PoisonError::into_inner);
-        let (channel, region) = &mut *setup;
-        let send = |message: &Setup| {
-            let bytes = serde_json::to_vec(message).map_err(|e| WeightsError::Read(e.to_string()))?;
-            channel.send(&bytes, &[]).map_err(|e| WeightsError::Read(format!("asking the worker for weights: {e}")))
-        };
-        send(&Setup::Weights)?;
-        // The region is as large as the largest tensor: it is let go once
-        // the pass ends, on both sides, so that it costs nothing after.
-        let passed = read_weights(channel, region, &send, visit);
-        *region = None;
-        passed
+        if let Some(why) = &setup.broken {
+            return Err(WeightsError::Read(format!("the worker's setup channel broke earlier: {why}")));
+        }
+        let pass = Pass { within: self.call_limit, setup: &mut setup };
+        let passed = pass.run(visit);
+        // The region and the copy are as large as the largest tensor: let
+        // go once the pass ends, on both sides, so that they cost nothing
+        // after.
+        (setup.region, setup.weight) = (None, Vec::new());
+        if let Err(Broke(why)) = &passed {
+            // What the worker sends next is no longer known: it is ended,
+            // and replaced as one that ended by itself.
+            setup.broken = Some(why.clone());
+            self.worker.kill(format!("its weights stopped midway: {why}"));
+        }
+        passed.map_err(|Broke(why)| WeightsError::Read(why)).and_then(|refused| refused)
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
@@ -369,45 +418,71 @@ impl Backend for ProcessBackend {
     }
 }
 
-/// Reads one pass of the worker's weights, each through `region`, and
-/// hands each to `visit`.
-fn read_weights(
-    channel: &Channel,
-    region: &mut Option<Region>,
-    send: &dyn Fn(&Setup) -> Result<(), WeightsError>,
-    visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>,
-) -> Result<(), WeightsError> {
-    let mut buffer = Vec::new();
-    loop {
-        let fds = match channel.recv(&mut buffer) {
-            Ok(Some(fds)) => fds,
-            Ok(None) => return Err(WeightsError::Read("the worker closed its channel".into())),
-            Err(e) => return Err(WeightsError::Read(format!("reading weights from the worker: {e}"))),
-        };
-        let report = serde_json::from_slice::<Report>(&buffer).map_err(|e| WeightsError::Read(e.to_string()))?;
-        let (name, datatype, shape, compute, len, grown) = match report {
-            Report::WeightsEnd => return Ok(()),
-            Report::WeightsFailed { message } => return Err(WeightsError::Read(message)),
-            Report::Weight { name, datatype, shape, compute, len, region } => {
-                (name, datatype, shape, compute, len, region)
+/// A pass over the worker's weights that broke off midway: the setup
+/// channel is out of step from then on.
+struct Broke(String);
+
+/// One pass over the worker's weights, each waited for within `within`.
+struct Pass<'a> {
+    within: Duration,
+    setup: &'a mut SetupChannel,
+}
+
+impl Pass<'_> {
+    fn send(&self, message: &Setup) -> Result<(), Broke> {
+        let bytes = serde_json::to_vec(message).map_err(|e| Broke(e.to_string()))?;
+        let sent = self.setup.channel.send(&bytes, &[]);
+        sent.map_err(|e| Broke(format!("asking the worker for its weights: {e}")))
+    }
+
+    /// Asks for the weights and hands each to `visit`, copied out of the
+    /// region: the pass's outcome, or why the channel broke.
+    fn run(self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<Result<(), WeightsError>, Broke> {
+        self.send(&Setup::Weights)?;
+        let mut buffer = Vec::new();
+        loop {
+            // A worker that sends nothing is hung: the pass fails within
+            // the bound on a call rather than wait for it.
+            let ready = self.setup.channel.readable_within(self.within);
+            if !ready.map_err(|e| Broke(format!("waiting for the worker's weights: {e}")))? {
+                let limit = self.within;
+                return Err(Broke(format!("the worker sent no weight within {limit:?} ([engine] {TIMEOUT})")));
             }
-            other => return Err(WeightsError::Read(format!("the worker reported {other:?} among weights"))),
-        };
-        if grown {
-            let fd: Option<OwnedFd> = fds.into_iter().next();
-            let fd = fd.ok_or_else(|| WeightsError::Read("a weights region was announced, not sent".into()))?;
-            *region = Some(Region::open(fd).map_err(|e| WeightsError::Read(e.to_string()))?);
+            let fds = match self.setup.channel.recv(&mut buffer) {
+                Ok(Some(fds)) => fds,
+                Ok(None) => return Err(Broke("the worker closed its channel".into())),
+                Err(e) => return Err(Broke(format!("reading weights from the worker: {e}"))),
+            };
+            let report = serde_json::from_slice::<Report>(&buffer).map_err(|e| Broke(e.to_string()))?;
+            let (name, datatype, shape, compute, len, grown) = match report {
+                Report::WeightsEnd => return Ok(Ok(())),
+                Report::WeightsFailed { message } => return Ok(Err(WeightsError::Read(message))),
+                Report::Weight { name, datatype, shape, compute, len, region } => {
+                    (name, datatype, shape, compute, len, region)
+                }
+                other => return Err(Broke(format!("the worker reported {other:?} among weights"))),
+            };
+            if grown {
+                let fd: Option<OwnedFd> = fds.into_iter().next();
+                let fd = fd.ok_or_else(|| Broke("a weights region was announced, not sent".into()))?;
+                let region =
+                    PeerRegion::open(fd, usize::MAX >> 1).map_err(|e| Broke(format!("its weights region: {e}")))?;
+                self.setup.region = Some(region);
+            }
+            // Copied out (the worker's memory is never read in place), and
+            // only once its length is checked against the region.
+            let SetupChannel { region, weight, .. } = &mut *self.setup;
+            let outside = || Broke(format!("weight '{name}' of {len} bytes lies outside the weights region"));
+            let region = region.as_ref().filter(|r| len <= r.len()).ok_or_else(outside)?;
+            weight.resize(len, 0);
+            region.read_into(0, weight).ok_or_else(outside)?;
+            let role = if compute { WeightRole::Compute } else { WeightRole::Constant };
+            let visited = visit(&Weight { name: &name, datatype, shape: &shape, data: weight, role });
+            if let Err(refused) = visited {
+                self.send(&Setup::Stop)?;
+                return Ok(Err(WeightsError::Refused(refused)));
+            }
+            self.send(&Setup::Next)?;
         }
-        let data = region
-            .as_ref()
-            .and_then(|r| r.bytes().get(..len))
-            .ok_or_else(|| WeightsError::Read(format!("weight '{name}' lies outside the weights region")))?;
-        let role = if compute { WeightRole::Compute } else { WeightRole::Constant };
-        let weight = Weight { name: &name, datatype, shape: &shape, data, role };
-        if let Err(refused) = visit(&weight) {
-            send(&Setup::Stop)?;
-            return Err(WeightsError::Refused(refused));
-        }
-        send(&Setup::Next)?;
     }
 }

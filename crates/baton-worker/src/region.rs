@@ -1,37 +1,52 @@
-//! Shared memory: an anonymous memory file (`memfd`) mapped read-write and
-//! shared, whose descriptor the other process maps too.
+//! Shared memory: an anonymous memory file (`memfd`) sealed at its size,
+//! mapped shared by the process that made it ([`Region`]) and, read-only,
+//! by the process it is sent to ([`PeerRegion`]).
 //!
 //! The two processes take turns on a region: one writes, then tells the
 //! other over the control channel, which reads it only after that message
-//! arrives; the socket's send and receive order the accesses. So neither
-//! side ever reads bytes the other is still writing.
+//! arrives; the socket's send and receive order the accesses.
+//!
+//! Neither side trusts the other's memory. A region is sealed against
+//! shrinking and growing (`F_SEAL_SHRINK`, `F_SEAL_GROW`) before it is
+//! sent, and the side that maps a region the peer made refuses one that is
+//! not: a peer that could truncate a region under the other's mapping
+//! would make its next read fault (SIGBUS) instead of failing. What a peer
+//! made is read only by copying bytes out at checked offsets, never through
+//! a Rust reference the peer could change underneath.
 
 #![allow(unsafe_code)]
 
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
 
-use rustix::fs::{MemfdFlags, fstat, ftruncate, memfd_create};
-use rustix::mm::{MapFlags, ProtFlags, mmap, munmap};
+use memfd::{FileSeal, Memfd, MemfdOptions};
+use memmap2::{MmapOptions, MmapRaw};
 
-/// The smallest region: a mapping is made of whole pages.
-const MIN_LEN: usize = 4096;
+/// The unit a region's size is a multiple of: a mapping is made of whole
+/// pages.
+pub const PAGE: usize = 4096;
 
-/// A shared memory region, mapped for as long as this lives.
-#[derive(Debug)]
-pub struct Region {
-    fd: OwnedFd,
-    ptr: NonNull<u8>,
-    len: usize,
+/// The smallest region.
+const MIN_LEN: usize = PAGE;
+
+fn memfd_error(error: memfd::Error) -> io::Error {
+    match error {
+        memfd::Error::Create(e) | memfd::Error::AddSeals(e) | memfd::Error::GetSeals(e) => e,
+    }
 }
 
-// SAFETY: the mapping is plain memory owned by this value; the pointer is
-// only dereferenced through `&self`/`&mut self`, which Rust's borrows keep
-// exclusive within this process.
-unsafe impl Send for Region {}
-// SAFETY: as above; shared references only read.
-unsafe impl Sync for Region {}
+fn invalid(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why)
+}
+
+/// A shared memory region this process made, mapped read-write for as long
+/// as this lives. Its size is sealed: nobody can change it.
+#[derive(Debug)]
+pub struct Region {
+    file: File,
+    map: MmapRaw,
+}
 
 impl Region {
     /// A new region of at least `len` bytes, zeroed, for calls.
@@ -40,68 +55,124 @@ impl Region {
     }
 
     /// A new region of at least `len` bytes, zeroed, under `name` (which
-    /// `/proc/PID/maps` shows as `/memfd:NAME`).
+    /// `/proc/PID/maps` shows as `/memfd:NAME`), sealed at its size.
     pub fn named(name: &str, len: usize) -> io::Result<Region> {
-        let len = len.max(MIN_LEN).next_multiple_of(MIN_LEN);
-        let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
-        ftruncate(&fd, len as u64)?;
-        Region::map(fd, len)
-    }
-
-    /// Maps a region another process created and sent.
-    pub fn open(fd: OwnedFd) -> io::Result<Region> {
-        let len = usize::try_from(fstat(&fd)?.st_size)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a shared region of negative size"))?;
-        if len == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "an empty shared region"));
-        }
-        Region::map(fd, len)
-    }
-
-    fn map(fd: OwnedFd, len: usize) -> io::Result<Region> {
-        // SAFETY: a fresh shared mapping of `len` bytes of a file of that
-        // size, at an address the kernel picks; nothing else aliases it in
-        // this process.
-        let ptr =
-            unsafe { mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)? };
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(Region { fd, ptr, len })
+        let len = len.max(MIN_LEN).checked_next_multiple_of(PAGE).ok_or_else(|| invalid(format!("{len} bytes")))?;
+        let memfd =
+            MemfdOptions::default().close_on_exec(true).allow_sealing(true).create(name).map_err(memfd_error)?;
+        memfd.as_file().set_len(len as u64)?;
+        // No seal can be added or removed after these: the peer cannot
+        // change the size either, nor stop this process writing.
+        memfd.add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealSeal]).map_err(memfd_error)?;
+        let file = memfd.into_file();
+        let map = MmapOptions::new().len(len).map_raw(&file)?;
+        Ok(Region { file, map })
     }
 
     /// Its size in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     /// Whether it holds no bytes (never: a region is at least a page).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
-    /// Its bytes.
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` maps `len` readable bytes for as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// Its bytes, to write.
+    /// Its bytes, to write. The peer maps this region read-only and reads
+    /// it only once told to.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` maps `len` writable bytes for as long as `self`,
-        // and `&mut self` makes this the only reference in this process.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        // SAFETY: the mapping is `len` writable bytes for as long as `self`
+        // (its size is sealed, so no process can truncate it), and `&mut
+        // self` makes this the only reference to it in this process.
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr(), self.map.len()) }
     }
 
     /// The descriptor, to send to the other process.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.file.as_fd()
     }
 }
 
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping `map` made; no reference to
-        // it outlives `self`.
-        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
+/// A shared memory region the peer made and sent, mapped read-only once
+/// its seals and size are checked.
+#[derive(Debug)]
+pub struct PeerRegion {
+    _file: File,
+    map: MmapRaw,
+}
+
+impl PeerRegion {
+    /// Maps a region the peer sent: refused unless it is an anonymous
+    /// memory file sealed against shrinking and growing, of 1 to `most`
+    /// bytes.
+    pub fn open(fd: OwnedFd, most: usize) -> io::Result<PeerRegion> {
+        let memfd = Memfd::try_from_fd(fd).map_err(|_| invalid("the region is not an anonymous memory file".into()))?;
+        let seals = memfd.seals().map_err(memfd_error)?;
+        if !(seals.contains(&FileSeal::SealShrink) && seals.contains(&FileSeal::SealGrow)) {
+            return Err(invalid("the region is not sealed against shrinking and growing".into()));
+        }
+        let file = memfd.into_file();
+        // Sealed: this size holds for as long as the region lives.
+        let size = file.metadata()?.len();
+        let len = usize::try_from(size).ok().filter(|len| (1..=most).contains(len));
+        let len = len.ok_or_else(|| invalid(format!("a region of {size} bytes (1 to {most} are taken)")))?;
+        let map = MmapOptions::new().len(len).map_raw_read_only(&file)?;
+        Ok(PeerRegion { _file: file, map })
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether it holds no bytes (never: an empty region is refused).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the `len` bytes at `offset` out; `None` when they do not lie
+    /// within the region.
+    pub fn read(&self, offset: usize, len: usize) -> Option<Vec<u8>> {
+        let end = offset.checked_add(len)?;
+        if end > self.map.len() {
+            return None;
+        }
+        // Not zeroed first: the copy is the one pass over the bytes.
+        let mut out = Vec::with_capacity(len);
+        // SAFETY: `offset..end` lies within the mapping (see `read_into`);
+        // `out` has room for `len` bytes, all of which the copy writes
+        // before the length is set.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.map.as_ptr().add(offset), out.as_mut_ptr(), len);
+            out.set_len(len);
+        }
+        Some(out)
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out`; `None` when they do
+    /// not lie within the region.
+    pub fn read_into(&self, offset: usize, out: &mut [u8]) -> Option<()> {
+        let end = offset.checked_add(out.len())?;
+        if end > self.map.len() {
+            return None;
+        }
+        // SAFETY: `offset..end` lies within the mapping, which stays mapped
+        // (and, sealed, of this size) for as long as `self`; the bytes are
+        // copied as they are, whatever the peer writes meanwhile, and no
+        // reference into the mapping is made.
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        Some(())
+    }
+
+    /// Its bytes, in place, for a region whose maker does not write it
+    /// while it is read: the server's inputs, as the worker running the call
+    /// sees them (the server writes a slot's region only between calls,
+    /// and never again into a slot whose call it gave up on).
+    pub fn bytes_in_place(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` readable bytes for as long as `self`,
+        // and its size is sealed; see above for who writes it when.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.map.len()) }
     }
 }
 
@@ -109,14 +180,44 @@ impl Drop for Region {
 mod tests {
     use super::*;
 
+    fn peer(region: &Region) -> io::Result<PeerRegion> {
+        PeerRegion::open(region.fd().try_clone_to_owned().unwrap(), 1 << 30)
+    }
+
     #[test]
     fn a_region_opened_from_its_descriptor_sees_what_the_creator_wrote() {
         let mut created = Region::create(10).unwrap();
         assert_eq!(created.len(), MIN_LEN);
         created.bytes_mut()[..5].copy_from_slice(b"baton");
-        let opened = Region::open(created.fd().try_clone_to_owned().unwrap()).unwrap();
-        assert_eq!(&opened.bytes()[..5], b"baton");
+        let opened = peer(&created).unwrap();
+        assert_eq!(opened.read(0, 5).unwrap(), b"baton");
         created.bytes_mut()[0] = b'B';
-        assert_eq!(opened.bytes()[0], b'B');
+        assert_eq!(opened.read(0, 1).unwrap(), b"B");
+        assert_eq!(&opened.bytes_in_place()[..5], b"Baton");
+    }
+
+    #[test]
+    fn reads_outside_the_region_are_refused() {
+        let opened = peer(&Region::create(10).unwrap()).unwrap();
+        assert!(opened.read(MIN_LEN - 4, 4).is_some());
+        assert!(opened.read(MIN_LEN - 4, 5).is_none());
+        assert!(opened.read(usize::MAX, 2).is_none());
+    }
+
+    #[test]
+    fn a_region_cannot_be_resized_and_an_unsealed_or_oversized_one_is_refused() {
+        let region = Region::create(MIN_LEN).unwrap();
+        let file = File::from(region.fd().try_clone_to_owned().unwrap());
+        assert!(file.set_len(0).is_err(), "a sealed region shrank");
+        assert!(file.set_len(2 * MIN_LEN as u64).is_err(), "a sealed region grew");
+        assert!(PeerRegion::open(region.fd().try_clone_to_owned().unwrap(), MIN_LEN - 1).is_err());
+        let unsealed = MemfdOptions::default().allow_sealing(true).create("unsealed").unwrap();
+        unsealed.as_file().set_len(MIN_LEN as u64).unwrap();
+        let error = PeerRegion::open(unsealed.into_file().into(), 1 << 20).unwrap_err();
+        assert!(error.to_string().contains("not sealed"), "{error}");
+        // A plain file is no region, sealed or not.
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(MIN_LEN as u64).unwrap();
+        assert!(PeerRegion::open(file.into(), 1 << 20).is_err());
     }
 }

@@ -10,9 +10,16 @@ use baton_core::manifest;
 use baton_core::spec::ModelSpec;
 use baton_core::verified::{HandedFile, Verified};
 
-use crate::channel::Channel;
-use crate::region::Region;
-use crate::wire::{CGROUP_ENV, FDS_ENV, MEMORY_ENV, NICE_ENV, PARENT_ENV, Report, SPIN_ENV, Setup, WEIGHTS_REGION};
+use crate::channel::{Channel, take_handed};
+use crate::hop::{Answering, REGION_DEFAULT, page_floor};
+use crate::region::{PeerRegion, Region};
+use crate::wire::{
+    CGROUP_ENV, FDS_ENV, MANIFEST_MOST, MEMORY_ENV, NICE_ENV, PARENT_ENV, REGION_ENV, Report, SPIN_ENV, Setup,
+    WEIGHTS_REGION,
+};
+
+/// The most slots a server opens to one worker.
+const MOST_SLOTS: usize = 16;
 
 /// What makes the engine a worker loads with. Called once the version is
 /// handed over, so that an engine that cannot start (a runtime library
@@ -34,17 +41,8 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
         return Err("the server ended before its worker started".into());
     }
     limit_resources()?;
-    let fds = std::env::var(FDS_ENV).map_err(|_| format!("{FDS_ENV} is not set: baton starts workers itself"))?;
-    let mut channels = Vec::new();
-    for fd in fds.split(',') {
-        let fd = fd.parse().map_err(|_| format!("{FDS_ENV}: '{fd}' is not a descriptor"))?;
-        // SAFETY: the server left these sockets open for this process alone.
-        #[allow(unsafe_code)]
-        channels.push(unsafe { Channel::inherited(fd) }.map_err(|e| format!("descriptor {fd}: {e}"))?);
-    }
-    if channels.len() < 3 {
-        return Err(format!("{FDS_ENV} names no slot"));
-    }
+    let mut channels = handed_channels()?;
+    let how = answering()?;
     let setup = channels.remove(0);
     answer_heartbeats(channels.remove(0))?;
     baton_core::executor::start_spawner();
@@ -55,13 +53,46 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
         .name("baton-worker-setup".into())
         .spawn(move || answer_setup(&setup, weights.as_ref()))
         .map_err(|e| e.to_string())?;
-    // The server's choice; a worker started by another means sleeps at once.
-    let spin =
-        std::env::var(SPIN_ENV).ok().and_then(|us| us.parse().ok()).map_or(Duration::ZERO, Duration::from_micros);
-    crate::hop::answer(channels, spin, |instance, inputs, out| {
+    // A slot that fails ends the worker (an error here ends the process),
+    // and the server replaces it.
+    crate::hop::answer(channels, how, |instance, inputs, out| {
         model.run_borrowed(instance, inputs, out).map_err(|e| (e.kind.to_owned(), e.message))
     })
     .map_err(|e| format!("answering calls: {e}"))
+}
+
+/// The channels the server handed this process, at the descriptors
+/// [`FDS_ENV`] names: the setup channel's, the life channel's, then one to
+/// [`MOST_SLOTS`] slots'. Every number is checked before it is taken.
+fn handed_channels() -> Result<Vec<Channel>, String> {
+    let fds = std::env::var(FDS_ENV).map_err(|_| format!("{FDS_ENV} is not set: baton starts workers itself"))?;
+    let numbers = fds
+        .split(',')
+        .map(|fd| fd.parse::<i32>().map_err(|_| format!("{FDS_ENV}: '{fd}' is not a descriptor")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !(3..=2 + MOST_SLOTS).contains(&numbers.len()) {
+        return Err(format!("{FDS_ENV} names {} descriptors: 2 channels and 1 to {MOST_SLOTS} slots", numbers.len()));
+    }
+    take_handed(&numbers).map_err(|e| format!("{FDS_ENV}: {e}"))
+}
+
+/// A number from the environment variable `name`, when it is set; an error
+/// when it is not a number within `range`.
+fn env_number(name: &str, range: std::ops::RangeInclusive<u64>) -> Result<Option<u64>, String> {
+    let Ok(text) = std::env::var(name) else { return Ok(None) };
+    let number = text.parse::<u64>().ok().filter(|n| range.contains(n));
+    number
+        .map(Some)
+        .ok_or_else(|| format!("{name} = '{text}': give a number from {} to {}", range.start(), range.end()))
+}
+
+/// How the slots answer, as the server said: how long they look for the
+/// next call, how large a region may be.
+fn answering() -> Result<Answering, String> {
+    // The server always says; a worker started by other means sleeps at once.
+    let spin = env_number(SPIN_ENV, 0..=10_000)?.map_or(Duration::ZERO, Duration::from_micros);
+    let most = env_number(REGION_ENV, 1 << 20..=4095 << 20)?.map_or(REGION_DEFAULT, |bytes| page_floor(bytes as usize));
+    Ok(Answering { spin, most })
 }
 
 /// Answers the server's heartbeats on the life channel, on a thread of
@@ -96,12 +127,11 @@ fn limit_resources() -> Result<(), String> {
         let dir = std::path::PathBuf::from(dir);
         crate::cgroup::join(&dir).map_err(|e| format!("joining the memory cgroup {}: {e}", dir.display()))?;
     }
-    let read = |name: &str| std::env::var(name).ok().map(|v| v.parse::<u64>().map_err(|_| format!("{name}: '{v}'")));
-    if let Some(nice) = read(NICE_ENV).transpose()? {
-        let nice = i32::try_from(nice).map_err(|_| format!("{NICE_ENV}: {nice}"))?;
+    if let Some(nice) = env_number(NICE_ENV, 0..=19)? {
+        let nice = nice as i32;
         rustix::process::setpriority_process(None, nice).map_err(|e| format!("setting nice {nice}: {e}"))?;
     }
-    if let Some(bytes) = read(MEMORY_ENV).transpose()? {
+    if let Some(bytes) = env_number(MEMORY_ENV, 1..=u64::MAX)? {
         let limit = rustix::process::Rlimit { current: Some(bytes), maximum: Some(bytes) };
         rustix::process::setrlimit(rustix::process::Resource::As, limit)
             .map_err(|e| format!("limiting memory to {bytes} bytes: {e}"))?;
@@ -128,7 +158,10 @@ fn receive_and_load(setup: &Channel, make: MakeBackend) -> Result<Option<Box<dyn
                     copied_into: info.copied_into,
                 }));
             }
-            Setup::Load { dir, manifest, engine } => break (dir, manifest, engine),
+            Setup::Load { dir, manifest, engine } => {
+                let manifest = read_manifest(fds, manifest)?;
+                break (dir, manifest, engine);
+            }
             other => return Err(format!("the server asked {other:?} before the load")),
         }
     };
@@ -147,10 +180,21 @@ fn receive_and_load(setup: &Channel, make: MakeBackend) -> Result<Option<Box<dyn
             };
             (report, Some(model))
         }
-        Err(e) => (Report::LoadFailed { kind: e.kind.to_owned(), message: e.message, tensor: e.tensor }, None),
+        Err(e) => {
+            let message = crate::hop::bounded(&e.message);
+            (Report::LoadFailed { kind: e.kind.to_owned(), message, tensor: e.tensor }, None)
+        }
     };
     setup.send(&serde_json::to_vec(&report).map_err(|e| e.to_string())?, &[]).map_err(|e| e.to_string())?;
     Ok(model)
+}
+
+/// The manifest of `len` bytes in the region attached to the load.
+fn read_manifest(fds: Vec<std::os::fd::OwnedFd>, len: usize) -> Result<String, String> {
+    let fd = fds.into_iter().next().ok_or("the load came without its manifest")?;
+    let region = PeerRegion::open(fd, MANIFEST_MOST).map_err(|e| format!("the manifest's region: {e}"))?;
+    let bytes = region.read(0, len).ok_or_else(|| format!("a manifest of {len} bytes outside its region"))?;
+    String::from_utf8(bytes).map_err(|_| "the manifest is not UTF-8".to_owned())
 }
 
 /// Loads the version on a thread lowered below this worker's serving, as
@@ -171,7 +215,7 @@ fn load_lowered(
             let spec = ModelSpec::parse(&format!("[engine]\n{engine}")).map_err(invalid)?;
             backend.load(&version, &spec)
         });
-        load.join().unwrap_or_else(|_| Err(BackendError::new("worker_panicked", "the engine panicked while loading")))
+        load.join().unwrap_or_else(|_| Err(BackendError::new("engine_panicked", "the engine panicked while loading")))
     })
 }
 
@@ -217,7 +261,7 @@ fn answer_setup(setup: &Channel, model: &dyn Model) {
         }
         let report = match visited {
             Ok(()) => Report::WeightsEnd,
-            Err(e) => Report::WeightsFailed { message: e.to_string() },
+            Err(e) => Report::WeightsFailed { message: crate::hop::bounded(&e.to_string()) },
         };
         let Ok(bytes) = serde_json::to_vec(&report) else { return };
         if setup.send(&bytes, &[]).is_err() {

@@ -33,13 +33,25 @@ pub(crate) const SPIN_ENV: &str = "BATON_WORKER_SPIN_US";
 /// The environment variable that names the memory cgroup a worker joins.
 pub(crate) const CGROUP_ENV: &str = "BATON_WORKER_CGROUP";
 
+/// The environment variable that gives the largest shared region of a
+/// slot, in bytes.
+pub(crate) const REGION_ENV: &str = "BATON_WORKER_REGION_BYTES";
+
+/// The name of the region a version's manifest is handed over in.
+pub(crate) const MANIFEST_REGION: &str = "baton-manifest";
+
+/// The largest manifest a worker takes.
+pub(crate) const MANIFEST_MOST: usize = 64 << 20;
+
 /// Setup messages, server to worker.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Setup {
     /// Files of the version; their descriptors are attached, in order.
     Files { files: Vec<FileInfo> },
-    /// Load the version from the files handed over.
-    Load { dir: PathBuf, manifest: String, engine: String },
+    /// Load the version from the files handed over. Its manifest, of
+    /// `manifest` bytes, is in the region whose descriptor is attached (a
+    /// manifest grows with the version's files; a message does not).
+    Load { dir: PathBuf, manifest: usize, engine: String },
     /// Stream the weights, one [`Report::Weight`] at a time.
     Weights,
     /// The next weight.

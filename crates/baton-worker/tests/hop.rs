@@ -9,11 +9,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use baton_core::tensor::{DataType, Tensor, TensorData, TensorView};
-use baton_worker::channel::Channel;
+use std::os::fd::OwnedFd;
+
+use baton_worker::channel::{Channel, hand_to_child, take_handed};
 use baton_worker::hop::{self, Caller, HopError};
 
 const ROLE: &str = "BATON_HOP_TEST_WORKER_FD";
 const SPIN: &str = "BATON_HOP_TEST_SPIN_US";
+const MODE: &str = "BATON_HOP_TEST_MODE";
 const LONG: Duration = Duration::from_secs(60);
 
 /// The worker's run on owned tensors, as a test's expectation.
@@ -54,11 +57,16 @@ fn outputs_for(inputs: &[TensorView<'_>]) -> Result<Vec<Tensor>, hop::RunError> 
 #[test]
 fn worker() {
     let Ok(fds) = std::env::var(ROLE) else { return };
-    // SAFETY: the parent left these sockets open for this process alone.
-    #[allow(unsafe_code)]
-    let channels = fds.split(',').map(|fd| unsafe { Channel::inherited(fd.parse().unwrap()) }.unwrap()).collect();
+    let numbers: Vec<i32> = fds.split(',').map(|fd| fd.parse().unwrap()).collect();
+    let channels = take_handed(&numbers).unwrap();
+    match std::env::var(MODE).as_deref() {
+        Ok("garbage") => misbehave(channels, |channel| channel.send(&vec![b'x'; 64 << 10], &[]).unwrap()),
+        Ok("unsealed") => misbehave(channels, answer_in_an_unsealed_region),
+        _ => {}
+    }
     let spin = Duration::from_micros(std::env::var(SPIN).unwrap().parse().unwrap());
-    hop::answer(channels, spin, |instance, inputs, out| {
+    let how = hop::Answering { spin, most: hop::REGION_DEFAULT };
+    let answered = hop::answer(channels, how, |instance, inputs, out| {
         let outputs = match inputs.first() {
             // Answers which engine instance the call named (-1: none).
             Some(input) if input.name == "instance" => {
@@ -69,13 +77,64 @@ fn worker() {
                 out(&Tensor::from_f32("grown", vec![1 << 21], &vec![0.5; 1 << 21]).view());
                 return Err(("model_refused".into(), "told to fail after an output".into()));
             }
+            // The engine panics.
+            Some(input) if input.name == "panic" => panic!("the test's engine panics, as asked"),
+            // Lends its output, then cuts every shared region it can
+            // reach down to nothing, the server's as well as its own.
+            Some(input) if input.name == "truncate" => {
+                let outputs = outputs_for(inputs)?;
+                outputs.iter().for_each(|output| out(&output.view()));
+                truncate_shared_regions();
+                return Ok(());
+            }
             _ => outputs_for(inputs)?,
         };
         outputs.iter().for_each(|output| out(&output.view()));
         Ok(())
-    })
-    .unwrap();
-    std::process::exit(0);
+    });
+    // A slot that failed ends the worker, as a crash would.
+    std::process::exit(if answered.is_ok() { 0 } else { 3 });
+}
+
+/// A worker that answers every call on any slot with `answer`, and never
+/// runs one, until the server's ends close.
+fn misbehave(channels: Vec<Channel>, answer: fn(&Channel)) -> ! {
+    std::thread::scope(|scope| {
+        for channel in &channels {
+            scope.spawn(move || {
+                let mut buffer = Vec::new();
+                while let Ok(Some(_)) = channel.recv(&mut buffer) {
+                    answer(channel);
+                }
+            });
+        }
+    });
+    std::process::exit(0)
+}
+
+/// Answers with outputs in a region of its own that it did not seal, and
+/// cuts the region down to nothing once the answer is sent.
+fn answer_in_an_unsealed_region(channel: &Channel) {
+    use rustix::fs::{MemfdFlags, ftruncate, memfd_create};
+    let region = memfd_create("baton-hop", MemfdFlags::CLOEXEC).unwrap();
+    ftruncate(&region, 64 << 10).unwrap();
+    let answer = serde_json::json!({ "Done": { "outputs": { "offset": 0, "len": 2 }, "region": true } });
+    channel.send(answer.to_string().as_bytes(), &[std::os::fd::AsFd::as_fd(&region)]).unwrap();
+    ftruncate(&region, 0).unwrap();
+}
+
+/// Cuts every shared region of the hop this process holds (the server's
+/// input region, its own output region) down to nothing, where the kernel
+/// lets it.
+fn truncate_shared_regions() {
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let target = std::fs::read_link(entry.path()).unwrap_or_default();
+        if target.to_string_lossy().starts_with("/memfd:baton-hop")
+            && let Ok(file) = std::fs::OpenOptions::new().write(true).open(entry.path())
+        {
+            let _ = file.set_len(0);
+        }
+    }
 }
 
 struct Worker {
@@ -95,17 +154,15 @@ impl Worker {
     /// A worker whose two sides look for each other's message for `spin`
     /// before they sleep.
     fn start_spinning(slots: usize, spin: Duration) -> Worker {
-        let (ours, theirs): (Vec<_>, Vec<_>) = (0..slots).map(|_| Channel::pair().unwrap()).unzip();
-        let fds: Vec<String> = theirs.iter().map(|c| c.inheritable().unwrap().to_string()).collect();
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
-            .env(ROLE, fds.join(","))
-            .env(SPIN, spin.as_micros().to_string())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        drop(theirs);
+        let (child, ours) = spawn(slots, spin, "answer");
         Worker { child, caller: Caller::new(ours, spin) }
+    }
+
+    /// A worker that answers every call with what `mode` names
+    /// ([`misbehave`]).
+    fn misbehaving(slots: usize, mode: &str) -> Worker {
+        let (child, ours) = spawn(slots, Duration::ZERO, mode);
+        Worker { child, caller: Caller::new(ours, Duration::ZERO) }
     }
 
     fn kill(&mut self) {
@@ -118,6 +175,26 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Starts this test binary as a worker of `slots` slots in `mode`;
+/// returns it and the server's ends of its slots.
+fn spawn(slots: usize, spin: Duration, mode: &str) -> (Child, Vec<Channel>) {
+    let (ours, theirs): (Vec<_>, Vec<_>) = (0..slots).map(|_| Channel::pair().unwrap()).unzip();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    let fds = hand_to_child(&mut command, theirs.into_iter().map(OwnedFd::from).collect()).unwrap();
+    let fds: Vec<String> = fds.iter().map(ToString::to_string).collect();
+    let child = command
+        .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
+        .env(ROLE, fds.join(","))
+        .env(SPIN, spin.as_micros().to_string())
+        .env(MODE, mode)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // It holds the worker's ends until dropped.
+    drop(command);
+    (child, ours)
 }
 
 /// A call that hangs in the worker once `marker` exists.
@@ -300,4 +377,77 @@ fn a_call_on_an_instance_reaches_that_instance_in_the_worker() {
         assert_eq!(answer, [want], "{instance:?}");
     }
     worker.kill();
+}
+
+/// An engine that panics fails its call with the kind an engine's panic
+/// has in the server's own process, and the slot answers the next call.
+#[test]
+fn an_engine_panic_in_the_worker_comes_back_as_the_engine_s_panic_and_the_slot_serves_on() {
+    let worker = Worker::start_with(1);
+    let error = worker.caller.call(&[Tensor::from_f32("panic", vec![1], &[1.0])], LONG).unwrap_err();
+    assert_eq!(error.kind(), "engine_panicked", "{error}");
+    assert_eq!(worker.caller.call(&input(3), LONG).unwrap(), run(&input(3)).unwrap());
+}
+
+/// A worker that cuts the regions it shares down to nothing (its own
+/// output region, the server's input region) cannot: they are sealed. The
+/// server never touches memory that is gone (which would end it with
+/// SIGBUS), and its calls answer as before.
+#[test]
+fn a_worker_that_truncates_the_regions_it_shares_cannot_and_the_server_never_reads_past_them() {
+    let worker = Worker::start_with(1);
+    let truncate = vec![Tensor::from_f32("truncate", vec![1, 300], &[2.5; 300])];
+    // Both regions are made and mapped on both sides first.
+    for i in 0..3 {
+        assert_eq!(worker.caller.call(&input(i), LONG).unwrap(), run(&input(i)).unwrap(), "call {i}");
+        assert_eq!(worker.caller.call(&truncate, LONG).unwrap(), run(&truncate).unwrap(), "call {i}");
+    }
+}
+
+/// A worker that hands over a region it did not seal, and truncates it
+/// once the answer is sent: the server refuses the region (it never maps
+/// it), the worker counts as gone, and no later call uses its slots.
+#[test]
+fn an_unsealed_region_from_the_worker_is_refused_and_the_worker_counts_as_gone() {
+    let worker = Worker::misbehaving(2, "unsealed");
+    let error = worker.caller.call(&input(1), LONG).unwrap_err();
+    assert_eq!(error.kind(), "worker_hop_broken", "{error}");
+    assert!(error.to_string().contains("not sealed"), "{error}");
+    let gone = worker.caller.gone().expect("the worker counts as gone");
+    assert!(gone.contains("not sealed"), "{gone}");
+    let later = worker.caller.call(&input(2), LONG).unwrap_err();
+    assert_eq!(later.kind(), "worker_gone", "{later}");
+}
+
+/// A worker that answers with a message baton does not read (64 KiB of
+/// garbage, past what a slot's message may be): the call fails, the worker
+/// counts as gone (the server replaces such a worker), and no later call
+/// reads what that slot holds.
+#[test]
+fn a_message_the_server_does_not_read_ends_the_worker_s_slots() {
+    let worker = Worker::misbehaving(2, "garbage");
+    let error = worker.caller.call(&input(1), LONG).unwrap_err();
+    assert_eq!(error.kind(), "worker_hop_broken", "{error}");
+    assert!(worker.caller.gone().is_some(), "the worker still counts as serving");
+    let later = worker.caller.call(&input(2), LONG).unwrap_err();
+    assert_eq!(later.kind(), "worker_gone", "{later}");
+}
+
+/// The worker's side: a slot that receives what it does not read ends the
+/// whole worker, so that the server replaces it, rather than ending that
+/// slot's thread alone and leaving a process that answers on no slot.
+#[test]
+fn a_slot_that_receives_what_it_does_not_read_ends_the_worker() {
+    let (mut child, ours) = spawn(3, Duration::ZERO, "answer");
+    ours[1].send(b"not a call", &[]).unwrap();
+    let deadline = Instant::now() + LONG;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the worker kept running with a broken slot");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(!status.success(), "{status}");
+    drop(ours);
 }

@@ -288,7 +288,8 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
     let mut run = Run::new(inner, busy, Operation::Load);
     let mut heap = Some(heap);
     // The heap lease goes into the version, and stays here if the load fails.
-    let prepared = match caught(&mut run, |run| prepare(run, version, &mut heap, true)) {
+    let prepared = caught(&mut run, |run| prepare(run, version, &mut heap, true).and_then(alive));
+    let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(error) => {
             // A resource swap that paused brings the old version back first.
@@ -300,6 +301,7 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
     let finish = Finish::loaded(timeout, &version, reply);
     let number = version.number();
     let model = run.model().to_owned();
+    let checked = Arc::clone(&version);
     let change: Change = Box::new(move |models| {
         let previous = models.remove(&model);
         let replaced = previous.as_ref().map(|r| r.stable.number());
@@ -311,7 +313,35 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
     });
     // Published on the agent, at serving priority; see the module's documentation.
     let agent = run.inner.agent.clone();
-    agent.send(move || run.commit_then_drain(change, finish));
+    agent.send(move || {
+        // An engine that ended since: refused, unless a resource swap has
+        // freed the old version already (then it is published, and its end
+        // acted on as any other's once this operation is over).
+        let ended = run.vacated.is_none().then(|| ensure_alive(&checked)).and_then(Result::err);
+        drop(checked);
+        match ended {
+            Some(error) => run.report_failure(error, finish.reply),
+            None => run.commit_then_drain(change, finish),
+        }
+    });
+}
+
+/// Refuses a version whose engine ended by itself since it loaded (its
+/// worker process exited): publishing it would serve nothing.
+pub(crate) fn ensure_alive(version: &Version) -> Result<(), LoadError> {
+    if version.alive() {
+        return Ok(());
+    }
+    let why = match version.process() {
+        Some(process) => format!("its worker process {} ended", process.pid),
+        None => "its engine ended".to_owned(),
+    };
+    Err(LoadError::EngineEnded { why })
+}
+
+/// [`ensure_alive`] for a prepared version.
+fn alive(prepared: Prepared) -> Result<Prepared, LoadError> {
+    ensure_alive(&prepared.0).map(|()| prepared)
 }
 
 /// Keep: `number` through the whole transaction, then behind the kept
@@ -321,12 +351,14 @@ pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: R
 pub(crate) fn keep(inner: Arc<Inner>, busy: Busy, number: u64, reply: Reply, heap: HeapLease) {
     let mut run = Run::new(inner, busy, Operation::Keep);
     let mut heap = Some(heap);
-    let (version, keep, timeout) = match caught(&mut run, |run| prepare(run, Some(number), &mut heap, false)) {
+    let prepared = caught(&mut run, |run| prepare(run, Some(number), &mut heap, false).and_then(alive));
+    let (version, keep, timeout) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return run.fail(error, reply),
     };
     let finish = Finish::loaded(timeout, &version, reply);
     let model = run.model().to_owned();
+    let checked = Arc::clone(&version);
     let change: Change = Box::new(move |models| {
         let route = models.get_mut(&model)?;
         if route.versions().all(|v| v.number() != number) && route.previous.len() < keep {
@@ -335,7 +367,14 @@ pub(crate) fn keep(inner: Arc<Inner>, busy: Busy, number: u64, reply: Reply, hea
         None
     });
     let agent = run.inner.agent.clone();
-    agent.send(move || run.commit_then_drain(change, finish));
+    agent.send(move || {
+        let ended = ensure_alive(&checked).err();
+        drop(checked);
+        match ended {
+            Some(error) => run.report_failure(error, finish.reply),
+            None => run.commit_then_drain(change, finish),
+        }
+    });
 }
 
 /// The error for a model the table does not serve and the source says is

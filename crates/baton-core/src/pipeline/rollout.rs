@@ -78,6 +78,11 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         Err(error) => return run.fail(error, reply),
     };
     let (twin, twin_status) = super::twin::load(&mut run, &plan, candidate.spec().rollout.twin_max_mb);
+    // The twin took a while: a candidate whose engine ended meanwhile is
+    // not put in the route.
+    if let Err(error) = super::ensure_alive(&candidate) {
+        return run.fail(error, reply);
+    }
     let observations = Arc::new(match twin {
         Some(_) => Observations::timing_stable_by_copies(),
         None => Observations::default(),
@@ -104,6 +109,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
     agent.send(move || {
         let current = run.inner.current();
         let stable = current.model(&model).map(|r| r.stable.number());
+        let stable_ended = current.model(&model).is_some_and(|r| !r.stable.alive());
         let blocked = match (stable, current.model(&model).and_then(|r| r.rollout.as_ref())) {
             (None, _) => Some(LoadError::NotLoaded { model: model.clone() }),
             (_, Some(r)) => {
@@ -112,7 +118,8 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
             (Some(s), None) if s == candidate.number() => {
                 Some(refused(&model, format!("version {s} already serves as stable; there is nothing to roll out")))
             }
-            _ => None,
+            (Some(s), None) if stable_ended => Some(refused(&model, no_worker(s))),
+            _ => super::ensure_alive(&candidate).err(),
         };
         drop(current);
         if let Some(error) = blocked {
@@ -167,6 +174,15 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         }
         run.commit_then_drain(change, finish);
     });
+}
+
+/// Why a rollout is refused while stable version `stable` has lost its
+/// engine (its worker process ended, and the server is loading it again).
+pub(crate) fn no_worker(stable: u64) -> String {
+    format!(
+        "stable version {stable} has no worker (its worker process ended; the server loads it again): a rollout \
+         would compare the candidate with a version that answers nothing; wait until it serves, or load a version"
+    )
 }
 
 /// Publishes the candidate's new weight: one store, nothing to drain.

@@ -11,8 +11,16 @@
 //!   (0.5 s, doubling up to 30 s, eight attempts), until it serves;
 //! - a kept previous version: retired;
 //! - a rollout's candidate: the rollout is aborted;
-//! - the stable version while a rollout runs: the rollout is aborted,
-//!   then the version is acted on in the role it has after that.
+//! - a rollout's twin of the stable version: the twin leaves the route
+//!   (the stable version runs the paired copies from then on), and the
+//!   rollout goes on;
+//! - the stable version while a rollout runs: the rollout ends first
+//!   (aborted; during the watch after a promotion, rolled back to the
+//!   version the promotion replaced), then the version is acted on in the
+//!   role it has after that (loaded again, say);
+//! - a version not in the route yet, whose load is still running: acted on
+//!   once the load is over, in the role it has then (a load whose version
+//!   ended before its commit fails instead, and publishes nothing).
 //!
 //! An `exited` event says what happened and what was done. Models are
 //! acted on apart: one model's restarts, backing off for up to a minute,
@@ -26,7 +34,7 @@ use std::time::Duration;
 use super::{Ending, Inner, Job, Registry};
 use crate::error::LoadError;
 use crate::events::EventKind;
-use crate::rollout::control::By;
+use crate::rollout::control::{By, Phase, TwinStatus};
 use crate::version::Version;
 
 /// How long to wait before trying again when another operation holds the model.
@@ -93,6 +101,7 @@ enum Role {
     Stable { previous_alive: bool, rollout: bool },
     Previous,
     Candidate,
+    Twin,
 }
 
 impl Registry {
@@ -101,47 +110,77 @@ impl Registry {
         let Some(version) = exit.version.upgrade() else { return };
         tracing::warn!(model, version = number, reason = %exit.why, "A version's worker process ended by itself.");
         self.count_worker(model, |c| c.exits += 1);
-        let action = self.act(model, &version);
+        let action = self.act(model, &version, &exit.why);
         drop(version);
         tracing::info!(model, version = number, action, "The server acted on the worker's exit.");
         self.inner.emit(model, Some(number), EventKind::Exited { reason: exit.why.clone(), action: action.into() });
     }
 
-    /// Acts on the exit of `version`; says what was done.
-    fn act(&self, model: &str, version: &Arc<Version>) -> &'static str {
+    /// Acts on the exit of `version`, which ended for `why`; says what was
+    /// done.
+    fn act(&self, model: &str, version: &Arc<Version>, why: &str) -> &'static str {
         let mut restarts = 0;
         let mut backoff = FIRST_BACKOFF;
+        // What ending a rollout did, when the exited version then has no
+        // part left to act on.
+        let mut ended = None;
         loop {
-            let Some(role) = self.role(model, version) else { return "none" };
+            let Some(role) = self.role(model, version) else {
+                // A version whose load has not published it yet: acted on
+                // once the load is over (its commit refuses a version whose
+                // engine ended, and then this one has no part).
+                if self.busy(model) {
+                    std::thread::sleep(BUSY_RETRY);
+                    continue;
+                }
+                return ended.unwrap_or("none");
+            };
             // `again`: the action changes the version's role, which is
             // then acted on in turn.
             let (action, again, result) = match role {
                 // A rollout leans on its stable version, and no version
-                // loads while one runs: it ends first (in the watch after
-                // a promotion, that goes back to the version replaced), and
-                // the exited version is acted on again in its new role.
+                // loads while one runs: it ends first. In the watch after a
+                // promotion, that goes back to the version replaced, which
+                // serves at once; before, the candidate leaves (it has not
+                // passed its guards: a crash is no reason to promote it).
                 Role::Stable { rollout: true, .. } => {
+                    let watching = self.inner.rollouts.lock().get(model).is_some_and(|p| p.phase == Phase::Watching);
+                    ended = Some(if watching { "rolled_back" } else { "aborted" });
                     ("aborting", true, self.end_rollout(model, Ending::Abort, By::Server).and_then(|h| h.wait()))
                 }
                 Role::Stable { previous_alive: true, rollout: false } => {
                     ("rolled_back", false, self.rollback(model).and_then(|handle| handle.wait()))
                 }
-                Role::Stable { .. } => {
-                    restarts += 1;
-                    self.count_worker(model, |c| c.restarts += 1);
-                    ("restarting", false, self.load(model, Some(version.number())).and_then(|handle| handle.wait()))
-                }
+                Role::Stable { .. } => match self.load(model, Some(version.number())) {
+                    // Refused before it started: not an attempt.
+                    Err(refused @ (LoadError::InProgress { .. } | LoadError::RolloutInProgress { .. })) => {
+                        ("restarting", false, Err(refused))
+                    }
+                    started => {
+                        restarts += 1;
+                        self.count_worker(model, |c| c.restarts += 1);
+                        ("restarting", false, started.and_then(|handle| handle.wait()))
+                    }
+                },
                 Role::Previous => {
                     ("retired", false, self.retire(model, version.number()).and_then(|handle| handle.wait()))
                 }
                 Role::Candidate => {
                     ("aborted", false, self.end_rollout(model, Ending::Abort, By::Server).and_then(|h| h.wait()))
                 }
+                Role::Twin => {
+                    self.end_twin(model, version, why);
+                    return "twin_ended";
+                }
             };
             match result {
                 Ok(_) if again => {}
                 Ok(_) => return action,
-                Err(LoadError::InProgress { .. }) => std::thread::sleep(BUSY_RETRY),
+                // Another operation holds the model, or a rollout started
+                // meanwhile (ended on the next turn): not a failed attempt.
+                Err(LoadError::InProgress { .. } | LoadError::RolloutInProgress { .. }) => {
+                    std::thread::sleep(BUSY_RETRY);
+                }
                 Err(error) if action == "restarting" => {
                     tracing::warn!(model, attempt = restarts, %error, "Loading an exited version again failed.");
                     if restarts >= RESTARTS {
@@ -156,6 +195,27 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// Takes a rollout's twin whose engine ended out of the route, by one
+    /// store: the stable version runs the paired copies from then on, as
+    /// in a rollout without a twin. Status says why the twin is gone.
+    fn end_twin(&self, model: &str, twin: &Arc<Version>, why: &str) {
+        self.inner.publish(|models| {
+            let rollout = models.get_mut(model).and_then(|route| route.rollout.as_mut());
+            if let Some(rollout) = rollout.filter(|r| r.twin.as_ref().is_some_and(|t| Arc::ptr_eq(t, twin))) {
+                rollout.twin = None;
+            }
+        });
+        if let Some(progress) = self.inner.rollouts.lock().get_mut(model) {
+            let reason = format!("the twin ended ({why}); the stable version runs the paired copies");
+            progress.twin = TwinStatus { loaded: false, bytes_held: None, reason: Some(reason) };
+        }
+    }
+
+    /// Whether an operation on `model` is running.
+    fn busy(&self, model: &str) -> bool {
+        self.inner.models.lock().get(model).is_some_and(|entry| entry.busy)
     }
 
     /// Counts in `model`'s worker counts for its status.
@@ -173,6 +233,10 @@ impl Registry {
         if route.previous.iter().any(|p| Arc::ptr_eq(p, version)) {
             return Some(Role::Previous);
         }
-        route.rollout.as_ref().filter(|r| Arc::ptr_eq(&r.candidate, version)).map(|_| Role::Candidate)
+        let rollout = route.rollout.as_ref()?;
+        if Arc::ptr_eq(&rollout.candidate, version) {
+            return Some(Role::Candidate);
+        }
+        rollout.twin.as_ref().filter(|twin| Arc::ptr_eq(twin, version)).map(|_| Role::Twin)
     }
 }

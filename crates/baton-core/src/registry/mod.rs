@@ -454,8 +454,13 @@ impl Registry {
     pub fn start_rollout(&self, model: &str, start: RolloutStart) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
         self.refuse_during_rollout(model)?;
-        if self.inner.current().model(model).is_none() {
-            return Err(LoadError::NotLoaded { model: model.to_owned() });
+        match self.inner.current().model(model) {
+            None => return Err(LoadError::NotLoaded { model: model.to_owned() }),
+            Some(route) if !route.stable.alive() => {
+                let reason = pipeline::rollout::no_worker(route.stable.number());
+                return Err(LoadError::RolloutRefused { model: model.to_owned(), reason });
+            }
+            Some(_) => {}
         }
         self.build(move |inner, tx, heap| pipeline::rollout::start(inner, busy, start, tx, heap))
     }

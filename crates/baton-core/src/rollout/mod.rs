@@ -23,8 +23,8 @@ pub mod promql;
 pub mod shadow;
 pub mod window;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
 
@@ -187,6 +187,9 @@ pub struct Copy {
     pub role: Role,
     /// Where to record what it came to.
     pub observations: Arc<window::Observations>,
+    /// The rollout's twin, when it runs the copy: a copy it failed because
+    /// its engine ended is no sample of the stable version.
+    twin: Option<Weak<Version>>,
     _slot: Slot,
 }
 
@@ -243,6 +246,12 @@ impl Compare<'_> {
             return None;
         }
         let slot = Slot(Arc::clone(gate));
+        // A twin whose engine ended runs nothing until it leaves the route.
+        if self.other.is_twin() && !self.other.alive() {
+            drop(slot);
+            self.rollout.observations.record_dropped();
+            return None;
+        }
         if let (Role::Candidate, Some(shadow)) = (self.role, &self.rollout.shadow) {
             let job = shadow::Job { inputs, answered: answered.map(<[Tensor]>::to_vec), slot };
             if shadow.send(job).is_err() {
@@ -255,6 +264,7 @@ impl Compare<'_> {
                 pending,
                 role: self.role,
                 observations: Arc::clone(&self.rollout.observations),
+                twin: self.other.is_twin().then(|| Arc::downgrade(self.other)),
                 _slot: slot,
             }),
             Err(_) => {
@@ -271,9 +281,9 @@ impl Copy {
     /// synchronous callers (tools, tests); an async task awaits
     /// [`Copy::pending`] instead.
     pub fn wait(self, answered: Option<&[Tensor]>) {
-        let Copy { pending, role, observations, _slot } = self;
+        let Copy { pending, role, observations, twin, _slot } = self;
         let (outcome, ran) = pending.wait_timed();
-        record_copy(&observations, role, answered, outcome, ran);
+        record_run_copy(&observations, twin.as_ref(), role, answered, outcome, ran);
     }
 
     /// Records what the copy came to, once [`Copy::pending`] resolved, given
@@ -281,8 +291,27 @@ impl Copy {
     /// engine time and failure count as its version's, in its role.
     pub fn finish(self, answered: Option<&[Tensor]>, outcome: Result<Vec<Tensor>, InferError>) {
         let ran = self.pending.engine_time();
-        record_copy(&self.observations, self.role, answered, outcome, ran);
+        record_run_copy(&self.observations, self.twin.as_ref(), self.role, answered, outcome, ran);
     }
+}
+
+/// [`record_copy`] for a copy run on a version of the route, `twin` when
+/// the rollout's twin ran it: the twin's end is the twin's, not the stable
+/// version's, so a copy it failed once its engine ended counts as dropped.
+fn record_run_copy(
+    observations: &window::Observations,
+    twin: Option<&Weak<Version>>,
+    role: Role,
+    answered: Option<&[Tensor]>,
+    outcome: Result<Vec<Tensor>, InferError>,
+    ran: Option<std::time::Duration>,
+) {
+    let twin_ended = twin.is_some_and(|twin| twin.upgrade().is_none_or(|twin| !twin.alive()));
+    if outcome.is_err() && twin_ended {
+        observations.record_dropped();
+        return;
+    }
+    record_copy(observations, role, answered, outcome, ran);
 }
 
 /// Records what a copy run by the version in `role` came to, given the

@@ -243,7 +243,17 @@ impl Watcher {
     fn take_up(&mut self, model: &str, newest: u64) {
         let registry = &self.app.registry;
         let auto = registry.source().spec(model).is_ok_and(|s| s.rollout.auto);
-        let started = if auto {
+        // A stable version that lost its worker answers nothing to compare
+        // with: the new version is loaded instead of rolled out.
+        let stable_ended = registry.snapshot().model(model).is_some_and(|route| !route.stable.alive());
+        if auto && stable_ended {
+            tracing::warn!(
+                model,
+                version = newest,
+                "A new version appeared while the stable version has no worker; loading it rather than rolling it out."
+            );
+        }
+        let started = if auto && !stable_ended {
             tracing::info!(model, version = newest, "A new version appeared in the repository; rolling it out.");
             let start = RolloutStart { version: Some(newest), ..RolloutStart::default() };
             registry.start_rollout(model, start)

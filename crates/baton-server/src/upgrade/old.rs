@@ -19,7 +19,7 @@
 //! is installed, and whoever can write there owns the server anyway.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,9 +28,6 @@ use baton_worker::channel::Channel;
 
 use super::message::{Fleet, Kept, Message};
 use super::{FD_ENV, UpgradeError};
-
-/// The descriptor number the new process finds its end of the channel at.
-pub(super) const CHILD_FD: i32 = 3;
 
 /// How long a new process that was told to stop has to exit before it is
 /// killed.
@@ -130,29 +127,18 @@ struct Launched {
 }
 
 impl Launched {
-    /// Starts `binary` with `args`, its end of the channel (`theirs`) at
-    /// [`CHILD_FD`] and nothing else but the standard streams: the
-    /// descriptor is placed in the child alone, between fork and exec, so
-    /// no other process this one starts meanwhile (a worker) inherits it.
+    /// Starts `binary` with `args`, its end of the channel (`theirs`)
+    /// handed to it alone: the descriptor is placed in the child between
+    /// fork and exec (as workers' are), so no other process this one
+    /// starts meanwhile (a worker) inherits it.
     fn start(binary: &Path, args: &[OsString], theirs: OwnedFd, ours: Channel) -> Result<Launched, UpgradeError> {
-        use std::os::unix::process::CommandExt;
-        let from = theirs.as_raw_fd();
         let mut command = Command::new(binary);
-        command.args(args).env(FD_ENV, CHILD_FD.to_string()).stdin(Stdio::null());
-        // SAFETY: between fork and exec the child calls only dup2 and fcntl,
-        // which are async-signal-safe, on a descriptor it inherited open.
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || {
-                // dup2 onto itself would leave close-on-exec set.
-                let result =
-                    if from == CHILD_FD { libc::fcntl(from, libc::F_SETFD, 0) } else { libc::dup2(from, CHILD_FD) };
-                if result < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
-            });
-        }
-        let child =
-            command.spawn().map_err(|error| UpgradeError::Start { binary: binary.display().to_string(), error })?;
-        drop(theirs);
+        let handed = baton_worker::channel::hand_to_child(&mut command, vec![theirs]).map_err(UpgradeError::Channel)?;
+        command.args(args).env(FD_ENV, handed[0].to_string()).stdin(Stdio::null());
+        let child = command.spawn();
+        // The command holds this process's copy of the new process's end.
+        drop(command);
+        let child = child.map_err(|error| UpgradeError::Start { binary: binary.display().to_string(), error })?;
         Ok(Launched { child: Some(child), channel: Some(ours) })
     }
 
