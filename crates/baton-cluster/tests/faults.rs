@@ -243,15 +243,28 @@ fn only_the_holder_of_the_coordinator_key_acts_and_gives_it_back() {
 fn records_with_fields_this_baton_does_not_know_are_followed() {
     let fleet = Fleet::new();
     let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], false);
-    // A newer baton's record: a field at the top and one in the plan.
+    // A newer baton's record: a field at the top, one in the plan, a guard
+    // and a field of a decision.
     let record = fleet.start(2, plan()).unwrap();
     let mut json = serde_json::to_value(&record).unwrap();
     json["from_the_future"] = serde_json::json!({ "x": 1 });
     json["plan"]["warp"] = serde_json::json!(9);
+    json["plan"]["guards"]["max_gpu_seconds_ratio"] = serde_json::json!(1.25);
+    json["decisions"][0]["signed_by"] = serde_json::json!("operator-key-7");
     fleet.etcd.put(&fleet.store.keys.record("f"), json.to_string().as_bytes());
     let done = fleet.finish("coordinator");
     assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
     wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+    // This baton rewrote the record at every step: what it does not know
+    // is still there, where the newer one wrote it.
+    let raw = fleet.etcd.get(&fleet.store.keys.record("f")).expect("the record");
+    let written: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(written["phase"], "promoted");
+    assert_eq!(written["from_the_future"], serde_json::json!({ "x": 1 }), "{written}");
+    assert_eq!(written["plan"]["warp"], 9, "{written}");
+    assert_eq!(written["plan"]["guards"]["max_gpu_seconds_ratio"], 1.25, "{written}");
+    assert_eq!(written["plan"]["guards"]["max_p99_ratio"], 1.5, "{written}");
+    assert_eq!(written["decisions"][0]["signed_by"], "operator-key-7", "{written}");
 }
 
 #[test]
