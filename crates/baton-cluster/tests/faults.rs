@@ -314,3 +314,32 @@ fn a_coordinator_clock_far_ahead_delays_no_switch_beyond_the_lead() {
     assert!(seen.elapsed() < Duration::from_secs(30), "the switch waited for the coordinator's clock");
     assert!(r1.candidate().is_none());
 }
+
+#[test]
+fn a_prepare_waits_for_the_drain_of_the_last_switch_and_the_rollout_commits() {
+    let fleet = Fleet::new();
+    let versions = [(1, false), (2, false), (3, false)];
+    let (r1, r2) = fleet.pair(&versions, &versions, false);
+    fleet.start(2, plan()).unwrap();
+    wait_until("both prepared", || fleet.acks().iter().filter(|a| a.ok).count() == 2);
+    // A request in flight on r1 across the switch (it holds the routing
+    // snapshot it took): the switch's drain waits for it.
+    let in_flight = r1.registry.snapshot();
+    let done = fleet.finish("coordinator");
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+    assert!(r1.registry.status("f").is_some_and(|s| s.busy), "r1's drain is under way");
+
+    // The next rollout starts at once: r1's prepare waits for the drain.
+    fleet.start(3, plan()).unwrap();
+    let coordinator = fleet.coordinate("coordinator");
+    wait_until("r1's prepare waits (or has failed)", || {
+        r1.health.state().waiting.contains_key("f") || fleet.acks().iter().any(|a| !a.ok)
+    });
+    assert!(r1.candidate().is_none(), "r1 prepared before the drain ended");
+    drop(in_flight);
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?} {:?}", done.reason, done.decisions);
+    wait_until("both serve 3", || r1.serves() == Some(3) && r2.serves() == Some(3));
+    assert!(r1.health.state().waiting.is_empty(), "{:?}", r1.health.state().waiting);
+}

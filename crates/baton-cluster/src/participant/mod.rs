@@ -174,7 +174,7 @@ impl<N: Node> Participant<N> {
         let prefixes = self.watched(store);
         let mut watch = self.resync(store, lease, &prefixes).await?;
         self.join(store).await?;
-        self.health.connect();
+        self.health.connect(store.endpoint());
         tracing::info!(replica = %self.config.id, cluster = %self.config.name, endpoint = store.endpoint(), "Joined the fleet.");
 
         let mut keeper = keeper;

@@ -18,10 +18,10 @@ use baton_core::sync::Lock;
 use crate::records::{Ack, Desired, FleetPhase, RolloutRecord, Serving, now_us};
 
 /// The first wait before a failed step is tried again; it doubles up to
-/// [`RETRY_LAST`].
-const RETRY_FIRST: Duration = Duration::from_millis(500);
-/// The longest wait between two tries of a failed step.
-const RETRY_LAST: Duration = Duration::from_secs(8);
+/// [`RETRY_LAST`], each wait spread by jitter (up to twice as long).
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between two tries of a failed step, before jitter.
+pub(crate) const RETRY_LAST: Duration = Duration::from_secs(8);
 /// How often a settled model is compared with the records anyway.
 const RECHECK: Duration = Duration::from_secs(5);
 
@@ -106,6 +106,16 @@ impl View {
     /// first seen here.
     pub fn seen_wall_us(&self) -> Option<u64> {
         self.seen.map(|s| s.wall_us)
+    }
+
+    /// Until when a prepare for `rollout` may wait for the node: the plan's
+    /// prepare timeout after this replica saw the rollout's current phase
+    /// (on its monotonic clock); `None` when the record is another
+    /// rollout's, or is no longer preparing or committed.
+    pub fn prepare_deadline(&self, rollout: u64) -> Option<Instant> {
+        let (record, _) = self.record.as_ref().filter(|(r, _)| r.id == rollout && r.phase.in_progress())?;
+        let seen = self.seen.filter(|s| s.key.0 == rollout)?;
+        Some(seen.at + Duration::from_millis(record.plan.prepare_timeout_ms))
     }
 
     /// When to switch for the record's current step: the instant it names,
@@ -209,11 +219,6 @@ impl Model {
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<()> {
         self.changed.subscribe()
     }
-}
-
-/// How long to wait before trying a failed step again, after `previous`.
-pub(crate) fn next_retry(previous: Option<Duration>) -> Duration {
-    previous.map_or(RETRY_FIRST, |p| (p * 2).min(RETRY_LAST))
 }
 
 /// Waits until `at`, or until the view changes (then the step is decided
