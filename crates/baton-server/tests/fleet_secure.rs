@@ -124,8 +124,7 @@ fn a_password_is_refused_over_plaintext_unless_the_operator_lets_it_go() {
     let file = secrets.path().join("etcd-password");
     std::fs::write(&file, "s3cret\n").unwrap();
     let cluster = format!("etcd://127.0.0.1:{}", etcd.port());
-    let with_password =
-        ["--cluster", &cluster, "--etcd-user", "baton", "--etcd-password-file", file.to_str().unwrap()];
+    let with_password = ["--cluster", &cluster, "--etcd-user", "baton", "--etcd-password-file", file.to_str().unwrap()];
     let repo = repo_with("m", &[1], "");
     let (status, stderr) = common::refused_start(&repo, &with_password);
     assert!(!status.success(), "a replica started with a password in plaintext");

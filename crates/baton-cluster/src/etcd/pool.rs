@@ -22,6 +22,8 @@ use crate::etcd::config::StoreConfig;
 /// each failure in a row, up to [`BENCH_LAST`].
 const BENCH_FIRST: Duration = Duration::from_millis(500);
 const BENCH_LAST: Duration = Duration::from_secs(30);
+/// The shortest time one member is given.
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// One member and what is known of it.
 struct Member {
@@ -178,9 +180,6 @@ impl Pool {
             .map_err(|e| ClusterError::Unreachable(describe_transport(&e)))
     }
 }
-
-/// The shortest time one member is given.
-const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// Members that all failed the same way say so; a mix is reported as
 /// unreachable, the kind a caller retries.
