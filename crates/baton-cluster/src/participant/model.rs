@@ -324,6 +324,20 @@ mod tests {
     }
 
     #[test]
+    fn a_prepare_may_wait_for_the_node_until_the_plans_timeout_after_the_rollout_was_seen() {
+        let mut r = record(FleetPhase::Preparing, &[]);
+        r.plan.prepare_timeout_ms = 30_000;
+        let before = Instant::now();
+        let v = view(1, Some((r.clone(), 6)));
+        let deadline = v.prepare_deadline(7).expect("a deadline while preparing");
+        assert!(deadline >= before + Duration::from_secs(30) && deadline <= Instant::now() + Duration::from_secs(30));
+        assert_eq!(v.prepare_deadline(8), None, "another rollout's");
+        r.phase = FleetPhase::Aborted;
+        let ended = view(1, Some((r, 7)));
+        assert_eq!(ended.prepare_deadline(7), None, "the rollout ended: nothing to wait for");
+    }
+
+    #[test]
     fn a_switch_never_waits_longer_than_the_lead_whatever_the_named_instant() {
         let now = Instant::now();
         let mut r = record(FleetPhase::Promoted, &["a"]);
