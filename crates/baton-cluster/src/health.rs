@@ -68,6 +68,12 @@ pub struct State {
     /// Times this process found its lease gone: it expired while the
     /// process could not renew it, and it registered again.
     pub leases_lost: u64,
+    /// The etcd member the replica's session speaks to, once joined.
+    pub endpoint: Option<String>,
+    /// Per model, what a prepare waits for before it can begin (another
+    /// operation of the model on this server, such as the drain after the
+    /// last switch); empty when none waits.
+    pub waiting: BTreeMap<String, String>,
 }
 
 impl Health {
@@ -83,10 +89,12 @@ impl Health {
         state
     }
 
-    /// Marks the store reached.
-    pub fn connect(&self) {
+    /// Marks the store reached, through `endpoint`.
+    pub fn connect(&self, endpoint: &str) {
+        let mut state = self.state.lock();
+        state.disconnected_since_ms = None;
+        state.endpoint = Some(endpoint.to_owned());
         self.connected.store(true, Ordering::SeqCst);
-        self.state.lock().disconnected_since_ms = None;
     }
 
     /// Marks the store lost, with why.
@@ -126,6 +134,16 @@ impl Health {
         match why {
             Some(why) => state.problems.insert(model.to_owned(), why),
             None => state.problems.remove(model),
+        };
+    }
+
+    /// Records what a prepare of `model` waits for, or that it waits for
+    /// nothing (`None`).
+    pub fn waiting(&self, model: &str, what: Option<String>) {
+        let mut state = self.state.lock();
+        match what {
+            Some(what) => state.waiting.insert(model.to_owned(), what),
+            None => state.waiting.remove(model),
         };
     }
 

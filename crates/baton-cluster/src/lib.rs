@@ -11,6 +11,7 @@
 //!
 //! See docs/fleet.md for the protocol, the failures and how to run it.
 
+pub mod backoff;
 pub mod coordinator;
 pub mod error;
 pub mod etcd;

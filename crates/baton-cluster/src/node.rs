@@ -19,6 +19,12 @@ pub struct Refusal {
     pub reason: String,
 }
 
+/// The stage of a refusal because another operation of the model is under
+/// way on the node (a load, the drain after a switch): a prepare refused so
+/// waits for it to end ([`Node::until_free`]) and tries again, within the
+/// rollout's prepare timeout.
+pub const BUSY: &str = "load_in_progress";
+
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.stage, self.reason)
@@ -69,6 +75,14 @@ pub trait Node: Send + Sync + 'static {
 
     /// Reports ready, waiting for `models` to serve, or not ready (`None`).
     fn set_ready(&self, ready: Option<BTreeSet<String>>);
+
+    /// Returns once no operation of `model` runs on the node, after a
+    /// refusal whose stage is [`BUSY`]. A node that cannot tell never
+    /// returns, and a waiting prepare tries again on a timer of its own.
+    fn until_free(&self, model: &str) -> impl Future<Output = ()> + Send {
+        let _ = model;
+        std::future::pending()
+    }
 }
 
 /// Every model of `source` with its newest complete version. Blocks: call

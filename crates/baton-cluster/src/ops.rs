@@ -23,6 +23,7 @@ pub fn decide(record: &mut RolloutRecord, action: &str, by: &str, message: Strin
         by: by.into(),
         verdict: None,
         message,
+        unknown: crate::records::Unknown::new(),
     });
 }
 

@@ -98,8 +98,7 @@ pub struct FleetPlan {
     /// commit without aborting: they are left out and converge later.
     pub allow_missing: usize,
     /// What the subset is held to, over the fleet's merged observations.
-    #[serde(deserialize_with = "lenient_guards")]
-    pub guards: Guards,
+    pub guards: PlanGuards,
     /// How long after the commit write every replica switches, at one
     /// instant on its clock, rather than each when its watch delivers the
     /// commit: replicas then switch together however unevenly the commit
@@ -120,7 +119,7 @@ impl Default for FleetPlan {
             failure_limit: 1,
             max_inconclusive: 10,
             allow_missing: 0,
-            guards: Guards::default(),
+            guards: PlanGuards::default(),
             switch_lead_ms: DEFAULT_SWITCH_LEAD_MS,
             unknown: Unknown::new(),
         }
@@ -149,25 +148,63 @@ impl FleetPlan {
         if self.failure_limit == 0 || self.max_inconclusive == 0 {
             return Err("failure_limit and max_inconclusive must be at least 1".into());
         }
-        if !self.guards.metrics.is_empty() {
+        if !self.guards.known.metrics.is_empty() {
             // The coordinator has no Prometheus to ask.
             return Err("metric guards are not judged in a fleet's rollouts yet; drop guards.metrics".into());
         }
-        self.guards.check()
+        self.guards.known.check()
     }
 }
 
-/// Guards as a newer baton may write them: the guards this baton knows,
-/// each read as it would be from a model's configuration, and the others
-/// ignored (a guard this baton cannot check is not checked; the newer
-/// coordinator that wrote it checks it).
-fn lenient_guards<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Guards, D::Error> {
-    let mut value = Value::deserialize(deserializer)?;
-    let known = serde_json::to_value(Guards::default()).map_err(serde::de::Error::custom)?;
-    if let (Some(fields), Some(known)) = (value.as_object_mut(), known.as_object()) {
-        fields.retain(|name, _| known.contains_key(name));
+/// A plan's guards as a newer baton may write them: the guards this baton
+/// knows, each read as it would be from a model's configuration, and the
+/// others kept aside, unjudged (the newer coordinator that wrote them
+/// judges them), and written back where they were when the plan is
+/// rewritten.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanGuards {
+    /// The guards this baton judges.
+    pub known: Guards,
+    /// A newer baton's guards.
+    pub unknown: Unknown,
+}
+
+impl From<Guards> for PlanGuards {
+    fn from(known: Guards) -> Self {
+        PlanGuards { known, unknown: Unknown::new() }
     }
-    serde_json::from_value(value).map_err(serde::de::Error::custom)
+}
+
+impl Serialize for PlanGuards {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut fields = match serde_json::to_value(&self.known).map_err(serde::ser::Error::custom)? {
+            Value::Object(fields) => fields,
+            _ => return Err(serde::ser::Error::custom("guards are not a JSON object")),
+        };
+        for (name, value) in &self.unknown {
+            // A field this baton knows is written as this baton holds it.
+            fields.entry(name.clone()).or_insert_with(|| value.clone());
+        }
+        fields.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for PlanGuards {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut fields = serde_json::Map::deserialize(deserializer)?;
+        let names = serde_json::to_value(Guards::default()).map_err(serde::de::Error::custom)?;
+        let names = names.as_object().ok_or_else(|| serde::de::Error::custom("guards are not a JSON object"))?;
+        let mut unknown = Unknown::new();
+        fields.retain(|name, value| {
+            let known = names.contains_key(name);
+            if !known {
+                unknown.insert(name.clone(), value.take());
+            }
+            known
+        });
+        let known = serde_json::from_value(Value::Object(fields)).map_err(serde::de::Error::custom)?;
+        Ok(PlanGuards { known, unknown })
+    }
 }
 
 /// Where a fleet rollout stands.
@@ -312,6 +349,9 @@ pub struct FleetDecision {
     pub verdict: Option<Verdict>,
     /// What happened, for people.
     pub message: String,
+    /// Fields of a newer baton's decision.
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// How far apart the replicas switched, from their own timestamps.
@@ -378,4 +418,31 @@ pub struct StepSums {
     pub step: usize,
     /// Everything observed since the replica saw the step committed.
     pub sums: Sums,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{FleetPlan, RolloutRecord};
+
+    #[test]
+    fn a_newer_batons_guards_and_decision_fields_survive_a_rewrite() {
+        let mut record = RolloutRecord::new("m", 2, Some(1), FleetPlan::default(), vec!["a".into()]);
+        crate::ops::decide(&mut record, "started", "test", "began".into());
+        let mut written = serde_json::to_value(&record).unwrap();
+        written["plan"]["guards"]["max_gpu_seconds_ratio"] = json!(1.25);
+        written["plan"]["guards"]["max_p99_ratio"] = json!(2.0);
+        written["decisions"][0]["signed_by"] = json!("key-7");
+        let read: RolloutRecord = serde_json::from_value(written).unwrap();
+        assert_eq!(read.plan.guards.known.max_p99_ratio, Some(2.0), "a known guard is read");
+        assert!(read.plan.check().is_ok(), "an unknown guard is not judged here");
+        let rewritten = serde_json::to_value(&read).unwrap();
+        assert_eq!(rewritten["plan"]["guards"]["max_gpu_seconds_ratio"], 1.25, "{rewritten}");
+        assert_eq!(rewritten["plan"]["guards"]["max_p99_ratio"], 2.0, "{rewritten}");
+        assert_eq!(rewritten["decisions"][0]["signed_by"], "key-7", "{rewritten}");
+        // A plan without guards takes the defaults.
+        let bare: FleetPlan = serde_json::from_value(json!({ "steps": [100.0] })).unwrap();
+        assert_eq!(bare.guards, FleetPlan::default().guards);
+    }
 }

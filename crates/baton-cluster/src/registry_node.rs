@@ -157,4 +157,8 @@ impl Node for RegistryNode {
     fn set_ready(&self, ready: Option<BTreeSet<String>>) {
         (self.ready)(ready);
     }
+
+    async fn until_free(&self, model: &str) {
+        self.registry.until_free(model).await;
+    }
 }

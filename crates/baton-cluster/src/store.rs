@@ -175,8 +175,14 @@ impl Store {
         Ok(Store { client, keys: Keys::new(name) })
     }
 
+    /// The same cluster's keys through the member that answers first,
+    /// keeping what is known of every member (see [`Client::reconnect`]).
+    pub async fn reconnect(&self) -> Result<Store, ClusterError> {
+        Ok(Store { client: self.client.reconnect().await?, keys: self.keys.clone() })
+    }
+
     /// The endpoint this store speaks to.
-    pub fn endpoint(&self) -> &str {
+    pub fn endpoint(&self) -> String {
         self.client.endpoint()
     }
 
@@ -307,22 +313,18 @@ impl Store {
         }
     }
 
-    /// Keeps `lease` alive until the store stops answering or says it has
-    /// expired: returns why. Refreshes at a third of `ttl`.
+    /// Keeps `lease` alive until etcd says it has expired, or until no
+    /// member renewed it before it would have: returns why. Renews at a
+    /// third of `ttl`, through another member whenever one does not
+    /// answer in time (see [`crate::etcd`]).
     pub async fn keep_alive(&self, lease: i64, ttl: i64) -> ClusterError {
-        let mut keeper = match self.client.keep_alive(lease).await {
-            Ok(keeper) => keeper,
-            Err(error) => return error,
-        };
-        let every = std::time::Duration::from_millis((ttl.max(1) as u64 * 1000 / 3).max(100));
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if let Err(error) = keeper.renew().await {
-                return error;
-            }
-        }
+        self.keep_alive_via(lease, ttl, &tokio::sync::watch::channel(String::new()).0).await
+    }
+
+    /// [`Store::keep_alive`], telling `via` the endpoint each time the
+    /// renewals move to another member.
+    pub async fn keep_alive_via(&self, lease: i64, ttl: i64, via: &tokio::sync::watch::Sender<String>) -> ClusterError {
+        crate::etcd::keep(self.client.clone(), lease, ttl, via).await
     }
 
     /// Watches every key of each of `spans` from `revision` on (0: from

@@ -283,15 +283,28 @@ fn a_coordinator_taken_over_by_a_new_process_of_its_replica_writes_nothing_more(
 fn records_with_fields_this_baton_does_not_know_are_followed() {
     let fleet = Fleet::new();
     let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], false);
-    // A newer baton's record: a field at the top and one in the plan.
+    // A newer baton's record: a field at the top, one in the plan, a guard
+    // and a field of a decision.
     let record = fleet.start(2, plan()).unwrap();
     let mut json = serde_json::to_value(&record).unwrap();
     json["from_the_future"] = serde_json::json!({ "x": 1 });
     json["plan"]["warp"] = serde_json::json!(9);
+    json["plan"]["guards"]["max_gpu_seconds_ratio"] = serde_json::json!(1.25);
+    json["decisions"][0]["signed_by"] = serde_json::json!("operator-key-7");
     fleet.etcd.put(&fleet.store.keys.record("f"), json.to_string().as_bytes());
     let done = fleet.finish("coordinator");
     assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
     wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+    // This baton rewrote the record at every step: what it does not know
+    // is still there, where the newer one wrote it.
+    let raw = fleet.etcd.get(&fleet.store.keys.record("f")).expect("the record");
+    let written: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(written["phase"], "promoted");
+    assert_eq!(written["from_the_future"], serde_json::json!({ "x": 1 }), "{written}");
+    assert_eq!(written["plan"]["warp"], 9, "{written}");
+    assert_eq!(written["plan"]["guards"]["max_gpu_seconds_ratio"], 1.25, "{written}");
+    assert_eq!(written["plan"]["guards"]["max_p99_ratio"], 1.5, "{written}");
+    assert_eq!(written["decisions"][0]["signed_by"], "operator-key-7", "{written}");
 }
 
 #[test]
@@ -340,4 +353,33 @@ fn a_coordinator_clock_far_ahead_delays_no_switch_beyond_the_lead() {
     wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
     assert!(seen.elapsed() < Duration::from_secs(30), "the switch waited for the coordinator's clock");
     assert!(r1.candidate().is_none());
+}
+
+#[test]
+fn a_prepare_waits_for_the_drain_of_the_last_switch_and_the_rollout_commits() {
+    let fleet = Fleet::new();
+    let versions = [(1, false), (2, false), (3, false)];
+    let (r1, r2) = fleet.pair(&versions, &versions, false);
+    fleet.start(2, plan()).unwrap();
+    wait_until("both prepared", || fleet.acks().iter().filter(|a| a.ok).count() == 2);
+    // A request in flight on r1 across the switch (it holds the routing
+    // snapshot it took): the switch's drain waits for it.
+    let in_flight = r1.registry.snapshot();
+    let done = fleet.finish("coordinator");
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?}", done.decisions);
+    wait_until("both serve 2", || r1.serves() == Some(2) && r2.serves() == Some(2));
+    assert!(r1.registry.status("f").is_some_and(|s| s.busy), "r1's drain is under way");
+
+    // The next rollout starts at once: r1's prepare waits for the drain.
+    fleet.start(3, plan()).unwrap();
+    let coordinator = fleet.coordinate("coordinator");
+    wait_until("r1's prepare waits (or has failed)", || {
+        r1.health.state().waiting.contains_key("f") || fleet.acks().iter().any(|a| !a.ok)
+    });
+    assert!(r1.candidate().is_none(), "r1 prepared before the drain ended");
+    drop(in_flight);
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Promoted, "{:?} {:?}", done.reason, done.decisions);
+    wait_until("both serve 3", || r1.serves() == Some(3) && r2.serves() == Some(3));
+    assert!(r1.health.state().waiting.is_empty(), "{:?}", r1.health.state().waiting);
 }

@@ -311,7 +311,7 @@ fn a_coordinator_that_dies_mid_rollout_is_replaced_and_the_rollout_finishes() {
     let traffic = Traffic::start(replicas.iter().map(|r| r.registry.clone()).collect());
     // Gray: half first, judged after 1.5 s on guards any sane candidate passes.
     let guards = Guards { min_samples: 1, max_error_rate_increase: Some(0.5), ..Guards::default() };
-    let plan = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 1500, guards, ..plain() };
+    let plan = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 1500, guards: guards.into(), ..plain() };
     fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
     let coordinator = fleet.coordinate(&store, "doomed");
     wait_until("the first half is committed", || {
@@ -340,7 +340,7 @@ fn gray_release_judges_the_subset_on_merged_observations_and_rolls_a_drifting_on
     let guards = Guards { min_samples: 20, max_rel_l2: Some(0.05), ..Guards::default() };
     let mut selector = std::collections::BTreeMap::new();
     selector.insert("zone".to_owned(), "a".to_owned());
-    let plan = FleetPlan { steps: vec![50.0, 100.0], selector, interval_ms: 1000, guards, ..plain() };
+    let plan = FleetPlan { steps: vec![50.0, 100.0], selector, interval_ms: 1000, guards: guards.into(), ..plain() };
     fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
     let coordinator = fleet.coordinate(&store, "coordinator");
     wait_until("zone a alone serves the candidate", || {

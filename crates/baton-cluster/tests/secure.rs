@@ -3,7 +3,8 @@
 //! (a user whose password is read from a file). Replicas join and a
 //! rollout commits; a client configured for TLS never speaks plaintext;
 //! wrong or missing credentials are refused with a clear error; an
-//! expired token is renewed.
+//! expired token is renewed, and so is one an operator's change to etcd's
+//! users made old, for calls, watches and lease keep-alives alike.
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use baton_cluster::records::FleetPhase;
+use baton_cluster::store::Span;
 use baton_cluster::{Store, StoreConfig, TlsFiles};
 use baton_testkit::certs::Certs;
 use baton_testkit::etcd::{Etcd, Security, ServerTls};
@@ -39,7 +41,7 @@ fn roll_out(fleet: &Fleet) {
 fn over_tls_with_client_certificates_a_rollout_commits_and_plaintext_is_never_spoken() {
     let certs = Certs::new();
     let tls = ServerTls { server: certs.server(), client_ca: Some(certs.ca()) };
-    let etcd = Etcd::start_secured(&Security { tls: Some(tls), users: Vec::new() });
+    let etcd = Etcd::start_secured(&Security { tls: Some(tls), users: Vec::new(), jwt: false });
     let client = certs.client("baton");
     let files = TlsFiles { ca: certs.ca(), cert: Some(client.cert.clone()), key: Some(client.key.clone()) };
     let config = StoreConfig { tls: Some(files.clone()), ..StoreConfig::plain(&endpoints(&etcd)) };
@@ -80,7 +82,7 @@ fn with_authentication_the_password_comes_from_a_file_and_wrong_ones_are_refused
     let certs = Certs::new();
     let tls = ServerTls { server: certs.server(), client_ca: None };
     let users = vec![("baton".to_owned(), "correct horse".to_owned())];
-    let etcd = Etcd::start_secured(&Security { tls: Some(tls), users });
+    let etcd = Etcd::start_secured(&Security { tls: Some(tls), users, jwt: false });
     let secrets = tempfile::tempdir().unwrap();
     let password = |name: &str, text: &str| -> PathBuf {
         let path = secrets.path().join(name);
@@ -111,4 +113,44 @@ fn with_authentication_the_password_comes_from_a_file_and_wrong_ones_are_refused
     assert_eq!(read.map(|r| r.value), Some(1));
 
     roll_out(&Fleet::over(etcd, config));
+}
+
+#[test]
+fn a_token_made_old_by_a_change_to_etcds_users_is_renewed_for_calls_watches_and_keep_alives() {
+    let certs = Certs::new();
+    let tls = ServerTls { server: certs.server(), client_ca: None };
+    let users = vec![("baton".to_owned(), "correct horse".to_owned())];
+    let etcd = Etcd::start_secured(&Security { tls: Some(tls), users, jwt: true });
+    let secrets = tempfile::tempdir().unwrap();
+    let file = secrets.path().join("password");
+    std::fs::write(&file, "correct horse\n").unwrap();
+    let config = StoreConfig {
+        tls: Some(TlsFiles { ca: certs.ca(), cert: None, key: None }),
+        user: Some("baton".into()),
+        password_file: Some(file),
+        ..StoreConfig::plain(&endpoints(&etcd))
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = connect(&runtime, &config).expect("the right password");
+    let writer = connect(&runtime, &config).expect("the right password");
+    let lease = runtime.block_on(store.grant(60)).unwrap();
+
+    // Before each use, an operator changes etcd's roles: the token this
+    // client holds is then old.
+    etcd.change_auth();
+    let key = "/baton/t/watched";
+    let mut watch = runtime.block_on(store.watch(&[Span::Key(key.into())], 0)).expect("a watch with an old token");
+    runtime.block_on(writer.put(key, &7, None)).expect("a put by another client");
+    let events = runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), watch.next()).await })
+        .expect("the watch delivered the put")
+        .expect("the watch got in with a renewed token");
+    assert_eq!(events.first().and_then(|e| e.value.clone()), Some(b"7".to_vec()));
+
+    etcd.change_auth();
+    assert!(runtime.block_on(store.renew(lease)).expect("a keep-alive with an old token"), "the lease is alive");
+
+    etcd.change_auth();
+    let read = runtime.block_on(store.get::<u32>(key)).expect("a read with an old token");
+    assert_eq!(read.map(|r| r.value), Some(7));
 }

@@ -31,6 +31,11 @@ pub struct EtcdAccess {
     /// A file holding the etcd user's password.
     #[arg(long, value_name = "FILE", env = "BATON_ETCD_PASSWORD_FILE", requires = "etcd_user")]
     pub etcd_password_file: Option<PathBuf>,
+    /// Send the etcd password without TLS. Refused otherwise: use it only
+    /// where something else encrypts the way to etcd (a service mesh's
+    /// sidecar, an etcd on the same host).
+    #[arg(long, env = "BATON_ETCD_PLAINTEXT_PASSWORD", requires = "etcd_user")]
+    pub etcd_plaintext_password: bool,
 }
 
 impl EtcdAccess {
@@ -43,6 +48,7 @@ impl EtcdAccess {
             tls,
             user: self.etcd_user.clone(),
             password_file: self.etcd_password_file.clone(),
+            plaintext_password: self.etcd_plaintext_password,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A secured control plane, black box: replicas and `baton fleet` over an
 //! etcd with TLS and authentication (certificates made by the test,
 //! passwords in files); a replica set up for TLS refuses a plaintext URL;
+//! a password is never sent in plaintext unless the operator says so;
 //! secrets are never taken from the command line; open status says only
 //! whether a replica is connected, and the admin token shows the rest.
 
@@ -43,7 +44,7 @@ fn access(etcd: &Etcd, certs: &Certs, password: &str) -> Access {
 
 fn secured_etcd(certs: &Certs) -> Etcd {
     let tls = ServerTls { server: certs.server(), client_ca: None };
-    Etcd::start_secured(&Security { tls: Some(tls), users: vec![("baton".into(), "s3cret".into())] })
+    Etcd::start_secured(&Security { tls: Some(tls), users: vec![("baton".into(), "s3cret".into())], jwt: false })
 }
 
 fn replica(repo: &TestRepo, access: &Access, id: &str, extra: &[&str]) -> Server {
@@ -113,6 +114,37 @@ fn a_replica_set_up_for_tls_refuses_a_plaintext_url() {
     });
     let status = r.get("/baton/v1/status").json();
     assert_eq!(status["cluster"]["connected"], false, "{status}");
+}
+
+#[test]
+fn a_password_is_refused_over_plaintext_unless_the_operator_lets_it_go() {
+    // An etcd with users, spoken to without TLS.
+    let etcd = Etcd::start_secured(&Security { tls: None, users: vec![("baton".into(), "s3cret".into())], jwt: false });
+    let secrets = tempfile::tempdir().unwrap();
+    let file = secrets.path().join("etcd-password");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let cluster = format!("etcd://127.0.0.1:{}", etcd.port());
+    let with_password = ["--cluster", &cluster, "--etcd-user", "baton", "--etcd-password-file", file.to_str().unwrap()];
+    let repo = repo_with("m", &[1], "");
+    let (status, stderr) = common::refused_start(&repo, &with_password);
+    assert!(!status.success(), "a replica started with a password in plaintext");
+    assert!(stderr.contains("plaintext") && stderr.contains("--etcd-ca"), "{stderr}");
+    let output = Command::new(bin())
+        .arg("fleet")
+        .args(with_password)
+        .arg("status")
+        .env("BATON_LOG", "warn")
+        .output()
+        .expect("running baton fleet");
+    let text = format!("{}{}", common::text(&output.stdout), common::text(&output.stderr));
+    assert!(!output.status.success() && text.contains("plaintext"), "{text}");
+    // Where something else encrypts the way, the operator lets it go.
+    let mut allowed = with_password.to_vec();
+    allowed.extend_from_slice(&["--etcd-plaintext-password", "--replica-id", "r"]);
+    let r = common::start(&repo, &allowed);
+    r.wait_ready();
+    let status = r.get("/baton/v1/status").json();
+    assert_eq!(status["cluster"]["connected"], true, "{status}");
 }
 
 #[test]

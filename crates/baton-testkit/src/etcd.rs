@@ -1,9 +1,12 @@
 //! Starts the real etcd (Debian's 3.4 server) as a single-member cluster on
 //! free loopback ports with a fresh data directory, for tests of baton's
 //! cluster mode. It can be killed and restarted on the same port and data
-//! directory, to play an outage. It can serve clients over TLS (with
-//! certificates a test generates, [`crate::certs`]) and with
-//! authentication on. Its log goes to a file that failing tests print.
+//! directory, to play an outage, or stopped with SIGSTOP and continued, to
+//! play a member that hangs (its sockets still accept connections, nothing
+//! answers). It can serve clients over TLS (with certificates a test
+//! generates, [`crate::certs`]) and with authentication on. Its log goes to
+//! a file that failing tests print. [`EtcdCluster`] starts several members
+//! that form one cluster.
 
 use std::fs::OpenOptions;
 use std::path::PathBuf;
@@ -16,6 +19,10 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
 use crate::server::free_port;
+
+mod cluster;
+
+pub use cluster::EtcdCluster;
 
 /// How long etcd may take to answer its health check after a start.
 const START_LIMIT: Duration = Duration::from_secs(20);
@@ -34,6 +41,9 @@ fn data_dir() -> tempfile::TempDir {
     let in_memory = shm.is_dir().then(|| tempfile::Builder::new().prefix("baton-etcd-").tempdir_in(shm).ok());
     in_memory.flatten().unwrap_or_else(|| tempfile::tempdir().expect("a temporary dir for etcd"))
 }
+
+/// The password of etcd's root user, once a test turned authentication on.
+const ROOT_PASSWORD: &str = "root-of-the-test";
 
 /// Tells members started by one test process apart.
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -56,6 +66,11 @@ pub struct Security {
     /// Users (name, password) who may read and write every key under
     /// `/baton/`; when any is given, authentication is turned on.
     pub users: Vec<(String, String)>,
+    /// Hand out signed JSON web tokens (ES256, with a key the test
+    /// generates) rather than etcd's simple tokens: they carry the
+    /// revision of etcd's users and roles, and are refused as old once
+    /// those change ([`Etcd::change_auth`]), as in a production etcd.
+    pub jwt: bool,
 }
 
 /// A running single-member etcd. Dropping it stops the process.
@@ -70,6 +85,13 @@ pub struct Etcd {
     tls: Option<ServerTls>,
     dir: tempfile::TempDir,
     agent: ureq::Agent,
+    /// The members of its cluster (`name=peer-url,…`) and the cluster's
+    /// token; `None` for a cluster of this member alone.
+    cluster: Option<(String, String)>,
+    /// Stopped with SIGSTOP and not continued yet.
+    paused: bool,
+    /// `--auth-token`'s value, when it hands out signed tokens.
+    auth_token: Option<String>,
 }
 
 impl Etcd {
@@ -77,12 +99,7 @@ impl Etcd {
     /// the binary is missing (saying how to install it) or when etcd does
     /// not come up within a bounded time (with its log's tail).
     pub fn start() -> Etcd {
-        let binary = crate::installed("etcd");
-        let dir = data_dir();
-        let name = format!("baton-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let agent =
-            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(STOP_LIMIT)).build().into();
-        let mut etcd = Etcd { child: None, binary, name, client: 0, peer: 0, metrics: 0, tls: None, dir, agent };
+        let mut etcd = Etcd::unstarted();
         for _ in 0..PORT_TRIES {
             etcd.client = free_port();
             etcd.peer = free_port();
@@ -99,6 +116,30 @@ impl Etcd {
         panic!("etcd did not become healthy within {START_LIMIT:?}\n--- etcd log ---\n{}", etcd.log_tail());
     }
 
+    /// A member with a fresh name and data directory, no ports and no
+    /// process yet.
+    fn unstarted() -> Etcd {
+        let binary = crate::installed("etcd");
+        let dir = data_dir();
+        let name = format!("baton-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let agent =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(STOP_LIMIT)).build().into();
+        Etcd {
+            child: None,
+            binary,
+            name,
+            client: 0,
+            peer: 0,
+            metrics: 0,
+            tls: None,
+            dir,
+            agent,
+            cluster: None,
+            paused: false,
+            auth_token: None,
+        }
+    }
+
     /// Starts etcd secured as `security` says: users are created and
     /// authentication turned on through the gateway while it still serves
     /// plaintext, then it restarts on the same ports and data with TLS.
@@ -109,7 +150,7 @@ impl Etcd {
         if !security.users.is_empty() {
             let b64 = |text: &str| STANDARD.encode(text);
             // etcd turns authentication on only once root exists.
-            etcd.gateway("/v3/auth/user/add", &json!({ "name": "root", "password": "root-of-the-test" }));
+            etcd.gateway("/v3/auth/user/add", &json!({ "name": "root", "password": ROOT_PASSWORD }));
             etcd.gateway_any("/v3/auth/role/add", &json!({ "name": "root" }));
             etcd.gateway("/v3/auth/user/grant", &json!({ "user": "root", "role": "root" }));
             etcd.gateway("/v3/auth/role/add", &json!({ "name": "fleet" }));
@@ -123,6 +164,17 @@ impl Etcd {
         }
         if let Some(tls) = &security.tls {
             etcd.tls = Some(tls.clone());
+        }
+        if security.jwt {
+            let key = rcgen::KeyPair::generate().expect("a token-signing key");
+            let (private, public) = (etcd.dir.path().join("jwt.key"), etcd.dir.path().join("jwt.pub"));
+            std::fs::write(&private, key.serialize_pem()).expect("writing the token key");
+            std::fs::write(&public, key.public_key_pem()).expect("writing the token key");
+            etcd.auth_token = Some(format!(
+                "jwt,pub-key={},priv-key={},sign-method=ES256,ttl=10m",
+                public.display(),
+                private.display()
+            ));
         }
         if security.tls.is_some() || !security.users.is_empty() {
             etcd.restart();
@@ -146,9 +198,33 @@ impl Etcd {
         self.child.as_ref().map(Child::id).unwrap_or_default()
     }
 
+    /// Stops the process with SIGSTOP: its sockets still accept
+    /// connections, and nothing is answered, until [`Etcd::resume`].
+    pub fn pause(&mut self) {
+        if self.child.is_some() && !self.paused {
+            self.signal("STOP");
+            self.paused = true;
+        }
+    }
+
+    /// Continues a process stopped by [`Etcd::pause`].
+    pub fn resume(&mut self) {
+        if self.paused {
+            self.signal("CONT");
+            self.paused = false;
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.pid().to_string();
+        let sent = Command::new("kill").args([&format!("-{name}"), &pid]).stderr(Stdio::null()).status();
+        assert!(sent.is_ok_and(|s| s.success()), "sending SIG{name} to etcd {pid} failed");
+    }
+
     /// Sends SIGTERM and waits for etcd to exit; kills it when it has not
     /// exited after a bounded wait. Does nothing when it is not running.
     pub fn stop(&mut self) {
+        self.resume();
         let Some(mut child) = self.child.take() else { return };
         let pid = child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).stderr(Stdio::null()).status();
@@ -165,6 +241,7 @@ impl Etcd {
 
     /// Kills etcd with SIGKILL, as a crash would, and reaps it.
     pub fn kill(&mut self) {
+        self.paused = false;
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -224,9 +301,42 @@ impl Etcd {
         revision
     }
 
+    /// Changes etcd's users and roles (adds a role, as root, with
+    /// `etcdctl`), which moves the revision of its authentication store:
+    /// every token handed out before is then refused as old, as after an
+    /// operator's change to who may do what. Needs authentication on, and
+    /// no client certificate required.
+    pub fn change_auth(&self) {
+        let role = format!("baton-test-role-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let mut command = Command::new(crate::installed("etcdctl"));
+        command.env("ETCDCTL_API", "3").arg(format!("--endpoints={}", self.endpoint()));
+        if let Some(tls) = &self.tls {
+            assert!(tls.client_ca.is_none(), "change_auth cannot present a client certificate");
+            // Its own etcd, on loopback: the test trusts it without its CA.
+            command.args(["--insecure-transport=false", "--insecure-skip-tls-verify"]);
+        }
+        let output = command
+            .args(["--user", &format!("root:{ROOT_PASSWORD}"), "role", "add", &role])
+            .output()
+            .expect("running etcdctl");
+        assert!(output.status.success(), "etcdctl role add: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
     /// Defragments the store, as `etcdctl defrag` does.
     pub fn defrag(&self) {
         self.gateway("/v3/maintenance/defragment", &json!({}));
+    }
+
+    /// This member's ID and the leader's it knows, as etcd's status gives
+    /// them; `None` when it does not answer.
+    fn status(&self) -> Option<(String, String)> {
+        let request = self.agent.post(&format!("{}/v3/maintenance/status", self.endpoint()));
+        let request = request.config().timeout_global(Some(Duration::from_secs(1))).build();
+        let mut response = request.header("content-type", "application/json").send("{}").ok()?;
+        let answer: Value = serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()?;
+        let id = answer["header"]["member_id"].as_str()?.to_owned();
+        let leader = answer["leader"].as_str()?.to_owned();
+        Some((id, leader))
     }
 
     /// POSTs a JSON body to the gateway, whatever it answers.
@@ -257,7 +367,18 @@ impl Etcd {
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let metrics = format!("http://127.0.0.1:{}", self.metrics);
+        let (members, token) = match &self.cluster {
+            Some((members, token)) => (members.clone(), token.clone()),
+            None => (format!("{}={peer}", self.name), self.name.clone()),
+        };
+        // A lone member elects itself quickly with short ticks; members of
+        // a cluster keep etcd's own (100 ms, 1 s), so that a busy machine
+        // does not make them elect all the time.
+        let (heartbeat, election) = if self.cluster.is_some() { ("100", "1000") } else { ("50", "250") };
         let mut command = Command::new(&self.binary);
+        if let Some(auth_token) = &self.auth_token {
+            command.args(["--auth-token", auth_token]);
+        }
         if let Some(tls) = &self.tls {
             command.arg("--cert-file").arg(&tls.server.cert).arg("--key-file").arg(&tls.server.key);
             if let Some(ca) = &tls.client_ca {
@@ -271,13 +392,12 @@ impl Etcd {
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-metrics-urls", &metrics])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("{}={peer}", self.name), "--initial-cluster-state", "new"])
-            .args(["--initial-cluster-token", &self.name])
+            .args(["--initial-cluster", &members, "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &token])
             // With authentication on, a token idle for a second expires, so
             // tests see clients authenticate again.
             .args(["--auth-token-ttl", "1"])
-            // A lone member elects itself quickly with short ticks.
-            .args(["--heartbeat-interval", "50", "--election-timeout", "250", "--snapshot-count", "10000"])
+            .args(["--heartbeat-interval", heartbeat, "--election-timeout", election, "--snapshot-count", "10000"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("etcd's log file"))
@@ -289,6 +409,7 @@ impl Etcd {
 
     /// Polls `/health` until it says `"health":"true"` (true) or etcd exits
     /// or the start limit passes (false; the process is then stopped).
+    /// A member of a cluster is healthy once the cluster has a leader.
     fn wait_healthy(&mut self) -> bool {
         let url = format!("http://127.0.0.1:{}/health", self.metrics);
         let deadline = Instant::now() + START_LIMIT;

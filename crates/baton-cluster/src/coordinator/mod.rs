@@ -408,7 +408,7 @@ fn judge(
     }
     let window = merged.window();
     // A fleet's rollout is a canary: the candidate's answers reach users.
-    let mut verdict = guard::evaluate(&next.plan.guards, &window, false);
+    let mut verdict = guard::evaluate(&next.plan.guards.known, &window, false);
     verdict.reason = format!("{} (merged from {replicas} replicas)", verdict.reason);
     next.judge_at_ms = Some(now_ms() + next.plan.interval_ms);
     let txn = match verdict.outcome {

@@ -17,6 +17,10 @@ pub struct StoreConfig {
     pub user: Option<String>,
     /// A file holding the user's password.
     pub password_file: Option<PathBuf>,
+    /// Send the password to an etcd spoken to in plaintext. Refused
+    /// unless set: only where something else encrypts the way to etcd (a
+    /// service mesh's sidecar, an etcd on the same host).
+    pub plaintext_password: bool,
 }
 
 /// PEM files for TLS to etcd.
@@ -91,15 +95,31 @@ impl StoreConfig {
         Ok(Some((user.clone(), password)))
     }
 
-    /// Checks what can be checked before connecting: the endpoints parse
-    /// and every file named can be read.
+    /// Checks what can be checked before connecting: the endpoints parse,
+    /// every file named can be read, and no password would go out in
+    /// plaintext.
     pub fn check(&self) -> Result<(), ClusterError> {
-        self.urls()?;
+        self.check_access()?;
         self.credentials()?;
         if let Some(tls) = &self.tls {
             tls.read()?;
         }
         Ok(())
+    }
+
+    /// Refuses a password that would be sent in plaintext: without TLS,
+    /// anyone on the way to etcd reads it, and with it may rewrite what
+    /// every replica serves. `plaintext_password` lets it go.
+    pub(crate) fn check_access(&self) -> Result<(), ClusterError> {
+        self.urls()?;
+        match &self.user {
+            Some(user) if self.tls.is_none() && !self.plaintext_password => Err(ClusterError::Refused(format!(
+                "etcd user {user} would send its password in plaintext: give etcd's certificate authority \
+                 with --etcd-ca to speak TLS, or, where something else encrypts the way to etcd, \
+                 --etcd-plaintext-password"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -162,6 +182,27 @@ mod tests {
         let plain = StoreConfig { endpoints: "http://a:1".into(), ..tls.clone() };
         assert!(plain.urls().unwrap_err().to_string().contains("plaintext"));
         assert!(StoreConfig::plain("https://a:1").urls().unwrap_err().to_string().contains("--etcd-ca"));
+    }
+
+    #[test]
+    fn a_password_is_never_sent_in_plaintext() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let with_user = |endpoints: &str| StoreConfig {
+            user: Some("baton".into()),
+            password_file: Some(file.clone()),
+            ..StoreConfig::plain(endpoints)
+        };
+        for endpoints in ["etcd://a:1", "http://a:1,b:2", "a:1"] {
+            let refused = with_user(endpoints).check().expect_err(endpoints).to_string();
+            assert!(refused.contains("plaintext") && refused.contains("--etcd-ca"), "{refused}");
+        }
+        let tls = StoreConfig { tls: Some(TlsFiles::default()), ..with_user("etcd://a:1") };
+        assert!(tls.check_access().is_ok() && tls.credentials().is_ok());
+        let allowed = StoreConfig { plaintext_password: true, ..with_user("etcd://a:1") };
+        assert!(allowed.check().is_ok(), "the override lets it go");
+        assert!(StoreConfig::plain("etcd://a:1").check().is_ok(), "no password, nothing to refuse");
     }
 
     #[test]

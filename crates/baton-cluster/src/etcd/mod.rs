@@ -4,28 +4,37 @@
 //! build time with pure-Rust tools, so nothing here needs a system
 //! `protoc` (the reason baton does not use the `etcd-client` crate).
 //!
-//! Every unary call is bounded by [`CALL_TIMEOUT`]; a connection checks
-//! its peer with HTTP/2 pings, so a dead etcd ends watches and keep-alives
-//! within seconds rather than never.
+//! A [`Client`] speaks to one member of the cluster at a time, and knows
+//! them all ([`pool`]): it moves to another when its member stops
+//! answering, whether it refuses connections or hangs. Every unary call is
+//! bounded by [`CALL_TIMEOUT`]; a lease is renewed early, each renewal with
+//! a deadline well inside what is left of the lease, and through another
+//! member when one does not answer in time ([`lease`]). Watches and
+//! keep-alives ask for a member with a leader, so that a member cut from
+//! its quorum ends them rather than going quiet. A token that etcd calls
+//! expired or old is renewed, for calls and streams alike.
 
 pub mod config;
 mod lease;
+mod pool;
 mod watch;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_core::sync::Lock;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 
 pub use config::{StoreConfig, TlsFiles};
 pub use lease::KeepAlive;
+pub(crate) use lease::keep;
 pub use watch::{Event, Watch};
 
 use crate::error::ClusterError;
+use pool::Pool;
 
 /// The messages and clients generated from `proto/etcd.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -35,6 +44,9 @@ pub mod pb {
 
 /// How long one call to etcd may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a connection to a member may take, all members tried.
+const CONNECT_LIMIT: Duration = Duration::from_secs(6);
 
 /// How often a connection with a stream open is pinged.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
@@ -54,140 +66,136 @@ impl Interceptor for Token {
 
 type Service = InterceptedService<Channel, Token>;
 
-/// A connection to one etcd endpoint. Cheap to clone: clones share the
-/// connection and the token.
+/// A connection to one member of an etcd cluster, which knows the others.
+/// Cheap to clone: clones share the connection, the token and what is
+/// known of every member.
 #[derive(Clone)]
 pub struct Client {
+    pool: Arc<Pool>,
+    member: usize,
     channel: Channel,
-    token: Token,
-    credentials: Option<Arc<(String, String)>>,
-    endpoint: String,
 }
 
 impl Client {
-    /// Connects to the first endpoint of `config` that answers, starting
+    /// Connects to the first member of `config` that answers, starting
     /// at a random one so that a fleet spreads over etcd's members, and
     /// authenticates when a user is configured.
     pub async fn connect(config: &StoreConfig) -> Result<Client, ClusterError> {
-        let urls = config.urls()?;
-        let credentials = config.credentials()?.map(Arc::new);
-        let tls = match &config.tls {
-            Some(files) => {
-                let pem = files.read()?;
-                let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem.ca));
-                if let Some((cert, key)) = pem.identity {
-                    tls = tls.identity(Identity::from_pem(cert, key));
-                }
-                Some(tls)
-            }
-            None => None,
-        };
-        let first = baton_core::rollout::assign::random_bucket() as usize % urls.len();
-        let mut errors: Vec<(String, ClusterError)> = Vec::new();
-        for url in urls.iter().cycle().skip(first).take(urls.len()) {
-            match Client::connect_one(url, tls.clone(), credentials.clone()).await {
-                Ok(client) => return Ok(client),
-                Err(error) => errors.push((url.clone(), error)),
-            }
-        }
-        let text = errors.iter().map(|(url, e)| format!("{url}: {}", e.detail())).collect::<Vec<_>>().join("; ");
-        // Endpoints that all answered the same way say so; a mix is
-        // reported as unreachable, the kind a caller retries.
-        let kind = errors[0].1.kind();
-        Err(match &errors[0].1 {
-            ClusterError::Denied(_) if errors.iter().all(|(_, e)| e.kind() == kind) => ClusterError::Denied(text),
-            ClusterError::Refused(_) if errors.iter().all(|(_, e)| e.kind() == kind) => ClusterError::Refused(text),
-            _ => ClusterError::Unreachable(text),
-        })
+        Pool::new(config)?.connect(None, CALL_TIMEOUT, Instant::now() + CONNECT_LIMIT).await
     }
 
-    async fn connect_one(
-        url: &str,
-        tls: Option<ClientTlsConfig>,
-        credentials: Option<Arc<(String, String)>>,
-    ) -> Result<Client, ClusterError> {
-        let mut endpoint = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| ClusterError::Refused(format!("'{url}' is not a URL: {e}")))?
-            .connect_timeout(CALL_TIMEOUT)
-            .tcp_nodelay(true)
-            // Pings within what etcd (gRPC in Go) accepts: not more often
-            // than every 5 s, and none without a stream open, or it closes
-            // the connection and a call that goes out then fails. 10 s is
-            // what Go's own gRPC clients never go below. A dead etcd under
-            // a watch or a lease is still noticed: their streams are open.
-            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-            .keep_alive_timeout(CALL_TIMEOUT)
-            .keep_alive_while_idle(false);
-        if let Some(tls) = tls {
-            endpoint = endpoint.tls_config(tls).map_err(|e| ClusterError::Refused(format!("TLS settings: {e}")))?;
-        }
-        let channel = tokio::time::timeout(CALL_TIMEOUT, endpoint.connect())
-            .await
-            .map_err(|_| ClusterError::Unreachable(format!("no answer within {CALL_TIMEOUT:?}")))?
-            .map_err(|e| ClusterError::Unreachable(describe_transport(&e)))?;
-        let client = Client { channel, token: Token::default(), credentials, endpoint: url.to_owned() };
-        if client.credentials.is_some() {
-            client.authenticate().await?;
-        } else {
-            // Ask once: a server that is not etcd, or that wants TLS or
-            // credentials, is an error here rather than at the first use.
-            let probe = pb::RangeRequest { key: b"/".to_vec(), count_only: true, ..Default::default() };
-            client.range(probe).await?;
-        }
-        Ok(client)
+    /// Connects again, to the member that answers first, keeping what is
+    /// known of each: a member that just failed is tried last, and the
+    /// connections and token that still work are reused.
+    pub async fn reconnect(&self) -> Result<Client, ClusterError> {
+        self.pool.connect(None, CALL_TIMEOUT, Instant::now() + CONNECT_LIMIT).await
+    }
+
+    /// Leaves this client's member, which failed, for another that
+    /// answers, each tried for at most `attempt`, all by `deadline`. With
+    /// one member, connects to it again.
+    pub(crate) async fn fail_over(&self, attempt: Duration, deadline: Instant) -> Result<Client, ClusterError> {
+        self.pool.failed(self.member);
+        self.pool.connect(Some(self.member), attempt, deadline).await
+    }
+
+    /// How many members this client knows.
+    pub(crate) fn members(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// Notes that this client's member failed, so that the next connection
+    /// tries it last.
+    pub(crate) fn failed(&self) {
+        self.pool.failed(self.member);
     }
 
     /// The endpoint this client speaks to.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
+    pub fn endpoint(&self) -> String {
+        self.pool.url(self.member)
     }
 
     fn kv(&self) -> pb::kv_client::KvClient<Service> {
-        pb::kv_client::KvClient::with_interceptor(self.channel.clone(), self.token.clone())
+        pb::kv_client::KvClient::with_interceptor(self.channel.clone(), self.pool.token.clone())
     }
 
     fn lease_client(&self) -> pb::lease_client::LeaseClient<Service> {
-        pb::lease_client::LeaseClient::with_interceptor(self.channel.clone(), self.token.clone())
+        pb::lease_client::LeaseClient::with_interceptor(self.channel.clone(), self.pool.token.clone())
     }
 
     fn watch_client(&self) -> pb::watch_client::WatchClient<Service> {
-        pb::watch_client::WatchClient::with_interceptor(self.channel.clone(), self.token.clone())
+        pb::watch_client::WatchClient::with_interceptor(self.channel.clone(), self.pool.token.clone())
     }
 
-    /// Exchanges the user and password for a token that every later call
-    /// carries.
-    async fn authenticate(&self) -> Result<(), ClusterError> {
-        let Some(credentials) = &self.credentials else { return Ok(()) };
-        let (name, password) = (credentials.0.clone(), credentials.1.clone());
+    /// Whether a user is configured: a token etcd refuses is renewed.
+    pub(crate) fn authenticates(&self) -> bool {
+        self.pool.config.user.is_some()
+    }
+
+    /// Checks that the member answers (by `until`): on a new connection
+    /// with credentials, by authenticating; else by a linearizable read,
+    /// which a member without a leader cannot serve. A server that is not
+    /// etcd, or that wants TLS or credentials, fails here rather than at
+    /// the first use.
+    async fn check(&self, fresh: bool, until: Instant) -> Result<(), ClusterError> {
+        if fresh && self.authenticates() {
+            return self.authenticate(until).await;
+        }
+        let probe = pb::RangeRequest { key: b"/".to_vec(), count_only: true, ..Default::default() };
+        self.unary_until(until, |c| {
+            let probe = probe.clone();
+            async move { c.kv().range(probe).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Exchanges the user and password (read from its file now) for a
+    /// token that every later call and stream carries.
+    pub(crate) async fn authenticate(&self, until: Instant) -> Result<(), ClusterError> {
+        let Some((name, password)) = self.pool.config.credentials()? else { return Ok(()) };
         let mut auth = pb::auth_client::AuthClient::new(self.channel.clone());
         let request = pb::AuthenticateRequest { name: name.clone(), password };
-        let answer = bounded(auth.authenticate(request)).await.map_err(|e| match e {
+        let answer = bounded_until(until, auth.authenticate(request)).await.map_err(|e| match e {
             ClusterError::Denied(why) => ClusterError::Denied(format!("etcd refused user {name}: {why}")),
             other => other,
         })?;
         let token = AsciiMetadataValue::try_from(answer.token.as_str())
             .map_err(|_| ClusterError::Invalid("etcd sent a token that is not ASCII".into()))?;
-        *self.token.0.lock() = Some(token);
+        *self.pool.token.0.lock() = Some(token);
         Ok(())
     }
 
-    /// Runs a unary call; when etcd says the token expired, authenticates
-    /// again and runs it once more.
+    /// Runs a unary call, bounded by [`CALL_TIMEOUT`].
     async fn unary<T, F, Fut>(&self, call: F) -> Result<T, ClusterError>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        match bounded(call(self.clone())).await {
-            Err(ClusterError::Denied(why)) if self.credentials.is_some() && why.contains("invalid auth token") => {
-                tracing::debug!(endpoint = %self.endpoint, "etcd's token expired; authenticating again.");
-                self.authenticate().await?;
-                bounded(call(self.clone())).await
-            }
-            other => other,
-        }
+        self.unary_until(Instant::now() + CALL_TIMEOUT, call).await
     }
 
+    /// Runs a unary call by `until`; when etcd says the token expired or
+    /// is old, authenticates again and runs it once more. A member that
+    /// does not answer is noted, so that the next connection avoids it.
+    async fn unary_until<T, F, Fut>(&self, until: Instant, call: F) -> Result<T, ClusterError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let result = match bounded_until(until, call(self.clone())).await {
+            Err(error) if self.authenticates() && stale_token(&error) => {
+                tracing::debug!(endpoint = %self.endpoint(), %error, "etcd refused the token; authenticating again.");
+                self.authenticate(until).await?;
+                bounded_until(until, call(self.clone())).await
+            }
+            other => other,
+        };
+        if matches!(result, Err(ClusterError::Unreachable(_))) {
+            self.failed();
+        }
+        result
+    }
     /// `KV.Range`.
     pub async fn range(&self, request: pb::RangeRequest) -> Result<pb::RangeResponse, ClusterError> {
         self.unary(|c| {
@@ -242,9 +250,14 @@ impl Client {
             .map(drop)
     }
 
-    /// Opens a keep-alive stream for `lease`.
-    pub async fn keep_alive(&self, lease: i64) -> Result<KeepAlive, ClusterError> {
-        KeepAlive::open(self, lease).await
+    /// Opens a keep-alive stream for `lease`, renewing it once: the stream
+    /// and the lease's time to live, in seconds.
+    pub async fn keep_alive(&self, lease: i64) -> Result<(KeepAlive, i64), ClusterError> {
+        let opened = KeepAlive::open(self, lease, Instant::now() + CALL_TIMEOUT).await;
+        if matches!(opened, Err(ClusterError::Unreachable(_))) {
+            self.failed();
+        }
+        opened
     }
 
     /// Opens a watch of every key in `[key, range_end)` from `revision`
@@ -254,16 +267,24 @@ impl Client {
     }
 }
 
-/// Runs one call with the call timeout, mapping gRPC's answer to a
-/// [`ClusterError`].
-pub(crate) async fn bounded<T>(
+/// Runs one call by `until`, mapping gRPC's answer to a [`ClusterError`].
+pub(crate) async fn bounded_until<T>(
+    until: Instant,
     call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T, ClusterError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+    match tokio::time::timeout_at(until.into(), call).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(from_status(&status)),
-        Err(_) => Err(ClusterError::Unreachable(format!("etcd did not answer within {CALL_TIMEOUT:?}"))),
+        Err(_) => Err(ClusterError::Unreachable("etcd did not answer in time".into())),
     }
+}
+
+/// Whether etcd refused a call for its token alone (expired, made old by a
+/// change to etcd's users and roles, or lost): authenticating again cures
+/// it, as etcd's own client does.
+pub(crate) fn stale_token(error: &ClusterError) -> bool {
+    const STALE: [&str; 3] = ["invalid auth token", "revision of auth store is old", "user name is empty"];
+    matches!(error, ClusterError::Denied(_)) && STALE.iter().any(|s| error.detail().contains(s))
 }
 
 /// What etcd's gRPC status means for baton.
@@ -272,7 +293,13 @@ pub(crate) fn from_status(status: &tonic::Status) -> ClusterError {
     let text = describe(status);
     // etcd answers a wrong password and a missing user with
     // InvalidArgument; its messages say what they are.
-    const DENIALS: [&str; 4] = ["authentication failed", "user name is empty", "permission denied", "auth token"];
+    const DENIALS: [&str; 5] = [
+        "authentication failed",
+        "user name is empty",
+        "permission denied",
+        "auth token",
+        "revision of auth store is old",
+    ];
     match status.code() {
         Code::Unauthenticated | Code::PermissionDenied => ClusterError::Denied(text),
         _ if DENIALS.iter().any(|d| text.contains(d)) => ClusterError::Denied(text),

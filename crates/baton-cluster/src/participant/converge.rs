@@ -5,9 +5,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Participant;
-use super::model::{Action, Model, decide, next_retry, wait};
-use crate::node::{Node, Refusal};
+use super::model::{Action, Model, RETRY_FIRST, RETRY_LAST, decide, wait};
+use crate::backoff::Backoff;
+use crate::node::{BUSY, Node, Refusal};
 use crate::records::{Ack, FleetPhase, RolloutRecord, Switched, now_us};
+
+/// The first and the longest wait before a prepare refused because the
+/// node was busy asks again, when the node cannot say when it is free.
+const BUSY_RETRY_FIRST: Duration = Duration::from_millis(100);
+const BUSY_RETRY_LAST: Duration = Duration::from_secs(2);
 
 /// Which switch a step makes.
 #[derive(Clone, Copy)]
@@ -20,7 +26,7 @@ impl<N: Node> Participant<N> {
     /// Converges `model` for as long as the participant runs.
     pub(super) async fn converge(self: Arc<Self>, model: Arc<Model>) {
         let mut changes = model.subscribe();
-        let mut retry: Option<Duration> = None;
+        let mut retry = Backoff::new(RETRY_FIRST, RETRY_LAST);
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
@@ -32,7 +38,7 @@ impl<N: Node> Participant<N> {
             let result = match action {
                 Action::Settled => {
                     self.set_problem(&model, None, true);
-                    retry = None;
+                    retry.reset();
                     wait(&mut changes, None).await;
                     continue;
                 }
@@ -47,7 +53,7 @@ impl<N: Node> Participant<N> {
                     if model.view.lock().problem.is_none() {
                         self.set_problem(&model, Some(why), false);
                     }
-                    retry = None;
+                    retry.reset();
                     wait(&mut changes, None).await;
                     continue;
                 }
@@ -86,13 +92,12 @@ impl<N: Node> Participant<N> {
             };
             match result {
                 Ok(()) => {
-                    retry = None;
+                    retry.reset();
                     // What it serves may have changed: the fleet hears of it now.
                     self.registration_due.notify_one();
                 }
                 Err((what, refusal)) => {
-                    let after = next_retry(retry);
-                    retry = Some(after);
+                    let after = retry.next_wait();
                     tracing::error!(
                         model = %model.name,
                         replica = %self.config.id,
@@ -126,7 +131,7 @@ impl<N: Node> Participant<N> {
         let name = &model.name;
         let started = Instant::now();
         tracing::info!(model = %name, version, "Preparing a fleet rollout's candidate.");
-        let result = self.node.prepare_for(name, version, rollout).await;
+        let result = self.prepare_when_free(model, rollout, version).await;
         let prepare_ms = started.elapsed().as_millis() as u64;
         self.health.prepared(name, started.elapsed().as_secs_f64());
         let mut ack = Ack { rollout, ok: result.is_ok(), stage: None, reason: None, prepare_ms };
@@ -140,6 +145,46 @@ impl<N: Node> Participant<N> {
         model.update(|v| v.prepared = Some((rollout, ack)));
         self.write_ack(model).await;
         if retry { result } else { Ok(()) }
+    }
+
+    /// Asks the node to prepare; while it refuses because another
+    /// operation of the model is under way (the drain after the last
+    /// switch, say), waits for that to end and asks again, until the
+    /// rollout's prepare timeout as this replica measures it, or until the
+    /// rollout is no longer in progress.
+    async fn prepare_when_free(&self, model: &Model, rollout: u64, version: u64) -> Result<(), Refusal> {
+        let name = &model.name;
+        let mut changes = model.subscribe();
+        // A node that cannot say when it is free is asked again on a timer.
+        let mut again = Backoff::new(BUSY_RETRY_FIRST, BUSY_RETRY_LAST);
+        let result = loop {
+            changes.borrow_and_update();
+            let Some(deadline) = model.view.lock().prepare_deadline(rollout) else {
+                let reason = "the rollout ended before the node could prepare".to_owned();
+                break Err(Refusal { stage: BUSY.to_owned(), reason });
+            };
+            let refusal = match self.node.prepare_for(name, version, rollout).await {
+                Err(refusal) if refusal.stage == BUSY => refusal,
+                other => break other,
+            };
+            if Instant::now() >= deadline {
+                let reason = format!("{}; it did not end within the rollout's prepare timeout", refusal.reason);
+                break Err(Refusal { stage: refusal.stage, reason });
+            }
+            if !self.health.state().waiting.contains_key(name) {
+                tracing::info!(model = %name, version, reason = %refusal.reason, "A fleet prepare waits for another operation of the model to end.");
+            }
+            self.health.waiting(name, Some(format!("prepare of version {version} waits: {}", refusal.reason)));
+            let retry_at = (Instant::now() + again.next_wait()).min(deadline);
+            tokio::select! {
+                () = self.node.until_free(name) => {}
+                () = tokio::time::sleep_until(retry_at.into()) => {}
+                // The record changed: the rollout may have ended.
+                _ = changes.changed() => {}
+            }
+        };
+        self.health.waiting(name, None);
+        result
     }
 
     /// Writes the prepare's ack under the session's lease, unless it was

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use baton_core::sync::Lock;
 
+use crate::backoff::Backoff;
 use crate::error::ClusterError;
 use crate::etcd::{Event, StoreConfig, Watch};
 use crate::health::Health;
@@ -32,15 +33,11 @@ use crate::store::{Span, Store, decode, decode_all};
 use election::Election;
 use model::Model;
 
-/// How long to wait, on average, before trying the store again.
-const RETRY: Duration = Duration::from_millis(500);
-
-/// [`RETRY`], spread by ±50 % at random: replicas that lost the store
-/// together do not all come back at the same instant.
-fn retry_after() -> Duration {
-    let spread = baton_core::rollout::assign::random_bucket(); // 0..10,000
-    RETRY / 2 + RETRY * spread / 10_000
-}
+/// The first wait before the store is tried again after it was lost; it
+/// doubles at each failure in a row up to [`RECONNECT_LAST`], each wait
+/// spread at random up to twice as long (see [`crate::backoff`]).
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+const RECONNECT_LAST: Duration = Duration::from_secs(5);
 /// How often sums are published, acks and the registration written.
 const TICK: Duration = Duration::from_millis(500);
 /// The shortest and longest time between two publications of a step's
@@ -132,22 +129,37 @@ impl<N: Node> Participant<N> {
     /// committed.
     pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
         self.tell(None);
+        let mut backoff = Backoff::new(RECONNECT_FIRST, RECONNECT_LAST);
+        // Kept across sessions: what is known of each member (which hung,
+        // which answers), their connections and the token.
+        let mut last: Option<Store> = None;
         loop {
-            let why = match Store::connect(&self.config.store, &self.config.name).await {
-                Ok(store) => match self.session(&store, &mut stop).await {
-                    Ok(()) => break,
-                    Err(error) => error,
-                },
+            let connected = match &last {
+                None => Store::connect(&self.config.store, &self.config.name).await,
+                Some(store) => store.reconnect().await,
+            };
+            let why = match connected {
+                Ok(store) => {
+                    last = Some(store.clone());
+                    match self.session(&store, &mut stop).await {
+                        Ok(()) => break,
+                        Err(error) => error,
+                    }
+                }
                 Err(error) => error,
             };
             self.session.send_replace(None);
             self.election.stop_all();
+            // A session that joined starts the waits afresh.
+            if self.health.connected() {
+                backoff.reset();
+            }
             if self.health.connected() || self.health.state().disconnected_since_ms.is_none() {
                 tracing::warn!(replica = %self.config.id, error = %why, "Lost the cluster store; serving what is served, and retrying.");
             }
             self.health.disconnect(why.to_string());
             tokio::select! {
-                () = tokio::time::sleep(retry_after()) => {}
+                () = tokio::time::sleep(backoff.next_wait()) => {}
                 _ = stop.changed() => break,
             }
             if *stop.borrow() {
@@ -170,10 +182,13 @@ impl<N: Node> Participant<N> {
     ) -> Result<(), ClusterError> {
         let lease = self.lease_for(store).await?;
         // Renewed from a task of its own: nothing the session awaits can
-        // delay it.
+        // delay it. When its member stops answering, the lease is renewed
+        // through another, and the session follows it there.
+        let endpoint = store.endpoint();
+        let (via, mut moved) = tokio::sync::watch::channel(endpoint.clone());
         let keeper = tokio::spawn({
             let (store, ttl) = (store.clone(), self.config.lease_ttl);
-            async move { store.keep_alive(lease, ttl).await }
+            async move { store.keep_alive_via(lease, ttl, &via).await }
         });
         let _keeper_guard = AbortOnDrop(keeper.abort_handle());
         self.session.send_replace(Some(Session { store: store.clone(), lease }));
@@ -183,8 +198,8 @@ impl<N: Node> Participant<N> {
         let prefixes = self.watched(store);
         let mut watch = self.resync(store, lease, &prefixes).await?;
         self.join(store).await?;
-        self.health.connect();
-        tracing::info!(replica = %self.config.id, cluster = %self.config.name, endpoint = store.endpoint(), "Joined the fleet.");
+        self.health.connect(&endpoint);
+        tracing::info!(replica = %self.config.id, cluster = %self.config.name, %endpoint, "Joined the fleet.");
 
         let mut keeper = keeper;
         // A new process of an upgrade acts for the replica only once it
@@ -196,13 +211,18 @@ impl<N: Node> Participant<N> {
         loop {
             let due = self.election.next_due();
             tokio::select! {
-                ended = &mut keeper => {
-                    let error = ended.unwrap_or_else(|e| ClusterError::Unreachable(format!("the keep-alive task ended: {e}")));
-                    if matches!(error, ClusterError::LeaseLost(_)) {
-                        self.health.lease_lost();
-                        self.health.set_lease(None);
+                ended = &mut keeper => return Err(self.keeper_ended(ended)),
+                changed = moved.changed() => {
+                    if changed.is_err() {
+                        // The keeper ended: it says why.
+                        return Err(self.keeper_ended((&mut keeper).await));
                     }
-                    return Err(error);
+                    let now = moved.borrow_and_update().clone();
+                    if now != endpoint {
+                        return Err(ClusterError::Unreachable(format!(
+                            "etcd member {endpoint} did not renew the lease in time; it is renewed through {now}"
+                        )));
+                    }
                 }
                 events = watch.next() => match events {
                     Ok(events) => self.apply(events),
@@ -243,6 +263,17 @@ impl<N: Node> Participant<N> {
                 }
             }
         }
+    }
+
+    /// Why the lease's keeper ended; a lease etcd says expired is counted
+    /// and forgotten.
+    fn keeper_ended(&self, ended: Result<ClusterError, tokio::task::JoinError>) -> ClusterError {
+        let error = ended.unwrap_or_else(|e| ClusterError::Unreachable(format!("the keep-alive task ended: {e}")));
+        if matches!(error, ClusterError::LeaseLost(_)) {
+            self.health.lease_lost();
+            self.health.set_lease(None);
+        }
+        error
     }
 
     /// The lease to act under: the last session's, or the one inherited

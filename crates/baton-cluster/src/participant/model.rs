@@ -18,10 +18,10 @@ use baton_core::sync::Lock;
 use crate::records::{Ack, Desired, FleetPhase, RolloutRecord, Serving, now_us};
 
 /// The first wait before a failed step is tried again; it doubles up to
-/// [`RETRY_LAST`].
-const RETRY_FIRST: Duration = Duration::from_millis(500);
-/// The longest wait between two tries of a failed step.
-const RETRY_LAST: Duration = Duration::from_secs(8);
+/// [`RETRY_LAST`], each wait spread by jitter (up to twice as long).
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between two tries of a failed step, before jitter.
+pub(crate) const RETRY_LAST: Duration = Duration::from_secs(8);
 /// How often a settled model is compared with the records anyway.
 const RECHECK: Duration = Duration::from_secs(5);
 
@@ -110,6 +110,16 @@ impl View {
     /// first seen here.
     pub fn seen_wall_us(&self) -> Option<u64> {
         self.seen.map(|s| s.wall_us)
+    }
+
+    /// Until when a prepare for `rollout` may wait for the node: the plan's
+    /// prepare timeout after this replica saw the rollout's current phase
+    /// (on its monotonic clock); `None` when the record is another
+    /// rollout's, or is no longer preparing or committed.
+    pub fn prepare_deadline(&self, rollout: u64) -> Option<Instant> {
+        let (record, _) = self.record.as_ref().filter(|(r, _)| r.id == rollout && r.phase.in_progress())?;
+        let seen = self.seen.filter(|s| s.key.0 == rollout)?;
+        Some(seen.at + Duration::from_millis(record.plan.prepare_timeout_ms))
     }
 
     /// When to switch for the record's current step: the instant it names,
@@ -238,11 +248,6 @@ impl Model {
     }
 }
 
-/// How long to wait before trying a failed step again, after `previous`.
-pub(crate) fn next_retry(previous: Option<Duration>) -> Duration {
-    previous.map_or(RETRY_FIRST, |p| (p * 2).min(RETRY_LAST))
-}
-
 /// Waits until `at`, or until the view changes (then the step is decided
 /// again), or until the periodic check is due; whichever comes first.
 pub(crate) async fn wait(changes: &mut tokio::sync::watch::Receiver<()>, until: Option<Instant>) {
@@ -365,6 +370,20 @@ mod tests {
         assert_eq!(decide("a", &v, &serving(1, Some(2), 100.0), now), Action::Drop { rolled_back: true });
         let v = view(1, Some((record(FleetPhase::Aborted, &[]), 6)));
         assert_eq!(decide("b", &v, &serving(1, Some(2), 0.0), now), Action::Drop { rolled_back: false });
+    }
+
+    #[test]
+    fn a_prepare_may_wait_for_the_node_until_the_plans_timeout_after_the_rollout_was_seen() {
+        let mut r = record(FleetPhase::Preparing, &[]);
+        r.plan.prepare_timeout_ms = 30_000;
+        let before = Instant::now();
+        let v = view(1, Some((r.clone(), 6)));
+        let deadline = v.prepare_deadline(7).expect("a deadline while preparing");
+        assert!(deadline >= before + Duration::from_secs(30) && deadline <= Instant::now() + Duration::from_secs(30));
+        assert_eq!(v.prepare_deadline(8), None, "another rollout's");
+        r.phase = FleetPhase::Aborted;
+        let ended = view(1, Some((r, 7)));
+        assert_eq!(ended.prepare_deadline(7), None, "the rollout ended: nothing to wait for");
     }
 
     #[test]

@@ -90,6 +90,9 @@ impl Node for Flaky {
     fn set_ready(&self, ready: Option<BTreeSet<String>>) {
         self.inner.set_ready(ready);
     }
+    async fn until_free(&self, model: &str) {
+        self.inner.until_free(model).await;
+    }
 }
 
 /// One replica over a repository of fake versions of model `f`.
@@ -117,6 +120,55 @@ impl Replica {
 
     pub fn ready(&self) -> bool {
         self.ready.lock().is_some()
+    }
+
+    /// A replica whose repository `publish` fills, taking part in the
+    /// fleet whose etcd `store` names, under a lease of `lease_ttl` seconds.
+    pub fn start(
+        runtime: &tokio::runtime::Runtime,
+        store: &StoreConfig,
+        lease_ttl: i64,
+        id: &str,
+        coordinate: bool,
+        publish: impl FnOnce(&TestRepo),
+    ) -> Replica {
+        let repo = TestRepo::new();
+        repo.add_model("f", FAKE_TOML);
+        let gate = Gate::closed();
+        let registry = baton_testkit::registry_with(repo.root(), vec![Arc::new(FakeBackend::gated(gate.clone()))]);
+        let ready: Arc<Lock<Option<BTreeSet<String>>>> = Arc::default();
+        let seen = Arc::clone(&ready);
+        let inner = RegistryNode::new(registry.clone(), Arc::new(move |m| *seen.lock() = m));
+        let (fail_switch, fail_prepare) = (Arc::<AtomicBool>::default(), Arc::<AtomicBool>::default());
+        let node =
+            Arc::new(Flaky { inner, fail_switch: Arc::clone(&fail_switch), fail_prepare: Arc::clone(&fail_prepare) });
+        let config = ReplicaConfig {
+            store: store.clone(),
+            name: "t".into(),
+            id: id.into(),
+            address: format!("{id}:8000"),
+            labels: [("zone".to_owned(), if id.ends_with('1') { "a" } else { "b" }.to_owned())].into(),
+            lease_ttl,
+            coordinate,
+            agent: false,
+        };
+        let health = Arc::new(Health::default());
+        let participant = Participant::new(config, node, Arc::clone(&health));
+        publish(&repo);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = runtime.spawn(participant.run(stopped));
+        Replica {
+            id: id.into(),
+            registry,
+            gate,
+            ready,
+            health,
+            fail_switch,
+            fail_prepare,
+            _task: task,
+            _stop: stop,
+            repo,
+        }
     }
 
     /// Publishes version `n` (scale `n`); a held one waits at the gate in
@@ -179,45 +231,16 @@ impl Fleet {
 
     /// A replica with the versions given (`(n, held)`), not yet started.
     pub fn replica(&self, id: &str, versions: &[(u64, bool)], coordinate: bool) -> Replica {
-        let repo = TestRepo::new();
-        repo.add_model("f", FAKE_TOML);
-        let gate = Gate::closed();
-        let registry = baton_testkit::registry_with(repo.root(), vec![Arc::new(FakeBackend::gated(gate.clone()))]);
-        let ready: Arc<Lock<Option<BTreeSet<String>>>> = Arc::default();
-        let seen = Arc::clone(&ready);
-        let inner = RegistryNode::new(registry.clone(), Arc::new(move |m| *seen.lock() = m));
-        let (fail_switch, fail_prepare) = (Arc::<AtomicBool>::default(), Arc::<AtomicBool>::default());
-        let node =
-            Arc::new(Flaky { inner, fail_switch: Arc::clone(&fail_switch), fail_prepare: Arc::clone(&fail_prepare) });
-        let config = ReplicaConfig {
-            store: self.config.clone(),
-            name: "t".into(),
-            id: id.into(),
-            address: format!("{id}:8000"),
-            labels: [("zone".to_owned(), if id.ends_with('1') { "a" } else { "b" }.to_owned())].into(),
-            lease_ttl: TTL,
-            coordinate,
-            agent: false,
-        };
-        let health = Arc::new(Health::default());
-        let participant = Participant::new(config, node, Arc::clone(&health));
-        for &(n, held) in versions {
-            Replica::publisher(&repo)(n, held);
-        }
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = self.runtime.spawn(participant.run(stopped));
-        Replica {
-            id: id.into(),
-            registry,
-            gate,
-            ready,
-            health,
-            fail_switch,
-            fail_prepare,
-            _task: task,
-            _stop: stop,
-            repo,
-        }
+        self.replica_with(id, coordinate, |repo| {
+            for &(n, held) in versions {
+                Replica::publisher(repo)(n, held);
+            }
+        })
+    }
+
+    /// A replica whose repository `publish` fills, not yet started.
+    pub fn replica_with(&self, id: &str, coordinate: bool, publish: impl FnOnce(&TestRepo)) -> Replica {
+        Replica::start(&self.runtime, &self.config, TTL, id, coordinate, publish)
     }
 
     /// Replicas r1 and r2 with the versions given, on the fleet's version

@@ -221,6 +221,9 @@ pub(crate) struct Inner {
     pub(crate) outcome_key: OutcomeKey,
     /// Where versions report that their engine ended by itself.
     pub(crate) exits: std::sync::OnceLock<std::sync::mpsc::Sender<exits::Exit>>,
+    /// Counts the operations that ended (busy flags released), so that a
+    /// caller can wait for a model's to end ([`Registry::until_free`]).
+    freed: tokio::sync::watch::Sender<u64>,
 }
 
 /// The model registry. Cheap to clone; all clones share one state.
@@ -267,6 +270,7 @@ impl Registry {
             metric_source: config.metric_source,
             outcome_key: config.outcome_key,
             exits: std::sync::OnceLock::new(),
+            freed: tokio::sync::watch::channel(0).0,
         });
         controller::start_controller(&inner);
         exits::start(&inner, jobs.clone());
@@ -333,6 +337,21 @@ impl Registry {
     /// recorded decision, say).
     pub fn announce(&self, model: &str, version: Option<u64>, kind: EventKind) {
         self.inner.emit(model, version, kind);
+    }
+
+    /// Returns once no operation of `model` runs (a load, a rollout's
+    /// start or end with its drain, a rollback…): then the next one is not
+    /// refused with [`LoadError::InProgress`], unless another caller took
+    /// the model first. The caller bounds the wait.
+    pub async fn until_free(&self, model: &str) {
+        // Subscribed before the flag is read: a release between the two
+        // still wakes the wait.
+        let mut freed = self.inner.freed.subscribe();
+        while self.inner.models.lock().get(model).is_some_and(|e| e.busy) {
+            if freed.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// The source versions are loaded from.
@@ -677,6 +696,8 @@ impl Drop for Busy {
                     models.remove(&model);
                 }
             }
+            drop(models);
+            inner.freed.send_modify(|n| *n = n.wrapping_add(1));
         };
         // Dropped on a lowered thread only when its run was cut short.
         if crate::sys::current_thread_lowered() { self.inner.agent.send(release) } else { release() }

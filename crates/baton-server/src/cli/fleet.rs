@@ -147,7 +147,7 @@ impl FleetRollout {
             failure_limit: self.failure_limit.unwrap_or(base.failure_limit),
             max_inconclusive: self.max_inconclusive.unwrap_or(base.max_inconclusive),
             allow_missing: self.allow_missing.unwrap_or(base.allow_missing),
-            guards,
+            guards: guards.into(),
             switch_lead_ms: ms(self.switch_lead, base.switch_lead_ms),
             unknown: base.unknown,
         })
