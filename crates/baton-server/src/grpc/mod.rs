@@ -27,9 +27,7 @@ mod rollout;
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tonic::metadata::MetadataValue;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Status};
 
 use crate::access::{Access, Listener};
@@ -121,7 +119,7 @@ fn too_large_as_resource_exhausted<B>(mut response: axum::http::Response<B>) -> 
 /// finishes the RPCs in flight and returns.
 pub async fn serve(
     app: Arc<App>,
-    listener: TcpListener,
+    listener: crate::serve::conn::Bounded,
     access: Arc<Access>,
     role: Listener,
 ) -> Result<(), tonic::transport::Error> {
@@ -132,8 +130,11 @@ pub async fn serve(
     let management = pb_baton::management_server::ManagementServer::new(manage::Management::new(Arc::clone(&app)))
         .max_decoding_message_size(limit);
     let mut stopped = app.shutdown_signal();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Bounded, with deadlines on each connection's handshake and idle
+    // time, and TCP_NODELAY set (see crate::serve::conn).
+    let incoming = listener.incoming();
     tonic::transport::Server::builder()
+        .layer(crate::serve::conn::track::TrackLayer)
         .layer(tower::util::MapResponseLayer::new(too_large_as_resource_exhausted))
         .layer(guard::GuardLayer::new(access, role))
         .layer(admission::AdmissionLayer::new(Arc::clone(&app)))

@@ -4,6 +4,7 @@
 
 mod args;
 mod closing;
+pub mod conn;
 pub mod demo;
 pub mod listeners;
 mod notify;
@@ -19,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
 use tokio::sync::broadcast::error::RecvError;
@@ -370,14 +370,32 @@ async fn serve(
             Err(error) => return Err(error),
         }
     }
+    let limits = connection_limits(&args, 2 + usize::from(admin_http.is_some()) + usize::from(admin_grpc.is_some()));
+    let bounded = |listener, name, protocol| {
+        conn::Bounded::new(listener, name, protocol, limits, app.metrics.connections.listener(name))
+    };
+    let (http1, http2) = (conn::Protocol::Http1, conn::Protocol::Http2);
+    let [http, grpc, admin_http_name, admin_grpc_name] = listeners::NAMES;
     let mut servers: Vec<Served> = vec![
-        Box::pin(serve_http(Arc::clone(&app), listener, Arc::clone(&access), Listener::Inference)),
-        Box::pin(serve_grpc(Arc::clone(&app), grpc_listener, Arc::clone(&access), Listener::Inference)),
+        Box::pin(serve_http(
+            Arc::clone(&app),
+            bounded((listener, address), http, http1),
+            Arc::clone(&access),
+            Listener::Inference,
+        )),
+        Box::pin(serve_grpc(
+            Arc::clone(&app),
+            bounded((grpc_listener, grpc_address), grpc, http2),
+            Arc::clone(&access),
+            Listener::Inference,
+        )),
     ];
-    if let Some((admin, _)) = admin_http {
+    if let Some(admin) = admin_http {
+        let admin = bounded(admin, admin_http_name, http1);
         servers.push(Box::pin(serve_http(Arc::clone(&app), admin, Arc::clone(&access), Listener::Admin)));
     }
-    if let Some((admin, _)) = admin_grpc {
+    if let Some(admin) = admin_grpc {
+        let admin = bounded(admin, admin_grpc_name, http2);
         servers.push(Box::pin(serve_grpc(Arc::clone(&app), admin, Arc::clone(&access), Listener::Admin)));
     }
     let servers = async { futures_util::future::try_join_all(servers).await.map(drop) };
@@ -395,21 +413,48 @@ async fn serve(
     Ok(())
 }
 
+/// What each listener allows its connections: the flags' timeouts, and
+/// `--max-connections` lowered so that `listeners` listeners at their
+/// bound leave the server's own files their share of the open-files limit.
+fn connection_limits(args: &ServeArgs, listeners: usize) -> conn::Limits {
+    let (files_limit, files_open) = (conn::files_limit(), conn::files_open());
+    let max = conn::share(files_limit, files_open, listeners, args.max_connections);
+    let limits = conn::Limits {
+        header_read_timeout: args.header_read_timeout.0,
+        idle_timeout: args.idle_timeout.0,
+        max_connections: usize::try_from(max).unwrap_or(usize::MAX),
+    };
+    let reserved = conn::reserved_files(files_limit);
+    let ms = |t: Option<Duration>| t.map_or(0, |t| t.as_millis() as u64);
+    let (header_ms, idle_ms) = (ms(limits.header_read_timeout), ms(limits.idle_timeout));
+    if max < args.max_connections {
+        tracing::info!(
+            files_limit,
+            files_open,
+            reserved,
+            listeners,
+            asked = args.max_connections,
+            max_connections = max,
+            header_read_timeout_ms = header_ms,
+            idle_timeout_ms = idle_ms,
+            "Client connections are bounded, each listener's lower than asked to keep descriptors for the server's own files."
+        );
+    } else {
+        tracing::info!(
+            files_limit,
+            reserved,
+            max_connections = max,
+            header_read_timeout_ms = header_ms,
+            idle_timeout_ms = idle_ms,
+            "Client connections are bounded."
+        );
+    }
+    limits
+}
+
 /// Serves REST on `listener` until the app starts draining, then finishes
 /// the requests in flight.
-async fn serve_http(
-    app: Arc<App>,
-    listener: tokio::net::TcpListener,
-    access: Arc<Access>,
-    role: Listener,
-) -> anyhow::Result<()> {
-    // Answers go out the moment they are written, not after Nagle's wait
-    // for the previous segment's ACK (up to 40 ms with delayed ACKs).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "Could not set TCP_NODELAY on a connection.");
-        }
-    });
+async fn serve_http(app: Arc<App>, listener: conn::Bounded, access: Arc<Access>, role: Listener) -> anyhow::Result<()> {
     // Draining stops accepting, answers with `Connection: close`, and
     // closes idle connections a moment later (see closing.rs).
     let stopped = app.shutdown_signal();
@@ -418,7 +463,7 @@ async fn serve_http(
         let draining = *draining.borrow();
         async move { closing::close_when_draining(draining, response) }
     }));
-    axum::serve(closing::UntilDraining::new(listener, stopped.clone()), router)
+    axum::serve(closing::UntilDraining::new(listener, stopped.clone()), conn::track::MakeTracked::new(router))
         .with_graceful_shutdown(closing::idle_closed(stopped))
         .await
         .context("serving HTTP")
@@ -426,12 +471,7 @@ async fn serve_http(
 
 /// Serves gRPC on `listener` until the app starts draining, then finishes
 /// the RPCs in flight.
-async fn serve_grpc(
-    app: Arc<App>,
-    listener: tokio::net::TcpListener,
-    access: Arc<Access>,
-    role: Listener,
-) -> anyhow::Result<()> {
+async fn serve_grpc(app: Arc<App>, listener: conn::Bounded, access: Arc<Access>, role: Listener) -> anyhow::Result<()> {
     crate::grpc::serve(app, listener, access, role).await.context("serving gRPC")
 }
 
