@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use baton_protocol::grpc::pb;
+use baton_protocol::grpc::{pb, pb_baton};
 use baton_testkit::server::{PATIENCE, eventually};
 use common::conn::{
     accept_queue, answered_connection, is_closed, metric_now, open_files, port_of, read_status, send_get, wait_closed,
@@ -112,6 +112,15 @@ fn heads_and_handshakes_that_do_not_arrive_within_the_header_read_timeout_are_cl
     common::assert_no_panic(&server);
 }
 
+/// An event stream on a connection of its own: a request that stays in
+/// flight, so its connection is never closed to make room.
+fn event_stream(address: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(address).expect("connecting");
+    send_get(&mut stream, "/baton/v1/events");
+    assert!(read_head(&mut stream).starts_with("HTTP/1.1 200"));
+    stream
+}
+
 #[test]
 fn connections_past_a_listeners_bound_wait_unaccepted_and_cost_the_server_nothing() {
     let repo = repo_with("m", &[1], "");
@@ -120,9 +129,9 @@ fn connections_past_a_listeners_bound_wait_unaccepted_and_cost_the_server_nothin
     let pid = server.pid();
     wait_ready_closing(&address);
 
-    // REST: three connections answered and kept; a fourth waits in the
-    // kernel's accept queue until one of them closes.
-    let mut held: Vec<TcpStream> = (0..3).map(|_| answered_connection(&address)).collect();
+    // REST: three connections busy with a request each; a fourth waits in
+    // the kernel's accept queue until one of them closes.
+    let mut held: Vec<TcpStream> = (0..3).map(|_| event_stream(&address)).collect();
     let before = open_files(pid);
     let mut waiting = TcpStream::connect(&address).expect("connecting");
     send_get(&mut waiting, "/v2/health/live");
@@ -133,18 +142,50 @@ fn connections_past_a_listeners_bound_wait_unaccepted_and_cost_the_server_nothin
     drop(held.remove(0));
     assert_eq!(read_status(&mut waiting), 200, "the waiting connection is served once there is room");
 
-    // gRPC: the same bound.
+    // gRPC: the same bound, three connections each with an event stream.
     let grpc_port = port_of(server.grpc_address());
-    let mut connections: Vec<TcpStream> =
-        (0..4).map(|_| TcpStream::connect(server.grpc_address()).expect("connecting to gRPC")).collect();
+    let runtime = common::grpc::runtime();
+    let mut streams: Vec<_> = (0..3)
+        .map(|_| {
+            runtime.block_on(async {
+                let (_, management) = common::grpc::clients_at(server.grpc_address()).await;
+                let mut client = management.clone();
+                let events = client.events(pb_baton::EventsRequest::default());
+                let events = common::grpc::within("an event stream", events).await.expect("an event stream");
+                (management, events)
+            })
+        })
+        .collect();
+    let mut extra = TcpStream::connect(server.grpc_address()).expect("connecting to gRPC");
     eventually("a fourth gRPC connection to wait unaccepted", || {
         (accept_queue(pid, grpc_port) == Some(1)).then_some(())
     });
-    drop(connections.remove(0));
+    drop(streams.remove(0));
     eventually("the waiting gRPC connection to be accepted", || {
         (accept_queue(pid, grpc_port) == Some(0)).then_some(())
     });
-    drop(connections);
-    drop(held);
+    extra.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").expect("the preface");
+    drop((streams, held, extra));
+    common::assert_no_panic(&server);
+}
+
+#[test]
+fn at_the_bound_a_connection_that_waits_for_a_request_makes_room_for_a_new_one() {
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &["--max-connections", "3", "--header-read-timeout", "120s", "--no-watch"]);
+    let address = server.base().trim_start_matches("http://").to_owned();
+    wait_ready_closing(&address);
+
+    // One connection busy with a request, two that never send one.
+    let mut events = event_stream(&address);
+    let mut silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(&address).expect("connecting")).collect();
+    // A new connection is served long before the silent ones' header
+    // read timeout: the older silent one is closed to make room.
+    let mut new = TcpStream::connect(&address).expect("connecting");
+    send_get(&mut new, "/v2/health/live");
+    assert_eq!(read_status(&mut new), 200);
+    wait_closed(&mut silent[0], "the oldest connection without a request");
+    assert!(!is_closed(&mut events), "a connection with a request in flight was closed to make room");
+    assert!(closed_total(server.base(), "http", "evicted") >= 1.0);
     common::assert_no_panic(&server);
 }

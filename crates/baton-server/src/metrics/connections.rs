@@ -16,6 +16,9 @@ pub enum Closed {
     HeaderTimeout,
     /// No request was in flight for the idle timeout.
     IdleTimeout,
+    /// Closed while waiting for a request, to make room for a new
+    /// connection at the listener's bound.
+    Evicted,
 }
 
 impl Closed {
@@ -24,6 +27,7 @@ impl Closed {
         match self {
             Closed::HeaderTimeout => "header_timeout",
             Closed::IdleTimeout => "idle_timeout",
+            Closed::Evicted => "evicted",
         }
     }
 }
@@ -37,6 +41,7 @@ pub struct ListenerConnections {
     at_bound: AtomicU64,
     closed_header: AtomicU64,
     closed_idle: AtomicU64,
+    closed_evicted: AtomicU64,
 }
 
 impl ListenerConnections {
@@ -66,6 +71,7 @@ impl ListenerConnections {
         let counter = match why {
             Closed::HeaderTimeout => &self.closed_header,
             Closed::IdleTimeout => &self.closed_idle,
+            Closed::Evicted => &self.closed_evicted,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -118,7 +124,12 @@ impl Connections {
         let name = "baton_connections_closed_total";
         help(out, name, "counter", "Client connections the server closed, by listener and reason.");
         for (listener, l) in &serving {
-            for (why, value) in [(Closed::HeaderTimeout, &l.closed_header), (Closed::IdleTimeout, &l.closed_idle)] {
+            let reasons = [
+                (Closed::HeaderTimeout, &l.closed_header),
+                (Closed::IdleTimeout, &l.closed_idle),
+                (Closed::Evicted, &l.closed_evicted),
+            ];
+            for (why, value) in reasons {
                 let (reason, n) = (why.as_str(), value.load(Ordering::Relaxed));
                 let _ = writeln!(out, "{name}{{listener=\"{listener}\",reason=\"{reason}\"}} {n}");
             }

@@ -32,7 +32,7 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -54,8 +54,11 @@ pub struct Conn {
     begun: AtomicU64,
     /// When the last request ended, in microseconds since `opened`.
     idle_since_us: AtomicU64,
-    /// The connection's reader, woken when its last request ends.
+    /// The connection's reader, woken when its last request ends or it is
+    /// asked to make room.
     reader: AtomicWaker,
+    /// Asked to close, to make room for a new connection.
+    evict: AtomicBool,
 }
 
 impl Conn {
@@ -66,7 +69,27 @@ impl Conn {
             begun: AtomicU64::new(0),
             idle_since_us: AtomicU64::new(0),
             reader: AtomicWaker::new(),
+            evict: AtomicBool::new(false),
         }
+    }
+
+    /// When the connection may be closed to make room for another, at
+    /// the soonest: `after` once it has waited that long for its first
+    /// request, or been idle that long since its last. `None` while a
+    /// request is in flight.
+    pub fn evictable_at(&self, after: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let since = if self.begun.load(Ordering::Acquire) == 0 { self.opened } else { self.idle_since() };
+        Some(since + after)
+    }
+
+    /// Asks the connection to close, if it has no request in flight when
+    /// its reader next looks.
+    pub fn evict(&self) {
+        self.evict.store(true, Ordering::Release);
+        self.reader.wake();
     }
 
     /// Notes a request begun; the connection has no deadline until the
@@ -232,11 +255,21 @@ impl<IO> Guarded<IO> {
         if timer.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
+        Poll::Ready(self.close(why))
+    }
+
+    fn close(&mut self, why: Closed) -> io::Result<()> {
         self.closed = Some(why);
         self.stats.closed(why);
         let requests = self.conn.begun.load(Ordering::Relaxed);
         tracing::debug!(reason = why.as_str(), requests, "Closed a client connection.");
-        Poll::Ready(end(why))
+        end(why)
+    }
+
+    /// Whether the connection was asked to make room and may: it has no
+    /// request in flight. A request begun since keeps it open.
+    fn evicted(&self) -> bool {
+        self.conn.evict.swap(false, Ordering::AcqRel) && self.conn.in_flight.load(Ordering::Acquire) == 0
     }
 }
 
@@ -247,7 +280,7 @@ fn end(why: Closed) -> io::Result<()> {
             Err(io::Error::new(io::ErrorKind::TimedOut, "the request head did not arrive in time"))
         }
         // The end of the stream: hyper closes an idle connection quietly.
-        Closed::IdleTimeout => Ok(()),
+        Closed::IdleTimeout | Closed::Evicted => Ok(()),
     }
 }
 
@@ -262,6 +295,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
         let this = self.get_mut();
         if let Some(why) = this.closed {
             return Poll::Ready(end(why));
+        }
+        if this.evicted() {
+            return Poll::Ready(this.close(Closed::Evicted));
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
