@@ -114,6 +114,11 @@ fn too_large_as_resource_exhausted<B>(mut response: axum::http::Response<B>) -> 
     response
 }
 
+/// How often an HTTP/2 connection is pinged, and how long the answer may
+/// take before the connection is closed.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Serves both gRPC services on `listener`, a listener of the given role
 /// whose calls `access` checks, until the app starts draining, then
 /// finishes the RPCs in flight and returns.
@@ -134,6 +139,10 @@ pub async fn serve(
     // time, and TCP_NODELAY set (see crate::serve::conn).
     let incoming = listener.incoming();
     tonic::transport::Server::builder()
+        // A peer that vanished (a partition, a host gone) while a stream is
+        // open answers no ping: its connection, and its slot, are freed.
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .layer(crate::serve::conn::track::TrackLayer)
         .layer(tower::util::MapResponseLayer::new(too_large_as_resource_exhausted))
         .layer(guard::GuardLayer::new(access, role))
