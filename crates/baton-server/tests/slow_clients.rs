@@ -125,7 +125,8 @@ impl Slow {
 
 /// The scenario under an open-files limit of `limits` (soft, hard).
 fn slow_clients_under(limits: (u64, u64)) {
-    raise_own_file_limit(SLOW as u64 + 256);
+    // Both tests of this file may run at once in this process.
+    raise_own_file_limit(2 * SLOW as u64 + 512);
     let repo = repo_with("m", &[1], "");
     let server = start_limited(&repo, limits, &["--header-read-timeout", "2s"]);
     server.wait_ready();
