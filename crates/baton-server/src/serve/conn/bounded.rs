@@ -24,7 +24,6 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -52,9 +51,8 @@ pub struct Bounded {
     limits: Limits,
     slots: Arc<Semaphore>,
     stats: Arc<ListenerConnections>,
-    /// When it last said it was full, in seconds since `started`.
-    said_full: AtomicU64,
-    started: std::time::Instant,
+    /// When it last said it was full.
+    said_full: Option<std::time::Instant>,
     /// Its connections, oldest first (some may be gone).
     accepted: VecDeque<Weak<Conn>>,
 }
@@ -79,8 +77,7 @@ impl Bounded {
             limits,
             slots: Arc::new(Semaphore::new(max)),
             stats,
-            said_full: AtomicU64::new(u64::MAX),
-            started: std::time::Instant::now(),
+            said_full: None,
             accepted: VecDeque::new(),
         }
     }
@@ -160,19 +157,17 @@ impl Bounded {
         self.accepted.push_back(Arc::downgrade(conn));
     }
 
-    fn full(&self) {
+    fn full(&mut self) {
         self.stats.reached_bound();
-        let now = self.started.elapsed().as_secs();
-        let last = self.said_full.load(Ordering::Relaxed);
-        if last != u64::MAX && now < last + SAY_FULL_EVERY.as_secs() {
+        if self.said_full.is_some_and(|at| at.elapsed() < SAY_FULL_EVERY) {
             return;
         }
-        self.said_full.store(now, Ordering::Relaxed);
+        self.said_full = Some(std::time::Instant::now());
         tracing::warn!(
             listener = self.name,
             address = %self.address,
             max_connections = self.limits.max_connections,
-            "A listener holds as many connections as it may; new ones wait in the kernel's queue until one closes."
+            "A listener holds as many connections as it may; new ones wait in the kernel's queue until one closes or makes room."
         );
     }
 
