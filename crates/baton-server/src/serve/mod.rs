@@ -370,7 +370,7 @@ async fn serve(
             Err(error) => return Err(error),
         }
     }
-    let limits = connection_limits(&args, 2 + usize::from(admin_http.is_some()) + usize::from(admin_grpc.is_some()));
+    let limits = conn::limits(&args, 2 + usize::from(admin_http.is_some()) + usize::from(admin_grpc.is_some()));
     let bounded = |listener, name, protocol| {
         conn::Bounded::new(listener, name, protocol, limits, app.metrics.connections.listener(name))
     };
@@ -411,45 +411,6 @@ async fn serve(
     shutdown::drain(&app, servers, watcher, grace).await?;
     tracing::info!("baton stopped.");
     Ok(())
-}
-
-/// What each listener allows its connections: the flags' timeouts, and
-/// `--max-connections` lowered so that `listeners` listeners at their
-/// bound leave the server's own files their share of the open-files limit.
-fn connection_limits(args: &ServeArgs, listeners: usize) -> conn::Limits {
-    let (files_limit, files_open) = (conn::files_limit(), conn::files_open());
-    let max = conn::share(files_limit, files_open, listeners, args.max_connections);
-    let limits = conn::Limits {
-        header_read_timeout: args.header_read_timeout.0,
-        idle_timeout: args.idle_timeout.0,
-        max_connections: usize::try_from(max).unwrap_or(usize::MAX),
-    };
-    let reserved = conn::reserved_files(files_limit);
-    let ms = |t: Option<Duration>| t.map_or(0, |t| t.as_millis() as u64);
-    let (header_ms, idle_ms) = (ms(limits.header_read_timeout), ms(limits.idle_timeout));
-    if max < args.max_connections {
-        tracing::info!(
-            files_limit,
-            files_open,
-            reserved,
-            listeners,
-            asked = args.max_connections,
-            max_connections = max,
-            header_read_timeout_ms = header_ms,
-            idle_timeout_ms = idle_ms,
-            "Client connections are bounded, each listener's lower than asked to keep descriptors for the server's own files."
-        );
-    } else {
-        tracing::info!(
-            files_limit,
-            reserved,
-            max_connections = max,
-            header_read_timeout_ms = header_ms,
-            idle_timeout_ms = idle_ms,
-            "Client connections are bounded."
-        );
-    }
-    limits
 }
 
 /// Serves REST on `listener` until the app starts draining, then finishes

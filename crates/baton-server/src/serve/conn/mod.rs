@@ -31,6 +31,8 @@ use std::time::Duration;
 
 pub use bounded::Bounded;
 
+use super::ServeArgs;
+
 /// What a listener allows its connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -67,6 +69,45 @@ pub fn reserved_files(limit: u64) -> u64 {
 pub fn share(limit: u64, open: u64, listeners: usize, asked: u64) -> u64 {
     let spare = limit.saturating_sub(reserved_files(limit)).saturating_sub(open);
     (spare / listeners.max(1) as u64).min(asked).max(1)
+}
+
+/// What each listener allows its connections: the flags' timeouts, and
+/// `--max-connections` lowered so that `listeners` listeners at their
+/// bound leave the server's own files their share of the open-files limit.
+pub fn limits(args: &ServeArgs, listeners: usize) -> Limits {
+    let (files_limit, files_open) = (files_limit(), files_open());
+    let max = share(files_limit, files_open, listeners, args.max_connections);
+    let limits = Limits {
+        header_read_timeout: args.header_read_timeout.0,
+        idle_timeout: args.idle_timeout.0,
+        max_connections: usize::try_from(max).unwrap_or(usize::MAX),
+    };
+    let reserved = reserved_files(files_limit);
+    let ms = |t: Option<Duration>| t.map_or(0, |t| t.as_millis() as u64);
+    let (header_ms, idle_ms) = (ms(limits.header_read_timeout), ms(limits.idle_timeout));
+    if max < args.max_connections {
+        tracing::info!(
+            files_limit,
+            files_open,
+            reserved,
+            listeners,
+            asked = args.max_connections,
+            max_connections = max,
+            header_read_timeout_ms = header_ms,
+            idle_timeout_ms = idle_ms,
+            "Client connections are bounded, each listener's lower than asked to keep descriptors for the server's own files."
+        );
+    } else {
+        tracing::info!(
+            files_limit,
+            reserved,
+            max_connections = max,
+            header_read_timeout_ms = header_ms,
+            idle_timeout_ms = idle_ms,
+            "Client connections are bounded."
+        );
+    }
+    limits
 }
 
 /// This process's soft limit on open files (`u64::MAX` for none).
