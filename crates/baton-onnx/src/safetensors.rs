@@ -10,10 +10,20 @@
 //! JSON of that shape within [`MAX_HEADER`] bytes, each tensor described
 //! once with at most [`MAX_RANK`] dimensions, every tensor's byte range
 //! must lie inside the file, hold exactly `product(shape) × element size`
-//! bytes and overlap no other tensor's. A file that breaks
-//! any of these is refused with a message naming what is wrong; nothing
-//! is read past the end of the buffer and no size is trusted before it is
-//! checked.
+//! bytes and overlap no other tensor's, and the tensors must cover the
+//! data exactly, with no byte before, between or after them. A file that
+//! breaks any of these is refused with a message naming what is wrong;
+//! nothing is read past the end of the buffer and no size is trusted
+//! before it is checked.
+//!
+//! The header is parsed here rather than by the `safetensors` crate, whose
+//! `SafeTensors::read_metadata` takes the whole file as one slice (it
+//! checks the data's length against the slice's): baton reads only the
+//! header through the verified file, before anything maps the weights.
+//! It also accepts headers of up to 100 MB parsed into a map of shapes of
+//! any rank, where this parser stops at 16 MiB and allocates a bounded
+//! multiple of the header. The crate is the reference the fuzz target
+//! checks this parser against: whatever it refuses, this refuses too.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -84,6 +94,23 @@ impl Header {
             if pair[1].range.start < pair[0].range.end {
                 return Err(HeaderError(format!("tensors '{}' and '{}' overlap", pair[0].name, pair[1].name)));
             }
+        }
+        // Every data byte belongs to a tensor: the format has no holes (they
+        // could carry another file's content), as the reference reader
+        // requires.
+        let hole = |from: u64, to: u64| {
+            HeaderError(format!("the data bytes [{from}, {to}) belong to no tensor; a safetensors file has no holes"))
+        };
+        let mut covered = 0;
+        for tensor in &header.tensors {
+            let begin = tensor.range.start - data_start;
+            if begin != covered {
+                return Err(hole(covered, begin));
+            }
+            covered = tensor.range.end - data_start;
+        }
+        if covered != place.data_len {
+            return Err(hole(covered, place.data_len));
         }
         let mut names: Vec<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
         names.sort_unstable();
@@ -384,6 +411,22 @@ mod tests {
                 "described twice",
             ),
             (file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} x"#, 4), "not valid JSON"),
+            // Bytes no tensor describes: the format has none (they could
+            // hide another file's content), and the reference reader
+            // refuses them.
+            (
+                file(
+                    r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#,
+                    12,
+                ),
+                "bytes [4, 8) belong to no tensor",
+            ),
+            (file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#, 8), "bytes [0, 4) belong to no tensor"),
+            (
+                file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, 12),
+                "bytes [4, 12) belong to no tensor",
+            ),
+            (file(r#"{}"#, 1), "bytes [0, 1) belong to no tensor"),
         ];
         for (bytes, expected) in cases {
             let e = parse(&bytes).unwrap_err();

@@ -2,10 +2,21 @@
 //! ranges, several at once, and every byte is hashed and written once, in
 //! order, as it arrives. A range whose connection drops is asked for again
 //! from the first byte not yet received.
+//!
+//! Every read of an object, its resumes included, asks for the content the
+//! listing saw (`If-Match` with the listing's entity tag), and an answer
+//! carrying another tag is refused too, for stores that ignore `If-Match`:
+//! an object replaced during the download ends it with `store_changed`
+//! instead of a file spliced from two contents.
+//!
+//! The async runtime only moves bytes: creating, writing and hashing files
+//! run on its blocking threads, one writer per file fed through a channel,
+//! so a slow disk or a large hash never holds a runtime worker.
 
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path as FsPath;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -17,8 +28,8 @@ use futures_util::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore};
 
-use crate::errors::fetch_error;
-use crate::listing::VersionListing;
+use crate::errors::{changed_since_listed, fetch_error};
+use crate::listing::{VersionListing, same_etag};
 
 /// How a download reads.
 #[derive(Clone, Copy, Debug)]
@@ -56,11 +67,25 @@ fn io(path: &FsPath, e: std::io::Error) -> FetchError {
     FetchError::Io(format!("writing {} in the cache: {e}", path.display()))
 }
 
+/// Runs `work` on the runtime's blocking threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
+/// Refuses an answer whose entity tag is not the one listed.
+fn check_etag(url: &str, listed: Option<&str>, answered: Option<&str>) -> Result<(), FetchError> {
+    match (listed, answered) {
+        (Some(listed), Some(now)) if !same_etag(listed, now) => Err(changed_since_listed(url, listed, now)),
+        _ => Ok(()),
+    }
+}
+
 /// Downloads the version `listing` describes into `into`: its MANIFEST,
 /// then every file the MANIFEST lists, each hashed as it is written. A file
 /// the store holds at another size than the MANIFEST says is not
 /// downloaded; a file it does not hold is left for the verify stage to
-/// name. Returns the seal of what was written.
+/// name. Every object is read as listed (see the module's docs). Returns
+/// the seal of what was written.
 pub async fn version(
     remote: &Remote<'_>,
     listing: &VersionListing,
@@ -69,11 +94,21 @@ pub async fn version(
     counters: &Counters,
 ) -> Result<(Manifest, Seal), FetchError> {
     let manifest_path = remote.prefix.child(MANIFEST);
-    let doing = format!("reading {}/{MANIFEST}", remote.url);
-    let got = remote.store.get(&manifest_path).await.map_err(|e| fetch_error(&doing, &e))?;
+    let url = format!("{}/{MANIFEST}", remote.url);
+    let doing = format!("reading {url}");
+    let etag = listing.etags.get(MANIFEST).cloned();
+    let options = GetOptions { if_match: etag.clone(), ..GetOptions::default() };
+    let got = remote.store.get_opts(&manifest_path, options).await.map_err(|e| fetch_error(&doing, &e))?;
+    check_etag(&url, etag.as_deref(), got.meta.e_tag.as_deref())?;
     let text = got.bytes().await.map_err(|e| fetch_error(&doing, &e))?;
     let local = into.join(MANIFEST);
-    std::fs::write(&local, &text).map_err(|e| io(&local, e))?;
+    let written = text.clone();
+    blocking({
+        let local = local.clone();
+        move || std::fs::write(&local, &written)
+    })
+    .await
+    .map_err(|e| io(&local, e))?;
     let parsed = manifest::parse(&String::from_utf8_lossy(&text))
         .map_err(|e| FetchError::Io(format!("{}/{MANIFEST}: {e}", remote.url)))?;
     for entry in &parsed.entries {
@@ -96,20 +131,31 @@ pub async fn version(
             continue;
         }
         let target = into.join(&entry.path);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
-        }
-        let mut file = File::create(&target).map_err(|e| io(&target, e))?;
+        let file = blocking({
+            let target = target.clone();
+            move || {
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                File::create(&target)
+            }
+        })
+        .await
+        .map_err(|e| io(&target, e))?;
         let object = entry.path.split('/').fold(remote.prefix.clone(), |p, part| p.child(part));
-        let url = format!("{}/{}", remote.url, entry.path);
-        let into_file = Into { file: &mut file, format: parsed.format };
-        let digest = file_bytes(remote.store, &object, &url, entry.size, into_file, plan, counters).await.map_err(
-            |e| match e {
-                Failure::Store(e) => e,
-                Failure::Write(e) => io(&target, e),
-            },
-        )?;
-        seal.record(&entry.path, &file, &digest).map_err(|e| io(&target, e))?;
+        let read = Read {
+            object: &object,
+            url: format!("{}/{}", remote.url, entry.path),
+            size: entry.size,
+            etag: listing.etags.get(&entry.path).map(String::as_str),
+        };
+        let into_file = Into { file, format: parsed.format };
+        let (digest, file) = file_bytes(remote.store, read, into_file, plan, counters).await.map_err(|e| match e {
+            Failure::Store(e) => e,
+            Failure::Write(e) => io(&target, e),
+        })?;
+        let path = entry.path.clone();
+        seal = blocking(move || seal.record(&path, &file, &digest).map(|()| seal)).await.map_err(|e| io(&target, e))?;
     }
     Ok((parsed, seal))
 }
@@ -142,60 +188,101 @@ enum Failure {
 }
 
 /// Where a file's bytes go: the file, and how the MANIFEST digests them.
-struct Into<'a> {
-    file: &'a mut File,
+struct Into {
+    file: File,
     format: Format,
 }
 
-/// Reads `size` bytes of `object` in ranges, writes them to the file in
-/// order and returns their digest, of the MANIFEST's format.
+/// What is read: the object, its URL for messages, its size, and the
+/// entity tag it was listed with.
+struct Read<'a> {
+    object: &'a Path,
+    url: String,
+    size: u64,
+    etag: Option<&'a str>,
+}
+
+/// Reads the object in ranges and hands them, in order, to a writer on a
+/// blocking thread that hashes them and writes them to the file; returns
+/// their digest, of the MANIFEST's format, and the file.
 async fn file_bytes(
     store: &dyn ObjectStore,
-    object: &Path,
-    url: &str,
-    size: u64,
-    into: Into<'_>,
+    read: Read<'_>,
+    into: Into,
     plan: Plan,
     counters: &Counters,
-) -> Result<String, Failure> {
-    let Into { file, format } = into;
+) -> Result<(String, File), Failure> {
+    let Into { mut file, format } = into;
     let step = plan.range_bytes.max(1);
-    let ranges = (0..size.div_ceil(step)).map(|i| i * step..((i + 1) * step).min(size));
-    let pool = Pool::default();
+    let ranges = (0..read.size.div_ceil(step)).map(|i| i * step..((i + 1) * step).min(read.size));
+    let pool = Arc::new(Pool::default());
+    // One range waits for the writer at most: memory stays at `parallel`
+    // ranges in flight plus two.
+    let (chunks_to_write, mut to_write) = tokio::sync::mpsc::channel::<Vec<u8>>(1);
+    let written = Arc::clone(&pool);
+    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<(String, File)> {
+        let mut hasher = Hasher::new(format);
+        while let Some(chunk) = to_write.blocking_recv() {
+            hasher.update(&chunk);
+            // In pieces: one 8 MiB write would hold a CPU in the kernel for milliseconds.
+            baton_core::short_reads::write_all(&mut file, &chunk)?;
+            written.give(chunk);
+        }
+        Ok((hasher.finish(), file))
+    });
     let mut chunks = futures_util::stream::iter(ranges)
-        .map(|range| range_bytes(store, object, url, range, plan.attempts, counters, &pool))
+        .map(|range| range_bytes(store, &read, range, plan.attempts, counters, &pool))
         .buffered(plan.parallel.max(1));
-    let mut hasher = Hasher::new(format);
+    let mut failed = None;
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(Failure::Store)?;
-        hasher.update(&chunk);
-        // In pieces: one 8 MiB write would hold a CPU in the kernel for milliseconds.
-        baton_core::short_reads::write_all(file, &chunk).map_err(Failure::Write)?;
-        pool.give(chunk);
+        match chunk {
+            // A writer that stopped says why when joined.
+            Ok(chunk) => {
+                if chunks_to_write.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
     }
-    Ok(hasher.finish())
+    drop((chunks, chunks_to_write));
+    let written = writer.await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match (failed, written) {
+        (Some(e), _) => Err(Failure::Store(e)),
+        (None, Ok(done)) => Ok(done),
+        (None, Err(e)) => Err(Failure::Write(e)),
+    }
 }
 
 /// One range, resumed at the first byte not received when a request or its
-/// body fails, up to `attempts` times with a growing pause.
+/// body fails, up to `attempts` times with a growing pause. Every request
+/// asks for the content listed; another is `store_changed`, never resumed.
 async fn range_bytes(
     store: &dyn ObjectStore,
-    object: &Path,
-    url: &str,
+    read: &Read<'_>,
     range: Range<u64>,
     attempts: u32,
     counters: &Counters,
     pool: &Pool,
 ) -> Result<Vec<u8>, FetchError> {
+    let url = read.url.as_str();
     let len = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
     let mut bytes = pool.take(len);
     let mut tried = 0;
     loop {
         let start = range.start + bytes.len() as u64;
-        let options = GetOptions { range: Some(GetRange::Bounded(start..range.end)), ..GetOptions::default() };
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(start..range.end)),
+            if_match: read.etag.map(str::to_owned),
+            ..GetOptions::default()
+        };
         let doing = format!("reading bytes {start}..{} of {url}", range.end);
-        let failure = match store.get_opts(object, options).await {
+        let failure = match store.get_opts(read.object, options).await {
             Ok(got) => {
+                check_etag(url, read.etag, got.meta.e_tag.as_deref())?;
                 let mut body = got.into_stream();
                 let mut failed = None;
                 while let Some(piece) = body.next().await {
@@ -223,7 +310,7 @@ async fn range_bytes(
             Err(e) => fetch_error(&doing, &e),
         };
         tried += 1;
-        let permanent = matches!(failure.kind(), "store_denied" | "store_not_found");
+        let permanent = matches!(failure.kind(), "store_denied" | "store_not_found" | "store_changed");
         if permanent || tried >= attempts {
             return Err(failure);
         }

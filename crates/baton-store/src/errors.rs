@@ -4,9 +4,13 @@ use baton_core::source::FetchError;
 
 /// The stable kind of a store's failure: `store_not_found` (no such bucket
 /// or object), `store_denied` (credentials refused), `store_throttled`,
-/// `store_unreachable` (no answer at all) or `store_error` (anything else).
+/// `store_unreachable` (no answer at all), `store_changed` (the object is
+/// no longer the one listed) or `store_error` (anything else).
 pub fn kind(error: &object_store::Error) -> &'static str {
     let text = error.to_string();
+    if changed(error) {
+        return "store_changed";
+    }
     match error {
         object_store::Error::NotFound { .. } => "store_not_found",
         object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => "store_denied",
@@ -33,6 +37,31 @@ pub fn kind(error: &object_store::Error) -> &'static str {
     }
 }
 
+/// Whether the store refused a read because the object's entity tag is no
+/// longer the one asked for (`If-Match`, 412), here or in what caused it.
+fn changed(error: &object_store::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if matches!(error.downcast_ref::<object_store::Error>(), Some(object_store::Error::Precondition { .. })) {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// `url` answered with another entity tag than its listing gave: the object
+/// was replaced since.
+pub fn changed_since_listed(url: &str, listed: &str, now: &str) -> FetchError {
+    FetchError::Store {
+        kind: "store_changed",
+        message: format!(
+            "{url}: {}: it was tagged {listed} when listed and is tagged {now} now; nothing of it is kept",
+            meaning("store_changed")
+        ),
+    }
+}
+
 /// A store's failure at `doing` (say, "listing s3://models/"), as a
 /// [`FetchError`].
 pub fn fetch_error(doing: &str, error: &object_store::Error) -> FetchError {
@@ -47,6 +76,7 @@ pub fn meaning(kind: &str) -> &'static str {
         "store_denied" => "the store refused the credentials",
         "store_throttled" => "the store is throttling requests",
         "store_unreachable" => "the store did not answer",
+        "store_changed" => "the object changed while it was being fetched (published again?)",
         _ => "the store failed",
     }
 }

@@ -85,6 +85,10 @@ impl Options {
     }
 }
 
+/// How many times a download starts over on a version published again
+/// while it was being fetched.
+const RESTARTS: u32 = 2;
+
 /// Says whether a model's version serves now: such versions are not evicted.
 pub type Serving = Box<dyn Fn(&str, u64) -> bool + Send + Sync>;
 
@@ -105,6 +109,8 @@ struct Shared {
     answer: Mutex<Answer>,
     counters: Counters,
     cache_hits: AtomicU64,
+    /// Downloads started over because the store changed during them.
+    restarts: AtomicU64,
     serving: OnceLock<Serving>,
     /// One download at a time: two would share the link and the cache bound.
     fetching: Mutex<()>,
@@ -157,6 +163,7 @@ impl StoreSource {
             answer: Mutex::new(Answer::default()),
             counters: Counters::default(),
             cache_hits: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
             serving: OnceLock::new(),
             fetching: Mutex::new(()),
         });
@@ -183,6 +190,11 @@ impl StoreSource {
     /// The cache.
     pub fn cache(&self) -> &Cache {
         &self.shared.cache
+    }
+
+    /// Downloads started over because an object changed during them.
+    pub fn restarts(&self) -> u64 {
+        self.shared.restarts.load(Ordering::Relaxed)
     }
 }
 
@@ -319,6 +331,44 @@ impl Shared {
                 FetchError::ModelNotFound { model: model.into(), place }
             });
         };
+        let listing = listing.clone();
+        drop(snapshot);
+        self.download(model, version, listing)
+    }
+
+    /// Downloads the version as `listing` describes it into the cache. A
+    /// download that finds an object changed since the listing
+    /// (`store_changed`) lists the store again and, when the version's
+    /// objects are no longer what they were (published again, or a file
+    /// replaced), starts over on what the store holds now, at most
+    /// [`RESTARTS`] times; a store that keeps changing fails the fetch with
+    /// `store_changed`. Nothing of an abandoned download is kept.
+    fn download(&self, model: &str, version: u64, mut listing: VersionListing) -> Result<Fetched, FetchError> {
+        let mut restarts = 0;
+        loop {
+            match self.download_once(model, version, &listing) {
+                Err(error) if error.kind() == "store_changed" && restarts < RESTARTS => {
+                    self.refresh();
+                    let snapshot = self.snapshot();
+                    let now = snapshot.models.get(model).and_then(|m| m.versions.get(&version));
+                    match now {
+                        Some(now) if *now != listing => {
+                            restarts += 1;
+                            self.restarts.fetch_add(1, Ordering::Relaxed);
+                            let note = Note::Restarted { model: model.into(), version, error: error.to_string() };
+                            self.counters.notes.push(note);
+                            listing = now.clone();
+                        }
+                        _ => return Err(error),
+                    }
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn download_once(&self, model: &str, version: u64, listing: &VersionListing) -> Result<Fetched, FetchError> {
+        let place = self.options.url.clone();
         let needed = listing.sizes.values().sum();
         let never = |_: &str, _: u64| false;
         let serving: &dyn Fn(&str, u64) -> bool = match self.serving.get() {

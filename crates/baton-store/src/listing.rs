@@ -41,6 +41,9 @@ pub struct VersionListing {
     pub manifest_tag: String,
     /// Every object below the version, by path relative to it, with its size.
     pub sizes: BTreeMap<String, u64>,
+    /// The entity tag of every object that has one, as the store gave it:
+    /// each read of the object asks for this content and no other.
+    pub etags: BTreeMap<String, String>,
 }
 
 /// What identifies an object's content in a listing: its entity tag where
@@ -50,6 +53,14 @@ pub fn tag(meta: &ObjectMeta) -> String {
         Some(tag) => tag.trim_matches('"').to_owned(),
         None => format!("{}-{}", meta.size, meta.last_modified.timestamp_nanos_opt().unwrap_or_default()),
     }
+}
+
+/// Whether two entity tags name the same content: equal once their
+/// quotes and any weak marker are set aside (stores differ in which they
+/// give in listings and in answers).
+pub fn same_etag(a: &str, b: &str) -> bool {
+    let bare = |t: &str| t.trim().trim_start_matches("W/").trim_matches('"').to_owned();
+    bare(a) == bare(b)
 }
 
 /// Whether `name` can name a model (as on disk).
@@ -90,7 +101,11 @@ pub async fn list(
                     if relative == MANIFEST {
                         manifests.insert(version, tag(meta));
                     }
-                    model.versions.entry(version).or_default().sizes.insert(relative, meta.size);
+                    let listed = model.versions.entry(version).or_default();
+                    if let Some(etag) = &meta.e_tag {
+                        listed.etags.insert(relative.clone(), etag.clone());
+                    }
+                    listed.sizes.insert(relative, meta.size);
                 }
                 _ => {}
             }

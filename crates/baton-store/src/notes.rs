@@ -18,6 +18,9 @@ pub enum Note {
     Downloaded { model: String, version: u64, bytes: u64, ms: u64 },
     /// A ranged read failed and is asked for again from its first missing byte.
     Resumed { object: String, at: u64, attempt: u32, error: String },
+    /// An object of a version changed while it was being downloaded; the
+    /// download starts over on what the store holds now.
+    Restarted { model: String, version: u64, error: String },
 }
 
 /// Notes waiting to be logged. Only lowered threads and the lister take
@@ -51,6 +54,15 @@ impl Notes {
                 }
                 Note::Downloaded { model, version, bytes, ms } => {
                     tracing::info!(store, model, version, bytes, ms, "Downloaded and hashed a version into the cache.");
+                }
+                Note::Restarted { model, version, error } => {
+                    tracing::warn!(
+                        store,
+                        model,
+                        version,
+                        error,
+                        "The version changed in the store while it was being downloaded; starting over on what it holds now."
+                    );
                 }
                 Note::Resumed { object, at, attempt, error } => {
                     tracing::warn!(

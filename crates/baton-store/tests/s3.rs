@@ -149,6 +149,88 @@ fn a_download_cut_in_the_middle_resumes_and_hashes_the_same() {
     assert!(relayed < big.len() as u64 + (big.len() as u64) / 4, "relayed {relayed} bytes for {}", big.len());
 }
 
+/// A store whose `model.onnx` (2 MiB, under an unchanged MANIFEST) is
+/// replaced by another of the same size each time the proxy cuts an
+/// answer, `cuts` times: the cut answer's client sees nothing more until
+/// the object has been replaced, so every read after it meets the new one.
+/// Returns the source (reading through the proxy) and the contents the
+/// object had, first to last.
+fn replaced_at_each_cut(
+    s3: &std::sync::Arc<S3>,
+    cuts: u32,
+    parallel: usize,
+    cache: &Path,
+) -> (StoreSource, CuttingProxy, Vec<Vec<u8>>) {
+    let contents: Vec<Vec<u8>> = (0..=cuts).map(|n| weights(2 << 20, 20 + n as u8)).collect();
+    publish(s3, "ranker", 1, &[("model.onnx", contents[0].clone())]);
+    let (store, replacements) = (std::sync::Arc::clone(s3), contents.clone());
+    let proxy = CuttingProxy::start_with(s3.port(), 100 * 1024, cuts, move |cut| {
+        store.put("models", "prod/ranker/1/model.onnx", replacements[cut as usize].clone());
+    });
+    let mut env = s3.env();
+    env[0].1 = format!("http://127.0.0.1:{}", proxy.port());
+    let mut opts = options("s3://models/prod", cache, &env);
+    opts.plan.range_bytes = 256 * 1024;
+    opts.plan.parallel = parallel;
+    (StoreSource::open(opts).unwrap(), proxy, contents)
+}
+
+fn no_partial_download(cache: &Path) -> bool {
+    let entries = std::fs::read_dir(cache.join("ranker")).unwrap().flatten();
+    entries.map(|e| e.file_name().to_string_lossy().into_owned()).all(|name| !name.ends_with(".partial"))
+}
+
+#[test]
+fn an_object_replaced_before_a_ranged_resume_is_fetched_again_whole_never_spliced() {
+    let s3 = std::sync::Arc::new(S3::start());
+    s3.create_bucket("models");
+    let cache = tempfile::tempdir().unwrap();
+    let (source, proxy, contents) = replaced_at_each_cut(&s3, 1, 4, cache.path());
+    let fetched = source.fetch("ranker", 1).expect("a fetch that starts over");
+    assert_eq!(proxy.cut.load(Ordering::SeqCst), 1);
+    let bytes = std::fs::read(fetched.dir.join("model.onnx")).unwrap();
+    let spliced = bytes != contents[0] && bytes != contents[1];
+    assert!(!spliced, "the file is a splice of both contents");
+    assert_eq!(bytes, contents[1], "the content the store holds now");
+    assert_eq!(source.restarts(), 1, "the change was seen and the download started over");
+    // What the MANIFEST says was replaced: verify refuses it by its digest.
+    let error = manifest::verify_fetched(&fetched, &VerifyOptions::default()).unwrap_err();
+    assert_eq!(error.kind(), "digest_mismatch", "{error}");
+}
+
+#[test]
+fn an_object_that_keeps_changing_fails_the_fetch_as_changed() {
+    let s3 = std::sync::Arc::new(S3::start());
+    s3.create_bucket("models");
+    let cache = tempfile::tempdir().unwrap();
+    // One range at a time: each attempt is cut once, and the object
+    // replaced, until the restarts are spent.
+    let (source, proxy, _) = replaced_at_each_cut(&s3, 3, 1, cache.path());
+    let error = source.fetch("ranker", 1).unwrap_err();
+    assert_eq!(error.kind(), "store_changed", "{error}");
+    let message = error.to_string();
+    assert!(message.contains("model.onnx") && message.contains("changed while it was being fetched"), "{message}");
+    assert_eq!(proxy.cut.load(Ordering::SeqCst), 3);
+    assert_eq!(source.restarts(), 2);
+    assert!(no_partial_download(cache.path()), "a partial download is left in the cache");
+}
+
+#[test]
+fn a_version_published_again_between_listing_and_fetch_is_fetched_as_published_now() {
+    let s3 = S3::start();
+    s3.create_bucket("models");
+    publish(&s3, "ranker", 1, &[("model.onnx", weights(300 * 1024, 7)), ("extra.bin", weights(1000, 7))]);
+    let cache = tempfile::tempdir().unwrap();
+    let source = StoreSource::open(options("s3://models/prod", cache.path(), &s3.env())).unwrap();
+    // Listed as it was; then published again, other files, other sizes.
+    let again = weights(200 * 1024, 8);
+    publish(&s3, "ranker", 1, &[("model.onnx", again.clone())]);
+    let fetched = source.fetch("ranker", 1).expect("the fetch starts over on the new publication");
+    manifest::verify_fetched(&fetched, &VerifyOptions::default()).unwrap();
+    assert_eq!(std::fs::read(fetched.dir.join("model.onnx")).unwrap(), again);
+    assert!(!fetched.dir.join("extra.bin").exists());
+}
+
 #[test]
 fn a_store_that_refuses_or_is_gone_keeps_what_was_listed_and_says_why() {
     let mut s3 = S3::start();

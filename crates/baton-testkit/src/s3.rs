@@ -270,6 +270,19 @@ pub struct CuttingProxy {
 impl CuttingProxy {
     /// Starts relaying to `upstream` on a free port.
     pub fn start(upstream: u16, after: u64, cuts: u32) -> CuttingProxy {
+        CuttingProxy::start_with(upstream, after, cuts, |_| {})
+    }
+
+    /// [`CuttingProxy::start`], calling `before_cut` with the number of the
+    /// cut (from 1) before each cut: the client has received the first
+    /// bytes of its answer and sees nothing more until `before_cut` returns.
+    pub fn start_with(
+        upstream: u16,
+        after: u64,
+        cuts: u32,
+        before_cut: impl Fn(u32) + Send + Sync + 'static,
+    ) -> CuttingProxy {
+        let before_cut: Arc<dyn Fn(u32) + Send + Sync> = Arc::new(before_cut);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -287,8 +300,13 @@ impl CuttingProxy {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || pump(c2, s2, None));
-                let cutter =
-                    Cutter { after, left: Arc::clone(&left), cut: Arc::clone(&counted), relayed: Arc::clone(&total) };
+                let cutter = Cutter {
+                    after,
+                    left: Arc::clone(&left),
+                    cut: Arc::clone(&counted),
+                    relayed: Arc::clone(&total),
+                    before_cut: Arc::clone(&before_cut),
+                };
                 std::thread::spawn(move || pump(server, client, Some(cutter)));
             }
         });
@@ -315,6 +333,7 @@ struct Cutter {
     left: Arc<AtomicU32>,
     cut: Arc<AtomicU32>,
     relayed: Arc<AtomicU64>,
+    before_cut: Arc<dyn Fn(u32) + Send + Sync>,
 }
 
 /// Copies `from` to `to` until either closes; a cutter counts the bytes and
@@ -334,7 +353,8 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cutter: Option<Cutter>) {
             if seen > c.after && take() {
                 // Half of this piece goes through, then the connection dies.
                 let _ = to.write_all(&buf[..n / 2]);
-                c.cut.fetch_add(1, Ordering::SeqCst);
+                let number = c.cut.fetch_add(1, Ordering::SeqCst) + 1;
+                (c.before_cut)(number);
                 break;
             }
         }

@@ -141,6 +141,13 @@ impl Server {
         server
     }
 
+    /// [`Server::start`] with a `command` the test prepared: baton's path
+    /// with, say, resource limits set in `pre_exec`. `serve` and the
+    /// arguments [`Server::start`] describes are added to it.
+    pub fn start_command(command: Command, repo: &Path, args: &[&str]) -> Server {
+        Server::spawn(command, repo, args)
+    }
+
     /// Starts `command` (baton, or what becomes it) with `serve` and the
     /// arguments [`Server::start`] describes.
     fn spawn(mut command: Command, repo: &Path, args: &[&str]) -> Server {

@@ -27,9 +27,7 @@ mod rollout;
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tonic::metadata::MetadataValue;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Status};
 
 use crate::access::{Access, Listener};
@@ -116,12 +114,17 @@ fn too_large_as_resource_exhausted<B>(mut response: axum::http::Response<B>) -> 
     response
 }
 
+/// How often an HTTP/2 connection is pinged, and how long the answer may
+/// take before the connection is closed.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Serves both gRPC services on `listener`, a listener of the given role
 /// whose calls `access` checks, until the app starts draining, then
 /// finishes the RPCs in flight and returns.
 pub async fn serve(
     app: Arc<App>,
-    listener: TcpListener,
+    listener: crate::serve::conn::Bounded,
     access: Arc<Access>,
     role: Listener,
 ) -> Result<(), tonic::transport::Error> {
@@ -132,8 +135,15 @@ pub async fn serve(
     let management = pb_baton::management_server::ManagementServer::new(manage::Management::new(Arc::clone(&app)))
         .max_decoding_message_size(limit);
     let mut stopped = app.shutdown_signal();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Bounded, with deadlines on each connection's handshake and idle
+    // time, and TCP_NODELAY set (see crate::serve::conn).
+    let incoming = listener.incoming();
     tonic::transport::Server::builder()
+        // A peer that vanished (a partition, a host gone) while a stream is
+        // open answers no ping: its connection, and its slot, are freed.
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .layer(crate::serve::conn::track::TrackLayer)
         .layer(tower::util::MapResponseLayer::new(too_large_as_resource_exhausted))
         .layer(guard::GuardLayer::new(access, role))
         .layer(admission::AdmissionLayer::new(Arc::clone(&app)))

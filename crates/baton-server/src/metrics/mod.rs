@@ -20,6 +20,7 @@ use baton_core::rollout::Role;
 
 use crate::budget::Budget;
 
+pub mod connections;
 mod rollouts;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -169,6 +170,8 @@ pub struct Metrics {
     outcomes: Mutex<BTreeMap<(String, &'static str), u64>>,
     loads: Mutex<LoadMetrics>,
     inflight: AtomicI64,
+    /// Client connections, by listener.
+    pub connections: connections::Connections,
     /// The names that may label a request's series: those the registry
     /// knows. Requests for any other name are counted under `model=""`,
     /// so a client cannot create series by naming models.
@@ -458,6 +461,7 @@ impl Metrics {
         }
         drop(versions);
         self.render_admission(&mut out, registry, budget);
+        self.connections.render(&mut out);
 
         let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
         help(&mut out, "baton_load_duration_seconds", "histogram", "Whole load transactions, request to end of drain.");

@@ -162,6 +162,23 @@ pub struct ServeArgs {
     /// 500ms; 0 for none.
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
     pub request_timeout: Timeout,
+    /// How long a client has to send a request's head once it connects
+    /// (and, for a later request on the connection, once the head's first
+    /// byte arrives); over gRPC, how long it has to finish its HTTP/2
+    /// handshake. Past it the connection is closed. E.g. 10s or 500ms; 0
+    /// for none (the idle timeout then applies).
+    #[arg(long, default_value = "10s", value_parser = parse_timeout)]
+    pub header_read_timeout: Timeout,
+    /// How long a connection may stay open with no request in flight
+    /// before the server closes it, e.g. 120s; 0 for never.
+    #[arg(long, default_value = "120s", value_parser = parse_timeout)]
+    pub idle_timeout: Timeout,
+    /// Connections each listener holds at once; more wait, unaccepted, in
+    /// the kernel's queue until one closes. Lowered at start so that every
+    /// listener at its bound still leaves a quarter of the open-files
+    /// limit to the server's own files.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
     /// Keep operators' decisions (rollbacks, loads of older versions,
     /// unloads, pins) in DIR/state.json instead of the repository's
     /// .baton-state.json: for a repository baton cannot write to.

@@ -4,6 +4,7 @@
 
 mod args;
 mod closing;
+pub mod conn;
 pub mod demo;
 pub mod listeners;
 mod notify;
@@ -18,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
 use tokio::sync::broadcast::error::RecvError;
@@ -467,14 +467,32 @@ async fn serve(
             Err(error) => return Err(anyhow::anyhow!("taking over from the running server: {error}")),
         }
     }
+    let limits = conn::limits(&args, 2 + usize::from(admin_http.is_some()) + usize::from(admin_grpc.is_some()));
+    let bounded = |listener, name, protocol| {
+        conn::Bounded::new(listener, name, protocol, limits, app.metrics.connections.listener(name))
+    };
+    let (http1, http2) = (conn::Protocol::Http1, conn::Protocol::Http2);
+    let [http, grpc, admin_http_name, admin_grpc_name] = listeners::NAMES;
     let mut servers: Vec<Served> = vec![
-        Box::pin(serve_http(Arc::clone(&app), listener, Arc::clone(&access), Listener::Inference)),
-        Box::pin(serve_grpc(Arc::clone(&app), grpc_listener, Arc::clone(&access), Listener::Inference)),
+        Box::pin(serve_http(
+            Arc::clone(&app),
+            bounded((listener, address), http, http1),
+            Arc::clone(&access),
+            Listener::Inference,
+        )),
+        Box::pin(serve_grpc(
+            Arc::clone(&app),
+            bounded((grpc_listener, grpc_address), grpc, http2),
+            Arc::clone(&access),
+            Listener::Inference,
+        )),
     ];
-    if let Some((admin, _)) = admin_http {
+    if let Some(admin) = admin_http {
+        let admin = bounded(admin, admin_http_name, http1);
         servers.push(Box::pin(serve_http(Arc::clone(&app), admin, Arc::clone(&access), Listener::Admin)));
     }
-    if let Some((admin, _)) = admin_grpc {
+    if let Some(admin) = admin_grpc {
+        let admin = bounded(admin, admin_grpc_name, http2);
         servers.push(Box::pin(serve_grpc(Arc::clone(&app), admin, Arc::clone(&access), Listener::Admin)));
     }
     let servers = async { futures_util::future::try_join_all(servers).await.map(drop) };
@@ -495,19 +513,7 @@ async fn serve(
 
 /// Serves REST on `listener` until the app starts draining, then finishes
 /// the requests in flight.
-async fn serve_http(
-    app: Arc<App>,
-    listener: tokio::net::TcpListener,
-    access: Arc<Access>,
-    role: Listener,
-) -> anyhow::Result<()> {
-    // Answers go out the moment they are written, not after Nagle's wait
-    // for the previous segment's ACK (up to 40 ms with delayed ACKs).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "Could not set TCP_NODELAY on a connection.");
-        }
-    });
+async fn serve_http(app: Arc<App>, listener: conn::Bounded, access: Arc<Access>, role: Listener) -> anyhow::Result<()> {
     // Draining stops accepting, answers with `Connection: close`, and
     // closes idle connections a moment later (see closing.rs).
     let stopped = app.shutdown_signal();
@@ -516,7 +522,7 @@ async fn serve_http(
         let draining = *draining.borrow();
         async move { closing::close_when_draining(draining, response) }
     }));
-    axum::serve(closing::UntilDraining::new(listener, stopped.clone()), router)
+    axum::serve(closing::UntilDraining::new(listener, stopped.clone()), conn::track::MakeTracked::new(router))
         .with_graceful_shutdown(closing::idle_closed(stopped))
         .await
         .context("serving HTTP")
@@ -524,12 +530,7 @@ async fn serve_http(
 
 /// Serves gRPC on `listener` until the app starts draining, then finishes
 /// the RPCs in flight.
-async fn serve_grpc(
-    app: Arc<App>,
-    listener: tokio::net::TcpListener,
-    access: Arc<Access>,
-    role: Listener,
-) -> anyhow::Result<()> {
+async fn serve_grpc(app: Arc<App>, listener: conn::Bounded, access: Arc<Access>, role: Listener) -> anyhow::Result<()> {
     crate::grpc::serve(app, listener, access, role).await.context("serving gRPC")
 }
 

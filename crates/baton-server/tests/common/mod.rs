@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod conn;
 pub mod grpc;
 pub mod upgrade;
 
