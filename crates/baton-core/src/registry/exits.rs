@@ -96,6 +96,30 @@ pub(crate) fn watch(inner: &Inner, version: &Arc<Version>) {
     }));
 }
 
+/// What an exited version is to be acted on as: its `R`ole, or nothing
+/// yet while an operation on its model runs (a load that may still publish
+/// it), or nothing at all.
+#[derive(Debug, PartialEq, Eq)]
+enum Part<R> {
+    Role(R),
+    Wait,
+    None,
+}
+
+/// The part of a version, from whether an operation on its model runs
+/// (`busy`) and its role in the route (`role`). Whether an operation runs
+/// is read first: a load that publishes the version and ends between the
+/// two reads is then still seen running, and the version looked at again,
+/// rather than left published, ended, with nothing done.
+fn part<R>(busy: impl FnOnce() -> bool, role: impl FnOnce() -> Option<R>) -> Part<R> {
+    let busy = busy();
+    match role() {
+        Some(role) => Part::Role(role),
+        None if busy => Part::Wait,
+        None => Part::None,
+    }
+}
+
 /// The part a version plays in its model's route.
 enum Role {
     Stable { previous_alive: bool, rollout: bool },
@@ -125,15 +149,16 @@ impl Registry {
         // part left to act on.
         let mut ended = None;
         loop {
-            let Some(role) = self.role(model, version) else {
+            let role = match part(|| self.busy(model), || self.role(model, version)) {
+                Part::Role(role) => role,
                 // A version whose load has not published it yet: acted on
                 // once the load is over (its commit refuses a version whose
                 // engine ended, and then this one has no part).
-                if self.busy(model) {
+                Part::Wait => {
                     std::thread::sleep(BUSY_RETRY);
                     continue;
                 }
-                return ended.unwrap_or("none");
+                Part::None => return ended.unwrap_or("none"),
             };
             // `again`: the action changes the version's role, which is
             // then acted on in turn.
@@ -238,5 +263,30 @@ impl Registry {
             return Some(Role::Candidate);
         }
         rollout.twin.as_ref().filter(|twin| Arc::ptr_eq(twin, version)).map(|_| Role::Twin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// A load that publishes the exited version and ends while its part is
+    /// read: the route read before the publish shows no role, and the
+    /// model reads as idle after the load ended. The version must then be
+    /// looked at again, not left published with nothing done.
+    #[test]
+    fn a_load_that_publishes_the_version_while_its_part_is_read_is_waited_for() {
+        let busy = Cell::new(true);
+        let read = || {
+            // The route is read before the publish; the load then ends.
+            let role: Option<()> = None;
+            busy.set(false);
+            role
+        };
+        assert_eq!(part(|| busy.get(), read), Part::Wait);
+        assert_eq!(part(|| false, || None::<()>), Part::None);
+        assert_eq!(part(|| true, || Some(())), Part::Role(()));
     }
 }
