@@ -295,9 +295,15 @@ impl Copy {
     }
 }
 
+/// The kinds of failure by which an engine in a process of its own says
+/// that process is ending: gone, hung past a call's deadline (and being
+/// killed), or broke the protocol between them (and is killed).
+pub const ENGINE_ENDING: [&str; 3] = ["worker_gone", "worker_timed_out", "worker_hop_broken"];
+
 /// [`record_copy`] for a copy run on a version of the route, `twin` when
 /// the rollout's twin ran it: the twin's end is the twin's, not the stable
-/// version's, so a copy it failed once its engine ended counts as dropped.
+/// version's, so a copy it failed once its engine ended, or because its
+/// engine is ending (which it may not read as yet), counts as dropped.
 fn record_run_copy(
     observations: &window::Observations,
     twin: Option<&Weak<Version>>,
@@ -306,7 +312,8 @@ fn record_run_copy(
     outcome: Result<Vec<Tensor>, InferError>,
     ran: Option<std::time::Duration>,
 ) {
-    let twin_ended = twin.is_some_and(|twin| twin.upgrade().is_none_or(|twin| !twin.alive()));
+    let ending = matches!(&outcome, Err(InferError::Backend(e)) if ENGINE_ENDING.contains(&e.kind));
+    let twin_ended = twin.is_some_and(|twin| ending || twin.upgrade().is_none_or(|twin| !twin.alive()));
     if outcome.is_err() && twin_ended {
         observations.record_dropped();
         return;
@@ -333,5 +340,73 @@ pub(crate) fn record_copy(
         (Role::Candidate, Some(answered), Ok(candidate)) => observations.record_comparison(answered, &candidate),
         (_, Some(answered), Ok(stable)) => observations.record_comparison(&stable, answered),
         _ => observations.record_comparison_error(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{BackendError, Model, Weight, WeightsError};
+    use crate::signature::Signature;
+    use crate::version::VersionParts;
+
+    /// An engine that runs nothing and is alive throughout: the twin a
+    /// copy ran on, in the moment after its worker was told to end.
+    #[derive(Default)]
+    struct Alive {
+        signature: Signature,
+    }
+
+    impl Model for Alive {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn visit_weights(&self, _: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<(), WeightsError> {
+            Ok(())
+        }
+
+        fn infer(&self, _: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            Err(BackendError::new("not_run", "this engine runs nothing"))
+        }
+    }
+
+    fn twin() -> Arc<Version> {
+        let parts = VersionParts {
+            model: "m".to_owned(),
+            number: 1,
+            spec: Arc::new(crate::spec::ModelSpec::parse("").unwrap()),
+            manifest: crate::manifest::Manifest::default(),
+            warmup: Vec::new(),
+            warmed: crate::pipeline::warmup::Warmed::default(),
+            bytes_held: 0,
+            engine: Box::new(Alive::default()),
+            twin: true,
+            heap: None,
+        };
+        Arc::new(Version::new(parts, None))
+    }
+
+    /// A copy the twin failed because its worker hung (the call's deadline
+    /// passed, and the worker is being killed), broke the hop or is gone
+    /// counts as dropped, even while the twin still reads as alive: the
+    /// twin's end is the twin's, never the stable version's error. Any
+    /// other failure is the stable side's.
+    #[test]
+    fn a_copy_the_twin_failed_as_its_worker_ends_counts_as_dropped_even_before_it_reads_as_ended() {
+        let twin = twin();
+        let weak = Arc::downgrade(&twin);
+        let answered = [Tensor::from_f32("y", vec![1], &[1.0])];
+        let observations = window::Observations::default();
+        for kind in ["worker_timed_out", "worker_gone", "worker_hop_broken"] {
+            let failed = Err(InferError::Backend(BackendError::new(kind, "the twin's worker")));
+            record_run_copy(&observations, Some(&weak), Role::Stable, Some(&answered), failed, None);
+        }
+        let totals = observations.totals();
+        assert_eq!((totals.dropped, totals.stable.errors), (3, 0), "{totals:?}");
+        let failed = Err(InferError::Backend(BackendError::new("inference_failed", "the engine's own")));
+        record_run_copy(&observations, Some(&weak), Role::Stable, Some(&answered), failed, None);
+        let totals = observations.totals();
+        assert_eq!((totals.dropped, totals.stable.errors), (3, 1), "{totals:?}");
     }
 }
