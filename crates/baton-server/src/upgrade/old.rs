@@ -193,15 +193,11 @@ impl Drop for Launched {
 
 /// A channel: this process's end, and the new process's as a bare
 /// descriptor, both closed on exec (the new one's is placed in the child
-/// alone, see [`Launched::start`]).
+/// alone, see [`Launched::start`]). Made whatever numbers the sockets get:
+/// a server started with a standard stream closed gets 0, 1 or 2.
 fn channel_pair() -> std::io::Result<(Channel, OwnedFd)> {
-    use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
-    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
-    // SAFETY: `ours` was just created, and its ownership moves into the
-    // channel; nothing else in this process holds it.
-    #[allow(unsafe_code)]
-    let ours = unsafe { Channel::inherited(std::os::fd::IntoRawFd::into_raw_fd(ours)) }?;
-    Ok((ours, theirs))
+    let (ours, theirs) = Channel::pair()?;
+    Ok((ours, OwnedFd::from(theirs)))
 }
 
 /// Waits until `child` has exited or `deadline` passed: its exit status.
@@ -214,5 +210,47 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Option<String> {
             return None;
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// Set in the child process the test below starts.
+    const CLOSED: &str = "BATON_TEST_STANDARD_INPUT_CLOSED";
+
+    /// A server started with its standard input closed gets descriptor 0
+    /// for the next socket it opens, and the upgrade's channel to the new
+    /// server may be made there: it must be taken (and not leaked, the
+    /// upgrade failing). Run in a process of its own (this test binary
+    /// again, with this test alone), whose standard input is closed first.
+    #[test]
+    fn the_channel_to_the_new_server_may_be_made_on_a_standard_stream_s_descriptor() {
+        if std::env::var_os(CLOSED).is_some() {
+            // SAFETY: this process runs this test alone, on this thread;
+            // nothing else in it uses its standard input.
+            #[allow(unsafe_code)]
+            drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(0) });
+            let (ours, theirs) = channel_pair().expect("a channel on descriptor 0");
+            let ours = OwnedFd::from(ours);
+            assert_eq!(ours.as_raw_fd(), 0, "the channel was not made on descriptor 0");
+            rustix::net::send(&ours, b"handed over", rustix::net::SendFlags::empty()).unwrap();
+            let mut buffer = [0; 32];
+            let (got, _) = rustix::net::recv(&theirs, &mut buffer, rustix::net::RecvFlags::empty()).unwrap();
+            assert_eq!(&buffer[..got], b"handed over");
+            return;
+        }
+        let name = "upgrade::old::tests::the_channel_to_the_new_server_may_be_made_on_a_standard_stream_s_descriptor";
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads", "1", "--nocapture"])
+            .env(CLOSED, "1")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&child.stderr);
+        assert!(child.status.success(), "{}: {said}{}", child.status, String::from_utf8_lossy(&child.stdout));
+        assert!(String::from_utf8_lossy(&child.stdout).contains("1 passed"), "the test did not run in the child");
     }
 }
