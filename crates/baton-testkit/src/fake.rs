@@ -34,7 +34,10 @@
 //! version holding `exit-after` (a number) reports its engine's end once it
 //! has answered that many inferences: it is no longer alive, and whoever
 //! asked is told from another thread. It still answers, so that the
-//! inference that ends it succeeds.
+//! inference that ends it succeeds. One holding `exit-when-asked` (a
+//! number) ends once it has been asked that many times whether it is
+//! alive (`Model::alive`), and reads as alive to that last question: so a
+//! test ends it between two such checks, as a worker process may end.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -187,6 +190,7 @@ impl Backend for FakeBackend {
         let cold_work = number("cold-work")?.map(|thousands| (thousands * 1000.0) as u64);
         let fail = has("fail-when-told").then(|| Arc::clone(&self.fail));
         let exit_after = number("exit-after")?.map(|n| n as u64);
+        let exit_when_asked = number("exit-when-asked")?.map(|n| n as u64);
         let ballast = match read("ballast")? {
             Some(mib) => {
                 let mib: usize = mib.trim().parse().map_err(|_| BackendError::new("model_invalid", "bad ballast"))?;
@@ -207,7 +211,13 @@ impl Backend for FakeBackend {
             cold: cold_work.map(|rounds| Cold { rounds, last: AtomicU64::new(RUNS.load(Ordering::SeqCst)) }),
             nan_from,
             fail,
-            exit: exit_after.map(|after| Exit { after, answered: AtomicU64::new(0), state: Mutex::default() }),
+            exit: (exit_after.is_some() || exit_when_asked.is_some()).then(|| Exit {
+                after: exit_after,
+                answered: AtomicU64::new(0),
+                asked_after: exit_when_asked,
+                asked: AtomicU64::new(0),
+                state: Mutex::default(),
+            }),
             calls: Arc::clone(&self.calls),
             threads: Arc::clone(&self.threads),
         }))
@@ -245,10 +255,13 @@ fn spin(rounds: u64) {
 
 type Notify = Box<dyn FnOnce(String) + Send>;
 
-/// An engine that ends by itself after answering a number of inferences.
+/// An engine that ends by itself after answering a number of inferences,
+/// or after being asked a number of times whether it is alive.
 struct Exit {
-    after: u64,
+    after: Option<u64>,
     answered: AtomicU64,
+    asked_after: Option<u64>,
+    asked: AtomicU64,
     /// Whether it has ended, and who to tell when it does.
     state: Mutex<(bool, Option<Notify>)>,
 }
@@ -257,9 +270,20 @@ impl Exit {
     /// Counts one answered inference; the one that reaches `after` ends
     /// the engine.
     fn answered(&self) {
-        if self.answered.fetch_add(1, Ordering::SeqCst) + 1 != self.after {
-            return;
+        if Some(self.answered.fetch_add(1, Ordering::SeqCst) + 1) == self.after {
+            self.end();
         }
+    }
+
+    /// Counts one question whether it is alive; the one that reaches
+    /// `asked_after` ends the engine.
+    fn asked(&self) {
+        if Some(self.asked.fetch_add(1, Ordering::SeqCst) + 1) == self.asked_after {
+            self.end();
+        }
+    }
+
+    fn end(&self) {
         let notify = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.0 = true;
@@ -365,7 +389,12 @@ impl Model for FakeModel {
     }
 
     fn alive(&self) -> bool {
-        !self.exit.as_ref().is_some_and(Exit::ended)
+        let Some(exit) = &self.exit else { return true };
+        let alive = !exit.ended();
+        if alive {
+            exit.asked();
+        }
+        alive
     }
 
     fn on_exit(&self, notify: Notify) {
