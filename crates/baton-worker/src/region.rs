@@ -10,9 +10,15 @@
 //! shrinking and growing (`F_SEAL_SHRINK`, `F_SEAL_GROW`) before it is
 //! sent, and the side that maps a region the peer made refuses one that is
 //! not: a peer that could truncate a region under the other's mapping
-//! would make its next read fault (SIGBUS) instead of failing. What a peer
-//! made is read only by copying bytes out at checked offsets, never through
-//! a Rust reference the peer could change underneath.
+//! would make its next read fault (SIGBUS) instead of failing. It refuses
+//! a region on huge pages too (a memory file made with `MFD_HUGETLB`): a
+//! page its maker punched out of it faults with SIGBUS when no huge page
+//! is free. Once its maker has mapped it, a region is sealed against
+//! writes too (`F_SEAL_FUTURE_WRITE`): its maker writes through the
+//! mapping it holds, and the peer, which holds the descriptor, can neither
+//! write nor punch holes in it. What a peer made is read only by copying
+//! bytes out at checked offsets, never through a Rust reference the peer
+//! could change underneath.
 
 #![allow(unsafe_code)]
 
@@ -40,6 +46,26 @@ fn invalid(why: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why)
 }
 
+/// The file system of memory files made without huge pages (`statfs`'s
+/// `f_type`).
+const TMPFS_MAGIC: u32 = 0x0102_1994;
+
+/// The file system of memory files on huge pages.
+const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
+
+/// Refuses a memory file that is not on the file system of ordinary
+/// memory files (one on huge pages, above all).
+fn on_ordinary_pages(file: &File) -> io::Result<()> {
+    // The magic numbers are 32 bits, whatever the width of the field.
+    #[allow(clippy::cast_possible_truncation)]
+    let kind = rustix::fs::fstatfs(file)?.f_type as u32;
+    match kind {
+        TMPFS_MAGIC => Ok(()),
+        HUGETLBFS_MAGIC => Err(invalid("the region is on huge pages".into())),
+        other => Err(invalid(format!("the region is on a file system of kind {other:#x}, not a memory file's"))),
+    }
+}
+
 /// A shared memory region this process made, mapped read-write for as long
 /// as this lives. Its size is sealed: nobody can change it.
 #[derive(Debug)]
@@ -61,12 +87,18 @@ impl Region {
         let memfd =
             MemfdOptions::default().close_on_exec(true).allow_sealing(true).create(name).map_err(memfd_error)?;
         memfd.as_file().set_len(len as u64)?;
-        // No seal can be added or removed after these: the peer cannot
-        // change the size either, nor stop this process writing.
-        memfd.add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealSeal]).map_err(memfd_error)?;
-        let file = memfd.into_file();
-        let map = MmapOptions::new().len(len).map_raw(&file)?;
-        Ok(Region { file, map })
+        memfd.add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow]).map_err(memfd_error)?;
+        let map = MmapOptions::new().len(len).map_raw(memfd.as_file())?;
+        // This process writes through the mapping it has; nobody writes
+        // otherwise, nor punches holes. Kernels before 5.1 know no such
+        // seal: there, the size's seals are all.
+        match memfd.add_seal(FileSeal::SealFutureWrite) {
+            Err(memfd::Error::AddSeals(e)) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {}
+            other => other.map_err(memfd_error)?,
+        }
+        // No seal can be added or removed after this.
+        memfd.add_seal(FileSeal::SealSeal).map_err(memfd_error)?;
+        Ok(Region { file: memfd.into_file(), map })
     }
 
     /// Its size in bytes.
@@ -104,15 +136,17 @@ pub struct PeerRegion {
 
 impl PeerRegion {
     /// Maps a region the peer sent: refused unless it is an anonymous
-    /// memory file sealed against shrinking and growing, of 1 to `most`
-    /// bytes.
+    /// memory file, not on huge pages, sealed against shrinking and
+    /// growing, of 1 to `most` bytes. Every refusal is `InvalidData`; any
+    /// other error is this process's own (mapping it, say).
     pub fn open(fd: OwnedFd, most: usize) -> io::Result<PeerRegion> {
         let memfd = Memfd::try_from_fd(fd).map_err(|_| invalid("the region is not an anonymous memory file".into()))?;
-        let seals = memfd.seals().map_err(memfd_error)?;
+        let seals = memfd.seals().map_err(|e| invalid(format!("the region's seals: {}", memfd_error(e))))?;
         if !(seals.contains(&FileSeal::SealShrink) && seals.contains(&FileSeal::SealGrow)) {
             return Err(invalid("the region is not sealed against shrinking and growing".into()));
         }
         let file = memfd.into_file();
+        on_ordinary_pages(&file)?;
         // Sealed: this size holds for as long as the region lives.
         let size = file.metadata()?.len();
         let len = usize::try_from(size).ok().filter(|len| (1..=most).contains(len));
@@ -219,5 +253,45 @@ mod tests {
         let file = tempfile::tempfile().unwrap();
         file.set_len(MIN_LEN as u64).unwrap();
         assert!(PeerRegion::open(file.into(), 1 << 20).is_err());
+    }
+
+    /// The peer holds the region's descriptor, writable: it can neither
+    /// punch holes in the region (on huge pages, a hole faulted in with
+    /// none free ends the process that reads it with SIGBUS) nor write
+    /// into it, nor map it writable. Its maker still writes it through its
+    /// own mapping.
+    #[test]
+    fn the_peer_can_neither_punch_holes_in_a_region_nor_write_it() {
+        use std::os::unix::fs::FileExt;
+        let mut region = Region::create(4 * PAGE).unwrap();
+        let held = File::from(region.fd().try_clone_to_owned().unwrap());
+        let punched = rustix::fs::fallocate(
+            &held,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            0,
+            PAGE as u64,
+        );
+        assert!(punched.is_err(), "a hole was punched in a sealed region");
+        assert!(held.write_at(b"x", 0).is_err(), "the peer wrote into the region");
+        assert!(MmapOptions::new().len(PAGE).map_raw(&held).is_err(), "the peer mapped the region writable");
+        region.bytes_mut()[0] = b'm';
+        assert_eq!(peer(&region).unwrap().read(0, 1).unwrap(), b"m");
+    }
+
+    /// A region on huge pages (`memfd_create` with `MFD_HUGETLB`) is
+    /// refused before it is mapped: a page the peer punched out of it
+    /// faults with SIGBUS when no huge page is free.
+    #[test]
+    fn a_region_on_huge_pages_is_refused_before_it_is_mapped() {
+        let huge =
+            MemfdOptions::default().allow_sealing(true).hugetlb(Some(memfd::HugetlbSize::Huge2MB)).create("baton-hop");
+        let Ok(huge) = huge else {
+            eprintln!("skipped: this kernel makes no memory file on huge pages");
+            return;
+        };
+        huge.as_file().set_len(2 << 20).unwrap();
+        huge.add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow]).unwrap();
+        let error = PeerRegion::open(huge.into_file().into(), 1 << 30).unwrap_err();
+        assert!(error.to_string().contains("huge pages"), "{error}");
     }
 }
