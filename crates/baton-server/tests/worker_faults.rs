@@ -40,7 +40,13 @@ fn workers_of(server: u32) -> Vec<u32> {
 
 /// Kills `pid` with SIGKILL.
 fn kill(pid: u32) {
-    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    signal(pid, "KILL");
+}
+
+/// Sends `pid` the signal named `name`.
+fn signal(pid: u32, name: &str) {
+    let sent = std::process::Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status().unwrap();
+    assert!(sent.success(), "kill -{name} {pid}");
 }
 
 /// The `exited` events' actions in the server's metrics, for `model`.
@@ -140,6 +146,44 @@ fn an_answer_larger_than_the_worker_s_region_is_refused_and_the_next_is_answered
     assert_eq!(workers_of(server.pid()), worker, "the same worker serves");
 }
 
+/// A model of `outputs` outputs, each a copy of its one input (`[batch, 2]`
+/// FP32), under names of about 80 characters.
+fn many_outputs_model(outputs: usize) -> (Vec<u8>, Vec<String>) {
+    let mut graph = GraphWriter::new("baton_many_outputs");
+    graph.input("input", elem::FLOAT, &[Dim::Named("batch"), Dim::Fixed(2)]);
+    let names: Vec<String> = (0..outputs).map(|i| format!("output_{i:05}_{}", "x".repeat(68))).collect();
+    for name in &names {
+        graph.node("Identity", &["input"], &[name], &[]);
+        graph.output(name, elem::FLOAT, &[Dim::Named("batch"), Dim::Fixed(2)]);
+    }
+    (graph.model(13), names)
+}
+
+/// A version whose signature is larger than a setup message may be (2,000
+/// outputs: about 250 KB as the worker reports it, past the setup
+/// channel's 128 KiB) loads in a worker and answers. Before, the worker
+/// could not send its report, exited, and the load failed, saying only
+/// that the worker closed its channel.
+#[test]
+fn a_version_whose_signature_is_larger_than_a_setup_message_loads_in_a_worker() {
+    const OUTPUTS: usize = 2000;
+    let repo = baton_testkit::repo::TestRepo::new();
+    repo.add_model("wide", &format!("backend = \"onnx\"\n{IN_WORKER}[warmup]\nbatch_sizes = [1]\n"));
+    let (model, names) = many_outputs_model(OUTPUTS);
+    repo.write_files("wide", 1, &[("model.onnx", &model)]);
+    repo.seal("wide", 1);
+    let server = start(&repo, &[]);
+    server.wait_serving("wide", 1);
+    let body = json!({ "inputs": [{ "name": "input", "datatype": "FP32", "shape": [1, 2], "data": [1.5, -2.0] }] });
+    let answer = server.post_json("/v2/models/wide/infer", &body);
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body[..answer.body.len().min(500)]));
+    let outputs = answer.json()["outputs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(outputs.len(), OUTPUTS);
+    for name in [&names[0], &names[OUTPUTS - 1]] {
+        assert_eq!(common::output_f32(&answer.json(), name), vec![1.5, -2.0], "{name}");
+    }
+}
+
 /// The descriptors of a worker's slots, as its environment names them.
 fn slot_descriptors(worker: u32) -> Vec<i32> {
     let environ = std::fs::read(format!("/proc/{worker}/environ")).unwrap();
@@ -196,13 +240,90 @@ fn a_worker_whose_slot_sends_what_baton_does_not_read_is_replaced_and_no_answer_
     assert_close(&infer(&server, "m", &input, 1).1, &mlp(1).forward(&input, 1), "the new worker");
 }
 
+/// What a test does to each of a worker's slots, through a copy of the
+/// worker's end of it.
+#[derive(Clone, Copy, Debug)]
+enum SlotFault {
+    /// Sends a message of no bytes, which reads as the end of the channel.
+    Empty,
+    /// Shuts the slot's socket down: the server's end reads its close while
+    /// the worker process lives on.
+    Shut,
+}
+
+/// Does `fault` to every slot of the worker `pid` (the test takes a copy
+/// of the worker's end of each, as root may).
+fn break_slots(pid: u32, fault: SlotFault) {
+    use rustix::process::{PidfdFlags, PidfdGetfdFlags, pidfd_getfd, pidfd_open};
+    let pidfd = pidfd_open(rustix::process::Pid::from_raw(pid as i32).unwrap(), PidfdFlags::empty()).unwrap();
+    for fd in slot_descriptors(pid) {
+        let slot = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).expect("a copy of the worker's slot");
+        match fault {
+            SlotFault::Empty => drop(rustix::net::send(&slot, b"", rustix::net::SendFlags::empty()).unwrap()),
+            SlotFault::Shut => rustix::net::shutdown(&slot, rustix::net::Shutdown::Both).unwrap(),
+        }
+    }
+}
+
+/// A worker whose slots read as closed while its process lives on (a
+/// message of no bytes on each, or each shut down): the first call that
+/// reads one fails, the server ends that worker and loads the version
+/// again in a new one, and the model serves again. Before, the server
+/// counted such a worker as gone but never ended it, so nothing replaced
+/// it: every request got 503 `worker_gone`, for good.
+#[test]
+fn a_worker_whose_slots_read_as_closed_while_it_lives_is_replaced() {
+    let repo = repo_with("m", &[1], &format!("{IN_WORKER}[policy]\nkeep_previous = 0\n"));
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    for (round, fault) in [SlotFault::Empty, SlotFault::Shut].into_iter().enumerate() {
+        let worker = workers_of(server.pid());
+        assert_eq!(worker.len(), 1, "{fault:?}");
+        break_slots(worker[0], fault);
+        let deadline = Instant::now() + LONG;
+        let mut refused = 0;
+        for seed in 0.. {
+            assert!(Instant::now() < deadline, "{fault:?}: the worker was not replaced ({refused} refused)");
+            let input = sample_input(SIZES[0], 1, seed);
+            let answer = server.post_json("/v2/models/m/infer", &common::request(&input, 1));
+            if answer.status == 200 {
+                let got = common::output_f32(&answer.json(), "output");
+                assert_close(&got, &mlp(1).forward(&input, 1), &format!("{fault:?}: request {seed}"));
+                let now = workers_of(server.pid());
+                if now.len() == 1 && now != worker {
+                    break;
+                }
+                continue;
+            }
+            assert_eq!(answer.status, 503, "{fault:?}: {}", String::from_utf8_lossy(&answer.body));
+            refused += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(refused >= 1, "{fault:?}: no call read the broken slot");
+        let restarted = round + 1;
+        wait_until("the exit is counted", || {
+            let counted = exits(&server, "m");
+            counted.iter().any(|l| l.contains("action=\"restarting\"") && l.ends_with(&format!(" {restarted}")))
+        });
+    }
+}
+
+/// Whether a message waits, unread, on any of `slots` (copies of a
+/// worker's ends of its slots).
+fn a_call_waits(slots: &[std::os::fd::OwnedFd]) -> bool {
+    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+    slots.iter().any(|slot| rustix::net::recv(slot, &mut [0u8; 1], flags).is_ok())
+}
+
 /// A canary with a twin of the stable version in a worker of its own:
-/// the twin's worker is killed. The twin ends (status says why), the
-/// stable version runs the paired copies from then on, and none of the
-/// copies that failed on the dead twin counts as the stable version's
-/// error.
+/// the twin's worker hangs (stopped) with a paired copy in one of its
+/// slots, then is killed. The twin ends (status says why), the stable
+/// version runs the paired copies from then on, and the copy that failed
+/// on the dead twin counts as dropped, as do the copies the twin had no
+/// room for: none counts as the stable version's error.
 #[test]
 fn a_twin_that_dies_ends_the_twin_and_counts_nothing_against_the_stable_version() {
+    use rustix::process::{PidfdFlags, PidfdGetfdFlags, pidfd_getfd, pidfd_open};
     let slow = "[policy]\nkeep_previous = 0\n[rollout]\nauto = true\nsteps = [50]\ninterval_ms = 600000\n";
     let repo = repo_with("m", &[1], &format!("{IN_WORKER}{slow}"));
     let server = start(&repo, &[]);
@@ -215,15 +336,32 @@ fn a_twin_that_dies_ends_the_twin_and_counts_nothing_against_the_stable_version(
     let live = server.status("m")["live"].clone();
     let twin = live.as_array().unwrap().iter().find(|v| v["twin"] == true).expect("the twin");
     let twin_pid = twin["worker"]["pid"].as_u64().unwrap() as u32;
-    kill(twin_pid);
-    let sent = 80u64;
-    let mut by_candidate = 0;
-    for seed in 0..sent {
-        let input = sample_input(SIZES[0], 1, seed);
+    let pidfd = pidfd_open(rustix::process::Pid::from_raw(twin_pid as i32).unwrap(), PidfdFlags::empty()).unwrap();
+    let slots: Vec<_> = slot_descriptors(twin_pid)
+        .into_iter()
+        .map(|fd| pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).expect("a copy of the twin's slot"))
+        .collect();
+    signal(twin_pid, "STOP");
+    // Requests sent, and how many of them the candidate answered.
+    let mut sent = (0u64, 0u64);
+    let ask = |sent: &mut (u64, u64)| {
+        let input = sample_input(SIZES[0], 1, sent.0);
         let (version, output) = infer(&server, "m", &input, 1);
         assert_close(&output, &mlp(1).forward(&input, 1), "an answer");
-        by_candidate += u64::from(version == 2);
+        *sent = (sent.0 + 1, sent.1 + u64::from(version == 2));
+    };
+    // Until a paired copy waits for the stopped twin.
+    let deadline = Instant::now() + LONG;
+    while !a_call_waits(&slots) {
+        assert!(Instant::now() < deadline, "no copy reached the twin in {} requests", sent.0);
+        ask(&mut sent);
     }
+    drop(slots);
+    kill(twin_pid);
+    while sent.0 < 80 {
+        ask(&mut sent);
+    }
+    let (sent, by_candidate) = sent;
     assert!(by_candidate >= 5, "the candidate answered {by_candidate} of {sent}");
     // Every request the stable version answered counts once on its side,
     // and so does every copy of one the candidate answered, run or dropped.
@@ -234,6 +372,7 @@ fn a_twin_that_dies_ends_the_twin_and_counts_nothing_against_the_stable_version(
     });
     let t = totals();
     assert_eq!(t["stable"]["errors"], 0, "the dead twin's failures counted against stable: {t}");
+    assert!(t["dropped"].as_u64() >= Some(1), "the copy the twin failed was not dropped: {t}");
     assert_eq!(t["comparison_errors"], 0, "{t}");
     let rollout = server.status("m")["rollout"].clone();
     assert_eq!(rollout["phase"], "running", "{rollout}");

@@ -70,6 +70,12 @@ pub fn take_handed(numbers: &[RawFd]) -> io::Result<Vec<Channel>> {
     numbers.iter().map(|&fd| unsafe { Channel::inherited(fd) }).collect()
 }
 
+/// A message of no bytes: no side of baton sends one, and it must not be
+/// taken for the other end's close.
+fn empty() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "an empty message, which baton never sends")
+}
+
 /// The largest control message: the setup channel's (a version's files,
 /// its signature, a weight's name and shape); a slot's are far smaller
 /// ([`crate::hop::SLOT_MESSAGE`]).
@@ -172,9 +178,25 @@ impl Channel {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "a control message was cut short"));
         }
         if received.bytes == 0 && fds.is_empty() {
-            return Ok(None);
+            // A message of no bytes reads like the other end's close; the
+            // close also says so to `poll`, and a peer that sent one is
+            // still there, so the two are told apart.
+            return if self.closed()? { Ok(None) } else { Err(empty()) };
         }
         Ok(Some((received.bytes, fds)))
+    }
+
+    /// Whether the other end is closed, or shut its sending side down:
+    /// nothing more will arrive.
+    fn closed(&self) -> io::Result<bool> {
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN | PollFlags::RDHUP)];
+        loop {
+            match poll(&mut fds, Some(&Timespec::default())) {
+                Ok(_) => return Ok(fds[0].revents().intersects(PollFlags::HUP | PollFlags::RDHUP)),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 
     /// Shuts both directions down: the other end reads its close, and a
@@ -248,6 +270,23 @@ mod tests {
         assert_eq!((buffer.as_slice(), fds.len()), (&b"second"[..], 0));
         drop(a);
         assert!(b.recv(&mut buffer).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_message_of_no_bytes_is_an_error_and_not_the_other_end_s_close() {
+        let (a, b) = Channel::pair().unwrap();
+        a.send(b"", &[]).unwrap();
+        a.send(b"after", &[]).unwrap();
+        let mut buffer = vec![0; 64];
+        let error = b.recv_into(&mut buffer).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{error}");
+        assert_eq!(b.recv_into(&mut buffer).unwrap().unwrap().0, 5);
+        // A sending side shut down, and a closed end, read as closed.
+        a.send(b"", &[]).unwrap();
+        rustix::net::shutdown(&a.fd, rustix::net::Shutdown::Write).unwrap();
+        assert!(b.recv_into(&mut buffer).unwrap().is_none());
+        drop(a);
+        assert!(b.recv_into(&mut buffer).unwrap().is_none());
     }
 
     #[test]

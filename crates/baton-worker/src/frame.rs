@@ -12,9 +12,13 @@
 //!
 //! Reading a frame checks every offset, length, count and shape against
 //! the region and the datatype, so a confused or hostile peer yields an
-//! error, never a read out of bounds. The server reads what a worker wrote
-//! by copying it out ([`read`]); a worker reads the server's inputs where
-//! they lie ([`views`]).
+//! error, never a read out of bounds. Its tensors must lie apart from one
+//! another, and their number and the memory their copies take are bounded
+//! ([`Bounds`]): a frame never costs its reader more than its region (and,
+//! for string elements, their bookkeeping), however its index names the
+//! bytes. The server reads what a worker wrote by copying it out
+//! ([`read`]); a worker reads the server's inputs where they lie
+//! ([`views`]).
 
 use baton_core::tensor::{DataType, Tensor, TensorData, TensorView, ViewData, element_count};
 use serde::{Deserialize, Serialize};
@@ -26,6 +30,23 @@ pub const ALIGN: usize = 64;
 
 /// The bytes of one `BYTES` element's length.
 const LENGTH: usize = std::mem::size_of::<u32>();
+
+/// What one `BYTES` element costs once copied out, besides its bytes: the
+/// `Vec` that holds it.
+pub const HELD_PER_ELEMENT: usize = std::mem::size_of::<Vec<u8>>();
+
+/// The most bytes of index one tensor may take: its name, datatype, shape,
+/// offset and length, in JSON.
+pub const INDEX_PER_TENSOR: usize = 4096;
+
+/// What one frame may hold, as its reader bounds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// The most tensors.
+    pub tensors: usize,
+    /// The most bytes its tensors may take once copied out ([`held_by`]).
+    pub held: usize,
+}
 
 /// One tensor as laid out in a region.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +80,17 @@ pub fn len_of(tensor: &TensorView<'_>) -> usize {
         ViewData::Raw(raw) => raw.len(),
         ViewData::Bytes(elements) => elements.len() * LENGTH + elements.iter().map(|e| e.len()).sum::<usize>(),
     }
+}
+
+/// What `tensor` is taken to cost once copied out of a region: its bytes
+/// there ([`len_of`]), and for a `BYTES` tensor [`HELD_PER_ELEMENT`] more
+/// for each element.
+pub fn held_by(tensor: &TensorView<'_>) -> usize {
+    let elements = match &tensor.data {
+        ViewData::Raw(_) => 0,
+        ViewData::Bytes(elements) => elements.len(),
+    };
+    elements.saturating_mul(HELD_PER_ELEMENT).saturating_add(len_of(tensor))
 }
 
 /// Where `tensors` go, one after another from offset 0, and where their
@@ -163,18 +195,62 @@ impl Source for [u8] {
     }
 }
 
-/// The index at `placed` in `region`.
-pub fn index<S: Source + ?Sized>(region: &S, placed: Placed) -> Result<Vec<Meta>, String> {
+/// The index at `placed` in `region`, of at most `tensors` tensors, each
+/// within the region, of a shape its length fits, and none overlapping
+/// another.
+pub fn index<S: Source + ?Sized>(region: &S, placed: Placed, tensors: usize) -> Result<Vec<Meta>, String> {
+    let most = tensors.max(1).saturating_mul(INDEX_PER_TENSOR);
+    if placed.len > most {
+        return Err(format!("an index of {} bytes, more than {most} for {tensors} tensors", placed.len));
+    }
     let bytes = region
         .copy(placed.offset, placed.len)
         .ok_or_else(|| format!("an index of {} bytes at {} lies outside the region", placed.len, placed.offset))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("an index baton does not read: {e}"))
+    let metas: Vec<Meta> = serde_json::from_slice(&bytes).map_err(|e| format!("an index baton does not read: {e}"))?;
+    if metas.len() > tensors {
+        return Err(format!("an index of {} tensors, more than the {tensors} taken", metas.len()));
+    }
+    for meta in &metas {
+        let end = meta.offset.checked_add(meta.len).filter(|end| *end <= region.size());
+        end.ok_or_else(|| format!("tensor '{}' lies outside the shared region", meta.name))?;
+        count_of(meta, region.size())?;
+    }
+    apart(&metas)?;
+    Ok(metas)
+}
+
+/// Checks that no two of `metas` share a byte of the region: together they
+/// then take no more than the region.
+fn apart(metas: &[Meta]) -> Result<(), String> {
+    // Each lies within the region (checked): its end does not overflow.
+    let mut spans: Vec<(usize, usize, &str)> =
+        metas.iter().filter(|m| m.len > 0).map(|m| (m.offset, m.offset + m.len, m.name.as_str())).collect();
+    spans.sort_unstable();
+    match spans.windows(2).find(|pair| pair[1].0 < pair[0].1) {
+        Some(pair) => Err(format!("tensors '{}' and '{}' overlap in the shared region", pair[0].2, pair[1].2)),
+        None => Ok(()),
+    }
+}
+
+/// What the tensor `meta` describes is taken to cost once copied out (see
+/// [`held_by`]); `meta` was checked by [`index`].
+fn held_of(meta: &Meta) -> usize {
+    match meta.datatype.size() {
+        Some(_) => meta.len,
+        None => element_count(&meta.shape).unwrap_or(0).saturating_mul(HELD_PER_ELEMENT).saturating_add(meta.len),
+    }
 }
 
 /// The tensors of the frame whose index is at `placed` in `region`,
-/// copied out.
-pub fn read<S: Source + ?Sized>(region: &S, placed: Placed) -> Result<Vec<Tensor>, String> {
-    index(region, placed)?.into_iter().map(|meta| read_one(region, meta)).collect()
+/// copied out, within `bounds`.
+pub fn read<S: Source + ?Sized>(region: &S, placed: Placed, bounds: Bounds) -> Result<Vec<Tensor>, String> {
+    let metas = index(region, placed, bounds.tensors)?;
+    let held = metas.iter().fold(0usize, |sum, meta| sum.saturating_add(held_of(meta)));
+    if held > bounds.held {
+        let most = bounds.held;
+        return Err(format!("tensors that take {held} bytes once copied out, more than the {most} taken"));
+    }
+    metas.into_iter().map(|meta| read_one(region, meta)).collect()
 }
 
 /// How many elements `meta` has, and, for a fixed-size datatype, checks
@@ -254,6 +330,9 @@ fn view_one<'a>(region: &'a [u8], meta: &'a Meta) -> Result<TensorView<'a>, Stri
 mod tests {
     use super::*;
 
+    /// Bounds that refuse nothing.
+    const ANY: Bounds = Bounds { tensors: 1 << 10, held: usize::MAX };
+
     fn tensors() -> Vec<Tensor> {
         vec![
             Tensor::from_f32("x", vec![2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
@@ -280,9 +359,9 @@ mod tests {
     fn tensors_written_read_back_equal_copied_or_in_place() {
         let tensors = tensors();
         let (region, placed) = frame(&tensors);
-        let metas = index(&region[..], placed).unwrap();
+        let metas = index(&region[..], placed, 2).unwrap();
         assert_eq!(metas[1].offset % ALIGN, 0);
-        assert_eq!(read(&region[..], placed).unwrap(), tensors);
+        assert_eq!(read(&region[..], placed, ANY).unwrap(), tensors);
         let views = views(&region, &metas).unwrap();
         assert_eq!(views.iter().map(TensorView::to_tensor).collect::<Vec<_>>(), tensors);
     }
@@ -297,19 +376,19 @@ mod tests {
         }];
         let (region, placed) = frame(&many);
         assert!(placed.len < 100, "an index of {} bytes", placed.len);
-        assert_eq!(read(&region[..], placed).unwrap(), many);
+        assert_eq!(read(&region[..], placed, ANY).unwrap(), many);
     }
 
     #[test]
     fn an_index_that_does_not_fit_the_region_or_its_datatype_is_refused() {
         let tensors = tensors();
         let (region, placed) = frame(&tensors);
-        let metas = index(&region[..], placed).unwrap();
+        let metas = index(&region[..], placed, 2).unwrap();
         let reread = |metas: &[Meta]| {
             let mut copy = region.clone();
             let index = index_bytes(metas);
             copy.extend_from_slice(&index);
-            read(&copy[..], Placed { offset: region.len(), len: index.len() })
+            read(&copy[..], Placed { offset: region.len(), len: index.len() }, ANY)
         };
         let mut outside = metas.clone();
         outside[0].offset = usize::MAX - 2;
@@ -326,9 +405,71 @@ mod tests {
         let mut negative = metas.clone();
         negative[1].shape = vec![-3];
         assert!(reread(&negative).unwrap_err().contains("invalid shape"));
-        assert!(read(&region[..], Placed { offset: placed.offset, len: placed.len + 1 }).is_err());
-        assert!(read(&region[..], Placed { offset: usize::MAX, len: 2 }).unwrap_err().contains("outside"));
+        assert!(read(&region[..], Placed { offset: placed.offset, len: placed.len + 1 }, ANY).is_err());
+        assert!(read(&region[..], Placed { offset: usize::MAX, len: 2 }, ANY).unwrap_err().contains("outside"));
         let views: Vec<_> = tensors.iter().map(Tensor::view).collect();
         assert!(write(&mut [0; 8], &views, 64, b"[]").is_err());
+    }
+
+    /// A region of 128 KiB whose index, at 64 KiB, names the same 64 KiB
+    /// of bytes 64 times: each tensor lies within the region, together
+    /// they are 32 times its size.
+    #[test]
+    fn tensors_that_overlap_are_refused_before_anything_is_copied() {
+        let meta = Meta { name: "y".into(), datatype: DataType::Uint8, shape: vec![65536], offset: 0, len: 65536 };
+        let index = index_bytes(&vec![meta; 64]);
+        let mut region = vec![0; 128 << 10];
+        region[64 << 10..(64 << 10) + index.len()].copy_from_slice(&index);
+        let placed = Placed { offset: 64 << 10, len: index.len() };
+        let error = read(&region[..], placed, ANY).unwrap_err();
+        assert!(error.contains("overlap"), "{error}");
+    }
+
+    /// Two tensors apart are read; the same two overlapping by one byte
+    /// are not; tensors of no bytes overlap nothing.
+    #[test]
+    fn tensors_apart_are_read_and_one_shared_byte_is_refused() {
+        let meta = |name: &str, offset| Meta {
+            name: name.into(),
+            datatype: DataType::Uint8,
+            shape: vec![64],
+            offset,
+            len: 64,
+        };
+        let empty = Meta { name: "e".into(), datatype: DataType::Uint8, shape: vec![0], offset: 32, len: 0 };
+        let at = |metas: &[Meta]| {
+            let index = index_bytes(metas);
+            let mut region = vec![7; 4096];
+            region[1024..1024 + index.len()].copy_from_slice(&index);
+            read(&region[..], Placed { offset: 1024, len: index.len() }, ANY)
+        };
+        assert_eq!(at(&[meta("a", 0), meta("b", 64), empty.clone()]).unwrap().len(), 3);
+        assert!(at(&[meta("a", 0), meta("b", 63)]).unwrap_err().contains("'a' and 'b' overlap"));
+    }
+
+    /// The number of tensors, the index's length and what the tensors take
+    /// once copied out are bounded: a string tensor of many empty elements
+    /// costs far more copied out than in the region.
+    #[test]
+    fn a_frame_past_its_bounds_is_refused() {
+        let tensors = tensors();
+        let (region, placed) = frame(&tensors);
+        assert!(read(&region[..], placed, Bounds { tensors: 1, held: usize::MAX }).unwrap_err().contains("2 tensors"));
+        let mut long = region.clone();
+        long.resize(placed.offset + INDEX_PER_TENSOR + 1, b' ');
+        let long_index = Placed { offset: placed.offset, len: INDEX_PER_TENSOR + 1 };
+        assert!(read(&long[..], long_index, Bounds { tensors: 1, held: usize::MAX }).is_err());
+        let empties = vec![Tensor {
+            name: "s".into(),
+            datatype: DataType::Bytes,
+            shape: vec![1000],
+            data: TensorData::Bytes(vec![Vec::new(); 1000]),
+        }];
+        let (region, placed) = frame(&empties);
+        let held = held_by(&empties[0].view());
+        assert_eq!(held, 1000 * (HELD_PER_ELEMENT + LENGTH));
+        assert_eq!(read(&region[..], placed, Bounds { tensors: 1, held }).unwrap(), empties);
+        let error = read(&region[..], placed, Bounds { tensors: 1, held: held - 1 }).unwrap_err();
+        assert!(error.contains("copied out"), "{error}");
     }
 }

@@ -63,6 +63,19 @@ const FIRST_REGION: usize = 64 * 1024;
 /// The kind of a call whose inputs or answer do not fit a slot's region.
 pub const REGION_EXCEEDED: &str = "worker_region_exceeded";
 
+/// The kind of a call the hop itself failed, on either side, leaving the
+/// slot to serve the next call.
+pub const HOP_FAILED: &str = "worker_hop_failed";
+
+/// The most tensors in a frame, unless the reader knows better (the
+/// server bounds a worker's answers by its version's outputs).
+pub const MOST_TENSORS: usize = 4096;
+
+/// How many times a region's size an answer may take once the server has
+/// copied it out: string elements cost the bookkeeping of each besides
+/// their bytes ([`frame::HELD_PER_ELEMENT`]).
+pub const HELD_PER_REGION: usize = 2;
+
 /// Why a call across the hop failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HopError {
@@ -110,7 +123,7 @@ impl HopError {
             HopError::Busy(_) => "worker_busy",
             HopError::Failed { kind, .. } => kind,
             HopError::TooLarge { .. } => REGION_EXCEEDED,
-            HopError::System(_) => "worker_hop_failed",
+            HopError::System(_) => HOP_FAILED,
             HopError::Broken(_) => "worker_hop_broken",
         }
     }
@@ -138,6 +151,10 @@ enum Answer {
     Done { outputs: Placed, region: bool },
     /// The call failed in the worker.
     Failed { kind: String, message: String },
+    /// The worker could not map the input region the call carried, and
+    /// holds none now: the call did not run, and the slot's next call
+    /// carries a region again.
+    Unmapped { message: String },
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -162,6 +179,7 @@ pub struct Caller {
     gone: Mutex<Option<String>>,
     spin: Duration,
     most: usize,
+    tensors: usize,
 }
 
 impl std::fmt::Debug for Caller {
@@ -187,7 +205,14 @@ impl Caller {
             gone: Mutex::new(None),
             spin,
             most: REGION_DEFAULT,
+            tensors: MOST_TENSORS,
         }
+    }
+
+    /// Bounds the tensors of an answer to `most` (a version's outputs).
+    pub fn with_tensor_limit(mut self, most: usize) -> Caller {
+        self.tensors = most;
+        self
     }
 
     /// Bounds each region, the server's and the worker's, to `most` bytes
@@ -319,6 +344,12 @@ impl Caller {
     fn read_answer(&self, slot: &mut Slot, answer: Answer, fd: Option<OwnedFd>) -> Result<Vec<Tensor>, HopError> {
         match answer {
             Answer::Failed { kind, message } => Err(HopError::Failed { kind, message }),
+            Answer::Unmapped { message } => {
+                // The worker holds no input region: the next call makes one
+                // of the size it needs, and sends it.
+                slot.region = None;
+                Err(HopError::Failed { kind: HOP_FAILED.to_owned(), message })
+            }
             Answer::Done { outputs, region: new } => {
                 if new {
                     let fd = fd.ok_or_else(|| HopError::Broken("an output region was announced, not sent".into()))?;
@@ -327,7 +358,8 @@ impl Caller {
                     slot.outputs = Some(region);
                 }
                 let region = slot.outputs.as_ref().ok_or_else(|| HopError::Broken("an answer in no region".into()))?;
-                frame::read(region, outputs).map_err(|e| HopError::Broken(format!("its answer: {e}")))
+                let bounds = frame::Bounds { tensors: self.tensors, held: self.most.saturating_mul(HELD_PER_REGION) };
+                frame::read(region, outputs, bounds).map_err(|e| HopError::Broken(format!("its answer: {e}")))
             }
         }
     }
@@ -405,7 +437,7 @@ where
     F: Fn(Option<usize>, &[TensorView<'_>], Out<'_>) -> Result<(), RunError> + Sync,
 {
     let mut inputs_region: Option<PeerRegion> = None;
-    let mut outputs = Outputs { region: None, new: false, offset: 0, metas: Vec::new(), error: None, most: how.most };
+    let mut outputs = Outputs::new(how.most);
     let mut buffer = vec![0; SLOT_MESSAGE];
     loop {
         // The next call often follows at once under load: looking for it
@@ -415,14 +447,31 @@ where
         let call: Call = serde_json::from_slice(&buffer[..bytes])
             .map_err(|e| invalid(format!("the server sent a call this worker does not read: {e}")))?;
         let Call::Infer { inputs, region: sent, instance } = call;
+        let mut unmapped = None;
         if sent {
             let fd = fds.into_iter().next().ok_or_else(|| invalid("a region was announced, not sent"))?;
-            inputs_region =
-                Some(PeerRegion::open(fd, how.most).map_err(|e| invalid(format!("the input region: {e}")))?);
+            // A region this process cannot map (its memory limit, say)
+            // fails this call alone; one that is no region breaks the hop.
+            inputs_region = match PeerRegion::open(fd, how.most) {
+                Ok(region) => Some(region),
+                Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+                    return Err(invalid(format!("the input region: {error}")));
+                }
+                Err(error) => {
+                    unmapped = Some(format!("the worker could not map the request's input region: {error}"));
+                    None
+                }
+            };
         }
-        let current = inputs_region.as_ref().ok_or_else(|| invalid("a call before any region"))?;
-        let answer =
-            run_one(current, inputs, &mut outputs, &|views: &[TensorView<'_>], out: Out<'_>| run(instance, views, out));
+        let answer = match (unmapped, &inputs_region) {
+            (Some(message), _) => Answer::Unmapped { message: bounded(&message) },
+            (None, None) => return Err(invalid("a call before any region")),
+            (None, Some(current)) => {
+                run_one(current, inputs, &mut outputs, &|views: &[TensorView<'_>], out: Out<'_>| {
+                    run(instance, views, out)
+                })
+            }
+        };
         let message = serde_json::to_vec(&answer).map_err(io::Error::other)?;
         let fds = match (&answer, &outputs.region) {
             (Answer::Done { region: true, .. }, Some(region)) => vec![region.fd()],
@@ -442,16 +491,22 @@ struct Outputs {
     new: bool,
     offset: usize,
     metas: Vec<frame::Meta>,
+    /// What the outputs so far cost the server once it copies them out.
+    held: usize,
     /// Why the answer cannot be written: its kind and message.
     error: Option<(&'static str, String)>,
     most: usize,
 }
 
 impl Outputs {
+    fn new(most: usize) -> Outputs {
+        Outputs { region: None, new: false, offset: 0, metas: Vec::new(), held: 0, error: None, most }
+    }
+
     /// Begins a call's outputs. A region made by a call that then failed
     /// is still new: it goes with the next answer that has outputs.
     fn start(&mut self) {
-        (self.offset, self.error) = (0, None);
+        (self.offset, self.held, self.error) = (0, 0, None);
         self.metas.clear();
     }
 
@@ -471,8 +526,8 @@ impl Outputs {
         }
         // Rare: a region grows to what calls need and stays.
         let size = need.max(FIRST_REGION).max(self.region.as_ref().map_or(0, |r| r.len() * 2)).min(self.most);
-        let mut larger = Region::create(size)
-            .map_err(|e| ("worker_hop_failed", format!("making an output region of {size} bytes: {e}")))?;
+        let mut larger =
+            Region::create(size).map_err(|e| (HOP_FAILED, format!("making an output region of {size} bytes: {e}")))?;
         if let Some(mut old) = self.region.take() {
             larger.bytes_mut()[..self.offset].copy_from_slice(&old.bytes_mut()[..self.offset]);
         }
@@ -482,6 +537,21 @@ impl Outputs {
 
     fn push(&mut self, tensor: &TensorView<'_>) {
         if self.error.is_some() {
+            return;
+        }
+        // The server refuses an answer that costs it more than this once
+        // copied out: refused here first, for this request alone.
+        self.held = self.held.saturating_add(frame::held_by(tensor));
+        let most = self.most.saturating_mul(HELD_PER_REGION);
+        if self.held > most {
+            let why = format!(
+                "the answer would take more than {} MiB once copied out of the worker's shared region, twice \
+                 [engine] worker_region_mb (each string element costs {} bytes besides its own): ask for less \
+                 in one request, or raise it",
+                most >> 20,
+                frame::HELD_PER_ELEMENT
+            );
+            self.error = Some((REGION_EXCEEDED, why));
             return;
         }
         let len = frame::len_of(tensor);
@@ -503,7 +573,7 @@ impl Outputs {
         let index = frame::index_bytes(&self.metas);
         self.fit(self.offset.saturating_add(index.len()))?;
         let region = self.region.as_mut().expect("a region fits");
-        frame::write_index(region.bytes_mut(), self.offset, &index).map_err(|e| ("worker_hop_failed", e))
+        frame::write_index(region.bytes_mut(), self.offset, &index).map_err(|e| (HOP_FAILED, e))
     }
 }
 
@@ -544,7 +614,7 @@ where
     let failed = |kind: &str, message: &str| Answer::Failed { kind: bounded_kind(kind), message: bounded(message) };
     outputs.start();
     let bytes = region.bytes_in_place();
-    let metas = match frame::index(bytes, inputs) {
+    let metas = match frame::index(bytes, inputs, usize::MAX) {
         Ok(metas) => metas,
         Err(message) => return failed("invalid_tensors", &message),
     };
@@ -582,10 +652,30 @@ mod tests {
         assert_eq!(bounded("short"), "short");
     }
 
+    /// The failures by which a worker is ending are the ones the core
+    /// reads as such (a rollout's twin that fails so is not the stable
+    /// version's error); a failure that leaves the worker serving is not.
+    #[test]
+    fn the_failures_of_a_worker_that_is_ending_are_the_ones_the_core_reads_so() {
+        let ending =
+            [HopError::Gone(String::new()), HopError::TimedOut(Duration::ZERO), HopError::Broken(String::new())];
+        let serving = [
+            HopError::Busy(Duration::ZERO),
+            HopError::System(String::new()),
+            HopError::TooLarge { need: 1, most: 0 },
+            HopError::Failed { kind: HOP_FAILED.into(), message: String::new() },
+        ];
+        for error in &ending {
+            assert!(baton_core::rollout::ENGINE_ENDING.contains(&error.kind()), "{error:?}");
+        }
+        for error in &serving {
+            assert!(!baton_core::rollout::ENGINE_ENDING.contains(&error.kind()), "{error:?}");
+        }
+    }
+
     #[test]
     fn an_answer_past_the_region_bound_is_refused_and_the_next_fits() {
-        let mut outputs =
-            Outputs { region: None, new: false, offset: 0, metas: Vec::new(), error: None, most: 1 << 20 };
+        let mut outputs = Outputs::new(1 << 20);
         outputs.start();
         let big = Tensor::from_f32("big", vec![1 << 19], &vec![0.5; 1 << 19]);
         outputs.push(&big.view());
@@ -595,7 +685,32 @@ mod tests {
         assert!(outputs.error.is_none());
         let placed = outputs.finish().unwrap();
         let region = outputs.region.as_mut().unwrap();
-        let tensors = frame::read(&region.bytes_mut()[..], placed).unwrap();
+        let bounds = frame::Bounds { tensors: 1, held: 2 << 20 };
+        let tensors = frame::read(&region.bytes_mut()[..], placed, bounds).unwrap();
         assert_eq!(tensors, vec![Tensor::from_f32("small", vec![4], &[1.0; 4])]);
+    }
+
+    /// An answer whose string elements would cost the server more than
+    /// twice the region once copied out is refused by the worker, for
+    /// that request alone, though its bytes fit the region.
+    #[test]
+    fn an_answer_of_more_string_elements_than_the_server_takes_is_refused_and_the_next_fits() {
+        let mut outputs = Outputs::new(1 << 20);
+        outputs.start();
+        // 100,000 empty strings: 400,000 bytes of lengths in the region,
+        // 2.8 MB once copied out.
+        let empties = Tensor {
+            name: "s".into(),
+            datatype: baton_core::tensor::DataType::Bytes,
+            shape: vec![100_000],
+            data: baton_core::tensor::TensorData::Bytes(vec![Vec::new(); 100_000]),
+        };
+        outputs.push(&empties.view());
+        let (kind, message) = outputs.error.clone().expect("refused");
+        assert_eq!(kind, REGION_EXCEEDED);
+        assert!(message.contains("worker_region_mb"), "{message}");
+        outputs.start();
+        outputs.push(&Tensor::from_f32("small", vec![4], &[1.0; 4]).view());
+        assert!(outputs.error.is_none());
     }
 }

@@ -20,8 +20,9 @@
 //! - `cgroup`: a worker's memory limit, through a memory cgroup of its own
 //!   where the machine offers one.
 //! - [`process`]: a version loaded and run by a worker process, behind
-//!   the same `Backend` contract as one in the server; [`serve`], the
-//!   worker's side.
+//!   the same `Backend` contract as one in the server, and `weights`, the
+//!   validation's pass over its weights, bounded by the version's files;
+//!   [`serve`], the worker's side.
 //!
 //! The crate knows nothing of any engine: a worker answers with whatever
 //! closure it is given.
@@ -35,4 +36,5 @@ mod options;
 pub mod process;
 pub mod region;
 pub mod serve;
+mod weights;
 mod wire;

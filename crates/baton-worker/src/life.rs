@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use baton_core::backend::{MemoryLimit, ProcessInfo};
+use rustix::process::{WaitId, WaitIdOptions, waitid};
 
 use crate::cgroup::Group;
 use crate::channel::Channel;
@@ -140,7 +141,7 @@ impl Shared {
                 Ok(false) => match (heartbeat, asked) {
                     (Some(beat), Some(_)) => {
                         // Killed, its end closes: the next wait reads it.
-                        self.kill(format!("it did not answer a heartbeat within {:?}", beat.within));
+                        self.kill(format!("it did not answer a heartbeat within {:?}", beat.within), false);
                         heartbeat = None;
                     }
                     (Some(_), None) => {
@@ -172,13 +173,22 @@ impl Shared {
         }
     }
 
-    /// Kills the process for `reason`, unless it was reaped already.
-    fn kill(&self, reason: String) {
+    /// Kills the process for `reason`, unless it was reaped already; or,
+    /// when `unless_exited`, unless it has exited (reaped or not), so that
+    /// a process that ended by itself is not said to have been killed.
+    fn kill(&self, reason: String, unless_exited: bool) {
         let mut child = lock(&self.child);
-        if let Some(child) = child.as_mut() {
-            lock(&self.killed).get_or_insert(reason);
-            let _ = child.kill();
+        let Some(child) = child.as_mut() else { return };
+        if unless_exited {
+            // Not reaped (the child is held here): its pid is still its own.
+            let pid = rustix::process::Pid::from_raw(child.id() as i32);
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+            if pid.is_some_and(|pid| matches!(waitid(WaitId::Pid(pid), options), Ok(Some(_)))) {
+                return;
+            }
         }
+        lock(&self.killed).get_or_insert(reason);
+        let _ = child.kill();
     }
 }
 
@@ -255,7 +265,16 @@ impl Worker {
     /// Kills the worker, for `reason`: it then ends as one that ended by
     /// itself, and whoever asked is told, with the reason.
     pub(crate) fn kill(&self, reason: String) {
-        self.shared.kill(reason);
+        self.shared.kill(reason, false);
+    }
+
+    /// Ends the worker, for `reason`, unless its process has exited
+    /// already: a worker the server can no longer call (a slot read as
+    /// closed, say) that still runs is killed, and then ends as one that
+    /// ended by itself, and is replaced. One that exited by itself is left
+    /// to say so.
+    pub(crate) fn end_if_running(&self, reason: String) {
+        self.shared.kill(reason, true);
     }
 
     /// Stops the worker (its other channels are closed by then, so it is

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightRole, WeightsError, WeightsInfo};
+use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightsError, WeightsInfo};
 use baton_core::manifest;
 use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
@@ -26,9 +26,10 @@ use crate::hop::{Caller, HopError};
 use crate::life::{Heartbeat, Memory, Worker};
 use crate::options::{self, RUNTIME, TIMEOUT, WorkerOptions};
 use crate::region::{PeerRegion, Region};
+use crate::weights::{self, Broke, Pass, SetupChannel};
 use crate::wire::{
-    CGROUP_ENV, FDS_ENV, FileInfo, MANIFEST_REGION, MEMORY_ENV, NICE_ENV, PARENT_ENV, REGION_ENV, Report, SPIN_ENV,
-    Setup,
+    CGROUP_ENV, FDS_ENV, FileInfo, MANIFEST_REGION, MEMORY_ENV, NICE_ENV, PARENT_ENV, REGION_ENV, REPORT_MOST, Report,
+    SPIN_ENV, Setup,
 };
 
 /// How long a worker may take to load a version.
@@ -92,11 +93,14 @@ impl ProcessBackend {
         info.reason = options.reason;
         Ok(Box::new(WorkerModel {
             call_limit: options.call_limit,
-            signature,
             instances,
             info,
-            caller: Caller::new(ours, options.spin).with_region_limit(options.region),
-            setup: Mutex::new(SetupChannel { channel: setup, region: None, weight: Vec::new(), broken: None }),
+            caller: Caller::new(ours, options.spin)
+                .with_region_limit(options.region)
+                .with_tensor_limit(signature.outputs.len()),
+            signature,
+            setup: Mutex::new(SetupChannel::new(setup)),
+            weights: weights::Bounds::of(version.files().iter().map(|f| f.size()).fold(0, u64::saturating_add)),
             worker,
         }))
     }
@@ -224,10 +228,18 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
         Err(e) => return Err(gone(worker, e.to_string())),
     }
     let mut buffer = Vec::new();
-    match setup.recv(&mut buffer) {
-        Ok(Some(_)) => {}
+    let fds = match setup.recv(&mut buffer) {
+        Ok(Some(fds)) => fds,
         Ok(None) => return Err(gone(worker, "it closed its channel".into())),
         Err(e) => return Err(gone(worker, e.to_string())),
+    };
+    // A report too large for a message (a signature of many thousands of
+    // inputs or outputs) comes in a region.
+    if let Ok(Report::InRegion { len }) = serde_json::from_slice::<Report>(&buffer) {
+        match report_in_region(fds, len) {
+            Ok(bytes) => buffer = bytes,
+            Err(why) => return Err(refused(worker, why)),
+        }
     }
     match serde_json::from_slice::<Report>(&buffer) {
         // Warmup runs a call on each instance: a number past any engine's
@@ -251,6 +263,13 @@ fn await_loaded(setup: &Channel, worker: &mut Worker) -> Result<(Signature, usiz
     }
 }
 
+/// The `len` bytes of a report in the region attached to it.
+fn report_in_region(fds: Vec<OwnedFd>, len: usize) -> Result<Vec<u8>, String> {
+    let fd = fds.into_iter().next().ok_or("a report in a region came without it")?;
+    let region = PeerRegion::open(fd, REPORT_MOST).map_err(|e| format!("the report's region: {e}"))?;
+    region.read(0, len).ok_or_else(|| format!("a report of {len} bytes outside its region"))
+}
+
 /// The engine's kind strings a worker may report, as the static strings
 /// errors carry; any other reads `worker_failed`.
 fn known_kind(kind: &str) -> &'static str {
@@ -268,7 +287,7 @@ fn known_kind(kind: &str) -> &'static str {
         "io",
         "engine_panicked",
         crate::hop::REGION_EXCEEDED,
-        "worker_hop_failed",
+        crate::hop::HOP_FAILED,
     ];
     KINDS.into_iter().find(|k| *k == kind).unwrap_or("worker_failed")
 }
@@ -282,20 +301,9 @@ struct WorkerModel {
     caller: Caller,
     /// The setup channel, and what a pass over the weights holds.
     setup: Mutex<SetupChannel>,
+    /// What a pass over the weights may hold, from the version's files.
+    weights: weights::Bounds,
     worker: Worker,
-}
-
-/// The setup channel, after the load: it carries the weights for
-/// validation.
-struct SetupChannel {
-    channel: Channel,
-    /// The region weights cross in, during a pass.
-    region: Option<PeerRegion>,
-    /// The server's copy of the weight being visited, during a pass.
-    weight: Vec<u8>,
-    /// Why the channel can no longer be trusted (a pass that broke off
-    /// midway), once it cannot.
-    broken: Option<String>,
 }
 
 impl Drop for WorkerModel {
@@ -322,6 +330,11 @@ impl WorkerModel {
                 // A worker whose slot broke the protocol cannot be trusted
                 // with another call on any slot: replaced the same way.
                 HopError::Broken(why) => self.worker.kill(format!("its hop broke: {why}")),
+                // The worker counts as gone: no call reaches it again. One
+                // whose process still runs (a slot of it read as closed, or
+                // it shut its slots down and waits on a run) is ended, so
+                // that it is replaced rather than refuse calls for good.
+                HopError::Gone(why) => self.worker.end_if_running(format!("it can no longer be called: {why}")),
                 _ => {}
             }
             let kind = match &e {
@@ -330,7 +343,7 @@ impl WorkerModel {
                 HopError::TimedOut(_) => "worker_timed_out",
                 HopError::Busy(_) => "worker_busy",
                 HopError::TooLarge { .. } => crate::hop::REGION_EXCEEDED,
-                HopError::System(_) => "worker_hop_failed",
+                HopError::System(_) => crate::hop::HOP_FAILED,
                 HopError::Broken(_) => "worker_hop_broken",
             };
             let pid = self.worker.pid();
@@ -349,7 +362,7 @@ impl Model for WorkerModel {
         if let Some(why) = &setup.broken {
             return Err(WeightsError::Read(format!("the worker's setup channel broke earlier: {why}")));
         }
-        let pass = Pass { within: self.call_limit, setup: &mut setup };
+        let pass = Pass { within: self.call_limit, bounds: self.weights, setup: &mut setup };
         let passed = pass.run(visit);
         // The region and the copy are as large as the largest tensor: let
         // go once the pass ends, on both sides, so that they cost nothing
@@ -415,74 +428,5 @@ impl Backend for ProcessBackend {
 
     fn maps_as_is(&self, path: &str, size: u64) -> bool {
         self.inner.maps_as_is(path, size)
-    }
-}
-
-/// A pass over the worker's weights that broke off midway: the setup
-/// channel is out of step from then on.
-struct Broke(String);
-
-/// One pass over the worker's weights, each waited for within `within`.
-struct Pass<'a> {
-    within: Duration,
-    setup: &'a mut SetupChannel,
-}
-
-impl Pass<'_> {
-    fn send(&self, message: &Setup) -> Result<(), Broke> {
-        let bytes = serde_json::to_vec(message).map_err(|e| Broke(e.to_string()))?;
-        let sent = self.setup.channel.send(&bytes, &[]);
-        sent.map_err(|e| Broke(format!("asking the worker for its weights: {e}")))
-    }
-
-    /// Asks for the weights and hands each to `visit`, copied out of the
-    /// region: the pass's outcome, or why the channel broke.
-    fn run(self, visit: &mut dyn FnMut(&Weight<'_>) -> Result<(), String>) -> Result<Result<(), WeightsError>, Broke> {
-        self.send(&Setup::Weights)?;
-        let mut buffer = Vec::new();
-        loop {
-            // A worker that sends nothing is hung: the pass fails within
-            // the bound on a call rather than wait for it.
-            let ready = self.setup.channel.readable_within(self.within);
-            if !ready.map_err(|e| Broke(format!("waiting for the worker's weights: {e}")))? {
-                let limit = self.within;
-                return Err(Broke(format!("the worker sent no weight within {limit:?} ([engine] {TIMEOUT})")));
-            }
-            let fds = match self.setup.channel.recv(&mut buffer) {
-                Ok(Some(fds)) => fds,
-                Ok(None) => return Err(Broke("the worker closed its channel".into())),
-                Err(e) => return Err(Broke(format!("reading weights from the worker: {e}"))),
-            };
-            let report = serde_json::from_slice::<Report>(&buffer).map_err(|e| Broke(e.to_string()))?;
-            let (name, datatype, shape, compute, len, grown) = match report {
-                Report::WeightsEnd => return Ok(Ok(())),
-                Report::WeightsFailed { message } => return Ok(Err(WeightsError::Read(message))),
-                Report::Weight { name, datatype, shape, compute, len, region } => {
-                    (name, datatype, shape, compute, len, region)
-                }
-                other => return Err(Broke(format!("the worker reported {other:?} among weights"))),
-            };
-            if grown {
-                let fd: Option<OwnedFd> = fds.into_iter().next();
-                let fd = fd.ok_or_else(|| Broke("a weights region was announced, not sent".into()))?;
-                let region =
-                    PeerRegion::open(fd, usize::MAX >> 1).map_err(|e| Broke(format!("its weights region: {e}")))?;
-                self.setup.region = Some(region);
-            }
-            // Copied out (the worker's memory is never read in place), and
-            // only once its length is checked against the region.
-            let SetupChannel { region, weight, .. } = &mut *self.setup;
-            let outside = || Broke(format!("weight '{name}' of {len} bytes lies outside the weights region"));
-            let region = region.as_ref().filter(|r| len <= r.len()).ok_or_else(outside)?;
-            weight.resize(len, 0);
-            region.read_into(0, weight).ok_or_else(outside)?;
-            let role = if compute { WeightRole::Compute } else { WeightRole::Constant };
-            let visited = visit(&Weight { name: &name, datatype, shape: &shape, data: weight, role });
-            if let Err(refused) = visited {
-                self.send(&Setup::Stop)?;
-                return Ok(Err(WeightsError::Refused(refused)));
-            }
-            self.send(&Setup::Next)?;
-        }
     }
 }

@@ -10,12 +10,12 @@ use baton_core::manifest;
 use baton_core::spec::ModelSpec;
 use baton_core::verified::{HandedFile, Verified};
 
-use crate::channel::{Channel, take_handed};
+use crate::channel::{Channel, MAX_MESSAGE, take_handed};
 use crate::hop::{Answering, REGION_DEFAULT, page_floor};
 use crate::region::{PeerRegion, Region};
 use crate::wire::{
-    CGROUP_ENV, FDS_ENV, MANIFEST_MOST, MEMORY_ENV, NICE_ENV, PARENT_ENV, REGION_ENV, Report, SPIN_ENV, Setup,
-    WEIGHTS_REGION,
+    CGROUP_ENV, FDS_ENV, MANIFEST_MOST, MEMORY_ENV, NICE_ENV, PARENT_ENV, REGION_ENV, REPORT_MOST, REPORT_REGION,
+    Report, SPIN_ENV, Setup, WEIGHTS_REGION,
 };
 
 /// The most slots a server opens to one worker.
@@ -185,8 +185,32 @@ fn receive_and_load(setup: &Channel, make: MakeBackend) -> Result<Option<Box<dyn
             (Report::LoadFailed { kind: e.kind.to_owned(), message, tensor: e.tensor }, None)
         }
     };
-    setup.send(&serde_json::to_vec(&report).map_err(|e| e.to_string())?, &[]).map_err(|e| e.to_string())?;
+    send_report(setup, &report)?;
     Ok(model)
+}
+
+/// Sends `report` (a load's) on the setup channel: in the message when it
+/// fits, else in a region of its own; a report past even that is sent as
+/// the load's failure, saying why.
+fn send_report(setup: &Channel, report: &Report) -> Result<(), String> {
+    let bytes = serde_json::to_vec(report).map_err(|e| e.to_string())?;
+    if bytes.len() <= MAX_MESSAGE {
+        return setup.send(&bytes, &[]).map_err(|e| e.to_string());
+    }
+    if bytes.len() > REPORT_MOST {
+        let message = format!(
+            "the version's signature takes {} bytes as a worker reports it, more than the {} MiB a worker may \
+             report: too many inputs or outputs, or names too long",
+            bytes.len(),
+            REPORT_MOST >> 20
+        );
+        let failed = Report::LoadFailed { kind: "model_invalid".into(), message, tensor: None };
+        return setup.send(&serde_json::to_vec(&failed).map_err(|e| e.to_string())?, &[]).map_err(|e| e.to_string());
+    }
+    let mut region = Region::named(REPORT_REGION, bytes.len()).map_err(|e| format!("a region for the report: {e}"))?;
+    region.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
+    let pointer = serde_json::to_vec(&Report::InRegion { len: bytes.len() }).map_err(|e| e.to_string())?;
+    setup.send(&pointer, &[region.fd()]).map_err(|e| e.to_string())
 }
 
 /// The manifest of `len` bytes in the region attached to the load.

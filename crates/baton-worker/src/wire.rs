@@ -43,6 +43,14 @@ pub(crate) const MANIFEST_REGION: &str = "baton-manifest";
 /// The largest manifest a worker takes.
 pub(crate) const MANIFEST_MOST: usize = 64 << 20;
 
+/// The name of the region a report too large for a setup message is sent
+/// in (a load's, whose signature grows with the version's inputs and
+/// outputs).
+pub(crate) const REPORT_REGION: &str = "baton-report";
+
+/// The largest report the server takes, in a region.
+pub(crate) const REPORT_MOST: usize = 64 << 20;
+
 /// Setup messages, server to worker.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Setup {
@@ -94,5 +102,10 @@ pub(crate) enum Report {
     WeightsEnd,
     WeightsFailed {
         message: String,
+    },
+    /// A report of `len` bytes, too large for a message, in the region
+    /// whose descriptor is attached.
+    InRegion {
+        len: usize,
     },
 }

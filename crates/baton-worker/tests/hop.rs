@@ -62,6 +62,11 @@ fn worker() {
     match std::env::var(MODE).as_deref() {
         Ok("garbage") => misbehave(channels, |channel| channel.send(&vec![b'x'; 64 << 10], &[]).unwrap()),
         Ok("unsealed") => misbehave(channels, answer_in_an_unsealed_region),
+        Ok("empty") => misbehave(channels, |channel| channel.send(b"", &[]).unwrap()),
+        Ok("shut") => misbehave(channels, Channel::shutdown),
+        Ok("exactly") => misbehave(channels, |channel| channel.send(&failure_of(hop::SLOT_MESSAGE), &[]).unwrap()),
+        Ok("one-past") => misbehave(channels, |channel| channel.send(&failure_of(hop::SLOT_MESSAGE + 1), &[]).unwrap()),
+        Ok("overlapping") => misbehave(channels, answer_with_overlapping_tensors),
         _ => {}
     }
     let spin = Duration::from_micros(std::env::var(SPIN).unwrap().parse().unwrap());
@@ -121,6 +126,27 @@ fn answer_in_an_unsealed_region(channel: &Channel) {
     let answer = serde_json::json!({ "Done": { "outputs": { "offset": 0, "len": 2 }, "region": true } });
     channel.send(answer.to_string().as_bytes(), &[std::os::fd::AsFd::as_fd(&region)]).unwrap();
     ftruncate(&region, 0).unwrap();
+}
+
+/// A failure's answer of exactly `len` bytes: its JSON, then spaces.
+fn failure_of(len: usize) -> Vec<u8> {
+    let answer = serde_json::json!({ "Failed": { "kind": "model_refused", "message": "padded" } });
+    let mut bytes = answer.to_string().into_bytes();
+    bytes.resize(len, b' ');
+    bytes
+}
+
+/// Answers with a sealed region of its own whose index names one 16 KiB
+/// tensor 64 times over, at the same offset: each within the region, all
+/// together 64 times its size.
+fn answer_with_overlapping_tensors(channel: &Channel) {
+    let mut region = baton_worker::region::Region::create(128 << 10).unwrap();
+    let meta = serde_json::json!({ "name": "y", "datatype": "UINT8", "shape": [16384], "offset": 0, "len": 16384 });
+    let index = serde_json::to_vec(&vec![meta; 64]).unwrap();
+    let at = 64 << 10;
+    region.bytes_mut()[at..at + index.len()].copy_from_slice(&index);
+    let answer = serde_json::json!({ "Done": { "outputs": { "offset": at, "len": index.len() }, "region": true } });
+    channel.send(answer.to_string().as_bytes(), &[region.fd()]).unwrap();
 }
 
 /// Cuts every shared region of the hop this process holds (the server's
@@ -450,4 +476,86 @@ fn a_slot_that_receives_what_it_does_not_read_ends_the_worker() {
     };
     assert!(!status.success(), "{status}");
     drop(ours);
+}
+
+/// A worker that answers with a message of no bytes: the server reads it
+/// as the protocol broken, not as the worker's close (which it is not: the
+/// process lives on), and the worker counts as gone.
+#[test]
+fn an_empty_message_from_the_worker_breaks_its_hop_rather_than_reading_as_a_close() {
+    let worker = Worker::misbehaving(2, "empty");
+    let error = worker.caller.call(&input(1), LONG).unwrap_err();
+    assert_eq!(error.kind(), "worker_hop_broken", "{error}");
+    assert!(error.to_string().contains("empty"), "{error}");
+    assert!(worker.caller.gone().is_some(), "the worker still counts as serving");
+    assert_eq!(worker.caller.call(&input(2), LONG).unwrap_err().kind(), "worker_gone");
+}
+
+/// A worker that shuts a slot down while its process lives: the call on
+/// it fails at once, and the worker counts as gone (the server then ends
+/// the process, which is replaced; see the server's tests).
+#[test]
+fn a_slot_shut_while_the_worker_lives_fails_its_call_at_once_and_the_worker_counts_as_gone() {
+    let mut worker = Worker::misbehaving(2, "shut");
+    let error = worker.caller.call(&input(1), LONG).unwrap_err();
+    assert_eq!(error.kind(), "worker_gone", "{error}");
+    assert!(worker.child.try_wait().unwrap().is_none(), "the worker process ended by itself");
+    assert!(worker.caller.gone().is_some(), "the worker still counts as serving");
+    assert_eq!(worker.caller.call(&input(2), LONG).unwrap_err().kind(), "worker_gone");
+}
+
+/// An answer of exactly the largest slot message is read whole; one byte
+/// more is cut short, breaks the hop, and the worker counts as gone.
+#[test]
+fn an_answer_of_exactly_the_largest_slot_message_is_read_and_one_byte_more_breaks_the_hop() {
+    let exactly = Worker::misbehaving(1, "exactly");
+    for i in 0..2 {
+        let error = exactly.caller.call(&input(i), LONG).unwrap_err();
+        assert_eq!((error.kind(), error.to_string().as_str()), ("model_refused", "padded"), "call {i}");
+    }
+    assert!(exactly.caller.gone().is_none(), "{:?}", exactly.caller.gone());
+    let past = Worker::misbehaving(1, "one-past");
+    let error = past.caller.call(&input(1), LONG).unwrap_err();
+    assert_eq!(error.kind(), "worker_hop_broken", "{error}");
+    assert!(error.to_string().contains("cut short"), "{error}");
+    assert!(past.caller.gone().is_some());
+}
+
+/// A worker that sends a sealed region whose index names the same bytes
+/// many times over (each tensor within the region, together 64 times its
+/// size): the server refuses the answer before it copies anything, rather
+/// than copying each tensor out, and the worker counts as gone.
+#[test]
+fn an_answer_whose_tensors_overlap_in_the_region_is_refused() {
+    let worker = Worker::misbehaving(1, "overlapping");
+    let Err(error) = worker.caller.call(&input(1), LONG) else { panic!("the answer was taken") };
+    assert_eq!(error.kind(), "worker_hop_broken", "{error}");
+    assert!(error.to_string().contains("overlap"), "{error}");
+    assert!(worker.caller.gone().is_some());
+}
+
+/// A worker that cannot map the input region the server sends (here, an
+/// address-space limit the test sets on it) fails that call alone: the
+/// worker lives on, and the next call, in a region it can map, answers.
+#[test]
+fn a_worker_that_cannot_map_an_input_region_fails_that_call_alone() {
+    let mut worker = Worker::start_with(1);
+    assert_eq!(worker.caller.call(&input(1), LONG).unwrap(), run(&input(1)).unwrap());
+    let pid = rustix::process::Pid::from_raw(worker.child.id() as i32).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let size = status.lines().find_map(|l| l.strip_prefix("VmSize:")).unwrap().trim().trim_end_matches(" kB");
+    let limit = (size.parse::<u64>().unwrap() << 10) + (16 << 20);
+    let rlimit = rustix::process::Rlimit { current: Some(limit), maximum: Some(limit) };
+    rustix::process::prlimit(Some(pid), rustix::process::Resource::As, rlimit).unwrap();
+    // 64 MiB of inputs: a region the worker cannot map within its limit.
+    let big = vec![Tensor::from_f32("x", vec![1 << 24], &vec![1.5; 1 << 24])];
+    let error = worker.caller.call(&big, LONG).unwrap_err();
+    assert_eq!(error.kind(), "worker_hop_failed", "{error}");
+    assert!(error.to_string().contains("input region"), "{error}");
+    assert!(worker.caller.gone().is_none(), "{:?}", worker.caller.gone());
+    assert!(worker.child.try_wait().unwrap().is_none(), "the worker exited");
+    for i in 2..5 {
+        assert_eq!(worker.caller.call(&input(i), LONG).unwrap(), run(&input(i)).unwrap(), "call {i}");
+    }
+    worker.kill();
 }
