@@ -25,6 +25,8 @@ pub struct ServerLimits {
     pub memory_budget: u64,
     /// The deadline of a request whose client sets none; `None` for none.
     pub request_timeout: Option<Duration>,
+    /// How long a request's body may take to arrive; `None` for no limit.
+    pub body_read_timeout: Option<Duration>,
 }
 
 impl Default for ServerLimits {
@@ -34,6 +36,7 @@ impl Default for ServerLimits {
             max_in_flight: 1024,
             memory_budget: 512 << 20,
             request_timeout: Some(Duration::from_secs(30)),
+            body_read_timeout: Some(Duration::from_secs(30)),
         }
     }
 }

@@ -32,6 +32,9 @@ pub enum Class {
     Overloaded,
     /// The request's deadline passed before it was answered.
     DeadlineExceeded,
+    /// The client did not send the request's body within the server's
+    /// body read timeout.
+    RequestTimeout,
     /// The server failed.
     Internal,
     /// A management operation came without the admin token, or with a wrong one.

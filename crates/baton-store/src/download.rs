@@ -80,6 +80,15 @@ fn check_etag(url: &str, listed: Option<&str>, answered: Option<&str>) -> Result
     }
 }
 
+/// The `If-Match` a read of an object listed with `etag` sends: the tag
+/// itself when it is strong. A weak tag (`W/"…"`) never matches under
+/// `If-Match`'s strong comparison, so every read would get 412 and be
+/// retried as a changed object; such a read sends none, and the answer's
+/// tag is compared with the listed one instead (`check_etag`).
+fn if_match(etag: Option<&str>) -> Option<String> {
+    etag.filter(|tag| !tag.trim_start().starts_with("W/")).map(str::to_owned)
+}
+
 /// Downloads the version `listing` describes into `into`: its MANIFEST,
 /// then every file the MANIFEST lists, each hashed as it is written. A file
 /// the store holds at another size than the MANIFEST says is not
@@ -97,7 +106,7 @@ pub async fn version(
     let url = format!("{}/{MANIFEST}", remote.url);
     let doing = format!("reading {url}");
     let etag = listing.etags.get(MANIFEST).cloned();
-    let options = GetOptions { if_match: etag.clone(), ..GetOptions::default() };
+    let options = GetOptions { if_match: if_match(etag.as_deref()), ..GetOptions::default() };
     let got = remote.store.get_opts(&manifest_path, options).await.map_err(|e| fetch_error(&doing, &e))?;
     check_etag(&url, etag.as_deref(), got.meta.e_tag.as_deref())?;
     let text = got.bytes().await.map_err(|e| fetch_error(&doing, &e))?;
@@ -276,7 +285,7 @@ async fn range_bytes(
         let start = range.start + bytes.len() as u64;
         let options = GetOptions {
             range: Some(GetRange::Bounded(start..range.end)),
-            if_match: read.etag.map(str::to_owned),
+            if_match: if_match(read.etag),
             ..GetOptions::default()
         };
         let doing = format!("reading bytes {start}..{} of {url}", range.end);
@@ -318,5 +327,18 @@ async fn range_bytes(
         let (object, error) = (url.to_owned(), failure.to_string());
         counters.notes.push(crate::notes::Note::Resumed { object, at: start, attempt: tried, error });
         tokio::time::sleep(Duration::from_millis(250 << tried.min(5))).await;
+    }
+}
+
+#[cfg(test)]
+mod if_match_tests {
+    use super::if_match;
+
+    #[test]
+    fn a_strong_tag_is_sent_and_a_weak_one_is_not() {
+        assert_eq!(if_match(Some("\"abc\"")).as_deref(), Some("\"abc\""));
+        assert_eq!(if_match(Some("abc")).as_deref(), Some("abc"));
+        assert_eq!(if_match(Some("W/\"abc\"")), None);
+        assert_eq!(if_match(None), None);
     }
 }

@@ -25,6 +25,7 @@ use super::pb::*;
 use super::{inbound_error, model_config, parse_version, repository};
 use crate::app::App;
 use crate::error::{Class, ServeError};
+use crate::serve::conn::state::{ConnHandle, quiet_until_making_room};
 use crate::serving::Ticket;
 use crate::{deadline, serving};
 
@@ -187,6 +188,56 @@ async fn stream_answer(app: &App, request: ModelInferRequest, arrival: Arrival<'
 }
 
 /// When a call arrived and what its frames hold, from the admission layer.
+/// What a streaming call waits on between its requests.
+struct Waiting<'a> {
+    app: &'a App,
+    conn: Option<&'a ConnHandle>,
+    frames: Option<&'a Frames>,
+}
+
+/// What the wait ends with.
+enum Next {
+    /// The next message, the end of the stream, or an error reading it.
+    Message(Result<Option<ModelInferRequest>, Status>),
+    /// The stream is to end with this status.
+    End(Status),
+}
+
+impl Waiting<'_> {
+    /// The stream's next message, quiet until it begins to arrive; or the
+    /// stream's end, when the server drains or the connection makes room
+    /// while no message arrives.
+    async fn next(self, inbound: &mut Streaming<ModelInferRequest>) -> Next {
+        let draining = super::draining(self.app.shutdown_signal());
+        let mut draining = std::pin::pin!(draining);
+        let shutting_down = || {
+            let ending =
+                ServeError::new(Class::Unavailable, "shutting_down", "the server is shutting down; the stream ends");
+            Next::End(ending.into())
+        };
+        {
+            // Quiet while this lives.
+            let making_room = quiet_until_making_room(self.conn.cloned());
+            tokio::select! {
+                biased;
+                () = &mut draining => return shutting_down(),
+                () = making_room => {
+                    // A message under way is read, not cut.
+                    if !self.frames.is_some_and(Frames::receiving) {
+                        return Next::End(super::making_room());
+                    }
+                }
+                next = inbound.message() => return Next::Message(next),
+            }
+        }
+        tokio::select! {
+            biased;
+            () = &mut draining => shutting_down(),
+            next = inbound.message() => Next::Message(next),
+        }
+    }
+}
+
 fn arrival_of<T>(request: &Request<T>) -> (Instant, Option<Instant>, Option<Frames>) {
     let at = request.extensions().get::<Arrived>().map_or_else(Instant::now, |a| a.0);
     let call_deadline = request
@@ -284,6 +335,9 @@ impl GrpcInferenceService for Inference {
     /// the second answer, never inside one. Errors of one request are that
     /// request's `error_message`; the stream goes on. When the server shuts
     /// down, the stream ends with `UNAVAILABLE` after the answer in progress.
+    /// Between requests the stream is quiet: at its listener's bound, with
+    /// no message arriving, it ends with `UNAVAILABLE` (kind `making_room`)
+    /// to make room for another client.
     async fn model_stream_infer(
         &self,
         request: Request<Streaming<ModelInferRequest>>,
@@ -292,23 +346,19 @@ impl GrpcInferenceService for Inference {
         // request's own timeout counts from when it arrived.
         let (_, call_deadline, frames) = arrival_of(&request);
         let key = request.metadata().get(serving::STICKY_KEY_HEADER).map(|v| v.as_bytes().to_vec());
+        let conn = request.extensions().get::<ConnHandle>().cloned();
         let mut inbound = request.into_inner();
         let app = Arc::clone(&self.app);
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             loop {
-                let next = tokio::select! {
-                    biased;
-                    () = super::draining(app.shutdown_signal()) => {
-                        let ending = ServeError::new(
-                            Class::Unavailable,
-                            "shutting_down",
-                            "the server is shutting down; the stream ends",
-                        );
-                        let _ = tx.send(Err(ending.into())).await;
+                let waiting = Waiting { app: &app, conn: conn.as_ref(), frames: frames.as_ref() };
+                let next = match waiting.next(&mut inbound).await {
+                    Next::Message(next) => next,
+                    Next::End(ending) => {
+                        let _ = tx.send(Err(ending)).await;
                         return;
                     }
-                    next = inbound.message() => next,
                 };
                 let answer = match next {
                     Ok(Some(request)) => {

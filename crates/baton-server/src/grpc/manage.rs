@@ -22,6 +22,7 @@ use super::pb_baton::{
 use crate::app::App;
 use crate::decisions::{operate, rollout};
 use crate::error::ServeError;
+use crate::serve::conn::state::{ConnHandle, quiet_until_making_room};
 
 /// The service, sharing the app with every other front end.
 pub struct Management {
@@ -73,19 +74,27 @@ impl management_server::Management for Management {
     /// Every event from the moment of the call (the subscription is in place
     /// before the response headers go out), filtered to one model if asked.
     /// A client too slow to keep up gets a `lagged` event saying how many it
-    /// missed. Ends when the server starts shutting down.
+    /// missed. Ends when the server starts shutting down. The stream is
+    /// quiet: at its listener's bound it ends with `UNAVAILABLE` (kind
+    /// `making_room`) to make room for another client, which may call
+    /// again.
     async fn events(&self, request: Request<EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
+        let conn = request.extensions().get::<ConnHandle>().cloned();
         let model = request.into_inner().model;
         let shutdown = WatchStream::new(self.app.shutdown_signal()).filter(|stop| *stop).map(|_| None);
-        let events = BroadcastStream::new(self.app.registry.subscribe()).map(Some);
-        let stream = events.merge(shutdown).take_while(Option::is_some).filter_map(move |item| match item? {
-            Ok(event) if model.is_empty() || event.model == model => Some(Ok(event_message(&event))),
-            Ok(_) => None,
-            Err(BroadcastStreamRecvError::Lagged(missed)) => Some(Ok(Event {
+        let making_room =
+            futures_util::stream::once(quiet_until_making_room(conn)).map(|()| Some(Err(super::making_room())));
+        let events = BroadcastStream::new(self.app.registry.subscribe()).map(|item| Some(Ok(item)));
+        let ends = shutdown.merge(making_room);
+        let stream = events.merge(ends).take_while(Option::is_some).filter_map(move |item| match item? {
+            Ok(Ok(event)) if model.is_empty() || event.model == model => Some(Ok(event_message(&event))),
+            Ok(Ok(_)) => None,
+            Ok(Err(BroadcastStreamRecvError::Lagged(missed))) => Some(Ok(Event {
                 kind: "lagged".to_owned(),
                 json: json!({ "event": "lagged", "missed": missed }).to_string(),
                 ..Event::default()
             })),
+            Err(ending) => Some(Err(ending)),
         });
         Ok(Response::new(Box::pin(stream)))
     }

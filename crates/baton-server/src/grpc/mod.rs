@@ -62,7 +62,7 @@ pub fn code(class: Class) -> Code {
         Class::TooLarge | Class::InsufficientMemory => Code::ResourceExhausted,
         Class::Unprocessable => Code::FailedPrecondition,
         Class::Unavailable | Class::Overloaded => Code::Unavailable,
-        Class::DeadlineExceeded => Code::DeadlineExceeded,
+        Class::DeadlineExceeded | Class::RequestTimeout => Code::DeadlineExceeded,
         Class::Internal => Code::Internal,
         Class::Unauthorized => Code::Unauthenticated,
         Class::Forbidden => Code::PermissionDenied,
@@ -114,6 +114,13 @@ fn too_large_as_resource_exhausted<B>(mut response: axum::http::Response<B>) -> 
     response
 }
 
+/// Streams a client may have open at once on one connection (HTTP/2's
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`), as nginx's default: without it
+/// tonic lets a connection open any number, each a task of the server's.
+/// A client that wants more opens more connections, which the listener
+/// bounds.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 128;
+
 /// How often an HTTP/2 connection is pinged, and how long the answer may
 /// take before the connection is closed.
 const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -143,6 +150,7 @@ pub async fn serve(
         // open answers no ping: its connection, and its slot, are freed.
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .layer(crate::serve::conn::track::TrackLayer)
         .layer(tower::util::MapResponseLayer::new(too_large_as_resource_exhausted))
         .layer(guard::GuardLayer::new(access, role))
@@ -153,6 +161,17 @@ pub async fn serve(
             let _ = stopped.wait_for(|stop| *stop).await;
         })
         .await
+}
+
+/// How a quiet stream (events, a streaming call between messages) ends
+/// when its connection makes room at its listener's bound: `UNAVAILABLE`,
+/// which clients retry.
+pub fn making_room() -> Status {
+    Status::from(ServeError::new(
+        Class::Unavailable,
+        "making_room",
+        "the server ended this stream to make room for another connection at its bound; call again",
+    ))
 }
 
 /// Resolves when the app starts draining; never, if it cannot tell.
@@ -177,6 +196,7 @@ mod tests {
         assert_eq!(code(Class::Unavailable), Code::Unavailable);
         assert_eq!(code(Class::Overloaded), Code::Unavailable);
         assert_eq!(code(Class::DeadlineExceeded), Code::DeadlineExceeded);
+        assert_eq!(code(Class::RequestTimeout), Code::DeadlineExceeded);
         assert_eq!(code(Class::Internal), Code::Internal);
         assert_eq!(code(Class::Unauthorized), Code::Unauthenticated);
         assert_eq!(code(Class::Forbidden), Code::PermissionDenied);

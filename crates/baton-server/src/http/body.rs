@@ -1,4 +1,11 @@
-//! Reading an inference request's body within the request memory budget.
+//! Request bodies: every one within the body read timeout, and an
+//! inference request's within the request memory budget.
+//!
+//! Every request body must arrive within `--body-read-timeout` of its
+//! head ([`deadline`]): a client that sends its body slowly, or stops
+//! halfway, is answered 408 (kind `body_timeout`) and its connection
+//! closed, whatever the route, rather than holding its connection (and
+//! what it buffered) for ever.
 //!
 //! Bytes are reserved before they are buffered: with a `Content-Length`, all
 //! of them up front, before the first is read; without one (chunked), each
@@ -6,16 +13,109 @@
 //! joined into. A body that does not fit waits briefly for room, then is
 //! refused as overloaded with nothing of it buffered beyond its last chunk.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http_body::Frame;
 use http_body_util::BodyExt;
+use tokio::time::{Instant, Sleep};
 
 use crate::app::App;
 use crate::error::{Class, ServeError};
 use crate::serving::Ticket;
+
+/// Gives every request's body [`App`]'s body read timeout, counted from
+/// now (its head has been read); answers 408, kind `body_timeout`, with
+/// `Connection: close`, when it passes before the body has arrived,
+/// whatever the handler made of the failed read.
+pub async fn deadline(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let Some(timeout) = app.limits.body_read_timeout else { return next.run(request).await };
+    if http_body::Body::is_end_stream(request.body()) {
+        return next.run(request).await;
+    }
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let deadline = Instant::now() + timeout;
+    let flag = Arc::clone(&timed_out);
+    let request = request.map(|inner| Body::new(Deadlined { inner, deadline, timeout, timer: None, timed_out: flag }));
+    let response = next.run(request).await;
+    if !timed_out.load(Ordering::Acquire) {
+        return response;
+    }
+    app.metrics.connections.body_timed_out();
+    let mut response = body_timeout(timeout).into_response();
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// The refusal of a body that did not arrive within `timeout`.
+pub fn body_timeout(timeout: Duration) -> ServeError {
+    ServeError::new(
+        Class::RequestTimeout,
+        "body_timeout",
+        format!("the request body did not arrive within the body read timeout ({} ms)", timeout.as_millis()),
+    )
+}
+
+/// What reading a body past its deadline fails with.
+#[derive(Debug)]
+struct BodyTimedOut(Duration);
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the body did not arrive within {} ms", self.0.as_millis())
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+pin_project_lite::pin_project! {
+    /// A request body that fails once its deadline passes before its end.
+    struct Deadlined {
+        #[pin]
+        inner: Body,
+        deadline: Instant,
+        timeout: Duration,
+        timer: Option<Pin<Box<Sleep>>>,
+        timed_out: Arc<AtomicBool>,
+    }
+}
+
+impl http_body::Body for Deadlined {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.project();
+        if !this.timed_out.load(Ordering::Acquire) {
+            if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
+                return Poll::Ready(frame);
+            }
+            let deadline = *this.deadline;
+            let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.timed_out.store(true, Ordering::Release);
+        }
+        Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(*this.timeout)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        !self.timed_out.load(Ordering::Acquire) && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// The most a body may hold, and what sets it, for the refusal.
 #[derive(Clone, Copy, Debug)]
@@ -36,6 +136,14 @@ fn too_large(limit: Limit) -> ServeError {
 
 fn unreadable(e: impl std::fmt::Display) -> ServeError {
     ServeError::bad_request("bad_body", format!("reading the request body failed: {e}"))
+}
+
+/// A failed read of a body: its deadline passed (408), or it broke.
+fn failed(e: axum::Error) -> ServeError {
+    match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<BodyTimedOut>()) {
+        Some(BodyTimedOut(timeout)) => body_timeout(*timeout),
+        None => unreadable(e),
+    }
 }
 
 /// How long draining a refused request's body may take: a slow client's
@@ -121,7 +229,7 @@ pub async fn read_within(
 async fn read_declared(body: &mut Body, length: usize) -> Result<Vec<u8>, ServeError> {
     let mut buffer = Vec::with_capacity(length);
     while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.map_err(unreadable)?.into_data() {
+        if let Ok(data) = frame.map_err(failed)?.into_data() {
             if buffer.len() + data.len() > length {
                 return Err(unreadable(format!("the body is longer than its Content-Length of {length}")));
             }
@@ -143,7 +251,7 @@ async fn read_chunked(
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.map_err(unreadable)?.into_data() {
+        if let Ok(data) = frame.map_err(failed)?.into_data() {
             total += data.len();
             if total > limit.bytes {
                 return Err(too_large(limit));

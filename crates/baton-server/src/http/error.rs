@@ -21,6 +21,7 @@ pub fn status(class: Class) -> StatusCode {
         Class::InsufficientMemory => StatusCode::INSUFFICIENT_STORAGE,
         Class::Unavailable | Class::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         Class::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Class::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         Class::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         Class::Unauthorized => StatusCode::UNAUTHORIZED,
         Class::Forbidden => StatusCode::FORBIDDEN,

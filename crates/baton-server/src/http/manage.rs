@@ -19,6 +19,7 @@ use super::error::ApiError;
 use crate::app::App;
 use crate::decisions::operate;
 use crate::error::Class;
+use crate::serve::conn::state::{ConnHandle, quiet_until_making_room};
 use crate::serving::parse_version;
 
 /// `GET /baton/v1/status`.
@@ -96,13 +97,18 @@ pub async fn unloads(State(app): State<Arc<App>>) -> Json<Value> {
 /// `GET /baton/v1/events`: every registry event as it happens. Each SSE
 /// event's name is the event kind; its data is the event as JSON. A client
 /// too slow to keep up receives a `lagged` event saying how many it missed.
+/// The stream is quiet: at its listener's bound it ends to make room for
+/// another client (an SSE client connects again by itself).
 pub async fn events(
     State(app): State<Arc<App>>,
+    conn: Option<axum::Extension<ConnHandle>>,
 ) -> Sse<impl tokio_stream::Stream<Item = Result<SseEvent, Infallible>>> {
     // Ends when shutdown begins, so open streams do not hold up a graceful exit.
     let shutdown = WatchStream::new(app.shutdown_signal()).filter(|stop| *stop).map(|_| None);
+    let making_room = futures_util::stream::once(quiet_until_making_room(conn.map(|c| c.0))).map(|()| None);
     let events = BroadcastStream::new(app.registry.subscribe()).map(Some);
-    let stream = events.merge(shutdown).take_while(Option::is_some).filter_map(|item| item).map(|item| {
+    let ends = shutdown.merge(making_room);
+    let stream = events.merge(ends).take_while(Option::is_some).filter_map(|item| item).map(|item| {
         Ok(match item {
             Ok(event) => {
                 let data = serde_json::to_value(&event).unwrap_or_default();

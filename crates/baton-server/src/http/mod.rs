@@ -15,7 +15,6 @@ mod rollout;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -43,7 +42,8 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/models/{name}/status", get(manage::model_status))
         .route("/baton/v1/models/{name}/rollout", get(rollout::status))
         .route("/metrics", get(metrics))
-        .route_layer(axum::middleware::from_fn_with_state((Arc::clone(&access), listener), mark_privileged));
+        .route_layer(axum::middleware::from_fn_with_state((Arc::clone(&access), listener), mark_privileged))
+        .layer(DefaultBodyLimit::max(CONTROL_BODY_LIMIT));
     let inference = Router::new()
         .route("/v2/models/{name}", get(models::model_metadata))
         .route("/v2/models/{name}/ready", get(models::model_ready))
@@ -64,17 +64,26 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/models/{name}/rollout/pause", post(rollout::pause))
         .route("/baton/v1/models/{name}/rollout/resume", post(rollout::resume))
         .route("/baton/v1/models/{name}/rollout/promote", post(rollout::promote))
-        .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort));
+        .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort))
+        .layer(DefaultBodyLimit::max(CONTROL_BODY_LIMIT));
     let outcomes = Router::new().route("/baton/v1/models/{name}/outcomes", post(outcomes::post));
-    let server = Router::new().route("/baton/v1/upgrade", post(manage::upgrade));
+    let server = Router::new()
+        .route("/baton/v1/upgrade", post(manage::upgrade))
+        .layer(DefaultBodyLimit::max(CONTROL_BODY_LIMIT));
     open.merge(guarded(inference, &access, listener, Scope::Inference))
         .merge(guarded(outcomes, &access, listener, Scope::Outcomes))
         .merge(guarded(management, &access, listener, Scope::Management))
         .merge(guarded(server, &access, listener, Scope::Server))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), body::deadline))
         .with_state(app)
 }
+
+/// The largest body of a route that is not inference or outcomes: its
+/// JSON (a version, a rollout's plan, an upgrade's options) is small, and
+/// such a body is buffered whole outside the request memory budget.
+const CONTROL_BODY_LIMIT: usize = 64 << 10;
 
 /// What [`guard`] needs to decide.
 #[derive(Clone)]
@@ -94,8 +103,9 @@ fn guarded(routes: Router<Arc<App>>, access: &Arc<Access>, listener: Listener, s
     routes.route_layer(axum::middleware::from_fn_with_state(state, guard))
 }
 
-/// How much of a refused request's body is read, so that a small one does
-/// not cost the client its keep-alive connection; a larger one closes it.
+/// How much of a refused request's body is read and dropped, so that a
+/// small one does not cost the client its keep-alive connection; a larger
+/// one (or one slower than [`body::refuse_unread`] waits for) closes it.
 const REFUSED_BODY_LIMIT: usize = 64 << 10;
 
 /// Lets the request through, or answers with [`Access::check`]'s refusal.
@@ -104,8 +114,8 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
     match guard.access.check(guard.listener, guard.scope, authorization, request.uri().path()) {
         Ok(()) => next.run(request).await,
         Err(refused) => {
-            let _ = axum::body::to_bytes(request.into_body(), REFUSED_BODY_LIMIT).await;
-            refused.into_response()
+            let (parts, mut body) = request.into_parts();
+            body::refuse_unread(refused, &parts.headers, &mut body, REFUSED_BODY_LIMIT).await
         }
     }
 }
@@ -133,8 +143,12 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
-/// Reads the body even here, so a request to a wrong path does not cost the
-/// client its keep-alive connection.
-async fn not_found(uri: axum::http::Uri, _body: Result<axum::body::Bytes, BytesRejection>) -> ApiError {
-    ApiError::new(crate::error::Class::NotFound, "not_found", format!("no such endpoint: {}", uri.path()))
+/// A path no route serves. A small body is read and dropped, so the
+/// client keeps its keep-alive connection; a larger one is not read (the
+/// answer closes the connection): nothing of it is buffered.
+async fn not_found(request: Request) -> Response {
+    let (parts, mut body) = request.into_parts();
+    let error =
+        ApiError::new(crate::error::Class::NotFound, "not_found", format!("no such endpoint: {}", parts.uri.path()));
+    body::refuse_unread(error, &parts.headers, &mut body, REFUSED_BODY_LIMIT).await
 }

@@ -16,9 +16,11 @@ pub enum Closed {
     HeaderTimeout,
     /// No request was in flight for the idle timeout.
     IdleTimeout,
-    /// Closed while waiting for a request, to make room for a new
-    /// connection at the listener's bound.
+    /// Closed while waiting for a request (or with only quiet streams in
+    /// flight), to make room for a new connection at the listener's bound.
     Evicted,
+    /// The client took no byte of its answer for the send timeout.
+    SendTimeout,
 }
 
 impl Closed {
@@ -28,6 +30,7 @@ impl Closed {
             Closed::HeaderTimeout => "header_timeout",
             Closed::IdleTimeout => "idle_timeout",
             Closed::Evicted => "evicted",
+            Closed::SendTimeout => "send_timeout",
         }
     }
 }
@@ -42,6 +45,7 @@ pub struct ListenerConnections {
     closed_header: AtomicU64,
     closed_idle: AtomicU64,
     closed_evicted: AtomicU64,
+    closed_send: AtomicU64,
 }
 
 impl ListenerConnections {
@@ -72,6 +76,7 @@ impl ListenerConnections {
             Closed::HeaderTimeout => &self.closed_header,
             Closed::IdleTimeout => &self.closed_idle,
             Closed::Evicted => &self.closed_evicted,
+            Closed::SendTimeout => &self.closed_send,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -80,10 +85,13 @@ impl ListenerConnections {
 /// A metric family: name, help text, type, and the counter it reads.
 type Family = (&'static str, &'static str, &'static str, fn(&ListenerConnections) -> &AtomicU64);
 
-/// Every listener's counters, by the listener's name.
+/// Every listener's counters, by the listener's name, and the requests
+/// whose body did not arrive in time.
 #[derive(Debug, Default)]
 pub struct Connections {
     listeners: [Arc<ListenerConnections>; NAMES.len()],
+    body_timeouts_rest: AtomicU64,
+    body_timeouts_grpc: AtomicU64,
 }
 
 impl Connections {
@@ -92,6 +100,18 @@ impl Connections {
     pub fn listener(&self, name: &str) -> Arc<ListenerConnections> {
         let at = NAMES.iter().position(|n| *n == name).unwrap_or(0);
         Arc::clone(&self.listeners[at])
+    }
+
+    /// Counts a REST request whose body did not arrive within the body
+    /// read timeout.
+    pub fn body_timed_out(&self) {
+        self.body_timeouts_rest.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a gRPC call whose message did not arrive within the body
+    /// read timeout.
+    pub fn grpc_body_timed_out(&self) {
+        self.body_timeouts_grpc.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Writes the connection metrics of the listeners that serve.
@@ -128,11 +148,17 @@ impl Connections {
                 (Closed::HeaderTimeout, &l.closed_header),
                 (Closed::IdleTimeout, &l.closed_idle),
                 (Closed::Evicted, &l.closed_evicted),
+                (Closed::SendTimeout, &l.closed_send),
             ];
             for (why, value) in reasons {
                 let (reason, n) = (why.as_str(), value.load(Ordering::Relaxed));
                 let _ = writeln!(out, "{name}{{listener=\"{listener}\",reason=\"{reason}\"}} {n}");
             }
+        }
+        let name = "baton_body_timeouts_total";
+        help(out, name, "counter", "Requests refused because their body did not arrive within the body read timeout.");
+        for (protocol, value) in [("rest", &self.body_timeouts_rest), ("grpc", &self.body_timeouts_grpc)] {
+            let _ = writeln!(out, "{name}{{protocol=\"{protocol}\"}} {}", value.load(Ordering::Relaxed));
         }
     }
 }

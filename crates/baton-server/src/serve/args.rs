@@ -165,18 +165,31 @@ pub struct ServeArgs {
     /// How long a client has to send a request's head once it connects
     /// (and, for a later request on the connection, once the head's first
     /// byte arrives); over gRPC, how long it has to finish its HTTP/2
-    /// handshake. Past it the connection is closed. E.g. 10s or 500ms; 0
-    /// for none (the idle timeout then applies).
+    /// handshake and open its first stream. Past it the connection is
+    /// closed. E.g. 10s or 500ms; 0 for none (the idle timeout then
+    /// applies).
     #[arg(long, default_value = "10s", value_parser = parse_timeout)]
     pub header_read_timeout: Timeout,
+    /// How long a request's body may take to arrive, counted from its
+    /// head (over gRPC: a unary call's message from the call's start, a
+    /// streamed message from its first byte). Past it the request is
+    /// refused (408, gRPC DEADLINE_EXCEEDED; kind `body_timeout`) and what
+    /// it held is freed. E.g. 30s; 0 for none.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
+    pub body_read_timeout: Timeout,
+    /// How long writing to a client may make no progress (the client
+    /// reads nothing) before the connection is closed, e.g. 30s; 0 for
+    /// never.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
+    pub send_timeout: Timeout,
     /// How long a connection may stay open with no request in flight
     /// before the server closes it, e.g. 120s; 0 for never.
     #[arg(long, default_value = "120s", value_parser = parse_timeout)]
     pub idle_timeout: Timeout,
     /// Connections each listener holds at once; more wait, unaccepted, in
     /// the kernel's queue until one closes. Lowered at start so that every
-    /// listener at its bound still leaves a quarter of the open-files
-    /// limit to the server's own files.
+    /// listener at its bound still leaves descriptors for the server's own
+    /// files (see docs/api.md, "Connections").
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
     /// Keep operators' decisions (rollbacks, loads of older versions,
@@ -225,7 +238,12 @@ pub fn parse_positive_timeout(text: &str) -> Result<Timeout, String> {
     }
 }
 
-/// Parses a timeout: `0` for none, else a number with `ms` or `s`.
+/// The longest timeout a flag takes: one day. Longer ones are refused at
+/// parse time rather than overflowing a deadline later.
+pub const LONGEST_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// Parses a timeout: a number with `ms` or `s`, at most a day; zero (`0`,
+/// `0s`, `0ms`) for none.
 pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
     let text = text.trim();
     if text == "0" {
@@ -233,11 +251,15 @@ pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
     }
     let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
     let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a timeout"))?;
-    match unit {
-        "ms" => Ok(Timeout(Some(Duration::from_millis(n)))),
-        "s" => Ok(Timeout(Some(Duration::from_secs(n)))),
-        _ => Err(format!("'{text}' needs a unit, ms or s (or is 0 for none)")),
+    let timeout = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(format!("'{text}' needs a unit, ms or s (or is 0 for none)")),
+    };
+    if timeout > LONGEST_TIMEOUT {
+        return Err(format!("'{text}' is longer than a day (86400s), the longest timeout taken"));
     }
+    Ok(Timeout((!timeout.is_zero()).then_some(timeout)))
 }
 
 impl ServeArgs {
@@ -294,6 +316,7 @@ impl ServeArgs {
             max_in_flight: self.max_in_flight.max(1),
             memory_budget: self.request_memory_budget,
             request_timeout: self.request_timeout.0,
+            body_read_timeout: self.body_read_timeout.0,
         }
     }
 

@@ -522,10 +522,9 @@ async fn serve_http(app: Arc<App>, listener: conn::Bounded, access: Arc<Access>,
         let draining = *draining.borrow();
         async move { closing::close_when_draining(draining, response) }
     }));
-    axum::serve(closing::UntilDraining::new(listener, stopped.clone()), conn::track::MakeTracked::new(router))
-        .with_graceful_shutdown(closing::idle_closed(stopped))
-        .await
-        .context("serving HTTP")
+    conn::http1::serve(closing::UntilDraining::new(listener, stopped.clone()), router, closing::idle_closed(stopped))
+        .await;
+    Ok(())
 }
 
 /// Serves gRPC on `listener` until the app starts draining, then finishes
@@ -609,6 +608,24 @@ mod tests {
         for bad in [["--request-timeout", "30"], ["--request-memory-budget", "1MB"], ["--max-request-bytes", "x"]] {
             assert!(Cli::try_parse_from(std::iter::once("baton").chain(bad)).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn a_zero_timeout_in_any_unit_is_none_and_a_huge_one_is_refused() {
+        for zero in ["0", "0s", "0ms", " 0s "] {
+            let args = parse(&["--header-read-timeout", zero, "--idle-timeout", zero, "--request-timeout", zero]);
+            assert_eq!(args.header_read_timeout.0, None, "--header-read-timeout {zero}");
+            assert_eq!(args.idle_timeout.0, None, "--idle-timeout {zero}");
+            assert_eq!(args.request_timeout.0, None, "--request-timeout {zero}");
+        }
+        assert_eq!(parse(&["--idle-timeout", "86400s"]).idle_timeout.0, Some(Duration::from_secs(86_400)));
+        for huge in ["86401s", "86400001ms", "18446744073709551615s", "99999999999999999999s"] {
+            for flag in ["--header-read-timeout", "--idle-timeout", "--request-timeout", "--prometheus-timeout"] {
+                let error = Cli::try_parse_from(["baton", flag, huge]).err();
+                assert!(error.is_some(), "{flag} {huge} was accepted");
+            }
+        }
+        assert!(Cli::try_parse_from(["baton", "--prometheus-timeout", "0s"]).is_err(), "a zero query timeout");
     }
 
     #[test]

@@ -153,3 +153,67 @@ pub fn is_closed(stream: &mut TcpStream) -> bool {
         }
     }
 }
+
+/// Process `pid`'s resident memory, in bytes (`VmRSS` in /proc/PID/status).
+pub fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading /proc/PID/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("a VmRSS line");
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("a number of kB");
+    kib << 10
+}
+
+/// Sends on `stream` the head of a `POST path` whose body of `declared`
+/// bytes stops after its first byte: a request in flight that is not a
+/// quiet stream, until the body read timeout.
+pub fn slow_body(address: &str, path: &str, declared: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(address).expect("connecting");
+    let head = format!("POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {declared}\r\n\r\n{{");
+    stream.write_all(head.as_bytes()).expect("writing a head");
+    stream
+}
+
+/// A gRPC call left open with its message unfinished.
+pub struct PartialCall {
+    /// What the server answers, once it does.
+    pub answer: h2::client::ResponseFuture,
+    _send: h2::SendStream<axum::body::Bytes>,
+    _connection: tokio::task::JoinHandle<()>,
+}
+
+/// Opens, on a connection of its own to `address`, a gRPC call to `path`
+/// whose message announces `announced` bytes of which only `sent` follow.
+pub async fn partial_call(address: &str, path: &str, announced: u32, sent: usize) -> PartialCall {
+    let tcp = tokio::net::TcpStream::connect(address).await.expect("connecting to gRPC");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("an HTTP/2 handshake");
+    let connection = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client.ready().await.expect("a stream");
+    let request = axum::http::Request::post(format!("http://{address}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a request");
+    let (answer, mut send) = client.send_request(request, false).expect("sending the head");
+    let mut message = vec![0u8];
+    message.extend_from_slice(&announced.to_be_bytes());
+    message.resize(5 + sent, 0);
+    send.send_data(axum::body::Bytes::from(message), false).expect("sending part of the message");
+    PartialCall { answer, _send: send, _connection: connection }
+}
+
+/// The gRPC status and `baton-error-kind` a call ended with.
+pub async fn grpc_status(answer: h2::client::ResponseFuture) -> (String, String) {
+    let response = answer.await.expect("an answer");
+    let header = |h: &axum::http::HeaderMap, name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let (status, kind) = (header(response.headers(), "grpc-status"), header(response.headers(), "baton-error-kind"));
+    if let Some(status) = status {
+        return (status, kind.unwrap_or_default());
+    }
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        data.expect("the answer's data");
+    }
+    let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+    (header(&trailers, "grpc-status").unwrap_or_default(), header(&trailers, "baton-error-kind").unwrap_or_default())
+}

@@ -15,12 +15,14 @@
 //! same way.
 //!
 //! Waiting alone would leave new clients queued behind a flood of slow
-//! ones for a whole header read timeout per round. So at the bound the
-//! listener also makes room, as nginx does with its idle keep-alive
-//! connections: it closes the oldest connection that has no request in
-//! flight and has waited at least [`MAKE_ROOM_AFTER`] for its first
-//! request, or been idle that long since its last. A connection with a
-//! request in flight is never closed to make room.
+//! ones for a whole header read timeout per round. So at the bound, when
+//! a client waits in the queue, the listener also makes room, as nginx
+//! does with its idle keep-alive connections: it asks the oldest
+//! connection that has waited at least [`MAKE_ROOM_AFTER`] for its first
+//! request, or been idle (or held only quiet streams, see
+//! [`super::state`]) that long since its last, to close. A connection with
+//! a request in flight that is not quiet is never closed to make room, and
+//! one whose next request is already in its socket reads it instead.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -30,12 +32,22 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::guarded::{Conn, Guarded};
+use super::guarded::Guarded;
+use super::state::Conn;
 use super::{Limits, Protocol};
 use crate::metrics::connections::ListenerConnections;
 
 /// How often, at most, a listener says it has reached its bound.
 const SAY_FULL_EVERY: Duration = Duration::from_secs(60);
+
+/// At the bound, with a connection that may make room, how often the
+/// listener looks whether a client waits for one.
+const LOOK_FOR_CLIENTS_EVERY: Duration = Duration::from_millis(50);
+
+/// After asking a connection to make room, how long before the listener
+/// asks another if no slot has freed (the one asked may have had a
+/// request arrive).
+const ASK_AGAIN_AFTER: Duration = Duration::from_millis(250);
 
 /// How long a connection must have waited for a request (its first, or
 /// its next) before it may be closed to make room: far longer than a
@@ -106,7 +118,8 @@ impl Bounded {
         (connection, peer)
     }
 
-    /// A slot, once one frees, making room meanwhile.
+    /// A slot, once one frees, making room meanwhile for a client that
+    /// waits.
     async fn room(&mut self) -> tokio::sync::OwnedSemaphorePermit {
         loop {
             let look_again = self.make_room();
@@ -122,28 +135,47 @@ impl Bounded {
         }
     }
 
-    /// Closes the oldest connection that may make room (see the module's
-    /// docs), and returns when to look again: soon after a close, in case
-    /// a request began on it meanwhile, else when the first connection
-    /// that waits for a request may make room. `None`: every connection
-    /// has a request in flight.
+    /// Asks the oldest connection that may make room (see the module's
+    /// docs) to close, if a client waits in the accept queue, and returns
+    /// when to look again: soon after an ask, in case the connection had a
+    /// request arrive meanwhile; soon while a connection may make room
+    /// but no client waits; else when the first connection that waits for
+    /// a request may make room. `None`: every connection has a request in
+    /// flight.
     fn make_room(&mut self) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now();
         self.accepted.retain(|c| c.strong_count() > 0);
         let mut soonest: Option<tokio::time::Instant> = None;
-        for (at, weak) in self.accepted.iter().enumerate() {
+        let mut oldest = None;
+        for weak in &self.accepted {
             let Some(conn) = weak.upgrade() else { continue };
             match conn.evictable_at(MAKE_ROOM_AFTER) {
                 Some(when) if when <= now => {
-                    conn.evict();
-                    self.accepted.remove(at);
-                    return Some(now + MAKE_ROOM_AFTER);
+                    oldest = Some(conn);
+                    break;
                 }
                 Some(when) => soonest = Some(soonest.map_or(when, |s| s.min(when))),
                 None => {}
             }
         }
-        soonest
+        let Some(oldest) = oldest else { return soonest };
+        if !self.client_waits() {
+            return Some(now + LOOK_FOR_CLIENTS_EVERY);
+        }
+        // It stays among the connections: if a request arrives on it
+        // before it closes, it may make room again once idle.
+        oldest.evict();
+        Some(now + ASK_AGAIN_AFTER)
+    }
+
+    /// Whether a client waits in the listening socket's accept queue,
+    /// looked at without accepting it.
+    fn client_waits(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let mut socket = [PollFd::new(&self.listener, PollFlags::IN)];
+        let none = Timespec { tv_sec: 0, tv_nsec: 0 };
+        // Should the look fail, room is made as if a client waited.
+        poll(&mut socket, Some(&none)).map_or(true, |ready| ready > 0)
     }
 
     /// Keeps `conn` among the listener's connections, forgetting those gone.

@@ -1,13 +1,15 @@
 //! A connection with deadlines: the header read timeout and the idle
-//! timeout, kept by the connection's own reads.
+//! timeout, kept by the connection's own reads, and the send timeout, kept
+//! by its writes.
 //!
 //! Whenever the server reads from the connection and nothing is there,
 //! [`Guarded`] asks which deadline applies now, arms one timer for it, and
 //! when it passes ends the connection: the read fails (a head that did not
 //! arrive) or sees the end of the stream (an idle connection, which hyper
-//! then closes quietly). A connection is only ever closed while the server
-//! waits to read and the socket holds no byte, never while a request is in
-//! flight, which the connection learns from [`super::track`].
+//! then closes quietly). A connection is only ever closed by these while
+//! the server waits to read and the socket holds no byte, never while a
+//! request is in flight, which the connection learns from
+//! [`super::track`] (see [`super::state`]).
 //!
 //! Which deadline applies:
 //!
@@ -15,6 +17,7 @@
 //! |---|---|---|
 //! | no request yet | header, from accept | header for the handshake (preface and first SETTINGS), then idle |
 //! | a request in flight | none | none |
+//! | an answer the client does not take | send | send |
 //! | between requests | idle, from the last answer; header from a new head's first byte | idle, from the last answer |
 //!
 //! Counting the first head from accept, not from its first byte, is what
@@ -24,6 +27,13 @@
 //! and settings come and go), so between requests only the idle timeout
 //! applies; a stream's headers are bounded by h2's limit on their size.
 //!
+//! The send timeout is nginx's `send_timeout`: a write that makes no
+//! progress for that long (the socket takes no byte: the client reads
+//! nothing) fails, and the connection is closed. hyper hands an answer's
+//! body back (ending its request) once its last bytes are queued, not
+//! written; a write still waiting for the client keeps the connection from
+//! counting as idle, and its idle time counts from when it was written.
+//!
 //! hyper has a header read timeout of its own, but its timer also runs
 //! while a keep-alive connection waits for its next request, so the idle
 //! time could never be longer than the header time; and it knows nothing
@@ -32,95 +42,16 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
+pub use super::state::{Conn, ConnHandle};
 use super::{Limits, Protocol};
 use crate::metrics::connections::{Closed, ListenerConnections};
-
-/// What a connection's requests tell it: shared by the connection and
-/// the requests it carries.
-#[derive(Debug)]
-pub struct Conn {
-    opened: Instant,
-    in_flight: AtomicUsize,
-    /// Requests begun on the connection.
-    begun: AtomicU64,
-    /// When the last request ended, in microseconds since `opened`.
-    idle_since_us: AtomicU64,
-    /// The connection's reader, woken when its last request ends or it is
-    /// asked to make room.
-    reader: AtomicWaker,
-    /// Asked to close, to make room for a new connection.
-    evict: AtomicBool,
-}
-
-impl Conn {
-    fn new() -> Conn {
-        Conn {
-            opened: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            begun: AtomicU64::new(0),
-            idle_since_us: AtomicU64::new(0),
-            reader: AtomicWaker::new(),
-            evict: AtomicBool::new(false),
-        }
-    }
-
-    /// When the connection may be closed to make room for another, at
-    /// the soonest: `after` once it has waited that long for its first
-    /// request, or been idle that long since its last. `None` while a
-    /// request is in flight.
-    pub fn evictable_at(&self, after: Duration) -> Option<Instant> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return None;
-        }
-        let since = if self.begun.load(Ordering::Acquire) == 0 { self.opened } else { self.idle_since() };
-        Some(since + after)
-    }
-
-    /// Asks the connection to close, if it has no request in flight when
-    /// its reader next looks.
-    pub fn evict(&self) {
-        self.evict.store(true, Ordering::Release);
-        self.reader.wake();
-    }
-
-    /// Notes a request begun; the connection has no deadline until the
-    /// returned guard is dropped (the answer written, or given up).
-    pub fn begin(self: &Arc<Conn>) -> InFlight {
-        self.begun.fetch_add(1, Ordering::AcqRel);
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(Arc::clone(self))
-    }
-
-    fn idle_since(&self) -> Instant {
-        self.opened + Duration::from_micros(self.idle_since_us.load(Ordering::Acquire))
-    }
-}
-
-/// A request in flight on a connection.
-#[derive(Debug)]
-pub struct InFlight(Arc<Conn>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let conn = &self.0;
-        let now = u64::try_from(conn.opened.elapsed().as_micros()).unwrap_or(u64::MAX);
-        // Before the count falls, so that a reader seeing none in flight
-        // sees when the last one ended.
-        conn.idle_since_us.fetch_max(now, Ordering::AcqRel);
-        if conn.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            conn.reader.wake();
-        }
-    }
-}
 
 /// Where an HTTP/2 client is in its handshake: the 24-byte preface, then
 /// a SETTINGS frame whose length its first three bytes give.
@@ -167,7 +98,12 @@ pub struct Guarded<IO> {
     head_began: Option<(Instant, u64)>,
     handshake: Handshake,
     timer: Option<(Pin<Box<Sleep>>, Instant)>,
+    /// Since when writes have made no progress, and the send timer.
+    stalled: Option<Instant>,
+    send_timer: Option<Pin<Box<Sleep>>>,
     closed: Option<Closed>,
+    /// Asked to make room, an HTTP/2 connection has had its last turn.
+    last_turn: bool,
     stats: Arc<ListenerConnections>,
     _slot: OwnedSemaphorePermit,
 }
@@ -190,7 +126,10 @@ impl<IO> Guarded<IO> {
             head_began: None,
             handshake: Handshake::default(),
             timer: None,
+            stalled: None,
+            send_timer: None,
             closed: None,
+            last_turn: false,
             stats,
             _slot: slot,
         }
@@ -201,10 +140,10 @@ impl<IO> Guarded<IO> {
         &self.conn
     }
 
-    /// The deadline that applies now, and what passing it means; none
-    /// while a request is in flight.
+    /// The read deadline that applies now, and what passing it means;
+    /// none while a request is in flight or an answer waits for the client.
     fn deadline(&self) -> Option<(Instant, Closed)> {
-        if self.conn.in_flight.load(Ordering::Acquire) > 0 {
+        if self.conn.in_flight.load(Ordering::Acquire) > 0 || self.conn.blocked.load(Ordering::Acquire) {
             return None;
         }
         let Limits { header_read_timeout: header, idle_timeout: idle, .. } = self.limits;
@@ -226,7 +165,10 @@ impl<IO> Guarded<IO> {
     }
 
     /// Notes bytes read: a head that begins, a handshake that advances.
+    /// Bytes that arrive also cancel a request to make room: they may be
+    /// a request, which is served rather than dropped.
     fn read(&mut self, bytes: &[u8]) {
+        self.conn.evict.store(false, Ordering::Release);
         match self.protocol {
             Protocol::Http1 => {
                 let begun = self.conn.begun.load(Ordering::Acquire);
@@ -246,6 +188,18 @@ impl<IO> Guarded<IO> {
         // Registered before the count is read: the last request ending
         // after this point wakes the reader, and a deadline starts.
         self.conn.reader.register(cx.waker());
+        if self.evicted() {
+            // HTTP/2 writes what its streams queued (the status that ends
+            // a quiet stream) after its reads, and drops it on a read that
+            // ends: it is given one more turn first.
+            if self.protocol == Protocol::Http2 && !self.last_turn {
+                self.last_turn = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            return Poll::Ready(self.close(Closed::Evicted));
+        }
+        self.last_turn = false;
         let Some((deadline, why)) = self.deadline() else { return Poll::Pending };
         let (timer, armed) = self.timer.get_or_insert_with(|| (Box::pin(tokio::time::sleep_until(deadline)), deadline));
         if *armed != deadline {
@@ -266,10 +220,64 @@ impl<IO> Guarded<IO> {
         end(why)
     }
 
-    /// Whether the connection was asked to make room and may: it has no
-    /// request in flight. A request begun since keeps it open.
+    /// Whether the connection was asked to make room and may close now:
+    /// nothing in flight, no answer waiting for the client. While only
+    /// quiet streams are in flight it stays asked (they are ending); a
+    /// request begun since cancels the ask.
     fn evicted(&self) -> bool {
-        self.conn.evict.swap(false, Ordering::AcqRel) && self.conn.in_flight.load(Ordering::Acquire) == 0
+        let conn = &self.conn;
+        if !conn.evict.load(Ordering::Acquire) {
+            return false;
+        }
+        let in_flight = conn.in_flight.load(Ordering::Acquire);
+        if in_flight == 0 && !conn.blocked.load(Ordering::Acquire) {
+            return true;
+        }
+        if in_flight > conn.quiet.load(Ordering::Acquire) {
+            conn.evict.store(false, Ordering::Release);
+        }
+        false
+    }
+
+    /// Notes the outcome of a write (or a flush, `flushed`): progress ends
+    /// a stall, and a flush after a stall starts the idle time; a write
+    /// the socket does not take starts (or continues) a stall, which the
+    /// send timeout ends.
+    fn wrote<T>(&mut self, cx: &mut Context<'_>, outcome: Poll<io::Result<T>>, flushed: bool) -> Poll<io::Result<T>> {
+        match outcome {
+            Poll::Ready(Ok(done)) => {
+                self.stalled = None;
+                if flushed && self.conn.blocked.swap(false, Ordering::AcqRel) {
+                    self.conn.idle_from_now();
+                    self.conn.reader.wake();
+                }
+                Poll::Ready(Ok(done))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                self.conn.blocked.store(true, Ordering::Release);
+                match self.poll_send_deadline(cx) {
+                    Poll::Ready(e) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    /// A stalled write: fails once it has made no progress for the send
+    /// timeout.
+    fn poll_send_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let Some(timeout) = self.limits.send_timeout else { return Poll::Pending };
+        let deadline = *self.stalled.get_or_insert_with(Instant::now) + timeout;
+        let timer = self.send_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let _ = self.close(Closed::SendTimeout);
+        Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, "the client took no byte of its answer in time"))
     }
 }
 
@@ -279,6 +287,7 @@ fn end(why: Closed) -> io::Result<()> {
         Closed::HeaderTimeout => {
             Err(io::Error::new(io::ErrorKind::TimedOut, "the request head did not arrive in time"))
         }
+        Closed::SendTimeout => Err(io::Error::new(io::ErrorKind::TimedOut, "the client took no byte in time")),
         // The end of the stream: hyper closes an idle connection quietly.
         Closed::IdleTimeout | Closed::Evicted => Ok(()),
     }
@@ -296,9 +305,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
         if let Some(why) = this.closed {
             return Poll::Ready(end(why));
         }
-        if this.evicted() {
-            return Poll::Ready(this.close(Closed::Evicted));
-        }
+        // The socket first: a request already waiting in it is read even
+        // when the connection was asked to make room.
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -315,7 +323,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let outcome = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(cx, outcome, false)
     }
 
     fn poll_write_vectored(
@@ -323,7 +333,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let outcome = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(cx, outcome, false)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -331,17 +343,17 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        let outcome = Pin::new(&mut this.inner).poll_flush(cx);
+        this.wrote(cx, outcome, true)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        let outcome = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.wrote(cx, outcome, true)
     }
 }
-
-/// What a gRPC request finds in its extensions: its connection.
-#[derive(Clone, Debug)]
-pub struct ConnHandle(pub Arc<Conn>);
 
 impl tonic::transport::server::Connected for Guarded<tokio::net::TcpStream> {
     type ConnectInfo = ConnHandle;
@@ -353,7 +365,55 @@ impl tonic::transport::server::Connected for Guarded<tokio::net::TcpStream> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            header_read_timeout: Some(Duration::from_secs(10)),
+            idle_timeout: Some(Duration::from_secs(120)),
+            send_timeout: Some(Duration::from_secs(30)),
+            max_connections: 1,
+        }
+    }
+
+    fn guarded(io: tokio::io::DuplexStream, protocol: Protocol) -> Guarded<tokio::io::DuplexStream> {
+        let slot = Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().unwrap();
+        Guarded::new(io, protocol, limits(), Arc::default(), slot)
+    }
+
+    #[tokio::test]
+    async fn a_connection_asked_to_make_room_reads_the_request_already_waiting() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, server) = tokio::io::duplex(4096);
+        let mut guarded = guarded(server, Protocol::Http1);
+        // One request answered: the connection waits for its next.
+        drop(guarded.conn().begin());
+        client.write_all(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        guarded.conn().evict();
+        let mut buffer = [0u8; 64];
+        assert!(
+            AsyncReadExt::read(&mut guarded, &mut buffer).await.unwrap() > 0,
+            "a waiting request was dropped by the eviction"
+        );
+        // It is no longer asked to close: with nothing more to read, the
+        // read waits rather than ending.
+        let next = tokio::time::timeout(Duration::from_millis(50), AsyncReadExt::read(&mut guarded, &mut buffer)).await;
+        assert!(next.is_err(), "the connection was closed after its request was read: {next:?}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_asked_to_make_room_with_nothing_to_read_ends() {
+        use tokio::io::AsyncReadExt;
+        let (_client, server) = tokio::io::duplex(4096);
+        let mut guarded = guarded(server, Protocol::Http1);
+        drop(guarded.conn().begin());
+        guarded.conn().evict();
+        let mut buffer = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), AsyncReadExt::read(&mut guarded, &mut buffer)).await;
+        assert_eq!(read.expect("the read ended").unwrap(), 0, "an evicted idle connection reads the end");
+    }
 
     #[test]
     fn the_handshake_ends_with_the_first_settings_frame_however_it_is_cut() {

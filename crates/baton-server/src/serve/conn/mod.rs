@@ -12,19 +12,28 @@
 //!   them are slow, because the timeouts below close them. See
 //!   [`bounded`].
 //! - **Descriptors for the server's own files.** The bound is derived from
-//!   the limit on open files: a quarter of it (at least 256, at most half)
-//!   is kept for the repository, the state file, worker processes and the
-//!   store's connections, and what is left is shared equally between the
-//!   listeners. `--max-connections` can only lower a listener's share. The
-//!   soft limit itself is raised to the hard one at start.
+//!   the limit on open files: a share of it ([`reserved_files`]) is kept
+//!   for the repository (a version being loaded holds every one of its
+//!   files open), the state file, worker processes and the store's
+//!   connections, and what is left is shared equally between the
+//!   listeners. `--max-connections` can only lower a listener's share.
+//!   The soft limit itself is raised to the hard one at start.
 //! - **Timeouts.** See [`guarded`]: the header read timeout closes a
 //!   connection whose request head (or, for gRPC, whose HTTP/2 handshake)
-//!   does not arrive in time, and the idle timeout one that has had no
-//!   request in flight for that long. A request in flight is never cut by
-//!   either: its deadline is `--request-timeout`'s business.
+//!   does not arrive in time, the idle timeout one that has had no
+//!   request in flight for that long, and the send timeout one whose
+//!   client takes no byte of its answer for that long. A request in
+//!   flight is never cut by the first two: its body's deadline is
+//!   `--body-read-timeout`'s business, its answer's `--request-timeout`'s.
+//! - **Requests that never end.** An event stream, or a streaming call
+//!   waiting for its next message, is quiet: at the bound, a connection
+//!   with nothing else in flight makes room like an idle one (see
+//!   [`state`]).
 
 pub mod bounded;
 pub mod guarded;
+pub mod http1;
+pub mod state;
 pub mod track;
 
 use std::time::Duration;
@@ -41,6 +50,9 @@ pub struct Limits {
     pub header_read_timeout: Option<Duration>,
     /// How long a connection may stay open with no request in flight.
     pub idle_timeout: Option<Duration>,
+    /// How long a write may make no progress before the connection is
+    /// closed; `None`: no limit.
+    pub send_timeout: Option<Duration>,
     /// Connections the listener holds at once.
     pub max_connections: usize,
 }
@@ -57,9 +69,11 @@ pub enum Protocol {
 }
 
 /// The descriptors kept for the server's own files under an open-files
-/// limit of `limit`: a quarter, at least 256 but never more than half.
+/// limit of `limit`: a quarter, but at least 1,024 (a version of several
+/// hundred files loads beside listeners at their bound), and never more
+/// than half.
 pub fn reserved_files(limit: u64) -> u64 {
-    (limit / 4).max(256.min(limit / 2))
+    (limit / 4).max(1024).min(limit / 2)
 }
 
 /// Each listener's bound on connections: `asked` (`--max-connections`),
@@ -80,11 +94,13 @@ pub fn limits(args: &ServeArgs, listeners: usize) -> Limits {
     let limits = Limits {
         header_read_timeout: args.header_read_timeout.0,
         idle_timeout: args.idle_timeout.0,
+        send_timeout: args.send_timeout.0,
         max_connections: usize::try_from(max).unwrap_or(usize::MAX),
     };
     let reserved = reserved_files(files_limit);
     let ms = |t: Option<Duration>| t.map_or(0, |t| t.as_millis() as u64);
     let (header_ms, idle_ms) = (ms(limits.header_read_timeout), ms(limits.idle_timeout));
+    let send_ms = ms(limits.send_timeout);
     if max < args.max_connections {
         tracing::info!(
             files_limit,
@@ -95,6 +111,7 @@ pub fn limits(args: &ServeArgs, listeners: usize) -> Limits {
             max_connections = max,
             header_read_timeout_ms = header_ms,
             idle_timeout_ms = idle_ms,
+            send_timeout_ms = send_ms,
             "Client connections are bounded, each listener's lower than asked to keep descriptors for the server's own files."
         );
     } else {
@@ -104,6 +121,7 @@ pub fn limits(args: &ServeArgs, listeners: usize) -> Limits {
             max_connections = max,
             header_read_timeout_ms = header_ms,
             idle_timeout_ms = idle_ms,
+            send_timeout_ms = send_ms,
             "Client connections are bounded."
         );
     }
@@ -125,19 +143,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_quarter_of_the_files_is_kept_for_the_server_itself() {
-        assert_eq!(reserved_files(1024), 256);
+    fn a_quarter_of_the_files_is_kept_for_the_server_itself_but_at_least_1024_or_half() {
+        assert_eq!(reserved_files(1024), 512, "half, under the common hard limit");
+        assert_eq!(reserved_files(2048), 1024);
         assert_eq!(reserved_files(4096), 1024);
-        assert_eq!(reserved_files(600), 256, "at least 256");
-        assert_eq!(reserved_files(256), 128, "never more than half");
+        assert_eq!(reserved_files(65_536), 16_384, "a quarter");
+        assert_eq!(reserved_files(600), 300, "never more than half");
         assert_eq!(reserved_files(u64::MAX), u64::MAX / 4);
     }
 
     #[test]
     fn listeners_share_what_is_left_and_the_flag_only_lowers_it() {
-        // 1,024 files, 30 open, two listeners: (1024 - 256 - 30) / 2.
-        assert_eq!(share(1024, 30, 2, 10_000), 369);
-        assert_eq!(share(1024, 30, 4, 10_000), 184);
+        // 1,024 files, 30 open, two listeners: (1024 - 512 - 30) / 2.
+        assert_eq!(share(1024, 30, 2, 10_000), 241);
+        assert_eq!(share(1024, 30, 4, 10_000), 120);
         assert_eq!(share(1024, 30, 2, 100), 100);
         assert_eq!(share(1_048_576, 30, 2, 10_000), 10_000);
         assert_eq!(share(u64::MAX, 30, 2, 10_000), 10_000);

@@ -1,10 +1,14 @@
 //! Requests in flight, told to their connection: from the moment a
-//! request's head has been read until its answer's last byte has been
-//! written (or the answer given up), the connection has no deadline.
+//! request's head has been read until its answer's body has been handed
+//! on (or given up), the connection has no header or idle deadline.
 //!
 //! The answer's body carries the guard, so an answer that streams (the
 //! event stream, streaming inference) keeps its connection from counting
-//! as idle however quiet it is.
+//! as idle however quiet it is; such a stream says so itself when it is
+//! quiet ([`super::state::Quiet`]), through the [`ConnHandle`] each
+//! request finds in its extensions. hyper drops an HTTP/1.1 answer's body
+//! once its last bytes are queued; bytes the socket has not taken yet
+//! keep the connection busy in [`super::guarded`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +18,7 @@ use std::task::{Context, Poll};
 use axum::http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 
-use super::guarded::{Conn, ConnHandle, Guarded, InFlight};
+use super::state::{Conn, ConnHandle, InFlight};
 
 pin_project_lite::pin_project! {
     /// An answer's body, holding its request in flight until dropped.
@@ -43,12 +47,19 @@ impl<B: Body> Body for Held<B> {
 }
 
 /// A service that tells the connection of each request it serves; the
-/// connection is given (REST) or found in the request's extensions
-/// (gRPC, where tonic puts it).
+/// connection is given (REST, which puts it in the request's extensions)
+/// or found in the request's extensions (gRPC, where tonic puts it).
 #[derive(Clone, Debug)]
 pub struct Track<S> {
     inner: S,
     conn: Option<Arc<Conn>>,
+}
+
+impl<S> Track<S> {
+    /// `inner`, serving the requests of `conn`.
+    pub fn new(inner: S, conn: Arc<Conn>) -> Track<S> {
+        Track { inner, conn: Some(conn) }
+    }
 }
 
 impl<S, Q, B> tower::Service<Request<Q>> for Track<S>
@@ -63,8 +74,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<Q>) -> Self::Future {
-        let conn = self.conn.clone().or_else(|| request.extensions().get::<ConnHandle>().map(|c| Arc::clone(&c.0)));
+    fn call(&mut self, mut request: Request<Q>) -> Self::Future {
+        let conn = match &self.conn {
+            Some(conn) => {
+                request.extensions_mut().insert(ConnHandle(Arc::clone(conn)));
+                Some(Arc::clone(conn))
+            }
+            None => request.extensions().get::<ConnHandle>().map(|c| Arc::clone(&c.0)),
+        };
         let in_flight = conn.map(|c| c.begin());
         Tracking { answer: self.inner.call(request), in_flight }
     }
@@ -102,46 +119,5 @@ impl<S> tower::Layer<S> for TrackLayer {
 
     fn layer(&self, inner: S) -> Track<S> {
         Track { inner, conn: None }
-    }
-}
-
-/// Makes, for each REST connection, the router tracked on it.
-#[derive(Clone, Debug)]
-pub struct MakeTracked {
-    router: axum::Router,
-}
-
-impl MakeTracked {
-    /// Serves `router` on every connection.
-    pub fn new(router: axum::Router) -> MakeTracked {
-        MakeTracked { router }
-    }
-}
-
-/// The router on one connection, answering with axum's body type.
-pub type Tracked =
-    tower::util::MapResponse<Track<axum::Router>, fn(Response<Held<axum::body::Body>>) -> axum::response::Response>;
-
-fn boxed(response: Response<Held<axum::body::Body>>) -> axum::response::Response {
-    response.map(axum::body::Body::new)
-}
-
-impl<'a, L> tower::Service<axum::serve::IncomingStream<'a, L>> for MakeTracked
-where
-    L: axum::serve::Listener<Io = Guarded<tokio::net::TcpStream>>,
-{
-    type Response = Tracked;
-    type Error = std::convert::Infallible;
-    type Future = std::future::Ready<Result<Tracked, std::convert::Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, incoming: axum::serve::IncomingStream<'a, L>) -> Self::Future {
-        let conn = Some(Arc::clone(incoming.io().conn()));
-        let track = Track { inner: self.router.clone(), conn };
-        let map: fn(Response<Held<axum::body::Body>>) -> axum::response::Response = boxed;
-        std::future::ready(Ok(tower::util::MapResponse::new(track, map)))
     }
 }
