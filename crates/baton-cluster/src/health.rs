@@ -17,6 +17,9 @@ pub struct Health {
     state: Lock<State>,
     leases: Lock<Leases>,
     acting: Acting,
+    /// What this process's coordinators measured, kept while they hold
+    /// their keys (see [`crate::coordinator::Clocks`]).
+    pub(crate) clocks: crate::coordinator::Clocks,
 }
 
 /// Whether this process acts for its replica: registers it, acks its
