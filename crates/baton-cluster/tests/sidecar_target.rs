@@ -3,7 +3,9 @@
 //! the repository's load and readiness calls (after a delay the test
 //! chooses) and never answers others. A trial whose metadata call hangs
 //! fails (a hang is not a pass), and the whole trial ends at one load
-//! timeout, however many calls hang.
+//! timeout, however many calls hang. A prepare that finds a load of the
+//! same model under way is refused as busy at once (the participant then
+//! waits within its prepare timeout) rather than queued behind it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -162,4 +164,35 @@ fn a_trial_ends_at_one_load_timeout_however_many_calls_are_slow() {
         took < LOAD_TIMEOUT + Duration::from_secs(2),
         "the trial took {took:?}, past its load timeout of {LOAD_TIMEOUT:?}"
     );
+}
+
+#[test]
+fn a_prepare_finds_a_load_under_way_busy_instead_of_waiting_behind_it() {
+    let source = TestRepo::new();
+    source.add_model("m", FAKE_TOML);
+    source.write_files("m", 1, &[("fake.txt", b"1")]);
+    source.seal("m", 1);
+    let target = tempfile::tempdir().unwrap();
+    let repo = target.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    // Each load and readiness answer takes a while: the converge holds
+    // the model's turn for most of a load timeout.
+    let stand_in = StandIn::start(LOAD_TIMEOUT / 3);
+    let node = agent(source.root(), &repo, &stand_in.url());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // The converge is polled first: it takes the model's turn at once.
+    let (converged, (prepared, took)) = runtime.block_on(async {
+        tokio::join!(node.converge("m", 1), async {
+            let started = Instant::now();
+            (node.prepare("m", 1).await, started.elapsed())
+        })
+    });
+    let refused = prepared.expect_err("the prepare waited for the converge instead of finding it busy");
+    assert_eq!(refused.stage, baton_cluster::node::BUSY, "{refused}");
+    assert!(took < LOAD_TIMEOUT / 3, "the prepare waited {took:?} behind the converge");
+    assert!(converged.is_err(), "the stand-in never answers the trial's metadata call");
+    // Once the converge ended, the model is free again.
+    runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(1), node.until_free("m")).await.expect("the model's turn is free")
+    });
 }
