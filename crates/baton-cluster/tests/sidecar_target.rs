@@ -1,11 +1,13 @@
 //! The sidecar agent's trial load against a target that hangs: a stand-in
 //! KServe V2 server on a loopback port, a real HTTP listener that answers
 //! the repository's load and readiness calls (after a delay the test
-//! chooses) and never answers others. A trial whose metadata call hangs
-//! fails (a hang is not a pass), and the whole trial ends at one load
-//! timeout, however many calls hang. A prepare that finds a load of the
-//! same model under way is refused as busy at once (the participant then
-//! waits within its prepare timeout) rather than queued behind it.
+//! chooses; a version's metadata too, when a test asks) and never answers
+//! others. A trial whose metadata call hangs fails (a hang is not a pass),
+//! and the whole trial ends at one load timeout, however many calls hang.
+//! A prepare that finds a load of the same model under way is refused as
+//! busy at once (the participant then waits within its prepare timeout)
+//! rather than queued behind it; a converge on the committed version keeps
+//! a candidate staged for a later step.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -33,6 +35,12 @@ struct StandIn {
 
 impl StandIn {
     fn start(delay: Duration) -> StandIn {
+        StandIn::answering(delay, false)
+    }
+
+    /// [`StandIn::start`], answering a version's metadata call too when
+    /// `metadata` (with metadata that names no inputs: readiness only).
+    fn answering(delay: Duration, metadata: bool) -> StandIn {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -43,7 +51,7 @@ impl StandIn {
                 match listener.accept() {
                     Ok((stream, _)) => {
                         let stopping = Arc::clone(&stopping);
-                        std::thread::spawn(move || serve(stream, delay, &stopping));
+                        std::thread::spawn(move || serve(stream, delay, metadata, &stopping));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
@@ -64,7 +72,7 @@ impl Drop for StandIn {
 }
 
 /// Answers the requests of one connection, in order, until it closes.
-fn serve(stream: TcpStream, delay: Duration, stop: &AtomicBool) {
+fn serve(stream: TcpStream, delay: Duration, metadata: bool, stop: &AtomicBool) {
     let _ = stream.set_nonblocking(false);
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream;
@@ -93,7 +101,11 @@ fn serve(stream: TcpStream, delay: Duration, stop: &AtomicBool) {
             return;
         }
         let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
-        let answers = path.ends_with("/load") || path.ends_with("/unload") || path.ends_with("/ready");
+        let is_metadata = head.starts_with("GET ") && path.rsplit('/').nth(1) == Some("versions");
+        let answers = path.ends_with("/load")
+            || path.ends_with("/unload")
+            || path.ends_with("/ready")
+            || (metadata && is_metadata);
         if !answers {
             // A server that hangs: the request is never answered.
             while !stop.load(Ordering::Relaxed) {
@@ -195,4 +207,28 @@ fn a_prepare_finds_a_load_under_way_busy_instead_of_waiting_behind_it() {
     runtime.block_on(async {
         tokio::time::timeout(Duration::from_secs(1), node.until_free("m")).await.expect("the model's turn is free")
     });
+}
+
+#[test]
+fn a_converge_keeps_the_candidate_staged_for_a_later_step() {
+    let source = TestRepo::new();
+    source.add_model("m", FAKE_TOML);
+    for version in 1..=2u64 {
+        source.write_files("m", version, &[("fake.txt", version.to_string().as_bytes())]);
+        source.seal("m", version);
+    }
+    let target = tempfile::tempdir().unwrap();
+    let repo = target.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let stand_in = StandIn::answering(Duration::ZERO, true);
+    let node = agent(source.root(), &repo, &stand_in.url());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // Version 2 prepared for a gray step this agent is not part of yet;
+    // meanwhile it converges on the committed version 1.
+    runtime.block_on(node.prepare("m", 2)).expect("the prepare of version 2");
+    runtime.block_on(node.converge("m", 1)).expect("the converge on version 1");
+    let serving = node.serving("m");
+    assert_eq!(serving.stable, Some(1), "{serving:?}");
+    assert_eq!(serving.candidate, Some(2), "the prepared candidate was discarded: {serving:?}");
+    assert_eq!(serving.candidate_percent, 0.0, "{serving:?}");
 }
