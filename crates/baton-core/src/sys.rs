@@ -297,9 +297,9 @@ pub fn thread_run_delay() -> Option<std::time::Duration> {
 }
 
 /// The CPU time the calling thread has used, from the kernel's per-thread
-/// clock; `None` where there is none. Rollouts time each engine run with it
-/// on the thread that runs it, so that a run's cost is the same whatever
-/// the thread's priority and however long it waited for a CPU.
+/// clock; `None` where there is none. A rollout's timing of a run bounds
+/// what a worker's report may take away from its sample with it
+/// ([`crate::executor::timing`]).
 pub fn thread_cpu_time() -> Option<std::time::Duration> {
     #[cfg(unix)]
     {

@@ -262,17 +262,17 @@ impl Version {
     /// engine's instances is free, waiting for one if none is. For a
     /// lowered thread running comparison copies on a rollout's shadow
     /// candidate, whose instances serve no one else: it runs at that
-    /// thread's priority, below serving. Returns the answer and the CPU
-    /// time the run took on this thread, as a session thread times its
-    /// runs.
+    /// thread's priority, below serving. Returns the answer and the time
+    /// the run took, as a session thread times its runs
+    /// ([`crate::executor::timing`]): its wait for a CPU at that priority
+    /// is not in it.
     pub fn run_here(&self, inputs: &[Tensor]) -> crate::executor::Timed {
         if let Err(e) = self.signature().check_inputs(inputs) {
             return (Err(InferError::InvalidInput(e)), None);
         }
-        let cpu = crate::sys::thread_cpu_time();
+        let watch = crate::executor::timing::Stopwatch::start();
         let answer = self.engine().infer(inputs).map_err(InferError::from);
-        let ran = crate::sys::thread_cpu_time().zip(cpu).map(|(now, start)| now.saturating_sub(start));
-        (answer, ran)
+        (answer, Some(watch.stop()))
     }
 
     /// Queues a comparison copy only when the version has an instance free
@@ -297,7 +297,7 @@ impl Version {
         self.submit(inputs.to_vec(), None)?.wait()
     }
 
-    /// [`Version::infer`], with the CPU time of the engine's run.
+    /// [`Version::infer`], with the time of the engine's run ([`crate::executor::timing`]).
     pub fn infer_timed(&self, inputs: &[Tensor]) -> crate::executor::Timed {
         match self.submit(inputs.to_vec(), None) {
             Ok(pending) => pending.wait_timed(),

@@ -178,6 +178,11 @@ fn share(file: &ModelFile, version: &Verified, sharing: Sharing) -> Result<Share
         .map_err(|e| BackendError::new("staging_failed", format!("{}: {e}", file.path().display())))
 }
 
+/// The session settings that let the engine's intra-op and inter-op
+/// threads (and a thread waiting for them) sleep rather than busy-wait.
+const INTRA_SPINNING: &str = "session.intra_op.allow_spinning";
+const INTER_SPINNING: &str = "session.inter_op.allow_spinning";
+
 /// The session setting that says where external data files are, for a
 /// model given as bytes.
 const EXTERNAL_FOLDER: &str = "session.model_external_initializers_file_folder_path";
@@ -210,6 +215,11 @@ fn create_session(
         .map_err(setup)?;
     if !options.prepack {
         builder = builder.with_prepacking(false).map_err(setup)?;
+    }
+    if !options.allow_spinning {
+        for pool in [INTRA_SPINNING, INTER_SPINNING] {
+            builder = builder.with_config_entry(pool, "0").map_err(setup)?;
+        }
     }
     for (name, value) in shared.values() {
         builder = builder.with_initializer(name, value).map_err(setup)?;

@@ -34,6 +34,7 @@
 
 mod backend;
 mod convert;
+pub mod costly;
 pub mod encoder;
 mod graph;
 pub mod mlp;

@@ -8,6 +8,7 @@
 //! optimization = "all"     # "disable" | "basic" | "extended" | "all"
 //! stage_weights = true     # map a large model's weights instead of copying them
 //! prepack = true           # pack matrices once per version for faster products
+//! allow_spinning = true    # the engine's threads busy-wait for work; false: they sleep
 //! ```
 //!
 //! Parsing is strict: an unknown key or a value of the wrong type is an
@@ -26,8 +27,8 @@ pub const MAX_THREADS: usize = 256;
 /// The default pool size never exceeds this, whatever the CPU count.
 const DEFAULT_SESSIONS_CAP: usize = 4;
 
-const KEYS: [&str; 6] =
-    ["sessions", "intra_op_threads", "inter_op_threads", "optimization", "stage_weights", "prepack"];
+const KEYS: [&str; 7] =
+    ["sessions", "intra_op_threads", "inter_op_threads", "optimization", "stage_weights", "prepack", "allow_spinning"];
 
 /// ONNX Runtime graph optimization level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +90,13 @@ pub struct EngineOptions {
     /// the weights: a version holds its weights once and loads faster, and
     /// batched products run slower (docs/memory.md has the figures).
     pub prepack: bool,
+    /// Whether the engine's threads busy-wait for work between operators
+    /// and a calling thread busy-waits for them (ONNX Runtime's default,
+    /// for the lowest latency on cores of their own). Off, they sleep: on a
+    /// machine whose cores serve other work too, the spinning is CPU that
+    /// work waits for. Only matters with `intra_op_threads` or
+    /// `inter_op_threads` above 1.
+    pub allow_spinning: bool,
 }
 
 impl Default for EngineOptions {
@@ -101,6 +109,7 @@ impl Default for EngineOptions {
             optimization: Optimization::All,
             stage_weights: true,
             prepack: true,
+            allow_spinning: true,
         }
     }
 }
@@ -116,6 +125,7 @@ impl EngineOptions {
                 "inter_op_threads" => options.inter_op_threads = count(key, value, MAX_THREADS)?,
                 "stage_weights" => options.stage_weights = flag(key, value)?,
                 "prepack" => options.prepack = flag(key, value)?,
+                "allow_spinning" => options.allow_spinning = flag(key, value)?,
                 "optimization" => {
                     options.optimization = match value.as_str() {
                         Some("disable") => Optimization::Disable,
@@ -176,7 +186,7 @@ mod tests {
         assert!((1..=4).contains(&options.sessions));
         assert_eq!((options.intra_op_threads, options.inter_op_threads), (1, 1));
         assert_eq!(options.optimization, Optimization::All);
-        assert!(options.stage_weights);
+        assert!(options.stage_weights && options.allow_spinning);
         assert!(!options.has_worker_threads());
     }
 
@@ -184,7 +194,7 @@ mod tests {
     fn every_key_parses() {
         let options = parse(
             "sessions = 3\nintra_op_threads = 2\ninter_op_threads = 4\noptimization = \"basic\"\nstage_weights = false\n\
-             prepack = false",
+             prepack = false\nallow_spinning = false",
         )
         .unwrap();
         assert_eq!(
@@ -196,6 +206,7 @@ mod tests {
                 optimization: Optimization::Basic,
                 stage_weights: false,
                 prepack: false,
+                allow_spinning: false,
             }
         );
         assert!(options.has_worker_threads());
@@ -221,6 +232,7 @@ mod tests {
             "optimization = 3",
             "stage_weights = 1",
             "stage_weights = \"yes\"",
+            "allow_spinning = 0",
         ] {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.kind, "invalid_engine_options", "{bad}");

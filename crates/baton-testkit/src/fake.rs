@@ -28,7 +28,13 @@
 //! that many thousand rounds more for every inference any other such
 //! engine ran since its own last one (up to eight), as a model whose
 //! weights other models' runs pushed out of the cache pays to read them
-//! back: at a small share of the traffic, a version runs colder.
+//! back: at a small share of the traffic, a version runs colder. One
+//! holding `off-cpu` (a number) then sleeps that many times as long as its
+//! arithmetic took, off the CPU, as a run that waits for a disk, a lock or
+//! another device does: its wall time is that many times more than its CPU
+//! time, on any machine. One holding `engine-thread` does its arithmetic
+//! on a thread of its own while the calling thread waits for it, as an
+//! engine that hands a run to its own threads does.
 //!
 //! For engines that end by themselves (as a worker process does): a
 //! version holding `exit-after` (a number) reports its engine's end once it
@@ -188,6 +194,8 @@ impl Backend for FakeBackend {
         let work = number("work")?.map(|thousands| (thousands * 1000.0) as u64);
         let nan_from = number("nan-from")?.map(|v| v as f32);
         let cold_work = number("cold-work")?.map(|thousands| (thousands * 1000.0) as u64);
+        let off_cpu = number("off-cpu")?;
+        let engine_thread = has("engine-thread");
         let fail = has("fail-when-told").then(|| Arc::clone(&self.fail));
         let exit_after = number("exit-after")?.map(|n| n as u64);
         let exit_when_asked = number("exit-when-asked")?.map(|n| n as u64);
@@ -210,6 +218,8 @@ impl Backend for FakeBackend {
             work,
             cold: cold_work.map(|rounds| Cold { rounds, last: AtomicU64::new(RUNS.load(Ordering::SeqCst)) }),
             nan_from,
+            off_cpu,
+            engine_thread,
             fail,
             exit: (exit_after.is_some() || exit_when_asked.is_some()).then(|| Exit {
                 after: exit_after,
@@ -320,6 +330,8 @@ struct FakeModel {
     work: Option<u64>,
     cold: Option<Cold>,
     nan_from: Option<f32>,
+    off_cpu: Option<f64>,
+    engine_thread: bool,
     fail: Option<Arc<std::sync::atomic::AtomicBool>>,
     exit: Option<Exit>,
     calls: Arc<Mutex<Vec<usize>>>,
@@ -366,7 +378,18 @@ impl Model for FakeModel {
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
         let thread = std::thread::current().name().unwrap_or_default().to_owned();
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread);
-        spin(self.work.unwrap_or(0) + self.cold.as_ref().map_or(0, Cold::rounds));
+        let cpu = baton_core::sys::thread_cpu_time();
+        let rounds = self.work.unwrap_or(0) + self.cold.as_ref().map_or(0, Cold::rounds);
+        if self.engine_thread {
+            std::thread::scope(|scope| {
+                scope.spawn(|| spin(rounds));
+            });
+        } else {
+            spin(rounds);
+        }
+        if let (Some(times), Some(worked)) = (self.off_cpu, baton_core::sys::thread_cpu_time().zip(cpu)) {
+            std::thread::sleep((worked.0 - worked.1).mul_f64(times));
+        }
         if self.fail.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst)) {
             return Err(BackendError::new("inference_failed", "the fake engine fails, as told"));
         }

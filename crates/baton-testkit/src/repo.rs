@@ -125,6 +125,16 @@ impl TestRepo {
         dir
     }
 
+    /// Publishes a version that answers as `mlp` does with `rows` rows of
+    /// work for every row asked for ([`baton_onnx::costly::encode_costly`]);
+    /// then seals it.
+    pub fn publish_costly(&self, name: &str, version: u64, mlp: &Mlp, rows: usize) -> PathBuf {
+        let model = baton_onnx::costly::encode_costly(mlp, rows);
+        let dir = self.write_files(name, version, &[("model.onnx", &model)]);
+        self.seal(name, version);
+        dir
+    }
+
     /// Publishes a weights-only version: `weights`' tensors as
     /// `weights.safetensors` and the graph of `graph`'s model as
     /// `graph.onnx`, as `baton package --graph-from` writes it, plus

@@ -33,6 +33,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use baton_core::executor::timing;
 use baton_core::tensor::{Tensor, TensorView};
 use serde::{Deserialize, Serialize};
 
@@ -148,13 +149,30 @@ enum Answer {
     /// The outputs' index is at `outputs` in the slot's output region;
     /// `region`: in a new one (the slot's first, or a larger), whose
     /// descriptor is attached and which replaces it.
-    Done { outputs: Placed, region: bool },
+    /// `ran_ns`: how long the call took on the slot's thread, from its
+    /// message read to its answer, less that thread's waits for a CPU
+    /// meanwhile (absent where the kernel does not count them). The
+    /// server's latency sample counts it in place of its wait for the
+    /// answer, at most that wait (`baton_core::executor::timing`); a value
+    /// that is not a whole number of nanoseconds is read as absent.
+    Done {
+        outputs: Placed,
+        region: bool,
+        #[serde(default, deserialize_with = "lenient_nanos", skip_serializing_if = "Option::is_none")]
+        ran_ns: Option<u64>,
+    },
     /// The call failed in the worker.
     Failed { kind: String, message: String },
     /// The worker could not map the input region the call carried, and
     /// holds none now: the call did not run, and the slot's next call
     /// carries a region again.
     Unmapped { message: String },
+}
+
+/// A count of nanoseconds from the worker, or `None` for anything else: a
+/// timing the server cannot read costs the call nothing.
+fn lenient_nanos<'de, D: serde::Deserializer<'de>>(from: D) -> Result<Option<u64>, D::Error> {
+    Ok(serde_json::Value::deserialize(from)?.as_u64())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -313,6 +331,8 @@ impl Caller {
 
     fn wait(&self, slot: &mut Slot, deadline: Instant, within: Duration) -> Result<Vec<Tensor>, HopError> {
         let left = deadline.saturating_duration_since(Instant::now());
+        // The wait counts as the worker's timing of its run.
+        let waiting = timing::Waiting::start();
         if !slot.channel.readable_soon(self.spin.min(left))
             && !slot.channel.readable_within(left).map_err(|e| HopError::Broken(format!("waiting for it: {e}")))?
         {
@@ -332,7 +352,14 @@ impl Caller {
             Err(error) => Err(HopError::Broken(format!("reading its answer: {error}"))),
             Ok(Some((bytes, fds))) => match serde_json::from_slice::<Answer>(&buffer[..bytes]) {
                 Err(error) => Err(HopError::Broken(format!("it sent a message baton does not read: {error}"))),
-                Ok(answer) => self.read_answer(slot, answer, fds.into_iter().next()),
+                Ok(answer) => {
+                    let ran = match &answer {
+                        Answer::Done { ran_ns, .. } => ran_ns.map(Duration::from_nanos),
+                        _ => None,
+                    };
+                    waiting.answered(ran);
+                    self.read_answer(slot, answer, fds.into_iter().next())
+                }
             },
         };
         slot.buffer = buffer;
@@ -350,7 +377,7 @@ impl Caller {
                 slot.region = None;
                 Err(HopError::Failed { kind: HOP_FAILED.to_owned(), message })
             }
-            Answer::Done { outputs, region: new } => {
+            Answer::Done { outputs, region: new, .. } => {
                 if new {
                     let fd = fd.ok_or_else(|| HopError::Broken("an output region was announced, not sent".into()))?;
                     let region = PeerRegion::open(fd, self.most)
@@ -444,6 +471,8 @@ where
         // briefly spares the wake-up.
         channel.readable_soon(how.spin);
         let Some((bytes, fds)) = channel.recv_into(&mut buffer)? else { break };
+        // The call's own time, sent with its answer, runs from here.
+        let (began, delay) = (Instant::now(), timing::own_run_delay());
         let call: Call = serde_json::from_slice(&buffer[..bytes])
             .map_err(|e| invalid(format!("the server sent a call this worker does not read: {e}")))?;
         let Call::Infer { inputs, region: sent, instance } = call;
@@ -463,7 +492,7 @@ where
                 }
             };
         }
-        let answer = match (unmapped, &inputs_region) {
+        let mut answer = match (unmapped, &inputs_region) {
             (Some(message), _) => Answer::Unmapped { message: bounded(&message) },
             (None, None) => return Err(invalid("a call before any region")),
             (None, Some(current)) => {
@@ -472,6 +501,11 @@ where
                 })
             }
         };
+        if let Answer::Done { ran_ns, .. } = &mut answer {
+            let waited = timing::own_run_delay().zip(delay).map(|(now, then)| now.saturating_sub(then));
+            let ran = waited.map(|waited| began.elapsed().saturating_sub(waited));
+            *ran_ns = ran.map(|ran| u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX));
+        }
         let message = serde_json::to_vec(&answer).map_err(io::Error::other)?;
         let fds = match (&answer, &outputs.region) {
             (Answer::Done { region: true, .. }, Some(region)) => vec![region.fd()],
@@ -632,7 +666,7 @@ where
         (Err((kind, message)), _) => failed(&kind, &message),
         (Ok(()), Some((kind, message))) => failed(kind, &message),
         (Ok(()), None) => match outputs.finish() {
-            Ok(placed) => Answer::Done { outputs: placed, region: std::mem::take(&mut outputs.new) },
+            Ok(placed) => Answer::Done { outputs: placed, region: std::mem::take(&mut outputs.new), ran_ns: None },
             Err((kind, message)) => failed(kind, &message),
         },
     }
@@ -641,6 +675,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_s_timing_that_is_not_a_whole_number_of_nanoseconds_is_read_as_absent() {
+        let waited = |value: &str| {
+            let text = format!(r#"{{"Done":{{"outputs":{{"offset":0,"len":8}},"region":false{value}}}}}"#);
+            match serde_json::from_str::<Answer>(&text).unwrap_or_else(|e| panic!("{text}: {e}")) {
+                Answer::Done { ran_ns, .. } => ran_ns,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(waited(r#","ran_ns":1500"#), Some(1500));
+        assert_eq!(waited(""), None);
+        for bad in ["-5", "1.5", "\"1000\"", "18446744073709551616", "null", "[]"] {
+            assert_eq!(waited(&format!(r#","ran_ns":{bad}"#)), None, "{bad}");
+        }
+    }
 
     #[test]
     fn a_failure_s_kind_and_message_are_bounded_so_that_its_answer_fits_a_message() {

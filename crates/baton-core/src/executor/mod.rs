@@ -30,6 +30,7 @@
 mod cost;
 mod session;
 mod spawn;
+pub mod timing;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar};
@@ -58,8 +59,8 @@ use crate::tensor::Tensor;
 /// The answer to one request.
 pub type Answer = Result<Vec<Tensor>, InferError>;
 
-/// An answer and the CPU time the engine's run took on the thread that ran
-/// it (`None` when nothing ran, or the platform keeps no thread clock).
+/// An answer and the time the engine's run took as the thread that waited
+/// for it counts it ([`timing`]; `None` when nothing ran).
 pub type Timed = (Answer, Option<std::time::Duration>);
 
 /// A request waiting for, or being run by, a session thread.
@@ -316,10 +317,10 @@ impl Executor {
     /// Runs one request on `instance`, taken out of the free ones, on the
     /// calling thread; then frees the instance again.
     fn run_inline(&self, instance: usize, inputs: &[Tensor]) -> Timed {
-        let cpu = crate::sys::thread_cpu_time();
+        let watch = timing::Stopwatch::start();
         let started = Instant::now();
         let answer = session::run_one(self.engine.as_ref(), instance, inputs);
-        let ran = session::cpu_since(cpu);
+        let ran = Some(watch.stop());
         self.shared.cost.record(rows_of(inputs), started.elapsed());
         let mut state = self.shared.state.lock();
         state.running -= 1;
@@ -385,7 +386,7 @@ pub struct Pending {
     settled: bool,
     /// The answer of a request run inline.
     answered: Option<Timed>,
-    /// The CPU time of the engine's run, once answered.
+    /// The time of the engine's run ([`timing`]), once answered.
     engine_time: Option<std::time::Duration>,
 }
 
@@ -414,7 +415,7 @@ impl Pending {
         if self.shared.withdraw(self.id) { Expired::Queued } else { Expired::Running }
     }
 
-    /// The CPU time the engine's run took on the thread that ran it, once
+    /// The time the engine's run took ([`timing`]), once
     /// the answer came; `None` before, or when nothing ran.
     pub fn engine_time(&self) -> Option<std::time::Duration> {
         self.engine_time
@@ -426,7 +427,7 @@ impl Pending {
         self.wait_timed().0
     }
 
-    /// [`Pending::wait`], with the engine's CPU time.
+    /// [`Pending::wait`], with the time of the engine's run.
     pub fn wait_timed(mut self) -> Timed {
         if let Some(answer) = self.answered.take() {
             return answer;

@@ -17,10 +17,10 @@ pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize, starte
     let _ = started.send(());
     drop(started);
     while let Some(batch) = next(shared, instance) {
-        let cpu = crate::sys::thread_cpu_time();
+        let watch = super::timing::Stopwatch::start();
         let started = Instant::now();
         let answers = run(engine, instance, &batch);
-        let ran = cpu_since(cpu);
+        let ran = Some(watch.stop());
         shared.cost.record(batch.iter().map(|j| j.rows).sum(), started.elapsed());
         let count = batch.len();
         let copies = batch.iter().filter(|j| j.copy).count();
@@ -36,12 +36,6 @@ pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize, starte
             let _ = job.reply.send((answer, ran));
         }
     }
-}
-
-/// The CPU time this thread used since `start` (a reading of
-/// [`crate::sys::thread_cpu_time`]).
-pub(super) fn cpu_since(start: Option<std::time::Duration>) -> Option<std::time::Duration> {
-    Some(crate::sys::thread_cpu_time()?.saturating_sub(start?))
 }
 
 /// Runs `work`, turning a panic of the engine into its message. The

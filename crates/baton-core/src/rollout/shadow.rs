@@ -1,7 +1,7 @@
 //! Shadow copies run below serving: a thread of each shadow rollout, at the
 //! loader's priority (nice 19 and, by default, `SCHED_IDLE`), runs the
 //! candidate on the copies of the requests chosen for shadowing, one at a
-//! time, on the calling thread's own CPU time. Serving threads get a core
+//! time, timed as a session thread times its runs. Serving threads get a core
 //! before it does; under sustained full load the copies wait, the queue
 //! fills and further copies are dropped and counted rather than taking
 //! CPU from answers.

@@ -43,8 +43,8 @@ impl Observations {
         Observations { stable_timed_by_copies: true, ..Observations::default() }
     }
 
-    /// Counts one request `role` answered (or failed), with the CPU time its
-    /// engine run took when it ran (see [`super::compare`]'s callers: every
+    /// Counts one request `role` answered (or failed), with the time its
+    /// engine run took when it ran ([`crate::executor::timing`]) (see [`super::compare`]'s callers: every
     /// sample of either side is that same measure). Requests to
     /// [`Role::Previous`] are not counted.
     pub fn record(&self, role: Role, latency: Option<Duration>, failed: bool) {
