@@ -46,6 +46,15 @@ pub enum Scope {
     Server,
 }
 
+/// The protocol a listener speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Front {
+    /// REST (`--http`, `--admin-http`).
+    Rest,
+    /// gRPC (`--grpc`, `--admin-grpc`).
+    Grpc,
+}
+
 /// The role of a listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Listener {
@@ -130,9 +139,10 @@ pub struct Access {
     fleet: bool,
     /// Set while an upgrade of the server runs: model operations wait.
     held: Arc<AtomicBool>,
-    /// Whether the REST listener of each role (inference, admin) binds an
-    /// address that is not loopback. The server scope is REST alone.
-    public: [bool; 2],
+    /// Whether the listener of each front (REST, gRPC) and role
+    /// (inference, admin) binds an address that is not loopback. The
+    /// server scope is REST alone.
+    public: [[bool; 2]; 2],
 }
 
 impl Access {
@@ -146,7 +156,7 @@ impl Access {
             control,
             fleet: false,
             held: Arc::default(),
-            public: [false; 2],
+            public: [[false; 2]; 2],
             outcomes_token: None,
         }
     }
@@ -154,15 +164,27 @@ impl Access {
     /// The same policy, knowing that the REST listener of `role` binds an
     /// address that is not loopback (`public`): there the server scope
     /// needs the token.
-    pub fn exposed(mut self, role: Listener, public: bool) -> Access {
-        self.public[role as usize] = public;
+    pub fn exposed(self, role: Listener, public: bool) -> Access {
+        self.exposed_on(Front::Rest, role, public)
+    }
+
+    /// The same policy, knowing whether the `front` listener of `role`
+    /// binds an address that is not loopback (`public`).
+    pub fn exposed_on(mut self, front: Front, role: Listener, public: bool) -> Access {
+        self.public[front as usize][role as usize] = public;
         self
     }
 
     /// Whether the server scope is refused on `listener` for want of a
     /// token: it is public and no token is set.
     pub fn server_unprotected(&self, listener: Listener) -> bool {
-        self.token.is_none() && self.public[listener as usize]
+        self.unprotected(Front::Rest, listener)
+    }
+
+    /// Whether the `front` listener of role `listener` is public and no
+    /// token is set.
+    fn unprotected(&self, front: Front, listener: Listener) -> bool {
+        self.token.is_none() && self.public[front as usize][listener as usize]
     }
 
     /// The same policy, with posting outcomes needing `token`
@@ -186,17 +208,20 @@ impl Access {
         self
     }
 
-    /// Whether a request on `listener` carrying the `authorization` value
-    /// given would pass the management scope's listener and token checks:
-    /// then open reads (status) show it their details too, such as the
-    /// fleet's endpoints and errors.
-    pub fn privileged(&self, listener: Listener, authorization: Option<&[u8]>) -> bool {
+    /// Whether a request on the `front` listener of role `listener`
+    /// carrying the `authorization` value given would pass the server
+    /// scope's listener and token checks: then open reads (status) show it
+    /// their details too, such as the store's URL and the fleet's
+    /// endpoints and errors. Without a token, that is a loopback listener
+    /// only: `--model-control none` and `--insecure-management` open a
+    /// public address to clients, not the server's details.
+    pub fn privileged(&self, front: Front, listener: Listener, authorization: Option<&[u8]>) -> bool {
         if listener == Listener::Inference && self.admin_listener {
             return false;
         }
         match &self.token {
             Some(token) => authorization.and_then(bearer).is_some_and(|p| token.matches(p)),
-            None => true,
+            None => !self.unprotected(front, listener),
         }
     }
 
@@ -274,12 +299,7 @@ impl Access {
             return Ok(());
         }
         if self.held.load(Ordering::SeqCst) {
-            return Err(ServeError::new(
-                Class::Conflict,
-                "upgrade_in_progress",
-                "an upgrade of the server is under way: model operations are refused until it ends (try again \
-                 then; the new process takes over what the state file says)",
-            ));
+            return Err(upgrade_in_progress());
         }
         if self.fleet {
             return Err(ServeError::new(
@@ -323,6 +343,16 @@ impl Access {
         };
         Err(ServeError::new(Class::Unauthorized, "unauthorized", message))
     }
+}
+
+/// The refusal of a model operation while an upgrade runs.
+pub(crate) fn upgrade_in_progress() -> ServeError {
+    ServeError::new(
+        Class::Conflict,
+        "upgrade_in_progress",
+        "an upgrade of the server is under way: model operations are refused until it ends (try again then; the \
+         new process takes over what the state file says)",
+    )
 }
 
 fn wrong_listener(message: &'static str) -> ServeError {
@@ -460,6 +490,24 @@ mod tests {
         assert_eq!(kind(admin.check(Listener::Admin, s, None, "x")), None);
         let public_admin = admin.exposed(Listener::Admin, true);
         assert_eq!(kind(public_admin.check(Listener::Admin, s, None, "x")), Some("upgrade_unprotected"));
+    }
+
+    #[test]
+    fn details_are_for_the_token_or_a_loopback_listener_of_the_right_role() {
+        let (i, a, t) = (Listener::Inference, Listener::Admin, Some(&b"Bearer t"[..]));
+        for front in [Front::Rest, Front::Grpc] {
+            let loopback = access(None, false, ModelControl::None);
+            assert!(loopback.privileged(front, i, None), "{front:?}");
+            let public = access(None, false, ModelControl::None).exposed_on(front, i, true);
+            assert!(!public.privileged(front, i, None), "{front:?}: a public listener without a token");
+            let token = access(Some("t"), false, ModelControl::None).exposed_on(front, i, true);
+            assert!(token.privileged(front, i, t) && !token.privileged(front, i, None), "{front:?}");
+            let admin = access(None, true, ModelControl::Poll).exposed_on(front, i, true);
+            assert!(!admin.privileged(front, i, None) && admin.privileged(front, a, None), "{front:?}");
+        }
+        // Each front is judged by its own address.
+        let grpc_public = access(None, false, ModelControl::None).exposed_on(Front::Grpc, i, true);
+        assert!(grpc_public.privileged(Front::Rest, i, None) && !grpc_public.privileged(Front::Grpc, i, None));
     }
 
     #[test]

@@ -94,8 +94,9 @@ enum Command {
     /// first): the new process takes over the listening sockets once it is
     /// ready, and the old one drains and exits.
     Upgrade {
-        /// How long the new process may take to be ready, in seconds.
-        #[arg(long, default_value_t = 600)]
+        /// How long the new process may take to be ready, in seconds (1
+        /// to 86400).
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
         timeout: u64,
         /// The old process drains and exits before the new one loads, so
         /// the two never hold the models together (for a machine without

@@ -5,6 +5,8 @@
 //! move there and the inference ports refuse them. A server whose
 //! management would be open on a non-loopback address refuses to start and
 //! says what to do; so does one given an empty or missing token file.
+//! Open reads show their details (a fleet's endpoints and errors) only to
+//! those management would let in: on a public listener, the token.
 
 mod common;
 
@@ -273,4 +275,32 @@ fn management_open_on_a_public_address_refuses_to_start_unless_protected() {
         assert!(server.base().starts_with("http://0.0.0.0:"), "{args:?}: {}", server.base());
         assert!(server.terminate().success(), "{args:?}");
     }
+}
+
+#[test]
+fn status_on_a_public_listener_without_a_token_shows_no_details() {
+    let etcd = baton_testkit::etcd::Etcd::start();
+    let repo = repo_with("m", &[1], "");
+    let cluster = format!("etcd://127.0.0.1:{}", etcd.port());
+    let fleet = ["--cluster", cluster.as_str(), "--replica-id", "r1"];
+    let public = ["--http", "0.0.0.0:0", "--grpc", "0.0.0.0:0", "--model-control", "none"];
+    let server = start(&repo, &[&fleet[..], &public[..]].concat());
+    server.wait_ready();
+    let open = json!({ "connected": true });
+    let status = server.get("/baton/v1/status").json();
+    assert_eq!(status["cluster"], open, "REST: {status}");
+    runtime().block_on(async {
+        let (_, mut management) = clients_at(server.grpc_address()).await;
+        let status = within("status", management.status(pb_baton::StatusRequest::default())).await;
+        let json: serde_json::Value =
+            serde_json::from_str(&status.expect("Management.Status is open").into_inner().json).expect("JSON");
+        assert_eq!(json["cluster"], open, "gRPC: {json}");
+    });
+    // The same server on loopback shows its fleet's details to anyone on
+    // the machine.
+    drop(server);
+    let server = start(&repo, &fleet);
+    server.wait_ready();
+    let status = server.get("/baton/v1/status").json();
+    assert!(status["cluster"].get("endpoint").is_some(), "loopback: {status}");
 }

@@ -7,9 +7,10 @@
 //! replicas fail no request. And a replica upgraded to a new process
 //! (`baton upgrade`) during a gray step: the fleet sees the same replica
 //! under the same lease throughout, its coordination goes on, and the
-//! rollout promotes. And `baton fleet rollout`, given every member of a
-//! three-member etcd, whose member hangs mid-rollout: it coordinates on
-//! through another to the end.
+//! rollout promotes. A replica's upgrade that gives up leaves the replica
+//! to the old process: its lease, registration and coordinator key. And
+//! `baton fleet rollout`, given every member of a three-member etcd, whose
+//! member hangs mid-rollout: it coordinates on through another to the end.
 
 mod common;
 
@@ -464,4 +465,59 @@ fn a_fleet_rollout_whose_etcd_member_hangs_is_coordinated_to_its_end_through_ano
     let desired: Value = serde_json::from_slice(&other.get("/baton/ff/desired/s").expect("committed")).unwrap();
     assert_eq!(desired["version"], 2, "{desired}");
     eventually("the replica serves 2", || (serving(&replica) == (Some(2), false)).then_some(()));
+}
+
+#[test]
+fn an_upgrade_that_gives_up_while_the_new_process_keeps_a_version_leaves_the_replica_to_the_old_one() {
+    let etcd = Etcd::start();
+    // Version 1 takes seconds to warm up (about 4.5 s on an idle machine
+    // here), more than the upgrade's 2 s, and less than those 2 s and the
+    // 5 s grace before SIGKILL: a new process that ignored SIGTERM while
+    // it keeps version 1 would go on and act for the replica. Versions 2
+    // and 3, small, take a moment.
+    let repo = TestRepo::new();
+    let toml = "[warmup]\nbatch_sizes = [4096, 4096, 4096, 4096, 4096, 4096]\nmax_latency_ms = 60000\n";
+    repo.add_model("s", &mlp_toml(&slow_mlp(1), toml));
+    repo.publish_mlp("s", 1, &slow_mlp(1));
+    let cluster = cluster(&etcd);
+    // Through the shutdown delay a stopped process goes on taking part in
+    // the fleet: a new process that went on after it was told to stop
+    // would act for the replica meanwhile.
+    let args = ["--cluster", &cluster, "--cluster-name", "ff", "--replica-id", "r1", "--lease-ttl", "2"];
+    let server = common::start(&repo, &[&args[..], &["--shutdown-delay", "5"]].concat());
+    server.wait_ready();
+    let quick = |v: u64| Mlp::new(&[64, 16, 2], 3000 + v);
+    repo.publish_mlp("s", 2, &quick(2));
+    let promoted = fleet_child(&etcd, &["rollout", "s", "--version", "2"]).wait_with_output().expect("a rollout");
+    assert!(promoted.status.success(), "{}", common::text(&promoted.stderr));
+    eventually("version 1 kept behind 2", || {
+        let status = server.status("s");
+        (status["serving"] == 2 && status["previous"] == serde_json::json!([1])).then_some(())
+    });
+    // A rollout to 3 that holds its first step, coordinated by r1.
+    repo.publish_mlp("s", 3, &quick(3));
+    let args = ["rollout", "s", "--version", "3", "--steps", "50,100", "--interval", "500ms"];
+    let held = ["--min-samples", "1000000000", "--max-inconclusive", "100000", "--detach"];
+    let detached = fleet_child(&etcd, &[&args[..], &held[..]].concat()).wait_with_output().expect("a rollout");
+    assert!(detached.status.success(), "{}", common::text(&detached.stderr));
+    eventually("the first step to be committed", || record(&etcd).filter(|r| r["phase"] == "committed").map(drop));
+    let coordinator_key = "/baton/ff/coordinator/s";
+    let key_before = eventually("r1 to coordinate", || etcd.get_kv(coordinator_key));
+    let registration = "/baton/ff/replicas/r1";
+    let lease_before = etcd.get_kv(registration).expect("the registration")["lease"].clone();
+    assert_eq!(server.status("s")["previous"], serde_json::json!([1]), "version 1 is still kept");
+
+    let refused = common::upgrade::upgrade(server.base(), br#"{"timeout_s": 2}"#);
+    assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
+    assert!(refused.error().contains("not ready within"), "{}", refused.error());
+    assert!(refused.error().contains("exited on SIGTERM (exit status: 0)"), "{}", refused.error());
+    assert!(common::children_of(server.pid(), "serve").is_empty(), "the new process was not stopped");
+
+    let key_after = etcd.get_kv(coordinator_key).expect("the coordinator key");
+    assert_eq!(key_after["mod_revision"], key_before["mod_revision"], "the stopped process took the key over");
+    let after = etcd.get_kv(registration).expect("the registration after the failed upgrade");
+    assert_eq!(after["lease"], lease_before, "the stopped process took the replica's lease with it");
+    let status = server.get("/baton/v1/status").json();
+    assert_eq!(status["cluster"]["leases_lost"], 0, "{status}");
+    assert_eq!(server.get("/v2/health/ready").status, 200, "the old process serves on, ready");
 }

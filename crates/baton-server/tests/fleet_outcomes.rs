@@ -2,6 +2,8 @@
 //! the same `--outcomes-key-file` on every replica, a fleet rollout's ids
 //! are bound to the fleet's rollout id, so an outcome posted to another
 //! replica than the one that answered counts, while a made-up id does not.
+//! A duplicate is caught by the replica it is posted to: each remembers
+//! what was posted to it alone.
 
 mod common;
 
@@ -58,8 +60,16 @@ fn a_fleet_rollouts_ids_count_on_every_replica_that_shares_the_key() {
         answer.json()
     };
     let accepted = json!({ "accepted": 1, "duplicate": 0, "unknown": 0 });
-    assert_eq!(post(&r2, &outcome_id(&r1)), accepted, "r1's answer's id, posted to r2");
+    let duplicate = json!({ "accepted": 0, "duplicate": 1, "unknown": 0 });
+    let first = outcome_id(&r1);
+    assert_eq!(post(&r2, &first), accepted, "r1's answer's id, posted to r2");
     assert_eq!(post(&r1, &outcome_id(&r2)), accepted, "r2's answer's id, posted to r1");
+    // Posted twice to one replica, it counts once; each replica remembers
+    // only what was posted to it, so the same id counts again on another
+    // (docs/rollout.md, "Posted twice counts once, on one server").
+    assert_eq!(post(&r2, &first), duplicate, "the same id, posted to r2 again");
+    assert_eq!(post(&r1, &first), accepted, "the same id, posted to r1 after r2");
+    assert_eq!(post(&r1, &first), duplicate, "and again to r1");
     let made_up = format!("o{}s{}", "0".repeat(8), "7".repeat(24));
     assert_eq!(post(&r1, &made_up), json!({ "accepted": 0, "duplicate": 0, "unknown": 1 }));
 }

@@ -97,3 +97,20 @@ fn a_body_naming_a_binary_is_refused_in_every_mode() {
     assert_eq!((refused.status, refused.json()["kind"].clone()), (401, json!("unauthorized")));
     assert!(!marker.exists());
 }
+
+#[test]
+fn a_timeout_out_of_bounds_is_refused_and_runs_nothing() {
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &[]);
+    server.wait_serving("m", 1);
+    for timeout in ["18446744073709551615", "0", "86401"] {
+        let body = format!("{{\"timeout_s\": {timeout}}}");
+        let refused = upgrade(server.base(), body.as_bytes());
+        assert_eq!(refused.status, 400, "{body}: {}", common::text(&refused.body));
+        assert_eq!(refused.json()["kind"], "invalid_timeout", "{body}");
+        assert!(refused.error().contains("86400"), "the refusal names the bounds: {}", refused.error());
+    }
+    assert!(common::children_of(server.pid(), "serve").is_empty(), "a new process was started");
+    assert_eq!(server.get("/v2/health/ready").status, 200, "the server serves on, ready");
+    common::assert_no_panic(&server);
+}

@@ -245,7 +245,9 @@ impl<N: Node> Participant<N> {
         }
     }
 
-    /// Switches as the record's step says, then reports when.
+    /// Switches as the record's step says, then reports when, if this
+    /// process acts for the replica (a new process of an upgrade switches
+    /// with the old one, which reports).
     async fn switch(&self, model: &Model, record: &RolloutRecord, how: Switch) -> Result<(), Refusal> {
         let seen_us = now_us();
         match how {
@@ -261,6 +263,9 @@ impl<N: Node> Participant<N> {
         };
         let seen_us = model.view.lock().seen_wall_us().unwrap_or(seen_us);
         let report = Switched { rollout: record.id, phase, step: record.step, at_us, seen_us, delay_us };
+        if !self.health.acting() {
+            return Ok(());
+        }
         let Some(session) = self.session.borrow().clone() else { return Ok(()) };
         let key = session.store.keys.switched(&model.name, &self.config.id);
         if let Err(error) = session.store.put(&key, &report, None).await {

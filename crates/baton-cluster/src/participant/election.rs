@@ -7,6 +7,13 @@
 //! not campaign all at once, with one create-if-absent transaction. One
 //! replica wins; the others wait for the key's next deletion, which their
 //! watch delivers. Nothing polls.
+//!
+//! A key this replica holds under its lease (kept through a reconnect, or
+//! handed over by the process an upgrade replaced) is taken over rather
+//! than campaigned for: nobody else campaigns while it exists. A takeover
+//! the store refuses is tried again after [`AFTER_FAILURE`], for as long
+//! as the key is there, so that the rollout does not stall without a
+//! coordinator.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -35,6 +42,9 @@ struct State {
     due: BTreeMap<String, Instant>,
     /// Rollouts this replica coordinates.
     coordinating: BTreeMap<String, tokio::task::AbortHandle>,
+    /// When the keys this replica holds are taken over again, after a
+    /// takeover failed.
+    resume_at: Option<Instant>,
 }
 
 impl State {
@@ -87,22 +97,38 @@ impl Election {
         let mut state = self.state.lock();
         state.holders =
             keys.into_iter().map(|kv| (crate::keys::Keys::last(&kv.key).to_owned(), (kv.created, kv.lease))).collect();
+        // A resync takes the held keys over afresh.
+        state.resume_at = None;
         let models: Vec<String> = state.in_progress.iter().cloned().collect();
         for model in models {
             state.schedule(&model, Duration::ZERO);
         }
     }
 
-    /// When the next campaign is due; far away when none is.
+    /// When the next campaign (or takeover tried again) is due; far away
+    /// when none is.
     pub fn next_due(&self) -> Instant {
         let state = self.state.lock();
-        state.due.values().min().copied().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+        let next = state.due.values().copied().chain(state.resume_at).min();
+        next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
     }
 
-    /// Campaigns for every orphaned rollout whose time has come, and
-    /// coordinates those it wins.
+    /// Takes over again the keys this replica holds, when a takeover
+    /// failed and its time has come; campaigns for every orphaned rollout
+    /// whose time has come, and coordinates those it wins.
     pub async fn campaign_due<N: Node>(&self, participant: &Arc<Participant<N>>, store: &Store, lease: i64) {
         let now = Instant::now();
+        let resume = {
+            let mut state = self.state.lock();
+            let due = state.resume_at.is_some_and(|at| at <= now);
+            if due {
+                state.resume_at = None;
+            }
+            due
+        };
+        if resume {
+            self.resume_held(participant, store, lease).await;
+        }
         let due: Vec<String> = {
             let mut state = self.state.lock();
             let due: Vec<String> = state.due.iter().filter(|(_, at)| **at <= now).map(|(m, _)| m.clone()).collect();
@@ -130,6 +156,7 @@ impl Election {
     /// `lease` (kept alive across a reconnect, or handed over by the
     /// process this one replaced), each under a new epoch: the key is
     /// taken over first, so that a write of the earlier holder is refused.
+    /// A takeover that fails is tried again after [`AFTER_FAILURE`].
     pub async fn resume_held<N: Node>(&self, participant: &Arc<Participant<N>>, store: &Store, lease: i64) {
         let held: Vec<(String, i64)> = {
             let state = self.state.lock();
@@ -148,7 +175,14 @@ impl Election {
                 }
                 Ok(None) => tracing::debug!(model = %model, "The coordinator key this replica kept is gone."),
                 Err(error) => {
-                    tracing::warn!(model = %model, %error, "Could not take over the coordinator key this replica kept.")
+                    tracing::warn!(
+                        model = %model,
+                        %error,
+                        retry_ms = AFTER_FAILURE.as_millis() as u64,
+                        "Could not take over the coordinator key this replica kept; trying again."
+                    );
+                    let mut state = self.state.lock();
+                    state.resume_at.get_or_insert(Instant::now() + AFTER_FAILURE);
                 }
             }
         }

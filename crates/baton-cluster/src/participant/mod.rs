@@ -484,7 +484,10 @@ impl<N: Node> Participant<N> {
 
     /// Publishes what each committed step's rollout observed here: the
     /// sums of the whole step so far, every tenth of the plan's interval
-    /// (between 0.5 and 5 s), so that the fleet's writes stay few.
+    /// (between 0.5 and 5 s), so that the fleet's writes stay few. A new
+    /// process of an upgrade gathers its sums but publishes them only once
+    /// it acts for the replica: until then the old process's totals stand
+    /// (its own start from zero, and would overwrite them).
     async fn publish_sums(&self, store: &Store, models: &[Arc<Model>]) -> Result<(), ClusterError> {
         for model in models {
             let committed = {
@@ -506,7 +509,7 @@ impl<N: Node> Participant<N> {
                     view.sums_changed = true;
                 }
                 let due = view.sums_published.is_none_or(|at| at.elapsed() >= every);
-                if !(due && view.sums_changed) {
+                if !(due && view.sums_changed && self.health.acting()) {
                     continue;
                 }
                 view.sums.as_ref().map(|(_, _, total)| StepSums { rollout: record.id, step, sums: total.clone() })

@@ -118,6 +118,12 @@ impl Decisions {
         self.claim(model, true)
     }
 
+    /// The models an operator's operation (not the watcher's pass) works
+    /// on now: an upgrade waits until there are none.
+    pub fn operations(&self) -> Vec<String> {
+        self.working.lock().iter().filter(|(_, watcher)| !**watcher).map(|(model, _)| model.clone()).collect()
+    }
+
     /// Whether the watcher holds `model` now: an operator's call waits for
     /// it rather than being refused.
     pub fn watcher_holds(&self, model: &str) -> bool {

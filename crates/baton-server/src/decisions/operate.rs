@@ -32,10 +32,18 @@ const WATCHER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// runs on it. The watcher's pass over the model is waited for, within
 /// [`WATCHER_WAIT`]: a call that lands while the watcher looks at the
 /// model is not the conflict a concurrent operation is.
-async fn begin(app: &App, model: &str) -> Result<Working, ServeError> {
+///
+/// An upgrade that began after the access check let the call in is seen
+/// here, once the model is claimed: the call is refused as the access
+/// check would have, or the upgrade waits for it (it waits until no model
+/// is claimed before it reads the state file).
+pub(crate) async fn begin(app: &App, model: &str) -> Result<Working, ServeError> {
     let until = std::time::Instant::now() + WATCHER_WAIT;
     loop {
         if let Some(working) = app.decisions.begin(model) {
+            if app.operations_held().load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(crate::access::upgrade_in_progress());
+            }
             return Ok(working);
         }
         if !app.decisions.watcher_holds(model) || std::time::Instant::now() >= until {

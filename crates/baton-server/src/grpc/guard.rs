@@ -80,7 +80,8 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         if request.uri().path() == "/baton.v1.Management/Status" {
             let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
-            let privileged = Privileged(self.access.privileged(self.listener, authorization));
+            let privileged =
+                Privileged(self.access.privileged(crate::access::Front::Grpc, self.listener, authorization));
             request.extensions_mut().insert(privileged);
         }
         let path = request.uri().path();

@@ -85,7 +85,11 @@ pub async fn retire(
     Path((model, version)): Path<(String, String)>,
     _body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let report = app.registry.retire(&model, parse_version(&version)?)?.finished().await?;
+    let version = parse_version(&version)?;
+    // Claimed as the other operations claim their model, so that an
+    // upgrade waits for it rather than reading the kept versions mid-way.
+    let _working = operate::begin(&app, &model).await?;
+    let report = app.registry.retire(&model, version)?.finished().await?;
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))
 }
 
@@ -126,10 +130,13 @@ pub async fn events(
 /// `POST /baton/v1/upgrade`, with an optional `{"timeout_s": N, "cold":
 /// BOOL}`: replaces this server with a new process of its own executable,
 /// as on disk now, that takes over its listening sockets once it is ready,
-/// within `timeout_s` (600). Answers with both pids once the new process
-/// serves; this one then shuts down as on SIGTERM. When the new process
-/// fails, nothing changes: 422 `upgrade_failed` says why; 409
-/// `upgrade_in_progress` when one runs. `cold`: answers once the new
+/// within `timeout_s` (600; 1 to 86400, else 400 `invalid_timeout`).
+/// Answers with both pids once the new process serves; this one then
+/// shuts down as on SIGTERM. When the new process fails, nothing changes:
+/// 422 `upgrade_failed` says why; 409 `upgrade_in_progress` when one
+/// runs, `operation_in_progress` when an operator's operation running
+/// when it began outlasted the timeout, `upgrade_unavailable` for a server
+/// embedded in another program. `cold`: answers once the new
 /// process has the sockets and has checked its start; this one drains and
 /// exits, and the new one loads only then. A body naming a `binary` is
 /// refused (400 `binary_not_accepted`): the program is never chosen over
@@ -162,7 +169,15 @@ pub async fn upgrade(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Va
             ),
         ));
     }
-    let within = Duration::from_secs(request.timeout_s.unwrap_or(600).max(1));
+    let timeout_s = request.timeout_s.unwrap_or(600);
+    if !crate::upgrade::TIMEOUT_S.contains(&timeout_s) {
+        let (least, most) = (crate::upgrade::TIMEOUT_S.start(), crate::upgrade::TIMEOUT_S.end());
+        return Err(ApiError::bad_request(
+            "invalid_timeout",
+            format!("\"timeout_s\": {timeout_s}: an upgrade's timeout is {least} to {most} seconds (a day)"),
+        ));
+    }
+    let within = Duration::from_secs(timeout_s);
     let began = std::time::Instant::now();
     match crate::upgrade::upgrade(Arc::clone(&app), within, request.cold).await {
         Ok(new_pid) => Ok(Json(json!({
@@ -172,7 +187,7 @@ pub async fn upgrade(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Va
             "cold": request.cold,
         }))),
         Err(error) => {
-            let class = if error.kind() == "upgrade_in_progress" { Class::Conflict } else { Class::Unprocessable };
+            let class = if error.is_conflict() { Class::Conflict } else { Class::Unprocessable };
             Err(ApiError::new(class, error.kind(), error.to_string()))
         }
     }

@@ -127,7 +127,7 @@ async fn mark_privileged(
     next: Next,
 ) -> Response {
     let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    let privileged = crate::access::Privileged(access.privileged(listener, authorization));
+    let privileged = crate::access::Privileged(access.privileged(crate::access::Front::Rest, listener, authorization));
     request.extensions_mut().insert(privileged);
     next.run(request).await
 }

@@ -23,7 +23,7 @@ use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::access::{Access, Listener, Token};
+use crate::access::{Access, Front, Listener, Token};
 use crate::app::App;
 use crate::decisions::{Decisions, Kind};
 use crate::upgrade;
@@ -143,6 +143,8 @@ fn access(args: &ServeArgs) -> anyhow::Result<(Control, Arc<Access>)> {
     let mut access = Access::new(token.as_deref().map(Token::new), admin_listener, control.mode)
         .exposed(Listener::Inference, public(args.http))
         .exposed(Listener::Admin, args.admin_http.is_some_and(public))
+        .exposed_on(Front::Grpc, Listener::Inference, public(args.grpc))
+        .exposed_on(Front::Grpc, Listener::Admin, args.admin_grpc.is_some_and(public))
         .with_outcomes_token(outcomes_token.as_deref().map(Token::new));
     if args.cluster.checked_store()?.is_some() {
         access = access.managed_by_fleet();
@@ -370,10 +372,15 @@ async fn serve(
     listening: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
     let listeners = listeners::open(&args, passed).await?;
-    if let Ok(source) = listeners.copies().and_then(upgrade::Source::new) {
-        let _ = app.upgrade.set(Arc::new(source));
-        if matches!(trigger, Trigger::Signals) {
-            tokio::spawn(upgrade::on_signal(Arc::clone(&app)));
+    // Only `baton serve` replaces itself: a server embedded in another
+    // program would start that program again and stop it whole.
+    if matches!(trigger, Trigger::Signals) {
+        match listeners.copies().and_then(upgrade::Source::new) {
+            Ok(source) => {
+                let _ = app.upgrade.set(Arc::new(source));
+                tokio::spawn(upgrade::on_signal(Arc::clone(&app)));
+            }
+            Err(error) => tracing::warn!(%error, "This server cannot replace itself: upgrades are refused."),
         }
     }
     let ((listener, address), (grpc_listener, grpc_address)) = (listeners.http, listeners.grpc);
@@ -450,10 +457,15 @@ async fn serve(
         (None, Trigger::Signals) => unreachable!("signal handlers are installed for Trigger::Signals"),
     }
 
-    // Replacing a running server: it accepts until this one is ready.
+    // Replacing a running server: it accepts until this one is ready, and
+    // has loaded the versions it keeps for rollback.
     if let Some(target) = &target {
-        match target.await_ready(&app).await {
+        let ready = match target.await_ready(&app).await {
             Ok(()) => target.keep(&app).await,
+            Err(error) => Err(error),
+        };
+        match ready {
+            Ok(()) => {}
             // The old server gave up on this one (it shuts the channel,
             // then sends SIGTERM), or an operator stopped it: a clean exit,
             // loads still running left behind.
@@ -496,15 +508,21 @@ async fn serve(
         servers.push(Box::pin(serve_grpc(Arc::clone(&app), admin, Arc::clone(&access), Listener::Admin)));
     }
     let servers = async { futures_util::future::try_join_all(servers).await.map(drop) };
-    tokio::spawn(notify::when_ready(Arc::clone(&app), target.is_some()));
-    if let Some(target) = target {
-        target.ready();
+    if let Some(target) = &target {
+        // Ready; the old server commits (or gave up meanwhile: its deadline
+        // passed). Nothing of the replica's is taken before its answer.
+        if let Err(stopped) = target.commit(&app).await {
+            tracing::info!(why = %stopped, "Stopped before it took over: the server it was to replace serves on.");
+            return Ok(());
+        }
         // The lease is this process's own from now on, and it acts for
         // the replica: registers, acks, coordinates.
         if let Some(health) = app.cluster.get() {
             health.own_lease();
         }
     }
+    // After the commit: systemd follows this process from then on.
+    tokio::spawn(notify::when_ready(Arc::clone(&app), target.is_some()));
     let grace = Duration::from_secs(args.shutdown_timeout);
     shutdown::drain(&app, servers, watcher, grace).await?;
     tracing::info!("baton stopped.");

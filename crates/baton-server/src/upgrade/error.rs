@@ -31,10 +31,26 @@ pub enum UpgradeError {
         /// How it ended once stopped.
         stopped: String,
     },
-    /// An upgrade is already running, or the server cannot hand itself
-    /// over now.
+    /// An upgrade is already running, or the server is shutting down.
     #[error("{0}")]
     Busy(&'static str),
+    /// This server cannot replace itself at all (it is embedded in
+    /// another program).
+    #[error("{0}")]
+    Unavailable(&'static str),
+    /// What the upgrade waits for before it starts anything (an operator's
+    /// operation already running, a rollout's decision in flight) was
+    /// still going on when its timeout ran out; nothing was started.
+    #[error(
+        "the upgrade's timeout of {within:?} ran out while {what}; nothing was started (try again once it has ended, \
+         or with a longer timeout)"
+    )]
+    Pending {
+        /// The time it had.
+        within: Duration,
+        /// What it waited for.
+        what: String,
+    },
     /// Handing the sockets over failed.
     #[error("handing over to the new process: {0}")]
     Channel(std::io::Error),
@@ -45,7 +61,15 @@ impl UpgradeError {
     pub fn kind(&self) -> &'static str {
         match self {
             UpgradeError::Busy(_) => "upgrade_in_progress",
+            UpgradeError::Unavailable(_) => "upgrade_unavailable",
+            UpgradeError::Pending { .. } => "operation_in_progress",
             _ => "upgrade_failed",
         }
+    }
+
+    /// Whether the server's state, not the new process, stood in the way
+    /// (409 rather than 422).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, UpgradeError::Busy(_) | UpgradeError::Unavailable(_) | UpgradeError::Pending { .. })
     }
 }

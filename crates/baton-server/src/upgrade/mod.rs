@@ -48,27 +48,43 @@ use crate::app::App;
 /// The variable naming the channel's descriptor in the new process.
 pub const FD_ENV: &str = "BATON_UPGRADE_FD";
 
+/// The bounds of an upgrade's timeout, in seconds: at least a second, at
+/// most a day.
+pub const TIMEOUT_S: std::ops::RangeInclusive<u64> = 1..=86_400;
+
 /// Replaces this server with a new process of its own executable, waiting
 /// up to `within` for it to take over; this process then shuts down as on
 /// SIGTERM. Returns the new process's pid. On failure nothing changes.
+/// `within` covers the whole upgrade: the wait for operators' operations
+/// already running and for the rollouts' barrier, then the new process's
+/// start and loads.
 ///
 /// The work runs in a task of its own: dropping the returned future (a
 /// client that hung up) neither cancels the upgrade nor leaves its holds
-/// set.
+/// set. Whatever the outcome, it is logged.
 pub async fn upgrade(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, UpgradeError> {
-    let task = tokio::spawn(run(app, within, cold));
+    let task = tokio::spawn(async move {
+        let result = run(app, within, cold).await;
+        if let Err(error) = &result {
+            tracing::warn!(%error, kind = error.kind(), "The upgrade did not happen; this process serves on.");
+        }
+        result
+    });
     task.await.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the upgrade's task ended: {e}"))))
 }
 
 /// The upgrade, start to end.
 async fn run(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, UpgradeError> {
-    let deadline = Instant::now() + within;
-    let source = app.upgrade.get().cloned().ok_or(UpgradeError::Busy("this server cannot hand itself over"))?;
-    let holding = Arc::clone(&app);
-    let holds = tokio::task::spawn_blocking(move || holds::Holds::take(holding))
-        .await
-        .unwrap_or_else(|e| Err(UpgradeError::Failed(format!("taking the upgrade's holds: {e}"))))?;
-    // Read only now that nothing moves: the rollouts' hold is a barrier.
+    let deadline = Instant::now()
+        .checked_add(within)
+        .ok_or_else(|| UpgradeError::Failed(format!("a timeout of {within:?} is out of bounds")))?;
+    let source = app.upgrade.get().cloned().ok_or(UpgradeError::Unavailable(
+        "this server cannot replace itself: it is embedded in another program (upgrade that program instead), \
+         or it could not keep copies of its listening sockets when it started (its log says why)",
+    ))?;
+    let holds = holds::Holds::take(Arc::clone(&app), deadline, within).await?;
+    // Read only now that nothing moves: no operator's operation runs, and
+    // the rollouts' hold is a barrier.
     let kept = kept(&app);
     // In a fleet the new process is the same replica, under the same
     // lease: the fleet sees no replica leave.
@@ -76,14 +92,7 @@ async fn run(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, Upgrade
     let fleet = Fleet { replica_id: app.replica_id.get().cloned(), lease };
     tracing::info!(binary = %source.binary().display(), cold, "Starting a new process to take this one's place.");
     let handed = tokio::task::spawn_blocking(move || source.hand_over(deadline, within, fleet, kept, cold)).await;
-    let pid = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))));
-    let pid = match pid {
-        Ok(pid) => pid,
-        Err(error) => {
-            tracing::warn!(%error, "The upgrade did not happen; this process serves on.");
-            return Err(error);
-        }
-    };
+    let pid = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))))?;
     holds.hand_over();
     if let Some(health) = app.cluster.get() {
         // The lease lives on in the new process; this one no longer acts

@@ -5,13 +5,19 @@
 //! (a cold upgrade) or that it serves (a warm one).
 //!
 //! ```text
-//! Launched ──Listeners──▶ waiting ──Checked (cold)──▶ handed over
-//!                            │     ──Ready (warm)───▶ handed over
+//! Launched ──Listeners──▶ waiting ──Checked (cold)──────────▶ handed over
+//!                            │     ──Ready (warm)──Taken──▶ handed over
 //!                            │
 //!                            └─ Failed / closed / exited / timed out
 //!                                 ──▶ stopped: channel shut, SIGTERM,
 //!                                     wait, SIGKILL only past the grace
 //! ```
+//!
+//! `Taken` is the commit: the old process sends it only for a `Ready`
+//! read within its deadline, and the new process owns nothing of the
+//! replica's (the lease, the accept loops, systemd's main pid) until it
+//! reads it. A deadline that passes first shuts the channel instead, and
+//! the new process exits owning nothing.
 //!
 //! The binary is the server's own executable path, as on disk now, never
 //! one a request names: replacing the file at that path (as a package
@@ -26,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use baton_worker::channel::Channel;
 
-use super::message::{Fleet, Kept, Message};
+use super::message::{Fleet, Kept, Message, PROTOCOL};
 use super::{FD_ENV, UpgradeError};
 
 /// How long a new process that was told to stop has to exit before it is
@@ -83,7 +89,7 @@ impl Source {
         let mut launched = Launched::start(&self.binary, &self.args, theirs, ours)?;
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
         let fds: Vec<_> = self.listeners.iter().map(|(_, fd)| fd.as_fd()).collect();
-        let message = Message::Listeners { names, fleet, kept, cold };
+        let message = Message::Listeners { names, fleet, kept, cold, protocol: PROTOCOL };
         if let Err(error) = launched.channel().and_then(|channel| message.send(channel, &fds)) {
             return Err(launched.exited().unwrap_or(UpgradeError::Channel(error)));
         }
@@ -100,7 +106,13 @@ impl Source {
                     self.held.lock().unwrap_or_else(|e| e.into_inner()).extend(channel);
                     return Ok(pid);
                 }
-                Ok(Some((Message::Ready { pid }, _))) if !cold => {
+                // Ready in a cold upgrade: the new binary predates cold
+                // handovers, loaded beside this process, and serves.
+                Ok(Some((Message::Ready { pid }, _))) => {
+                    // The commit: from here on the new process acts.
+                    if let Err(error) = launched.channel().and_then(|channel| Message::Taken.send(channel, &[])) {
+                        return Err(launched.exited().unwrap_or(UpgradeError::Channel(error)));
+                    }
                     launched.handed_over();
                     return Ok(pid);
                 }
