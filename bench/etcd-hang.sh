@@ -140,7 +140,12 @@ lost() { curl -sf "http://127.0.0.1:$1/metrics" | awk '$1 == "baton_cluster_leas
     version=$((run + 1))
     for r in r1 r2; do publish "$scratch/$r" "$version"; done
     hung="$(member_of "${repl_pids[0]}" "${repl_ports[0]}")"
-    if [ "$hung" -ge 0 ] && [ "$(leader)" = "$hung" ]; then
+    if [ "$hung" -lt 0 ]; then
+      # "${members[-1]}" would be the last member, whichever r1 speaks to.
+      echo "run $run: cannot tell which etcd member r1 speaks to (its status names none, and it holds no connection to one); no member stopped"
+      continue
+    fi
+    if [ "$(leader)" = "$hung" ]; then
       other=$(((hung + 1) % 3))
       target="$(etcdctl_at "${ports[$other]}" endpoint status -w json | python3 -c 'import json,sys; print("%x" % json.load(sys.stdin)[0]["Status"]["header"]["member_id"])')"
       etcdctl_at "${ports[$hung]}" move-leader "$target" >/dev/null

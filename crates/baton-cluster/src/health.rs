@@ -17,6 +17,9 @@ pub struct Health {
     state: Lock<State>,
     leases: Lock<Leases>,
     acting: Acting,
+    /// What this process's coordinators measured, kept while they hold
+    /// their keys (see [`crate::coordinator::Clocks`]).
+    pub(crate) clocks: crate::coordinator::Clocks,
 }
 
 /// Whether this process acts for its replica: registers it, acks its
@@ -70,6 +73,10 @@ pub struct State {
     pub leases_lost: u64,
     /// The etcd member the replica's session speaks to, once joined.
     pub endpoint: Option<String>,
+    /// Sessions this process began: it joined the fleet (read every record
+    /// and watched from there) this many times. More than one means the
+    /// store was lost and found again.
+    pub sessions: u64,
     /// Per model, what a prepare waits for before it can begin (another
     /// operation of the model on this server, such as the drain after the
     /// last switch); empty when none waits.
@@ -94,6 +101,7 @@ impl Health {
         let mut state = self.state.lock();
         state.disconnected_since_ms = None;
         state.endpoint = Some(endpoint.to_owned());
+        state.sessions += 1;
         self.connected.store(true, Ordering::SeqCst);
     }
 

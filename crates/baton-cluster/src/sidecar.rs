@@ -46,7 +46,7 @@ pub use area::Area;
 pub use layout::TargetLayout;
 pub use target::Target;
 
-use crate::node::{Node, Refusal};
+use crate::node::{BUSY, Node, Refusal};
 use crate::records::Serving;
 
 /// Where the agent reads versions, where it puts them, and whom it tells.
@@ -76,12 +76,19 @@ pub struct SidecarConfig {
 /// What the agent put into place for one model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Placed {
-    /// The version the agent put into place and the server loaded.
+    /// The version the server serves, as far as the agent knows: the last
+    /// one it loaded. Usually the one in place; after a subset step was
+    /// taken back and the server did not load the kept version again, the
+    /// candidate it still holds (a server keeps the model it has when a
+    /// reload fails), until the agent converges again.
     stable: Option<u64>,
     /// The version staged (or, when `shared`, in place).
     candidate: Option<u64>,
     /// The candidate is in place and loaded; `stable` is kept aside.
     shared: bool,
+    /// The files in place are not `stable`'s (the server did not load the
+    /// ones put back): it is served, but not from what is in place.
+    stale: bool,
 }
 
 /// Another server, driven through its repository and its load call.
@@ -92,9 +99,9 @@ pub struct SidecarNode {
     target: Target,
     layout: TargetLayout,
     placed: Lock<BTreeMap<String, Placed>>,
-    /// One operation on the target at a time: a switch is several file
+    /// One operation on each model at a time: a switch is several file
     /// moves and a load, which must not interleave with another's.
-    turn: Semaphore,
+    turns: Lock<BTreeMap<String, Arc<Semaphore>>>,
     ready: Lock<Option<BTreeSet<String>>>,
 }
 
@@ -134,7 +141,7 @@ impl SidecarNode {
             target,
             layout: config.layout,
             placed: Lock::default(),
-            turn: Semaphore::new(1),
+            turns: Lock::default(),
             ready: Lock::default(),
         })
     }
@@ -159,18 +166,44 @@ impl SidecarNode {
         self.placed.lock().insert(model.to_owned(), placed);
     }
 
-    async fn take_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Refusal> {
-        self.turn.acquire().await.map_err(|e| refusal("agent", e))
+    fn turn(&self, model: &str) -> Arc<Semaphore> {
+        Arc::clone(self.turns.lock().entry(model.to_owned()).or_insert_with(|| Arc::new(Semaphore::new(1))))
     }
 
-    /// Stages `version` (see [`Area::stage`]).
+    /// Waits for `model`'s turn.
+    async fn take_turn(&self, model: &str) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
+        self.turn(model).acquire_owned().await.map_err(|e| refusal("agent", e))
+    }
+
+    /// `model`'s turn, now, or a [`BUSY`] refusal: a prepare waits for the
+    /// operation under way within its rollout's prepare timeout (see
+    /// [`Node::until_free`]) rather than without a bound.
+    fn turn_now(&self, model: &str) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
+        self.turn(model).try_acquire_owned().map_err(|_| {
+            refusal(
+                BUSY,
+                format!("another operation of model {model} is under way on the agent (a load in its server)"),
+            )
+        })
+    }
+
+    /// Stages `version` (see [`Area::stage`]), and checks that the server
+    /// is given what it needs beside it ([`TargetLayout::model_files`]): a
+    /// version without it is refused at stage `verify`, and unstaged.
     async fn stage(&self, model: &str, version: u64) -> Result<(), Refusal> {
         let (source, area, layout, name) = (self.source.clone(), self.area.clone(), self.layout, model.to_owned());
+        let source_model = self.specs.join(model);
         blocking("fetch", move || {
             let fetch = |e: FetchError| refusal("fetch", e);
             let dir = source.fetch(&name, version).map_err(fetch)?.dir;
             let options = source.spec(&name).map_err(fetch)?.policy.verify_options();
-            area.stage(&dir, &options, layout, &name, version)
+            area.stage(&dir, &options, layout, &name, version)?;
+            let staged = area.staged_dir(&name, version);
+            if let Err(error) = layout.model_files(&staged, &area.model_dir(&name), &source_model, &name) {
+                let _ = area.unstage(&name, version);
+                return Err(refusal("verify", format!("version {version} of model {name}: {error}")));
+            }
+            Ok(())
         })
         .await?;
         tracing::info!(model, version, target = %self.target.base(), "Staged a verified version for the target server.");
@@ -198,8 +231,12 @@ impl SidecarNode {
     async fn load(&self, model: &str, version: u64) -> Result<(), Refusal> {
         let (target, name, body) = (self.target.clone(), model.to_owned(), self.layout.load_body(version));
         let started = Instant::now();
+        let until = started + self.target.load_timeout();
         blocking("load", move || {
-            target.load(&name, &body).and_then(|()| target.wait_ready(&name, version)).map_err(|e| refusal("load", e))
+            target
+                .load(&name, &body, until)
+                .and_then(|()| target.wait_ready(&name, version, until))
+                .map_err(|e| refusal("load", e))
         })
         .await?;
         let load_ms = started.elapsed().as_millis() as u64;
@@ -246,16 +283,30 @@ impl SidecarNode {
 
     /// Removes the candidate: a staged one is deleted; one in place after a
     /// subset switch is deleted and the kept version returns and is loaded.
+    /// When that load fails, the server still serves the candidate (it
+    /// keeps what it has when a load fails): the agent says so, and the
+    /// participant converges it on the committed version, not ready
+    /// meanwhile.
     async fn drop_now(&self, model: &str) -> Result<(), Refusal> {
         let placed = self.placed(model);
         let Some(candidate) = placed.candidate else { return Ok(()) };
         let (area, name) = (self.area.clone(), model.to_owned());
         if placed.shared {
-            blocking("place", move || area.take_back(&name, candidate, false).map_err(|e| refusal("place", e))).await?;
-            self.set_placed(model, Placed { candidate: None, shared: false, ..placed });
-            if let Some(stable) = placed.stable {
-                self.load(model, stable).await?;
+            let back =
+                blocking("place", move || area.take_back(&name, candidate, false).map_err(|e| refusal("place", e)))
+                    .await?;
+            // Until the server loads what came back, it serves the candidate.
+            let still = Placed { stable: Some(candidate), stale: true, ..Placed::default() };
+            let Some(&kept) = back.iter().max() else {
+                self.set_placed(model, still);
+                return Err(refusal("place", format!("no version of model {model} was kept aside to go back to")));
+            };
+            if let Err(failed) = self.load(model, kept).await {
+                tracing::error!(model, version = kept, candidate, %failed, "The target server did not load the kept version again: it still serves the candidate.");
+                self.set_placed(model, still);
+                return Err(failed);
             }
+            self.set_placed(model, Placed { stable: Some(kept), ..Placed::default() });
         } else {
             blocking("place", move || area.unstage(&name, candidate).map_err(|e| refusal("place", e))).await?;
             self.set_placed(model, Placed { candidate: None, ..placed });
@@ -285,9 +336,10 @@ impl Node for SidecarNode {
     /// trial and answer with it; what the server serves does not change.
     /// A version it serves already is prepared as it is.
     async fn prepare(&self, model: &str, version: u64) -> Result<(), Refusal> {
-        let _turn = self.take_turn().await?;
+        let _turn = self.turn_now(model)?;
         let placed = self.placed(model);
-        if placed.candidate == Some(version) || (placed.stable == Some(version) && placed.candidate.is_none()) {
+        let serves = placed.stable == Some(version) && placed.candidate.is_none() && !placed.stale;
+        if placed.candidate == Some(version) || serves {
             return Ok(());
         }
         self.drop_now(model).await?;
@@ -299,7 +351,7 @@ impl Node for SidecarNode {
     /// A server behind a sidecar cannot split its traffic: a subset step
     /// switches it whole, keeping the stable version aside to go back to.
     async fn share_all(&self, model: &str) -> Result<(), Refusal> {
-        let _turn = self.take_turn().await?;
+        let _turn = self.take_turn(model).await?;
         let placed = self.placed(model);
         let Some(candidate) = placed.candidate else {
             return Err(refusal("place", format!("model {model} has no staged candidate")));
@@ -314,7 +366,7 @@ impl Node for SidecarNode {
     /// The candidate becomes stable: put into place and loaded, unless a
     /// subset switch did that already; the version moved aside is deleted.
     async fn promote(&self, model: &str) -> Result<(), Refusal> {
-        let _turn = self.take_turn().await?;
+        let _turn = self.take_turn(model).await?;
         let placed = self.placed(model);
         let Some(candidate) = placed.candidate else {
             return Err(refusal("place", format!("model {model} has no staged candidate")));
@@ -324,7 +376,7 @@ impl Node for SidecarNode {
         } else {
             self.switch(model, candidate, false).await?;
         }
-        self.set_placed(model, Placed { stable: Some(candidate), candidate: None, shared: false });
+        self.set_placed(model, Placed { stable: Some(candidate), ..Placed::default() });
         Ok(())
     }
 
@@ -332,23 +384,35 @@ impl Node for SidecarNode {
     /// the kept version back and loads it again (rolled back or aborted
     /// alike).
     async fn drop_candidate(&self, model: &str, _rolled_back: bool) -> Result<(), Refusal> {
-        let _turn = self.take_turn().await?;
+        let _turn = self.take_turn(model).await?;
         self.drop_now(model).await
     }
 
     /// Stages, verifies and tries `version` (as a prepare does), then puts
     /// it into place and loads it. A version the server cannot load is
-    /// refused before anything in place moves.
+    /// refused before anything in place moves. A candidate in place is
+    /// taken back first; one only staged (a replica left out of a gray
+    /// step, converging meanwhile) stays, for the step that includes it.
     async fn converge(&self, model: &str, version: u64) -> Result<(), Refusal> {
-        let _turn = self.take_turn().await?;
-        self.drop_now(model).await?;
-        if self.placed(model).stable == Some(version) {
+        let _turn = self.take_turn(model).await?;
+        let placed = self.placed(model);
+        if placed.shared || placed.candidate == Some(version) {
+            self.drop_now(model).await?;
+        }
+        let placed = self.placed(model);
+        if placed.stable == Some(version) && !placed.stale {
             return Ok(());
         }
         self.stage_and_probe(model, version).await?;
         self.switch(model, version, false).await?;
-        self.set_placed(model, Placed { stable: Some(version), candidate: None, shared: false });
+        self.set_placed(model, Placed { stable: Some(version), candidate: placed.candidate, ..Placed::default() });
         Ok(())
+    }
+
+    /// Returns once no operation of `model` runs on the agent.
+    async fn until_free(&self, model: &str) {
+        // Taken and given back at once: the turn was free.
+        let _ = self.turn(model).acquire().await;
     }
 
     /// A sidecar sees no requests: the fleet's guards judge on what baton

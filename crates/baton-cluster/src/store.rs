@@ -171,14 +171,21 @@ pub struct Store {
 impl Store {
     /// Connects to the etcd of `config` for cluster `name`.
     pub async fn connect(config: &StoreConfig, name: &str) -> Result<Store, ClusterError> {
-        let client = Client::connect(config).await?;
-        Ok(Store { client, keys: Keys::new(name) })
+        let keys = Keys::new(name);
+        let client = Client::connect(config, keys.root()).await?;
+        Ok(Store { client, keys })
     }
 
     /// The same cluster's keys through the member that answers first,
     /// keeping what is known of every member (see [`Client::reconnect`]).
     pub async fn reconnect(&self) -> Result<Store, ClusterError> {
         Ok(Store { client: self.client.reconnect().await?, keys: self.keys.clone() })
+    }
+
+    /// Whether this store's member serves a linearizable read within
+    /// [`crate::etcd::CALL_TIMEOUT`]: it is reachable and has a leader.
+    pub async fn answers(&self) -> Result<(), ClusterError> {
+        self.client.answers(std::time::Instant::now() + crate::etcd::CALL_TIMEOUT).await
     }
 
     /// The endpoint this store speaks to.

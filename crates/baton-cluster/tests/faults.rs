@@ -308,6 +308,34 @@ fn records_with_fields_this_baton_does_not_know_are_followed() {
 }
 
 #[test]
+fn a_step_with_a_guard_this_baton_does_not_know_is_paused_not_judged() {
+    let fleet = Fleet::new();
+    let (r1, r2) = fleet.pair(&[(1, false), (2, false)], &[(1, false), (2, false)], false);
+    // A newer baton's gray plan, with a guard this one cannot judge.
+    let gray = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 1000, ..plan() };
+    let record = fleet.start(2, gray).unwrap();
+    let mut json = serde_json::to_value(&record).unwrap();
+    json["plan"]["guards"]["max_gpu_seconds_ratio"] = serde_json::json!(1.25);
+    fleet.etcd.put(&fleet.store.keys.record("f"), json.to_string().as_bytes());
+    let coordinator = fleet.coordinate("coordinator");
+    wait_until("the committed step is paused or the rollout ends", || {
+        fleet.record().is_some_and(|r| r.paused.is_some() || !r.phase.in_progress())
+    });
+    let record = fleet.record().unwrap();
+    assert_eq!(record.phase, FleetPhase::Committed, "{:?}: {:?}", record.reason, record.decisions);
+    let paused = record.paused.clone().unwrap_or_default();
+    assert!(paused.contains("max_gpu_seconds_ratio"), "the pause names the guard: {paused}");
+    assert!(record.decisions.iter().all(|d| d.verdict.is_none()), "judged on the known guards: {:?}", record.decisions);
+    // Held for an operator: it ends when one acts.
+    fleet.runtime.block_on(ops::request(&fleet.store, "f", Request::Abort, "test")).unwrap();
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Aborted, "{:?}", done.decisions);
+    wait_until("both serve 1 and hold no candidate", || {
+        [&r1, &r2].iter().all(|r| r.serves() == Some(1) && r.candidate().is_none())
+    });
+}
+
+#[test]
 fn a_prepare_timeout_is_measured_on_the_coordinators_clock() {
     let fleet = Fleet::new();
     fleet.seed(1);

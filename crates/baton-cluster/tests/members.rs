@@ -2,16 +2,21 @@
 //! loopback ports, when a member hangs rather than dies: stopped with
 //! SIGSTOP, it still accepts connections and answers nothing. Replicas
 //! given every endpoint keep their leases and go on rolling out; a watch
-//! on a member cut from its quorum ends instead of going quiet.
+//! on a member cut from its quorum ends instead of going quiet. And when
+//! etcd is only slow (every answer late, through a proxy that holds it):
+//! replicas keep their sessions, and the coordinator its clocks, so a
+//! committed step is judged on time; a coordinator whose session is cut
+//! and found again goes on with its clocks.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use baton_cluster::records::{Desired, FleetPhase, RolloutRecord};
+use baton_cluster::records::{Desired, FleetPhase, FleetPlan, RolloutRecord};
 use baton_cluster::store::Span;
 use baton_cluster::{Store, StoreConfig, ops};
-use baton_testkit::etcd::EtcdCluster;
+use baton_testkit::etcd::{Etcd, EtcdCluster};
+use common::proxy::Proxy;
 use common::{Replica, logs, plan, wait_until};
 
 /// baton's default lease: renewed every second, gone after three.
@@ -151,4 +156,122 @@ fn a_watch_on_a_member_cut_from_its_quorum_ends() {
         Ok(Ok(events)) => panic!("the watch delivered {events:?} from a member without a leader"),
         Err(_) => panic!("the watch on a member without a leader went quiet instead of ending"),
     }
+}
+
+/// Whether the committed step of `f`'s rollout has been judged: a decision
+/// after the commit carries a verdict.
+fn judged(runtime: &tokio::runtime::Runtime, admin: &Store) -> bool {
+    let read = runtime.block_on(admin.get::<RolloutRecord>(&admin.keys.record("f"))).unwrap();
+    read.is_some_and(|r| r.value.decisions.iter().any(|d| d.verdict.is_some()))
+}
+
+/// Starts a gray rollout of `f` to version 2 (half the replicas, then
+/// all, judged every `interval_ms`) that a replica coordinates, and
+/// waits until its first step is committed.
+fn commit_first_step(runtime: &tokio::runtime::Runtime, admin: &Store, interval_ms: u64) {
+    let gray = FleetPlan { steps: vec![50.0, 100.0], interval_ms, ..plan() };
+    runtime.block_on(ops::start(admin, "f", 2, gray, "test")).unwrap();
+    wait_until("the first step is committed", || {
+        let read = runtime.block_on(admin.get::<RolloutRecord>(&admin.keys.record("f"))).unwrap();
+        let record = read.expect("the record").value;
+        assert!(record.phase.in_progress(), "{:?}: {:?}", record.reason, record.decisions);
+        record.phase == FleetPhase::Committed
+    });
+}
+
+#[test]
+fn an_etcd_that_answers_late_costs_no_session_and_the_committed_step_is_judged_on_time() {
+    logs();
+    let cluster = EtcdCluster::start(3);
+    let runtime = runtime();
+    // The replicas reach every member through a proxy; the test directly.
+    let proxies: Vec<Proxy> = (0..cluster.len()).map(|i| Proxy::start(cluster.member(i).port())).collect();
+    let hosts: Vec<String> = proxies.iter().map(|p| format!("127.0.0.1:{}", p.port())).collect();
+    let through = StoreConfig::plain(&format!("etcd://{}", hosts.join(",")));
+    let admin = runtime.block_on(Store::connect(&StoreConfig::plain(&cluster.endpoints()), "t")).unwrap();
+    let seed = Desired { version: 1, rollout: None, at_ms: 0 };
+    runtime.block_on(admin.put(&admin.keys.desired("f"), &seed, None)).unwrap();
+    let versions = |repo: &baton_testkit::repo::TestRepo| {
+        for n in 1..=2 {
+            Replica::publisher(repo)(n, false);
+        }
+    };
+    let replicas = [
+        Replica::start(&runtime, &through, LEASE_TTL, "r1", true, versions),
+        Replica::start(&runtime, &through, LEASE_TTL, "r2", true, versions),
+    ];
+    wait_until("both ready", || replicas.iter().all(Replica::ready));
+    wait_until("both registered", || {
+        replicas.iter().all(|r| {
+            let key = admin.keys.replica(&r.id);
+            runtime.block_on(admin.get::<baton_cluster::records::ReplicaRecord>(&key)).is_ok_and(|r| r.is_some())
+        })
+    });
+    const INTERVAL: Duration = Duration::from_secs(5);
+    commit_first_step(&runtime, &admin, INTERVAL.as_millis() as u64);
+    let committed = Instant::now();
+    let sessions: Vec<u64> = replicas.iter().map(|r| r.health.state().sessions).collect();
+    let leases: Vec<Option<i64>> = replicas.iter().map(|r| r.health.lease()).collect();
+
+    // From now on every answer etcd gives a replica arrives 0.8 s late:
+    // more than a third of what is left of the lease at a renewal.
+    for proxy in &proxies {
+        proxy.set_delay(Duration::from_millis(800));
+    }
+    wait_until("the committed step is judged", || judged(&runtime, &admin));
+    let judged_after = committed.elapsed();
+    // The slow etcd lasts three intervals in all, whatever the judgement took.
+    std::thread::sleep((3 * INTERVAL).saturating_sub(committed.elapsed()));
+    for proxy in &proxies {
+        proxy.set_delay(Duration::ZERO);
+    }
+    for (r, before) in replicas.iter().zip(&sessions) {
+        let state = r.health.state();
+        assert_eq!(state.sessions, *before, "{} began another session while etcd was slow: {state:?}", r.id);
+        assert_eq!(state.leases_lost, 0, "{} lost its lease while etcd was slow: {state:?}", r.id);
+    }
+    let now: Vec<Option<i64>> = replicas.iter().map(|r| r.health.lease()).collect();
+    assert_eq!(now, leases, "a replica acts under another lease");
+    assert!(judged_after < 2 * INTERVAL, "the step was judged {judged_after:?} after its commit");
+}
+
+#[test]
+fn a_coordinator_whose_session_is_cut_and_found_again_keeps_its_clocks() {
+    logs();
+    let etcd = Etcd::start();
+    let runtime = runtime();
+    let direct = StoreConfig::plain(&format!("etcd://127.0.0.1:{}", etcd.port()));
+    // r1 coordinates, through a proxy that cuts its connections.
+    let proxy = Proxy::start(etcd.port());
+    let through = StoreConfig::plain(&format!("etcd://127.0.0.1:{}", proxy.port()));
+    let admin = runtime.block_on(Store::connect(&direct, "t")).unwrap();
+    let seed = Desired { version: 1, rollout: None, at_ms: 0 };
+    runtime.block_on(admin.put(&admin.keys.desired("f"), &seed, None)).unwrap();
+    let versions = |repo: &baton_testkit::repo::TestRepo| {
+        for n in 1..=2 {
+            Replica::publisher(repo)(n, false);
+        }
+    };
+    // A lease long enough for the reconnects' growing waits.
+    let r1 = Replica::start(&runtime, &through, 10, "r1", true, versions);
+    let r2 = Replica::start(&runtime, &direct, 10, "r2", false, versions);
+    wait_until("both ready", || r1.ready() && r2.ready());
+    const INTERVAL: Duration = Duration::from_secs(4);
+    commit_first_step(&runtime, &admin, INTERVAL.as_millis() as u64);
+    let lease = r1.health.lease();
+
+    // r1's connections are cut more often than the interval: each time it
+    // reconnects under its lease and takes its coordinator key over.
+    for _ in 0..4 {
+        std::thread::sleep(INTERVAL * 5 / 8);
+        let sessions = r1.health.state().sessions;
+        proxy.cut();
+        wait_until("r1 joined again", || r1.health.connected() && r1.health.state().sessions > sessions);
+    }
+    assert_eq!(r1.health.lease(), lease, "r1 kept its lease: {:?}", r1.health.state());
+    assert!(
+        judged(&runtime, &admin),
+        "no judgement in {:?} of a step judged every {INTERVAL:?}: the coordinator started its clock again at each reconnect",
+        INTERVAL * 5 / 2
+    );
 }

@@ -4,7 +4,10 @@
 //! rollout commits; a client configured for TLS never speaks plaintext;
 //! wrong or missing credentials are refused with a clear error; an
 //! expired token is renewed, and so is one an operator's change to etcd's
-//! users made old, for calls, watches and lease keep-alives alike.
+//! users made old, for calls and watches (etcd checks no token on a
+//! lease's keep-alive: one with an old token renews the lease as it is);
+//! a reconnect over a kept connection checks the member with a read a
+//! role limited to baton's keys may make.
 
 mod common;
 
@@ -111,12 +114,16 @@ fn with_authentication_the_password_comes_from_a_file_and_wrong_ones_are_refused
     std::thread::sleep(Duration::from_millis(3500));
     let read = runtime.block_on(store.get::<u32>("/baton/t/probe")).expect("a read after the token expired");
     assert_eq!(read.map(|r| r.value), Some(1));
+    // A reconnect over the kept connection (no new token): the member is
+    // checked with a read the fleet's role, limited to baton's keys, may make.
+    let again = runtime.block_on(store.reconnect()).expect("a reconnect with a role limited to baton's keys");
+    assert!(runtime.block_on(again.get::<u32>("/baton/t/probe")).is_ok());
 
     roll_out(&Fleet::over(etcd, config));
 }
 
 #[test]
-fn a_token_made_old_by_a_change_to_etcds_users_is_renewed_for_calls_watches_and_keep_alives() {
+fn a_token_made_old_by_a_change_to_etcds_users_is_renewed_for_calls_and_watches() {
     let certs = Certs::new();
     let tls = ServerTls { server: certs.server(), client_ca: None };
     let users = vec![("baton".to_owned(), "correct horse".to_owned())];
@@ -147,6 +154,8 @@ fn a_token_made_old_by_a_change_to_etcds_users_is_renewed_for_calls_watches_and_
         .expect("the watch got in with a renewed token");
     assert_eq!(events.first().and_then(|e| e.value.clone()), Some(b"7".to_vec()));
 
+    // etcd does not check the token of a keep-alive: the lease renews
+    // whatever the token, and nothing of baton's is tried here.
     etcd.change_auth();
     assert!(runtime.block_on(store.renew(lease)).expect("a keep-alive with an old token"), "the lease is alive");
 

@@ -7,17 +7,20 @@
 //! replicas fail no request. And a replica upgraded to a new process
 //! (`baton upgrade`) during a gray step: the fleet sees the same replica
 //! under the same lease throughout, its coordination goes on, and the
-//! rollout promotes.
+//! rollout promotes. And `baton fleet rollout`, given every member of a
+//! three-member etcd, whose member hangs mid-rollout: it coordinates on
+//! through another to the end.
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_testkit::etcd::Etcd;
+use baton_testkit::etcd::{Etcd, EtcdCluster};
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::server::{Client, Server, eventually};
@@ -402,4 +405,63 @@ fn an_upgraded_coordinator_and_its_successor_never_both_judge_a_window() {
     for t in traffic {
         t.assert_clean(&[1, 2]);
     }
+}
+
+#[test]
+fn a_fleet_rollout_whose_etcd_member_hangs_is_coordinated_to_its_end_through_another() {
+    let mut cluster = EtcdCluster::start(3);
+    let endpoints = cluster.endpoints();
+    let repo = slow_repo(&[1]);
+    // The replica leaves the coordination to the CLI.
+    let args = ["--cluster", &endpoints, "--cluster-name", "ff", "--replica-id", "r1", "--lease-ttl", "3"];
+    let replica = common::start(&repo, &[&args[..], &["--no-coordinate"]].concat());
+    replica.wait_ready();
+    repo.publish_mlp("s", 2, &slow_mlp(2));
+    let child = Command::new(bin())
+        .args(["fleet", "--cluster", &endpoints, "--cluster-name", "ff"])
+        .args(["rollout", "s", "--version", "2", "--prepare-timeout", "120s"])
+        .env("BATON_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting baton fleet");
+    let mut rollout = Reaper(Some(child));
+    let running = rollout.0.as_mut().expect("running");
+    let printed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let reader = {
+        let (stdout, printed) = (running.stdout.take().expect("piped"), Arc::clone(&printed));
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                printed.lock().unwrap().push(line);
+            }
+        })
+    };
+    let mut stderr = running.stderr.take().expect("piped");
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    // The member it coordinates through hangs while the replica prepares
+    // (as a follower: a hung leader of the etcd the tests use revokes every
+    // lease when it resumes, docs/fleet.md).
+    let member = eventually("the CLI names the member it coordinates through", || {
+        printed.lock().unwrap().iter().find_map(|l| l.split("through etcd member ").nth(1).map(str::to_owned))
+    });
+    let hung = cluster.index_of(member.trim_end_matches('.')).expect("one of the members");
+    if cluster.leader() == hung {
+        cluster.move_leader((hung + 1) % cluster.len());
+    }
+    cluster.pause(hung);
+    let status = eventually("the rollout to end", || rollout.0.as_mut().expect("running").try_wait().unwrap());
+    cluster.resume(hung);
+    reader.join().unwrap();
+    let out = format!("{}\n{}", printed.lock().unwrap().join("\n"), errors.join().unwrap());
+    assert!(status.success(), "the rollout did not go on through another member: {out}");
+    assert!(out.contains("coordinating on through another"), "{out}");
+    let other = cluster.member((hung + 1) % cluster.len());
+    let desired: Value = serde_json::from_slice(&other.get("/baton/ff/desired/s").expect("committed")).unwrap();
+    assert_eq!(desired["version"], 2, "{desired}");
+    eventually("the replica serves 2", || (serving(&replica) == (Some(2), false)).then_some(()));
 }

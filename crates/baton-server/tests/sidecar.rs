@@ -6,7 +6,9 @@
 //! verify, place and load the candidate; a damaged candidate aborts the
 //! rollout at the agent's verify stage with the server untouched; a subset
 //! step switches the server whole and an abort brings the kept version
-//! back. Each test waits for the state it expects within a bound.
+//! back; when the server cannot load the kept version again, the agent is
+//! not ready until it has the server serve the published one. Each test
+//! waits for the state it expects within a bound.
 
 mod sidecar_kit;
 
@@ -207,6 +209,36 @@ fn a_subset_step_switches_the_server_whole_and_an_abort_brings_the_kept_version_
     wait_until("the agent brought 1 back", || agent.candidate().is_none());
     server.wait_serving("m", 1);
     assert_eq!(agent.serves(), Some(1));
+    assert_eq!(placed(&target.path()), ["1"]);
+    fleet.stop(agent);
+}
+
+#[test]
+fn a_kept_version_the_server_cannot_load_again_never_leaves_the_agent_ready_beside_the_candidate() {
+    let OnBaton { fleet, store, source: _source, target, server, agent, .. } = on_baton(false, true);
+    let plan = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 500, ..plain() };
+    fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
+    let coordinator = fleet.coordinate(&store);
+    wait_until("the agent switched the server whole", || agent.node.serving("m").candidate_percent == 100.0);
+    server.wait_serving("m", 2);
+    // The copy kept aside is damaged: the server cannot load it again.
+    let kept = target.staging().join("kept/m/1/model.onnx");
+    assert!(kept.is_file(), "the stable version is kept aside");
+    std::fs::write(&kept, b"not the bytes its MANIFEST names").unwrap();
+
+    fleet.runtime.block_on(ops::request(&store, "m", Request::Abort, "test")).unwrap();
+    let done = fleet.runtime.block_on(coordinator).unwrap().unwrap();
+    assert_eq!(done.phase, FleetPhase::Aborted);
+    wait_until("the agent took the candidate back", || agent.candidate().is_none());
+    // Whenever the agent says it is ready on version 1, its server answers
+    // with version 1: it went back to the published copy.
+    wait_until("the agent is ready on version 1 and its server answers 1", || {
+        let ready = agent.ready() && agent.serves() == Some(1);
+        if ready {
+            assert_eq!(answering_version(&server.client()).as_deref(), Some("1"), "ready beside the candidate");
+        }
+        ready
+    });
     assert_eq!(placed(&target.path()), ["1"]);
     fleet.stop(agent);
 }

@@ -10,8 +10,10 @@
 //! load it: the agent's prepare loads it in Triton, fails with Triton's
 //! reason, and the rollout aborts with every replica on its old version; a
 //! later good version commits. A version 3 committed without the agent
-//! (`--allow-missing 1`) leaves it not ready, counted as not serving, and
-//! does not block the next rollout. Triton restarted with `--load-model=*`
+//! (`--allow-missing 1`) leaves it not ready, counted as not serving, tried
+//! again only after a wait that grows, and does not block the next
+//! rollout. A version whose own configuration names another model is
+//! refused at the agent's prepare. Triton restarted with `--load-model=*`
 //! on the repository the agent writes finds nothing of the agent's there.
 
 mod common;
@@ -21,6 +23,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use baton_testkit::etcd::Etcd;
 use baton_testkit::repo::TestRepo;
@@ -64,8 +67,13 @@ fn model_py(loads: bool) -> String {
 /// The agent's source: `m` in baton's layout (a `model.toml` for the
 /// agent's verify options), each version a sealed python-backend setup.
 fn publish(source: &TestRepo, version: u64, loads: bool) {
+    publish_with(source, version, CONFIG, loads);
+}
+
+/// [`publish`], with the configuration `config`.
+fn publish_with(source: &TestRepo, version: u64, config: &str, loads: bool) {
     let py = model_py(loads);
-    source.write_files("m", version, &[("config.pbtxt", CONFIG.as_bytes()), ("model.py", py.as_bytes())]);
+    source.write_files("m", version, &[("config.pbtxt", config.as_bytes()), ("model.py", py.as_bytes())]);
     source.seal("m", version);
 }
 
@@ -157,6 +165,12 @@ impl Traffic {
     }
 }
 
+/// How many trial loads in Triton the agent saw fail, from its log.
+fn trials(agent: &AgentProcess) -> usize {
+    let log = std::fs::read_to_string(agent.log.path()).unwrap_or_default();
+    log.matches("The target server could not serve the candidate").count()
+}
+
 fn agent_args(cluster: &str, triton: &Peer, target: &Path, source: &Path) -> Vec<String> {
     let mut args: Vec<String> =
         ["--target", &triton.base, "--target-kind", "triton", "--cluster", cluster, "--cluster-name", CLUSTER]
@@ -219,6 +233,18 @@ fn a_version_triton_cannot_load_aborts_the_rollout_with_its_reason_and_a_later_g
     assert!(!versions.contains("3"), "version 3 never answered: {versions:?}");
     let config = std::fs::read_to_string(s.target.path().join("m/config.pbtxt")).unwrap();
     assert_eq!(config, CONFIG, "the configuration the version brought is the one in place");
+
+    // A version whose configuration names another model: Triton would
+    // refuse it under the model's directory, so the agent refuses it at
+    // prepare, and nobody switches.
+    s.replica_repo.publish_mlp("m", 5, &common::mlp(5));
+    publish_with(&s.source, 5, &CONFIG.replace("name: \"m\"", "name: \"other\""), true);
+    let (ok, out) = s.fleet(&["rollout", "m", "--version", "5", "--prepare-timeout", "60s"]);
+    assert!(!ok, "a version whose configuration names another model must not commit: {out}");
+    assert!(out.contains("replica t1 could not prepare: verify"), "{out}");
+    assert!(out.contains("names model \"other\", not \"m\""), "{out}");
+    assert_eq!(answer(&s.triton.client()), Some(("4".into(), 4.0)), "Triton keeps version 4");
+    assert_eq!(s.replica_serves(), 4);
 }
 
 #[test]
@@ -233,6 +259,7 @@ fn a_version_committed_without_the_agent_leaves_it_not_ready_and_does_not_block_
     let args = ["rollout", "m", "--version", "3", "--prepare-timeout", "60s", "--allow-missing", "1"];
     let (ok, out) = s.fleet(&args);
     assert!(ok, "{out}");
+    let (committed, trials_at_commit) = (Instant::now(), trials(&s.agent));
     assert_eq!(s.replica_serves(), 3);
     assert_eq!(answer(&s.triton.client()), Some(("2".into(), 2.0)), "Triton keeps version 2");
     wait_until("the agent says it is not ready", || !s.agent.ready());
@@ -251,6 +278,13 @@ fn a_version_committed_without_the_agent_leaves_it_not_ready_and_does_not_block_
     assert_eq!(t1["ready"], false, "{t1}");
     assert_eq!(t1["models"]["m"]["stable"], 2, "it says what it serves: {t1}");
     assert!(t1["note"].as_str().is_some_and(|n| n.contains("3")), "it says why: {t1}");
+    // Nor is it tried again every few seconds: each try loads the whole
+    // version in Triton, beside the one it serves. Counted over 30 s from
+    // the commit (after the trial of its prepare).
+    let window = Duration::from_secs(30);
+    std::thread::sleep(window.saturating_sub(committed.elapsed()));
+    let tried = trials(&s.agent) - trials_at_commit;
+    assert!(tried <= 2, "{tried} trial loads of a version Triton refused, within {window:?} of its commit");
 
     // The next rollout is not blocked by the version the agent cannot load.
     s.publish(4, true);

@@ -8,15 +8,23 @@
 //! Every deadline (the prepare timeout, the next judgement) is measured on
 //! the coordinator's own monotonic clock from when it saw the phase begin;
 //! no wall-clock time written by another process moves one. A coordinator
-//! that takes over starts these clocks afresh.
+//! that takes over from another process starts these clocks afresh; one
+//! that takes its own process's key over (its session was lost and found
+//! again with the lease alive) goes on with them ([`Clocks`]).
+//!
+//! A plan may carry guards a newer baton added, which this one cannot
+//! judge: a committed step of such a plan is paused, naming them, rather
+//! than judged on the guards this baton knows.
 
 mod view;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_core::rollout::guard::{self, Outcome};
 use baton_core::rollout::window::Sums;
+use baton_core::sync::Lock;
 
 use crate::error::ClusterError;
 use crate::health::Health;
@@ -87,7 +95,7 @@ pub async fn resign(store: &Store, model: &str, tenure: Tenure) {
 }
 
 /// The coordinator's clocks, on its own monotonic time.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Clock {
     /// The record's rollout, phase, step and pause, as last seen.
     key: Option<(u64, FleetPhase, Option<usize>, bool)>,
@@ -109,6 +117,41 @@ impl Clock {
 
     fn since(&self) -> Instant {
         self.since.unwrap_or_else(Instant::now)
+    }
+}
+
+/// The clocks of one process's coordinators, per model, kept with the
+/// creation revision of the coordinator key they were measured under. A
+/// key taken over by the process that held it keeps its creation revision
+/// (nobody else held it meanwhile), so the new tenure goes on with the
+/// clocks; a key created anew starts them afresh.
+#[derive(Debug, Default)]
+pub struct Clocks(Lock<BTreeMap<String, Kept>>);
+
+/// One model's clocks, with the creation revision of the key they were
+/// measured under.
+type Kept = (i64, Arc<Lock<Clock>>);
+
+impl Clocks {
+    /// The clocks of `model` under the key created at `created`.
+    fn of(&self, model: &str, created: i64) -> Arc<Lock<Clock>> {
+        let mut clocks = self.0.lock();
+        match clocks.get(model) {
+            Some((at, clock)) if *at == created => Arc::clone(clock),
+            _ => {
+                let clock = Arc::new(Lock::new(Clock::default()));
+                clocks.insert(model.to_owned(), (created, Arc::clone(&clock)));
+                clock
+            }
+        }
+    }
+
+    /// Forgets the clocks of `model`'s rollout, which ended.
+    fn forget(&self, model: &str, created: i64) {
+        let mut clocks = self.0.lock();
+        if clocks.get(model).is_some_and(|(at, _)| *at == created) {
+            clocks.remove(model);
+        }
     }
 }
 
@@ -134,7 +177,7 @@ pub async fn coordinate(
     let spans = View::spans(&store.keys, model);
     let mut view = View::load(store, model).await?;
     let mut watch = store.watch(&spans, view.revision + 1).await?;
-    let mut clock = Clock::default();
+    let clock = health.clocks.of(model, tenure.created);
     loop {
         if view.holder != Some((tenure.created, tenure.revision)) {
             return Err(ClusterError::Fenced(format!("the coordinator key of model {model} is gone or another's")));
@@ -142,11 +185,12 @@ pub async fn coordinate(
         let Some(read) = view.record.clone() else {
             return Err(ClusterError::Refused(format!("model {model} has no fleet rollout")));
         };
-        clock.observe(&read.value);
+        clock.lock().observe(&read.value);
         if !read.value.phase.in_progress() {
+            health.clocks.forget(model, tenure.created);
             return finish(store, model, tenure, view, watch, read, health).await;
         }
-        let until = match look(store, &view, &mut clock, &read, me, tenure, health).await? {
+        let until = match look(store, &view, &clock, &read, me, tenure, health).await? {
             Look::Wrote => None,
             Look::Wait(until) => Some(until),
         };
@@ -186,7 +230,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn look(
     store: &Store,
     view: &View,
-    clock: &mut Clock,
+    clock: &Lock<Clock>,
     read: &Read<RolloutRecord>,
     me: &str,
     tenure: Tenure,
@@ -232,7 +276,7 @@ async fn look(
                 txn = commit(&mut next, 0, me, view, &store.keys, txn)?;
             } else {
                 let timeout = Duration::from_millis(record.plan.prepare_timeout_ms);
-                let deadline = clock.since() + timeout;
+                let deadline = clock.lock().since() + timeout;
                 if Instant::now() < deadline {
                     return Ok(Look::Wait(Some(deadline)));
                 }
@@ -268,12 +312,27 @@ async fn look(
             if record.paused.is_some() {
                 return Ok(Look::Wait(None));
             }
-            let due = clock.judged.unwrap_or_else(|| clock.since()) + Duration::from_millis(record.plan.interval_ms);
-            if Instant::now() < due {
-                return Ok(Look::Wait(Some(due)));
+            if !record.plan.guards.unknown.is_empty() {
+                // No judgement on some of the guards is no judgement:
+                // held for a coordinator that knows them, or an operator.
+                let names: Vec<&str> = record.plan.guards.unknown.keys().map(String::as_str).collect();
+                let why = format!(
+                    "the plan has guards this baton does not know ({}); a baton that knows them must judge the step",
+                    names.join(", ")
+                );
+                decide(&mut next, "paused", me, format!("Paused: {why}."));
+                next.paused = Some(why);
+            } else {
+                let mut clock = clock.lock();
+                let due =
+                    clock.judged.unwrap_or_else(|| clock.since()) + Duration::from_millis(record.plan.interval_ms);
+                if Instant::now() < due {
+                    return Ok(Look::Wait(Some(due)));
+                }
+                clock.judged = Some(Instant::now());
+                drop(clock);
+                txn = judge(view, &mut next, me, &store.keys, txn)?;
             }
-            clock.judged = Some(Instant::now());
-            txn = judge(view, &mut next, me, &store.keys, txn)?;
         }
         _ => return Ok(Look::Wait(None)),
     }

@@ -79,9 +79,11 @@ pub struct Client {
 impl Client {
     /// Connects to the first member of `config` that answers, starting
     /// at a random one so that a fleet spreads over etcd's members, and
-    /// authenticates when a user is configured.
-    pub async fn connect(config: &StoreConfig) -> Result<Client, ClusterError> {
-        Pool::new(config)?.connect(None, CALL_TIMEOUT, Instant::now() + CONNECT_LIMIT).await
+    /// authenticates when a user is configured. A member is checked by a
+    /// read of `probe`, a key this process may read (under its cluster's
+    /// prefix, which a least-privilege role covers).
+    pub async fn connect(config: &StoreConfig, probe: &str) -> Result<Client, ClusterError> {
+        Pool::new(config, probe)?.connect(None, CALL_TIMEOUT, Instant::now() + CONNECT_LIMIT).await
     }
 
     /// Connects again, to the member that answers first, keeping what is
@@ -91,11 +93,11 @@ impl Client {
         self.pool.connect(None, CALL_TIMEOUT, Instant::now() + CONNECT_LIMIT).await
     }
 
-    /// Leaves this client's member, which failed, for another that
-    /// answers, each tried for at most `attempt`, all by `deadline`. With
-    /// one member, connects to it again.
-    pub(crate) async fn fail_over(&self, attempt: Duration, deadline: Instant) -> Result<Client, ClusterError> {
-        self.pool.failed(self.member);
+    /// A client of another member that answers (this one tried last), each
+    /// tried for at most `attempt`, all by `deadline`. With one member,
+    /// connects to it again. This client's member is not noted as failed:
+    /// see [`Client::failed`].
+    pub(crate) async fn another(&self, attempt: Duration, deadline: Instant) -> Result<Client, ClusterError> {
         self.pool.connect(Some(self.member), attempt, deadline).await
     }
 
@@ -133,15 +135,21 @@ impl Client {
     }
 
     /// Checks that the member answers (by `until`): on a new connection
-    /// with credentials, by authenticating; else by a linearizable read,
-    /// which a member without a leader cannot serve. A server that is not
-    /// etcd, or that wants TLS or credentials, fails here rather than at
-    /// the first use.
+    /// with credentials, by authenticating; else by a linearizable read of
+    /// the probe key, which a member without a leader cannot serve. A
+    /// server that is not etcd, or that wants TLS or credentials, fails
+    /// here rather than at the first use.
     async fn check(&self, fresh: bool, until: Instant) -> Result<(), ClusterError> {
         if fresh && self.authenticates() {
             return self.authenticate(until).await;
         }
-        let probe = pb::RangeRequest { key: b"/".to_vec(), count_only: true, ..Default::default() };
+        self.answers(until).await
+    }
+
+    /// Whether the member serves a linearizable read (of the probe key,
+    /// counted only) by `until`: it is reachable and has a leader.
+    pub(crate) async fn answers(&self, until: Instant) -> Result<(), ClusterError> {
+        let probe = pb::RangeRequest { key: self.pool.probe.clone(), count_only: true, ..Default::default() };
         self.unary_until(until, |c| {
             let probe = probe.clone();
             async move { c.kv().range(probe).await }

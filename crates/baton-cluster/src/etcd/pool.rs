@@ -39,19 +39,27 @@ struct Member {
 pub(crate) struct Pool {
     pub(crate) config: StoreConfig,
     pub(crate) token: Token,
+    /// The key a member's check reads: one this process may read.
+    pub(crate) probe: Vec<u8>,
     members: Lock<Vec<Member>>,
 }
 
 impl Pool {
-    /// The members `config` names; nothing is connected yet.
-    pub(crate) fn new(config: &StoreConfig) -> Result<Arc<Pool>, ClusterError> {
+    /// The members `config` names, checked by a read of `probe`; nothing
+    /// is connected yet.
+    pub(crate) fn new(config: &StoreConfig, probe: &str) -> Result<Arc<Pool>, ClusterError> {
         config.check_access()?;
         let members = config
             .urls()?
             .into_iter()
             .map(|url| Member { url, channel: None, benched_until: None, bench: Backoff::new(BENCH_FIRST, BENCH_LAST) })
             .collect();
-        Ok(Arc::new(Pool { config: config.clone(), token: Token::default(), members: Lock::new(members) }))
+        Ok(Arc::new(Pool {
+            config: config.clone(),
+            token: Token::default(),
+            probe: probe.as_bytes().to_vec(),
+            members: Lock::new(members),
+        }))
     }
 
     /// How many members there are.

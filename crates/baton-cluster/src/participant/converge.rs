@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Participant;
-use super::model::{Action, Model, RETRY_FIRST, RETRY_LAST, decide, wait};
+use super::model::{Action, Model, RELOAD_FIRST, RELOAD_LAST, RETRY_FIRST, RETRY_LAST, decide, wait};
 use crate::backoff::Backoff;
 use crate::node::{BUSY, Node, Refusal};
 use crate::records::{Ack, FleetPhase, RolloutRecord, Switched, now_us};
@@ -27,9 +27,15 @@ impl<N: Node> Participant<N> {
     pub(super) async fn converge(self: Arc<Self>, model: Arc<Model>) {
         let mut changes = model.subscribe();
         let mut retry = Backoff::new(RETRY_FIRST, RETRY_LAST);
+        // Whole loads of a committed version the node refused: the version,
+        // and when it may be tried again.
+        let mut reload = Backoff::new(RELOAD_FIRST, RELOAD_LAST);
+        let mut refused: Option<(u64, Instant)> = None;
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
+            // Whether this step is a whole load of the committed version.
+            let mut whole = false;
             let serving = self.node.serving(&model.name);
             let (action, committed) = {
                 let view = model.view.lock();
@@ -73,7 +79,18 @@ impl<N: Node> Participant<N> {
                     .drop_candidate(&model.name, rolled_back)
                     .await
                     .map_err(|r| ("drop the candidate".to_owned(), r)),
+                Action::Converge { version } if refused.is_some_and(|(v, at)| v == version && now < at) => {
+                    // Refused before: not tried again before its time,
+                    // whatever else changes in the records meanwhile.
+                    wait(&mut changes, refused.map(|(_, at)| at)).await;
+                    continue;
+                }
                 Action::Converge { version } => {
+                    whole = true;
+                    if refused.is_some_and(|(v, _)| v != version) {
+                        // Another version: tried at once, and afresh.
+                        reload.reset();
+                    }
                     // A retry leaves the last failure's reason up meanwhile.
                     if model.view.lock().unloadable != Some(version) {
                         let why = format!("loading version {version}, which the fleet committed");
@@ -82,10 +99,19 @@ impl<N: Node> Participant<N> {
                     tracing::info!(model = %model.name, version, replica = %self.config.id, "Converging on the version the fleet committed.");
                     let result = self.node.converge(&model.name, version).await;
                     match &result {
-                        Ok(()) => tracing::info!(model = %model.name, version, "Converged."),
+                        Ok(()) => {
+                            tracing::info!(model = %model.name, version, "Converged.");
+                            reload.reset();
+                            refused = None;
+                        }
                         // Said in the registration (its note), and the next
                         // rollout is prepared without loading it first.
-                        Err(_) => model.view.lock().unloadable = Some(version),
+                        Err(refusal) => {
+                            model.view.lock().unloadable = Some(version);
+                            // A version it could not fetch is tried as any step.
+                            let costly = refusal.stage != "fetch" && refusal.stage != BUSY;
+                            refused = costly.then(|| (version, Instant::now() + reload.next_wait()));
+                        }
                     }
                     result.map_err(|r| (format!("load version {version}, which the fleet committed"), r))
                 }
@@ -97,7 +123,10 @@ impl<N: Node> Participant<N> {
                     self.registration_due.notify_one();
                 }
                 Err((what, refusal)) => {
-                    let after = retry.next_wait();
+                    let after = match refused {
+                        Some((_, at)) if whole && at > Instant::now() => at - Instant::now(),
+                        _ => retry.next_wait(),
+                    };
                     tracing::error!(
                         model = %model.name,
                         replica = %self.config.id,

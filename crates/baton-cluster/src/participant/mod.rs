@@ -38,6 +38,10 @@ use model::Model;
 /// spread at random up to twice as long (see [`crate::backoff`]).
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_LAST: Duration = Duration::from_secs(5);
+/// A session that lasted this long starts the waits afresh; one that
+/// ends sooner (a struggling etcd lets replicas join, then drops them)
+/// leaves them growing.
+const STEADY: Duration = Duration::from_secs(10);
 /// How often sums are published, acks and the registration written.
 const TICK: Duration = Duration::from_millis(500);
 /// The shortest and longest time between two publications of a step's
@@ -134,6 +138,7 @@ impl<N: Node> Participant<N> {
         // which answers), their connections and the token.
         let mut last: Option<Store> = None;
         loop {
+            let began = Instant::now();
             let connected = match &last {
                 None => Store::connect(&self.config.store, &self.config.name).await,
                 Some(store) => store.reconnect().await,
@@ -150,8 +155,8 @@ impl<N: Node> Participant<N> {
             };
             self.session.send_replace(None);
             self.election.stop_all();
-            // A session that joined starts the waits afresh.
-            if self.health.connected() {
+            // A session that joined and held starts the waits afresh.
+            if self.health.connected() && began.elapsed() >= STEADY {
                 backoff.reset();
             }
             if self.health.connected() || self.health.state().disconnected_since_ms.is_none() {
@@ -182,8 +187,9 @@ impl<N: Node> Participant<N> {
     ) -> Result<(), ClusterError> {
         let lease = self.lease_for(store).await?;
         // Renewed from a task of its own: nothing the session awaits can
-        // delay it. When its member stops answering, the lease is renewed
-        // through another, and the session follows it there.
+        // delay it. When its member is slow to renew it, the lease is
+        // renewed through another as well; the session follows it there
+        // only if its own member no longer answers.
         let endpoint = store.endpoint();
         let (via, mut moved) = tokio::sync::watch::channel(endpoint.clone());
         let keeper = tokio::spawn({
@@ -219,9 +225,16 @@ impl<N: Node> Participant<N> {
                     }
                     let now = moved.borrow_and_update().clone();
                     if now != endpoint {
-                        return Err(ClusterError::Unreachable(format!(
-                            "etcd member {endpoint} did not renew the lease in time; it is renewed through {now}"
-                        )));
+                        // A member that was only slow (a leader's stall
+                        // slows them all) keeps the session: its watch and
+                        // the coordinators it runs go on.
+                        match store.answers().await {
+                            Ok(()) => tracing::info!(replica = %self.config.id, session = %endpoint, lease = %now, "The lease is renewed through another etcd member; the session stays with its own, which answers."),
+                            Err(error) => return Err(ClusterError::Unreachable(format!(
+                                "etcd member {endpoint} did not renew the lease in time, nor answer a read ({}); the lease is renewed through {now}",
+                                error.detail()
+                            ))),
+                        }
                     }
                 }
                 events = watch.next() => match events {

@@ -22,6 +22,16 @@ use crate::records::{Ack, Desired, FleetPhase, RolloutRecord, Serving, now_us};
 pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between two tries of a failed step, before jitter.
 pub(crate) const RETRY_LAST: Duration = Duration::from_secs(8);
+/// The first wait before a whole load of the committed version that the
+/// node refused (it could not verify, load or validate it) is tried again;
+/// it doubles up to [`RELOAD_LAST`], spread by jitter. Such a load costs
+/// the model's whole size (a copy, a hash, a second copy in memory beside
+/// the one that serves), and a version refused once is most likely
+/// refused again: it is not tried every few seconds. A load that could
+/// not fetch the version, and a new committed version, are tried as any
+/// other step.
+pub(crate) const RELOAD_FIRST: Duration = Duration::from_secs(15);
+pub(crate) const RELOAD_LAST: Duration = Duration::from_secs(600);
 /// How often a settled model is compared with the records anyway.
 const RECHECK: Duration = Duration::from_secs(5);
 

@@ -114,7 +114,9 @@ impl TargetLayout {
     ///   backend when the version has `model.onnx`, for the python backend
     ///   when it has `model.py` (its `auto_complete_config` then declares
     ///   the inputs and outputs). `model` names the model in the
-    ///   configuration the agent writes.
+    ///   configuration the agent writes. A configuration whose top-level
+    ///   `name` is another model's is refused: Triton refuses to load a
+    ///   model whose configuration names another than its directory.
     /// - MLServer: nothing.
     pub fn model_files(
         self,
@@ -128,12 +130,15 @@ impl TargetLayout {
             TargetLayout::Baton => Ok(vec![("model.toml", Some(std::fs::read(source_model_dir.join("model.toml"))?))]),
             TargetLayout::Triton => {
                 if let Some(own) = read_if_there(&version_dir.join(TRITON_CONFIG))? {
+                    check_name(&own, model, "the version's")?;
                     return Ok(vec![(TRITON_CONFIG, Some(own))]);
                 }
-                if model_dir.join(TRITON_CONFIG).is_file() {
+                if let Some(in_place) = read_if_there(&model_dir.join(TRITON_CONFIG))? {
+                    check_name(&in_place, model, "the target repository's")?;
                     return Ok(vec![(TRITON_CONFIG, None)]);
                 }
                 if let Some(published) = read_if_there(&source_model_dir.join(TRITON_CONFIG))? {
+                    check_name(&published, model, "the source model directory's")?;
                     return Ok(vec![(TRITON_CONFIG, Some(published))]);
                 }
                 let backend = if version_dir.join(MODEL_FILE).is_file() {
@@ -212,13 +217,48 @@ fn read_if_there(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
     }
 }
 
+/// Refuses a Triton configuration (`whose` says which) whose top-level
+/// `name` is not `model`.
+fn check_name(config: &[u8], model: &str, whose: &str) -> std::io::Result<()> {
+    match top_level_name(&String::from_utf8_lossy(config)) {
+        Some(name) if name != model => Err(std::io::Error::other(format!(
+            "{whose} {TRITON_CONFIG} names model \"{name}\", not \"{model}\": Triton would refuse to load it \
+             from the model's directory (name it \"{model}\", or leave the name out)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The value of a Triton model configuration's top-level `name` field, if
+/// it has one (a nested one, such as an input's, is not it).
+pub fn top_level_name(config: &str) -> Option<String> {
+    let (start, end) = *name_fields(config).first()?;
+    let field = &config[start + 4..end];
+    let value = field.trim_start().strip_prefix(':')?.trim();
+    let quote = value.chars().next()?;
+    Some(value.strip_prefix(quote)?.strip_suffix(quote)?.to_owned())
+}
+
 /// A Triton model configuration without its top-level `name` field (a
 /// nested one, such as an input's, stays): Triton then names the model
 /// after its directory. Comments and strings are skipped over.
 pub fn without_name(config: &str) -> String {
-    let bytes = config.as_bytes();
     let mut out = String::with_capacity(config.len());
-    let (mut depth, mut i, mut kept) = (0i32, 0usize, 0usize);
+    let mut kept = 0;
+    for (start, end) in name_fields(config) {
+        out.push_str(&config[kept..start]);
+        kept = end;
+    }
+    out.push_str(&config[kept.min(config.len())..]);
+    out
+}
+
+/// Where each top-level `name: "…"` field of a Triton configuration starts
+/// and ends; comments and strings are skipped over.
+fn name_fields(config: &str) -> Vec<(usize, usize)> {
+    let bytes = config.as_bytes();
+    let mut fields = Vec::new();
+    let (mut depth, mut i) = (0i32, 0usize);
     while i < bytes.len() {
         match bytes[i] {
             b'#' => {
@@ -237,8 +277,7 @@ pub fn without_name(config: &str) -> String {
             b'}' | b']' | b'>' => depth -= 1,
             b'n' if depth == 0 && (i == 0 || !is_ident(bytes[i - 1])) && config[i..].starts_with("name") => {
                 if let Some(end) = name_field_end(bytes, i + 4) {
-                    out.push_str(&config[kept..i]);
-                    kept = end;
+                    fields.push((i, end));
                     i = end;
                     continue;
                 }
@@ -247,8 +286,7 @@ pub fn without_name(config: &str) -> String {
         }
         i += 1;
     }
-    out.push_str(&config[kept.min(config.len())..]);
-    out
+    fields
 }
 
 fn is_ident(b: u8) -> bool {

@@ -10,6 +10,8 @@
 //! candidate as a version of the model itself would give it traffic before
 //! the fleet commits. Under the probe's name it gets none.
 
+use std::time::Instant;
+
 use serde_json::{Value, json};
 
 use super::area::probe_name;
@@ -102,26 +104,28 @@ impl SidecarNode {
         cleaned
     }
 
-    /// Has the target load `probe` and checks it serves `version`.
+    /// Has the target load `probe` and checks it serves `version`, all
+    /// within one load timeout: a server that hangs at any call fails the
+    /// trial, as one that answers with an error does.
     async fn try_probe(&self, probe: &str, version: u64) -> Result<(), Refusal> {
         let (target, probe, body) = (self.target.clone(), probe.to_owned(), self.layout.load_body(version));
+        let until = Instant::now() + self.target.load_timeout();
         blocking("load", move || {
             let load = |e: String| refusal("load", format!("the target could not load version {version}: {e}"));
-            target.load(&probe, &body).map_err(load)?;
-            target.wait_ready(&probe, version).map_err(load)?;
-            match target.metadata(&probe, version).map(|m| request_from_metadata(&m)) {
-                Ok(Some(request)) => target
-                    .infer(&probe, version, &request)
+            target.load(&probe, &body, until).map_err(load)?;
+            target.wait_ready(&probe, version, until).map_err(load)?;
+            let metadata = target.metadata(&probe, version, until).map_err(|e| {
+                refusal("validate", format!("version {version} loaded but gave no metadata to try it with: {e}"))
+            })?;
+            match request_from_metadata(&metadata) {
+                Some(request) => target
+                    .infer(&probe, version, &request, until)
                     .map_err(|e| refusal("validate", format!("version {version} loaded but did not answer: {e}"))),
-                Ok(None) => {
+                None => {
                     tracing::info!(
                         version,
                         "The candidate's metadata names no inputs a probe can send; readiness only."
                     );
-                    Ok(())
-                }
-                Err(error) => {
-                    tracing::info!(version, %error, "No metadata for the candidate; readiness only.");
                     Ok(())
                 }
             }

@@ -1,5 +1,7 @@
 //! The target server's model-repository extension and readiness, over
-//! KServe V2 REST. Calls block: run them in `spawn_blocking`.
+//! KServe V2 REST. Calls block: run them in `spawn_blocking`. Each call is
+//! bounded by the deadline it is given, so that a server that hangs ends
+//! a whole operation (a trial, a switch) at one deadline, not one per call.
 
 use std::time::{Duration, Instant};
 
@@ -35,11 +37,17 @@ impl Target {
         &self.base
     }
 
+    /// How long one load, readiness included, may take.
+    pub fn load_timeout(&self) -> Duration {
+        self.load_timeout
+    }
+
     /// `POST /v2/repository/models/{model}/load` with `body`; returns once
-    /// the server answered 200, else says why.
-    pub fn load(&self, model: &str, body: &Value) -> Result<(), String> {
+    /// the server answered 200 (by `until`), else says why.
+    pub fn load(&self, model: &str, body: &Value, until: Instant) -> Result<(), String> {
         let url = format!("{}/v2/repository/models/{model}/load", self.base);
-        let mut request = self.http.post(&url).header("content-type", "application/json");
+        let request = self.http.post(&url).config().timeout_global(Some(left(until, &url)?)).build();
+        let mut request = request.header("content-type", "application/json");
         if let Some(token) = &self.token {
             request = request.header("authorization", format!("Bearer {token}"));
         }
@@ -59,10 +67,11 @@ impl Target {
         answered(response, &format!("the unload of model {model}"))
     }
 
-    /// `GET /v2/models/{model}/versions/{version}`: the version's metadata.
-    pub fn metadata(&self, model: &str, version: u64) -> Result<Value, String> {
+    /// `GET /v2/models/{model}/versions/{version}`: the version's
+    /// metadata, by `until`.
+    pub fn metadata(&self, model: &str, version: u64, until: Instant) -> Result<Value, String> {
         let url = format!("{}/v2/models/{model}/versions/{version}", self.base);
-        let mut request = self.http.get(&url);
+        let mut request = self.http.get(&url).config().timeout_global(Some(left(until, &url)?)).build();
         if let Some(token) = &self.token {
             request = request.header("authorization", format!("Bearer {token}"));
         }
@@ -75,10 +84,11 @@ impl Target {
     }
 
     /// `POST /v2/models/{model}/versions/{version}/infer` with `body`;
-    /// returns once the server answered 200, else says why.
-    pub fn infer(&self, model: &str, version: u64, body: &Value) -> Result<(), String> {
+    /// returns once the server answered 200 (by `until`), else says why.
+    pub fn infer(&self, model: &str, version: u64, body: &Value, until: Instant) -> Result<(), String> {
         let url = format!("{}/v2/models/{model}/versions/{version}/infer", self.base);
-        let mut request = self.http.post(&url).header("content-type", "application/json");
+        let request = self.http.post(&url).config().timeout_global(Some(left(until, &url)?)).build();
+        let mut request = request.header("content-type", "application/json");
         if let Some(token) = &self.token {
             request = request.header("authorization", format!("Bearer {token}"));
         }
@@ -86,28 +96,38 @@ impl Target {
         answered(response, &format!("an inference request to model {model} version {version}"))
     }
 
-    /// Whether `GET path` answers 200.
-    fn ok(&self, path: &str) -> bool {
-        self.http.get(&format!("{}{path}", self.base)).call().is_ok_and(|r| r.status().as_u16() == 200)
+    /// Whether `GET path` answers 200 by `until`.
+    fn ok(&self, path: &str, until: Instant) -> bool {
+        let url = format!("{}{path}", self.base);
+        let Ok(left) = left(until, &url) else { return false };
+        let request = self.http.get(&url).config().timeout_global(Some(left)).build();
+        request.call().is_ok_and(|r| r.status().as_u16() == 200)
     }
 
-    /// Waits until the model, and its `version`, answer ready, within the
-    /// load timeout.
-    pub fn wait_ready(&self, model: &str, version: u64) -> Result<(), String> {
-        let deadline = Instant::now() + self.load_timeout;
+    /// Waits until the model, and its `version`, answer ready, by `until`.
+    pub fn wait_ready(&self, model: &str, version: u64, until: Instant) -> Result<(), String> {
         let model_ready = format!("/v2/models/{model}/ready");
         let version_ready = format!("/v2/models/{model}/versions/{version}/ready");
-        while !(self.ok(&model_ready) && self.ok(&version_ready)) {
-            if Instant::now() >= deadline {
+        while !(self.ok(&model_ready, until) && self.ok(&version_ready, until)) {
+            if Instant::now() >= until {
                 return Err(format!(
-                    "model {model} version {version} was not ready within {:?} after its load",
+                    "model {model} version {version} was not ready within the load timeout ({:?})",
                     self.load_timeout
                 ));
             }
-            std::thread::sleep(READY_POLL);
+            std::thread::sleep(READY_POLL.min(until.saturating_duration_since(Instant::now())));
         }
         Ok(())
     }
+}
+
+/// What is left until `until` for a call to `url`; an error once nothing is.
+fn left(until: Instant, url: &str) -> Result<Duration, String> {
+    let left = until.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(format!("{url}: no time left within the load timeout"));
+    }
+    Ok(left)
 }
 
 /// Ok for a 200, else what the server said (its `error`, or its body, cut

@@ -1,6 +1,8 @@
 //! `baton fleet`: the fleet's status, and rollouts across it, straight
 //! from etcd. `baton fleet rollout` starts a rollout and coordinates it to
-//! its end (unless `--detach`); if it dies, a replica takes over.
+//! its end (unless `--detach`); if it dies, a replica takes over. When the
+//! etcd member it speaks to stops answering, a rollout it coordinates and
+//! `status --watch` go on through another member.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -11,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use baton_cluster::ops::{self, Request};
 use baton_cluster::records::{Ack, Desired, FleetPhase, FleetPlan, ReplicaRecord, RolloutRecord};
-use baton_cluster::{Health, Store, coordinator};
+use baton_cluster::{ClusterError, Health, Store, coordinator};
 use baton_core::rollout::guard::Guards;
 
 use super::render_fleet::Fleet;
@@ -223,10 +225,10 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
     // The coordinator key is taken before the record is written: a record
     // in progress with no coordinator is an orphan, and a replica would
     // take it over before this process could.
-    let lease = store.grant(5).await?;
+    let lease = store.grant(LEASE_TTL).await?;
     let tenure = tokio::select! {
         claimed = claim(store, &rollout.model, me, lease) => claimed?,
-        error = store.keep_alive(lease, 5) => return Err(error.into()),
+        error = store.keep_alive(lease, LEASE_TTL) => return Err(error.into()),
     };
     let record = match ops::start(store, &rollout.model, rollout.version, rollout.plan()?, me).await {
         Ok(record) => record,
@@ -236,15 +238,15 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
         }
     };
     println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
-    let health = Health::default();
+    println!("Coordinating from this process, through etcd member {}.", store.endpoint());
     let printed = Arc::new(AtomicUsize::new(record.decisions.len()));
-    let printer = print_decisions(store, &rollout.model, Arc::clone(&printed));
-    let done = tokio::select! {
-        done = coordinator::coordinate(store, &rollout.model, me, tenure, &health) => done?,
-        error = store.keep_alive(lease, 5) => return Err(error.into()),
-    };
-    let _ = store.revoke(lease).await;
+    let current = tokio::sync::watch::channel(store.clone()).0;
+    let printer = print_decisions(current.subscribe(), &rollout.model, Arc::clone(&printed));
+    let done = Box::pin(coordinate_to_end(store, &rollout.model, me, tenure, lease, &current)).await;
     printer.abort();
+    let last = current.borrow().clone();
+    let _ = last.revoke(lease).await;
+    let done = done?;
     for decision in done.decisions.iter().skip(printed.load(Ordering::SeqCst)) {
         println!("{}", decision.message);
     }
@@ -267,6 +269,107 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
             phase.as_str(),
             done.reason.as_deref().unwrap_or("no reason given")
         ),
+    }
+}
+
+/// The time to live of the lease `baton fleet rollout` coordinates under:
+/// a replica takes over this long after the process dies.
+const LEASE_TTL: i64 = 5;
+/// How long the coordination looks for another etcd member once its own
+/// stopped answering, before it gives up (a replica then takes over).
+const FIND_ANOTHER: Duration = Duration::from_secs(30);
+
+/// Coordinates the rollout of `model` to its end as the holder of the key
+/// of `tenure`, under `lease`, kept alive meanwhile. When the etcd member
+/// it speaks to stops answering (a call or its watch fails, or the lease's
+/// renewals left it and it no longer serves a read), it goes on through
+/// another: it takes its key over there, under the same lease, and
+/// carries on from the record with the clocks it measured. `current` is
+/// told the store it speaks through.
+async fn coordinate_to_end(
+    store: &Store,
+    model: &str,
+    me: &str,
+    tenure: coordinator::Tenure,
+    lease: i64,
+    current: &tokio::sync::watch::Sender<Store>,
+) -> anyhow::Result<RolloutRecord> {
+    let (via, mut moved) = tokio::sync::watch::channel(store.endpoint());
+    let mut keeper = {
+        let store = store.clone();
+        tokio::spawn(async move { store.keep_alive_via(lease, LEASE_TTL, &via).await })
+    };
+    let health = Health::default();
+    let (mut store, mut tenure) = (store.clone(), tenure);
+    let result = loop {
+        let outcome = {
+            let coordinating = coordinator::coordinate(&store, model, me, tenure, &health);
+            tokio::pin!(coordinating);
+            loop {
+                tokio::select! {
+                    done = &mut coordinating => break done,
+                    ended = &mut keeper => {
+                        let error = ended.unwrap_or_else(|e| ClusterError::Unreachable(format!("the lease's keeper ended: {e}")));
+                        return Err(anyhow::Error::new(error).context("the coordinator's lease was lost"));
+                    }
+                    Ok(()) = moved.changed() => {
+                        let now = moved.borrow_and_update().clone();
+                        if now != store.endpoint()
+                            && let Err(error) = store.answers().await
+                        {
+                            break Err(ClusterError::Unreachable(format!("it answers no read: {}", error.detail())));
+                        }
+                    }
+                }
+            }
+        };
+        match outcome {
+            Err(error @ ClusterError::Unreachable(_)) => {
+                println!(
+                    "etcd member {} stopped answering ({}); coordinating on through another.",
+                    store.endpoint(),
+                    error.detail()
+                );
+                (store, tenure) = match another(&store, model, me, lease, tenure.created).await {
+                    Ok(found) => found,
+                    Err(error) => break Err(error),
+                };
+                current.send_replace(store.clone());
+                println!("Coordinating through etcd member {}.", store.endpoint());
+            }
+            other => break other.map_err(anyhow::Error::from),
+        }
+    };
+    keeper.abort();
+    result
+}
+
+/// Another etcd member that answers, and the coordinator key of `model`
+/// taken over there (created at `created`, under `lease`), within
+/// [`FIND_ANOTHER`].
+async fn another(
+    store: &Store,
+    model: &str,
+    me: &str,
+    lease: i64,
+    created: i64,
+) -> anyhow::Result<(Store, coordinator::Tenure)> {
+    let deadline = tokio::time::Instant::now() + FIND_ANOTHER;
+    loop {
+        let error = match store.reconnect().await {
+            Ok(other) => match coordinator::take_over(&other, model, me, lease, created).await {
+                Ok(Some(tenure)) => return Ok((other, tenure)),
+                Ok(None) => anyhow::bail!(
+                    "the coordinator key of model {model} is gone or another's: a replica coordinates the rollout"
+                ),
+                Err(error) => error,
+            },
+            Err(error) => error,
+        };
+        if !matches!(error, ClusterError::Unreachable(_)) || tokio::time::Instant::now() >= deadline {
+            return Err(anyhow::Error::new(error).context("no other etcd member answered"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -298,11 +401,17 @@ async fn claim(store: &Store, model: &str, me: &str, lease: i64) -> anyhow::Resu
 }
 
 /// Prints the rollout's decisions as they are written, counting them in
-/// `printed` (decisions are only appended while a rollout runs).
-fn print_decisions(store: &Store, model: &str, printed: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
-    let (store, model) = (store.clone(), model.to_owned());
+/// `printed` (decisions are only appended while a rollout runs); reads
+/// through the store `current` names.
+fn print_decisions(
+    current: tokio::sync::watch::Receiver<Store>,
+    model: &str,
+    printed: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    let model = model.to_owned();
     tokio::spawn(async move {
         loop {
+            let store = current.borrow().clone();
             if let Ok(Some(r)) = store.get::<RolloutRecord>(&store.keys.record(&model)).await {
                 let from = printed.load(Ordering::SeqCst);
                 for decision in r.value.decisions.iter().skip(from) {
@@ -336,8 +445,22 @@ async fn snapshot(store: &Store) -> anyhow::Result<Fleet> {
 }
 
 async fn status(store: &Store, watch: bool, json: bool) -> anyhow::Result<()> {
+    let mut store = store.clone();
     loop {
-        let snapshot = snapshot(store).await?;
+        let snapshot = match snapshot(&store).await {
+            Ok(snapshot) => snapshot,
+            // Watching: a member that stops answering is left for another.
+            Err(error) if watch => {
+                eprintln!("etcd member {} did not answer ({error:#}); reading through another.", store.endpoint());
+                match store.reconnect().await {
+                    Ok(other) => store = other,
+                    Err(error) => eprintln!("No etcd member answered ({error}); trying again."),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         let text = if json { serde_json::to_string_pretty(&snapshot)? } else { super::render_fleet::render(&snapshot) };
         let mut out = std::io::stdout().lock();
         if watch && out.is_terminal() {
