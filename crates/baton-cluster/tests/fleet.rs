@@ -134,11 +134,31 @@ impl Fleet {
 
     /// Coordinates the rollout of `m` from this test, as the CLI does.
     fn coordinate(&self, store: &Store, me: &str) -> tokio::task::JoinHandle<Result<RolloutRecord, String>> {
+        let won = self.campaign(store, me);
+        self.coordinate_as(store, me, won)
+    }
+
+    /// Takes the coordinator key of `m` for `me`: its lease and tenure.
+    /// Before the rollout starts, when replicas that take over orphaned
+    /// rollouts would otherwise win it first.
+    fn campaign(&self, store: &Store, me: &str) -> (i64, coordinator::Tenure) {
+        self.runtime.block_on(async {
+            let lease = store.grant(2).await.unwrap();
+            let tenure = coordinator::campaign(store, "m", me, lease).await.unwrap().expect("no other coordinator");
+            (lease, tenure)
+        })
+    }
+
+    /// Coordinates the rollout of `m` as `me`, with the key `won` took.
+    fn coordinate_as(
+        &self,
+        store: &Store,
+        me: &str,
+        (lease, tenure): (i64, coordinator::Tenure),
+    ) -> tokio::task::JoinHandle<Result<RolloutRecord, String>> {
         let store = store.clone();
         let me = me.to_owned();
         self.runtime.spawn(async move {
-            let lease = store.grant(2).await.map_err(|e| e.to_string())?;
-            let tenure = coordinator::campaign(&store, "m", &me, lease).await.unwrap().expect("no other coordinator");
             // The lease lives exactly as long as this task: aborting the
             // task is the coordinator dying.
             let health = Health::default();
@@ -312,8 +332,11 @@ fn a_coordinator_that_dies_mid_rollout_is_replaced_and_the_rollout_finishes() {
     // Gray: half first, judged after 1.5 s on guards any sane candidate passes.
     let guards = Guards { min_samples: 1, max_error_rate_increase: Some(0.5), ..Guards::default() };
     let plan = FleetPlan { steps: vec![50.0, 100.0], interval_ms: 1500, guards: guards.into(), ..plain() };
+    // The key is taken first: else a replica may see the rollout orphaned
+    // and coordinate it before the doomed coordinator does.
+    let won = fleet.campaign(&store, "doomed");
     fleet.runtime.block_on(ops::start(&store, "m", 2, plan, "test")).unwrap();
-    let coordinator = fleet.coordinate(&store, "doomed");
+    let coordinator = fleet.coordinate_as(&store, "doomed", won);
     wait_until("the first half is committed", || {
         fleet.record(&store).is_some_and(|r| r.phase == FleetPhase::Committed)
     });

@@ -268,7 +268,8 @@ impl Caller {
         let deadline = Instant::now() + within;
         let index = self.take_slot(deadline, within)?;
         let mut slot = lock(&self.slots[index]);
-        let result = self.send(&mut slot, instance, inputs).and_then(|()| self.wait(&mut slot, deadline, within));
+        let result =
+            self.send(&mut slot, instance, inputs).and_then(|waiting| self.wait(&mut slot, waiting, deadline, within));
         drop(slot);
         match &result {
             // The slot is left to the worker, which may still write into
@@ -299,7 +300,9 @@ impl Caller {
         }
     }
 
-    fn send(&self, slot: &mut Slot, instance: Option<usize>, inputs: &[Tensor]) -> Result<(), HopError> {
+    /// Sends the call; the wait for its answer, begun just before the
+    /// message left, so that the worker's part always falls within it.
+    fn send(&self, slot: &mut Slot, instance: Option<usize>, inputs: &[Tensor]) -> Result<timing::Waiting, HopError> {
         let system = |e: io::Error| HopError::System(e.to_string());
         let views: Vec<TensorView<'_>> = inputs.iter().map(Tensor::view).collect();
         let (metas, end) = frame::layout(&views);
@@ -317,6 +320,7 @@ impl Caller {
         let call = Call::Infer { inputs, region: !*shared, instance };
         let message = serde_json::to_vec(&call).map_err(|e| HopError::System(e.to_string()))?;
         let fds = if *shared { Vec::new() } else { vec![region.fd()] };
+        let waiting = timing::Waiting::start();
         match slot.channel.send(&message, &fds) {
             Ok(()) => {}
             // A peer that died with data unread reads as a reset connection.
@@ -326,13 +330,19 @@ impl Caller {
             Err(e) => return Err(system(e)),
         }
         *shared = true;
-        Ok(())
+        Ok(waiting)
     }
 
-    fn wait(&self, slot: &mut Slot, deadline: Instant, within: Duration) -> Result<Vec<Tensor>, HopError> {
+    /// Waits for the answer; the wait counts as the worker's timing of
+    /// its part.
+    fn wait(
+        &self,
+        slot: &mut Slot,
+        waiting: timing::Waiting,
+        deadline: Instant,
+        within: Duration,
+    ) -> Result<Vec<Tensor>, HopError> {
         let left = deadline.saturating_duration_since(Instant::now());
-        // The wait counts as the worker's timing of its run.
-        let waiting = timing::Waiting::start();
         if !slot.channel.readable_soon(self.spin.min(left))
             && !slot.channel.readable_within(left).map_err(|e| HopError::Broken(format!("waiting for it: {e}")))?
         {

@@ -24,6 +24,12 @@ fn work(for_cpu: Duration) {
 /// on its CPU for an input named `work` and sleeps 5 ms for one named
 /// `sleep`; each call's readings on the calling thread.
 fn readings(names: &[&str]) -> Vec<baton_core::executor::timing::Reading> {
+    readings_after(names, || {})
+}
+
+/// [`readings`], `caller` run on the calling thread once the worker's
+/// thread is started.
+fn readings_after(names: &[&str], caller: impl FnOnce()) -> Vec<baton_core::executor::timing::Reading> {
     let (ours, theirs) = Channel::pair().unwrap();
     let worker = std::thread::spawn(move || {
         let how = Answering { spin: Duration::ZERO, most: hop::REGION_DEFAULT };
@@ -37,6 +43,7 @@ fn readings(names: &[&str]) -> Vec<baton_core::executor::timing::Reading> {
             Ok(())
         })
     });
+    caller();
     let caller = Caller::new(vec![ours], Duration::ZERO);
     let readings = names
         .iter()
@@ -70,4 +77,26 @@ fn the_caller_s_sample_holds_the_worker_s_run_on_its_cpu_or_asleep() {
     }
     // An honest worker's reports are never cut down.
     assert_eq!(trimmed_reports(), trimmed);
+}
+
+#[test]
+fn a_worker_that_runs_before_its_caller_waits_is_still_timed_whole() {
+    // The caller and the worker on one CPU, the caller below everything
+    // (as the shadow runner is): the worker's thread, woken by the call,
+    // runs it at once, before the caller gets its CPU back. Its part must
+    // still fall within the caller's wait, and be counted whole.
+    let Some(&cpu) = baton_core::sys::allowed_cpus().first() else { return };
+    let got = std::thread::spawn(move || {
+        baton_core::sys::pin_current_thread(cpu).unwrap();
+        let trimmed = trimmed_reports();
+        let got = readings_after(&["work", "work", "work"], || baton_core::sys::set_current_thread_idle().unwrap());
+        (got, trimmed_reports() - trimmed)
+    })
+    .join()
+    .unwrap();
+    let (got, trimmed) = got;
+    for reading in &got {
+        assert!(reading.sample >= Duration::from_millis(5), "{reading:?}");
+    }
+    assert_eq!(trimmed, 0, "an honest worker's report was cut down: {got:?}");
 }

@@ -17,12 +17,16 @@
 //! timed it, and neither side's waits for a CPU (a wake-up, a yield while
 //! looking for the answer) count.
 //!
-//! The worker's report comes from another process: it may count for at
-//! most the wall time this thread waited for it, and a report that claims
-//! more is cut down and counted ([`trimmed_reports`]).
+//! The worker's report comes from another process and is bounded both
+//! ways: it counts for at most the wall time this thread waited for it
+//! (the wait begins before the call is sent, so an honest worker's part
+//! always falls inside it; a report that claims more is cut down and
+//! counted, [`trimmed_reports`]), and however little it claims, a sample
+//! is never below this thread's own CPU time over the run.
 //!
-//! Where the kernel keeps no count of a thread's wait for a CPU, the sample
-//! is the wall time, and a worker's report replaces nothing.
+//! Where the kernel keeps no count of a thread's wait for a CPU (or the
+//! thread could not open it: it tries again, and says so once in the log),
+//! the sample is the wall time, and a worker's report replaces nothing.
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;
@@ -34,7 +38,7 @@ thread_local! {
     /// This thread's `/proc/thread-self/schedstat`, opened once: the link
     /// resolves to the thread that opens it, and a read of an open file is
     /// about as cheap as reading the thread's CPU clock.
-    static SCHEDSTAT: RefCell<Option<Option<File>>> = const { RefCell::new(None) };
+    static SCHEDSTAT: RefCell<Schedstat> = const { RefCell::new(Schedstat::Unopened) };
     /// For the run in progress: the time this thread waited on other
     /// processes (less its waits for a CPU meanwhile), and what they
     /// reported their part took instead.
@@ -45,12 +49,49 @@ thread_local! {
 /// process-wide (a worker that claims more than it could have).
 static TRIMMED: AtomicU64 = AtomicU64::new(0);
 
+/// A thread's count of its waits for a CPU, as far as it got opening it.
+enum Schedstat {
+    Unopened,
+    Open(File),
+    /// The open failed; tried again after this many more reads.
+    Failed(u32),
+}
+
+/// Reads between two tries to open a thread's count that failed to open
+/// (out of descriptors during a flood, say; or a kernel without it).
+const RETRY_AFTER: u32 = 1024;
+
+/// Whether a failed open was logged, once for the process.
+static SAID: std::sync::Once = std::sync::Once::new();
+
 /// How long the calling thread has waited for a CPU while runnable since
-/// it started; `None` where the kernel does not count it.
+/// it started; `None` where the kernel does not count it, or its count
+/// could not be opened (tried again every [`RETRY_AFTER`] reads).
 pub fn own_run_delay() -> Option<Duration> {
     SCHEDSTAT.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        let file = cell.get_or_insert_with(|| File::open("/proc/thread-self/schedstat").ok()).as_ref()?;
+        let mut state = cell.borrow_mut();
+        match &mut *state {
+            Schedstat::Failed(left) if *left > 0 => {
+                *left -= 1;
+                return None;
+            }
+            Schedstat::Open(_) => {}
+            _ => match File::open("/proc/thread-self/schedstat") {
+                Ok(file) => *state = Schedstat::Open(file),
+                Err(error) => {
+                    SAID.call_once(|| {
+                        tracing::warn!(
+                            %error,
+                            "A thread's count of its waits for a CPU cannot be read; its runs' latency samples are \
+                             their wall time until it can, which a busy machine inflates."
+                        );
+                    });
+                    *state = Schedstat::Failed(RETRY_AFTER);
+                    return None;
+                }
+            },
+        }
+        let Schedstat::Open(file) = &*state else { return None };
         let mut buffer = [0u8; 96];
         let read = file.read_at(&mut buffer, 0).ok()?;
         let text = std::str::from_utf8(&buffer[..read]).ok()?;
@@ -128,7 +169,7 @@ pub struct Reading {
     /// and what those processes' reports counted instead.
     pub replaced: (Duration, Duration),
     /// The sample: `wall` less `delay`, with `replaced.0` replaced by
-    /// `replaced.1`.
+    /// `replaced.1`, and at least `cpu`.
     pub sample: Duration,
 }
 
@@ -156,7 +197,9 @@ impl Stopwatch {
         let wall = self.started.elapsed();
         let replaced = REPLACED.with(|cell| cell.replace((Duration::ZERO, Duration::ZERO)));
         let own = wall.saturating_sub(delay.unwrap_or_default());
-        let sample = own.saturating_sub(replaced.0).saturating_add(replaced.1);
+        // However another process reports, the sample keeps this thread's
+        // own CPU time.
+        let sample = own.saturating_sub(replaced.0).saturating_add(replaced.1).max(cpu.unwrap_or_default());
         Reading { wall, cpu, delay, replaced, sample }
     }
 }
@@ -216,6 +259,14 @@ mod tests {
         let liar = watch.read();
         assert!(trimmed_reports() > trimmed);
         assert!(liar.sample <= liar.wall, "{liar:?}");
+
+        // A report of nothing leaves the caller's own CPU time.
+        let watch = Stopwatch::start();
+        let waiting = Waiting::start();
+        spin(Duration::from_millis(3));
+        waiting.answered(Some(Duration::ZERO));
+        let nothing = watch.read();
+        assert!(nothing.sample >= nothing.cpu.unwrap() && nothing.sample >= Duration::from_millis(3), "{nothing:?}");
 
         // No report: the wait counts as it is.
         let watch = Stopwatch::start();

@@ -565,6 +565,13 @@ impl Metrics {
             ),
         );
         let _ = writeln!(out, "baton_loader_step_asides_declined_total {}", stepped.declined);
+        help(
+            &mut out,
+            "baton_worker_timings_trimmed_total",
+            "counter",
+            "A worker's timings of its calls that claimed longer than the server waited for the answer, and were cut down to that wait in the rollout's latency sample.",
+        );
+        let _ = writeln!(out, "baton_worker_timings_trimmed_total {}", baton_core::executor::timing::trimmed_reports());
 
         let statuses = registry.statuses();
         help(&mut out, "baton_model_active_version", "gauge", "The version serving requests that name none.");
