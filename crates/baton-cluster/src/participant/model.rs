@@ -194,8 +194,12 @@ pub(crate) fn decide(me: &str, view: &View, have: &Serving, now: Instant) -> Act
             },
         };
         if r.phase == FleetPhase::Preparing {
+            // Only this rollout's own ack says it is prepared: a candidate
+            // of the same version may be an earlier rollout's, whose load
+            // ended after that rollout was aborted. Preparing again returns
+            // at once when the candidate is this rollout's.
             let done = view.prepared.as_ref().is_some_and(|(id, _)| *id == r.id);
-            return if !(done || have.candidate == Some(r.version)) {
+            return if !done {
                 prepare(false)
             } else if converged {
                 Action::Settled
@@ -313,6 +317,18 @@ mod tests {
             matches!(decide("a", &v, &serving(3, None, 0.0), now), Action::Hold { .. }),
             "prepared while serving another version: not ready, waiting for the commit"
         );
+    }
+
+    #[test]
+    fn a_candidate_left_by_an_earlier_rollout_is_prepared_again_for_this_one() {
+        let now = Instant::now();
+        let mut v = view(1, Some((record(FleetPhase::Preparing, &[]), 6)));
+        // Rollout 6 of the same version was aborted while its candidate
+        // loaded; the load ended after rollout 7 began.
+        v.prepared = Some((6, crate::records::Ack { rollout: 6, ok: true, stage: None, reason: None, prepare_ms: 0 }));
+        assert!(matches!(decide("a", &v, &serving(1, Some(2), 0.0), now), Action::Prepare { rollout: 7, .. }));
+        v.prepared = Some((7, crate::records::Ack { rollout: 7, ok: true, stage: None, reason: None, prepare_ms: 0 }));
+        assert_eq!(decide("a", &v, &serving(1, Some(2), 0.0), now), Action::Settled);
     }
 
     #[test]
