@@ -72,6 +72,9 @@ pub struct App {
     /// What this server hands over to a new binary, once it listens.
     pub upgrade: std::sync::OnceLock<Arc<crate::upgrade::Source>>,
     upgrading: AtomicBool,
+    /// A new process of an upgrade that the old one has not handed the
+    /// service to (yet): it must not speak for the service to systemd.
+    awaiting_handover: AtomicBool,
 }
 
 impl App {
@@ -93,6 +96,7 @@ impl App {
             replica_id: std::sync::OnceLock::new(),
             operations_held: std::sync::OnceLock::new(),
             upgrading: AtomicBool::new(false),
+            awaiting_handover: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -145,6 +149,19 @@ impl App {
     /// has.
     pub fn upgrading(&self) -> bool {
         self.upgrading.load(Ordering::SeqCst)
+    }
+
+    /// Whether this process is the new one of an upgrade that the old one
+    /// has not handed the service to: a stop then is its own, not the
+    /// service's (the old process serves on).
+    pub fn awaiting_handover(&self) -> bool {
+        self.awaiting_handover.load(Ordering::SeqCst)
+    }
+
+    /// Marks this process as the new one of an upgrade (`true`), or as
+    /// handed the service (`false`).
+    pub(crate) fn set_awaiting_handover(&self, awaiting: bool) {
+        self.awaiting_handover.store(awaiting, Ordering::SeqCst);
     }
 
     /// Marks an upgrade begun; false when one runs already.

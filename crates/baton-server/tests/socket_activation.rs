@@ -6,7 +6,8 @@
 //! process does not hold the server's listening sockets. And systemd's
 //! notifications (`NOTIFY_SOCKET`): `READY=1` once baton serves, the new
 //! process's `MAINPID=` after an upgrade with no `STOPPING=1` from the
-//! old one, and `STOPPING=1` at the end.
+//! old one, and `STOPPING=1` at the end; and nothing at all from a new
+//! process the old one gave up on, since the old one serves on.
 
 mod common;
 
@@ -93,4 +94,34 @@ fn systemd_hears_ready_the_new_main_pid_after_an_upgrade_and_stopping_at_the_end
     // The old process's shutdown said nothing; the new one's says STOPPING.
     std::process::Command::new("kill").args(["-TERM", &new.to_string()]).status().expect("kill");
     assert_eq!(next_notification(&socket), "STOPPING=1");
+}
+
+#[test]
+fn a_new_process_the_old_one_gave_up_on_tells_systemd_nothing() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("binding the notification socket");
+    // Version 1 loads with the default warmup, quick; then the warmup grows
+    // to batches that take the new process far longer than the upgrade's
+    // second (the old one, not watching, keeps what it loaded).
+    let repo = baton_testkit::repo::TestRepo::new();
+    let slow = baton_testkit::onnx::Mlp::new(&[64, 4096, 4096, 2], 2001);
+    repo.add_model("s", &baton_testkit::repo::mlp_toml(&slow, ""));
+    repo.publish_mlp("s", 1, &slow);
+    let env = [("NOTIFY_SOCKET".to_owned(), path.display().to_string())];
+    let server = Server::start_with_env(bin(), repo.root(), &["--no-watch"], &env);
+    assert_eq!(next_notification(&socket), "READY=1");
+    server.wait_settled("s", 1);
+    let long = "[warmup]\nbatch_sizes = [1024, 1024, 1024, 1024]\nmax_latency_ms = 600000\n";
+    repo.add_model("s", &baton_testkit::repo::mlp_toml(&slow, long));
+
+    let refused = common::upgrade::upgrade(server.base(), br#"{"timeout_s": 1}"#);
+    assert_eq!(refused.status, 422, "{}", common::text(&refused.body));
+    assert!(refused.error().contains("exited on SIGTERM"), "{}", refused.error());
+    // The new process has exited: anything it said is in the socket now.
+    socket.set_nonblocking(true).expect("a non-blocking socket");
+    let mut buffer = [0u8; 512];
+    let heard = socket.recv(&mut buffer).map(|n| String::from_utf8_lossy(&buffer[..n]).into_owned());
+    assert!(heard.is_err(), "systemd was told {heard:?} by a process that never served");
+    assert_eq!(server.get("/v2/health/ready").status, 200, "the old process serves on, ready");
 }

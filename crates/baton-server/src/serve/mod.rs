@@ -371,6 +371,9 @@ async fn serve(
     trigger: Trigger,
     listening: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
+    // Until the old process hands it the service, a stop of this one is
+    // its own: it tells systemd nothing.
+    app.set_awaiting_handover(target.is_some());
     let listeners = listeners::open(&args, passed).await?;
     // Only `baton serve` replaces itself: a server embedded in another
     // program would start that program again and stop it whole.
@@ -515,6 +518,7 @@ async fn serve(
             tracing::info!(why = %stopped, "Stopped before it took over: the server it was to replace serves on.");
             return Ok(());
         }
+        app.set_awaiting_handover(false);
         // The lease is this process's own from now on, and it acts for
         // the replica: registers, acks, coordinates.
         if let Some(health) = app.cluster.get() {

@@ -56,8 +56,9 @@ pub async fn on_signals(mut signals: Signals, app: Arc<App>, delay: Duration, st
     let (first, _) = signals.next().await;
     // Not ready first, then say so: whoever reads the line can rely on it.
     app.report_not_ready();
-    // After an upgrade the service goes on in the new process.
-    if !app.upgrading() {
+    // After an upgrade the service goes on in the new process; a new
+    // process the old one gave up on leaves it to the old one.
+    if !app.upgrading() && !app.awaiting_handover() {
         super::notify::notify("STOPPING=1");
     }
     drop(stop_watching);
