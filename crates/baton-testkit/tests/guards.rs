@@ -305,10 +305,12 @@ fn a_candidate_three_times_as_costly_is_rolled_back_at_every_step_where_it_is_ju
 
 #[test]
 fn a_candidate_that_spends_its_time_off_the_cpu_is_rolled_back_at_every_step_where_it_is_judged() {
-    // As much arithmetic as stable, then twice as long asleep: a run that
-    // waits for a disk, a lock or another device. Its CPU time is stable's;
-    // what the user waits for is three times as long.
-    assert_rolled_back_on_latency_at_every_step(&[("work", "40"), ("off-cpu", "2")]);
+    // As much arithmetic as stable, then four times as long asleep: a run
+    // that waits for a disk, a lock or another device. Its CPU time is
+    // stable's; what the user waits for is five times as long. (Twice as
+    // long asleep read 1.34 at 100 % once under the whole suite: the stable
+    // side's tail there reached twice its median.)
+    assert_rolled_back_on_latency_at_every_step(&[("work", "40"), ("off-cpu", "4")]);
 }
 
 #[test]
