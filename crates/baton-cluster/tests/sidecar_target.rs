@@ -138,9 +138,9 @@ fn agent(source: &Path, target: &Path, url: &str) -> SidecarNode {
     .expect("the agent's directories")
 }
 
-/// Prepares version 1 against a stand-in whose answers take `delay`: what
-/// the prepare said, and how long it took.
-fn prepare_against(delay: Duration) -> (Result<(), baton_cluster::node::Refusal>, Duration) {
+/// A source repository holding version 1 of `m`, sealed, and a target
+/// directory with an empty repository in it (kept while the directory is).
+fn source_and_target() -> (TestRepo, tempfile::TempDir, std::path::PathBuf) {
     let source = TestRepo::new();
     source.add_model("m", FAKE_TOML);
     source.write_files("m", 1, &[("fake.txt", b"1")]);
@@ -148,6 +148,13 @@ fn prepare_against(delay: Duration) -> (Result<(), baton_cluster::node::Refusal>
     let target = tempfile::tempdir().unwrap();
     let repo = target.path().join("repo");
     std::fs::create_dir(&repo).unwrap();
+    (source, target, repo)
+}
+
+/// Prepares version 1 against a stand-in whose answers take `delay`: what
+/// the prepare said, and how long it took.
+fn prepare_against(delay: Duration) -> (Result<(), baton_cluster::node::Refusal>, Duration) {
+    let (source, _target, repo) = source_and_target();
     let stand_in = StandIn::start(delay);
     let node = agent(source.root(), &repo, &stand_in.url());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -180,13 +187,7 @@ fn a_trial_ends_at_one_load_timeout_however_many_calls_are_slow() {
 
 #[test]
 fn a_prepare_finds_a_load_under_way_busy_instead_of_waiting_behind_it() {
-    let source = TestRepo::new();
-    source.add_model("m", FAKE_TOML);
-    source.write_files("m", 1, &[("fake.txt", b"1")]);
-    source.seal("m", 1);
-    let target = tempfile::tempdir().unwrap();
-    let repo = target.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
+    let (source, _target, repo) = source_and_target();
     // Each load and readiness answer takes a while: the converge holds
     // the model's turn for most of a load timeout.
     let stand_in = StandIn::start(LOAD_TIMEOUT / 3);
