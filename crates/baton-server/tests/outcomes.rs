@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use baton_testkit::repo::TestRepo;
-use baton_testkit::server::{Server, eventually};
+use baton_testkit::server::{Server, eventually, metric};
 use common::{mlp, repo_with, start, token_file};
 use serde_json::{Value, json};
 
@@ -176,11 +176,13 @@ fn outcomes_are_admitted_and_held_to_the_request_memory_budget() {
     let id = ids(&server, 1).remove(0);
     let body = json!({ "outcomes": [{ "id": id }] }).to_string();
     // The one place in flight is taken.
+    // Waiting on the server's own gauge, not on posts: a post racing the
+    // held request could take the place first and have it refused.
     let held = hold_request(&server, "infer", 1000);
-    let refused = eventually("the held request to be in flight", || {
-        let answer = post(&server, body.as_bytes());
-        (answer.status != 200).then_some(answer)
+    eventually("the held request to be in flight", || {
+        (metric(&server.metrics(), "baton_inflight_requests") == Some(1.0)).then_some(())
     });
+    let refused = post(&server, body.as_bytes());
     assert_eq!(refused.status, 503, "{}", String::from_utf8_lossy(&refused.body));
     assert_eq!(refused.json()["kind"], "overloaded", "{}", refused.error());
     drop(held);
@@ -192,10 +194,11 @@ fn outcomes_are_admitted_and_held_to_the_request_memory_budget() {
     let id = ids(&server, 1).remove(0);
     let padded = format!("{{\"outcomes\": [{{\"id\": \"{id}\"}}]{}}}", " ".repeat(300 << 10));
     let held = hold_request(&server, "infer", 900 << 10);
-    let refused = eventually("the held request's room to be taken", || {
-        let answer = post(&server, padded.as_bytes());
-        (answer.status != 200).then_some(answer)
+    eventually("the held request's room to be taken", || {
+        let used = metric(&server.metrics(), "baton_request_memory_bytes").unwrap_or(0.0);
+        (used >= f64::from(900 << 10)).then_some(())
     });
+    let refused = post(&server, padded.as_bytes());
     assert_eq!(refused.status, 503, "{}", String::from_utf8_lossy(&refused.body));
     assert!(refused.error().contains("request memory"), "{}", refused.error());
     drop(held);
