@@ -4,7 +4,8 @@
 # compiled with pure-Rust tools, so no protoc is involved.
 # - libb64 for perf_analyzer (scripts/compat.sh);
 # - prometheus for promtool, which checks and unit-tests the alert rules in
-#   deploy/prometheus (the `alerts` test);
+#   deploy/prometheus (the `alerts` test), and for the prometheus server the
+#   metric-guard and dashboard tests start;
 # - etcd-server (etcd 3.4) and etcd-client (etcdctl): cluster-mode tests
 #   start their own etcd (baton-testkit's `etcd` module).
 # Idempotent: installs only what is missing.
@@ -12,7 +13,7 @@ set -euo pipefail
 
 packages=()
 ldconfig -p | grep -q 'libb64\.so\.0d' || packages+=(libb64-0d)
-command -v promtool >/dev/null || packages+=(prometheus)
+{ command -v promtool && command -v prometheus; } >/dev/null || packages+=(prometheus)
 [ -x /usr/bin/etcd ] || packages+=(etcd-server)
 command -v etcdctl >/dev/null || packages+=(etcd-client)
 [ ${#packages[@]} -eq 0 ] && exit 0

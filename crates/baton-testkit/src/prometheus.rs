@@ -92,11 +92,19 @@ impl Prometheus {
     /// is ready and holds a first scrape. Panics when the binary is missing
     /// (saying how to install it) or when it does not come up in time.
     pub fn start(target: &str) -> Prometheus {
+        Prometheus::start_scraping(&[target])
+    }
+
+    /// Starts Prometheus scraping every one of `targets` (`host:port`,
+    /// each labelled `instance` by it) every 200 ms, and waits as
+    /// [`Prometheus::start`] does for a first scrape.
+    pub fn start_scraping(targets: &[&str]) -> Prometheus {
         let binary = crate::installed("prometheus");
         let dir = tempfile::tempdir().expect("a temporary dir for Prometheus");
+        let targets = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
         let config = format!(
             "global:\n  scrape_interval: 200ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: app\n    \
-             static_configs:\n      - targets: ['{target}']\n"
+             static_configs:\n      - targets: [{targets}]\n"
         );
         std::fs::write(dir.path().join("prometheus.yml"), config).expect("writing prometheus.yml");
         let port = free_port();

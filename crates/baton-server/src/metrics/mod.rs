@@ -22,6 +22,7 @@ use crate::budget::Budget;
 
 pub mod connections;
 mod rollouts;
+mod workers;
 
 /// Upper bounds of the latency buckets, in seconds.
 const BUCKETS: [f64; 16] =
@@ -649,6 +650,7 @@ impl Metrics {
                 }
             }
         }
+        workers::render(&mut out, &statuses);
         out
     }
 }
