@@ -50,7 +50,7 @@ mod weights_only;
 pub mod writer;
 
 pub use backend::{MODEL_FILE, OnnxBackend};
-pub use options::{EngineOptions, MAX_SESSIONS, MAX_THREADS, Optimization};
+pub use options::{EngineOptions, KEYS as ENGINE_KEYS, MAX_SESSIONS, MAX_THREADS, Optimization};
 pub use runtime::{
     PoolThreads, RUNTIME_RELATIVE_PATH, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME, environment, init, runtime_path,
 };

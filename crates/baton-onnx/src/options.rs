@@ -27,7 +27,8 @@ pub const MAX_THREADS: usize = 256;
 /// The default pool size never exceeds this, whatever the CPU count.
 const DEFAULT_SESSIONS_CAP: usize = 4;
 
-const KEYS: [&str; 7] =
+/// Every `[engine]` key this backend reads.
+pub const KEYS: [&str; 7] =
     ["sessions", "intra_op_threads", "inter_op_threads", "optimization", "stage_weights", "prepack", "allow_spinning"];
 
 /// ONNX Runtime graph optimization level.

@@ -16,6 +16,8 @@ mod grpc;
 mod http;
 mod metrics;
 mod prometheus;
+#[cfg(test)]
+mod reference;
 mod repository;
 mod rollout_start;
 mod serve;

@@ -33,6 +33,7 @@ pub mod frame;
 pub mod hop;
 mod life;
 mod options;
+pub use options::{KEYS as ENGINE_KEYS, reads_as_default};
 pub mod process;
 pub mod region;
 pub mod serve;

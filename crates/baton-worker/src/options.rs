@@ -41,7 +41,7 @@ pub const SPIN: &str = "worker_spin_us";
 pub const REGION: &str = "worker_region_mb";
 
 /// Every key of baton's in `[engine]`.
-const KEYS: [&str; 8] = [ISOLATION, RUNTIME, TIMEOUT, HEARTBEAT, NICE, MEMORY, SPIN, REGION];
+pub const KEYS: [&str; 8] = [ISOLATION, RUNTIME, TIMEOUT, HEARTBEAT, NICE, MEMORY, SPIN, REGION];
 
 /// The largest [`REGION`], in MiB: a `BYTES` element's length crosses as
 /// 32 bits.
@@ -156,6 +156,14 @@ impl WorkerOptions {
         };
         Ok(WorkerOptions { in_worker, reason, runtime, call_limit, heartbeat, nice, memory, spin, region })
     }
+}
+
+/// Whether baton's `[engine]` keys in `spec` read as their absence does
+/// (the reference's test holds each documented default to this); an
+/// invalid value is an error.
+pub fn reads_as_default(spec: &ModelSpec) -> Result<bool, BackendError> {
+    let absent = engine_spec(spec);
+    Ok(WorkerOptions::read(spec)? == WorkerOptions::read(&absent)?)
 }
 
 /// The spec as the engine reads it: without the keys that are baton's.
