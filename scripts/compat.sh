@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs real clients against the real binary: NVIDIA's tritonclient over HTTP
-# and gRPC (tests/compat), then short perf_analyzer runs over both protocols.
+# and gRPC (tests/compat), the Python examples of docs/clients.md as they are
+# written, then short perf_analyzer runs over both protocols.
 # Expects the debug build of the workspace (scripts/test.sh builds it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup-clients.sh
-cargo build --quiet --locked -p baton-server -p baton-testkit --example compat_repo
+cargo build --quiet --locked -p baton-server -p baton-testkit --example compat_repo --example mlp_repo
 
 work=$(mktemp -d)
 pid=""
@@ -20,6 +21,8 @@ cleanup() {
 trap cleanup EXIT
 
 target/debug/examples/compat_repo "$work/repo" > "$work/expected.json"
+# docs/clients.md's examples use the demo's ranker: 8 features in, one score out.
+target/debug/examples/mlp_repo "$work/repo" ranker 8,32,16,1 2 > /dev/null
 target/debug/baton serve --repo "$work/repo" --http 127.0.0.1:0 --grpc 127.0.0.1:0 --no-watch \
   > "$work/stdout" 2> "$work/baton.log" &
 pid=$!
@@ -42,6 +45,23 @@ export BATON_HTTP=$http BATON_GRPC=$grpc BATON_EXPECTED=$work/expected.json
 if ! (cd tests/compat && ../../.baton/venv/bin/python -m pytest -q -p no:cacheprovider .); then
   echo "--- baton log ---"; tail -50 "$work/baton.log"; exit 1
 fi
+
+# Every Python block of docs/clients.md, run as written but for the
+# addresses: an example that no longer works fails here.
+BATON_DOC=docs/clients.md .baton/venv/bin/python - "$work" <<'PY' || { echo "--- baton log ---"; tail -50 "$work/baton.log"; exit 1; }
+import os, re, subprocess, sys
+text = open(os.environ["BATON_DOC"]).read()
+blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+assert len(blocks) >= 2, f"{os.environ['BATON_DOC']} has {len(blocks)} Python examples"
+for i, code in enumerate(blocks, 1):
+    code = code.replace("localhost:8000", os.environ["BATON_HTTP"]).replace("localhost:8001", os.environ["BATON_GRPC"])
+    path = os.path.join(sys.argv[1], f"client_example_{i}.py")
+    open(path, "w").write(code)
+    run = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120)
+    if run.returncode != 0:
+        sys.exit(f"example {i} of {os.environ['BATON_DOC']} failed:\n{code}\n--- output ---\n{run.stdout}{run.stderr}")
+    print(f"{os.environ['BATON_DOC']} example {i}: ok")
+PY
 
 for protocol in http grpc; do
   url=$([ "$protocol" = http ] && echo "$http" || echo "$grpc")
