@@ -82,9 +82,19 @@ fn rows(part: &str) -> Vec<Row> {
     rows
 }
 
+/// What clap says of one flag.
+struct Flag {
+    /// Its default, values joined by `,`.
+    default: Option<String>,
+    /// Its help text.
+    help: String,
+    /// The environment variable it also reads.
+    env: Option<String>,
+}
+
 /// Every visible flag of `command` and its subcommands, by command path
 /// (`serve`, `fleet rollout`), with clap's default (values joined by `,`).
-fn flags(command: &clap::Command, path: &str, out: &mut BTreeMap<(String, String), (Option<String>, String)>) {
+fn flags(command: &clap::Command, path: &str, out: &mut BTreeMap<(String, String), Flag>) {
     for arg in command.get_arguments() {
         // Clap's own --help and --version are left out; a command's flag
         // that happens to be called --version (`baton load`) is not.
@@ -99,7 +109,8 @@ fn flags(command: &clap::Command, path: &str, out: &mut BTreeMap<(String, String
         let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
         let default = (!defaults.is_empty()).then(|| defaults.join(","));
         let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
-        out.insert((path.to_owned(), format!("--{long}")), (default, help));
+        let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+        out.insert((path.to_owned(), format!("--{long}")), Flag { default, help, env });
     }
     for sub in command.get_subcommands() {
         if sub.is_hide_set() || sub.get_name() == "help" {
@@ -216,7 +227,10 @@ fn every_flag_has_a_row_with_its_default() {
     flags(&command, "", &mut code);
     let mut problems = Vec::new();
     let page = rows(FLAGS_PART);
-    for ((cmd, flag), (default, help)) in &code {
+    for ((cmd, flag), Flag { default, help, env }) in &code {
+        if let Some(env) = env.as_ref().filter(|env| !REFERENCE.contains(env.as_str())) {
+            problems.push(format!("`{env}`, which `baton {cmd} {flag}` also reads, is nowhere on the page"));
+        }
         let Some(row) = page.iter().find(|r| &r.section == cmd && &r.key == flag) else {
             let default = default.as_ref().map_or("none".to_owned(), |d| format!("`{d}`"));
             let what = help.lines().next().unwrap_or_default();
@@ -261,7 +275,10 @@ fn every_model_toml_key_has_a_row_with_its_default() {
                 continue;
             }
             if !page.iter().any(|r| r.section == *section && r.key == *key) {
-                problems.push(format!("no row for `{key}` under the heading of `[{section}]`"));
+                problems.push(format!(
+                    "no row for `{key}` under the heading of `[{section}]` (a new section of its own also needs its \
+                     struct in model_keys() here and a heading on the page)"
+                ));
             }
         }
     }
