@@ -53,6 +53,7 @@ fn queries() -> Vec<Query> {
     let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
     let mut row = String::new();
     let mut all = Vec::new();
+    let mut ids = std::collections::BTreeSet::new();
     for annotation in dashboard["annotations"]["list"].as_array().expect("annotations") {
         if let Some(expr) = annotation["expr"].as_str() {
             all.push(Query {
@@ -65,6 +66,10 @@ fn queries() -> Vec<Query> {
     }
     for panel in dashboard["panels"].as_array().expect("panels") {
         let title = panel["title"].as_str().expect("every panel has a title").to_owned();
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("every panel has an id")),
+            "{title}: a second panel with its id"
+        );
         if panel["type"] == "row" {
             row = title;
             continue;
