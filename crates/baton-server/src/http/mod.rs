@@ -4,6 +4,7 @@
 //! that [`crate::access`] allows or refuses per listener.
 
 mod body;
+mod console;
 mod error;
 mod infer;
 mod manage;
@@ -70,10 +71,12 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
     let server = Router::new()
         .route("/baton/v1/upgrade", post(manage::upgrade))
         .layer(DefaultBodyLimit::max(CONTROL_BODY_LIMIT));
+    let console = console::routes(&access, listener);
     open.merge(guarded(inference, &access, listener, Scope::Inference))
         .merge(guarded(outcomes, &access, listener, Scope::Outcomes))
         .merge(guarded(management, &access, listener, Scope::Management))
         .merge(guarded(server, &access, listener, Scope::Server))
+        .merge(console)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), body::deadline))
