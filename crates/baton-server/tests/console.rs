@@ -136,6 +136,12 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
     eventually("two judged windows with drift values", || (held_with_values(&rollout(&server)) >= 2).then_some(()));
 
     let mut browser = Browser::start(1400, 1100);
+    // Counts what the page's policy refuses, from before its scripts run.
+    browser.call(
+        "Page.addScriptToEvaluateOnNewDocument",
+        json!({ "source": "window.violations = []; document.addEventListener('securitypolicyviolation', \
+                 e => window.violations.push(e.violatedDirective + ' ' + e.blockedURI));" }),
+    );
     browser.navigate(&format!("{}/console", server.base()));
     wait_page(&mut browser, "the rollout to show", "document.getElementById('rollout').dataset.phase === 'running'");
     // The versions, the share and the rollout's sides.
@@ -248,6 +254,16 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
     assert!(sent > 0);
     browser.drain_events();
     assert!(browser.problems.is_empty(), "the page ran without errors or refused loads: {:?}", browser.problems);
+    assert_eq!(browser.eval("window.violations"), json!([]), "the page keeps to its own policy");
+    // The policy is in force: a script from another origin, or inline, is
+    // refused by the browser.
+    browser.eval(
+        "(() => { const s = document.createElement('script'); s.src = 'http://127.0.0.1:9/elsewhere.js'; \
+         document.head.append(s); const i = document.createElement('script'); i.textContent = 'window.inline = 1'; \
+         document.head.append(i); return true; })()",
+    );
+    wait_page(&mut browser, "the policy to refuse both scripts", "window.violations.length === 2");
+    assert_eq!(browser.eval("window.inline === undefined"), json!(true), "the inline script did not run");
     drop(browser);
     common::assert_no_panic(&server);
 }
