@@ -6,6 +6,7 @@
 mod body;
 mod console;
 mod error;
+mod fleet;
 mod infer;
 mod manage;
 mod models;
@@ -40,6 +41,7 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/status", get(manage::status))
         .route("/baton/v1/events", get(manage::events))
         .route("/baton/v1/unloads", get(manage::unloads))
+        .route("/baton/v1/fleet", get(fleet::view))
         .route("/baton/v1/models/{name}/status", get(manage::model_status))
         .route("/baton/v1/models/{name}/rollout", get(rollout::status))
         .route("/metrics", get(metrics))

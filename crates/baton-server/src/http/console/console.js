@@ -14,6 +14,8 @@
 
   let token = sessionStorage.getItem(TOKEN_KEY) || "";
   let status = null;
+  // The fleet's records (GET /baton/v1/fleet), or why they are not shown.
+  let fleet = null;
   let selected = "";
   let polling = null;
   let pending = false;
@@ -89,6 +91,7 @@
       const answer = await api("GET", "baton/v1/status");
       if (!answer.ok || !answer.json) throw new Error("status answered " + answer.status);
       status = answer.json;
+      fleet = status.cluster ? await api("GET", "baton/v1/fleet").catch((e) => ({ ok: false, status: 0, json: { error: e.message } })) : null;
       if (!seeded) {
         seeded = true;
         // What each model went through last, before the page opened.
@@ -121,6 +124,7 @@
     renderSelector(s.models || []);
     renderRollout((s.models || []).find((m) => m.name === selected));
     renderFleet(s.cluster);
+    renderReplicas(fleet);
   }
 
   function decisionText(d) {
@@ -287,6 +291,61 @@
       rows.push(["details", "enter the admin token to see the fleet's details"]);
     }
     $("fleet").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  }
+
+  function serves(models) {
+    return Object.entries(models || {}).map(([m, s]) =>
+      `${m}: ${s.stable ?? "–"}` + (s.candidate ? ` + ${s.candidate} at ${pct(s.candidate_percent)}` : "")).join("; ") || "–";
+  }
+
+  function prepared(ack) {
+    if (!ack) return "waiting";
+    if (ack.ok) return `prepared in ${ms(ack.prepare_ms)}`;
+    return `failed at ${ack.stage || "?"}: ${ack.reason || ""}`;
+  }
+
+  function renderReplicas(answer) {
+    if (!answer) return;
+    const note = $("fleet-note");
+    if (!answer.ok) {
+      const j = answer.json || {};
+      note.textContent = answer.status === 401 ? "Enter the admin token to see every replica." : `The fleet cannot be read: ${j.error || answer.status}`;
+      note.className = answer.status === 401 ? "note" : "note fail-text";
+      return;
+    }
+    const f = answer.json;
+    note.textContent = `${f.replicas.length} live replicas`;
+    note.className = "note";
+    $("replicas").tBodies[0].replaceChildren(...f.replicas.map((r) => el("tr", { "data-replica": r.id },
+      el("td", {}, r.id + (r.agent ? " (agent)" : "")), el("td", {}, r.ready ? "yes" : "no" + (r.note ? `: ${r.note}` : "")),
+      el("td", {}, r.address), el("td", { class: "serves" }, serves(r.models)),
+      el("td", {}, Object.entries(r.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ")))));
+    const blocks = (f.rollouts || []).map((x) => {
+      const r = x.rollout;
+      const committed = f.desired && f.desired[x.model] ? f.desired[x.model].version : "–";
+      const step = r.step === null || r.step === undefined ? "not committed" : `${r.step + 1} of ${(r.plan && r.plan.steps || []).length || "?"}`;
+      const facts = [
+        ["rollout", `${r.from ?? "–"} → ${r.version}, ${r.phase}` + (r.paused ? ` (paused: ${r.paused})` : "") + (r.reason ? ` (${r.reason})` : "")],
+        ["committed version", committed],
+        ["coordinator", x.coordinator || "none now"],
+        ["step", step],
+        ["serving the candidate", (r.members || []).join(", ") || "–"],
+        ["last switch's skew", x.skew_ms === null || x.skew_ms === undefined ? "–" : ms(x.skew_ms)],
+      ];
+      if ((r.missing || []).length) facts.push(["left out", r.missing.join(", ")]);
+      const rows = (r.participants || []).map((id) => {
+        const sw = (x.switched || {})[id];
+        return el("tr", { "data-replica": id }, el("td", {}, id), el("td", { class: "ack" }, prepared((x.acks || {})[id])),
+          el("td", { class: "switch" }, sw ? `${sw.phase}, ${ms(sw.delay_us / 1000)} after the commit` : "–"));
+      });
+      return el("div", { class: "fleet-rollout", "data-model": x.model },
+        el("h4", {}, x.model),
+        el("dl", {}, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k.replace(/[^a-z]+/g, "-") }, v)])),
+        el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "participant"), el("th", {}, "prepared / acknowledged"), el("th", {}, "switched"))),
+          el("tbody", {}, ...rows)));
+    });
+    if (!blocks.length) blocks.push(el("p", { class: "note" }, "No fleet rollout yet."));
+    $("fleet-rollouts").replaceChildren(...blocks);
   }
 
   // ---- the timeline ----------------------------------------------------
