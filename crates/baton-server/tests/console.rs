@@ -103,7 +103,8 @@ fn act(browser: &mut Browser, action: &str, choice: &str) {
     ));
     assert_eq!(clicked, json!(true), "the {action} button is enabled and asks for a confirmation");
     let question = text_of(browser, "#confirm-text");
-    assert!(question.to_lowercase().contains(action), "the confirmation names the {action}: {question}");
+    let words = question.to_lowercase().replace(' ', "");
+    assert!(words.contains(action), "the confirmation names the {action}: {question}");
     browser.eval(&format!("document.getElementById('confirm-{choice}').click(), true"));
 }
 
@@ -254,6 +255,53 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
         "Array.from(document.querySelectorAll('#timeline li[data-event=rollout]')).some(l => l.textContent.includes('promoted'))",
     );
     save("console-promoted.png", &browser.screenshot());
+
+    // The other actions, each confirmed and each seen by the server and
+    // then on the page: an abort during the watch puts version 1 back (the
+    // rollout ends rolled back), a
+    // pin makes 2 serve until unpinned, an unpin leaves the newest (2), a
+    // rollback goes back to 1 and holds there.
+    act(&mut browser, "abort", "ok");
+    // During the watch an abort is the rollback to the replaced version.
+    let aborted = eventually("the abort", || {
+        let r = rollout(&server);
+        (r["serving"] == 1).then_some(r)
+    });
+    assert_eq!(aborted["rollout"]["phase"], "rolled_back", "{aborted}");
+    wait_page(
+        &mut browser,
+        "the abort to show",
+        "document.getElementById('rollout').dataset.phase === 'rolled_back' && \
+         document.querySelector('#models tr[data-model=m] .serving').textContent === '1'",
+    );
+    browser.eval("document.getElementById('pin-version').value = '2'; true");
+    act(&mut browser, "pin", "ok");
+    wait_page(
+        &mut browser,
+        "the pin to show",
+        "document.querySelector('#models tr[data-model=m] .serving').textContent === '2' && \
+         document.querySelector('#models tr[data-model=m] .decision').textContent === 'pin at 2, until unpinned'",
+    );
+    assert_eq!(server.status("m")["decision"]["kind"], "pin");
+    act(&mut browser, "unpin", "ok");
+    wait_page(
+        &mut browser,
+        "the unpin to show",
+        "document.querySelector('#models tr[data-model=m] .decision').textContent === '–'",
+    );
+    act(&mut browser, "rollback", "ok");
+    wait_page(
+        &mut browser,
+        "the rollback to show",
+        "document.getElementById('action-result').textContent.startsWith('rollback: done') && \
+         document.querySelector('#models tr[data-model=m] .serving').textContent === '1'",
+    );
+    let status = server.status("m");
+    assert_eq!(
+        (status["serving"].clone(), status["decision"]["kind"].clone()),
+        (json!(1), json!("rollback")),
+        "{status}"
+    );
 
     stop.store(true, Ordering::SeqCst);
     let sent = load.join().expect("the traffic thread");

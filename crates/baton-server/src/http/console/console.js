@@ -129,7 +129,8 @@
 
   function decisionText(d) {
     if (!d) return "–";
-    return d.holds || d.kind || d.decision || JSON.stringify(d);
+    const what = d.kind === "rollout" ? "rollout" : `${d.kind}` + (d.version ? ` at ${d.version}` : "");
+    return what + (d.holds ? `, ${d.holds}` : "");
   }
 
   function renderModels(models) {
@@ -139,7 +140,7 @@
       const error = m.last_error ? `${m.last_error.kind}: ${m.last_error.message}` : "–";
       return el("tr", { "data-model": m.name },
         el("td", {}, m.name), el("td", {}, m.state), el("td", { class: "serving" }, m.serving ?? "–"),
-        el("td", {}, (m.previous || []).join(", ") || "–"), el("td", {}, decisionText(m.decision)),
+        el("td", {}, (m.previous || []).join(", ") || "–"), el("td", { class: "decision" }, decisionText(m.decision)),
         el("td", { class: "rollout-phase" }, rollout), el("td", { class: "fail-text" }, error));
     });
     $("models").tBodies[0].replaceChildren(...rows);
@@ -450,7 +451,7 @@
       case "pause": return ["POST", `baton/v1/models/${m}/rollout/pause`, { reason: "paused from the console" }, `Pause the rollout of ${model.name}? The candidate keeps its share and windows are not judged.`];
       case "resume": return ["POST", `baton/v1/models/${m}/rollout/resume`, {}, `Resume the rollout of ${model.name}? Windows are judged again.`];
       case "abort": return ["POST", `baton/v1/models/${m}/rollout/abort`, {}, `Abort the rollout of ${model.name}? The candidate leaves traffic now.`];
-      case "rollback": return ["POST", `baton/v1/models/${m}/rollback`, {}, `Roll ${model.name} back to version ${(model.previous || [])[0]}? It is held there until a newer version is published.`];
+      case "rollback": return ["POST", `baton/v1/models/${m}/rollback`, {}, `Roll back ${model.name} to version ${(model.previous || [])[0]}? It is held there until a newer version is published.`];
       case "pin": {
         const v = Number($("pin-version").value);
         if (!Number.isInteger(v) || v < 1) return null;
