@@ -62,7 +62,8 @@ const Charts = (() => {
 
   // The share over time: `points` are [at_ms, percent], a step line.
   function share(points, decisions, watch, now) {
-    const t0 = Math.min(...points.map((p) => p[0]), ...decisions.map((d) => d.at_ms));
+    const times = points.map((p) => p[0]).concat(decisions.map((d) => d.at_ms));
+    const t0 = times.length ? Math.min(...times) : now - 1000;
     const t1 = Math.max(now, t0 + 1000);
     const f = frame(t0, t1, 0, 100, "%", "share-chart");
     let path = "";

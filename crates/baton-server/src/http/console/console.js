@@ -19,6 +19,8 @@
   let selected = "";
   let polling = null;
   let pending = false;
+  // Set when a refresh was asked for while one ran: it runs again after.
+  let again = false;
   // Per model, what the page has seen of its current rollout: decisions by
   // when and what, and the share sampled while the page was open.
   const seen = new Map();
@@ -85,8 +87,12 @@
   // ---- reading ---------------------------------------------------------
 
   async function refresh() {
-    if (pending) return;
+    if (pending) {
+      again = true;
+      return;
+    }
     pending = true;
+    again = false;
     try {
       const answer = await api("GET", "baton/v1/status");
       if (!answer.ok || !answer.json) throw new Error("status answered " + answer.status);
@@ -104,6 +110,7 @@
       $("server").textContent = "cannot reach the server: " + e.message;
     } finally {
       pending = false;
+      if (again) refreshSoon();
     }
   }
 
