@@ -283,8 +283,9 @@
     if (!cluster) return;
     const rows = [["connected", cluster.connected ? "yes" : "no"]];
     if (cluster.endpoint !== undefined) {
-      rows.push(["etcd member", cluster.endpoint || "–"], ["live replicas seen", cluster.replicas],
-        ["sessions", cluster.sessions], ["leases lost", cluster.leases_lost]);
+      // Its `replicas` is counted only where it may coordinate: the fleet's
+      // list below is the count to trust.
+      rows.push(["etcd member", cluster.endpoint || "–"], ["sessions", cluster.sessions], ["leases lost", cluster.leases_lost]);
       if (cluster.last_error) rows.push(["last error", cluster.last_error]);
       for (const [model, s] of Object.entries(cluster.fleet_switch || {})) {
         rows.push([`last switch of ${model} (coordinated here)`,
