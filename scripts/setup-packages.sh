@@ -7,7 +7,9 @@
 #   deploy/prometheus (the `alerts` test), and for the prometheus server the
 #   metric-guard and dashboard tests start;
 # - etcd-server (etcd 3.4) and etcd-client (etcdctl): cluster-mode tests
-#   start their own etcd (baton-testkit's `etcd` module).
+#   start their own etcd (baton-testkit's `etcd` module);
+# - chromium: the console's tests drive a headless Chromium over the
+#   DevTools protocol (crates/baton-server/tests/console.rs).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
@@ -16,6 +18,7 @@ ldconfig -p | grep -q 'libb64\.so\.0d' || packages+=(libb64-0d)
 { command -v promtool && command -v prometheus; } >/dev/null || packages+=(prometheus)
 [ -x /usr/bin/etcd ] || packages+=(etcd-server)
 command -v etcdctl >/dev/null || packages+=(etcd-client)
+[ -x /usr/bin/chromium ] || packages+=(chromium)
 [ ${#packages[@]} -eq 0 ] && exit 0
 
 if ! apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null 2>&1; then

@@ -225,6 +225,12 @@ impl Access {
         }
     }
 
+    /// Whether `listener` is where management is served: the admin
+    /// listener when there is one, else the inference listener.
+    pub fn serves_management(&self, listener: Listener) -> bool {
+        listener == Listener::Admin || !self.admin_listener
+    }
+
     /// Whether requests of `scope` on `listener` pass without a look: the
     /// front ends leave such routes unguarded.
     pub fn is_open(&self, listener: Listener, scope: Scope) -> bool {

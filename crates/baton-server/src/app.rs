@@ -63,6 +63,8 @@ pub struct App {
     held: AtomicBool,
     /// The replica's part in a fleet, in cluster mode.
     pub cluster: std::sync::OnceLock<Arc<baton_cluster::Health>>,
+    /// The fleet's records as this replica reads them, in cluster mode.
+    pub fleet: std::sync::OnceLock<Arc<crate::fleet_view::FleetView>>,
     /// This replica's ID in a fleet, resolved once: an upgrade hands it on.
     pub replica_id: std::sync::OnceLock<String>,
     /// The access policy's switch that holds model operations while an
@@ -92,6 +94,7 @@ impl App {
             required: RwLock::new(BTreeSet::new()),
             held: AtomicBool::new(false),
             cluster: std::sync::OnceLock::new(),
+            fleet: std::sync::OnceLock::new(),
             upgrade: std::sync::OnceLock::new(),
             replica_id: std::sync::OnceLock::new(),
             operations_held: std::sync::OnceLock::new(),

@@ -154,6 +154,7 @@ pub fn start(
         config.id = id;
     }
     let _ = app.replica_id.set(config.id.clone());
+    let _ = app.fleet.set(Arc::new(crate::fleet_view::FleetView::new(config.store.clone(), config.name.clone())));
     tracing::info!(replica = %config.id, cluster = %config.name, "Taking part in a fleet.");
     let participant = Participant::new(config, node, Arc::clone(&health));
     let stop = app.shutdown_signal();

@@ -12,6 +12,7 @@ mod cluster;
 mod deadline;
 mod decisions;
 mod error;
+mod fleet_view;
 mod grpc;
 mod http;
 mod metrics;

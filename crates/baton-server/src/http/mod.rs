@@ -4,7 +4,9 @@
 //! that [`crate::access`] allows or refuses per listener.
 
 mod body;
+mod console;
 mod error;
+mod fleet;
 mod infer;
 mod manage;
 mod models;
@@ -39,6 +41,7 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/status", get(manage::status))
         .route("/baton/v1/events", get(manage::events))
         .route("/baton/v1/unloads", get(manage::unloads))
+        .route("/baton/v1/fleet", get(fleet::view))
         .route("/baton/v1/models/{name}/status", get(manage::model_status))
         .route("/baton/v1/models/{name}/rollout", get(rollout::status))
         .route("/metrics", get(metrics))
@@ -70,10 +73,12 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
     let server = Router::new()
         .route("/baton/v1/upgrade", post(manage::upgrade))
         .layer(DefaultBodyLimit::max(CONTROL_BODY_LIMIT));
+    let console = console::routes(&access, listener);
     open.merge(guarded(inference, &access, listener, Scope::Inference))
         .merge(guarded(outcomes, &access, listener, Scope::Outcomes))
         .merge(guarded(management, &access, listener, Scope::Management))
         .merge(guarded(server, &access, listener, Scope::Server))
+        .merge(console)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), body::deadline))
