@@ -16,6 +16,7 @@ mod grpc;
 mod http;
 mod metrics;
 mod prometheus;
+mod readiness;
 mod repository;
 mod rollout_start;
 mod serve;

@@ -63,7 +63,14 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
         let state = state.unwrap_or("IDLE");
         ServeError::new(Class::Unavailable, "model_not_ready", format!("model '{model}' is not ready (state {state})"))
     } else {
-        ServeError::unknown_model(model)
+        // The models served, so that a misspelt name finds its right one.
+        let served: Vec<String> = app.registry.snapshot().models().keys().cloned().collect();
+        let listed = baton_core::signature::names(&served);
+        ServeError::new(
+            Class::NotFound,
+            "model_not_found",
+            format!("unknown model '{model}'; the models served are {listed}"),
+        )
     }
 }
 

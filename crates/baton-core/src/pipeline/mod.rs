@@ -431,8 +431,9 @@ fn prepare(
 ) -> Result<Prepared, LoadError> {
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
-    let (spec, number, dir) = run.stage(Stage::Fetch, |run| {
-        let spec = inner.source.spec(&model)?;
+    run.version = version;
+    let spec = run.stage(Stage::Config, |_| inner.source.spec(&model).map_err(LoadError::from_spec))?;
+    let (number, dir) = run.stage(Stage::Fetch, |run| {
         let number = match version {
             Some(v) => v,
             None => {
@@ -441,8 +442,9 @@ fn prepare(
         };
         run.version = Some(number);
         let fetched = inner.source.fetch(&model, number)?;
-        Ok((Arc::new(spec), number, fetched))
+        Ok((number, fetched))
     })?;
+    let spec = Arc::new(spec);
     let verified = run.stage(Stage::Verify, |_| verify(&inner, &spec, &dir))?;
     let dir = dir.dir;
     let resource = spec.policy.swap == SwapPolicy::Resource;
