@@ -154,6 +154,22 @@ pub enum Operation {
     Abort,
 }
 
+impl Operation {
+    /// Lower-case name, as in the status and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Load => "load",
+            Operation::Rollback => "rollback",
+            Operation::Unload => "unload",
+            Operation::Retire => "retire",
+            Operation::Keep => "keep",
+            Operation::Rollout => "rollout",
+            Operation::Promote => "promote",
+            Operation::Abort => "abort",
+        }
+    }
+}
+
 /// How an operation that went through went.
 #[derive(Clone, Debug, Serialize)]
 pub struct LoadReport {

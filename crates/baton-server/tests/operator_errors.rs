@@ -254,3 +254,42 @@ fn a_refused_rollout_loads_nothing() {
     assert_eq!(loading.count(), 0, "the refused rollouts loaded something:\n{before_marker}");
     assert_eq!(server.status("ranker")["serving"], 2);
 }
+
+#[test]
+fn logs_to_a_file_are_plain_with_fields_as_people_write_them() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    let log = eventually("the load's last line", || {
+        let log = server.log();
+        log.contains("Model operation finished.").then_some(log)
+    });
+    assert!(!log.contains('\u{1b}'), "no terminal colours in a file:\n{log}");
+    assert!(!log.contains("Some("), "fields in Display form:\n{log}");
+    let line = log.lines().find(|l| l.contains("Model operation finished.")).expect("the line");
+    assert!(line.contains("version=1"), "{line}");
+    let total = line.split("total_ms=").nth(1).and_then(|t| t.split_whitespace().next()).expect("total_ms");
+    let decimals = total.split('.').nth(1).map_or(0, str::len);
+    assert!(decimals <= 2 && total.parse::<f64>().is_ok(), "total_ms={total} in {line}");
+}
+
+#[test]
+fn logs_can_be_json_lines() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &["--log-format", "json"]);
+    server.wait_settled("m", 1);
+    let log = eventually("the load's last line", || {
+        let log = server.log();
+        log.contains("Model operation finished.").then_some(log)
+    });
+    let lines: Vec<Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))).collect();
+    let finished = lines.iter().find(|l| l["fields"]["message"] == "Model operation finished.").expect("the line");
+    assert_eq!(finished["fields"]["version"], 1, "{finished}");
+    assert_eq!(finished["fields"]["model"], "m", "{finished}");
+    assert!(finished["level"].is_string() && finished["timestamp"].is_string(), "{finished}");
+}

@@ -138,7 +138,7 @@ impl Run {
         let stage = error.stage();
         tracing::warn!(
             model = %model,
-            version = ?self.version,
+            version = self.version,
             stage = stage.map(Stage::as_str),
             kind = error.kind(),
             reason = error.reason(),
@@ -248,10 +248,10 @@ impl Run {
         self.inner.emit(self.model(), self.version, EventKind::Finished { report: report.clone() });
         tracing::info!(
             model = %report.model,
-            operation = ?report.operation,
-            version = ?report.version,
-            replaced = ?report.replaced,
-            total_ms = report.total.as_secs_f64() * 1000.0,
+            operation = report.operation.as_str(),
+            version = report.version,
+            replaced = report.replaced,
+            total_ms = crate::fields::ms(report.total),
             "Model operation finished."
         );
         drop(self);

@@ -444,8 +444,8 @@ async fn serve(
     tracing::info!(
         %address,
         %grpc_address,
-        admin_http = ?bound.admin_http,
-        admin_grpc = ?bound.admin_grpc,
+        admin_http = bound.admin_http.map(tracing::field::display),
+        admin_grpc = bound.admin_grpc.map(tracing::field::display),
         model_control = control.mode.as_str(),
         admin_token = args.admin_token_file.is_some(),
         "baton is serving."

@@ -361,7 +361,7 @@ impl Watcher {
             Some(Decision { kind: Kind::Unload, yields_to, .. }) => {
                 tracing::info!(
                     model,
-                    ?yields_to,
+                    yields_to,
                     "The model stays unloaded, as the operator chose, until a newer version is published."
                 );
                 return;
