@@ -211,6 +211,11 @@ pub const STICKY_KEY_PARAMETER: &str = "baton_sticky_key";
 /// of the version that answered: `stable`, `candidate` or `previous`.
 pub const ROLE_HEADER: &str = "baton-role";
 
+/// The HTTP response header, and gRPC response metadata, naming the
+/// version that answered, as the body's `model_version` does: for proxies
+/// and access logs, which do not read bodies.
+pub const VERSION_HEADER: &str = "baton-model-version";
+
 /// The response parameter naming the role of the version that answered.
 pub const ROLE_PARAMETER: &str = "baton_role";
 

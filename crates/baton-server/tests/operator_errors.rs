@@ -293,3 +293,80 @@ fn logs_can_be_json_lines() {
     assert_eq!(finished["fields"]["model"], "m", "{finished}");
     assert!(finished["level"].is_string() && finished["timestamp"].is_string(), "{finished}");
 }
+
+/// The version an answer names in its header, and in its body.
+fn answered(server: &baton_testkit::server::Server, model: &str, key: &str) -> (String, String) {
+    let input = vec![0.25f32; common::SIZES[0]];
+    let body = serde_json::to_vec(&common::request(&input, 1)).expect("JSON");
+    let answer = server.post_raw(
+        &format!("/v2/models/{model}/infer"),
+        &body,
+        &[("content-type", "application/json"), ("baton-sticky-key", key)],
+    );
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    let header = answer.header("baton-model-version").unwrap_or_else(|| panic!("no version header")).to_owned();
+    let body = answer.json()["model_version"].as_str().unwrap_or_default().to_owned();
+    (header, body)
+}
+
+#[test]
+fn answers_name_the_version_that_answered_in_a_header() {
+    let policy = "[rollout]\ninterval_ms = 600000\nsteps = [50, 100]";
+    let repo = TestRepo::new();
+    for model in ["canary", "shadow"] {
+        repo.add_model(model, &mlp_toml(&mlp(1), policy));
+        repo.publish_mlp(model, 1, &mlp(1));
+    }
+    let server = start(&repo, &[]);
+    server.wait_settled("canary", 1);
+    server.wait_settled("shadow", 1);
+    assert_eq!(answered(&server, "canary", "k"), ("1".to_owned(), "1".to_owned()));
+
+    repo.publish_mlp("canary", 2, &mlp(2));
+    repo.publish_mlp("shadow", 2, &mlp(2));
+    server.wait_settled("canary", 2);
+    server.wait_settled("shadow", 2);
+    // Back to 1, then roll 2 out: a canary at half, a shadow.
+    for model in ["canary", "shadow"] {
+        let back = server.post_json(&format!("/baton/v1/models/{model}/rollback"), &json!({}));
+        assert_eq!(back.status, 200, "{}", String::from_utf8_lossy(&back.body));
+    }
+    let canary = server.post_json("/baton/v1/models/canary/rollout", &json!({ "version": 2 }));
+    assert_eq!(canary.status, 200, "{}", String::from_utf8_lossy(&canary.body));
+    let shadow = server.post_json("/baton/v1/models/shadow/rollout", &json!({ "version": 2, "mode": "shadow" }));
+    assert_eq!(shadow.status, 200, "{}", String::from_utf8_lossy(&shadow.body));
+
+    let mut seen = std::collections::BTreeSet::new();
+    for key in 0..64 {
+        let (header, body) = answered(&server, "canary", &format!("key-{key}"));
+        assert_eq!(header, body, "the header names the version of this very answer");
+        seen.insert(header);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["1", "2"], "both sides of the canary answered");
+    for key in 0..8 {
+        assert_eq!(answered(&server, "shadow", &format!("key-{key}")), ("1".to_owned(), "1".to_owned()));
+    }
+
+    // gRPC: the same in the response metadata.
+    use baton_protocol::grpc::pb::model_infer_request::InferInputTensor;
+    use baton_protocol::grpc::pb::{InferTensorContents, ModelInferRequest};
+    let request = |model: &str| ModelInferRequest {
+        model_name: model.into(),
+        inputs: vec![InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 8],
+            contents: Some(InferTensorContents { fp32_contents: vec![0.25; 8], ..Default::default() }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    common::grpc::runtime().block_on(async {
+        let mut c = common::grpc::client(&server).await;
+        for model in ["canary", "shadow"] {
+            let answer = common::grpc::within("infer", c.model_infer(request(model))).await.expect("an answer");
+            let header = answer.metadata().get("baton-model-version").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            assert_eq!(header.as_deref(), Some(answer.get_ref().model_version.as_str()), "{model}");
+        }
+    });
+}
