@@ -420,15 +420,13 @@ impl Watcher {
     /// this pass tries them again.
     fn check_spec(&mut self, model: &str) {
         match self.app.registry.source().spec(model) {
-            Err(FetchError::Spec(error)) => {
-                if self.broken_spec.insert(model.to_owned()) {
-                    let next = if self.polls {
-                        "Nothing of it loads until the file is fixed; the fix is taken up on the next poll.".to_owned()
-                    } else {
-                        format!("Nothing of it loads until the file is fixed; then run `baton load {model}`.")
-                    };
-                    tracing::warn!(model, %error, "The model's model.toml is invalid. {next}");
-                }
+            Err(FetchError::Spec(error)) if self.broken_spec.insert(model.to_owned()) => {
+                let next = if self.polls {
+                    "Nothing of it loads until the file is fixed; the fix is taken up on the next poll.".to_owned()
+                } else {
+                    format!("Nothing of it loads until the file is fixed; then run `baton load {model}`.")
+                };
+                tracing::warn!(model, %error, "The model's model.toml is invalid. {next}");
             }
             Ok(_) if self.broken_spec.remove(model) => {
                 let serving = self.app.registry.status(model).and_then(|s| s.serving);
