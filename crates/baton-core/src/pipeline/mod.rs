@@ -431,7 +431,6 @@ fn prepare(
 ) -> Result<Prepared, LoadError> {
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
-    run.version = version;
     let spec = run.stage(Stage::Config, |_| inner.source.spec(&model).map_err(LoadError::from_spec))?;
     let (number, dir) = run.stage(Stage::Fetch, |run| {
         let number = match version {
