@@ -81,6 +81,13 @@ pub enum LoadError {
     /// The registry is shutting down and takes no new work.
     #[error("the registry is shutting down")]
     ShuttingDown,
+    /// The model's `model.toml` is invalid: nothing of the model loads
+    /// until it is fixed. The message names the file, the line and column,
+    /// and what was expected.
+    #[error(
+        "config failed: invalid {0}; fix the file: a server that polls the repository takes the fix up on its next poll, else load the model again"
+    )]
+    Config(String),
     /// The fetch stage failed.
     #[error("fetch failed: {0}")]
     Fetch(#[from] FetchError),
@@ -120,9 +127,20 @@ pub enum LoadError {
 }
 
 impl LoadError {
+    /// A failure to read the model's `model.toml`: one that does not parse
+    /// is [`LoadError::Config`], anything else (not found, unreadable) a
+    /// fetch failure.
+    pub fn from_spec(error: FetchError) -> LoadError {
+        match error {
+            FetchError::Spec(message) => LoadError::Config(message),
+            other => LoadError::Fetch(other),
+        }
+    }
+
     /// The stage that failed, for stage errors.
     pub fn stage(&self) -> Option<Stage> {
         match self {
+            LoadError::Config(_) => Some(Stage::Config),
             LoadError::Fetch(_) => Some(Stage::Fetch),
             LoadError::Verify(_) => Some(Stage::Verify),
             LoadError::Load(_) | LoadError::MemoryBudget(_) => Some(Stage::Load),
@@ -148,6 +166,7 @@ impl LoadError {
             LoadError::NoRollout { .. } => "no_rollout",
             LoadError::RolloutRefused { .. } => "rollout_refused",
             LoadError::ShuttingDown => "shutting_down",
+            LoadError::Config(_) => "config_failed",
             LoadError::Fetch(_) => "fetch_failed",
             LoadError::Verify(_) => "verify_failed",
             LoadError::Load(_) => "load_failed",
@@ -162,6 +181,7 @@ impl LoadError {
     /// The finer reason inside a stage failure (`digest_mismatch`, `nan`).
     pub fn reason(&self) -> &'static str {
         match self {
+            LoadError::Config(_) => "invalid_spec",
             LoadError::Fetch(e) => e.kind(),
             LoadError::Verify(e) => e.kind(),
             LoadError::Load(e) => e.kind,

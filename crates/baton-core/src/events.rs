@@ -45,6 +45,8 @@ impl State {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
+    /// Read and parse the model's `model.toml`.
+    Config,
     /// Bring the version's files to a local directory.
     Fetch,
     /// Check every file against the manifest.
@@ -73,6 +75,7 @@ impl Stage {
     /// Lower-case name, as in metrics labels and error kinds.
     pub fn as_str(self) -> &'static str {
         match self {
+            Stage::Config => "config",
             Stage::Fetch => "fetch",
             Stage::Verify => "verify",
             Stage::Vacate => "vacate",
@@ -89,7 +92,9 @@ impl Stage {
     /// The model state while this stage runs.
     pub fn state(self) -> State {
         match self {
-            Stage::Fetch | Stage::Verify | Stage::Load | Stage::Validate | Stage::Twin => State::Loading,
+            Stage::Config | Stage::Fetch | Stage::Verify | Stage::Load | Stage::Validate | Stage::Twin => {
+                State::Loading
+            }
             Stage::Warmup => State::Warming,
             Stage::Commit => State::Swapping,
             Stage::Vacate | Stage::Drain | Stage::Unload => State::Draining,
@@ -147,6 +152,22 @@ pub enum Operation {
     Promote,
     /// A rollout's candidate taken out of traffic, by pointer store.
     Abort,
+}
+
+impl Operation {
+    /// Lower-case name, as in the status and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Load => "load",
+            Operation::Rollback => "rollback",
+            Operation::Unload => "unload",
+            Operation::Retire => "retire",
+            Operation::Keep => "keep",
+            Operation::Rollout => "rollout",
+            Operation::Promote => "promote",
+            Operation::Abort => "abort",
+        }
+    }
 }
 
 /// How an operation that went through went.
@@ -311,6 +332,15 @@ pub enum EventKind {
         /// `store_not_found`, `store_unreachable`, `store_throttled`, …).
         kind: String,
         /// What the store answered; empty when `ok`.
+        message: String,
+    },
+    /// A version directory of the repository has no MANIFEST, so it is not
+    /// loaded: it was copied in without `baton package`. Said once per
+    /// directory, not at every poll.
+    Unpackaged {
+        /// The directory.
+        dir: String,
+        /// What to do about it, for people.
         message: String,
     },
     /// A version's engine ended by itself: the worker process it ran in was

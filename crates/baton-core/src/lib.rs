@@ -35,6 +35,7 @@ pub mod digest;
 pub mod error;
 pub mod events;
 pub mod executor;
+pub mod fields;
 pub mod heap;
 pub mod manifest;
 mod memory;

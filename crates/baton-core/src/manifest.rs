@@ -62,7 +62,7 @@ impl Manifest {
 #[derive(Debug, Error)]
 pub enum VerifyError {
     /// No MANIFEST file.
-    #[error("no MANIFEST in {0}")]
+    #[error("no MANIFEST in {0}; run `baton package {0}` once its files are complete")]
     Missing(PathBuf),
     /// The manifest lacks its closing line or its count disagrees.
     #[error("MANIFEST is incomplete: {0}")]

@@ -24,15 +24,42 @@ impl<'a> InputShape<'a> {
     }
 }
 
+/// Names listed in a message: the first [`NAMES_LISTED`], quoted, then how
+/// many more; `none` for none.
+pub fn names(all: &[String]) -> String {
+    if all.is_empty() {
+        return "none".to_owned();
+    }
+    let quote = |n: &String| match n.char_indices().nth(NAME_CHARS) {
+        Some((cut, _)) => format!("'{}…'", &n[..cut]),
+        None => format!("'{n}'"),
+    };
+    let mut text: Vec<String> = all.iter().take(NAMES_LISTED).map(quote).collect();
+    if all.len() > NAMES_LISTED {
+        text.push(format!("and {} more", all.len() - NAMES_LISTED));
+    }
+    text.join(", ")
+}
+
+/// The most names a message lists.
+pub const NAMES_LISTED: usize = 20;
+
+/// The most characters of one name a message quotes.
+const NAME_CHARS: usize = 64;
+
 /// Why a request's inputs do not fit a model. Each message names the input
 /// and says what was expected and what came.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
     /// An input the model takes is not in the request.
-    #[error("missing input '{name}'")]
+    #[error("missing input '{name}': the model takes {}; the request sent {}", names(.expected), names(.sent))]
     Missing {
         /// The model's input.
         name: String,
+        /// The model's inputs, in model order.
+        expected: Vec<String>,
+        /// The request's inputs, in request order.
+        sent: Vec<String>,
     },
     /// The request names an input twice.
     #[error("input '{name}' given more than once")]
@@ -189,7 +216,11 @@ impl Signature {
     ) -> Result<(), InputError> {
         for spec in &self.inputs {
             if !inputs.iter().any(|t| t.name == spec.name) {
-                return Err(InputError::Missing { name: spec.name.clone() });
+                return Err(InputError::Missing {
+                    name: spec.name.clone(),
+                    expected: self.inputs.iter().map(|s| s.name.clone()).collect(),
+                    sent: inputs.iter().map(|t| t.name.to_owned()).collect(),
+                });
             }
         }
         for (i, input) in inputs.iter().enumerate() {

@@ -143,6 +143,12 @@ pub trait Source: Send + Sync + 'static {
     /// time, an entity tag): when it changes, the version was published
     /// again. `None` when it cannot be told.
     fn version_stamp(&self, model: &str, version: u64) -> Option<String>;
+    /// Version directories of a model that hold no MANIFEST at all, with
+    /// the directory as the operator names it: they are not loaded until
+    /// packaged (`baton package DIR`). A source that cannot tell says none.
+    fn unpackaged(&self, _model: &str) -> Vec<(u64, String)> {
+        Vec::new()
+    }
     /// For a remote source, what its store last answered.
     fn store_answer(&self) -> Option<StoreAnswer> {
         None
@@ -224,6 +230,25 @@ impl Source for LocalRepository {
             .collect();
         versions.sort_unstable();
         Ok(versions)
+    }
+
+    fn unpackaged(&self, model: &str) -> Vec<(u64, String)> {
+        let Ok(entries) =
+            self.model_dir(model).and_then(|d| std::fs::read_dir(d).map_err(|e| FetchError::Io(e.to_string())))
+        else {
+            return Vec::new();
+        };
+        let mut found: Vec<(u64, String)> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let number: u64 = e.file_name().to_str()?.parse().ok()?;
+                let path = e.path();
+                let bare = path.is_dir() && presence_of(&path.join(manifest::MANIFEST)) == Presence::Missing;
+                bare.then(|| (number, path.display().to_string()))
+            })
+            .collect();
+        found.sort_unstable();
+        found
     }
 
     fn presence(&self, model: &str, version: Option<u64>) -> Presence {

@@ -53,7 +53,7 @@ fn rest_headers_give_sizes_and_the_check_refuses_before_decoding() {
     let e = refused(rest("[2,3]", "[1,2,3,4,5,6]", "[2]"), 4).unwrap_err();
     assert_eq!(e.to_string(), "input 'x': expected shape [-1, 2], got [2, 3]");
     let e = refused(r#"{"inputs":[{"name":"x","datatype":"FP64","shape":[1,2],"data":[1,2]}]}"#.into(), 4);
-    assert_eq!(e.unwrap_err().to_string(), "missing input 's'");
+    assert_eq!(e.unwrap_err().to_string(), "missing input 's': the model takes 'x', 's'; the request sent 'x'");
 
     // A bad element is found only by decoding, which the check precedes.
     let body = rest("[1,2]", "[1,\"x\"]", "[2]");

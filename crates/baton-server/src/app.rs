@@ -12,6 +12,7 @@ use crate::budget::Budget;
 use crate::decisions::Decisions;
 use crate::error::ServeError;
 use crate::metrics::{InFlight, Metrics};
+use crate::readiness::{Findings, Readiness};
 
 /// The server-wide bounds on requests (`baton serve` flags; defaults and
 /// why in docs/api.md).
@@ -59,6 +60,10 @@ pub struct App {
     /// Whether the repository has been listed once, so `required` is known.
     listed: AtomicBool,
     required: RwLock<BTreeSet<String>>,
+    /// Only ready once every required model serves (`--readiness all`).
+    strict: AtomicBool,
+    /// What the repository watcher could not serve.
+    findings: RwLock<Findings>,
     /// Held not ready by the fleet: converging on its committed version.
     held: AtomicBool,
     /// The replica's part in a fleet, in cluster mode.
@@ -92,6 +97,8 @@ impl App {
             draining: AtomicBool::new(false),
             listed: AtomicBool::new(false),
             required: RwLock::new(BTreeSet::new()),
+            strict: AtomicBool::new(false),
+            findings: RwLock::new(Findings::default()),
             held: AtomicBool::new(false),
             cluster: std::sync::OnceLock::new(),
             fleet: std::sync::OnceLock::new(),
@@ -105,15 +112,46 @@ impl App {
     }
 
     /// Ready means: not shutting down, the repository has been listed, and
-    /// every required model serves. This is the contract a load balancer
-    /// acts on: before the first listing the required models are not known
-    /// yet, and an empty list must not read as "all of them serve".
+    /// every required model serves — or, unless `--readiness all`, was
+    /// given up on (every version refused, or none complete) while the
+    /// server serves at least one model. This is the contract a load
+    /// balancer acts on: before the first listing the required models are
+    /// not known yet, and an empty list must not read as "all of them
+    /// serve"; one new model that cannot load must not take a server that
+    /// serves the others out of service (docs/api.md).
     pub fn ready(&self) -> bool {
         if self.draining() || !self.listed.load(Ordering::SeqCst) || self.held.load(Ordering::SeqCst) {
             return false;
         }
         let snapshot = self.registry.snapshot();
-        self.required.read().unwrap_or_else(|e| e.into_inner()).iter().all(|m| snapshot.serves(m))
+        let strict = self.strict.load(Ordering::SeqCst);
+        let findings = self.findings.read().unwrap_or_else(|e| e.into_inner());
+        let mut excused = false;
+        for model in self.required.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            if snapshot.serves(model) {
+                continue;
+            }
+            if strict || !findings.cannot_serve.contains_key(model) {
+                return false;
+            }
+            excused = true;
+        }
+        !excused || snapshot.models().keys().any(|m| snapshot.serves(m))
+    }
+
+    /// Sets how readiness treats models that cannot serve.
+    pub fn set_readiness(&self, readiness: Readiness) {
+        self.strict.store(readiness == Readiness::All, Ordering::SeqCst);
+    }
+
+    /// Reads what the repository watcher found.
+    pub fn findings<T>(&self, read: impl FnOnce(&Findings) -> T) -> T {
+        read(&self.findings.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Changes what the repository watcher found.
+    pub(crate) fn find<T>(&self, change: impl FnOnce(&mut Findings) -> T) -> T {
+        change(&mut self.findings.write().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Counts an inference request in flight until the guard drops, or

@@ -160,7 +160,8 @@ impl From<LoadError> for ServeError {
             LoadError::ShuttingDown => Class::Unavailable,
             LoadError::Panicked { .. } => Class::Internal,
             LoadError::MemoryBudget(_) => Class::InsufficientMemory,
-            LoadError::Fetch(_)
+            LoadError::Config(_)
+            | LoadError::Fetch(_)
             | LoadError::Verify(_)
             | LoadError::Load(_)
             | LoadError::Validate(_)

@@ -15,8 +15,10 @@ mod error;
 mod fleet_view;
 mod grpc;
 mod http;
+mod logging;
 mod metrics;
 mod prometheus;
+mod readiness;
 #[cfg(test)]
 mod reference;
 mod repository;
@@ -204,12 +206,11 @@ pub fn main() -> ExitCode {
     // `baton fleet` prints what happens itself; its library's log lines
     // would say it twice.
     let default_filter = if matches!(cli.command, Command::Fleet(_)) { "warn" } else { "info,ort=warn" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let log_format = match &cli.command {
+        Command::Serve(args) => args.log_format,
+        _ => logging::LogFormat::Text,
+    };
+    logging::init(default_filter, log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Package { dir, graph_from, manifest_format } => package(&dir, graph_from.as_deref(), manifest_format),

@@ -63,7 +63,14 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
         let state = state.unwrap_or("IDLE");
         ServeError::new(Class::Unavailable, "model_not_ready", format!("model '{model}' is not ready (state {state})"))
     } else {
-        ServeError::unknown_model(model)
+        // The models served, so that a misspelt name finds its right one.
+        let served: Vec<String> = app.registry.snapshot().models().keys().cloned().collect();
+        let listed = baton_core::signature::names(&served);
+        ServeError::new(
+            Class::NotFound,
+            "model_not_found",
+            format!("unknown model '{model}'; the models served are {listed}"),
+        )
     }
 }
 
@@ -203,6 +210,11 @@ pub const STICKY_KEY_PARAMETER: &str = "baton_sticky_key";
 /// The HTTP response header, and the response parameter, naming the role
 /// of the version that answered: `stable`, `candidate` or `previous`.
 pub const ROLE_HEADER: &str = "baton-role";
+
+/// The HTTP response header, and gRPC response metadata, naming the
+/// version that answered, as the body's `model_version` does: for proxies
+/// and access logs, which do not read bodies.
+pub const VERSION_HEADER: &str = "baton-model-version";
 
 /// The response parameter naming the role of the version that answered.
 pub const ROLE_PARAMETER: &str = "baton_role";

@@ -15,6 +15,10 @@ fn with_decision(app: &App, status: &ModelStatus) -> Value {
     let mut value = serde_json::to_value(status).unwrap_or_default();
     if let Some(fields) = value.as_object_mut() {
         fields.insert("decision".into(), app.decisions.get(&status.name).as_ref().map(view).into());
+        // What the repository watcher found it cannot load, and why.
+        if let serde_json::Value::Object(found) = app.findings(|f| f.of(&status.name)) {
+            fields.extend(found);
+        }
     }
     value
 }
@@ -42,7 +46,8 @@ fn idle(model: &str) -> ModelStatus {
 
 /// One model's status, if the registry knows it or a decision names it.
 pub fn model(app: &App, model: &str) -> Option<Value> {
-    let status = app.registry.status(model).or_else(|| app.decisions.get(model).map(|_| idle(model)))?;
+    let known = || app.decisions.get(model).is_some() || app.findings(|f| f.knows(model));
+    let status = app.registry.status(model).or_else(|| known().then(|| idle(model)))?;
     Some(with_decision(app, &status))
 }
 
@@ -52,7 +57,8 @@ pub fn model(app: &App, model: &str) -> Option<Value> {
 /// errors, which name etcd's endpoints, and the timings.
 pub fn server(app: &App, privileged: bool) -> Value {
     let mut statuses = app.registry.statuses();
-    for name in app.decisions.all().into_keys() {
+    let found: Vec<String> = app.findings(|f| f.cannot_serve.keys().chain(f.unpackaged.keys()).cloned().collect());
+    for name in app.decisions.all().into_keys().chain(found) {
         if !statuses.iter().any(|s| s.name == name) {
             statuses.push(idle(&name));
         }

@@ -81,7 +81,9 @@ fn readiness_waits_for_required_models_only() {
     let broken = mlp(2);
     repo.add_model("broken", &mlp_toml(&broken, ""));
     repo.publish_damaged("broken", 1, &broken, Damage::FlipByte);
-    let server = start(&repo, &[]);
+    // The strict setting: by default a model whose every version is
+    // refused is not waited for (tests/operator_errors.rs).
+    let server = start(&repo, &["--readiness", "all"]);
     server.wait_serving("good", 1);
     eventually("the broken model's load to be refused", || {
         server.status("broken")["failed_versions"].get("1").map(|_| ())

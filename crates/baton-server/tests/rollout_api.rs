@@ -130,7 +130,11 @@ fn rest_start_status_pause_resume_and_abort() {
     assert_rollout(&started, 1, "running");
     assert_eq!(started["rollout"]["mode"], "canary", "{started}");
     assert_eq!(started["rollout"]["weight_percent"], 10.0, "{started}");
-    assert_eq!(started["rollout"]["plan"]["steps"], json!([1000, 5000, 10000]), "{started}");
+    // In percent, as `[rollout] steps` and the start request give them,
+    // and as `weight_percent` says the share; also in the decision kept.
+    assert_eq!(started["rollout"]["plan"]["steps"], json!([10.0, 50.0, 100.0]), "{started}");
+    let kept = server.status("m");
+    assert_eq!(kept["decision"]["rollout"]["plan"]["steps"], json!([10.0, 50.0, 100.0]), "{kept}");
     let status = ok(server.get(&rollout_path("")), "status");
     assert_rollout(&status, 1, "running");
     assert!(status["rollout"]["next_window_ms"].as_u64().is_some_and(|ms| ms > 0), "{status}");

@@ -30,13 +30,13 @@ fn loads_failures_and_unloads_walk_the_state_machine() {
     assert_eq!(*from, Draining);
     let order: Vec<Stage> = stages.iter().map(|s| s.stage).collect();
     use Stage as S;
-    assert_eq!(order, vec![S::Fetch, S::Verify, S::Load, S::Validate, S::Warmup, S::Commit, S::Drain]);
+    assert_eq!(order, vec![S::Config, S::Fetch, S::Verify, S::Load, S::Validate, S::Warmup, S::Commit, S::Drain]);
     assert!(events.iter().all(|e| e.model == "m"));
     let finished = events.iter().find_map(|e| match &e.kind {
         EventKind::Finished { report } => Some(report.clone()),
         _ => None,
     });
-    assert_eq!(finished.expect("a finished event").stages.len(), 7);
+    assert_eq!(finished.expect("a finished event").stages.len(), 8);
     assert!(events.windows(2).all(|w| w[0].at <= w[1].at), "timestamps in order");
 
     // Version 2 is altered after sealing: refused at verify, READY again on version 1.

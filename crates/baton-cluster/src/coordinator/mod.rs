@@ -349,7 +349,7 @@ async fn look(
             model,
             version = next.version,
             phase = next.phase.as_str(),
-            step = ?next.step,
+            step = next.step,
             "{}",
             next.decisions.last().map_or("", |d| d.message.as_str())
         );

@@ -108,8 +108,9 @@ impl<N: Node> Participant<N> {
                         // rollout is prepared without loading it first.
                         Err(refusal) => {
                             model.view.lock().unloadable = Some(version);
-                            // A version it could not fetch is tried as any step.
-                            let costly = refusal.stage != "fetch" && refusal.stage != BUSY;
+                            // A version it could not fetch, or whose model.toml
+                            // did not parse, is tried as any step: nothing loaded.
+                            let costly = !matches!(refusal.stage.as_str(), "config" | "fetch" | BUSY);
                             refused = costly.then(|| (version, Instant::now() + reload.next_wait()));
                         }
                     }

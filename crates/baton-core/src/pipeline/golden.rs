@@ -614,6 +614,10 @@ mod tests {
         assert!(invalid(&file(twice, json!({}))).contains("listed twice"));
         let bad_input = r#"{"inputs":[{"name":"y","datatype":"FP32","shape":[1,2],"data":[0,0]}],
             "outputs":[{"name":"ids","datatype":"INT64","shape":[1],"data":[1]}]}"#;
-        assert!(invalid(bad_input).ends_with("is invalid: missing input 'x'"), "{}", invalid(bad_input));
+        assert!(
+            invalid(bad_input).ends_with("is invalid: missing input 'x': the model takes 'x'; the request sent 'y'"),
+            "{}",
+            invalid(bad_input)
+        );
     }
 }

@@ -138,7 +138,7 @@ impl Run {
         let stage = error.stage();
         tracing::warn!(
             model = %model,
-            version = ?self.version,
+            version = self.version,
             stage = stage.map(Stage::as_str),
             kind = error.kind(),
             reason = error.reason(),
@@ -248,10 +248,10 @@ impl Run {
         self.inner.emit(self.model(), self.version, EventKind::Finished { report: report.clone() });
         tracing::info!(
             model = %report.model,
-            operation = ?report.operation,
-            version = ?report.version,
-            replaced = ?report.replaced,
-            total_ms = report.total.as_secs_f64() * 1000.0,
+            operation = report.operation.as_str(),
+            version = report.version,
+            replaced = report.replaced,
+            total_ms = crate::fields::ms(report.total),
             "Model operation finished."
         );
         drop(self);
@@ -431,8 +431,8 @@ fn prepare(
 ) -> Result<Prepared, LoadError> {
     let model = run.model().to_owned();
     let inner = Arc::clone(&run.inner);
-    let (spec, number, dir) = run.stage(Stage::Fetch, |run| {
-        let spec = inner.source.spec(&model)?;
+    let spec = run.stage(Stage::Config, |_| inner.source.spec(&model).map_err(LoadError::from_spec))?;
+    let (number, dir) = run.stage(Stage::Fetch, |run| {
         let number = match version {
             Some(v) => v,
             None => {
@@ -441,8 +441,9 @@ fn prepare(
         };
         run.version = Some(number);
         let fetched = inner.source.fetch(&model, number)?;
-        Ok((Arc::new(spec), number, fetched))
+        Ok((number, fetched))
     })?;
+    let spec = Arc::new(spec);
     let verified = run.stage(Stage::Verify, |_| verify(&inner, &spec, &dir))?;
     let dir = dir.dir;
     let resource = spec.policy.swap == SwapPolicy::Resource;

@@ -12,7 +12,7 @@ use crate::events::{EventKind, State};
 use crate::heap::HeapLease;
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Decision, Phase, Progress};
-use crate::rollout::plan::{Overrides, Plan};
+use crate::rollout::plan::{Overrides, Plan, RolloutPolicy};
 use crate::rollout::shadow::Shadow;
 use crate::rollout::window::Observations;
 use crate::rollout::{CopyGate, Mode, Rollout};
@@ -44,36 +44,83 @@ pub struct RolloutStart {
     pub id: Option<u64>,
 }
 
-/// On a build thread: loads the candidate through the whole transaction,
-/// then has the agent put it into the route.
+fn refused(model: &str, reason: String) -> LoadError {
+    LoadError::RolloutRefused { model: model.to_owned(), reason }
+}
+
+/// The plan a rollout runs under `section` (the candidate's `[rollout]`),
+/// or why it cannot run.
+fn plan_of(inner: &Inner, model: &str, start: &RolloutStart, section: &RolloutPolicy) -> Result<Plan, LoadError> {
+    let plan = match start.plan.clone() {
+        // A plan restored or sent whole is checked as a new one is.
+        Some(plan) => plan.check(start.steered).map(|()| plan).map_err(|e| refused(model, e.to_string()))?,
+        None => Plan::new(section, &start.overrides).map_err(|e| refused(model, e.to_string()))?,
+    };
+    // Metric guards need somewhere to read them, and a fleet's coordinator
+    // has none: refused rather than inconclusive window after window.
+    let unread = if plan.guards.metrics.is_empty() {
+        None
+    } else if start.steered {
+        Some("metric guards are not judged in a fleet's rollouts yet; drop guards.metrics")
+    } else if inner.metric_source.is_none() {
+        Some("metric guards need a Prometheus to ask: start baton with --prometheus-url, or drop guards.metrics")
+    } else {
+        None
+    };
+    unread.map_or(Ok(plan), |reason| Err(refused(model, reason.to_owned())))
+}
+
+/// Every refusal a start can make that needs no loaded candidate, made
+/// before anything loads: a `model.toml` that does not parse or a plan
+/// that cannot run, no complete version, a candidate that already serves
+/// as stable, no stable version, another rollout. Returns the candidate's
+/// version, so that the one judged is the one loaded.
+fn refusals_before_loading(run: &mut Run, start: &RolloutStart) -> Result<u64, LoadError> {
+    let model = run.model().to_owned();
+    let inner = Arc::clone(&run.inner);
+    let spec = inner.source.spec(&model).map_err(LoadError::from_spec)?;
+    plan_of(&inner, &model, start, &spec.rollout)?;
+    let version = match start.version {
+        Some(v) => v,
+        None => *inner.source.versions(&model)?.last().ok_or_else(|| LoadError::NoVersion { model: model.clone() })?,
+    };
+    let current = inner.current();
+    let route = current.model(&model).ok_or_else(|| LoadError::NotLoaded { model: model.clone() })?;
+    if let Some(rollout) = &route.rollout {
+        return Err(LoadError::RolloutInProgress { model, candidate: rollout.candidate.number() });
+    }
+    let stable = route.stable.number();
+    if stable == version {
+        return Err(refused(&model, already_stable(stable)));
+    }
+    if !route.stable.alive() {
+        return Err(refused(&model, no_worker(stable)));
+    }
+    Ok(version)
+}
+
+/// Why a rollout of the stable version is refused.
+fn already_stable(stable: u64) -> String {
+    format!("version {stable} already serves as stable; there is nothing to roll out")
+}
+
+/// On a build thread: checks what can be checked before loading, loads the
+/// candidate through the whole transaction, then has the agent put it into
+/// the route.
 pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: Reply, heap: HeapLease) {
     let mut run = Run::new(inner, busy, Operation::Rollout);
-    let (candidate, _, timeout) = match caught(&mut run, |run| prepare(run, start.version, &mut Some(heap), false)) {
+    let version = match caught(&mut run, |run| refusals_before_loading(run, &start)) {
+        Ok(version) => version,
+        Err(error) => return run.fail(error, reply),
+    };
+    let (candidate, _, timeout) = match caught(&mut run, |run| prepare(run, Some(version), &mut Some(heap), false)) {
         Ok(prepared) => prepared,
         Err(error) => return run.fail(error, reply),
     };
     let model = run.model().to_owned();
-    let refused = |model: &str, reason: String| LoadError::RolloutRefused { model: model.to_owned(), reason };
-    let plan = match start.plan.clone() {
-        // A plan restored or sent whole is checked as a new one is.
-        Some(plan) => plan.check(start.steered).map(|()| plan).map_err(|e| refused(&model, e.to_string())),
-        None => Plan::new(&candidate.spec().rollout, &start.overrides).map_err(|e| refused(&model, e.to_string())),
-    };
-    // Metric guards need somewhere to read them, and a fleet's coordinator
-    // has none: refused rather than inconclusive window after window.
-    let plan = plan.and_then(|plan| {
-        let unread = if plan.guards.metrics.is_empty() {
-            None
-        } else if start.steered {
-            Some("metric guards are not judged in a fleet's rollouts yet; drop guards.metrics")
-        } else if run.inner.metric_source.is_none() {
-            Some("metric guards need a Prometheus to ask: start baton with --prometheus-url, or drop guards.metrics")
-        } else {
-            None
-        };
-        unread.map_or(Ok(plan), |reason| Err(refused(&model, reason.to_owned())))
-    });
-    let plan = match plan {
+    // Checked again on the candidate's own `model.toml`, which may have
+    // changed since.
+    let plan = match plan_of(&run.inner, &model, &start, &candidate.spec().rollout) {
         Ok(plan) => plan,
         Err(error) => return run.fail(error, reply),
     };
@@ -115,9 +162,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
             (_, Some(r)) => {
                 Some(LoadError::RolloutInProgress { model: model.clone(), candidate: r.candidate.number() })
             }
-            (Some(s), None) if s == candidate.number() => {
-                Some(refused(&model, format!("version {s} already serves as stable; there is nothing to roll out")))
-            }
+            (Some(s), None) if s == candidate.number() => Some(refused(&model, already_stable(s))),
             (Some(s), None) if stable_ended => Some(refused(&model, no_worker(s))),
             _ => super::ensure_alive(&candidate).err(),
         };

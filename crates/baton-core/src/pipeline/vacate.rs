@@ -38,9 +38,9 @@ impl Vacated {
         let paused = self.gate.since().elapsed();
         tracing::info!(
             model,
-            serving = ?serving,
+            serving,
             restored,
-            paused_ms = paused.as_secs_f64() * 1000.0,
+            paused_ms = crate::fields::ms(paused),
             "The model's pause ended; waiting requests go on."
         );
         inner.emit(model, serving, EventKind::Resumed { paused, serving, restored });
@@ -92,7 +92,7 @@ pub(super) fn vacate(run: &mut Run, numbers: Vec<u64>) -> Result<(), LoadError> 
             inner.agent.send(move || {
                 tracing::warn!(
                     model = %model,
-                    versions = ?left,
+                    versions = %crate::fields::list(&left),
                     "Versions being replaced were not freed within the drain timeout; the new version loads beside them."
                 );
             });
@@ -121,7 +121,7 @@ pub(super) fn restore_and_resume(run: &mut Run, heap: &mut Option<HeapLease>) {
             paused.remove(&model);
         });
         match &restored {
-            Ok(_) => tracing::info!(model = %model, version = ?serving, "Loaded the old version back after the new one failed."),
+            Ok(_) => tracing::info!(model = %model, version = serving, "Loaded the old version back after the new one failed."),
             Err(error) => tracing::error!(
                 model = %model,
                 version = vacated.number,

@@ -750,7 +750,7 @@ impl Inner {
         if from == to {
             return;
         }
-        tracing::debug!(model, ?version, from = from.as_str(), to = to.as_str(), "Model changed state.");
+        tracing::debug!(model, version, from = from.as_str(), to = to.as_str(), "Model changed state.");
         self.emit(model, version, EventKind::Transition { from, to, stages: stages.to_vec() });
     }
 

@@ -185,7 +185,8 @@ pub struct RolloutStatus {
     /// What runs the paired copies and times the stable side: a twin of
     /// the stable version, or why there is none.
     pub twin: TwinStatus,
-    /// The plan.
+    /// The plan, its steps in percent.
+    #[serde(serialize_with = "super::plan::in_percent")]
     pub plan: Plan,
     /// Whether a fleet's coordinator steers it: this server does not judge
     /// its windows, and its share changes only when the coordinator says.

@@ -124,6 +124,39 @@ pub struct Overrides {
     pub guards: Option<Guards>,
 }
 
+/// A plan as status and events show it: `steps` in percent, as
+/// `[rollout] steps`, a start request and `weight_percent` say shares. The
+/// plan itself keeps basis points, and so does the state file it is
+/// restored from.
+#[derive(Serialize)]
+struct PlanInPercent<'a> {
+    mode: Mode,
+    steps: Vec<f64>,
+    interval_ms: u64,
+    failure_limit: u32,
+    max_inconclusive: u32,
+    paired: bool,
+    queue: usize,
+    watch_ms: u64,
+    guards: &'a Guards,
+}
+
+/// Serializes a plan with its steps in percent (`serialize_with`).
+pub fn in_percent<S: serde::Serializer>(plan: &Plan, serializer: S) -> Result<S::Ok, S::Error> {
+    PlanInPercent {
+        mode: plan.mode,
+        steps: plan.steps.iter().map(|&bp| super::control::percent(bp)).collect(),
+        interval_ms: plan.interval_ms,
+        failure_limit: plan.failure_limit,
+        max_inconclusive: plan.max_inconclusive,
+        paired: plan.paired,
+        queue: plan.queue,
+        watch_ms: plan.watch_ms,
+        guards: &plan.guards,
+    }
+    .serialize(serializer)
+}
+
 /// The plan one rollout runs by.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -266,5 +299,16 @@ mod tests {
         assert_eq!(policy.guards.max_rel_l2, Some(0.05));
         assert_eq!(policy.guards.min_samples, 20);
         assert_eq!(policy.guards.max_p99_ratio, Some(1.5));
+    }
+
+    #[test]
+    fn status_shows_every_field_of_the_plan_with_steps_in_percent() {
+        let plan = Plan::new(&RolloutPolicy::default(), &Overrides::default()).unwrap();
+        let kept = serde_json::to_value(&plan).unwrap();
+        let shown = in_percent(&plan, serde_json::value::Serializer).unwrap();
+        let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&kept), keys(&shown), "the view leaves no field of the plan out");
+        assert_eq!(kept["steps"], serde_json::json!([100, 500, 2500, 5000, 10_000]));
+        assert_eq!(shown["steps"], serde_json::json!([1.0, 5.0, 25.0, 50.0, 100.0]));
     }
 }

@@ -33,8 +33,8 @@ fn steps(rollout: &Value) -> String {
     let shown: Vec<String> = steps
         .iter()
         .enumerate()
-        .map(|(i, bp)| {
-            let percent = format!("{}%", number(&Value::from(bp.as_f64().unwrap_or_default() / 100.0)));
+        .map(|(i, step)| {
+            let percent = format!("{}%", number(step));
             if i == reached { format!("[{percent}]") } else { percent }
         })
         .collect();
@@ -152,7 +152,7 @@ mod tests {
             "rollout": {
                 "model": "ranker", "stable": 1, "candidate": 2, "mode": "canary", "phase": phase, "paused": null,
                 "step": 1, "weight_percent": 5.0, "failures": 0, "inconclusive": 2, "next_window_ms": 12_300,
-                "plan": { "steps": [100, 500, 2500], "failure_limit": 1, "max_inconclusive": 10 },
+                "plan": { "steps": [1.0, 5.0, 25.0], "failure_limit": 1, "max_inconclusive": 10 },
                 "decisions": [
                     { "action": "started", "by": "operator", "at_ms": 1_000, "message": "started", "verdict": null },
                     { "action": "advanced", "by": "guards", "at_ms": 2_000, "message": "moved on", "verdict": {

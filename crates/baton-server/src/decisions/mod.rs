@@ -228,6 +228,13 @@ fn holds(decision: &Decision) -> String {
 /// A decision as status shows it: the file's fields and how long it holds.
 pub fn view(decision: &Decision) -> Value {
     let mut value = serde_json::to_value(decision).unwrap_or_default();
+    // The state file keeps a rollout's steps in basis points; people and
+    // clients read percent, as everywhere else.
+    if let Some(steps) = value.pointer_mut("/rollout/plan/steps").and_then(Value::as_array_mut) {
+        for step in steps.iter_mut() {
+            *step = json!(step.as_u64().map_or(0.0, |bp| bp as f64 / 100.0));
+        }
+    }
     if let Some(fields) = value.as_object_mut() {
         fields.insert("holds".into(), json!(holds(decision)));
     }

@@ -321,10 +321,13 @@ impl GrpcInferenceService for Inference {
         let key = request.metadata().get(serving::STICKY_KEY_HEADER).map(|v| v.as_bytes().to_vec());
         let arrival = Arrival { at, call_deadline, frames: frames.as_ref(), key: key.as_deref() };
         let (response, role) = infer(&self.app, request.into_inner(), arrival).await?;
+        let version = tonic::metadata::MetadataValue::try_from(response.model_version.as_str()).ok();
         let mut response = Response::new(response);
-        response
-            .metadata_mut()
-            .insert(serving::ROLE_HEADER, tonic::metadata::MetadataValue::from_static(role.as_str()));
+        let metadata = response.metadata_mut();
+        metadata.insert(serving::ROLE_HEADER, tonic::metadata::MetadataValue::from_static(role.as_str()));
+        if let Some(version) = version {
+            metadata.insert(serving::VERSION_HEADER, version);
+        }
         Ok(response)
     }
 

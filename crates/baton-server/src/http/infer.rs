@@ -132,6 +132,7 @@ async fn answer(call: &Call<'_>, body: &mut Body, ticket: &mut Ticket) -> Result
     let mut response = encoded.body.into_response();
     let headers = response.headers_mut();
     headers.insert(serving::ROLE_HEADER, HeaderValue::from_static(role));
+    headers.insert(serving::VERSION_HEADER, HeaderValue::from(number));
     if let Some(id) = outcome_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
         headers.insert(serving::OUTCOME_ID_HEADER, id);
     }

@@ -22,14 +22,22 @@ pub async fn live() -> Json<serde_json::Value> {
     Json(json!({ "live": true }))
 }
 
-/// `GET /v2/health/ready`: 200 when ready, else 503 with what it waits for.
+/// `GET /v2/health/ready`: 200 when ready, else 503 with what it waits for;
+/// either way, the models given up on and why (`cannot_serve`, when any).
 pub async fn ready(State(app): State<Arc<App>>) -> Response {
-    if app.ready() {
-        return Json(json!({ "ready": true })).into_response();
-    }
+    let ready = app.ready();
     let snapshot = app.registry.snapshot();
+    let cannot_serve = app.findings(|f| f.cannot_serve.clone());
+    let mut body = json!({ "ready": ready });
+    if !cannot_serve.is_empty() {
+        body["cannot_serve"] = json!(cannot_serve);
+    }
+    if ready {
+        return Json(body).into_response();
+    }
     let waiting: Vec<String> = app.required().into_iter().filter(|m| !snapshot.serves(m)).collect();
-    let body = json!({ "ready": false, "draining": app.draining(), "waiting_for": waiting });
+    body["draining"] = json!(app.draining());
+    body["waiting_for"] = json!(waiting);
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 

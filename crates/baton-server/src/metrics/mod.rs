@@ -402,7 +402,8 @@ impl Metrics {
             | EventKind::DrainTimedOut { .. }
             | EventKind::Decision { .. }
             | EventKind::Paused { .. }
-            | EventKind::Store { .. } => {}
+            | EventKind::Store { .. }
+            | EventKind::Unpackaged { .. } => {}
         }
     }
 

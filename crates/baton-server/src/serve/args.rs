@@ -87,6 +87,17 @@ pub struct ServeArgs {
     /// limit it.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(10..=100))]
     pub loader_serving_share: u8,
+    /// The form of the log on stderr: `text` (lines for people, coloured
+    /// only on a terminal) or `json` (one JSON object per line, for log
+    /// shippers).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
+    /// What `/v2/health/ready` waits for: `servable` (ready once every
+    /// model that can serve does; a model whose every version is refused
+    /// is not waited for, while the server serves at least one model) or
+    /// `all` (every model must serve).
+    #[arg(long, value_enum, default_value_t = crate::readiness::Readiness::Servable)]
+    pub readiness: crate::readiness::Readiness,
     /// How models come and go, as in Triton: `poll` loads every model at
     /// start and polls the repository, `explicit` loads only the
     /// `--load-model` models at start and does not poll, `none` loads every

@@ -258,6 +258,7 @@ fn app(
         );
     }
     let app = Arc::new(App::new(registry, limits, decisions));
+    app.set_readiness(args.readiness);
     repo.serve_for(&app);
     app
 }
@@ -419,7 +420,7 @@ async fn serve(
             // The fleet's participant loads what the fleet committed.
             return;
         }
-        let mut watcher = watch::Watcher::new(watcher_app, missing_polls);
+        let mut watcher = watch::Watcher::new(watcher_app, missing_polls).polling(polls);
         if let Some(models) = at_start {
             watcher = watcher.only(models).restore(restore);
         }
@@ -443,8 +444,8 @@ async fn serve(
     tracing::info!(
         %address,
         %grpc_address,
-        admin_http = ?bound.admin_http,
-        admin_grpc = ?bound.admin_grpc,
+        admin_http = bound.admin_http.map(tracing::field::display),
+        admin_grpc = bound.admin_grpc.map(tracing::field::display),
         model_control = control.mode.as_str(),
         admin_token = args.admin_token_file.is_some(),
         "baton is serving."

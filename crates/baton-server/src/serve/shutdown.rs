@@ -136,7 +136,7 @@ async fn settle(app: &App, watcher: std::thread::JoinHandle<()>, deadline: Insta
         }
         if Instant::now() >= deadline {
             tracing::warn!(
-                models = ?busy,
+                models = %busy.join(","),
                 "Shutdown timed out with a model operation still running; exiting without it (nothing is published before its commit)."
             );
             return;

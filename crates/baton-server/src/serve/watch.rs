@@ -22,6 +22,15 @@
 //!   above. A decision that cannot be restored (its version gone or
 //!   refused) is dropped, and the newest good version loads.
 //!
+//! - A model whose every version is refused, or that has no complete
+//!   version, is recorded as one that cannot serve (readiness does not
+//!   wait for it by default, see [`crate::readiness`]). A `model.toml`
+//!   that does not parse stops the attempts at once (older versions share
+//!   it); once it parses again, the versions it kept from loading are
+//!   tried again without an operator's call.
+//! - A version directory without a MANIFEST is reported once (log, event,
+//!   status) with the `baton package` command that completes it.
+//!
 //! Disappearing means the repository says "no such file" ([`Presence::Missing`])
 //! on [`MISSING_POLLS`] polls in a row (`--missing-polls`). Anything else — a listing
 //! that fails, `EIO`, `EACCES`, `ESTALE`, a symlink loop — is a repository
@@ -37,12 +46,14 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use baton_core::error::LoadError;
-use baton_core::source::Presence;
+use baton_core::events::EventKind;
+use baton_core::source::{FetchError, Presence};
 
 use crate::app::App;
 use baton_core::pipeline::RolloutStart;
 
 use crate::decisions::{Change, Decision, Kind, now};
+use crate::readiness::Unpackaged;
 
 /// Polls in a row a model or a kept version must be found missing before
 /// the watcher unloads or retires it, unless `--missing-polls` says
@@ -94,6 +105,10 @@ pub struct Watcher {
     /// Models it also loads, without readiness waiting for them: those an
     /// operator's decision names (`--model-control explicit`).
     restore: BTreeSet<String>,
+    /// Models whose `model.toml` did not parse when last read.
+    broken_spec: BTreeSet<String>,
+    /// Whether it polls (else a fix needs an operator's load).
+    polls: bool,
 }
 
 /// What to do about something not in a listing.
@@ -118,7 +133,16 @@ impl Watcher {
             unreadable: BTreeMap::new(),
             only: None,
             restore: BTreeSet::new(),
+            broken_spec: BTreeSet::new(),
+            polls: true,
         }
+    }
+
+    /// Says whether [`Watcher::run`] will follow the first scan, for the
+    /// words that tell an operator how a fix is taken up.
+    pub fn polling(mut self, polls: bool) -> Watcher {
+        self.polls = polls;
+        self
     }
 
     /// Loads only `models` and makes readiness wait only for them; the
@@ -169,6 +193,11 @@ impl Watcher {
         for model in &wanted {
             self.scan_model(model);
         }
+        self.app.find(|f| {
+            f.cannot_serve.retain(|m, _| wanted.contains(m));
+            f.unpackaged.retain(|m, _| wanted.contains(m));
+        });
+        self.broken_spec.retain(|m| wanted.contains(m));
         for status in self.app.registry.statuses() {
             if status.serving.is_none() || models.contains(&status.name) || status.busy {
                 continue;
@@ -190,6 +219,8 @@ impl Watcher {
             Err(error) => return self.cannot_read(Subject::Versions(model.to_owned()), error.to_string()),
         };
         self.can_read(&Subject::Versions(model.to_owned()));
+        self.note_unpackaged(model);
+        self.check_spec(model);
         let fresh: Vec<(u64, _)> = versions
             .iter()
             .map(|v| (*v, registry.source().version_stamp(model, *v)))
@@ -209,6 +240,12 @@ impl Watcher {
             return;
         }
         let serving = status.as_ref().and_then(|s| s.serving);
+        if serving.is_some() {
+            self.app.find(|f| f.cannot_serve.remove(model));
+        } else if versions.is_empty() {
+            let why = format!("model '{model}' has no complete version (a version directory needs its MANIFEST)");
+            self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
+        }
         let fresh: Vec<u64> = fresh
             .into_iter()
             .map(|(v, mtime)| {
@@ -324,7 +361,7 @@ impl Watcher {
             Some(Decision { kind: Kind::Unload, yields_to, .. }) => {
                 tracing::info!(
                     model,
-                    ?yields_to,
+                    yields_to,
                     "The model stays unloaded, as the operator chose, until a newer version is published."
                 );
                 return;
@@ -348,17 +385,91 @@ impl Watcher {
         self.load_newest_good(model, versions);
     }
 
-    /// Loads the newest version, then older ones, until one is accepted.
+    /// Loads the newest version, then older ones, until one is accepted;
+    /// records the model as one that cannot serve when none is. An invalid
+    /// `model.toml` ends the attempts: every version is read with it.
     fn load_newest_good(&mut self, model: &str, versions: &[u64]) {
+        let mut why = None;
         for &version in versions.iter().rev() {
             tracing::info!(model, version, "Loading the model from the repository.");
             match self.app.registry.load(model, Some(version)).and_then(|h| h.wait()) {
-                Ok(_) => return,
+                Ok(_) => {
+                    self.app.find(|f| f.cannot_serve.remove(model));
+                    return;
+                }
                 Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
+                Err(error @ LoadError::Config(_)) => {
+                    why = Some(error.to_string());
+                    break;
+                }
                 Err(error) => {
                     tracing::warn!(model, version, %error, "The version was refused; trying the one before it.");
+                    why = Some(error.to_string());
                 }
             }
+        }
+        if let Some(why) = why {
+            tracing::warn!(model, %why, "No version of the model could be loaded; it does not serve.");
+            self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
+        }
+    }
+
+    /// Notes whether the model's `model.toml` parses. One that stops
+    /// parsing is logged once, with how a fix is taken up; one that parses
+    /// again makes the versions it kept from loading look unseen, so that
+    /// this pass tries them again.
+    fn check_spec(&mut self, model: &str) {
+        match self.app.registry.source().spec(model) {
+            Err(FetchError::Spec(error)) if self.broken_spec.insert(model.to_owned()) => {
+                let next = if self.polls {
+                    "Nothing of it loads until the file is fixed; the fix is taken up on the next poll.".to_owned()
+                } else {
+                    format!("Nothing of it loads until the file is fixed; then run `baton load {model}`.")
+                };
+                tracing::warn!(model, %error, "The model's model.toml is invalid. {next}");
+            }
+            Ok(_) if self.broken_spec.remove(model) => {
+                let serving = self.app.registry.status(model).and_then(|s| s.serving);
+                tracing::info!(model, "The model's model.toml is valid again; loading what it kept from loading.");
+                self.seen.retain(|(m, v), _| m != model || serving.is_some_and(|c| *v <= c));
+            }
+            _ => {}
+        }
+    }
+
+    /// Reports version directories without a MANIFEST: once each (log,
+    /// event), and in the model's status while they last.
+    fn note_unpackaged(&mut self, model: &str) {
+        let found = self.app.registry.source().unpackaged(model);
+        let known = self.app.findings(|f| f.unpackaged.get(model).cloned().unwrap_or_default());
+        if found.iter().map(|(v, _)| v).eq(known.keys()) {
+            return;
+        }
+        let mut now = BTreeMap::new();
+        let mut new = Vec::new();
+        for (version, dir) in found {
+            if let Some(old) = known.get(&version) {
+                now.insert(version, old.clone());
+                continue;
+            }
+            let message = format!(
+                "Version directory {dir} has no MANIFEST, so it is not loaded; \
+                 run `baton package {dir}` once its files are complete."
+            );
+            new.push((version, dir.clone(), message.clone()));
+            now.insert(version, Unpackaged { dir, message });
+        }
+        // The status says it before the log and the events do.
+        self.app.find(|f| {
+            if now.is_empty() {
+                f.unpackaged.remove(model);
+            } else {
+                f.unpackaged.insert(model.to_owned(), now);
+            }
+        });
+        for (version, dir, message) in new {
+            tracing::warn!(model, version, "{message}");
+            self.app.registry.announce(model, Some(version), EventKind::Unpackaged { dir, message });
         }
     }
 

@@ -1,0 +1,372 @@
+//! What an operator is told when a model cannot serve, on the real binary.
+//!
+//! - Readiness: by default, a new model that cannot load does not take a
+//!   server that serves its other models out of its load balancer; a
+//!   server that serves nothing is not ready; `--readiness all` waits for
+//!   every model.
+//! - A `model.toml` that does not parse fails at stage `config` (not
+//!   `fetch`), says the fix is taken up, and fixing the file loads the
+//!   model without an operator's call.
+
+mod common;
+
+use baton_testkit::repo::{TestRepo, mlp_toml};
+use baton_testkit::server::eventually;
+use common::{mlp, plain_log, start};
+use serde_json::{Value, json};
+
+/// `model.toml` with a typo in a key, as an operator makes one.
+fn typo_toml() -> String {
+    mlp_toml(&mlp(1), "max_batch_sise = 8")
+}
+
+/// A repository with a model `good` that loads and a model `bad` whose
+/// `model.toml` has a typo, each with version 1.
+fn good_and_bad() -> TestRepo {
+    let repo = TestRepo::new();
+    repo.add_model("good", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("good", 1, &mlp(1));
+    repo.add_model("bad", &typo_toml());
+    repo.publish_mlp("bad", 1, &mlp(1));
+    repo
+}
+
+/// The server's event stream, read from as far as it has come.
+struct Events {
+    stream: std::net::TcpStream,
+    seen: String,
+}
+
+impl Events {
+    fn open(server: &baton_testkit::server::Server) -> Events {
+        let address = server.base().trim_start_matches("http://").to_owned();
+        let mut stream = std::net::TcpStream::connect(&address).expect("connecting");
+        common::conn::send_get(&mut stream, "/baton/v1/events");
+        stream.set_read_timeout(Some(std::time::Duration::from_millis(200))).expect("a read timeout");
+        Events { stream, seen: String::new() }
+    }
+
+    /// Reads until the stream so far contains `needle` (or a minute passed).
+    fn wait_for(&mut self, needle: &str) -> String {
+        use std::io::Read;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut buf = [0u8; 8192];
+        while !self.seen.contains(needle) {
+            assert!(std::time::Instant::now() < deadline, "no event with {needle:?} in:\n{}", self.seen);
+            match self.stream.read(&mut buf) {
+                Ok(0) => panic!("the event stream ended:\n{}", self.seen),
+                Ok(n) => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => panic!("reading events: {e}"),
+            }
+        }
+        self.seen.clone()
+    }
+}
+
+/// Waits until the model's last error is known, and returns it.
+fn last_error(server: &baton_testkit::server::Server, model: &str) -> Value {
+    eventually(&format!("{model} to report its failure"), || {
+        let status = server.get(&format!("/baton/v1/models/{model}/status"));
+        let status = (status.status == 200).then(|| status.json())?;
+        (status["busy"] == false && !status["last_error"].is_null()).then(|| status["last_error"].clone())
+    })
+}
+
+#[test]
+fn a_new_model_that_cannot_load_leaves_the_server_ready() {
+    let repo = good_and_bad();
+    let server = start(&repo, &[]);
+    server.wait_settled("good", 1);
+    last_error(&server, "bad");
+    server.wait_ready();
+    let ready = server.get("/v2/health/ready").json();
+    assert_eq!(ready["ready"], true);
+    assert!(ready["cannot_serve"]["bad"].as_str().is_some_and(|why| why.contains("model.toml")), "{ready}");
+    assert_eq!(server.get("/v2/models/bad/ready").status, 503, "the model's own readiness stays exact");
+    assert_eq!(server.get("/v2/models/good/ready").status, 200);
+    common::assert_no_panic(&server);
+}
+
+#[test]
+fn the_strict_setting_waits_for_every_model() {
+    let repo = good_and_bad();
+    let server = start(&repo, &["--readiness", "all"]);
+    server.wait_settled("good", 1);
+    last_error(&server, "bad");
+    let ready = server.get("/v2/health/ready");
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.json()["waiting_for"], json!(["bad"]));
+}
+
+#[test]
+fn a_server_that_serves_nothing_is_not_ready() {
+    let repo = TestRepo::new();
+    repo.add_model("bad", &typo_toml());
+    repo.publish_mlp("bad", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    last_error(&server, "bad");
+    let ready = server.get("/v2/health/ready");
+    assert_eq!(ready.status, 503, "{}", String::from_utf8_lossy(&ready.body));
+    assert!(ready.json()["cannot_serve"]["bad"].is_string(), "says why: {}", ready.json());
+}
+
+#[test]
+fn an_invalid_model_toml_fails_at_config_and_its_fix_is_taken_up() {
+    let repo = TestRepo::new();
+    repo.add_model("good", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("good", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("good", 1);
+    let mut events = Events::open(&server);
+    repo.add_model("bad", &typo_toml());
+    repo.publish_mlp("bad", 1, &mlp(1));
+    events.wait_for("\"stage\":\"config\"");
+    let error = last_error(&server, "bad");
+    assert_eq!(error["stage"], "config", "{error}");
+    assert_eq!(error["kind"], "config_failed", "{error}");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(!message.contains("fetch failed"), "{message}");
+    assert!(message.contains("max_batch_sise") && message.contains("line"), "names the key and where: {message}");
+    assert!(message.contains("next poll"), "says the fix will be taken up: {message}");
+    let metrics = server.metrics();
+    assert!(
+        metrics.lines().any(|l| l.contains("model=\"bad\"") && l.contains("stage=\"config\"")),
+        "the failure is counted at stage config:\n{metrics}"
+    );
+
+    // Fixing the file is noticed by the watcher: no operator's call.
+    repo.add_model("bad", &mlp_toml(&mlp(1), "max_batch_size = 8"));
+    server.wait_settled("bad", 1);
+    let log = plain_log(&server);
+    assert!(log.contains("next poll"), "the log says the fix will be taken up:\n{log}");
+}
+
+#[test]
+fn a_version_without_its_manifest_is_reported_once_with_what_to_run() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    let mut events = Events::open(&server);
+    // The files of version 2, copied in without a MANIFEST.
+    let scratch = TestRepo::new();
+    let onnx = std::fs::read(scratch.publish_mlp("x", 2, &mlp(2)).join("model.onnx")).expect("the model file");
+    let dir = repo.write_files("m", 2, &[("model.onnx", onnx.as_slice())]);
+    let dir = dir.display().to_string();
+    let hint = format!("baton package {dir}");
+    eventually("the log to name the version without a MANIFEST", || plain_log(&server).contains(&hint).then_some(()));
+    let status = server.status("m");
+    let unpackaged = &status["unpackaged"];
+    assert_eq!(unpackaged[0]["version"], 2, "{status}");
+    assert!(unpackaged[0]["message"].as_str().is_some_and(|m| m.contains(&hint)), "{status}");
+    events.wait_for("unpackaged");
+    let seen = events.wait_for(&hint);
+    assert_eq!(seen.matches("event: unpackaged").count(), 1, "one event: {seen}");
+
+    // Polls go by (version 3 is published and taken up): still one line.
+    repo.publish_mlp("m", 3, &mlp(3));
+    server.wait_settled("m", 3);
+    assert_eq!(plain_log(&server).matches(&hint).count(), 1, "logged once, not every poll");
+    assert_eq!(events.wait_for("event: unpackaged").matches("event: unpackaged").count(), 1, "one event");
+
+    // Loading it asks for `baton package`, with one stage prefix.
+    let load = server.post_json("/v2/repository/models/m/load", &json!({ "parameters": { "version": 2 } }));
+    assert_eq!(load.status, 422, "{}", String::from_utf8_lossy(&load.body));
+    let message = load.error();
+    assert!(message.contains(&hint), "{message}");
+    assert_eq!(message.matches("verify failed").count(), 1, "{message}");
+
+    // Packaged, it loads, and it is no longer reported.
+    repo.seal("m", 2);
+    let load = server.post_json("/v2/repository/models/m/load", &json!({ "parameters": { "version": 2 } }));
+    assert_eq!(load.status, 200, "{}", String::from_utf8_lossy(&load.body));
+    eventually("the version to leave the unpackaged list", || {
+        server.status("m")["unpackaged"].as_array().is_none_or(Vec::is_empty).then_some(())
+    });
+}
+
+#[test]
+fn wrong_names_list_the_right_ones() {
+    let repo = TestRepo::new();
+    for model in ["ranker", "scorer"] {
+        repo.add_model(model, &mlp_toml(&mlp(1), ""));
+        repo.publish_mlp(model, 1, &mlp(1));
+    }
+    let server = start(&repo, &[]);
+    server.wait_settled("ranker", 1);
+    server.wait_settled("scorer", 1);
+    let input = vec![0.5f32; common::SIZES[0]];
+    let body = json!({ "inputs": [{ "name": "features", "datatype": "FP32", "shape": [1, 8], "data": input }] });
+    let answer = server.post_json("/v2/models/ranker/infer", &body);
+    common::assert_error(&answer, 400, &["missing input 'input'", "features"], "a wrong input name");
+    let answer = server.post_json("/v2/models/rankr/infer", &common::request(&input, 1));
+    common::assert_error(&answer, 404, &["'rankr'", "ranker", "scorer"], "an unknown model");
+
+    use baton_protocol::grpc::pb::model_infer_request::InferInputTensor;
+    use baton_protocol::grpc::pb::{InferTensorContents, ModelInferRequest};
+    use common::grpc::{assert_status, client, runtime, within};
+    let request = |model: &str, name: &str| ModelInferRequest {
+        model_name: model.into(),
+        inputs: vec![InferInputTensor {
+            name: name.into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 8],
+            contents: Some(InferTensorContents { fp32_contents: input.clone(), ..Default::default() }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    runtime().block_on(async {
+        let mut c = client(&server).await;
+        let result = within("renamed", c.model_infer(request("ranker", "features"))).await;
+        assert_status(result, tonic::Code::InvalidArgument, &["missing input 'input'", "features"], "grpc input");
+        let result = within("unknown", c.model_infer(request("rankr", "input"))).await;
+        assert_status(result, tonic::Code::NotFound, &["'rankr'", "ranker", "scorer"], "grpc model");
+    });
+}
+
+#[test]
+fn a_refused_rollout_loads_nothing() {
+    let repo = TestRepo::new();
+    repo.add_model("ranker", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("ranker", 1, &mlp(1));
+    repo.publish_mlp("ranker", 2, &mlp(2));
+    repo.add_model("other", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("other", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("ranker", 2);
+    server.wait_settled("other", 1);
+    let mut events = Events::open(&server);
+    for body in [json!({ "version": 2 }), json!({})] {
+        let answer = server.post_json("/baton/v1/models/ranker/rollout", &body);
+        common::assert_error(&answer, 400, &["nothing to roll out"], "a rollout of the stable version");
+    }
+    // A load of another model, after both refusals: its events come after
+    // any the refusals made.
+    let load = server.post_json("/baton/v1/models/other/load", &json!({ "version": 1 }));
+    assert_eq!(load.status, 200, "{}", String::from_utf8_lossy(&load.body));
+    let seen = events.wait_for("\"model\":\"other\"");
+    let before_marker = &seen[..seen.find("\"model\":\"other\"").unwrap_or(seen.len())];
+    // A refusal shows as FAILED, then READY again; nothing LOADING.
+    let loading = before_marker.lines().filter(|l| l.contains("\"model\":\"ranker\"") && l.contains("LOADING"));
+    assert_eq!(loading.count(), 0, "the refused rollouts loaded something:\n{before_marker}");
+    assert_eq!(server.status("ranker")["serving"], 2);
+}
+
+#[test]
+fn logs_to_a_file_are_plain_with_fields_as_people_write_them() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    let log = eventually("the load's last line", || {
+        let log = server.log();
+        log.contains("Model operation finished.").then_some(log)
+    });
+    assert!(!log.contains('\u{1b}'), "no terminal colours in a file:\n{log}");
+    assert!(!log.contains("Some("), "fields in Display form:\n{log}");
+    let line = log.lines().find(|l| l.contains("Model operation finished.")).expect("the line");
+    assert!(line.contains("version=1"), "{line}");
+    let total = line.split("total_ms=").nth(1).and_then(|t| t.split_whitespace().next()).expect("total_ms");
+    let decimals = total.split('.').nth(1).map_or(0, str::len);
+    assert!(decimals <= 2 && total.parse::<f64>().is_ok(), "total_ms={total} in {line}");
+}
+
+#[test]
+fn logs_can_be_json_lines() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &["--log-format", "json"]);
+    server.wait_settled("m", 1);
+    let log = eventually("the load's last line", || {
+        let log = server.log();
+        log.contains("Model operation finished.").then_some(log)
+    });
+    let lines: Vec<Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))).collect();
+    let finished = lines.iter().find(|l| l["fields"]["message"] == "Model operation finished.").expect("the line");
+    assert_eq!(finished["fields"]["version"], 1, "{finished}");
+    assert_eq!(finished["fields"]["model"], "m", "{finished}");
+    assert!(finished["level"].is_string() && finished["timestamp"].is_string(), "{finished}");
+}
+
+/// The version an answer names in its header, and in its body.
+fn answered(server: &baton_testkit::server::Server, model: &str, key: &str) -> (String, String) {
+    let input = vec![0.25f32; common::SIZES[0]];
+    let body = serde_json::to_vec(&common::request(&input, 1)).expect("JSON");
+    let answer = server.post_raw(
+        &format!("/v2/models/{model}/infer"),
+        &body,
+        &[("content-type", "application/json"), ("baton-sticky-key", key)],
+    );
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    let header = answer.header("baton-model-version").unwrap_or_else(|| panic!("no version header")).to_owned();
+    let body = answer.json()["model_version"].as_str().unwrap_or_default().to_owned();
+    (header, body)
+}
+
+#[test]
+fn answers_name_the_version_that_answered_in_a_header() {
+    let policy = "[rollout]\ninterval_ms = 600000\nsteps = [50, 100]";
+    let repo = TestRepo::new();
+    for model in ["canary", "shadow"] {
+        repo.add_model(model, &mlp_toml(&mlp(1), policy));
+        repo.publish_mlp(model, 1, &mlp(1));
+    }
+    let server = start(&repo, &[]);
+    server.wait_settled("canary", 1);
+    server.wait_settled("shadow", 1);
+    assert_eq!(answered(&server, "canary", "k"), ("1".to_owned(), "1".to_owned()));
+
+    repo.publish_mlp("canary", 2, &mlp(2));
+    repo.publish_mlp("shadow", 2, &mlp(2));
+    server.wait_settled("canary", 2);
+    server.wait_settled("shadow", 2);
+    // Back to 1, then roll 2 out: a canary at half, a shadow.
+    for model in ["canary", "shadow"] {
+        let back = server.post_json(&format!("/baton/v1/models/{model}/rollback"), &json!({}));
+        assert_eq!(back.status, 200, "{}", String::from_utf8_lossy(&back.body));
+    }
+    let canary = server.post_json("/baton/v1/models/canary/rollout", &json!({ "version": 2 }));
+    assert_eq!(canary.status, 200, "{}", String::from_utf8_lossy(&canary.body));
+    let shadow = server.post_json("/baton/v1/models/shadow/rollout", &json!({ "version": 2, "mode": "shadow" }));
+    assert_eq!(shadow.status, 200, "{}", String::from_utf8_lossy(&shadow.body));
+
+    let mut seen = std::collections::BTreeSet::new();
+    for key in 0..64 {
+        let (header, body) = answered(&server, "canary", &format!("key-{key}"));
+        assert_eq!(header, body, "the header names the version of this very answer");
+        seen.insert(header);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["1", "2"], "both sides of the canary answered");
+    for key in 0..8 {
+        assert_eq!(answered(&server, "shadow", &format!("key-{key}")), ("1".to_owned(), "1".to_owned()));
+    }
+
+    // gRPC: the same in the response metadata.
+    use baton_protocol::grpc::pb::model_infer_request::InferInputTensor;
+    use baton_protocol::grpc::pb::{InferTensorContents, ModelInferRequest};
+    let request = |model: &str| ModelInferRequest {
+        model_name: model.into(),
+        inputs: vec![InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 8],
+            contents: Some(InferTensorContents { fp32_contents: vec![0.25; 8], ..Default::default() }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    common::grpc::runtime().block_on(async {
+        let mut c = common::grpc::client(&server).await;
+        for model in ["canary", "shadow"] {
+            let answer = common::grpc::within("infer", c.model_infer(request(model))).await.expect("an answer");
+            let header = answer.metadata().get("baton-model-version").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            assert_eq!(header.as_deref(), Some(answer.get_ref().model_version.as_str()), "{model}");
+        }
+    });
+}
