@@ -293,7 +293,10 @@ fn publishing_version_directories_fails_nothing() {
     for v in 2..=4 {
         assert!(baton_core::manifest::verify(&repo.version_dir("m", v)).is_ok(), "version {v} is not sealed");
     }
-    assert!(outcome.report["rss"].is_null(), "no --pid, no RSS");
+    // No --pid: the memory sampled is the server's own, the pid its status reports.
+    assert_eq!(outcome.report["rss"]["pid"], server.pid(), "{}", outcome.report["rss"]);
+    assert_eq!(outcome.report["config"]["pid_from"], "status");
+    assert!(outcome.report["rss"]["samples"].as_array().is_some_and(|s| s.len() > 2));
     assert!(outcome.report["stalls"].is_null(), "no --stall-probe, no probe");
 }
 
@@ -363,6 +366,10 @@ fn a_drill_against_nothing_reports_the_failures_and_exits_1() {
     assert_eq!(r["swaps"][0]["action_ok"], false);
     assert_eq!(r["verdict"]["clean"], false);
     assert!(outcome.stdout.contains("verdict: NOT clean"), "{}", outcome.stdout);
+    // Nothing there reports a pid: the drill runs without RSS and says so.
+    assert!(r["rss"].is_null(), "{}", r["rss"]);
+    assert!(outcome.stdout.contains("RSS not reported: the server does not report its pid"), "{}", outcome.stdout);
+    assert!(r["config"]["rss_not_reported"].as_str().is_some_and(|w| w.contains("give --pid")), "{}", r["config"]);
     outcome.assert_chart(1);
 }
 
