@@ -8,13 +8,24 @@ use baton_core::registry::ModelStatus;
 use serde_json::{Value, json};
 
 use crate::app::App;
+use crate::clock::add_rfc3339;
 use crate::decisions::view;
 
-/// One model's status with its decision (`null` when none is in force).
+/// One model's status with its decision (`null` when none is in force),
+/// each time in it also in RFC 3339.
 fn with_decision(app: &App, status: &ModelStatus) -> Value {
     let mut value = serde_json::to_value(status).unwrap_or_default();
     if let Some(fields) = value.as_object_mut() {
         fields.insert("decision".into(), app.decisions.get(&status.name).as_ref().map(view).into());
+    }
+    add_rfc3339(&mut value["decision"], "at");
+    add_rfc3339(&mut value["last"], "finished_at");
+    add_rfc3339(&mut value["last_error"], "at");
+    if let Some(failed) = value["failed_versions"].as_object_mut() {
+        failed.values_mut().for_each(|f| add_rfc3339(f, "at"));
+    }
+    if let Some(live) = value["live"].as_array_mut() {
+        live.iter_mut().filter_map(|v| v.get_mut("worker")).for_each(|w| add_rfc3339(w, "started_at"));
     }
     value
 }

@@ -77,7 +77,16 @@ fn status_load_and_rollback() {
     let line = stdout.lines().find(|l| l.starts_with("m ")).unwrap_or_else(|| panic!("no line for m: {stdout}"));
     let columns: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(&columns[..3], ["m", "READY", "2"], "{line}");
-    assert!(line.contains("verify failed"), "the last error is shown: {line}");
+    // The refused version has its row, and a sentence with when and why.
+    let refused =
+        stdout.lines().find(|l| l.starts_with("m ") && l.contains(" 3 ")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(refused.contains("refused at verify (verify_failed)"), "{refused}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("m: version 3 was refused at ") && l.contains("verify failed")),
+        "{stdout}"
+    );
+    // Version 2 loaded after version 3 was refused: no error is current.
+    assert!(!stdout.contains("LAST ERROR"), "{stdout}");
 
     // A load prints every stage, then its report.
     let out = baton(&["load", "m", "--version", "1", "--url", url]);

@@ -1,0 +1,200 @@
+//! The `baton` commands that report, against a running server: `status`
+//! shows each version's role (serving, kept, a rollout's candidate and
+//! twin), kind of update, memory and worker, the decision in force and
+//! until when, and takes a model and `--json`; `load`, `rollback` and
+//! `unpin` print what serves afterwards and the decision they recorded;
+//! `load` with nothing new says so instead of reloading; `list`, `unload`
+//! and `retire` do what the API does.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use baton_testkit::server::Server;
+use common::{bin, mlp, repo_with, start, text};
+use serde_json::Value;
+
+/// Windows that outlast the test: a rollout started here stays at its first step.
+const SLOW: &str = "[policy]\nkeep_previous = 1\n[rollout]\ninterval_ms = 600000\nsteps = [10, 50, 100]";
+
+/// Runs `baton args... --url <server>` to completion.
+fn baton(server: &Server, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .args(["--url", server.base()])
+        .env_remove("BATON_URL")
+        .env_remove("BATON_LOG")
+        .output()
+        .expect("running baton")
+}
+
+/// Runs a command that must succeed; returns its stdout.
+fn ok(server: &Server, args: &[&str]) -> String {
+    let out = baton(server, args);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "baton {args:?} failed: {}\n{stdout}", text(&out.stderr));
+    stdout
+}
+
+/// The row of the VERSIONS table for `model` `version` whose role starts
+/// with `role`.
+fn version_row<'a>(stdout: &'a str, model: &str, version: u64, role: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| {
+            let mut cells = l.split_whitespace();
+            cells.next() == Some(model)
+                && cells.next() == Some(&version.to_string())
+                && l.split_once(&format!(" {version} ")).is_some_and(|(_, rest)| rest.trim_start().starts_with(role))
+        })
+        .unwrap_or_else(|| panic!("no row for {model} {version} as {role}:\n{stdout}"))
+}
+
+#[test]
+fn status_shows_each_version_the_decision_in_force_and_a_rollouts_twin() {
+    let repo = repo_with("m", &[1, 2], SLOW);
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_settled("m", 2);
+
+    // A load of an older version prints the hold it records.
+    let stdout = ok(&server, &["load", "m", "--version", "1"]);
+    assert!(stdout.contains("load m: version 1 serving (was 2)"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "m: version 1 serves; held at version 1 (recorded by the load) until a version newer than 2 is published."
+        ),
+        "{stdout}"
+    );
+    server.wait_settled("m", 1);
+
+    let stdout = ok(&server, &["status", "m"]);
+    assert!(stdout.starts_with(&format!("server: ready, pid {}", server.pid())), "{stdout}");
+    let model = stdout.lines().find(|l| l.starts_with("m ")).unwrap_or_else(|| panic!("{stdout}"));
+    let cells: Vec<&str> = model.split_whitespace().collect();
+    assert_eq!(&cells[..3], ["m", "READY", "1"], "{model}");
+    assert!(model.contains("held at 1 (load)") && model.contains("load 1 in"), "{model}");
+    let serving = version_row(&stdout, "m", 1, "serving");
+    assert!(serving.contains(" MiB") && serving.contains("in the server"), "{serving}");
+    let status = server.status("m");
+    let update = status["live"][0]["update"].as_str().expect("an update kind");
+    assert!(serving.contains(update), "{serving}");
+    version_row(&stdout, "m", 2, "previous (for rollback)");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("m: held at version 1 by a load since ")
+            && l.ends_with(", until a version newer than 2 is published.")),
+        "{stdout}"
+    );
+
+    // --json prints the server's document, with RFC 3339 beside epoch seconds.
+    let json: Value = serde_json::from_str(&ok(&server, &["status", "m", "--json"])).expect("JSON");
+    assert_eq!(json["name"], "m");
+    assert_eq!(json["decision"]["kind"], "load");
+    let at = json["decision"]["at_rfc3339"].as_str().expect("the decision's time in RFC 3339");
+    assert!(at.ends_with('Z') && at.contains('T'), "{at}");
+    assert!(json["last"]["finished_at_rfc3339"].is_string(), "{json}");
+    let all: Value = serde_json::from_str(&ok(&server, &["status", "--json"])).expect("JSON");
+    assert_eq!(all["pid"], server.pid());
+
+    // An unknown model is refused with the models there are.
+    let out = baton(&server, &["status", "nope"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("no model 'nope'; it has: m"), "{}", text(&out.stderr));
+
+    // Back to the newest, which clears the hold.
+    let stdout = ok(&server, &["load", "m"]);
+    assert!(stdout.contains("load m: version 2 serving (was 1)"), "{stdout}");
+    assert!(stdout.contains("m: version 2 serves; it follows the repository's newest version."), "{stdout}");
+    server.wait_settled("m", 2);
+    // Nothing new: nothing loads, and it says so.
+    let before = server.status("m")["last"].clone();
+    let stdout = ok(&server, &["load", "m"]);
+    assert!(stdout.contains("model 'm' already serves version 2, the repository's newest"), "{stdout}");
+    assert_eq!(server.status("m")["last"], before, "nothing was loaded");
+    // Unless forced.
+    let stdout = ok(&server, &["load", "m", "--force"]);
+    assert!(stdout.contains("load m: version 2 serving (was 2)"), "{stdout}");
+    assert_ne!(server.status("m")["last"], before);
+    server.wait_settled("m", 2);
+
+    // A rollout: its candidate and the stable version's twin are named.
+    repo.publish_mlp("m", 3, &mlp(3));
+    ok(&server, &["rollout", "start", "m", "--version", "3"]);
+    let stdout = ok(&server, &["status"]);
+    let model = stdout.lines().find(|l| l.starts_with("m ")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(model.contains("canary of 3 running, 10% (step 1/3)"), "{model}");
+    version_row(&stdout, "m", 2, "serving");
+    version_row(&stdout, "m", 3, "rollout candidate, 10% of requests");
+    let twin = version_row(&stdout, "m", 2, "twin of the stable version");
+    assert!(twin.contains(" MiB"), "{twin}");
+    ok(&server, &["rollout", "abort", "m"]);
+    common::assert_no_panic(&server);
+}
+
+#[test]
+fn rollback_pin_and_unpin_say_what_serves_and_unpin_warns_of_the_return_to_the_newest() {
+    let repo = repo_with("m", &[1], SLOW);
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_settled("m", 1);
+    repo.publish_mlp("m", 2, &mlp(2));
+    ok(&server, &["load", "m"]);
+    server.wait_settled("m", 2);
+
+    let stdout = ok(&server, &["rollback", "m"]);
+    assert!(stdout.contains("rollback m: version 1 serving (was 2)"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "m: version 1 serves; held at version 1 (recorded by the rollback) until a version newer than 2 is published."
+        ),
+        "{stdout}"
+    );
+    server.wait_settled("m", 1);
+    let stdout = ok(&server, &["pin", "m", "1"]);
+    assert!(stdout.contains("m: version 1 serving; pin of version 1 until unpinned"), "{stdout}");
+    let stdout = ok(&server, &["unpin", "m"]);
+    assert!(stdout.contains("m: version 2 serving"), "{stdout}");
+    assert!(stdout.contains("WARNING: m went back to its newest version, 2, in place of 1"), "{stdout}");
+    assert!(stdout.contains("To keep 1: baton pin m 1."), "{stdout}");
+    server.wait_settled("m", 2);
+    // Unpinning again changes nothing, and warns of nothing.
+    let stdout = ok(&server, &["unpin", "m"]);
+    assert!(!stdout.contains("WARNING"), "{stdout}");
+    let json: Value = serde_json::from_str(&ok(&server, &["unpin", "m", "--json"])).expect("JSON");
+    assert_eq!(json["serving"], 2);
+}
+
+#[test]
+fn list_retire_and_unload() {
+    let repo = repo_with("m", &[1, 2], "[policy]\nkeep_previous = 1");
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_settled("m", 2);
+    ok(&server, &["load", "m", "--version", "1"]);
+    server.wait_settled("m", 1);
+    ok(&server, &["load", "m"]);
+    server.wait_settled("m", 2);
+
+    let stdout = ok(&server, &["list"]);
+    assert!(stdout.starts_with("MODEL"), "{stdout}");
+    let rows: Vec<Vec<&str>> = stdout.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    assert!(rows.iter().any(|r| r[..3] == ["m", "2", "READY"]), "{stdout}");
+    assert!(rows.iter().any(|r| r[..2] == ["m", "1"]), "{stdout}");
+    let json: Value = serde_json::from_str(&ok(&server, &["list", "--json"])).expect("JSON");
+    assert!(json.as_array().is_some_and(|rows| rows.iter().any(|r| r["name"] == "m" && r["version"] == "2")));
+
+    assert_eq!(server.status("m")["previous"], serde_json::json!([1]));
+    let stdout = ok(&server, &["retire", "m", "1"]);
+    assert!(stdout.contains("retire m: version 1 freed"), "{stdout}");
+    assert_eq!(server.status("m")["previous"], serde_json::json!([]));
+    let out = baton(&server, &["retire", "m", "1"]);
+    assert!(!out.status.success(), "retiring a version not kept must fail");
+
+    let stdout = ok(&server, &["unload", "m"]);
+    assert!(stdout.contains("unload m: version 2 left service"), "{stdout}");
+    assert!(
+        stdout.contains("m: no version serves; kept unloaded until a version newer than 2 is published."),
+        "{stdout}"
+    );
+    assert!(server.status("m")["serving"].is_null());
+    let stdout = ok(&server, &["unload", "m"]);
+    assert!(stdout.contains("m was not loaded: nothing to unload."), "{stdout}");
+    common::assert_no_panic(&server);
+}
