@@ -198,3 +198,25 @@ fn list_retire_and_unload() {
     assert!(stdout.contains("m was not loaded: nothing to unload."), "{stdout}");
     common::assert_no_panic(&server);
 }
+
+#[test]
+fn durations_are_spelled_with_units_and_the_old_flags_still_work() {
+    let repo = repo_with("m", &[1], "");
+    // The older spellings: the poll in milliseconds, bare seconds.
+    let old = start(&repo, &["--poll-ms", "20", "--shutdown-delay", "0", "--shutdown-timeout", "5"]);
+    old.wait_settled("m", 1);
+    drop(old);
+    let server = start(&repo, &["--poll", "20ms", "--shutdown-delay", "0s", "--shutdown-timeout", "5s"]);
+    server.wait_settled("m", 1);
+    repo.publish_mlp("m", 2, &mlp(2));
+    server.wait_settled("m", 2);
+
+    let (status, stderr) = common::refused_start(&repo, &["--poll", "soon"]);
+    assert!(!status.success());
+    assert!(stderr.contains("'soon' is not a duration (e.g. 250ms, 2s, 1m)"), "{stderr}");
+    let out = baton(&server, &["upgrade", "--timeout", "500ms"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("--timeout is whole seconds from 1s to 24h"), "{}", text(&out.stderr));
+    let out = baton(&server, &["upgrade", "--timeout", "2d"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("not a duration"), "{}", text(&out.stderr));
+}
