@@ -183,8 +183,9 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
-    /// Start a rollout (`baton rollout MODEL [--version N] ...`), or show, pause, resume, promote or abort one
-    /// (`baton rollout status|pause|resume|promote|abort MODEL`).
+    /// Start, show, pause, resume, promote or abort a rollout (`baton
+    /// rollout start|status|pause|resume|promote|abort MODEL`); `baton
+    /// rollout MODEL [--version N] ...` starts one too.
     Rollout(Box<cli::RolloutArgs>),
     /// A fleet of replicas over etcd: its status, and rollouts across it.
     Fleet(Box<cli::FleetArgs>),
@@ -300,5 +301,15 @@ pub fn main() -> ExitCode {
             eprintln!("baton: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -26,20 +26,21 @@ pub use operations::{load, pin, retire, rollback, unload, unpin};
 pub use rollout::{RolloutArgs, run as rollout};
 use serde_json::{Value, json};
 
-/// Options every client command takes.
+/// Options every client command takes (global: a command with
+/// subcommands, `rollout`, takes them before or after its action).
 #[derive(clap::Args, Debug)]
 pub struct Target {
     /// The server's REST address.
-    #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000")]
+    #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000", global = true)]
     pub url: String,
     /// The REST address of the server's admin listener (`baton serve
     /// --admin-http`), where `load`, `rollback`, `pin`, `unpin` and the
     /// rollout operations go; without it, --url.
-    #[arg(long, env = "BATON_ADMIN_URL")]
+    #[arg(long, env = "BATON_ADMIN_URL", global = true)]
     pub admin_url: Option<String>,
     /// A file holding the admin token (the server's --admin-token-file).
     /// Without it, the token in BATON_TOKEN, if set.
-    #[arg(long, env = "BATON_TOKEN_FILE", value_name = "PATH")]
+    #[arg(long, env = "BATON_TOKEN_FILE", value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
 }
 
