@@ -61,6 +61,9 @@ enum Command {
         /// as sha256sum prints it). baton reads both.
         #[arg(long, value_name = "1|2", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
         manifest_format: u32,
+        /// Print what was written as JSON (`manifest`, `files`, `bytes`, `format`).
+        #[arg(long)]
+        json: bool,
     },
     /// Show each model's state and decision, and each version's role,
     /// kind of update, memory and worker (one model's with MODEL).
@@ -207,7 +210,7 @@ enum Command {
     },
 }
 
-fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: u32) -> anyhow::Result<()> {
+fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: u32, json: bool) -> anyhow::Result<()> {
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
     let format = baton_core::manifest::Format::from_number(format)
         .ok_or_else(|| anyhow::anyhow!("there is no MANIFEST format {format}: 1 or 2"))?;
@@ -216,6 +219,16 @@ fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: 
     }
     let manifest =
         baton_core::manifest::write_as(dir, format).with_context(|| format!("packaging {}", dir.display()))?;
+    if json {
+        let written = serde_json::json!({
+            "manifest": dir.join(baton_core::manifest::MANIFEST),
+            "files": manifest.entries.len(),
+            "bytes": manifest.total_bytes(),
+            "format": format.number(),
+        });
+        println!("{written}");
+        return Ok(());
+    }
     println!(
         "Wrote {} listing {} files, {} bytes.",
         dir.join(baton_core::manifest::MANIFEST).display(),
@@ -278,7 +291,9 @@ pub fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Package { dir, graph_from, manifest_format } => package(&dir, graph_from.as_deref(), manifest_format),
+        Command::Package { dir, graph_from, manifest_format, json } => {
+            package(&dir, graph_from.as_deref(), manifest_format, json)
+        }
         Command::Status { model, json, target } => cli::status(&target, model.as_deref(), json),
         Command::List { json, target } => cli::list(&target, json),
         Command::Load { name, version, force, json, target } => cli::load(&target, &name, version, force, json),

@@ -24,6 +24,13 @@ fn with_decision(app: &App, status: &ModelStatus) -> Value {
     if let Some(failed) = value["failed_versions"].as_object_mut() {
         failed.values_mut().for_each(|f| add_rfc3339(f, "at"));
     }
+    if let Some(decisions) = value["rollout"]["decisions"].as_array_mut() {
+        for decision in decisions.iter_mut() {
+            if let Some(ms) = decision["at_ms"].as_u64() {
+                decision["at_rfc3339"] = crate::clock::rfc3339(ms as f64 / 1000.0).into();
+            }
+        }
+    }
     if let Some(live) = value["live"].as_array_mut() {
         live.iter_mut().filter_map(|v| v.get_mut("worker")).for_each(|w| add_rfc3339(w, "started_at"));
     }

@@ -41,6 +41,10 @@ fn package_writes_a_manifest_the_server_accepts() {
     let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("a MANIFEST");
     assert!(manifest.starts_with("baton-manifest 2\n") && manifest.trim_end().ends_with("end 2"), "{manifest}");
     // Format 1, as sha256sum prints each file's digest, on request.
+    let out = baton(&["package", "--json", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "baton package --json failed: {}", text(&out.stderr));
+    let written: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!((written["files"].as_u64(), written["format"].as_u64()), (Some(2), Some(2)), "{written}");
     let out = baton(&["package", "--manifest-format", "1", dir.to_str().unwrap()]);
     assert!(out.status.success(), "baton package failed: {}", text(&out.stderr));
     let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("a MANIFEST");
@@ -193,6 +197,9 @@ fn events_prints_a_load_as_it_happens_and_ends_with_the_server() {
         ["LOADING -> WARMING", "WARMING -> SWAPPING", "SWAPPING -> DRAINING", "DRAINING -> READY"],
         "{seen:#?}"
     );
+    // Each line starts with the local time of day, to the millisecond.
+    let time = seen.last().and_then(|l| l.split(' ').next()).unwrap_or_default();
+    assert!(time.len() == 12 && time.as_bytes()[2] == b':' && time.as_bytes()[8] == b'.', "{seen:#?}");
     let last = transitions.last().copied().unwrap_or_default();
     for stage in ["fetch", "verify", "load", "validate", "warmup", "commit"] {
         assert!(last.contains(&format!("{stage} ")), "the READY line lists the stage {stage}: {last}");

@@ -177,3 +177,32 @@ fn freed(event: &Value) -> String {
     text.push_str(&format!("; the server holds {} beyond its live versions", mib(bytes("unaccounted"))));
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_free_reads_in_mib_with_what_came_back_and_what_stayed() {
+        let event = json!({
+            "event": "unloaded", "model": "ranker", "version": 1, "at": 1_796_649_909.25,
+            "held": 12_897_484, "returned": 12_582_912, "residual": -45_056, "unaccounted": 46_440_448,
+        });
+        let line = event_line(&event);
+        let time = line.split(' ').next().unwrap();
+        assert_eq!(Some(time.to_owned()), crate::clock::local_time_of_day(1_796_649_909.25), "{line}");
+        assert!(
+            line.ends_with(
+                " ranker v1 freed: it held 12.3 MiB; 12.0 MiB came back to the system; nothing left behind; \
+                 the server holds 44.3 MiB beyond its live versions"
+            ),
+            "{line}"
+        );
+        let grew = json!({ "event": "unloaded", "held": 0, "returned": 0, "residual": 3_145_728, "unaccounted": 0,
+                           "twin": true, "worker": { "pid": 42 } });
+        let line = event_line(&grew);
+        assert!(line.contains("freed: its rollout twin held 0.0 MiB; 0.0 MiB came back to the system (worker process 42); +3.0 MiB left behind since the last free"), "{line}");
+    }
+}
