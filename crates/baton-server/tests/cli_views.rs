@@ -220,3 +220,18 @@ fn durations_are_spelled_with_units_and_the_old_flags_still_work() {
     let out = baton(&server, &["upgrade", "--timeout", "2d"]);
     assert!(!out.status.success() && text(&out.stderr).contains("not a duration"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn status_names_the_worker_process_a_version_runs_in() {
+    let repo = repo_with("w", &[1], "[engine]\nisolation = \"process\"\nsessions = 1\n");
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_settled("w", 1);
+    let workers = common::children_of(server.pid(), "worker");
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    let stdout = ok(&server, &["status", "w"]);
+    let row = version_row(&stdout, "w", 1, "serving");
+    assert!(row.contains(&format!("pid {}, ", workers[0])) && row.ends_with(" MiB resident"), "{row}");
+    assert!(row.contains(" runtime "), "a version in a worker is a runtime update: {row}");
+    let json: Value = serde_json::from_str(&ok(&server, &["status", "w", "--json"])).expect("JSON");
+    assert!(json["live"][0]["worker"]["started_at_rfc3339"].as_str().is_some_and(|t| t.ends_with('Z')), "{json}");
+}
