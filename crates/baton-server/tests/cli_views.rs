@@ -79,6 +79,11 @@ fn status_shows_each_version_the_decision_in_force_and_a_rollouts_twin() {
     let update = status["live"][0]["update"].as_str().expect("an update kind");
     assert!(serving.contains(update), "{serving}");
     version_row(&stdout, "m", 2, "previous (for rollback)");
+    // One model's view says what each stage of its last load took.
+    let stages = stdout.lines().find(|l| l.starts_with("m: last load 1 in ")).unwrap_or_else(|| panic!("{stdout}"));
+    for stage in ["fetch", "verify", "load", "validate", "warmup", "commit", "drain"] {
+        assert!(stages.contains(&format!("{stage} ")), "{stages}");
+    }
     assert!(
         stdout.lines().any(|l| l.starts_with("m: held at version 1 by a load since ")
             && l.ends_with(", until a version newer than 2 is published.")),

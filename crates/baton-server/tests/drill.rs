@@ -373,6 +373,33 @@ fn a_drill_against_nothing_reports_the_failures_and_exits_1() {
     outcome.assert_chart(1);
 }
 
+/// A server that is not baton (Python's own HTTP server, which answers 404
+/// to baton's status and 501 to every POST): the drill runs, without RSS,
+/// and says why.
+#[test]
+fn a_drill_against_a_server_that_is_not_baton_runs_without_rss_and_says_why() {
+    let mut python = Command::new("python3")
+        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting python3 -m http.server");
+    let mut first = String::new();
+    let stdout = python.stdout.take().expect("piped stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first).expect("its first line");
+    let _python = common::Reaper(Some(python));
+    let port = first.split(" port ").nth(1).and_then(|r| r.split_whitespace().next()).expect("a port");
+    let url = format!("http://127.0.0.1:{port}");
+    let outcome = drill(&url, &[&TWO[..], &["--input", "input:FP32:1,8", "--swaps", "0", "--duration", "1s"]].concat());
+    assert_eq!(outcome.status.code(), Some(1), "{}", outcome.context());
+    assert!(outcome.report["rss"].is_null(), "{}", outcome.report["rss"]);
+    let said =
+        format!("RSS not reported: the server does not report its pid (GET {url}/baton/v1/status answered HTTP 404");
+    assert!(outcome.stdout.contains(&said) && outcome.stdout.contains("give --pid."), "{}", outcome.context());
+    assert!(outcome.stderr.contains(&said), "{}", outcome.context());
+}
+
 #[test]
 fn a_drill_that_cannot_start_says_why_and_exits_2() {
     let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();

@@ -21,7 +21,8 @@ pub(super) fn ms(v: &Value) -> String {
     v.as_f64().map(|ms| format!("{ms:.1} ms")).unwrap_or_else(|| "-".into())
 }
 
-fn stage_list(stages: &Value) -> String {
+/// "fetch 0.4 ms, verify 0.5 ms, …".
+pub(super) fn stage_list(stages: &Value) -> String {
     stages
         .as_array()
         .map(|s| {

@@ -49,7 +49,18 @@ pub fn view(status: &Value, only: Option<&str>) -> String {
         rows.extend(versions(m));
     }
     out.push_str(&table(&rows));
-    let notes: Vec<String> = models.iter().flat_map(|m| notes(m)).collect();
+    let mut notes: Vec<String> = models.iter().flat_map(|m| notes(m)).collect();
+    // One model: what each stage of its last operation took.
+    if let (Some(_), [m]) = (only, models.as_slice())
+        && !m["last"].is_null()
+    {
+        notes.push(format!(
+            "{}: last {}: {}",
+            text(&m["name"]),
+            last_operation(&m["last"]),
+            super::render::stage_list(&m["last"]["stages"])
+        ));
+    }
     if !notes.is_empty() {
         out.push('\n');
         for note in notes {
