@@ -18,20 +18,23 @@ fn with_decision(app: &App, status: &ModelStatus) -> Value {
     if let Some(fields) = value.as_object_mut() {
         fields.insert("decision".into(), app.decisions.get(&status.name).as_ref().map(view).into());
     }
-    add_rfc3339(&mut value["decision"], "at");
-    add_rfc3339(&mut value["last"], "finished_at");
-    add_rfc3339(&mut value["last_error"], "at");
-    if let Some(failed) = value["failed_versions"].as_object_mut() {
+    for (key, time) in [("decision", "at"), ("last", "finished_at"), ("last_error", "at")] {
+        if let Some(part) = value.get_mut(key) {
+            add_rfc3339(part, time);
+        }
+    }
+    if let Some(failed) = value.get_mut("failed_versions").and_then(Value::as_object_mut) {
         failed.values_mut().for_each(|f| add_rfc3339(f, "at"));
     }
-    if let Some(decisions) = value["rollout"]["decisions"].as_array_mut() {
+    // `pointer_mut`, not indexing: indexing a `null` rollout would make it an object.
+    if let Some(decisions) = value.pointer_mut("/rollout/decisions").and_then(Value::as_array_mut) {
         for decision in decisions.iter_mut() {
             if let Some(ms) = decision["at_ms"].as_u64() {
                 decision["at_rfc3339"] = crate::clock::rfc3339(ms as f64 / 1000.0).into();
             }
         }
     }
-    if let Some(live) = value["live"].as_array_mut() {
+    if let Some(live) = value.get_mut("live").and_then(Value::as_array_mut) {
         live.iter_mut().filter_map(|v| v.get_mut("worker")).for_each(|w| add_rfc3339(w, "started_at"));
     }
     value

@@ -97,6 +97,7 @@ fn status_shows_each_version_the_decision_in_force_and_a_rollouts_twin() {
     let at = json["decision"]["at_rfc3339"].as_str().expect("the decision's time in RFC 3339");
     assert!(at.ends_with('Z') && at.contains('T'), "{at}");
     assert!(json["last"]["finished_at_rfc3339"].is_string(), "{json}");
+    assert!(json["rollout"].is_null() && json["last_error"].is_null(), "no rollout, no error, stay null: {json}");
     let all: Value = serde_json::from_str(&ok(&server, &["status", "--json"])).expect("JSON");
     assert_eq!(all["pid"], server.pid());
 
