@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_testkit::server::PATIENCE;
+use baton_testkit::server::{PATIENCE, eventually};
 use common::{Reaper, bin, repo_with, start};
 use serde_json::Value;
 
@@ -53,6 +53,9 @@ fn the_readme_walkthrough_runs_as_written_beside_a_second_server() {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let (demo, address) = demo_server(dir.path());
     let demo_pid = demo.0.as_ref().expect("the demo server").id();
+    // The walkthrough begins once the demo serves, as a reader's would.
+    let client = baton_testkit::server::Client::new(&format!("http://{address}"));
+    eventually("the demo to serve ranker", || (client.get("/v2/models/ranker/ready").status == 200).then_some(()));
     // A second baton server on the same host: `pgrep -f 'baton serve'`
     // finds two, and every command must still reach the right one.
     let other_repo = repo_with("other", &[1], "");
