@@ -241,3 +241,47 @@ fn status_names_the_worker_process_a_version_runs_in() {
     let json: Value = serde_json::from_str(&ok(&server, &["status", "w", "--json"])).expect("JSON");
     assert!(json["live"][0]["worker"]["started_at_rfc3339"].as_str().is_some_and(|t| t.ends_with('Z')), "{json}");
 }
+
+#[test]
+fn events_in_json_carry_their_time_in_rfc3339() {
+    use std::io::BufRead;
+    let repo = repo_with("m", &[1], "");
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_settled("m", 1);
+    let child = Command::new(bin())
+        .args(["events", "--json", "--url", server.base()])
+        .env_remove("BATON_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting baton events");
+    let mut events = common::Reaper(Some(child));
+    let stdout = events.0.as_mut().and_then(|c| c.stdout.take()).expect("piped stdout");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // The stream may not be open yet: reload until a finished load shows up.
+    let finished = (0..60)
+        .find_map(|_| {
+            ok(&server, &["load", "m", "--force"]);
+            server.wait_settled("m", 1);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+                let event: Value = serde_json::from_str(&line).expect("one JSON event a line");
+                if event["event"] == "finished" {
+                    return Some(event);
+                }
+            }
+            None
+        })
+        .expect("baton events --json printed no finished load");
+    let at = finished["at_rfc3339"].as_str().unwrap_or_else(|| panic!("{finished}"));
+    assert!(at.ends_with('Z') && at.len() == "2026-12-07T13:25:09.250Z".len(), "{at}");
+    assert!(finished["at"].as_f64().is_some(), "the epoch seconds stay: {finished}");
+    assert!(finished["report"]["finished_at"].as_f64().is_some(), "{finished}");
+}
