@@ -20,6 +20,23 @@ pub fn view(status: &Value, only: Option<&str>) -> String {
         version(&status["pid"]),
         status["version"].as_str().unwrap_or("?"),
     );
+    if let Some(store) = status.get("store").filter(|s| !s.is_null()) {
+        out.push_str(&match store["ok"].as_bool() {
+            Some(true) => "store: answers\n".to_owned(),
+            _ => format!(
+                "store: FAILING ({}){}\n",
+                text(&store["kind"]),
+                store["message"].as_str().map(|m| format!(": {m}")).unwrap_or_default()
+            ),
+        });
+    }
+    if let Some(cluster) = status.get("cluster").filter(|c| !c.is_null()) {
+        let connected = cluster["connected"].as_bool() == Some(true);
+        out.push_str(if connected { "fleet: connected\n" } else { "fleet: NOT connected\n" });
+    }
+    if status.get("store").is_some_and(|s| !s.is_null()) || status.get("cluster").is_some_and(|c| !c.is_null()) {
+        out.push('\n');
+    }
     let models: Vec<&Value> = status["models"]
         .as_array()
         .into_iter()
@@ -232,4 +249,105 @@ fn current_error(m: &Value) -> Option<&Value> {
     let superseded = m["last"]["finished_at"].as_f64().is_some_and(|done| done >= at);
     let said = error["version"].as_u64().is_some_and(|v| !m["failed_versions"][v.to_string()].is_null());
     (!superseded && !said).then_some(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn model(extra: Value) -> Value {
+        let mut m = json!({
+            "name": "ranker", "state": "READY", "serving": 2, "previous": [1], "decision": null, "rollout": null,
+            "last": { "operation": "load", "version": 2, "total": 28.2, "finished_at": 100.0, "stages": [] },
+            "last_error": null, "failed_versions": {},
+            "live": [
+                { "version": 1, "bytes_held": 1_048_576, "update": "graph", "alive": true },
+                { "version": 2, "bytes_held": 2_097_152, "update": "weights", "alive": true,
+                  "worker": { "pid": 77, "rss": 10_485_760 } },
+            ],
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        m
+    }
+
+    fn render(m: Value) -> String {
+        view(&json!({ "ready": true, "pid": 9, "version": "0.1.0", "models": [m] }), None)
+    }
+
+    #[test]
+    fn versions_have_their_role_memory_and_worker() {
+        let text = render(model(json!({})));
+        assert!(text.contains("ranker  1        previous (for rollback)  graph    1.0 MiB  in the server"), "{text}");
+        assert!(
+            text.contains("ranker  2        serving                  weights  2.0 MiB  pid 77, 10.0 MiB resident"),
+            "{text}"
+        );
+        assert!(!text.contains("LAST ERROR"), "{text}");
+    }
+
+    #[test]
+    fn a_rollout_names_its_candidate_and_the_stable_versions_twin() {
+        let text = render(model(json!({
+            "live": [
+                { "version": 2, "bytes_held": 0, "update": "graph", "alive": true },
+                { "version": 2, "bytes_held": 0, "update": "graph", "alive": true, "twin": true },
+                { "version": 3, "bytes_held": 0, "update": "graph", "alive": true },
+            ],
+            "rollout": { "phase": "running", "mode": "canary", "candidate": 3, "stable": 2, "weight_percent": 25.0,
+                         "step": 1, "plan": { "steps": [1000, 2500, 10000] } },
+        })));
+        assert!(text.contains("canary of 3 running, 25% (step 2/3)"), "{text}");
+        assert!(
+            text.contains("ranker  2        twin of the stable version (runs the rollout's paired copies)"),
+            "{text}"
+        );
+        assert!(text.contains("ranker  3        rollout candidate, 25% of requests"), "{text}");
+    }
+
+    #[test]
+    fn an_error_is_current_until_an_operation_goes_through_after_it() {
+        let error = json!({ "operation": "rollback", "version": null, "kind": "no_previous", "message": "no previous version", "at": 200.0 });
+        let text = render(model(json!({ "last_error": error })));
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("ranker: LAST ERROR at ")
+                    && l.ends_with(": rollback failed: no previous version")),
+            "{text}"
+        );
+        let superseded = model(
+            json!({ "last_error": error, "last": { "operation": "load", "version": 2, "total": 1.0, "finished_at": 300.0 } }),
+        );
+        assert!(!render(superseded).contains("LAST ERROR"));
+        // A refused version's error is said with that version.
+        let refused = json!({ "operation": "load", "version": 3, "stage": "verify", "kind": "verify_failed", "message": "verify failed: digest", "at": 200.0 });
+        let text = render(model(json!({ "last_error": refused, "failed_versions": { "3": refused } })));
+        assert!(text.contains("ranker  3        refused at verify (verify_failed)"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("ranker: version 3 was refused at ") && l.ends_with("verify failed: digest")),
+            "{text}"
+        );
+        assert!(!text.contains("LAST ERROR"), "{text}");
+    }
+
+    #[test]
+    fn decisions_and_the_store_are_said() {
+        let decision = json!({ "kind": "rollback", "version": 1, "at": 100, "holds": "until a version newer than 2 is published" });
+        let mut status =
+            json!({ "ready": true, "pid": 9, "version": "0.1.0", "models": [model(json!({ "decision": decision }))] });
+        status["store"] = json!({ "ok": false, "kind": "store_unavailable", "message": "connection refused" });
+        let text = view(&status, Some("ranker"));
+        assert!(text.contains("store: FAILING (store_unavailable): connection refused"), "{text}");
+        assert!(text.contains("held at 1 (rollback)"), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("ranker: held at version 1 by a rollback since ")
+                && l.ends_with(", until a version newer than 2 is published.")),
+            "{text}"
+        );
+        assert!(text.contains("ranker: last load 2 in 28.2 ms"), "{text}");
+    }
 }
