@@ -26,18 +26,25 @@ fn with_decision(app: &App, status: &ModelStatus) -> Value {
     if let Some(failed) = value.get_mut("failed_versions").and_then(Value::as_object_mut) {
         failed.values_mut().for_each(|f| add_rfc3339(f, "at"));
     }
-    // `pointer_mut`, not indexing: indexing a `null` rollout would make it an object.
-    if let Some(decisions) = value.pointer_mut("/rollout/decisions").and_then(Value::as_array_mut) {
-        for decision in decisions.iter_mut() {
-            if let Some(ms) = decision["at_ms"].as_u64() {
-                decision["at_rfc3339"] = crate::clock::rfc3339(ms as f64 / 1000.0).into();
-            }
-        }
+    if let Some(rollout) = value.get_mut("rollout") {
+        add_rollout_times(rollout);
     }
     if let Some(live) = value.get_mut("live").and_then(Value::as_array_mut) {
         live.iter_mut().filter_map(|v| v.get_mut("worker")).for_each(|w| add_rfc3339(w, "started_at"));
     }
     value
+}
+
+/// Beside each decision's `at_ms` in a rollout's document (or `null`),
+/// puts `at_rfc3339`.
+pub fn add_rollout_times(rollout: &mut Value) {
+    // `get_mut`, not indexing: indexing a `null` rollout would make it an object.
+    let decisions = rollout.get_mut("decisions").and_then(Value::as_array_mut);
+    for decision in decisions.into_iter().flatten() {
+        if let Some(ms) = decision.get("at_ms").and_then(Value::as_u64) {
+            decision["at_rfc3339"] = crate::clock::rfc3339(ms as f64 / 1000.0).into();
+        }
+    }
 }
 
 /// The status of a model the registry has not touched since start, but

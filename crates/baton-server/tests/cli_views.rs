@@ -132,7 +132,9 @@ fn status_shows_each_version_the_decision_in_force_and_a_rollouts_twin() {
     version_row(&stdout, "m", 3, "rollout candidate, 10% of requests");
     let twin = version_row(&stdout, "m", 2, "twin of the stable version");
     assert!(twin.contains(" MiB"), "{twin}");
-    ok(&server, &["rollout", "abort", "m"]);
+    let json: Value = serde_json::from_str(&ok(&server, &["rollout", "abort", "m", "--json"])).expect("JSON");
+    let decisions = json["rollout"]["decisions"].as_array().expect("the rollout's decisions");
+    assert!(decisions.iter().all(|d| d["at_rfc3339"].as_str().is_some_and(|t| t.ends_with('Z'))), "{json}");
     common::assert_no_panic(&server);
 }
 
