@@ -214,7 +214,8 @@ fn durations_are_spelled_with_units_and_the_old_flags_still_work() {
     let old = start(&repo, &["--poll-ms", "20", "--shutdown-delay", "0", "--shutdown-timeout", "5"]);
     old.wait_settled("m", 1);
     drop(old);
-    let server = start(&repo, &["--poll", "20ms", "--shutdown-delay", "0s", "--shutdown-timeout", "5s"]);
+    let server =
+        start(&repo, &["--poll", "20ms", "--shutdown-delay", "0s", "--shutdown-timeout", "5s", "--idle-timeout", "2m"]);
     server.wait_settled("m", 1);
     repo.publish_mlp("m", 2, &mlp(2));
     server.wait_settled("m", 2);
@@ -222,6 +223,9 @@ fn durations_are_spelled_with_units_and_the_old_flags_still_work() {
     let (status, stderr) = common::refused_start(&repo, &["--poll", "soon"]);
     assert!(!status.success());
     assert!(stderr.contains("'soon' is not a duration (e.g. 250ms, 2s, 1m)"), "{stderr}");
+    // The timeouts that never took a bare number still refuse one.
+    let (_, stderr) = common::refused_start(&repo, &["--request-timeout", "30"]);
+    assert!(stderr.contains("'30' needs a unit, ms, s or m"), "{stderr}");
     let out = baton(&server, &["upgrade", "--timeout", "500ms"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("--timeout is whole seconds from 1s to 24h"), "{}", text(&out.stderr));

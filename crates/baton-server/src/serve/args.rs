@@ -248,20 +248,18 @@ pub fn parse_positive_timeout(text: &str) -> Result<Timeout, String> {
 /// parse time rather than overflowing a deadline later.
 pub const LONGEST_TIMEOUT: Duration = Duration::from_secs(86_400);
 
-/// Parses a timeout: a number with `ms` or `s`, at most a day; zero (`0`,
-/// `0s`, `0ms`) for none.
+/// Parses a timeout: a number with `ms`, `s` or `m` (the spelling of
+/// every duration flag), at most a day; zero (`0`, `0s`, `0ms`) for none.
+/// A bare number other than 0 is refused: these flags never took one.
 pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
     let text = text.trim();
     if text == "0" {
         return Ok(Timeout(None));
     }
-    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a timeout"))?;
-    let timeout = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        _ => return Err(format!("'{text}' needs a unit, ms or s (or is 0 for none)")),
-    };
+    if !text.ends_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err(format!("'{text}' needs a unit, ms, s or m (or is 0 for none)"));
+    }
+    let timeout = parse_duration(text)?;
     if timeout > LONGEST_TIMEOUT {
         return Err(format!("'{text}' is longer than a day (86400s), the longest timeout taken"));
     }
