@@ -34,8 +34,8 @@ pub struct Target {
     #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000", global = true)]
     pub url: String,
     /// The REST address of the server's admin listener (`baton serve
-    /// --admin-http`), where `load`, `rollback`, `pin`, `unpin` and the
-    /// rollout operations go; without it, --url.
+    /// --admin-http`), where `load`, `rollback`, `pin`, `unpin`, `unload`,
+    /// `retire`, `upgrade` and the rollout operations go; without it, --url.
     #[arg(long, env = "BATON_ADMIN_URL", global = true)]
     pub admin_url: Option<String>,
     /// A file holding the admin token (the server's --admin-token-file).
