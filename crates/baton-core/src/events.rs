@@ -204,6 +204,9 @@ pub struct LoadReport {
     /// nothing paused.
     #[serde(rename = "paused_ms", serialize_with = "ser_opt_ms")]
     pub paused: Option<Duration>,
+    /// When it finished (its drain ended), in seconds since the Unix epoch.
+    #[serde(serialize_with = "ser_time")]
+    pub finished_at: SystemTime,
 }
 
 impl LoadReport {
@@ -228,7 +231,7 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-fn ser_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn ser_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     s.serialize_f64(since.as_secs_f64())
 }

@@ -182,7 +182,9 @@ pub struct DrillArgs {
     /// first swap, plus each swap's expected version).
     #[arg(long, value_delimiter = ',')]
     pub allow_versions: Vec<String>,
-    /// The server's process id: sample its resident set size (VmRSS, its child processes included) during the drill.
+    /// The server's process id: sample its resident set size (VmRSS, its
+    /// child processes included) during the drill. Without it, the pid a
+    /// baton server reports in its status; none for another server.
     #[arg(long)]
     pub pid: Option<u32>,
     /// How often RSS is sampled.

@@ -65,15 +65,9 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         Protocol::Grpc => Some(Endpoint::parse(&args.grpc_url, 8001, args.allow_remote)?),
         _ => None,
     };
-    // An upgrade follows the server's memory by default: the peak of the
-    // two processes is one of the things it measures.
-    let pid = match (args.pid, args.swap) {
-        (Some(pid), _) => Some(pid),
-        (None, args::SwapMethod::Upgrade) if args.swaps > 0 => Some(swap::upgrade::server_pid(args, &http)?),
-        (None, _) => None,
-    };
-    if let Some(pid) = pid {
-        rss::read_rss(pid).with_context(|| format!("--pid {pid}: cannot read the process's memory"))?;
+    let (pid, unsampled) = memory_target(args, &http)?;
+    if let Some(why) = &unsampled {
+        eprintln!("RSS not reported: {why}.");
     }
     let followed: rss::Followed = Arc::new(Mutex::new(pid.into_iter().collect()));
     let inputs = payload::tensors(&http, args)?;
@@ -162,7 +156,7 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
         tool: "baton drill",
         tool_version: env!("CARGO_PKG_VERSION"),
         started_unix_s,
-        config: config(args, &mode, threads, &inputs),
+        config: config(args, &mode, threads, &inputs, pid, unsampled.as_deref()),
         client: json!({
             "workers": mode.workers(),
             "threads": threads,
@@ -179,8 +173,44 @@ fn drill(args: &DrillArgs) -> anyhow::Result<bool> {
     // A closed stdout (e.g. piped into `head`) is not an error of the drill.
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", report::table::render(&title, &analysis));
+    if let Some(why) = &unsampled {
+        let _ = writeln!(out, "RSS not reported: {why}.");
+    }
     let _ = writeln!(out, "report: {}  chart: {}", args.json.display(), args.svg.display());
     Ok(analysis.verdict.clean)
+}
+
+/// The process whose memory the drill samples: --pid, or else the pid
+/// the server's status reports (`GET /baton/v1/status`), so that one
+/// command works on a host running several servers. Without either (a
+/// server that is not baton, or one whose process this host cannot read)
+/// the drill runs without RSS and says why; an upgrade drill, whose
+/// memory peak is one of the things it measures, refuses instead.
+fn memory_target(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<(Option<u32>, Option<String>)> {
+    if let Some(pid) = args.pid {
+        rss::read_rss(pid).with_context(|| format!("--pid {pid}: cannot read the process's memory"))?;
+        return Ok((Some(pid), None));
+    }
+    let upgrade = args.swap == args::SwapMethod::Upgrade && args.swaps > 0;
+    if !upgrade && !http.addr.ip().is_loopback() {
+        // Another host's pid names nothing here.
+        return Ok((None, Some(format!("the server at {} is on another host; give --pid", args.url))));
+    }
+    let pid = match swap::upgrade::server_pid(args, http) {
+        Ok(pid) => pid,
+        Err(error) if upgrade => return Err(error),
+        Err(error) => {
+            return Ok((None, Some(format!("the server does not report its pid ({error:#}); give --pid"))));
+        }
+    };
+    match rss::read_rss(pid) {
+        Ok(_) => Ok((Some(pid), None)),
+        Err(error) if upgrade => Err(error.context(format!("the server's pid {pid}: cannot read its memory"))),
+        Err(_) => Ok((
+            None,
+            Some(format!("the server reports pid {pid}, which is not a process this host can read; give --pid")),
+        )),
+    }
 }
 
 fn title(args: &DrillArgs, mode: &Mode) -> String {
@@ -207,7 +237,14 @@ fn value_name(value: impl clap::ValueEnum) -> String {
     value.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
 }
 
-fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::tensor::Tensor]) -> serde_json::Value {
+fn config(
+    args: &DrillArgs,
+    mode: &Mode,
+    threads: usize,
+    inputs: &[baton_core::tensor::Tensor],
+    pid: Option<u32>,
+    unsampled: Option<&str>,
+) -> serde_json::Value {
     json!({
         "model": args.model,
         "url": args.url,
@@ -237,7 +274,13 @@ fn config(args: &DrillArgs, mode: &Mode, threads: usize, inputs: &[baton_core::t
         "window_ms": args.window.as_secs_f64() * 1e3,
         "tail_s": args.tail.as_secs_f64(),
         "allow_versions": args.allow_versions,
-        "pid": args.pid,
+        "pid": pid,
+        "pid_from": match (args.pid, pid) {
+            (Some(_), _) => Some("--pid"),
+            (None, Some(_)) => Some("status"),
+            (None, None) => None,
+        },
+        "rss_not_reported": unsampled,
         "rss_interval_ms": args.rss_interval.as_secs_f64() * 1e3,
         "stall_probe_late_ms": args.stall_probe.map(|d| d.as_secs_f64() * 1e3),
     })

@@ -54,10 +54,13 @@ pub struct AgentArgs {
     /// secret is never taken from the command line.
     #[arg(long, value_name = "FILE", env = "BATON_TARGET_TOKEN_FILE")]
     pub target_token_file: Option<PathBuf>,
-    /// How long one load by the target may take, readiness included, in
-    /// seconds.
-    #[arg(long, default_value_t = 600)]
-    pub load_timeout_s: u64,
+    /// How long one load by the target may take, readiness included, e.g.
+    /// 10m, 90s.
+    #[arg(long, default_value = "10m", value_parser = baton_drill::args::parse_duration, value_name = "DURATION")]
+    pub load_timeout: Duration,
+    /// The same in seconds: the older spelling of --load-timeout, still taken.
+    #[arg(long, hide = true, conflicts_with = "load_timeout", value_name = "SECONDS")]
+    pub load_timeout_s: Option<u64>,
     /// Serve the agent's health and state on this address
     /// (/v2/health/live, /v2/health/ready, /baton/v1/agent).
     #[arg(long, value_name = "ADDR")]
@@ -125,7 +128,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
             target_url: args.target.clone(),
             target_token,
             layout: args.target_kind,
-            load_timeout: Duration::from_secs(args.load_timeout_s),
+            load_timeout: args.load_timeout_s.map_or(args.load_timeout, Duration::from_secs),
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?,
     );

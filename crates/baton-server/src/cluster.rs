@@ -71,9 +71,9 @@ pub struct ClusterArgs {
     /// selector; repeat it for more.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
-    /// The replica's lease, in seconds: a replica that dies leaves the
-    /// fleet this long after.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i64).range(1..=60))]
+    /// The replica's lease, whole seconds from 1s to 60s (a bare number
+    /// is seconds): a replica that dies leaves the fleet this long after.
+    #[arg(long, default_value = "3s", value_parser = parse_lease, value_name = "DURATION")]
     pub lease_ttl: i64,
     /// Do not coordinate rollouts whose coordinator is gone.
     #[arg(long)]
@@ -162,9 +162,28 @@ pub fn start(
     Some(health)
 }
 
+/// Parses a lease: a duration (`3s`, or a bare number of seconds) of whole
+/// seconds from 1 to 60, as etcd grants them.
+fn parse_lease(text: &str) -> Result<i64, String> {
+    let lease = baton_drill::args::parse_duration(text)?;
+    if lease.subsec_nanos() != 0 || !(1..=60).contains(&lease.as_secs()) {
+        return Err(format!("'{text}': a lease is whole seconds from 1s to 60s"));
+    }
+    Ok(lease.as_secs() as i64)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{parse_label, replica_id};
+    use super::{parse_label, parse_lease, replica_id};
+
+    #[test]
+    fn a_lease_is_whole_seconds_with_or_without_the_unit() {
+        assert_eq!(parse_lease("3").unwrap(), 3);
+        assert_eq!(parse_lease("3s").unwrap(), 3);
+        assert_eq!(parse_lease("1m").unwrap(), 60);
+        assert!(parse_lease("1500ms").unwrap_err().contains("whole seconds"));
+        assert!(parse_lease("0s").is_err() && parse_lease("61s").is_err() && parse_lease("soon").is_err());
+    }
 
     #[test]
     fn labels_are_key_value_and_the_flag_names_the_replica_first() {

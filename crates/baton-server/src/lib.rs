@@ -8,6 +8,7 @@ mod app;
 mod budget;
 pub mod build;
 mod cli;
+mod clock;
 mod cluster;
 mod deadline;
 mod decisions;
@@ -65,23 +66,60 @@ enum Command {
         /// as sha256sum prints it). baton reads both.
         #[arg(long, value_name = "1|2", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
         manifest_format: u32,
+        /// Print what was written as JSON (`manifest`, `files`, `bytes`, `format`).
+        #[arg(long)]
+        json: bool,
     },
-    /// Show every model's state, versions, last load and last error.
-    Status(#[command(flatten)] cli::Target),
-    /// Load a model's newest version (or --version), following each stage.
+    /// Show each model's state and decision, and each version's role,
+    /// kind of update, memory and worker (one model's with MODEL).
+    Status {
+        /// Only this model.
+        model: Option<String>,
+        /// Print the server's status document (`/baton/v1/status`, or the
+        /// model's) instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// List the repository's models and versions, and the state of each.
+    List {
+        /// Print the server's index (`POST /v2/repository/index`) instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Load a model's newest version (or --version), following each stage;
+    /// without --version, nothing loads when the newest already serves
+    /// (unless --force). Prints what serves afterwards and the hold a
+    /// load of an older version records.
     Load {
         /// The model.
         name: String,
         /// A version to load instead of the newest.
         #[arg(long)]
         version: Option<u64>,
+        /// Load even when the version already serves (e.g. to read its
+        /// model.toml again).
+        #[arg(long)]
+        force: bool,
+        /// Print the server's report (with the decision in force) instead
+        /// of following the stages.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         target: cli::Target,
     },
-    /// Switch a model back to its previous version (a pointer store, no reload).
+    /// Switch a model back to its previous version (a pointer store, no
+    /// reload); it is held there until a version newer than the newest is
+    /// published.
     Rollback {
         /// The model.
         name: String,
+        /// Print the server's report (with the decision in force) instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         target: cli::Target,
     },
@@ -91,6 +129,32 @@ enum Command {
         name: String,
         /// The version.
         version: u64,
+        /// Print the server's answer instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Take a model out of service (it stays out, across restarts, until a
+    /// newer version is published or it is loaded).
+    Unload {
+        /// The model.
+        name: String,
+        /// Print the server's report instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Free a version kept in memory for rollback.
+    Retire {
+        /// The model.
+        name: String,
+        /// The kept version.
+        version: u64,
+        /// Print the server's report instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         target: cli::Target,
     },
@@ -99,10 +163,10 @@ enum Command {
     /// first): the new process takes over the listening sockets once it is
     /// ready, and the old one drains and exits.
     Upgrade {
-        /// How long the new process may take to be ready, in seconds (1
-        /// to 86400).
-        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
-        timeout: u64,
+        /// How long the new process may take to be ready, e.g. 10m, 90s
+        /// (1s to 24h; a bare number is seconds).
+        #[arg(long, default_value = "10m", value_parser = baton_drill::args::parse_duration)]
+        timeout: std::time::Duration,
         /// The old process drains and exits before the new one loads, so
         /// the two never hold the models together (for a machine without
         /// room for both); connections wait in the sockets' backlog
@@ -110,18 +174,26 @@ enum Command {
         /// back on.
         #[arg(long)]
         cold: bool,
+        /// Print the server's answer instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         target: cli::Target,
     },
-    /// Remove a model's pin: its newest version serves again.
+    /// Remove a model's pin: its newest version serves again (after a
+    /// rollback, the version rolled back from: it warns).
     Unpin {
         /// The model.
         name: String,
+        /// Print the server's answer instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         target: cli::Target,
     },
-    /// Start a rollout (`baton rollout MODEL [--version N] ...`), or show, pause, resume, promote or abort one
-    /// (`baton rollout status|pause|resume|promote|abort MODEL`).
+    /// Start, show, pause, resume, promote or abort a rollout (`baton
+    /// rollout start|status|pause|resume|promote|abort MODEL`); `baton
+    /// rollout MODEL [--version N] ...` starts one too.
     Rollout(Box<cli::RolloutArgs>),
     /// A fleet of replicas over etcd: its status, and rollouts across it.
     Fleet(Box<cli::FleetArgs>),
@@ -143,7 +215,7 @@ enum Command {
     },
 }
 
-fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: u32) -> anyhow::Result<()> {
+fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: u32, json: bool) -> anyhow::Result<()> {
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
     let format = baton_core::manifest::Format::from_number(format)
         .ok_or_else(|| anyhow::anyhow!("there is no MANIFEST format {format}: 1 or 2"))?;
@@ -152,6 +224,16 @@ fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: 
     }
     let manifest =
         baton_core::manifest::write_as(dir, format).with_context(|| format!("packaging {}", dir.display()))?;
+    if json {
+        let written = serde_json::json!({
+            "manifest": dir.join(baton_core::manifest::MANIFEST),
+            "files": manifest.entries.len(),
+            "bytes": manifest.total_bytes(),
+            "format": format.number(),
+        });
+        println!("{written}");
+        return Ok(());
+    }
     println!(
         "Wrote {} listing {} files, {} bytes.",
         dir.join(baton_core::manifest::MANIFEST).display(),
@@ -213,13 +295,18 @@ pub fn main() -> ExitCode {
     logging::init(default_filter, log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Package { dir, graph_from, manifest_format } => package(&dir, graph_from.as_deref(), manifest_format),
-        Command::Status(target) => cli::status(&target),
-        Command::Load { name, version, target } => cli::load(&target, &name, version),
-        Command::Rollback { name, target } => cli::rollback(&target, &name),
-        Command::Pin { name, version, target } => cli::pin(&target, &name, version),
-        Command::Unpin { name, target } => cli::unpin(&target, &name),
-        Command::Upgrade { timeout, cold, target } => cli::upgrade(&target, timeout, cold),
+        Command::Package { dir, graph_from, manifest_format, json } => {
+            package(&dir, graph_from.as_deref(), manifest_format, json)
+        }
+        Command::Status { model, json, target } => cli::status(&target, model.as_deref(), json),
+        Command::List { json, target } => cli::list(&target, json),
+        Command::Load { name, version, force, json, target } => cli::load(&target, &name, version, force, json),
+        Command::Rollback { name, json, target } => cli::rollback(&target, &name, json),
+        Command::Pin { name, version, json, target } => cli::pin(&target, &name, version, json),
+        Command::Unpin { name, json, target } => cli::unpin(&target, &name, json),
+        Command::Unload { name, json, target } => cli::unload(&target, &name, json),
+        Command::Retire { name, version, json, target } => cli::retire(&target, &name, version, json),
+        Command::Upgrade { timeout, cold, json, target } => cli::upgrade(&target, timeout, cold, json),
         Command::Rollout(args) => cli::rollout(&args),
         Command::Fleet(args) => cli::fleet(&args),
         Command::Events { json, target } => cli::events(&target, json),
@@ -233,5 +320,15 @@ pub fn main() -> ExitCode {
             eprintln!("baton: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
     }
 }

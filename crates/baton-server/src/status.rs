@@ -8,9 +8,11 @@ use baton_core::registry::ModelStatus;
 use serde_json::{Value, json};
 
 use crate::app::App;
+use crate::clock::add_rfc3339;
 use crate::decisions::view;
 
-/// One model's status with its decision (`null` when none is in force).
+/// One model's status with its decision (`null` when none is in force),
+/// each time in it also in RFC 3339.
 fn with_decision(app: &App, status: &ModelStatus) -> Value {
     let mut value = serde_json::to_value(status).unwrap_or_default();
     if let Some(fields) = value.as_object_mut() {
@@ -20,7 +22,33 @@ fn with_decision(app: &App, status: &ModelStatus) -> Value {
             fields.extend(found);
         }
     }
+    for (key, time) in [("decision", "at"), ("last", "finished_at"), ("last_error", "at")] {
+        if let Some(part) = value.get_mut(key) {
+            add_rfc3339(part, time);
+        }
+    }
+    if let Some(failed) = value.get_mut("failed_versions").and_then(Value::as_object_mut) {
+        failed.values_mut().for_each(|f| add_rfc3339(f, "at"));
+    }
+    if let Some(rollout) = value.get_mut("rollout") {
+        add_rollout_times(rollout);
+    }
+    if let Some(live) = value.get_mut("live").and_then(Value::as_array_mut) {
+        live.iter_mut().filter_map(|v| v.get_mut("worker")).for_each(|w| add_rfc3339(w, "started_at"));
+    }
     value
+}
+
+/// Beside each decision's `at_ms` in a rollout's document (or `null`),
+/// puts `at_rfc3339`.
+pub fn add_rollout_times(rollout: &mut Value) {
+    // `get_mut`, not indexing: indexing a `null` rollout would make it an object.
+    let decisions = rollout.get_mut("decisions").and_then(Value::as_array_mut);
+    for decision in decisions.into_iter().flatten() {
+        if let Some(ms) = decision.get("at_ms").and_then(Value::as_u64) {
+            decision["at_rfc3339"] = crate::clock::rfc3339(ms as f64 / 1000.0).into();
+        }
+    }
 }
 
 /// The status of a model the registry has not touched since start, but

@@ -41,6 +41,10 @@ fn package_writes_a_manifest_the_server_accepts() {
     let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("a MANIFEST");
     assert!(manifest.starts_with("baton-manifest 2\n") && manifest.trim_end().ends_with("end 2"), "{manifest}");
     // Format 1, as sha256sum prints each file's digest, on request.
+    let out = baton(&["package", "--json", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "baton package --json failed: {}", text(&out.stderr));
+    let written: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!((written["files"].as_u64(), written["format"].as_u64()), (Some(2), Some(2)), "{written}");
     let out = baton(&["package", "--manifest-format", "1", dir.to_str().unwrap()]);
     assert!(out.status.success(), "baton package failed: {}", text(&out.stderr));
     let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("a MANIFEST");
@@ -77,7 +81,16 @@ fn status_load_and_rollback() {
     let line = stdout.lines().find(|l| l.starts_with("m ")).unwrap_or_else(|| panic!("no line for m: {stdout}"));
     let columns: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(&columns[..3], ["m", "READY", "2"], "{line}");
-    assert!(line.contains("verify failed"), "the last error is shown: {line}");
+    // The refused version has its row, and a sentence with when and why.
+    let refused =
+        stdout.lines().find(|l| l.starts_with("m ") && l.contains(" 3 ")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(refused.contains("refused at verify (verify_failed)"), "{refused}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("m: version 3 was refused at ") && l.contains("verify failed")),
+        "{stdout}"
+    );
+    // Version 2 loaded after version 3 was refused: no error is current.
+    assert!(!stdout.contains("LAST ERROR"), "{stdout}");
 
     // A load prints every stage, then its report.
     let out = baton(&["load", "m", "--version", "1", "--url", url]);
@@ -184,6 +197,9 @@ fn events_prints_a_load_as_it_happens_and_ends_with_the_server() {
         ["LOADING -> WARMING", "WARMING -> SWAPPING", "SWAPPING -> DRAINING", "DRAINING -> READY"],
         "{seen:#?}"
     );
+    // Each line starts with the local time of day, to the millisecond.
+    let time = seen.last().and_then(|l| l.split(' ').next()).unwrap_or_default();
+    assert!(time.len() == 12 && time.as_bytes()[2] == b':' && time.as_bytes()[8] == b'.', "{seen:#?}");
     let last = transitions.last().copied().unwrap_or_default();
     for stage in ["fetch", "verify", "load", "validate", "warmup", "commit"] {
         assert!(last.contains(&format!("{stage} ")), "the READY line lists the stage {stage}: {last}");

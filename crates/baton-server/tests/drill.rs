@@ -293,7 +293,10 @@ fn publishing_version_directories_fails_nothing() {
     for v in 2..=4 {
         assert!(baton_core::manifest::verify(&repo.version_dir("m", v)).is_ok(), "version {v} is not sealed");
     }
-    assert!(outcome.report["rss"].is_null(), "no --pid, no RSS");
+    // No --pid: the memory sampled is the server's own, the pid its status reports.
+    assert_eq!(outcome.report["rss"]["pid"], server.pid(), "{}", outcome.report["rss"]);
+    assert_eq!(outcome.report["config"]["pid_from"], "status");
+    assert!(outcome.report["rss"]["samples"].as_array().is_some_and(|s| s.len() > 2));
     assert!(outcome.report["stalls"].is_null(), "no --stall-probe, no probe");
 }
 
@@ -363,7 +366,38 @@ fn a_drill_against_nothing_reports_the_failures_and_exits_1() {
     assert_eq!(r["swaps"][0]["action_ok"], false);
     assert_eq!(r["verdict"]["clean"], false);
     assert!(outcome.stdout.contains("verdict: NOT clean"), "{}", outcome.stdout);
+    // Nothing there reports a pid: the drill runs without RSS and says so.
+    assert!(r["rss"].is_null(), "{}", r["rss"]);
+    assert!(outcome.stdout.contains("RSS not reported: the server does not report its pid"), "{}", outcome.stdout);
+    assert!(r["config"]["rss_not_reported"].as_str().is_some_and(|w| w.contains("give --pid")), "{}", r["config"]);
     outcome.assert_chart(1);
+}
+
+/// A server that is not baton (Python's own HTTP server, which answers 404
+/// to baton's status and 501 to every POST): the drill runs, without RSS,
+/// and says why.
+#[test]
+fn a_drill_against_a_server_that_is_not_baton_runs_without_rss_and_says_why() {
+    let mut python = Command::new("python3")
+        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting python3 -m http.server");
+    let mut first = String::new();
+    let stdout = python.stdout.take().expect("piped stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first).expect("its first line");
+    let _python = common::Reaper(Some(python));
+    let port = first.split(" port ").nth(1).and_then(|r| r.split_whitespace().next()).expect("a port");
+    let url = format!("http://127.0.0.1:{port}");
+    let outcome = drill(&url, &[&TWO[..], &["--input", "input:FP32:1,8", "--swaps", "0", "--duration", "1s"]].concat());
+    assert_eq!(outcome.status.code(), Some(1), "{}", outcome.context());
+    assert!(outcome.report["rss"].is_null(), "{}", outcome.report["rss"]);
+    let said =
+        format!("RSS not reported: the server does not report its pid (GET {url}/baton/v1/status answered HTTP 404");
+    assert!(outcome.stdout.contains(&said) && outcome.stdout.contains("give --pid."), "{}", outcome.context());
+    assert!(outcome.stderr.contains(&said), "{}", outcome.context());
 }
 
 #[test]

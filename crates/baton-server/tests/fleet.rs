@@ -51,9 +51,13 @@ fn replicas_serve_the_committed_version_and_switch_together() {
     for repo in [&repo1, &repo2] {
         repo.publish_mlp("m", 2, &common::mlp(2));
     }
-    let (ok, out) = fleet(&etcd, &["rollout", "m", "--version", "2"]);
+    // --json: the rollout's record once it is done.
+    let (ok, out) = fleet(&etcd, &["rollout", "m", "--version", "2", "--json"]);
     assert!(ok, "{out}");
-    assert!(out.contains("2 replicas switched within"), "{out}");
+    let line = out.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {out}"));
+    let record: serde_json::Value = serde_json::from_str(line).expect("the record is JSON");
+    assert_eq!((&record["phase"], &record["switch"]["replicas"]), (&"promoted".into(), &2.into()), "{record}");
+    assert!(!out.contains("replicas switched within"), "no text with --json: {out}");
     for r in [&r1, &r2] {
         assert_eq!(infer(r, "m", &input, 1).0, 2);
     }
@@ -64,6 +68,9 @@ fn replicas_serve_the_committed_version_and_switch_together() {
     r3.wait_ready();
     assert_eq!(infer(&r3, "m", &input, 1).0, 2);
 
+    let (ok, json) = fleet(&etcd, &["status", "--json"]);
+    assert!(ok, "{json}");
+    assert!(json.trim_start().starts_with('{'), "{json}");
     let (ok, status) = fleet(&etcd, &["status"]);
     assert!(ok, "{status}");
     assert!(status.contains("3 live replicas") && status.contains("the fleet serves version 2"), "{status}");

@@ -75,7 +75,7 @@ pub fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 
 impl Server {
     /// Starts `bin serve --repo repo --http 127.0.0.1:0 --grpc 127.0.0.1:0
-    /// --poll-ms 50` plus `args` (which may repeat any of these options to
+    /// --poll 50ms` plus `args` (which may repeat any of these options to
     /// override them), and waits until it listens. The first line baton
     /// prints gives the REST address ([`Server::base`]), the second the gRPC
     /// one ([`Server::grpc_address`]).
@@ -154,7 +154,7 @@ impl Server {
         let logdir = tempfile::tempdir().expect("a log dir");
         let log = logdir.path().join("baton.log");
         let mut child = command
-            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--poll-ms", "50", "--repo"])
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--poll", "50ms", "--repo"])
             .arg(repo)
             .args(args)
             .env("BATON_LOG", "info,baton=debug")

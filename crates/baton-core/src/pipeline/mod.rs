@@ -161,6 +161,7 @@ impl Run {
                 kind: error.kind(),
                 reason: error.reason(),
                 message: error.to_string(),
+                at: std::time::SystemTime::now(),
             },
         );
         self.inner.transition(&model, self.version, State::Failed, &self.stages);
@@ -226,6 +227,7 @@ impl Run {
             stragglers,
             drain_timed_out: timed_out,
             paused: self.paused,
+            finished_at: std::time::SystemTime::now(),
         };
         let agent = self.inner.agent.clone();
         agent.send(move || self.report_success(report, finish));

@@ -98,6 +98,9 @@ pub struct Failure {
     pub reason: &'static str,
     /// The full message.
     pub message: String,
+    /// When it failed, in seconds since the Unix epoch.
+    #[serde(serialize_with = "crate::events::ser_time")]
+    pub at: SystemTime,
 }
 
 /// A model's status.

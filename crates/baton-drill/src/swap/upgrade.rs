@@ -124,12 +124,17 @@ pub fn server_pid(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<u32> {
         request = request.header("authorization", format!("Bearer {token}"));
     }
     let mut response = request.call().with_context(|| format!("GET {url}"))?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "GET {url} answered HTTP {} (a server that is not baton?)",
+        response.status().as_u16()
+    );
     let status: Value = serde_json::from_str(&response.body_mut().read_to_string()?)
         .with_context(|| format!("GET {url}: the answer is not JSON"))?;
     status["pid"]
         .as_u64()
         .and_then(|p| u32::try_from(p).ok())
-        .with_context(|| format!("GET {url}: the status names no pid; give --pid"))
+        .with_context(|| format!("GET {url}: the status names no pid"))
 }
 
 #[cfg(test)]

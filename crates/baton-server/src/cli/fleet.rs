@@ -30,6 +30,11 @@ pub struct FleetArgs {
     pub cluster_name: String,
     #[command(flatten)]
     pub etcd: crate::cluster::EtcdAccess,
+    /// Print the fleet's records as JSON instead of text: the status, or
+    /// the rollout's record once an operation (or the rollout it
+    /// coordinates) is done.
+    #[arg(long, global = true)]
+    pub json: bool,
     #[command(subcommand)]
     pub command: FleetCommand,
 }
@@ -42,9 +47,6 @@ pub enum FleetCommand {
         /// Refresh every second until interrupted.
         #[arg(long)]
         watch: bool,
-        /// Print the records as JSON.
-        #[arg(long, conflicts_with = "watch")]
-        json: bool,
     },
     /// Rolls MODEL out to VERSION across the fleet: every replica prepares
     /// it, then all switch at once (or a subset first, with --steps).
@@ -168,12 +170,15 @@ pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
             .with_context(|| format!("no fleet can be reached at {}", args.cluster))?;
         let me = format!("operator@{}", crate::cluster::replica_id(None));
         match &args.command {
-            FleetCommand::Status { watch, json } => status(&store, *watch, *json).await,
-            FleetCommand::Rollout(rollout) => Box::pin(start(&store, rollout, &me)).await,
-            FleetCommand::Pause { model } => operate(&store, model, Request::Pause, &me).await,
-            FleetCommand::Resume { model } => operate(&store, model, Request::Resume, &me).await,
-            FleetCommand::Promote { model } => operate(&store, model, Request::Promote, &me).await,
-            FleetCommand::Abort { model } => operate(&store, model, Request::Abort, &me).await,
+            FleetCommand::Status { watch } => {
+                anyhow::ensure!(!(*watch && args.json), "--watch and --json do not go together");
+                status(&store, *watch, args.json).await
+            }
+            FleetCommand::Rollout(rollout) => Box::pin(start(&store, rollout, &me, args.json)).await,
+            FleetCommand::Pause { model } => operate(&store, model, Request::Pause, &me, args.json).await,
+            FleetCommand::Resume { model } => operate(&store, model, Request::Resume, &me, args.json).await,
+            FleetCommand::Promote { model } => operate(&store, model, Request::Promote, &me, args.json).await,
+            FleetCommand::Abort { model } => operate(&store, model, Request::Abort, &me, args.json).await,
             FleetCommand::Simulate { .. } => unreachable!("handled above"),
         }
     })
@@ -207,17 +212,24 @@ fn simulate(
     })
 }
 
-async fn operate(store: &Store, model: &str, what: Request, me: &str) -> anyhow::Result<()> {
+async fn operate(store: &Store, model: &str, what: Request, me: &str, json: bool) -> anyhow::Result<()> {
     let record = ops::request(store, model, what, me).await?;
-    println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
+    match json {
+        true => println!("{}", serde_json::to_string(&record)?),
+        false => println!("{}", record.decisions.last().map_or("", |d| d.message.as_str())),
+    }
     Ok(())
 }
 
 /// Starts the rollout, then coordinates it to its end, printing each
 /// decision; the lease it coordinates under dies with this process.
-async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Result<()> {
+async fn start(store: &Store, rollout: &FleetRollout, me: &str, json: bool) -> anyhow::Result<()> {
     if rollout.detach {
         let record = ops::start(store, &rollout.model, rollout.version, rollout.plan()?, me).await?;
+        if json {
+            println!("{}", serde_json::to_string(&record)?);
+            return Ok(());
+        }
         println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
         println!("Detached: the fleet's replicas coordinate it. Follow it with `baton fleet status --watch`.");
         return Ok(());
@@ -237,20 +249,29 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str) -> anyhow::Resul
             return Err(error.into());
         }
     };
-    println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
-    println!("Coordinating from this process, through etcd member {}.", store.endpoint());
+    if !json {
+        println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
+        println!("Coordinating from this process, through etcd member {}.", store.endpoint());
+    }
     let printed = Arc::new(AtomicUsize::new(record.decisions.len()));
     let current = tokio::sync::watch::channel(store.clone()).0;
-    let printer = print_decisions(current.subscribe(), &rollout.model, Arc::clone(&printed));
+    let printer = match json {
+        // The record, decisions included, is printed whole at the end.
+        true => tokio::spawn(std::future::pending::<()>()),
+        false => print_decisions(current.subscribe(), &rollout.model, Arc::clone(&printed)),
+    };
     let done = Box::pin(coordinate_to_end(store, &rollout.model, me, tenure, lease, &current)).await;
     printer.abort();
     let last = current.borrow().clone();
     let _ = last.revoke(lease).await;
     let done = done?;
-    for decision in done.decisions.iter().skip(printed.load(Ordering::SeqCst)) {
+    if json {
+        println!("{}", serde_json::to_string(&done)?);
+    }
+    for decision in done.decisions.iter().skip(printed.load(Ordering::SeqCst)).filter(|_| !json) {
         println!("{}", decision.message);
     }
-    if let Some(switch) = &done.switch {
+    if let Some(switch) = done.switch.as_ref().filter(|_| !json) {
         println!(
             "{} replicas switched within {:.1} ms of each other, {:.1}–{:.1} ms after the commit write \
              (the commit reached them within {:.1} ms of each other, the last {:.1} ms after the write).",

@@ -1,40 +1,46 @@
-//! The commands that talk to a running server over HTTP: `status`, `load`,
-//! `rollback`, `pin`, `unpin`, `rollout`, `events`. The management ones
-//! (`load`, `rollback`, `pin`, `unpin`, and every `rollout` but its
+//! The commands that talk to a running server over HTTP: `status`, `list`,
+//! `load`, `rollback`, `pin`, `unpin`, `unload`, `retire`, `rollout`,
+//! `events`, `upgrade`. The management ones (`load`, `rollback`, `pin`,
+//! `unpin`, `unload`, `retire`, `upgrade`, and every `rollout` but its
 //! `status`) go to the admin listener when one is named
 //! (`--admin-url`), and every command sends the admin token when one is
 //! given (`--token-file`, or `BATON_TOKEN` holding the token).
 
 mod client;
 mod fleet;
+mod operations;
 mod render;
 mod render_fleet;
 mod render_rollout;
+mod render_status;
 mod rollout;
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 pub use client::Client;
 pub use fleet::{FleetArgs, run as fleet};
+pub use operations::{load, pin, retire, rollback, unload, unpin};
 pub use rollout::{RolloutArgs, run as rollout};
 use serde_json::{Value, json};
 
-/// Options every client command takes.
+/// Options every client command takes (global: a command with
+/// subcommands, `rollout`, takes them before or after its action).
 #[derive(clap::Args, Debug)]
 pub struct Target {
     /// The server's REST address.
-    #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000")]
+    #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8000", global = true)]
     pub url: String,
     /// The REST address of the server's admin listener (`baton serve
-    /// --admin-http`), where `load`, `rollback`, `pin`, `unpin` and the
-    /// rollout operations go; without it, --url.
-    #[arg(long, env = "BATON_ADMIN_URL")]
+    /// --admin-http`), where `load`, `rollback`, `pin`, `unpin`, `unload`,
+    /// `retire`, `upgrade` and the rollout operations go; without it, --url.
+    #[arg(long, env = "BATON_ADMIN_URL", global = true)]
     pub admin_url: Option<String>,
     /// A file holding the admin token (the server's --admin-token-file).
     /// Without it, the token in BATON_TOKEN, if set.
-    #[arg(long, env = "BATON_TOKEN_FILE", value_name = "PATH")]
+    #[arg(long, env = "BATON_TOKEN_FILE", value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
 }
 
@@ -54,86 +60,74 @@ impl Target {
     }
 }
 
-/// `baton status`: one line per model.
-pub fn status(target: &Target) -> anyhow::Result<()> {
-    let status = target.client()?.get_json("/baton/v1/status")?;
-    print!("{}", render::status_table(&status));
-    Ok(())
-}
-
-/// `baton load NAME [--version V]`: follows the stages as they happen.
-pub fn load(target: &Target, model: &str, version: Option<u64>) -> anyhow::Result<()> {
-    // The events come from the admin listener too, which serves them.
-    let client = target.admin()?;
-    // Subscribed before the load starts, so no stage is missed.
-    let events = client.events()?;
-    let watched = model.to_owned();
-    let follower = std::thread::spawn(move || {
-        let mut printed = 0;
-        for line in events.lines() {
-            let Ok(line) = line else { return };
-            let Some(data) = line.strip_prefix("data:") else { continue };
-            let Ok(event) = serde_json::from_str::<Value>(data.trim()) else { continue };
-            if event["model"] == watched.as_str() {
-                for text in render::progress(&event, &mut printed) {
-                    println!("  {text}");
-                }
-                let _ = std::io::stdout().flush();
-            }
-            if event["model"] == watched.as_str() && matches!(event["event"].as_str(), Some("finished" | "failed")) {
-                return;
-            }
+/// `baton status [MODEL] [--json]`.
+pub fn status(target: &Target, model: Option<&str>, as_json: bool) -> anyhow::Result<()> {
+    let client = target.client()?;
+    let status = client.get_json("/baton/v1/status")?;
+    if let Some(model) = model
+        && !status["models"].as_array().into_iter().flatten().any(|m| m["name"] == model)
+    {
+        // A model the repository has but nothing touched has a status too.
+        if let Ok(one) = client.get_json(&format!("/baton/v1/models/{model}/status")) {
+            let mut status = status;
+            status["models"] = json!([one]);
+            return print_status(&status, Some(model), as_json);
         }
-    });
-    let body = match version {
-        Some(v) => json!({ "version": v }),
-        None => json!({}),
-    };
-    println!("Loading {model}{}…", version.map(|v| format!(" version {v}")).unwrap_or_default());
-    let result = client.post_json(&format!("/baton/v1/models/{model}/load"), &body);
-    // The follower ends with the load's last event. A load refused before
-    // it started (no token, unknown model, another operation running) has
-    // none, so it is only waited for when the load ran: it succeeded, or a
-    // stage refused the version (422) and the event saying so is coming.
-    let ran = match &result {
-        Ok(_) => true,
-        Err(error) => error.downcast_ref::<client::Refused>().is_some_and(|r| r.status == 422),
-    };
-    if ran {
-        let _ = follower.join();
+        let names: Vec<&str> =
+            status["models"].as_array().into_iter().flatten().filter_map(|m| m["name"].as_str()).collect();
+        anyhow::bail!(
+            "the server knows no model '{model}'; it has: {}",
+            if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+        );
     }
-    let report = result?;
-    println!("{}", render::report(&report));
+    print_status(&status, model, as_json)
+}
+
+fn print_status(status: &Value, model: Option<&str>, as_json: bool) -> anyhow::Result<()> {
+    match (as_json, model) {
+        (true, None) => println!("{status}"),
+        (true, Some(model)) => {
+            let one = status["models"].as_array().into_iter().flatten().find(|m| m["name"] == model);
+            println!("{}", one.cloned().unwrap_or_default());
+        }
+        (false, _) => print!("{}", render_status::view(status, model)),
+    }
     Ok(())
 }
 
-/// `baton rollback NAME`.
-pub fn rollback(target: &Target, model: &str) -> anyhow::Result<()> {
-    let report = target.admin()?.post_json(&format!("/baton/v1/models/{model}/rollback"), &json!({}))?;
-    println!("{}", render::report(&report));
+/// `baton list [--json]`: the repository's models and versions, with the
+/// state of each (`POST /v2/repository/index`).
+pub fn list(target: &Target, as_json: bool) -> anyhow::Result<()> {
+    let index = target.client()?.post_json("/v2/repository/index", &json!({}))?;
+    if as_json {
+        println!("{index}");
+        return Ok(());
+    }
+    let mut rows = vec![["MODEL", "VERSION", "STATE", "REASON"].map(str::to_owned).to_vec()];
+    for row in index.as_array().into_iter().flatten() {
+        let cell = |k: &str| row[k].as_str().filter(|s| !s.is_empty()).unwrap_or("-").to_owned();
+        rows.push(vec![cell("name"), cell("version"), cell("state"), cell("reason")]);
+    }
+    match rows.len() {
+        1 => println!("The repository has no models."),
+        _ => print!("{}", render_status::table(&rows)),
+    }
     Ok(())
 }
 
-/// `baton pin NAME VERSION`.
-pub fn pin(target: &Target, model: &str, version: u64) -> anyhow::Result<()> {
-    let path = format!("/baton/v1/models/{model}/pin");
-    let answer = target.admin()?.send_json(ureq::http::Method::PUT, &path, &json!({ "version": version }))?;
-    println!("{}", render::decision(&answer));
-    Ok(())
-}
-
-/// `baton unpin NAME`.
-pub fn unpin(target: &Target, model: &str) -> anyhow::Result<()> {
-    let path = format!("/baton/v1/models/{model}/pin");
-    let answer = target.admin()?.send_json(ureq::http::Method::DELETE, &path, &json!({}))?;
-    println!("{}", render::decision(&answer));
-    Ok(())
-}
-
-/// `baton upgrade [--timeout S] [--cold]`.
-pub fn upgrade(target: &Target, timeout_s: u64, cold: bool) -> anyhow::Result<()> {
+/// `baton upgrade [--timeout 10m] [--cold] [--json]`.
+pub fn upgrade(target: &Target, timeout: std::time::Duration, cold: bool, as_json: bool) -> anyhow::Result<()> {
+    let timeout_s = timeout.as_secs();
+    anyhow::ensure!(
+        (1..=86_400).contains(&timeout_s) && timeout.subsec_nanos() == 0,
+        "--timeout is whole seconds from 1s to 24h (86400s)"
+    );
     let body = json!({ "timeout_s": timeout_s, "cold": cold });
     let answer = target.admin()?.post_json("/baton/v1/upgrade", &body)?;
+    if as_json {
+        println!("{answer}");
+        return Ok(());
+    }
     if !cold {
         println!(
             "Upgraded: process {} serves in place of {} (handover {} ms).",

@@ -2,11 +2,27 @@
 
 use serde_json::Value;
 
-fn ms(v: &Value) -> String {
+/// Bytes in MiB, to a tenth.
+pub(super) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Signed bytes in MiB, to a tenth.
+fn signed_mib(bytes: i64) -> String {
+    format!("{:+.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Seconds since the Unix epoch as the local date and time.
+pub(super) fn local(epoch_s: f64) -> Option<String> {
+    crate::clock::local(epoch_s)
+}
+
+pub(super) fn ms(v: &Value) -> String {
     v.as_f64().map(|ms| format!("{ms:.1} ms")).unwrap_or_else(|| "-".into())
 }
 
-fn stage_list(stages: &Value) -> String {
+/// "fetch 0.4 ms, verify 0.5 ms, …".
+pub(super) fn stage_list(stages: &Value) -> String {
     stages
         .as_array()
         .map(|s| {
@@ -18,42 +34,8 @@ fn stage_list(stages: &Value) -> String {
         .join(", ")
 }
 
-fn version(v: &Value) -> String {
+pub(super) fn version(v: &Value) -> String {
     v.as_u64().map(|v| v.to_string()).unwrap_or_else(|| "-".into())
-}
-
-/// The status table.
-pub fn status_table(status: &Value) -> String {
-    let mut out = format!(
-        "server: {}{}\n",
-        if status["ready"].as_bool() == Some(true) { "ready" } else { "NOT ready" },
-        if status["draining"].as_bool() == Some(true) { " (draining)" } else { "" }
-    );
-    out.push_str(&format!(
-        "{:<20} {:<9} {:>7} {:<10} {:<10} {:>10}  {}\n",
-        "MODEL", "STATE", "SERVING", "PREVIOUS", "LIVE", "LAST LOAD", "LAST ERROR"
-    ));
-    for m in status["models"].as_array().into_iter().flatten() {
-        let list = |v: &Value, key: Option<&str>| {
-            v.as_array()
-                .map(|a| a.iter().map(|x| version(key.map_or(x, |k| &x[k]))).collect::<Vec<_>>().join(","))
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| "-".into())
-        };
-        let last = if m["last"].is_null() { "-".into() } else { ms(&m["last"]["total"]) };
-        let error = m["last_error"]["message"].as_str().unwrap_or("-");
-        out.push_str(&format!(
-            "{:<20} {:<9} {:>7} {:<10} {:<10} {:>10}  {}\n",
-            m["name"].as_str().unwrap_or("?"),
-            m["state"].as_str().unwrap_or("?"),
-            version(&m["serving"]),
-            list(&m["previous"], None),
-            list(&m["live"], Some("version")),
-            last,
-            error
-        ));
-    }
-    out
 }
 
 /// Lines of load progress for one event of the model being loaded: each
@@ -126,7 +108,7 @@ pub fn decision(answer: &Value) -> String {
 
 /// One event as a line of text.
 pub fn event_line(event: &Value) -> String {
-    let at = event["at"].as_f64().unwrap_or_default();
+    let at = event["at"].as_f64().and_then(crate::clock::local_time_of_day).unwrap_or_else(|| "?".into());
     // An event about the repository as a whole names no model.
     let model = event["model"].as_str().filter(|m| !m.is_empty()).unwrap_or("repository");
     let v = event["version"].as_u64().map(|v| format!(" v{v}")).unwrap_or_default();
@@ -148,10 +130,7 @@ pub fn event_line(event: &Value) -> String {
             event["message"].as_str().unwrap_or("?")
         ),
         "finished" => format!("finished: {}", report(&event["report"])),
-        "unloaded" => format!(
-            "freed: held {} B, returned {} B, residual {} B, unaccounted {} B",
-            event["held"], event["returned"], event["residual"], event["unaccounted"]
-        ),
+        "unloaded" => freed(event),
         "drain_timed_out" => format!("drain timed out, {} stragglers", event["stragglers"]),
         "paused" => format!("paused: version {} is freed before the new one loads; requests wait", event["replacing"]),
         "resumed" => format!(
@@ -174,5 +153,57 @@ pub fn event_line(event: &Value) -> String {
         ),
         other => other.to_owned(),
     };
-    format!("{at:.3} {model}{v} {what}")
+    format!("{at} {model}{v} {what}")
+}
+
+/// What freeing a version gave back, for an operator: what it held, what
+/// came back, and what stayed behind.
+fn freed(event: &Value) -> String {
+    let bytes = |key: &str| event[key].as_u64().unwrap_or(0);
+    let whose = if event["twin"].as_bool() == Some(true) { "its rollout twin" } else { "it" };
+    let mut text =
+        format!("freed: {whose} held {}; {} came back to the system", mib(bytes("held")), mib(bytes("returned")));
+    if let Some(worker) = event.get("worker").filter(|w| !w.is_null()) {
+        text.push_str(&format!(" (worker process {})", version(&worker["pid"])));
+    }
+    let residual = event["residual"].as_i64().unwrap_or(0);
+    // Below a MiB either way is the allocator's noise.
+    if residual.unsigned_abs() < 1024 * 1024 {
+        text.push_str("; nothing left behind");
+    } else if residual > 0 {
+        text.push_str(&format!("; {} left behind since the last free", signed_mib(residual)));
+    } else {
+        text.push_str(&format!("; {} given back beyond it", mib(residual.unsigned_abs())));
+    }
+    text.push_str(&format!("; the server holds {} beyond its live versions", mib(bytes("unaccounted"))));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_free_reads_in_mib_with_what_came_back_and_what_stayed() {
+        let event = json!({
+            "event": "unloaded", "model": "ranker", "version": 1, "at": 1_796_649_909.25,
+            "held": 12_897_484, "returned": 12_582_912, "residual": -45_056, "unaccounted": 46_440_448,
+        });
+        let line = event_line(&event);
+        let time = line.split(' ').next().unwrap();
+        assert_eq!(Some(time.to_owned()), crate::clock::local_time_of_day(1_796_649_909.25), "{line}");
+        assert!(
+            line.ends_with(
+                " ranker v1 freed: it held 12.3 MiB; 12.0 MiB came back to the system; nothing left behind; \
+                 the server holds 44.3 MiB beyond its live versions"
+            ),
+            "{line}"
+        );
+        let grew = json!({ "event": "unloaded", "held": 0, "returned": 0, "residual": 3_145_728, "unaccounted": 0,
+                           "twin": true, "worker": { "pid": 42 } });
+        let line = event_line(&grew);
+        assert!(line.contains("freed: its rollout twin held 0.0 MiB; 0.0 MiB came back to the system (worker process 42); +3.0 MiB left behind since the last free"), "{line}");
+    }
 }

@@ -72,10 +72,13 @@ fn checks(verdict: &Value) -> String {
     out
 }
 
-/// One decision as a line: when (seconds since the epoch), what, by whom,
+/// One decision as a line: when (the local time of day), what, by whom,
 /// and the sentence.
 fn decision(d: &Value) -> String {
-    let at = d["at_ms"].as_u64().map(|ms| format!("{:.3}", ms as f64 / 1000.0)).unwrap_or_else(|| "-".into());
+    let at = d["at_ms"]
+        .as_u64()
+        .and_then(|ms| crate::clock::local_time_of_day(ms as f64 / 1000.0))
+        .unwrap_or_else(|| "-".into());
     format!("    {at} {:<11} {:<8} {}\n", text(&d["action"]), text(&d["by"]), text(&d["message"]))
 }
 

@@ -1,11 +1,9 @@
 //! `baton rollout`: starts a rollout, or shows, pauses, resumes, promotes
-//! or aborts one.
-//!
-//! The first word is a verb or the model: `baton rollout ranker --version
-//! 2` starts one (as does `baton rollout start ranker --version 2`, the
-//! form for a model named like a verb), `baton rollout status ranker
-//! [--watch]` shows it. Options that only a start takes are refused with
-//! another verb, rather than ignored.
+//! or aborts one, each a subcommand as in `baton fleet` and `kubectl argo
+//! rollouts`: `baton rollout start ranker --version 2`, `baton rollout
+//! status ranker [--watch]`, `baton rollout pause ranker --reason …`.
+//! The older form, the model alone, still starts one: `baton rollout
+//! ranker --version 2`.
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -15,63 +13,103 @@ use serde_json::{Map, Value, json};
 
 use super::{Target, render_rollout};
 
-/// The verbs, in the order help lists them.
-const VERBS: [&str; 6] = ["start", "status", "pause", "resume", "promote", "abort"];
-
 /// How often `--watch` asks for the status.
 const REFRESH: Duration = Duration::from_secs(1);
 
 /// `baton rollout`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct RolloutArgs {
-    /// The model to roll out, or a verb (start, status, pause, resume,
-    /// promote, abort) followed by the model.
-    #[arg(value_name = "MODEL|VERB")]
-    pub first: String,
-    /// The model, after a verb.
+    #[command(subcommand)]
+    pub action: Option<Action>,
+    /// The model to roll out: `baton rollout MODEL [options]` is `baton
+    /// rollout start MODEL [options]`.
     #[arg(value_name = "MODEL")]
     pub model: Option<String>,
-    /// Start: the candidate version; the repository's newest when not given.
+    #[command(flatten)]
+    pub start: StartOptions,
+    /// Start and status: follow the rollout, refreshing every second, until it ends.
+    #[arg(long, global = true)]
+    pub watch: bool,
+    /// Print the server's JSON answer instead of text.
+    #[arg(long, global = true, conflicts_with = "watch")]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// What to do with a model's rollout.
+#[derive(clap::Subcommand, Debug)]
+pub enum Action {
+    /// Start a rollout of the candidate (the repository's newest by default).
+    Start {
+        /// The model.
+        model: String,
+        #[command(flatten)]
+        options: Box<StartOptions>,
+    },
+    /// Show the rollout in progress, or the last one that ended (--watch follows it).
+    Status {
+        /// The model.
+        model: String,
+    },
+    /// Stop judging windows; the candidate keeps its share.
+    Pause {
+        /// The model.
+        model: String,
+        /// Why, shown in the status.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Judge windows again.
+    Resume {
+        /// The model.
+        model: String,
+    },
+    /// Make the candidate stable now.
+    Promote {
+        /// The model.
+        model: String,
+    },
+    /// Take the candidate out; the stable version answers everything.
+    Abort {
+        /// The model.
+        model: String,
+    },
+}
+
+/// The options of a start.
+#[derive(clap::Args, Debug, Default)]
+pub struct StartOptions {
+    /// The candidate version; the repository's newest when not given.
     #[arg(long)]
     pub version: Option<u64>,
-    /// Start: canary, ab or shadow.
+    /// canary, ab or shadow.
     #[arg(long)]
     pub mode: Option<String>,
-    /// Start: the candidate's share at each step, in percent, e.g. 1,5,25,50,100.
+    /// The candidate's share at each step, in percent, e.g. 1,5,25,50,100.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub steps: Option<Vec<f64>>,
-    /// Start: the length of a window, e.g. 30s, 500ms, 2m.
+    /// The length of a window, e.g. 30s, 500ms, 2m.
     #[arg(long, value_parser = baton_drill::args::parse_duration)]
     pub interval: Option<Duration>,
-    /// Start: failed windows that roll the candidate back.
+    /// Failed windows that roll the candidate back.
     #[arg(long)]
     pub failure_limit: Option<u32>,
-    /// Start: inconclusive windows in a row that pause the rollout.
+    /// Inconclusive windows in a row that pause the rollout.
     #[arg(long)]
     pub max_inconclusive: Option<u32>,
-    /// Start: whether requests the candidate answers also run on the stable version, to compare outputs.
+    /// Whether requests the candidate answers also run on the stable version, to compare outputs.
     #[arg(long, value_name = "true|false")]
     pub paired: Option<bool>,
-    /// Start: how long after promotion the new stable version is still
-    /// judged against the one it replaced, e.g. 5m; 0s for no watch.
+    /// How long after promotion the new stable version is still judged
+    /// against the one it replaced, e.g. 5m; 0s for no watch.
     #[arg(long, value_parser = baton_drill::args::parse_duration)]
     pub watch_for: Option<Duration>,
-    /// Start: the guards as a JSON object with the fields of [rollout.guards].
+    /// The guards as a JSON object with the fields of [rollout.guards].
     #[arg(long, value_name = "JSON", conflicts_with_all = GUARD_FLAGS)]
     pub guards: Option<String>,
     #[command(flatten)]
     pub guard: GuardFlags,
-    /// Pause: why.
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// Start and status: follow the rollout, refreshing every second, until it ends.
-    #[arg(long)]
-    pub watch: bool,
-    /// Print the server's JSON answer instead of text.
-    #[arg(long, conflicts_with = "watch")]
-    pub json: bool,
-    #[command(flatten)]
-    pub target: Target,
 }
 
 /// The guard flags' ids, which `--guards` excludes.
@@ -90,28 +128,28 @@ const GUARD_FLAGS: [&str; 8] = [
 /// `[rollout.guards]` whole, the others taking baton's defaults.
 #[derive(clap::Args, Debug, Default)]
 pub struct GuardFlags {
-    /// Start: requests each side needs in a window before it can pass or fail.
+    /// requests each side needs in a window before it can pass or fail.
     #[arg(long)]
     pub min_samples: Option<u64>,
-    /// Start: how much the candidate's error rate may exceed the stable version's.
+    /// how much the candidate's error rate may exceed the stable version's.
     #[arg(long)]
     pub max_error_rate_increase: Option<f64>,
-    /// Start: the candidate's p99 latency over the stable version's, at most.
+    /// the candidate's p99 latency over the stable version's, at most.
     #[arg(long)]
     pub max_p99_ratio: Option<f64>,
-    /// Start: the largest absolute difference of any output element.
+    /// the largest absolute difference of any output element.
     #[arg(long)]
     pub max_abs_diff: Option<f64>,
-    /// Start: the mean relative L2 distance of an output.
+    /// the mean relative L2 distance of an output.
     #[arg(long)]
     pub max_rel_l2: Option<f64>,
-    /// Start: the mean cosine similarity of an output, at least.
+    /// the mean cosine similarity of an output, at least.
     #[arg(long)]
     pub min_cosine: Option<f64>,
-    /// Start: the share of rows with the same top class, at least.
+    /// the share of rows with the same top class, at least.
     #[arg(long)]
     pub min_top1_agreement: Option<f64>,
-    /// Start: the candidate's outcome value per answer over the stable version's, at least.
+    /// the candidate's outcome value per answer over the stable version's, at least.
     #[arg(long)]
     pub min_outcome_ratio: Option<f64>,
 }
@@ -141,24 +179,10 @@ impl GuardFlags {
     }
 }
 
-impl RolloutArgs {
-    /// The verb and the model.
-    fn command(&self) -> anyhow::Result<(&str, &str)> {
-        match (VERBS.contains(&self.first.as_str()), self.model.as_deref()) {
-            (true, Some(model)) => Ok((self.first.as_str(), model)),
-            (true, None) => bail!("baton rollout {} needs a model: baton rollout {} MODEL", self.first, self.first),
-            (false, None) => Ok(("start", self.first.as_str())),
-            (false, Some(_)) => bail!(
-                "'{}' is not one of {}; to start a rollout, name the model alone: baton rollout MODEL [--version N]",
-                self.first,
-                VERBS.join(", ")
-            ),
-        }
-    }
-
+impl StartOptions {
     /// The body of a start: only what was given, so the model's section
     /// supplies the rest.
-    fn start_body(&self) -> anyhow::Result<Value> {
+    fn body(&self) -> anyhow::Result<Value> {
         let mut body = Map::new();
         let mut put = |key: &str, value: Option<Value>| {
             if let Some(value) = value {
@@ -181,54 +205,53 @@ impl RolloutArgs {
         Ok(Value::Object(body))
     }
 
-    /// The start-only options given, by flag name.
-    fn start_options(&self) -> Vec<&'static str> {
-        let given = [
-            ("--version", self.version.is_some()),
-            ("--mode", self.mode.is_some()),
-            ("--steps", self.steps.is_some()),
-            ("--interval", self.interval.is_some()),
-            ("--failure-limit", self.failure_limit.is_some()),
-            ("--max-inconclusive", self.max_inconclusive.is_some()),
-            ("--paired", self.paired.is_some()),
-            ("--watch-for", self.watch_for.is_some()),
-            ("--guards and the guard flags", self.guards.is_some() || self.guard.json().is_some()),
-        ];
-        given.into_iter().filter(|(_, given)| *given).map(|(flag, _)| flag).collect()
+    /// Whether any option was given.
+    fn any(&self) -> bool {
+        self.body().map_or(true, |b| b.as_object().is_some_and(|o| !o.is_empty())) || self.guards.is_some()
     }
+}
 
-    /// Refuses options the verb does not take.
-    fn check(&self, verb: &str) -> anyhow::Result<()> {
-        let start_only = self.start_options();
-        if verb != "start" && !start_only.is_empty() {
-            bail!(
-                "{} can only be given when starting a rollout (baton rollout MODEL ...), not with {verb}",
-                start_only.join(", ")
-            );
-        }
-        if verb != "pause" && self.reason.is_some() {
-            bail!("--reason goes with pause only");
-        }
-        if self.watch && !matches!(verb, "start" | "status") {
+impl RolloutArgs {
+    /// The verb, the model, and the start's options.
+    fn command(&self) -> anyhow::Result<(&'static str, &str, Option<&StartOptions>)> {
+        let given_before = self.model.is_some() || self.start.any();
+        let (verb, model) = match &self.action {
+            None => match &self.model {
+                Some(model) => return Ok(("start", model, Some(&self.start))),
+                None => bail!(
+                    "name a model to start a rollout (baton rollout start MODEL), or an action: \
+                     baton rollout status|pause|resume|promote|abort MODEL"
+                ),
+            },
+            Some(_) if given_before => {
+                bail!("give the model and the start's options after the action: baton rollout start MODEL --version N")
+            }
+            Some(Action::Start { model, options }) => return Ok(("start", model, Some(options))),
+            Some(Action::Status { model }) => ("status", model),
+            Some(Action::Pause { model, .. }) => ("pause", model),
+            Some(Action::Resume { model }) => ("resume", model),
+            Some(Action::Promote { model }) => ("promote", model),
+            Some(Action::Abort { model }) => ("abort", model),
+        };
+        if self.watch && verb != "status" {
             bail!("--watch goes with a start or status only");
         }
-        Ok(())
+        Ok((verb, model, None))
     }
 }
 
 /// `baton rollout ...`.
 pub fn run(args: &RolloutArgs) -> anyhow::Result<()> {
-    let (verb, model) = args.command()?;
-    args.check(verb)?;
+    let (verb, model, start) = args.command()?;
     let path = format!("/baton/v1/models/{model}/rollout");
-    let answer = match verb {
-        "status" => args.target.client()?.get_json(&path)?,
-        "start" => args.target.admin()?.post_json(&path, &args.start_body()?)?,
-        "pause" => {
-            let body = args.reason.as_ref().map_or_else(|| json!({}), |reason| json!({ "reason": reason }));
+    let answer = match (verb, start, &args.action) {
+        (_, Some(options), _) => args.target.admin()?.post_json(&path, &options.body()?)?,
+        ("status", ..) => args.target.client()?.get_json(&path)?,
+        (_, _, Some(Action::Pause { reason, .. })) => {
+            let body = reason.as_ref().map_or_else(|| json!({}), |reason| json!({ "reason": reason }));
             args.target.admin()?.post_json(&format!("{path}/pause"), &body)?
         }
-        other => args.target.admin()?.post_json(&format!("{path}/{other}"), &json!({}))?,
+        (other, ..) => args.target.admin()?.post_json(&format!("{path}/{other}"), &json!({}))?,
     };
     if args.json {
         println!("{answer}");
@@ -282,39 +305,51 @@ mod tests {
         Cli::try_parse_from(std::iter::once("rollout").chain(line.iter().copied())).unwrap().args
     }
 
+    fn verb_and_model(line: &[&str]) -> anyhow::Result<(&'static str, String)> {
+        let args = parse(line);
+        args.command().map(|(verb, model, _)| (verb, model.to_owned()))
+    }
+
     #[test]
-    fn the_first_word_is_a_verb_or_the_model() {
-        assert_eq!(parse(&["ranker", "--version", "2"]).command().unwrap(), ("start", "ranker"));
-        assert_eq!(parse(&["status", "ranker"]).command().unwrap(), ("status", "ranker"));
-        assert_eq!(parse(&["start", "status"]).command().unwrap(), ("start", "status"));
-        assert!(parse(&["status"]).command().unwrap_err().to_string().contains("needs a model"));
-        assert!(parse(&["ranker", "other"]).command().is_err());
+    fn actions_are_subcommands_and_the_model_alone_starts() {
+        assert_eq!(verb_and_model(&["ranker", "--version", "2"]).unwrap(), ("start", "ranker".into()));
+        assert_eq!(verb_and_model(&["start", "ranker", "--version", "2"]).unwrap(), ("start", "ranker".into()));
+        assert_eq!(verb_and_model(&["status", "ranker"]).unwrap(), ("status", "ranker".into()));
+        assert_eq!(verb_and_model(&["start", "status"]).unwrap(), ("start", "status".into()));
+        assert_eq!(verb_and_model(&["abort", "m", "--url", "http://x"]).unwrap(), ("abort", "m".into()));
+        assert_eq!(parse(&["--url", "http://x", "status", "m"]).target.url, "http://x");
+        assert_eq!(parse(&["status", "m", "--url", "http://x"]).target.url, "http://x");
+        assert!(Cli::try_parse_from(["rollout", "status"]).is_err(), "status needs a model");
+        assert!(Cli::try_parse_from(["rollout", "ranker", "other"]).is_err());
+        assert!(verb_and_model(&[]).unwrap_err().to_string().contains("baton rollout start MODEL"));
     }
 
     #[test]
     fn a_start_sends_only_what_was_given() {
-        let args = parse(&["m", "--version", "2", "--steps", "1,5,25", "--interval", "30s", "--max-rel-l2", "0.05"]);
-        let body = args.start_body().unwrap();
+        let body = |line: &[&str]| parse(line).command().unwrap().2.unwrap().body().unwrap();
         assert_eq!(
-            body,
+            body(&["m", "--version", "2", "--steps", "1,5,25", "--interval", "30s", "--max-rel-l2", "0.05"]),
             json!({ "version": 2, "steps": [1.0, 5.0, 25.0], "interval_ms": 30000, "guards": { "max_rel_l2": 0.05 } })
         );
-        let body = parse(&["m", "--interval", "500ms", "--paired", "false", "--mode", "shadow"]).start_body().unwrap();
-        assert_eq!(body, json!({ "interval_ms": 500, "paired": false, "mode": "shadow" }));
-        assert_eq!(parse(&["m", "--interval", "2m"]).start_body().unwrap()["interval_ms"], 120_000);
-        assert_eq!(parse(&["m"]).start_body().unwrap(), json!({}));
-        let guards = parse(&["m", "--guards", r#"{"min_cosine": 0.99}"#]).start_body().unwrap();
-        assert_eq!(guards["guards"], json!({ "min_cosine": 0.99 }));
+        assert_eq!(
+            body(&["start", "m", "--interval", "500ms", "--paired", "false", "--mode", "shadow"]),
+            json!({ "interval_ms": 500, "paired": false, "mode": "shadow" })
+        );
+        assert_eq!(body(&["m", "--interval", "2m"])["interval_ms"], 120_000);
+        assert_eq!(body(&["m"]), json!({}));
+        assert_eq!(body(&["m", "--guards", r#"{"min_cosine": 0.99}"#])["guards"], json!({ "min_cosine": 0.99 }));
         assert!(Cli::try_parse_from(["rollout", "m", "--guards", "{}", "--max-rel-l2", "1"]).is_err());
         assert!(Cli::try_parse_from(["rollout", "m", "--interval", "soon"]).is_err());
     }
 
     #[test]
-    fn options_go_with_their_verb() {
-        assert!(parse(&["status", "m", "--version", "2"]).check("status").is_err());
-        assert!(parse(&["abort", "m", "--reason", "x"]).check("abort").is_err());
-        assert!(parse(&["pause", "m", "--reason", "x"]).check("pause").is_ok());
-        assert!(parse(&["promote", "m", "--watch"]).check("promote").is_err());
-        assert!(parse(&["status", "m", "--watch"]).check("status").is_ok());
+    fn options_go_with_their_action() {
+        assert!(Cli::try_parse_from(["rollout", "status", "m", "--version", "2"]).is_err());
+        assert!(Cli::try_parse_from(["rollout", "abort", "m", "--reason", "x"]).is_err());
+        assert!(parse(&["pause", "m", "--reason", "x"]).command().is_ok());
+        assert!(parse(&["promote", "m", "--watch"]).command().is_err());
+        assert!(parse(&["status", "m", "--watch"]).command().is_ok());
+        assert!(parse(&["start", "m", "--watch"]).command().is_ok());
+        assert!(parse(&["--version", "2", "status", "m"]).command().is_err());
     }
 }

@@ -131,6 +131,34 @@ pub async fn load(app: &Arc<App>, model: &str, version: Option<u64>) -> Result<L
     Ok(report)
 }
 
+/// baton's own load: [`load`], except that a load naming no version,
+/// unless `force`d, loads nothing when the repository's newest version
+/// already serves and no decision holds the model elsewhere; then
+/// `Err(version)` says which serves. (The KServe repository load keeps
+/// its meaning: it always loads.)
+pub async fn load_if_new(
+    app: &Arc<App>,
+    model: &str,
+    version: Option<u64>,
+    force: bool,
+) -> Result<Result<LoadReport, u64>, ServeError> {
+    let _working = begin(app, model).await?;
+    refuse_if_pinned(app, model, "load")?;
+    if version.is_none() && !force && app.decisions.get(model).is_none() {
+        let serving = app.registry.snapshot().model(model).map(|r| r.stable.number());
+        let newest = {
+            let (app, model) = (Arc::clone(app), model.to_owned());
+            blocking(move || newest(&app, &model)).await
+        };
+        if let Some(serving) = serving.filter(|s| Some(*s) == newest) {
+            return Ok(Err(serving));
+        }
+    }
+    let report = app.registry.load(model, version)?.finished().await?;
+    settle(app, Kind::Load, &report).await?;
+    Ok(Ok(report))
+}
+
 /// Rolls back to the kept previous version and records it.
 pub async fn rollback(app: &Arc<App>, model: &str) -> Result<LoadReport, ServeError> {
     let _working = begin(app, model).await?;

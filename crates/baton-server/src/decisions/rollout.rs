@@ -17,7 +17,11 @@ use crate::error::{Class, ServeError};
 /// rollout (in progress, or the last one that ended).
 pub fn view(app: &App, model: &str) -> Value {
     let serving = app.registry.snapshot().model(model).map(|r| r.stable.number());
-    json!({ "model": model, "serving": serving, "rollout": app.registry.rollout(model) })
+    let mut view = json!({ "model": model, "serving": serving, "rollout": app.registry.rollout(model) });
+    if let Some(rollout) = view.get_mut("rollout") {
+        crate::status::add_rollout_times(rollout);
+    }
+    view
 }
 
 /// Starts a rollout of `version` (the newest when `None`) and answers once

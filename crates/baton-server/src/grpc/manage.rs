@@ -42,7 +42,9 @@ fn to_json<T: serde::Serialize>(value: &T) -> Value {
 
 /// A registry event as a message: its kind is the JSON's `event` field.
 pub fn event_message(event: &CoreEvent) -> Event {
-    let json = to_json(event);
+    // As `GET /baton/v1/events` sends it, the time in RFC 3339 beside.
+    let mut json = to_json(event);
+    crate::clock::add_rfc3339(&mut json, "at");
     Event {
         model: event.model.clone(),
         version: event.version,

@@ -36,15 +36,37 @@ pub async fn model_status(State(app): State<Arc<App>>, Path(model): Path<String>
     crate::status::model(&app, &model).map(Json).ok_or_else(|| ApiError::unknown_model(&model))
 }
 
-/// `POST /baton/v1/models/{name}/load` with an optional `{"version": N}`.
+/// `POST /baton/v1/models/{name}/load` with an optional `{"version": N,
+/// "force": BOOL}`. Without a version, when the repository's newest
+/// already serves (and no decision holds the model on another), nothing
+/// loads unless `force`: the answer then says `"already_serving": true`.
 pub async fn load(
     State(app): State<Arc<App>>,
     Path(model): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let version = super::repository::version_body(&body)?;
-    let report = operate::load(&app, &model, version).await?;
-    Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        version: Option<u64>,
+        #[serde(default)]
+        force: bool,
+    }
+    let body: Body = super::repository::parse_body(&body)?;
+    match operate::load_if_new(&app, &model, body.version, body.force).await? {
+        Ok(report) => Ok(Json(serde_json::to_value(report).unwrap_or_default())),
+        Err(serving) => Ok(Json(json!({
+            "model": model,
+            "operation": "none",
+            "version": serving,
+            "replaced": serving,
+            "already_serving": true,
+            "message": format!(
+                "model '{model}' already serves version {serving}, the repository's newest: nothing was loaded \
+                 (to load it again, send {{\"force\": true}}; baton load {model} --force)"
+            ),
+        }))),
+    }
 }
 
 /// `POST /baton/v1/models/{name}/rollback`.
@@ -115,7 +137,8 @@ pub async fn events(
     let stream = events.merge(ends).take_while(Option::is_some).filter_map(|item| item).map(|item| {
         Ok(match item {
             Ok(event) => {
-                let data = serde_json::to_value(&event).unwrap_or_default();
+                let mut data = serde_json::to_value(&event).unwrap_or_default();
+                crate::clock::add_rfc3339(&mut data, "at");
                 let name = data.get("event").and_then(Value::as_str).unwrap_or("event").to_owned();
                 SseEvent::default().event(name).data(data.to_string())
             }

@@ -41,20 +41,24 @@ pub struct ServeArgs {
     /// with every model (or only the `--load-model` ones) loaded at start.
     #[arg(long)]
     pub no_watch: bool,
-    /// How often the repository is polled, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    pub poll_ms: u64,
+    /// How often the repository is polled, e.g. 1s, 500ms (at least 10ms).
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub poll: Duration,
+    /// The same in milliseconds: the older spelling of --poll, still
+    /// taken; when given, it wins over --poll.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub poll_ms: Option<u64>,
     /// Polls in a row a model directory (or `model.toml`) or a kept
     /// version must be found missing ("no such file") before the watcher
     /// unloads or retires it. Other errors reading the repository never
     /// count: they change nothing.
     #[arg(long, default_value_t = watch::MISSING_POLLS, value_parser = clap::value_parser!(u32).range(1..))]
     pub missing_polls: u32,
-    /// How long shutdown waits, in seconds, once the listeners have closed,
+    /// How long shutdown waits, e.g. 30s, once the listeners have closed,
     /// for requests in flight and operations running on models; past it
-    /// baton exits without them.
-    #[arg(long, default_value_t = 30)]
-    pub shutdown_timeout: u64,
+    /// baton exits without them. (A bare number is seconds.)
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_timeout: Duration,
     /// Largest request body accepted, in bytes (or with a unit: 64MiB).
     #[arg(long, default_value = "64MiB", value_parser = parse_usize_bytes)]
     pub max_request_bytes: usize,
@@ -127,11 +131,12 @@ pub struct ServeArgs {
     /// listener).
     #[arg(long)]
     pub insecure_management: bool,
-    /// On SIGTERM, how long to keep serving and accepting, in seconds, after
+    /// On SIGTERM, how long to keep serving and accepting, e.g. 10s, after
     /// turning not ready, before closing the listeners: time for load
-    /// balancers (a Kubernetes Service's endpoints) to stop sending traffic.
-    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
-    pub shutdown_delay: u64,
+    /// balancers (a Kubernetes Service's endpoints) to stop sending
+    /// traffic. (A bare number is seconds.)
+    #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_delay: Duration,
     /// Inference requests the server holds at once, from arrival to answer;
     /// more are refused at once (503, gRPC UNAVAILABLE).
     #[arg(long, default_value_t = 1024)]
@@ -235,6 +240,7 @@ impl Control {
 pub struct Timeout(pub Option<Duration>);
 
 pub use baton_core::bytes::parse as parse_bytes;
+pub use baton_drill::args::parse_duration;
 
 /// [`parse_bytes`], for a size held in a `usize`.
 pub fn parse_usize_bytes(text: &str) -> Result<usize, String> {
@@ -253,20 +259,18 @@ pub fn parse_positive_timeout(text: &str) -> Result<Timeout, String> {
 /// parse time rather than overflowing a deadline later.
 pub const LONGEST_TIMEOUT: Duration = Duration::from_secs(86_400);
 
-/// Parses a timeout: a number with `ms` or `s`, at most a day; zero (`0`,
-/// `0s`, `0ms`) for none.
+/// Parses a timeout: a number with `ms`, `s` or `m` (the spelling of
+/// every duration flag), at most a day; zero (`0`, `0s`, `0ms`) for none.
+/// A bare number other than 0 is refused: these flags never took one.
 pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
     let text = text.trim();
     if text == "0" {
         return Ok(Timeout(None));
     }
-    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a timeout"))?;
-    let timeout = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        _ => return Err(format!("'{text}' needs a unit, ms or s (or is 0 for none)")),
-    };
+    if !text.ends_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err(format!("'{text}' needs a unit, ms, s or m (or is 0 for none)"));
+    }
+    let timeout = parse_duration(text)?;
     if timeout > LONGEST_TIMEOUT {
         return Err(format!("'{text}' is longer than a day (86400s), the longest timeout taken"));
     }
@@ -274,6 +278,11 @@ pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
 }
 
 impl ServeArgs {
+    /// How often the repository is polled: --poll, or --poll-ms, at least 10 ms.
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_ms.map_or(self.poll, Duration::from_millis).max(Duration::from_millis(10))
+    }
+
     /// The model control the flags ask for. `--no-watch` is explicit control
     /// with every model loaded at start, unless `--load-model` names some.
     pub fn control(&self) -> anyhow::Result<Control> {

@@ -16,7 +16,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use baton_core::backend::Backend;
@@ -398,7 +397,7 @@ async fn serve(
     // Subscribed before the first load starts, so every load is counted.
     tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
     if app.registry.source().store_answer().is_some() {
-        tokio::spawn(repo::announce_store(Arc::clone(&app), Duration::from_millis(args.poll_ms.max(10))));
+        tokio::spawn(repo::announce_store(Arc::clone(&app), args.poll_interval()));
     }
     // In a fleet, etcd keeps what serves; the state file is left alone.
     let in_fleet = args.cluster.cluster.is_some();
@@ -408,7 +407,7 @@ async fn serve(
 
     let (stop_watching, stop) = std::sync::mpsc::channel::<()>();
     let watcher_app = Arc::clone(&app);
-    let poll = Duration::from_millis(args.poll_ms.max(10));
+    let poll = args.poll_interval();
     let (polls, at_start) = (control.polls(), control.at_start.clone());
     let missing_polls = args.missing_polls;
     let watcher = std::thread::Builder::new().name("baton-watch".into()).spawn(move || {
@@ -450,7 +449,7 @@ async fn serve(
         admin_token = args.admin_token_file.is_some(),
         "baton is serving."
     );
-    let delay = Duration::from_secs(args.shutdown_delay);
+    let delay = args.shutdown_delay;
     match (signals, trigger) {
         (Some(signals), _) => {
             tokio::spawn(shutdown::on_signals(signals, Arc::clone(&app), delay, stop_watching));
@@ -528,7 +527,7 @@ async fn serve(
     }
     // After the commit: systemd follows this process from then on.
     tokio::spawn(notify::when_ready(Arc::clone(&app), target.is_some()));
-    let grace = Duration::from_secs(args.shutdown_timeout);
+    let grace = args.shutdown_timeout;
     shutdown::drain(&app, servers, watcher, grace).await?;
     tracing::info!("baton stopped.");
     Ok(())

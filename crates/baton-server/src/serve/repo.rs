@@ -67,7 +67,7 @@ impl Repo {
             let cache = StoreCache {
                 dir: &args.cache_dir,
                 max_bytes: args.cache_max_bytes,
-                poll: Duration::from_millis(args.poll_ms.max(10)),
+                poll: args.poll_interval(),
                 nice: args.loader_nice,
                 idle: args.loader_idle,
             };
