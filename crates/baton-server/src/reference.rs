@@ -38,6 +38,33 @@ fn backticked(text: &str) -> Option<&str> {
     rest.split_once('`').map(|(inside, _)| inside)
 }
 
+/// The command paths a heading's name stands for, as in a usage line:
+/// `rollout start|status` is `rollout start` and `rollout status`, and
+/// `rollout [pause|abort]` also `rollout` itself.
+fn commands(name: &str) -> Vec<String> {
+    let mut paths = vec![String::new()];
+    for word in name.split_whitespace() {
+        let (choices, optional) = match word.strip_prefix('[').and_then(|w| w.strip_suffix(']')) {
+            Some(inside) => (inside, true),
+            None => (word, false),
+        };
+        let mut words: Vec<&str> = choices.split('|').collect();
+        if optional {
+            words.push("");
+        }
+        paths = paths.iter().flat_map(|p| words.iter().map(move |w| format!("{p} {w}").trim().to_owned())).collect();
+    }
+    paths
+}
+
+#[test]
+fn a_heading_names_commands_as_a_usage_line_does() {
+    assert_eq!(commands("serve"), ["serve"]);
+    assert_eq!(commands(""), [""]);
+    assert_eq!(commands("rollout start|status"), ["rollout start", "rollout status"]);
+    assert_eq!(commands("fleet [pause|abort]"), ["fleet pause", "fleet abort", "fleet"]);
+}
+
 /// The rows of the tables under `part`.
 fn rows(part: &str) -> Vec<Row> {
     let mut inside = false;
@@ -53,11 +80,12 @@ fn rows(part: &str) -> Vec<Row> {
         }
         if let Some(heading) = line.strip_prefix("### ") {
             // A heading may name several commands whose flags are the
-            // same (`baton serve`, `baton agent`); a `model.toml` heading
-            // names its section (`[policy]`), or none for the top level.
+            // same (`baton serve`, `baton agent`, `baton rollout
+            // start|status`); a `model.toml` heading names its section
+            // (`[policy]`), or none for the top level.
             let named: Vec<&str> = heading.split('`').skip(1).step_by(2).collect();
             let commands: Vec<String> =
-                named.iter().filter_map(|n| n.strip_prefix("baton")).map(|n| n.trim().to_owned()).collect();
+                named.iter().filter_map(|n| n.strip_prefix("baton")).flat_map(|n| commands(n.trim())).collect();
             sections = match (commands.is_empty(), named.first()) {
                 (false, _) => commands,
                 (true, Some(name)) => vec![name.trim_matches(['[', ']']).to_owned()],

@@ -2,7 +2,7 @@
 //! from etcd. `baton fleet rollout` starts a rollout and coordinates it to
 //! its end (unless `--detach`); if it dies, a replica takes over. When the
 //! etcd member it speaks to stops answering, a rollout it coordinates and
-//! `status --watch` go on through another member.
+//! `status --follow` go on through another member.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -44,9 +44,9 @@ pub struct FleetArgs {
 pub enum FleetCommand {
     /// Every replica's state and versions, and each model's rollout.
     Status {
-        /// Refresh every second until interrupted.
-        #[arg(long)]
-        watch: bool,
+        /// Follow the fleet, refreshing every second, until interrupted.
+        #[arg(long, short = 'f', alias = "watch", conflicts_with = "json")]
+        follow: bool,
     },
     /// Rolls MODEL out to VERSION across the fleet: every replica prepares
     /// it, then all switch at once (or a subset first, with --steps).
@@ -170,10 +170,7 @@ pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
             .with_context(|| format!("no fleet can be reached at {}", args.cluster))?;
         let me = format!("operator@{}", crate::cluster::replica_id(None));
         match &args.command {
-            FleetCommand::Status { watch } => {
-                anyhow::ensure!(!(*watch && args.json), "--watch and --json do not go together");
-                status(&store, *watch, args.json).await
-            }
+            FleetCommand::Status { follow } => status(&store, *follow, args.json).await,
             FleetCommand::Rollout(rollout) => Box::pin(start(&store, rollout, &me, args.json)).await,
             FleetCommand::Pause { model } => operate(&store, model, Request::Pause, &me, args.json).await,
             FleetCommand::Resume { model } => operate(&store, model, Request::Resume, &me, args.json).await,
@@ -231,7 +228,7 @@ async fn start(store: &Store, rollout: &FleetRollout, me: &str, json: bool) -> a
             return Ok(());
         }
         println!("{}", record.decisions.last().map_or("", |d| d.message.as_str()));
-        println!("Detached: the fleet's replicas coordinate it. Follow it with `baton fleet status --watch`.");
+        println!("Detached: the fleet's replicas coordinate it. Follow it with `baton fleet status --follow`.");
         return Ok(());
     }
     // The coordinator key is taken before the record is written: a record
@@ -465,13 +462,13 @@ async fn snapshot(store: &Store) -> anyhow::Result<Fleet> {
     })
 }
 
-async fn status(store: &Store, watch: bool, json: bool) -> anyhow::Result<()> {
+async fn status(store: &Store, follow: bool, json: bool) -> anyhow::Result<()> {
     let mut store = store.clone();
     loop {
         let snapshot = match snapshot(&store).await {
             Ok(snapshot) => snapshot,
-            // Watching: a member that stops answering is left for another.
-            Err(error) if watch => {
+            // Following: a member that stops answering is left for another.
+            Err(error) if follow => {
                 eprintln!("etcd member {} did not answer ({error:#}); reading through another.", store.endpoint());
                 match store.reconnect().await {
                     Ok(other) => store = other,
@@ -484,12 +481,12 @@ async fn status(store: &Store, watch: bool, json: bool) -> anyhow::Result<()> {
         };
         let text = if json { serde_json::to_string_pretty(&snapshot)? } else { super::render_fleet::render(&snapshot) };
         let mut out = std::io::stdout().lock();
-        if watch && out.is_terminal() {
+        if follow && out.is_terminal() {
             write!(out, "\x1b[2J\x1b[H")?;
         }
         writeln!(out, "{text}")?;
         out.flush()?;
-        if !watch {
+        if !follow {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

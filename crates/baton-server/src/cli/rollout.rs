@@ -1,9 +1,10 @@
 //! `baton rollout`: starts a rollout, or shows, pauses, resumes, promotes
 //! or aborts one, each a subcommand as in `baton fleet` and `kubectl argo
 //! rollouts`: `baton rollout start ranker --version 2`, `baton rollout
-//! status ranker [--watch]`, `baton rollout pause ranker --reason …`.
-//! The older form, the model alone, still starts one: `baton rollout
-//! ranker --version 2`.
+//! status ranker [--follow]`, `baton rollout pause ranker --reason …`.
+//! Each action takes only its own flags. The older form, the model alone,
+//! still starts one: `baton rollout ranker --version 2`; its flags are
+//! hidden from the help, which shows the subcommands.
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Target, render_rollout};
 
-/// How often `--watch` asks for the status.
+/// How often `--follow` asks for the status.
 const REFRESH: Duration = Duration::from_secs(1);
 
 /// `baton rollout`'s arguments.
@@ -22,16 +23,18 @@ pub struct RolloutArgs {
     #[command(subcommand)]
     pub action: Option<Action>,
     /// The model to roll out: `baton rollout MODEL [options]` is `baton
-    /// rollout start MODEL [options]`.
-    #[arg(value_name = "MODEL")]
+    /// rollout start MODEL [options]`, the older form, still taken.
+    #[arg(value_name = "MODEL", hide = true)]
     pub model: Option<String>,
+    /// The older form's start options, hidden: `baton rollout start`
+    /// shows them.
     #[command(flatten)]
-    pub start: StartOptions,
-    /// Start and status: follow the rollout, refreshing every second, until it ends.
-    #[arg(long, global = true)]
-    pub watch: bool,
+    pub start: Hidden<StartOptions>,
+    /// The older form's `--follow`.
+    #[command(flatten)]
+    pub follow: Hidden<Follow>,
     /// Print the server's JSON answer instead of text.
-    #[arg(long, global = true, conflicts_with = "watch")]
+    #[arg(long, global = true)]
     pub json: bool,
     #[command(flatten)]
     pub target: Target,
@@ -46,11 +49,15 @@ pub enum Action {
         model: String,
         #[command(flatten)]
         options: Box<StartOptions>,
+        #[command(flatten)]
+        follow: Follow,
     },
-    /// Show the rollout in progress, or the last one that ended (--watch follows it).
+    /// Show the rollout in progress, or the last one that ended (--follow follows it).
     Status {
         /// The model.
         model: String,
+        #[command(flatten)]
+        follow: Follow,
     },
     /// Stop judging windows; the candidate keeps its share.
     Pause {
@@ -75,6 +82,40 @@ pub enum Action {
         /// The model.
         model: String,
     },
+}
+
+/// Start and status: whether to follow the rollout.
+#[derive(clap::Args, Debug, Default, Clone, Copy)]
+pub struct Follow {
+    /// Follow the rollout, refreshing every second, until it ends.
+    #[arg(long, short = 'f', alias = "watch", conflicts_with = "json")]
+    pub follow: bool,
+}
+
+/// Flags taken but left out of the help: those of the older `baton
+/// rollout MODEL` form.
+#[derive(Debug, Default)]
+pub struct Hidden<T>(pub T);
+
+impl<T: clap::Args> clap::Args for Hidden<T> {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        let flags = T::augment_args(clap::Command::new("hidden"));
+        flags.get_arguments().fold(command, |command, arg| command.arg(arg.clone().hide(true)))
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
+    }
+}
+
+impl<T: clap::FromArgMatches> clap::FromArgMatches for Hidden<T> {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(matches).map(Hidden)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
 }
 
 /// The options of a start.
@@ -214,10 +255,10 @@ impl StartOptions {
 impl RolloutArgs {
     /// The verb, the model, and the start's options.
     fn command(&self) -> anyhow::Result<(&'static str, &str, Option<&StartOptions>)> {
-        let given_before = self.model.is_some() || self.start.any();
+        let given_before = self.model.is_some() || self.start.0.any() || self.follow.0.follow;
         let (verb, model) = match &self.action {
             None => match &self.model {
-                Some(model) => return Ok(("start", model, Some(&self.start))),
+                Some(model) => return Ok(("start", model, Some(&self.start.0))),
                 None => bail!(
                     "name a model to start a rollout (baton rollout start MODEL), or an action: \
                      baton rollout status|pause|resume|promote|abort MODEL"
@@ -226,17 +267,23 @@ impl RolloutArgs {
             Some(_) if given_before => {
                 bail!("give the model and the start's options after the action: baton rollout start MODEL --version N")
             }
-            Some(Action::Start { model, options }) => return Ok(("start", model, Some(options))),
-            Some(Action::Status { model }) => ("status", model),
+            Some(Action::Start { model, options, .. }) => return Ok(("start", model, Some(options))),
+            Some(Action::Status { model, .. }) => ("status", model),
             Some(Action::Pause { model, .. }) => ("pause", model),
             Some(Action::Resume { model }) => ("resume", model),
             Some(Action::Promote { model }) => ("promote", model),
             Some(Action::Abort { model }) => ("abort", model),
         };
-        if self.watch && verb != "status" {
-            bail!("--watch goes with a start or status only");
-        }
         Ok((verb, model, None))
+    }
+
+    /// Whether to follow the rollout (`--follow`, given to a start or a status).
+    fn follows(&self) -> bool {
+        match &self.action {
+            None => self.follow.0.follow,
+            Some(Action::Start { follow, .. } | Action::Status { follow, .. }) => follow.follow,
+            Some(_) => false,
+        }
     }
 }
 
@@ -257,16 +304,16 @@ pub fn run(args: &RolloutArgs) -> anyhow::Result<()> {
         println!("{answer}");
         return Ok(());
     }
-    if !args.watch {
+    if !args.follows() {
         print!("{}", render_rollout::view(&answer));
         return Ok(());
     }
-    watch(args, &path, answer)
+    follow(args, &path, answer)
 }
 
 /// Shows the rollout every [`REFRESH`] until it ends. On a terminal each
 /// view replaces the last; otherwise the views follow one another.
-fn watch(args: &RolloutArgs, path: &str, mut answer: Value) -> anyhow::Result<()> {
+fn follow(args: &RolloutArgs, path: &str, mut answer: Value) -> anyhow::Result<()> {
     let client = args.target.client()?;
     let terminal = std::io::stdout().is_terminal();
     loop {
@@ -347,9 +394,24 @@ mod tests {
         assert!(Cli::try_parse_from(["rollout", "status", "m", "--version", "2"]).is_err());
         assert!(Cli::try_parse_from(["rollout", "abort", "m", "--reason", "x"]).is_err());
         assert!(parse(&["pause", "m", "--reason", "x"]).command().is_ok());
-        assert!(parse(&["promote", "m", "--watch"]).command().is_err());
-        assert!(parse(&["status", "m", "--watch"]).command().is_ok());
-        assert!(parse(&["start", "m", "--watch"]).command().is_ok());
+        for action in ["pause", "resume", "promote", "abort"] {
+            assert!(Cli::try_parse_from(["rollout", action, "m", "--follow"]).is_err(), "{action} --follow");
+            assert!(Cli::try_parse_from(["rollout", action, "m", "--watch"]).is_err(), "{action} --watch");
+            assert!(Cli::try_parse_from(["rollout", action, "m", "--version", "2"]).is_err(), "{action} --version");
+            assert!(parse(&[action, "m", "--json"]).command().is_ok(), "{action} --json");
+        }
+        for action in ["resume", "promote", "start", "status"] {
+            assert!(Cli::try_parse_from(["rollout", action, "m", "--reason", "x"]).is_err(), "{action} --reason");
+        }
+        assert!(Cli::try_parse_from(["rollout", "status", "m", "--follow", "--json"]).is_err());
+        assert!(parse(&["status", "m", "--follow"]).follows());
+        assert!(parse(&["status", "m", "-f"]).follows());
+        assert!(parse(&["start", "m", "--follow"]).follows());
+        assert!(parse(&["m", "--follow"]).follows());
+        assert!(!parse(&["status", "m"]).follows());
+        // The older spelling of --follow is still taken.
+        assert!(parse(&["status", "m", "--watch"]).follows());
         assert!(parse(&["--version", "2", "status", "m"]).command().is_err());
+        assert!(parse(&["--follow", "status", "m"]).command().is_err());
     }
 }

@@ -39,8 +39,9 @@ pub struct ServeArgs {
     pub grpc: SocketAddr,
     /// Do not poll the repository: the same as `--model-control explicit`
     /// with every model (or only the `--load-model` ones) loaded at start.
-    #[arg(long)]
-    pub no_watch: bool,
+    /// (`--no-watch`, its older spelling, is still taken.)
+    #[arg(long, alias = "no-watch")]
+    pub no_poll: bool,
     /// How often the repository is polled, e.g. 1s, 500ms (at least 10ms).
     #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub poll: Duration,
@@ -49,8 +50,8 @@ pub struct ServeArgs {
     #[arg(long, hide = true, value_name = "MS")]
     pub poll_ms: Option<u64>,
     /// Polls in a row a model directory (or `model.toml`) or a kept
-    /// version must be found missing ("no such file") before the watcher
-    /// unloads or retires it. Other errors reading the repository never
+    /// version must be found missing ("no such file") before the
+    /// repository poller unloads or retires it. Other errors reading the repository never
     /// count: they change nothing.
     #[arg(long, default_value_t = watch::MISSING_POLLS, value_parser = clap::value_parser!(u32).range(1..))]
     pub missing_polls: u32,
@@ -107,7 +108,7 @@ pub struct ServeArgs {
     /// `--load-model` models at start and does not poll, `none` loads every
     /// model at start, does not poll and refuses the API's model operations.
     /// In `poll` and `explicit` the API loads, unloads, rolls back, retires.
-    #[arg(long, value_enum, default_value_t = ModelControl::Poll, conflicts_with = "no_watch")]
+    #[arg(long, value_enum, default_value_t = ModelControl::Poll, conflicts_with = "no_poll")]
     pub model_control: ModelControl,
     /// With `--model-control explicit`, a model to load at start; repeat it
     /// for more; `*` loads every model.
@@ -219,7 +220,7 @@ pub struct ServeArgs {
 }
 
 /// How models come and go, resolved from `--model-control`, `--load-model`
-/// and `--no-watch`.
+/// and `--no-poll`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Control {
     /// The mode.
@@ -283,10 +284,10 @@ impl ServeArgs {
         self.poll_ms.map_or(self.poll, Duration::from_millis).max(Duration::from_millis(10))
     }
 
-    /// The model control the flags ask for. `--no-watch` is explicit control
+    /// The model control the flags ask for. `--no-poll` is explicit control
     /// with every model loaded at start, unless `--load-model` names some.
     pub fn control(&self) -> anyhow::Result<Control> {
-        let mode = if self.no_watch { ModelControl::Explicit } else { self.model_control };
+        let mode = if self.no_poll { ModelControl::Explicit } else { self.model_control };
         let named = !self.load_model.is_empty();
         anyhow::ensure!(
             mode == ModelControl::Explicit || !named,
@@ -294,7 +295,7 @@ impl ServeArgs {
             mode.as_str()
         );
         let all =
-            mode != ModelControl::Explicit || self.load_model.iter().any(|m| m == "*") || (self.no_watch && !named);
+            mode != ModelControl::Explicit || self.load_model.iter().any(|m| m == "*") || (self.no_poll && !named);
         Ok(Control { mode, at_start: (!all).then(|| self.load_model.iter().cloned().collect()) })
     }
 

@@ -674,14 +674,17 @@ mod tests {
     }
 
     #[test]
-    fn model_control_defaults_to_polling_and_no_watch_is_explicit_with_every_model() {
+    fn model_control_defaults_to_polling_and_no_poll_is_explicit_with_every_model() {
         assert_eq!(control(&[]).unwrap(), Control { mode: ModelControl::Poll, at_start: None });
         assert!(control(&[]).unwrap().polls());
         let none = control(&["--model-control", "none"]).unwrap();
         assert_eq!((none.polls(), none), (false, Control { mode: ModelControl::None, at_start: None }));
-        let no_watch = control(&["--no-watch"]).unwrap();
-        assert_eq!((no_watch.polls(), no_watch), (false, Control { mode: ModelControl::Explicit, at_start: None }));
-        assert_eq!(control(&["--no-watch", "--load-model", "a"]).unwrap().at_start, named(&["a"]));
+        let no_poll = control(&["--no-poll"]).unwrap();
+        assert_eq!((no_poll.polls(), no_poll), (false, Control { mode: ModelControl::Explicit, at_start: None }));
+        assert_eq!(control(&["--no-poll", "--load-model", "a"]).unwrap().at_start, named(&["a"]));
+        assert!(Cli::try_parse_from(["baton", "--no-poll", "--model-control", "poll"]).is_err());
+        // The older spelling is still taken.
+        assert_eq!(control(&["--no-watch"]).unwrap(), Control { mode: ModelControl::Explicit, at_start: None });
         assert!(Cli::try_parse_from(["baton", "--no-watch", "--model-control", "poll"]).is_err());
     }
 
