@@ -559,8 +559,8 @@ fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&
     let (stable, candidate) = (p.stable, p.candidate);
     match action {
         Action::Started => format!(
-            "Model {model} started a {} rollout of version {candidate} beside version {stable}, at {share}%.",
-            p.plan.mode.as_str()
+            "Model {model} started {} rollout of version {candidate} beside version {stable}, at {share}%.",
+            p.plan.mode.in_words()
         ),
         Action::Advanced => format!("Model {model} version {candidate} advanced to {share}% ({who}){why}."),
         Action::Held if p.phase == Phase::Watching => {
@@ -591,6 +591,23 @@ fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&
         Action::Resumed => format!("Model {model} rollout of version {candidate} resumed at {share}% by {who}."),
         Action::Aborted => {
             format!("Model {model} rollout of version {candidate} was aborted by {who}; version {stable} serves all.")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::plan::{Overrides, RolloutPolicy};
+
+    #[test]
+    fn a_start_names_its_mode_with_the_right_article() {
+        for (mode, words) in [(Mode::Canary, "a canary"), (Mode::Ab, "an A/B"), (Mode::Shadow, "a shadow")] {
+            let mut plan = Plan::new(&RolloutPolicy::default(), &Overrides::default()).unwrap();
+            plan.mode = mode;
+            let progress = Progress::new(1, (1, 2), plan, 0, Arc::default());
+            let sentence = describe("ranker", &progress, Action::Started, By::Operator, None);
+            assert!(sentence.starts_with(&format!("Model ranker started {words} rollout of version 2")), "{sentence}");
         }
     }
 }

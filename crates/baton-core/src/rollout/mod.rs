@@ -58,6 +58,16 @@ impl Mode {
         }
     }
 
+    /// The mode in a sentence, with its article: "a canary", "an A/B",
+    /// "a shadow" (rollout).
+    pub fn in_words(self) -> &'static str {
+        match self {
+            Mode::Canary => "a canary",
+            Mode::Ab => "an A/B",
+            Mode::Shadow => "a shadow",
+        }
+    }
+
     /// Parses a name written by [`Mode::as_str`].
     pub fn parse(text: &str) -> Option<Mode> {
         match text {
