@@ -589,6 +589,10 @@ fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&
             p.paused.as_deref().unwrap_or("no reason given")
         ),
         Action::Resumed => format!("Model {model} rollout of version {candidate} resumed at {share}% by {who}."),
+        Action::Aborted if p.watch_until.is_some() => format!(
+            "Model {model} version {candidate} was aborted by {who} during the watch after its promotion; version \
+             {stable} serves all again."
+        ),
         Action::Aborted => {
             format!("Model {model} rollout of version {candidate} was aborted by {who}; version {stable} serves all.")
         }
@@ -609,5 +613,17 @@ mod tests {
             let sentence = describe("ranker", &progress, Action::Started, By::Operator, None);
             assert!(sentence.starts_with(&format!("Model ranker started {words} rollout of version 2")), "{sentence}");
         }
+    }
+
+    #[test]
+    fn an_abort_during_the_watch_says_the_replaced_version_serves_again() {
+        let plan = Plan::new(&RolloutPolicy::default(), &Overrides::default()).unwrap();
+        let mut progress = Progress::new(1, (1, 2), plan, 0, Arc::default());
+        let sentence = describe("ranker", &progress, Action::Aborted, By::Operator, None);
+        assert_eq!(sentence, "Model ranker rollout of version 2 was aborted by an operator; version 1 serves all.");
+        progress.phase = Phase::Watching;
+        progress.watch_until = Some(Instant::now());
+        let sentence = describe("ranker", &progress, Action::Aborted, By::Operator, None);
+        assert!(sentence.contains("during the watch after its promotion; version 1 serves all again"), "{sentence}");
     }
 }
