@@ -49,7 +49,7 @@ start_baton() {
   local d=$1
   # shellcheck disable=SC2086 # BATON_SERVE_ARGS is a list of options
   setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" "$baton" serve --repo "$d" \
-    --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch ${BATON_SERVE_ARGS:-} >"$d/server.log" 2>&1 </dev/null &
+    --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-poll ${BATON_SERVE_ARGS:-} >"$d/server.log" 2>&1 </dev/null &
   for _ in $(seq 600); do [ -s "$d/pid" ] && curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done
   pid="$(cat "$d/pid")"
 }

@@ -121,7 +121,7 @@ run_config() {
       # The peers' -t2 shape: one session whose inference uses both cores.
       [ "$cfg" = baton-t2 ] && printf '\n[engine]\nsessions = 1\nintra_op_threads = 2\n' >>"$d/baton/$model/model.toml"
       setsid bash -c 'echo $$ >"$0"; exec "$@"' "$d/pid" target/release/baton serve --repo "$d/baton" \
-        --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-watch >"$d/server.log" 2>&1 </dev/null &
+        --http 127.0.0.1:8300 --grpc 127.0.0.1:8301 --no-poll >"$d/server.log" 2>&1 </dev/null &
       sleep 0.5
       pid="$(cat "$d/pid")"
       for _ in $(seq 300); do curl -sf -o /dev/null http://127.0.0.1:8300/v2/health/ready && break; sleep 0.2; done

@@ -40,7 +40,7 @@
 #                                       (default: all)
 #
 # Both drills serve a scratch copy of the benchmark repository holding
-# version 1 only, started with --no-watch; version 2 is copied in once 1
+# version 1 only, started with --no-poll; version 2 is copied in once 1
 # serves. Between shadow runs the rollout is aborted through the API and
 # the next run waits for the model to settle. Reports (JSON, SVG, table)
 # go to .baton/bench/results/rollout-*; the summary of each part to

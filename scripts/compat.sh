@@ -23,7 +23,7 @@ trap cleanup EXIT
 target/debug/examples/compat_repo "$work/repo" > "$work/expected.json"
 # docs/clients.md's examples use the demo's ranker: 8 features in, one score out.
 target/debug/examples/mlp_repo "$work/repo" ranker 8,32,16,1 2 > /dev/null
-target/debug/baton serve --repo "$work/repo" --http 127.0.0.1:0 --grpc 127.0.0.1:0 --no-watch \
+target/debug/baton serve --repo "$work/repo" --http 127.0.0.1:0 --grpc 127.0.0.1:0 --no-poll \
   > "$work/stdout" 2> "$work/baton.log" &
 pid=$!
 

@@ -129,7 +129,7 @@ pub struct DrillArgs {
     /// `{version}`. Also the version each swap expects to serve.
     #[arg(long, value_delimiter = ',')]
     pub versions: Vec<String>,
-    /// publish: the model repository the server watches.
+    /// publish: the model repository the server polls.
     #[arg(long)]
     pub repo: Option<PathBuf>,
     /// publish: the version directory copied at each swap (default: the
@@ -274,7 +274,7 @@ impl DrillArgs {
             match self.swap {
                 SwapMethod::LoadApi | SwapMethod::Rollout => {}
                 SwapMethod::Publish => {
-                    ensure!(self.repo.is_some(), "--swap publish needs --repo, the repository the server watches");
+                    ensure!(self.repo.is_some(), "--swap publish needs --repo, the repository the server polls");
                     ensure!(
                         self.versions.is_empty(),
                         "--swap publish brings the next version number each time; --versions does not apply"

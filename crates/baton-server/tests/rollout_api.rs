@@ -3,7 +3,8 @@
 //! shows it running; pause and resume change the phase; abort leaves the
 //! stable version serving alone; promote makes the candidate stable. gRPC
 //! starts, shows and aborts the same way; the CLI starts, shows (once, and
-//! watching until the rollout ends) and promotes. With an admin token the
+//! following until the rollout ends) and promotes, and refuses a flag an
+//! action does not take. With an admin token the
 //! operations need it while status stays open; with an admin listener they
 //! move there while status is served on both; malformed start bodies are
 //! refused with 400 and a kind that says what is wrong.
@@ -378,6 +379,16 @@ fn the_cli_starts_watches_and_promotes_with_the_token() {
     assert!(text(&out.stderr).contains("--token-file"), "{}", text(&out.stderr));
     let out = baton(&["rollout", "status", "m", "--version", "2", "--url", &url], &[]);
     assert!(text(&out.stderr).contains("unexpected argument '--version'"), "{}", text(&out.stderr));
+    // Each action takes only its own flags: following is for a start or a status.
+    for flag in ["--follow", "--watch"] {
+        let out = baton(&["rollout", "abort", "m", flag, "--url", &url], &with_token);
+        assert!(
+            !out.status.success() && text(&out.stderr).contains(&format!("unexpected argument '{flag}'")),
+            "{out:?}"
+        );
+    }
+    let out = baton(&["rollout", "promote", "m", "--reason", "x", "--url", &url], &with_token);
+    assert!(text(&out.stderr).contains("unexpected argument '--reason'"), "{}", text(&out.stderr));
     // The older form starts one too; the subcommand form is `rollout start`.
 
     let start = [
@@ -413,8 +424,8 @@ fn the_cli_starts_watches_and_promotes_with_the_token() {
     assert!(stdout.contains("candidate share 1%; version 1 serving"), "{stdout}");
     assert!(stdout.contains("failures 0/1") && stdout.contains("next window in"), "{stdout}");
 
-    // A watch follows until the rollout ends, then exits by itself.
-    let mut watching = command(&["rollout", "status", "m", "--watch", "--url", &url], &[])
+    // --follow follows until the rollout ends, then exits by itself.
+    let mut watching = command(&["rollout", "status", "m", "--follow", "--url", &url], &[])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

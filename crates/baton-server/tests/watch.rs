@@ -7,7 +7,7 @@
 //! service, once it has been missing for `--missing-polls` polls in a row;
 //! a model or kept version that cannot be read (here a symlink loop, which
 //! fails even for root) keeps serving however many polls pass, with one
-//! warning, and is back to normal once readable; and with `--no-watch`
+//! warning, and is back to normal once readable; and with `--no-poll`
 //! nothing new is picked up.
 //!
 //! "Many scans happened" is never assumed from elapsed time: another model
@@ -112,7 +112,7 @@ fn the_watcher_loads_new_versions_ignores_unsealed_refuses_corrupt_once_and_reti
 #[test]
 fn without_watching_new_versions_are_not_picked_up() {
     let repo = common::repo_with("m", &[1], "");
-    let still = start(&repo, &["--no-watch"]);
+    let still = start(&repo, &["--no-poll"]);
     // A watching server on the same repository is the witness that the new
     // version was there to be seen, for long enough to be seen.
     let watching = start(&repo, &[]);
@@ -127,7 +127,7 @@ fn without_watching_new_versions_are_not_picked_up() {
 
     let batch = 2;
     let input = sample_input(SIZES[0], batch, 82);
-    assert_eq!(still.status("m")["serving"], 1, "--no-watch must not load version 2");
+    assert_eq!(still.status("m")["serving"], 1, "--no-poll must not load version 2");
     let (version, output) = infer(&still, "m", &input, batch);
     assert_eq!(version, 1);
     assert_close(&output, &mlp(1).forward(&input, batch), "version 1 without watching");

@@ -410,7 +410,7 @@ async fn serve(
     let poll = args.poll_interval();
     let (polls, at_start) = (control.polls(), control.at_start.clone());
     let missing_polls = args.missing_polls;
-    let watcher = std::thread::Builder::new().name("baton-watch".into()).spawn(move || {
+    let watcher = std::thread::Builder::new().name("baton-poll".into()).spawn(move || {
         // In explicit mode, models an operator's decision keeps serving
         // load again beside the ones named.
         let restore = watcher_app.decisions.all().into_iter().filter(|(_, d)| d.kind != Kind::Unload).map(|(m, _)| m);
