@@ -492,3 +492,31 @@ async fn status(store: &Store, follow: bool, json: bool) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: FleetArgs,
+    }
+
+    fn follows(line: &[&str]) -> Result<bool, clap::Error> {
+        let line = ["fleet", "--cluster", "etcd://127.0.0.1:2379"].into_iter().chain(line.iter().copied());
+        Cli::try_parse_from(line).map(|cli| matches!(cli.args.command, FleetCommand::Status { follow: true }))
+    }
+
+    #[test]
+    fn status_follows_with_follow_or_its_older_spelling_and_not_as_json() {
+        assert!(!follows(&["status"]).unwrap());
+        assert!(follows(&["status", "--follow"]).unwrap());
+        assert!(follows(&["status", "-f"]).unwrap());
+        assert!(follows(&["status", "--watch"]).unwrap());
+        assert!(follows(&["status", "--follow", "--json"]).is_err());
+        assert!(follows(&["pause", "m", "--follow"]).is_err());
+    }
+}
