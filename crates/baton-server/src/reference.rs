@@ -263,7 +263,8 @@ fn every_flag_has_a_row_with_its_default() {
             let default = default.as_ref().map_or("none".to_owned(), |d| format!("`{d}`"));
             let what = help.lines().next().unwrap_or_default();
             problems.push(format!(
-                "no row for `{flag}` under \"### `baton {cmd}`\"; add: | `{flag}` | {default} | UNIT | {what} |"
+                "no row for `{flag}` under \"### `baton {cmd}`\" (or a shared heading naming it); add: | `{flag}` | \
+                 {default} | UNIT | {what} |"
             ));
             continue;
         };
