@@ -225,6 +225,12 @@ impl Access {
         }
     }
 
+    /// Whether management has an admin token: without one, what protects
+    /// it from a browser's requests is the check of their `Host`.
+    pub fn token_set(&self) -> bool {
+        self.token.is_some()
+    }
+
     /// Whether `listener` is where management is served: the admin
     /// listener when there is one, else the inference listener.
     pub fn serves_management(&self, listener: Listener) -> bool {

@@ -10,6 +10,7 @@ mod fleet;
 mod infer;
 mod manage;
 mod models;
+mod origin;
 mod outcomes;
 mod repository;
 mod rollout;
@@ -116,7 +117,15 @@ const REFUSED_BODY_LIMIT: usize = 64 << 10;
 /// Lets the request through, or answers with [`Access::check`]'s refusal.
 async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
     let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    match guard.access.check(guard.listener, guard.scope, authorization, request.uri().path()) {
+    let browser = match guard.scope {
+        Scope::Management | Scope::Server => origin::refusal(request.headers(), guard.access.token_set()),
+        _ => None,
+    };
+    let checked = match browser {
+        Some(refused) => Err(refused),
+        None => guard.access.check(guard.listener, guard.scope, authorization, request.uri().path()),
+    };
+    match checked {
         Ok(()) => next.run(request).await,
         Err(refused) => {
             let (parts, mut body) = request.into_parts();
@@ -132,7 +141,9 @@ async fn mark_privileged(
     next: Next,
 ) -> Response {
     let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    let privileged = crate::access::Privileged(access.privileged(crate::access::Front::Rest, listener, authorization));
+    let privileged = access.privileged(crate::access::Front::Rest, listener, authorization)
+        && origin::refusal(request.headers(), access.token_set()).is_none();
+    let privileged = crate::access::Privileged(privileged);
     request.extensions_mut().insert(privileged);
     next.run(request).await
 }
