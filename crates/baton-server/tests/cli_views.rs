@@ -121,6 +121,14 @@ fn status_shows_each_version_the_decision_in_force_and_a_rollouts_twin() {
     assert!(stdout.contains("load m: version 2 serving (was 2)"), "{stdout}");
     assert_ne!(server.status("m")["last"], before);
     server.wait_settled("m", 2);
+    // The API's load with no version still loads, as it always has: only
+    // a client that asks (`if_new`, as the CLI does) is told it serves.
+    let before = server.status("m")["last"].clone();
+    let answer = server.post_raw("/baton/v1/models/m/load", b"{}", &[("content-type", "application/json")]);
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(answer.json()["already_serving"].is_null(), "{}", answer.json());
+    assert_ne!(server.status("m")["last"], before, "the API's load loaded");
+    server.wait_settled("m", 2);
 
     // A rollout: its candidate and the stable version's twin are named.
     repo.publish_mlp("m", 3, &mlp(3));

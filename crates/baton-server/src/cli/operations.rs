@@ -60,8 +60,9 @@ pub fn load(target: &Target, model: &str, version: Option<u64>, force: bool, as_
     if let Some(v) = version {
         body.insert("version".into(), json!(v));
     }
-    if force {
-        body.insert("force".into(), json!(true));
+    // Without --force, a load naming no version loads only what is new.
+    if version.is_none() && !force {
+        body.insert("if_new".into(), json!(true));
     }
     let body = Value::Object(body);
     if as_json {

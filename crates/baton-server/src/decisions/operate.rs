@@ -132,20 +132,19 @@ pub async fn load(app: &Arc<App>, model: &str, version: Option<u64>) -> Result<L
 }
 
 /// baton's own load: [`load`], except that a load naming no version,
-/// unless `force`d, loads nothing when the repository's newest version
-/// already serves and no decision holds the model elsewhere; then
-/// `Err(version)` says which serves. (The KServe repository load keeps
-/// its meaning: it always loads.)
+/// when `if_new`, loads nothing when the repository's newest version
+/// already serves, can answer, and no decision holds the model elsewhere;
+/// then `Err(version)` says which serves.
 pub async fn load_if_new(
     app: &Arc<App>,
     model: &str,
     version: Option<u64>,
-    force: bool,
+    if_new: bool,
 ) -> Result<Result<LoadReport, u64>, ServeError> {
     let _working = begin(app, model).await?;
     refuse_if_pinned(app, model, "load")?;
-    if version.is_none() && !force && app.decisions.get(model).is_none() {
-        let serving = app.registry.snapshot().model(model).map(|r| r.stable.number());
+    if version.is_none() && if_new && app.decisions.get(model).is_none() {
+        let serving = app.registry.snapshot().model(model).filter(|r| r.stable.alive()).map(|r| r.stable.number());
         let newest = {
             let (app, model) = (Arc::clone(app), model.to_owned());
             blocking(move || newest(&app, &model)).await

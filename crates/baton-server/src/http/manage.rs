@@ -37,9 +37,10 @@ pub async fn model_status(State(app): State<Arc<App>>, Path(model): Path<String>
 }
 
 /// `POST /baton/v1/models/{name}/load` with an optional `{"version": N,
-/// "force": BOOL}`. Without a version, when the repository's newest
-/// already serves (and no decision holds the model on another), nothing
-/// loads unless `force`: the answer then says `"already_serving": true`.
+/// "if_new": BOOL}`. It loads, as it always has. With `if_new` and no
+/// version, when the repository's newest already serves and can answer
+/// (and no decision holds the model on another), nothing loads: the answer
+/// then says `"already_serving": true`. The CLI asks for that.
 pub async fn load(
     State(app): State<Arc<App>>,
     Path(model): Path<String>,
@@ -50,10 +51,10 @@ pub async fn load(
     struct Body {
         version: Option<u64>,
         #[serde(default)]
-        force: bool,
+        if_new: bool,
     }
     let body: Body = super::repository::parse_body(&body)?;
-    match operate::load_if_new(&app, &model, body.version, body.force).await? {
+    match operate::load_if_new(&app, &model, body.version, body.if_new).await? {
         Ok(report) => Ok(Json(serde_json::to_value(report).unwrap_or_default())),
         Err(serving) => Ok(Json(json!({
             "model": model,
@@ -63,7 +64,7 @@ pub async fn load(
             "already_serving": true,
             "message": format!(
                 "model '{model}' already serves version {serving}, the repository's newest: nothing was loaded \
-                 (to load it again, send {{\"force\": true}}; baton load {model} --force)"
+                 (baton load {model} --force loads it again)"
             ),
         }))),
     }
