@@ -196,13 +196,24 @@ fn memory_target(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<(Option<u3
         // Another host's pid names nothing here.
         return Ok((None, Some(format!("the server at {} is on another host; give --pid", args.url))));
     }
-    let pid = match swap::upgrade::server_pid(args, http) {
-        Ok(pid) => pid,
+    let (pid, started) = match swap::upgrade::server_process(args, http) {
+        Ok(found) => found,
         Err(error) if upgrade => return Err(error),
         Err(error) => {
             return Ok((None, Some(format!("the server does not report its pid ({error:#}); give --pid"))));
         }
     };
+    // A server in another pid namespace (a container publishing its port
+    // on loopback) reports a pid that names another process here.
+    if let Some(started) = started
+        && rss::start_time(pid) != Some(started)
+    {
+        let why = format!(
+            "the server reports pid {pid}, but this host's process {pid} is another one (the server runs in \
+             another pid namespace, a container say); give --pid"
+        );
+        return if upgrade { Err(anyhow::anyhow!(why)) } else { Ok((None, Some(why))) };
+    }
     match rss::read_rss(pid) {
         Ok(_) => Ok((Some(pid), None)),
         Err(error) if upgrade => Err(error.context(format!("the server's pid {pid}: cannot read its memory"))),

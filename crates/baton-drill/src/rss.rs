@@ -61,6 +61,23 @@ pub fn read_rss_of(pids: &[u32]) -> anyhow::Result<u64> {
     Ok(all.into_iter().filter_map(|pid| process_rss(pid).ok()).sum())
 }
 
+/// When process `pid` started, in clock ticks since the machine booted
+/// (field 22 of `/proc/PID/stat`): the same number in every pid
+/// namespace, so a pid a server reports from inside a container can be
+/// told from the host's process of that number. `None` off Linux or for a
+/// process that cannot be read.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&text)
+}
+
+/// Field 22 of a `/proc/PID/stat` line. The command (field 2) may hold
+/// spaces and parentheses, so fields are counted after its last `)`.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 fn process_rss(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
@@ -135,6 +152,14 @@ pub fn spawn(followed: Followed, interval: Duration, live: Arc<Live>) -> std::th
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_time_is_counted_after_the_command() {
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 9 0 0 0 0 0 0 0 20 0 1 0 123456 1000 10";
+        assert_eq!(parse_start_time(stat), Some(123_456));
+        assert_eq!(parse_start_time("42 (x) S 1"), None);
+        assert!(start_time(std::process::id()).is_some_and(|t| t > 0));
+    }
 
     #[test]
     fn parses_vm_rss() {

@@ -97,6 +97,7 @@ pub fn server(app: &App, privileged: bool) -> Value {
         "ready": app.ready(),
         "draining": app.draining(),
         "pid": std::process::id(),
+        "process_started": baton_drill::rss::start_time(std::process::id()),
         "version": crate::build::version(),
         "required": app.required(),
         "models": models,

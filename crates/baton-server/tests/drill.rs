@@ -401,6 +401,35 @@ fn a_drill_against_a_server_that_is_not_baton_runs_without_rss_and_says_why() {
 }
 
 #[test]
+fn a_pid_that_names_another_process_here_is_not_sampled() {
+    // A server in a container reports its pid there; here that number is
+    // another process. The status's start time tells them apart.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut python = Command::new("python3")
+        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory"])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting python3 -m http.server");
+    let pid = python.id();
+    std::fs::create_dir_all(dir.path().join("baton/v1")).expect("a status directory");
+    let status = serde_json::json!({ "pid": pid, "process_started": 1 });
+    std::fs::write(dir.path().join("baton/v1/status"), status.to_string()).expect("a status");
+    let mut first = String::new();
+    let stdout = python.stdout.take().expect("piped stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first).expect("its first line");
+    let _python = common::Reaper(Some(python));
+    let port = first.split(" port ").nth(1).and_then(|r| r.split_whitespace().next()).expect("a port");
+    let url = format!("http://127.0.0.1:{port}");
+    let outcome = drill(&url, &[&TWO[..], &["--input", "input:FP32:1,8", "--swaps", "0", "--duration", "1s"]].concat());
+    assert!(outcome.report["rss"].is_null(), "{}", outcome.report["rss"]);
+    let said = format!("RSS not reported: the server reports pid {pid}, but this host's process {pid} is another one");
+    assert!(outcome.stdout.contains(&said), "{}", outcome.context());
+}
+
+#[test]
 fn a_drill_that_cannot_start_says_why_and_exits_2() {
     let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
     let run = |args: &[&str]| {

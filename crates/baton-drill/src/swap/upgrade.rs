@@ -118,6 +118,12 @@ pub fn gone(pid: u32) -> bool {
 /// The pid of the baton server behind `http` (its status's `pid`), for the
 /// memory sampled when no --pid is given.
 pub fn server_pid(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<u32> {
+    server_process(args, http).map(|(pid, _)| pid)
+}
+
+/// The server's pid and, when it reports it, when its process started
+/// ([`crate::rss::start_time`]), from its status.
+pub fn server_process(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<(u32, Option<u64>)> {
     let url = admin_url(args, http, "/baton/v1/status");
     let mut request = admin_agent(args).get(&url);
     if let Some(token) = baton_protocol::token::client_token(args.token_file.as_deref())? {
@@ -131,10 +137,11 @@ pub fn server_pid(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<u32> {
     );
     let status: Value = serde_json::from_str(&response.body_mut().read_to_string()?)
         .with_context(|| format!("GET {url}: the answer is not JSON"))?;
-    status["pid"]
+    let pid = status["pid"]
         .as_u64()
         .and_then(|p| u32::try_from(p).ok())
-        .with_context(|| format!("GET {url}: the status names no pid"))
+        .with_context(|| format!("GET {url}: the status names no pid"))?;
+    Ok((pid, status["process_started"].as_u64()))
 }
 
 #[cfg(test)]
