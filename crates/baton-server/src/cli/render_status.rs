@@ -229,6 +229,22 @@ fn notes(m: &Value) -> Vec<String> {
         let when = failure["at"].as_f64().and_then(local).map(|t| format!(" at {t}")).unwrap_or_default();
         notes.push(format!("{name}: version {v} was refused{when}: {}", text(&failure["message"])));
     }
+    // What the repository poller found it cannot serve, and why.
+    let cannot = &m["cannot_serve"];
+    if !cannot.is_null() {
+        let why = cannot.as_str().map(str::to_owned).unwrap_or_else(|| {
+            let message = cannot["message"].as_str().or_else(|| cannot["kind"].as_str());
+            message.map(str::to_owned).unwrap_or_else(|| cannot.to_string())
+        });
+        notes.push(format!("{name}: cannot serve: {why}"));
+    }
+    for u in m["unpackaged"].as_array().into_iter().flatten() {
+        notes.push(format!(
+            "{name}: version {} has no MANIFEST and is not loaded; run `baton package {}`",
+            version(&u["version"]),
+            text(&u["dir"])
+        ));
+    }
     if let Some(error) = current_error(m) {
         let when = error["at"].as_f64().and_then(local).map(|t| format!(" at {t}")).unwrap_or_default();
         let of = error["version"].as_u64().map(|v| format!(" of version {v}")).unwrap_or_default();
@@ -256,6 +272,20 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn what_the_poller_cannot_serve_is_said() {
+        let m = model(json!({
+            "cannot_serve": "config failed: model.toml line 3",
+            "unpackaged": [{ "version": 3, "dir": "/models/ranker/3", "message": "no MANIFEST" }],
+        }));
+        let said = notes(&m);
+        assert!(said.contains(&"ranker: cannot serve: config failed: model.toml line 3".to_owned()), "{said:?}");
+        let hint = "ranker: version 3 has no MANIFEST and is not loaded; run `baton package /models/ranker/3`";
+        assert!(said.contains(&hint.to_owned()), "{said:?}");
+        let kind_only = model(json!({ "cannot_serve": { "kind": "config_failed" } }));
+        assert!(notes(&kind_only).contains(&"ranker: cannot serve: config_failed".to_owned()));
+    }
 
     fn model(extra: Value) -> Value {
         let mut m = json!({
