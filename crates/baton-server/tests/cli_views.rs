@@ -231,6 +231,9 @@ fn durations_are_spelled_with_units_and_the_old_flags_still_work() {
     let (status, stderr) = common::refused_start(&repo, &["--poll", "soon"]);
     assert!(!status.success());
     assert!(stderr.contains("'soon' is not a duration (e.g. 250ms, 2s, 1m)"), "{stderr}");
+    // --poll replaces a flag in milliseconds: a bare number is refused.
+    let (_, stderr) = common::refused_start(&repo, &["--poll", "500"]);
+    assert!(stderr.contains("'500' needs a unit, e.g. 500ms or 2s"), "{stderr}");
     // The timeouts that never took a bare number still refuse one.
     let (_, stderr) = common::refused_start(&repo, &["--request-timeout", "30"]);
     assert!(stderr.contains("'30' needs a unit, ms, s or m"), "{stderr}");

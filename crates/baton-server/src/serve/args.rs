@@ -43,7 +43,7 @@ pub struct ServeArgs {
     #[arg(long, alias = "no-watch")]
     pub no_poll: bool,
     /// How often the repository is polled, e.g. 1s, 500ms (at least 10ms).
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "1s", value_parser = parse_interval, value_name = "DURATION")]
     pub poll: Duration,
     /// The same in milliseconds: the older spelling of --poll, still
     /// taken; when given, it wins over --poll.
@@ -276,6 +276,17 @@ pub fn parse_timeout(text: &str) -> Result<Timeout, String> {
         return Err(format!("'{text}' is longer than a day (86400s), the longest timeout taken"));
     }
     Ok(Timeout((!timeout.is_zero()).then_some(timeout)))
+}
+
+/// Parses `--poll`: a duration with its unit. A bare number is refused,
+/// since the flag it replaces, `--poll-ms`, took milliseconds: `--poll
+/// 500` would otherwise poll every eight minutes.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if !text.ends_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err(format!("'{text}' needs a unit, e.g. 500ms or 2s (--poll-ms takes milliseconds)"));
+    }
+    parse_duration(text)
 }
 
 impl ServeArgs {
