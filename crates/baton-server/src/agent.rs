@@ -54,6 +54,11 @@ pub struct AgentArgs {
     /// secret is never taken from the command line.
     #[arg(long, value_name = "FILE", env = "BATON_TARGET_TOKEN_FILE")]
     pub target_token_file: Option<PathBuf>,
+    /// The form of the log on stderr: `text` (lines for people, coloured
+    /// only on a terminal) or `json` (one JSON object per line, for log
+    /// shippers).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
     /// How long one load by the target may take, readiness included, e.g.
     /// 10m, 90s.
     #[arg(long, default_value = "10m", value_parser = baton_drill::args::parse_duration, value_name = "DURATION")]

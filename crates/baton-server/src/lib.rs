@@ -290,6 +290,7 @@ pub fn main() -> ExitCode {
     let default_filter = if matches!(cli.command, Command::Fleet(_)) { "warn" } else { "info,ort=warn" };
     let log_format = match &cli.command {
         Command::Serve(args) => args.log_format,
+        Command::Agent(args) => args.log_format,
         _ => logging::LogFormat::Text,
     };
     logging::init(default_filter, log_format);
