@@ -216,6 +216,7 @@ fn a_version_without_its_manifest_is_reported_once_with_what_to_run() {
     let scratch = TestRepo::new();
     let onnx = std::fs::read(scratch.publish_mlp("x", 2, &mlp(2)).join("model.onnx")).expect("the model file");
     let dir = repo.write_files("m", 2, &[("model.onnx", onnx.as_slice())]);
+    backdate(&dir);
     let dir = dir.display().to_string();
     let hint = format!("baton package {dir}");
     eventually("the log to name the version without a MANIFEST", || plain_log(&server).contains(&hint).then_some(()));
@@ -247,6 +248,45 @@ fn a_version_without_its_manifest_is_reported_once_with_what_to_run() {
     eventually("the version to leave the unpackaged list", || {
         server.status("m")["unpackaged"].as_array().is_none_or(Vec::is_empty).then_some(())
     });
+}
+
+/// Sets the modification time of the files in `dir`, then of `dir`, an
+/// hour back: files copied in long ago, and left unpackaged.
+fn backdate(dir: &std::path::Path) {
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let entries = std::fs::read_dir(dir).expect("listing the version directory");
+    for path in entries.map(|e| e.expect("an entry").path()).chain([dir.to_path_buf()]) {
+        std::fs::File::open(&path).and_then(|f| f.set_modified(past)).expect("backdating");
+    }
+}
+
+#[test]
+fn a_version_being_copied_in_then_packaged_is_not_reported() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    let mut events = Events::open(&server);
+    // Files copied in, the MANIFEST not written yet, as `cp` then
+    // `baton package` leave a version for a while.
+    let scratch = TestRepo::new();
+    let onnx = std::fs::read(scratch.publish_mlp("x", 2, &mlp(2)).join("model.onnx")).expect("the model file");
+    repo.write_files("m", 2, &[("model.onnx", onnx.as_slice())]);
+    // Polls go by: each probe version served proves a scan that began
+    // after the files were written.
+    repo.add_model("probe", &mlp_toml(&mlp(1), "required = false"));
+    for v in 1..=4 {
+        repo.publish_mlp("probe", v, &mlp(v));
+        server.wait_serving("probe", v);
+    }
+    assert_eq!(server.status("m")["unpackaged"], json!([]), "{}", server.status("m"));
+    repo.seal("m", 2);
+    server.wait_settled("m", 2);
+    // An unpackaged event would come before the load's first event.
+    let seen = events.wait_for("\"model\":\"m\",");
+    assert!(!seen.contains("unpackaged"), "no event: {seen}");
+    assert!(!plain_log(&server).contains("baton package"), "no warning:\n{}", plain_log(&server));
 }
 
 #[test]

@@ -31,7 +31,9 @@
 //!   it); once it parses again, the versions it kept from loading are
 //!   tried again without an operator's call.
 //! - A version directory without a MANIFEST is reported once (log, event,
-//!   status) with the `baton package` command that completes it.
+//!   status) with the `baton package` command that completes it, once it
+//!   has lacked one for a few polls with nothing in it changing: a copy
+//!   then `baton package` is not reported.
 //!
 //! Disappearing means the repository says "no such file" ([`Presence::Missing`])
 //! on [`MISSING_POLLS`] polls in a row (`--missing-polls`). Anything else — a listing
@@ -45,11 +47,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use baton_core::error::LoadError;
 use baton_core::events::EventKind;
-use baton_core::source::{FetchError, Presence};
+use baton_core::source::{BareVersion, FetchError, Presence};
 
 use crate::app::App;
 use baton_core::pipeline::RolloutStart;
@@ -64,6 +66,15 @@ use crate::readiness::{CannotServe, Unpackaged};
 /// of service; short enough that a removal takes effect within seconds at
 /// the default poll interval.
 pub const MISSING_POLLS: u32 = 3;
+
+/// Polls in a row a version directory must be found without a MANIFEST
+/// before it is reported: a `cp` then `baton package` that a poll falls
+/// between is not an operator's mistake.
+const UNPACKAGED_POLLS: u32 = 3;
+/// How long nothing in such a directory must have changed before it is
+/// reported: long enough for `baton package` to hash a large model's files
+/// (a copy in progress keeps changing them).
+const UNPACKAGED_QUIET: Duration = Duration::from_secs(30);
 
 /// The wait before a model whose load failed for a reason of the moment (a
 /// store that did not answer, a memory budget full) is tried again; it
@@ -145,6 +156,8 @@ pub struct Watcher {
     /// Models whose last load failed for a reason of the moment, and when
     /// they are tried again.
     retry: BTreeMap<String, Retry>,
+    /// Polls in a row each version directory was found without a MANIFEST.
+    bare_polls: BTreeMap<(String, u64), u32>,
 }
 
 /// What to do about something not in a listing.
@@ -172,6 +185,7 @@ impl Watcher {
             broken_spec: BTreeSet::new(),
             polls: true,
             retry: BTreeMap::new(),
+            bare_polls: BTreeMap::new(),
         }
     }
 
@@ -236,6 +250,7 @@ impl Watcher {
         });
         self.broken_spec.retain(|m| wanted.contains(m));
         self.retry.retain(|m, _| wanted.contains(m));
+        self.bare_polls.retain(|(m, _), _| wanted.contains(m));
         for status in self.app.registry.statuses() {
             if status.serving.is_none() || models.contains(&status.name) || status.busy {
                 continue;
@@ -518,16 +533,30 @@ impl Watcher {
     }
 
     /// Reports version directories without a MANIFEST: once each (log,
-    /// event), and in the model's status while they last.
+    /// event), and in the model's status while they last. One is reported
+    /// once found so [`UNPACKAGED_POLLS`] polls in a row (or at the only
+    /// pass, when not polling) with nothing in it changed for
+    /// [`UNPACKAGED_QUIET`]: a version being copied in and packaged is not.
     fn note_unpackaged(&mut self, model: &str) {
         let found = self.app.registry.source().unpackaged(model);
         let known = self.app.findings(|f| f.unpackaged.get(model).cloned().unwrap_or_default());
-        if found.iter().map(|(v, _)| v).eq(known.keys()) {
+        self.bare_polls.retain(|(m, v), _| m != model || found.iter().any(|b| b.version == *v));
+        let now = SystemTime::now();
+        let found: Vec<BareVersion> = found
+            .into_iter()
+            .filter(|bare| {
+                let polls = self.bare_polls.entry((model.to_owned(), bare.version)).or_insert(0);
+                *polls = polls.saturating_add(1);
+                let quiet = bare.changed.is_none_or(|c| now.duration_since(c).unwrap_or_default() >= UNPACKAGED_QUIET);
+                known.contains_key(&bare.version) || ((*polls >= UNPACKAGED_POLLS || !self.polls) && quiet)
+            })
+            .collect();
+        if found.iter().map(|b| &b.version).eq(known.keys()) {
             return;
         }
         let mut now = BTreeMap::new();
         let mut new = Vec::new();
-        for (version, dir) in found {
+        for BareVersion { version, dir, .. } in found {
             if let Some(old) = known.get(&version) {
                 now.insert(version, old.clone());
                 continue;
