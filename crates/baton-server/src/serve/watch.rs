@@ -696,3 +696,7 @@ impl Watcher {
         self.unreadable.retain(|subject, _| relevant(subject));
     }
 }
+
+#[cfg(test)]
+#[path = "watch_tests.rs"]
+mod tests;
