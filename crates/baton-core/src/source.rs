@@ -144,15 +144,57 @@ pub trait Source: Send + Sync + 'static {
     /// again. `None` when it cannot be told.
     fn version_stamp(&self, model: &str, version: u64) -> Option<String>;
     /// Version directories of a model that hold no MANIFEST at all, with
-    /// the directory as the operator names it: they are not loaded until
-    /// packaged (`baton package DIR`). A source that cannot tell says none.
-    fn unpackaged(&self, _model: &str) -> Vec<(u64, String)> {
+    /// the directory as the operator names it and when anything in it last
+    /// changed: they are not loaded until packaged (`baton package DIR`).
+    /// A source that cannot tell says none.
+    fn unpackaged(&self, _model: &str) -> Vec<BareVersion> {
         Vec::new()
     }
     /// For a remote source, what its store last answered.
     fn store_answer(&self) -> Option<StoreAnswer> {
         None
     }
+}
+
+/// A version directory without a MANIFEST (see [`Source::unpackaged`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BareVersion {
+    /// The version number its name gives.
+    pub version: u64,
+    /// The directory, as the operator names it.
+    pub dir: String,
+    /// When the directory or anything in it last changed, when known: a
+    /// copy or a `baton package` in progress keeps it recent.
+    pub changed: Option<std::time::SystemTime>,
+}
+
+/// Entries looked at, at most, to find when a version directory last
+/// changed: a directory of many small files is not walked at every poll.
+const CHANGED_ENTRIES: usize = 4096;
+
+/// When `dir` or anything under it last changed (modification time),
+/// looking at no more than [`CHANGED_ENTRIES`] entries.
+fn last_changed(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut newest = std::fs::symlink_metadata(dir).and_then(|m| m.modified()).ok()?;
+    let mut pending = vec![dir.to_path_buf()];
+    let mut looked = 0;
+    while let Some(next) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else { continue };
+        for entry in entries.filter_map(Result::ok) {
+            looked += 1;
+            if looked > CHANGED_ENTRIES {
+                return Some(newest);
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            if let Ok(modified) = meta.modified() {
+                newest = newest.max(modified);
+            }
+            if meta.is_dir() {
+                pending.push(entry.path());
+            }
+        }
+    }
+    Some(newest)
 }
 
 /// A model repository on the local file system:
@@ -232,22 +274,22 @@ impl Source for LocalRepository {
         Ok(versions)
     }
 
-    fn unpackaged(&self, model: &str) -> Vec<(u64, String)> {
+    fn unpackaged(&self, model: &str) -> Vec<BareVersion> {
         let Ok(entries) =
             self.model_dir(model).and_then(|d| std::fs::read_dir(d).map_err(|e| FetchError::Io(e.to_string())))
         else {
             return Vec::new();
         };
-        let mut found: Vec<(u64, String)> = entries
+        let mut found: Vec<BareVersion> = entries
             .filter_map(Result::ok)
             .filter_map(|e| {
-                let number: u64 = e.file_name().to_str()?.parse().ok()?;
+                let version: u64 = e.file_name().to_str()?.parse().ok()?;
                 let path = e.path();
                 let bare = path.is_dir() && presence_of(&path.join(manifest::MANIFEST)) == Presence::Missing;
-                bare.then(|| (number, path.display().to_string()))
+                bare.then(|| BareVersion { version, dir: path.display().to_string(), changed: last_changed(&path) })
             })
             .collect();
-        found.sort_unstable();
+        found.sort_unstable_by_key(|b| b.version);
         found
     }
 

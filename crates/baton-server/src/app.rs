@@ -125,6 +125,7 @@ impl App {
         }
         let snapshot = self.registry.snapshot();
         let strict = self.strict.load(Ordering::SeqCst);
+        self.forget_served();
         let findings = self.findings.read().unwrap_or_else(|e| e.into_inner());
         let mut excused = false;
         for model in self.required.read().unwrap_or_else(|e| e.into_inner()).iter() {
@@ -146,7 +147,18 @@ impl App {
 
     /// Reads what the repository watcher found.
     pub fn findings<T>(&self, read: impl FnOnce(&Findings) -> T) -> T {
+        self.forget_served();
         read(&self.findings.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Drops the models given up on that serve now: an operator's load
+    /// succeeded (a server that does not poll never scans again to notice).
+    fn forget_served(&self) {
+        let snapshot = self.registry.snapshot();
+        let stale = |f: &Findings| f.cannot_serve.keys().any(|m| snapshot.holds(m));
+        if stale(&self.findings.read().unwrap_or_else(|e| e.into_inner())) {
+            self.find(|f| f.cannot_serve.retain(|m, _| !snapshot.holds(m)));
+        }
     }
 
     /// Changes what the repository watcher found.

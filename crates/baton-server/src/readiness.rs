@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use baton_core::error::LoadError;
+use baton_core::events::Stage;
+
 /// How readiness treats a model the repository holds but the server could
 /// not bring into service (`baton serve --readiness`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -26,19 +29,57 @@ pub struct Unpackaged {
     pub message: String,
 }
 
+/// Why a model was given up on: its files were refused in a way that
+/// trying again cannot change (see the watcher).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CannotServe {
+    /// Stable kind, as load failures name it (`config_failed`,
+    /// `verify_failed`, or `no_version` when no version is complete).
+    pub kind: &'static str,
+    /// The load stage that refused it, when one did.
+    pub stage: Option<Stage>,
+    /// What happened, for people: it may name repository paths and what a
+    /// store answered, so only privileged callers are shown it.
+    pub message: String,
+}
+
+impl CannotServe {
+    /// A refusal by a load stage.
+    pub fn refused(error: &LoadError) -> CannotServe {
+        CannotServe { kind: error.kind(), stage: error.stage(), message: error.to_string() }
+    }
+
+    /// A model with no complete version.
+    pub fn no_version(message: String) -> CannotServe {
+        CannotServe { kind: "no_version", stage: None, message }
+    }
+
+    /// As JSON: `kind` and `stage` for anyone, `message` for a privileged
+    /// caller (one the management scope would let in).
+    pub fn view(&self, privileged: bool) -> serde_json::Value {
+        let mut view = serde_json::json!({ "kind": self.kind, "stage": self.stage.map(Stage::as_str) });
+        if privileged {
+            view["message"] = self.message.clone().into();
+        }
+        view
+    }
+}
+
 /// What the repository watcher found about models it could not serve.
 #[derive(Debug, Default)]
 pub struct Findings {
-    /// Models tried and given up on until the repository changes, and why.
-    pub cannot_serve: BTreeMap<String, String>,
+    /// Models tried and given up on until the repository changes (or a
+    /// load of them succeeds), and why.
+    pub cannot_serve: BTreeMap<String, CannotServe>,
     /// Version directories without a MANIFEST, by model and version.
     pub unpackaged: BTreeMap<String, BTreeMap<u64, Unpackaged>>,
 }
 
 impl Findings {
     /// The status of one model's findings, as JSON: `unpackaged` and
-    /// `cannot_serve` (`null` when it is not given up on).
-    pub fn of(&self, model: &str) -> serde_json::Value {
+    /// `cannot_serve` (`null` when it is not given up on; its message for a
+    /// `privileged` caller only).
+    pub fn of(&self, model: &str, privileged: bool) -> serde_json::Value {
         let unpackaged: Vec<serde_json::Value> = self
             .unpackaged
             .get(model)
@@ -46,7 +87,7 @@ impl Findings {
             .flatten()
             .map(|(v, u)| serde_json::json!({ "version": v, "dir": u.dir, "message": u.message }))
             .collect();
-        serde_json::json!({ "unpackaged": unpackaged, "cannot_serve": self.cannot_serve.get(model) })
+        serde_json::json!({ "unpackaged": unpackaged, "cannot_serve": self.cannot_serve.get(model).map(|c| c.view(privileged)) })
     }
 
     /// Whether there is anything to say about `model`.

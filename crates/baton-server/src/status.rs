@@ -12,13 +12,15 @@ use crate::clock::add_rfc3339;
 use crate::decisions::view;
 
 /// One model's status with its decision (`null` when none is in force),
-/// each time in it also in RFC 3339.
-fn with_decision(app: &App, status: &ModelStatus) -> Value {
+/// each time in it also in RFC 3339. Why the watcher gave the model up
+/// names paths and what a store said: its message is for a `privileged`
+/// caller only.
+fn with_decision(app: &App, status: &ModelStatus, privileged: bool) -> Value {
     let mut value = serde_json::to_value(status).unwrap_or_default();
     if let Some(fields) = value.as_object_mut() {
         fields.insert("decision".into(), app.decisions.get(&status.name).as_ref().map(view).into());
         // What the repository watcher found it cannot load, and why.
-        if let serde_json::Value::Object(found) = app.findings(|f| f.of(&status.name)) {
+        if let serde_json::Value::Object(found) = app.findings(|f| f.of(&status.name, privileged)) {
             fields.extend(found);
         }
     }
@@ -72,11 +74,18 @@ fn idle(model: &str) -> ModelStatus {
     }
 }
 
-/// One model's status, if the registry knows it or a decision names it.
+/// One model's status, if the registry knows it or a decision names it,
+/// as an unprivileged caller sees it.
 pub fn model(app: &App, model: &str) -> Option<Value> {
+    model_as(app, model, false)
+}
+
+/// One model's status, if the registry knows it or a decision names it;
+/// a `privileged` caller also sees why the watcher gave it up.
+pub fn model_as(app: &App, model: &str, privileged: bool) -> Option<Value> {
     let known = || app.decisions.get(model).is_some() || app.findings(|f| f.knows(model));
     let status = app.registry.status(model).or_else(|| known().then(|| idle(model)))?;
-    Some(with_decision(app, &status))
+    Some(with_decision(app, &status, privileged))
 }
 
 /// The server's status: readiness and every model. In a fleet, anyone
@@ -92,7 +101,7 @@ pub fn server(app: &App, privileged: bool) -> Value {
         }
     }
     statuses.sort_by(|a, b| a.name.cmp(&b.name));
-    let models: Vec<Value> = statuses.iter().map(|s| with_decision(app, s)).collect();
+    let models: Vec<Value> = statuses.iter().map(|s| with_decision(app, s, privileged)).collect();
     let mut status = json!({
         "ready": app.ready(),
         "draining": app.draining(),

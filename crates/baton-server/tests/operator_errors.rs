@@ -76,16 +76,78 @@ fn last_error(server: &baton_testkit::server::Server, model: &str) -> Value {
 #[test]
 fn a_new_model_that_cannot_load_leaves_the_server_ready() {
     let repo = good_and_bad();
-    let server = start(&repo, &[]);
+    let (_dir, file) = common::token_file(TOKEN);
+    let server = start(&repo, &["--admin-token-file", &file]);
     server.wait_settled("good", 1);
     last_error(&server, "bad");
     server.wait_ready();
     let ready = server.get("/v2/health/ready").json();
     assert_eq!(ready["ready"], true);
-    assert!(ready["cannot_serve"]["bad"].as_str().is_some_and(|why| why.contains("model.toml")), "{ready}");
+    // Anyone is told which model and at what stage; the message, which
+    // names repository paths, is for those management would let in.
+    assert_eq!(ready["cannot_serve"]["bad"], json!({ "kind": "config_failed", "stage": "config" }), "{ready}");
+    let status = server.get("/baton/v1/status").json();
+    let bad = status["models"].as_array().into_iter().flatten().find(|m| m["name"] == "bad").cloned();
+    assert_eq!(bad.map(|m| m["cannot_serve"].clone()), Some(json!({ "kind": "config_failed", "stage": "config" })));
+    let client = baton_testkit::server::Client::new(server.base());
+    let privileged = [("authorization", BEARER)];
+    let ready = client.get_with("/v2/health/ready", &privileged).json();
+    let message = ready["cannot_serve"]["bad"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("model.toml"), "{ready}");
+    let status = client.get_with("/baton/v1/status", &privileged).json();
+    let bad = status["models"].as_array().into_iter().flatten().find(|m| m["name"] == "bad").cloned();
+    assert!(bad.is_some_and(|m| m["cannot_serve"]["message"] == message), "{status}");
     assert_eq!(server.get("/v2/models/bad/ready").status, 503, "the model's own readiness stays exact");
     assert_eq!(server.get("/v2/models/good/ready").status, 200);
     common::assert_no_panic(&server);
+}
+
+/// The admin token of servers started with `--admin-token-file`.
+const TOKEN: &str = "operator-errors-token";
+const BEARER: &str = "Bearer operator-errors-token";
+
+#[test]
+fn a_model_refused_for_a_reason_of_the_moment_is_waited_for_and_tried_again() {
+    let repo = TestRepo::new();
+    repo.add_model("good", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("good", 1, &mlp(1));
+    // A memory budget smaller than the version's files: refused at load,
+    // not for anything wrong with the files.
+    repo.add_model("big", &mlp_toml(&mlp(1), "[policy]\nmemory_budget = 1"));
+    repo.publish_mlp("big", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("good", 1);
+    let error = last_error(&server, "big");
+    assert_eq!(error["kind"], "memory_budget_exceeded", "{error}");
+    let ready = server.get("/v2/health/ready");
+    assert_eq!(ready.status, 503, "{}", String::from_utf8_lossy(&ready.body));
+    assert_eq!(ready.json()["waiting_for"], json!(["big"]));
+    assert!(ready.json()["cannot_serve"]["big"].is_null(), "not given up on: {}", ready.json());
+    assert!(server.status("big")["cannot_serve"].is_null(), "{}", server.status("big"));
+
+    // The budget grows: the model is tried again, with no operator's call.
+    repo.add_model("big", &mlp_toml(&mlp(1), "[policy]\nmemory_budget = \"4GiB\""));
+    server.wait_settled("big", 1);
+    server.wait_ready();
+    let log = plain_log(&server);
+    assert!(log.contains("will be tried again"), "the log says it will be tried again:\n{log}");
+}
+
+#[test]
+fn a_model_loaded_by_hand_is_no_longer_listed_as_one_that_cannot_serve() {
+    let repo = good_and_bad();
+    let server = start(&repo, &["--no-poll"]);
+    server.wait_settled("good", 1);
+    last_error(&server, "bad");
+    eventually("bad to be given up on", || {
+        (!server.get("/v2/health/ready").json()["cannot_serve"]["bad"].is_null()).then_some(())
+    });
+    repo.add_model("bad", &mlp_toml(&mlp(1), "max_batch_size = 8"));
+    let load = server.post_json("/baton/v1/models/bad/load", &json!({}));
+    assert_eq!(load.status, 200, "{}", String::from_utf8_lossy(&load.body));
+    let ready = server.get("/v2/health/ready").json();
+    assert!(ready["cannot_serve"].is_null(), "{ready}");
+    assert!(server.status("bad")["cannot_serve"].is_null(), "{}", server.status("bad"));
 }
 
 #[test]
@@ -108,7 +170,7 @@ fn a_server_that_serves_nothing_is_not_ready() {
     last_error(&server, "bad");
     let ready = server.get("/v2/health/ready");
     assert_eq!(ready.status, 503, "{}", String::from_utf8_lossy(&ready.body));
-    assert!(ready.json()["cannot_serve"]["bad"].is_string(), "says why: {}", ready.json());
+    assert_eq!(ready.json()["cannot_serve"]["bad"]["kind"], "config_failed", "says why: {}", ready.json());
 }
 
 #[test]
@@ -154,6 +216,7 @@ fn a_version_without_its_manifest_is_reported_once_with_what_to_run() {
     let scratch = TestRepo::new();
     let onnx = std::fs::read(scratch.publish_mlp("x", 2, &mlp(2)).join("model.onnx")).expect("the model file");
     let dir = repo.write_files("m", 2, &[("model.onnx", onnx.as_slice())]);
+    backdate(&dir);
     let dir = dir.display().to_string();
     let hint = format!("baton package {dir}");
     eventually("the log to name the version without a MANIFEST", || plain_log(&server).contains(&hint).then_some(()));
@@ -185,6 +248,45 @@ fn a_version_without_its_manifest_is_reported_once_with_what_to_run() {
     eventually("the version to leave the unpackaged list", || {
         server.status("m")["unpackaged"].as_array().is_none_or(Vec::is_empty).then_some(())
     });
+}
+
+/// Sets the modification time of the files in `dir`, then of `dir`, an
+/// hour back: files copied in long ago, and left unpackaged.
+fn backdate(dir: &std::path::Path) {
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let entries = std::fs::read_dir(dir).expect("listing the version directory");
+    for path in entries.map(|e| e.expect("an entry").path()).chain([dir.to_path_buf()]) {
+        std::fs::File::open(&path).and_then(|f| f.set_modified(past)).expect("backdating");
+    }
+}
+
+#[test]
+fn a_version_being_copied_in_then_packaged_is_not_reported() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    let mut events = Events::open(&server);
+    // Files copied in, the MANIFEST not written yet, as `cp` then
+    // `baton package` leave a version for a while.
+    let scratch = TestRepo::new();
+    let onnx = std::fs::read(scratch.publish_mlp("x", 2, &mlp(2)).join("model.onnx")).expect("the model file");
+    repo.write_files("m", 2, &[("model.onnx", onnx.as_slice())]);
+    // Polls go by: each probe version served proves a scan that began
+    // after the files were written.
+    repo.add_model("probe", &mlp_toml(&mlp(1), "required = false"));
+    for v in 1..=4 {
+        repo.publish_mlp("probe", v, &mlp(v));
+        server.wait_serving("probe", v);
+    }
+    assert_eq!(server.status("m")["unpackaged"], json!([]), "{}", server.status("m"));
+    repo.seal("m", 2);
+    server.wait_settled("m", 2);
+    // An unpackaged event would come before the load's first event.
+    let seen = events.wait_for("\"model\":\"m\",");
+    assert!(!seen.contains("unpackaged"), "no event: {seen}");
+    assert!(!plain_log(&server).contains("baton package"), "no warning:\n{}", plain_log(&server));
 }
 
 #[test]

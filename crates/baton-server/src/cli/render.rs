@@ -145,6 +145,12 @@ pub fn event_line(event: &Value) -> String {
             event["decision"].as_str().unwrap_or("?"),
             event["message"].as_str().unwrap_or("?")
         ),
+        "unpackaged" => {
+            let dir = event["dir"].as_str().unwrap_or("?");
+            format!(
+                "unpackaged: {dir} has no MANIFEST, so it is not loaded; run `baton package {dir}` once its files are complete"
+            )
+        }
         "store" if event["ok"].as_bool() == Some(true) => "the model store answers again".to_owned(),
         "store" => format!(
             "the model store fails ({}): {}",
@@ -205,5 +211,19 @@ mod tests {
                            "twin": true, "worker": { "pid": 42 } });
         let line = event_line(&grew);
         assert!(line.contains("freed: its rollout twin held 0.0 MiB; 0.0 MiB came back to the system (worker process 42); +3.0 MiB left behind since the last free"), "{line}");
+    }
+
+    #[test]
+    fn a_version_without_its_manifest_says_what_to_run() {
+        let event = json!({ "event": "unpackaged", "model": "ranker", "version": 2, "at": 1_796_649_909.25,
+                            "dir": "/srv/models/ranker/2", "message": "…" });
+        let line = event_line(&event);
+        assert!(
+            line.ends_with(
+                " ranker v2 unpackaged: /srv/models/ranker/2 has no MANIFEST, so it is not loaded; \
+                 run `baton package /srv/models/ranker/2` once its files are complete"
+            ),
+            "{line}"
+        );
     }
 }

@@ -107,7 +107,7 @@ impl management_server::Management for Management {
         let json = if model.is_empty() {
             crate::status::server(&self.app, privileged)
         } else {
-            crate::status::model(&self.app, &model).ok_or_else(|| ServeError::unknown_model(&model))?
+            crate::status::model_as(&self.app, &model, privileged).ok_or_else(|| ServeError::unknown_model(&model))?
         };
         Ok(Response::new(StatusResponse {
             ready: self.app.ready(),

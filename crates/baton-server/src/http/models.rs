@@ -23,11 +23,18 @@ pub async fn live() -> Json<serde_json::Value> {
 }
 
 /// `GET /v2/health/ready`: 200 when ready, else 503 with what it waits for;
-/// either way, the models given up on and why (`cannot_serve`, when any).
-pub async fn ready(State(app): State<Arc<App>>) -> Response {
+/// either way, the models given up on and why (`cannot_serve`, when any:
+/// kind and stage for anyone, the message for a privileged caller, as it
+/// may name repository paths and what a store answered).
+pub async fn ready(
+    State(app): State<Arc<App>>,
+    privileged: Option<axum::Extension<crate::access::Privileged>>,
+) -> Response {
+    let privileged = privileged.is_some_and(|p| p.0.0);
     let ready = app.ready();
     let snapshot = app.registry.snapshot();
-    let cannot_serve = app.findings(|f| f.cannot_serve.clone());
+    let cannot_serve: serde_json::Map<String, serde_json::Value> =
+        app.findings(|f| f.cannot_serve.iter().map(|(m, c)| (m.clone(), c.view(privileged))).collect());
     let mut body = json!({ "ready": ready });
     if !cannot_serve.is_empty() {
         body["cannot_serve"] = json!(cannot_serve);

@@ -22,14 +22,18 @@
 //!   above. A decision that cannot be restored (its version gone or
 //!   refused) is dropped, and the newest good version loads.
 //!
-//! - A model whose every version is refused, or that has no complete
+//! - A model whose every version is refused (its files, not a store or a
+//!   memory budget of the moment: such a load is tried again after a
+//!   growing wait), or that has no complete
 //!   version, is recorded as one that cannot serve (readiness does not
 //!   wait for it by default, see [`crate::readiness`]). A `model.toml`
 //!   that does not parse stops the attempts at once (older versions share
 //!   it); once it parses again, the versions it kept from loading are
 //!   tried again without an operator's call.
 //! - A version directory without a MANIFEST is reported once (log, event,
-//!   status) with the `baton package` command that completes it.
+//!   status) with the `baton package` command that completes it, once it
+//!   has lacked one for a few polls with nothing in it changing: a copy
+//!   then `baton package` is not reported.
 //!
 //! Disappearing means the repository says "no such file" ([`Presence::Missing`])
 //! on [`MISSING_POLLS`] polls in a row (`--missing-polls`). Anything else — a listing
@@ -43,17 +47,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use baton_core::error::LoadError;
 use baton_core::events::EventKind;
-use baton_core::source::{FetchError, Presence};
+use baton_core::source::{BareVersion, FetchError, Presence};
 
 use crate::app::App;
 use baton_core::pipeline::RolloutStart;
 
 use crate::decisions::{Change, Decision, Kind, now};
-use crate::readiness::Unpackaged;
+use crate::readiness::{CannotServe, Unpackaged};
 
 /// Polls in a row a model or a kept version must be found missing before
 /// the watcher unloads or retires it, unless `--missing-polls` says
@@ -62,6 +66,46 @@ use crate::readiness::Unpackaged;
 /// of service; short enough that a removal takes effect within seconds at
 /// the default poll interval.
 pub const MISSING_POLLS: u32 = 3;
+
+/// Polls in a row a version directory must be found without a MANIFEST
+/// before it is reported: a `cp` then `baton package` that a poll falls
+/// between is not an operator's mistake.
+const UNPACKAGED_POLLS: u32 = 3;
+/// How long nothing in such a directory must have changed before it is
+/// reported: long enough for `baton package` to hash a large model's files
+/// (a copy in progress keeps changing them).
+const UNPACKAGED_QUIET: Duration = Duration::from_secs(30);
+
+/// The wait before a model whose load failed for a reason of the moment (a
+/// store that did not answer, a memory budget full) is tried again; it
+/// doubles with each failure in a row, up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two tries of a model whose load keeps failing
+/// for a reason of the moment.
+const MAX_RETRY: Duration = Duration::from_secs(60);
+
+/// When a model whose load failed for a reason of the moment is tried again.
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    /// Not before this.
+    due: Instant,
+    /// The wait that led to `due`, doubled after the next failure.
+    wait: Duration,
+}
+
+/// Whether a load failure is a refusal of the version's files that trying
+/// again cannot change: its `model.toml`, its files against their MANIFEST,
+/// its tensors, the engine refusing the model, its warmup's outputs.
+/// Anything else (a store or file system that failed to answer, a full
+/// memory budget, a panic, shutdown) is of the moment.
+fn refuses_the_files(error: &LoadError) -> bool {
+    use baton_core::pipeline::warmup::WarmupError;
+    match error {
+        LoadError::Config(_) | LoadError::Verify(_) | LoadError::Validate(_) | LoadError::Load(_) => true,
+        LoadError::Warmup(error) => !matches!(error, WarmupError::TooSlow { .. } | WarmupError::Failed { .. }),
+        _ => false,
+    }
+}
 
 /// What the watcher looks at, for its counts and its log.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -109,6 +153,11 @@ pub struct Watcher {
     broken_spec: BTreeSet<String>,
     /// Whether it polls (else a fix needs an operator's load).
     polls: bool,
+    /// Models whose last load failed for a reason of the moment, and when
+    /// they are tried again.
+    retry: BTreeMap<String, Retry>,
+    /// Polls in a row each version directory was found without a MANIFEST.
+    bare_polls: BTreeMap<(String, u64), u32>,
 }
 
 /// What to do about something not in a listing.
@@ -135,6 +184,8 @@ impl Watcher {
             restore: BTreeSet::new(),
             broken_spec: BTreeSet::new(),
             polls: true,
+            retry: BTreeMap::new(),
+            bare_polls: BTreeMap::new(),
         }
     }
 
@@ -198,6 +249,8 @@ impl Watcher {
             f.unpackaged.retain(|m, _| wanted.contains(m));
         });
         self.broken_spec.retain(|m| wanted.contains(m));
+        self.retry.retain(|m, _| wanted.contains(m));
+        self.bare_polls.retain(|(m, _), _| wanted.contains(m));
         for status in self.app.registry.statuses() {
             if status.serving.is_none() || models.contains(&status.name) || status.busy {
                 continue;
@@ -221,6 +274,9 @@ impl Watcher {
         self.can_read(&Subject::Versions(model.to_owned()));
         self.note_unpackaged(model);
         self.check_spec(model);
+        if self.retry.get(model).is_some_and(|r| Instant::now() < r.due) {
+            return; // Its load failed for a reason of the moment; not yet.
+        }
         let fresh: Vec<(u64, _)> = versions
             .iter()
             .map(|v| (*v, registry.source().version_stamp(model, *v)))
@@ -244,7 +300,7 @@ impl Watcher {
             self.app.find(|f| f.cannot_serve.remove(model));
         } else if versions.is_empty() {
             let why = format!("model '{model}' has no complete version (a version directory needs its MANIFEST)");
-            self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
+            self.app.find(|f| f.cannot_serve.insert(model.to_owned(), CannotServe::no_version(why)));
         }
         let fresh: Vec<u64> = fresh
             .into_iter()
@@ -373,8 +429,10 @@ impl Watcher {
             tracing::info!(model, version, decision = kind.as_str(), "Loading the version the operator chose.");
             match self.app.registry.load(model, Some(version)).and_then(|h| h.wait()) {
                 Ok(_) if kind == Kind::Rollout => return self.resume_rollout(model, &decision),
-                Ok(_) => return,
+                Ok(_) => return self.retry_done(model),
                 Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
+                // A store that did not answer does not drop the operator's choice.
+                Err(error) if !refuses_the_files(&error) => return self.retry_later(model, &[version], &error),
                 Err(error) => format!("version {version} was refused: {error}"),
             }
         } else {
@@ -386,8 +444,11 @@ impl Watcher {
     }
 
     /// Loads the newest version, then older ones, until one is accepted;
-    /// records the model as one that cannot serve when none is. An invalid
-    /// `model.toml` ends the attempts: every version is read with it.
+    /// records the model as one that cannot serve when every version's
+    /// files were refused. An invalid `model.toml` ends the attempts: every
+    /// version is read with it. A failure of the moment (see
+    /// [`refuses_the_files`]) ends them too, records nothing, and has the
+    /// model tried again after a wait.
     fn load_newest_good(&mut self, model: &str, versions: &[u64]) {
         let mut why = None;
         for &version in versions.iter().rev() {
@@ -395,23 +456,57 @@ impl Watcher {
             match self.app.registry.load(model, Some(version)).and_then(|h| h.wait()) {
                 Ok(_) => {
                     self.app.find(|f| f.cannot_serve.remove(model));
-                    return;
+                    return self.retry_done(model);
                 }
                 Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
+                Err(error) if !refuses_the_files(&error) => {
+                    let tried: Vec<u64> = versions.iter().copied().filter(|v| *v >= version).collect();
+                    return self.retry_later(model, &tried, &error);
+                }
                 Err(error @ LoadError::Config(_)) => {
-                    why = Some(error.to_string());
+                    // Read as valid by this pass's check, yet refused: a
+                    // save in progress. The next valid read tries again.
+                    self.broken_spec.insert(model.to_owned());
+                    why = Some(CannotServe::refused(&error));
                     break;
                 }
                 Err(error) => {
                     tracing::warn!(model, version, %error, "The version was refused; trying the one before it.");
-                    why = Some(error.to_string());
+                    why = Some(CannotServe::refused(&error));
                 }
             }
         }
+        self.retry_done(model);
         if let Some(why) = why {
-            tracing::warn!(model, %why, "No version of the model could be loaded; it does not serve.");
+            tracing::warn!(model, why = %why.message, "No version of the model could be loaded; it does not serve.");
             self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
         }
+    }
+
+    /// After a load failure of the moment: makes the versions tried look
+    /// unseen and has the model tried again after a wait that doubles
+    /// with each failure in a row. The model is not given up on: readiness
+    /// keeps waiting for it.
+    fn retry_later(&mut self, model: &str, tried: &[u64], error: &LoadError) {
+        for version in tried {
+            self.seen.remove(&(model.to_owned(), *version));
+        }
+        let wait = self.retry.get(model).map_or(FIRST_RETRY, |r| (r.wait * 2).min(MAX_RETRY));
+        self.retry.insert(model.to_owned(), Retry { due: Instant::now() + wait, wait });
+        self.app.find(|f| f.cannot_serve.remove(model));
+        tracing::warn!(
+            model,
+            %error,
+            kind = error.kind(),
+            retry_in_ms = wait.as_millis() as u64,
+            "The model could not be loaded for a reason that may pass; it will be tried again."
+        );
+    }
+
+    /// Ends the waits of a model whose load no longer fails for a reason
+    /// of the moment.
+    fn retry_done(&mut self, model: &str) {
+        self.retry.remove(model);
     }
 
     /// Notes whether the model's `model.toml` parses. One that stops
@@ -438,16 +533,30 @@ impl Watcher {
     }
 
     /// Reports version directories without a MANIFEST: once each (log,
-    /// event), and in the model's status while they last.
+    /// event), and in the model's status while they last. One is reported
+    /// once found so [`UNPACKAGED_POLLS`] polls in a row (or at the only
+    /// pass, when not polling) with nothing in it changed for
+    /// [`UNPACKAGED_QUIET`]: a version being copied in and packaged is not.
     fn note_unpackaged(&mut self, model: &str) {
         let found = self.app.registry.source().unpackaged(model);
         let known = self.app.findings(|f| f.unpackaged.get(model).cloned().unwrap_or_default());
-        if found.iter().map(|(v, _)| v).eq(known.keys()) {
+        self.bare_polls.retain(|(m, v), _| m != model || found.iter().any(|b| b.version == *v));
+        let now = SystemTime::now();
+        let found: Vec<BareVersion> = found
+            .into_iter()
+            .filter(|bare| {
+                let polls = self.bare_polls.entry((model.to_owned(), bare.version)).or_insert(0);
+                *polls = polls.saturating_add(1);
+                let quiet = bare.changed.is_none_or(|c| now.duration_since(c).unwrap_or_default() >= UNPACKAGED_QUIET);
+                known.contains_key(&bare.version) || ((*polls >= UNPACKAGED_POLLS || !self.polls) && quiet)
+            })
+            .collect();
+        if found.iter().map(|b| &b.version).eq(known.keys()) {
             return;
         }
         let mut now = BTreeMap::new();
         let mut new = Vec::new();
-        for (version, dir) in found {
+        for BareVersion { version, dir, .. } in found {
             if let Some(old) = known.get(&version) {
                 now.insert(version, old.clone());
                 continue;
@@ -587,3 +696,7 @@ impl Watcher {
         self.unreadable.retain(|subject, _| relevant(subject));
     }
 }
+
+#[cfg(test)]
+#[path = "watch_tests.rs"]
+mod tests;
