@@ -74,14 +74,8 @@ fn idle(model: &str) -> ModelStatus {
     }
 }
 
-/// One model's status, if the registry knows it or a decision names it,
-/// as an unprivileged caller sees it.
-pub fn model(app: &App, model: &str) -> Option<Value> {
-    model_as(app, model, false)
-}
-
 /// One model's status, if the registry knows it or a decision names it;
-/// a `privileged` caller also sees why the watcher gave it up.
+/// a `privileged` caller also sees why the repository poller gave it up.
 pub fn model_as(app: &App, model: &str, privileged: bool) -> Option<Value> {
     let known = || app.decisions.get(model).is_some() || app.findings(|f| f.knows(model));
     let status = app.registry.status(model).or_else(|| known().then(|| idle(model)))?;

@@ -97,6 +97,11 @@ fn a_new_model_that_cannot_load_leaves_the_server_ready() {
     let status = client.get_with("/baton/v1/status", &privileged).json();
     let bad = status["models"].as_array().into_iter().flatten().find(|m| m["name"] == "bad").cloned();
     assert!(bad.is_some_and(|m| m["cannot_serve"]["message"] == message), "{status}");
+    // The model's own status likewise.
+    let own = server.get("/baton/v1/models/bad/status").json();
+    assert_eq!(own["cannot_serve"], json!({ "kind": "config_failed", "stage": "config" }), "{own}");
+    let own = client.get_with("/baton/v1/models/bad/status", &privileged).json();
+    assert_eq!(own["cannot_serve"]["message"], message, "{own}");
     assert_eq!(server.get("/v2/models/bad/ready").status, 503, "the model's own readiness stays exact");
     assert_eq!(server.get("/v2/models/good/ready").status, 200);
     common::assert_no_panic(&server);

@@ -32,8 +32,13 @@ pub async fn status(
 }
 
 /// `GET /baton/v1/models/{name}/status`.
-pub async fn model_status(State(app): State<Arc<App>>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
-    crate::status::model(&app, &model).map(Json).ok_or_else(|| ApiError::unknown_model(&model))
+pub async fn model_status(
+    State(app): State<Arc<App>>,
+    Path(model): Path<String>,
+    privileged: Option<axum::Extension<crate::access::Privileged>>,
+) -> Result<Json<Value>, ApiError> {
+    let privileged = privileged.is_some_and(|p| p.0.0);
+    crate::status::model_as(&app, &model, privileged).map(Json).ok_or_else(|| ApiError::unknown_model(&model))
 }
 
 /// `POST /baton/v1/models/{name}/load` with an optional `{"version": N,
