@@ -488,3 +488,35 @@ fn the_console_shows_the_fleet_its_replica_reads() {
     browser.drain_events();
     assert!(browser.problems.is_empty(), "{:?}", browser.problems);
 }
+
+/// Every kind of event the server streams has a place in the page: the
+/// page listens for it (an `EventSource` drops a named event nobody
+/// listens for) and says it in words, not as raw JSON.
+#[test]
+fn the_timeline_listens_for_every_kind_of_event() {
+    let events = include_str!("../../baton-core/src/events.rs");
+    let page = include_str!("../src/http/console/console.js");
+    let body = events.split("pub enum EventKind {").nth(1).expect("the EventKind enum");
+    let body = &body[..body.find("\n}\n").expect("the enum's end")];
+    let kinds: Vec<String> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("    "))
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_uppercase()))
+        .filter_map(|l| l.split([' ', ',', '{', '(']).next())
+        .map(|name| {
+            name.chars().enumerate().fold(String::new(), |mut out, (i, c)| {
+                if c.is_ascii_uppercase() && i > 0 {
+                    out.push('_');
+                }
+                out.push(c.to_ascii_lowercase());
+                out
+            })
+        })
+        .collect();
+    assert!(kinds.len() >= 10 && kinds.contains(&"unpackaged".to_owned()), "{kinds:?}");
+    let listened = page.split("const KINDS = [").nth(1).and_then(|k| k.split(']').next()).expect("KINDS");
+    for kind in &kinds {
+        assert!(listened.contains(&format!("\"{kind}\"")), "console.js KINDS lacks {kind}: {listened}");
+        assert!(page.contains(&format!("case \"{kind}\":")), "console.js describe() has no case for {kind}");
+    }
+}
