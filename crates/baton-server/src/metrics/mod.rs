@@ -14,16 +14,15 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use baton_core::backend::UpdateReason;
 use baton_core::events::{Event, EventKind, Operation, Stage};
 use baton_core::registry::Registry;
 use baton_core::rollout::Role;
-use baton_core::rollout::control::Action;
 
 use crate::budget::Budget;
 
 pub mod connections;
 mod rollouts;
+mod seed;
 mod workers;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -155,58 +154,6 @@ struct LoadMetrics {
     events_missed: u64,
     /// Models whose counters were written at 0 already.
     seeded: std::collections::BTreeSet<String>,
-}
-
-/// Every stage a failure may name, every decision a rollout may take and
-/// every kind of update with its reasons: the label values written at 0.
-const SEEDED_STAGES: [Stage; 11] = [
-    Stage::Config,
-    Stage::Fetch,
-    Stage::Verify,
-    Stage::Vacate,
-    Stage::Load,
-    Stage::Validate,
-    Stage::Warmup,
-    Stage::Commit,
-    Stage::Drain,
-    Stage::Unload,
-    Stage::Twin,
-];
-const SEEDED_DECISIONS: [Action; 9] = [
-    Action::Started,
-    Action::Advanced,
-    Action::Held,
-    Action::Promoted,
-    Action::RolledBack,
-    Action::Paused,
-    Action::Resumed,
-    Action::Aborted,
-    Action::Watched,
-];
-const SEEDED_UPDATES: [UpdateReason; 4] =
-    [UpdateReason::WeightsOnly, UpdateReason::NewGraph, UpdateReason::RuntimeLibrary, UpdateReason::OperatorChoice];
-
-impl LoadMetrics {
-    /// Writes the model's event counters at 0 the first time the model is
-    /// seen, so that the first failed load, rollback, update or rollout
-    /// decision is a change from 0 to 1 that `increase()` and `rate()`
-    /// see, not a new series that starts at 1.
-    fn seed(&mut self, model: &str) {
-        if self.seeded.contains(model) {
-            return;
-        }
-        self.seeded.insert(model.to_owned());
-        self.rollbacks.entry(model.to_owned()).or_default();
-        for stage in SEEDED_STAGES {
-            self.failures.entry((model.to_owned(), stage)).or_default();
-        }
-        for decision in SEEDED_DECISIONS {
-            self.rollout_decisions.entry((model.to_owned(), decision.as_str())).or_default();
-        }
-        for reason in SEEDED_UPDATES {
-            self.updates.entry((model.to_owned(), reason.kind().as_str(), reason.as_str())).or_default();
-        }
-    }
 }
 
 /// One model's request series, by version and the role it answered in.
