@@ -36,7 +36,7 @@ const FLEET_ROW: &str = "Fleet";
 const RATE_INTERVAL: &str = "5200ms";
 
 /// What Grafana puts for `$__interval` in the test's setting: the bar
-/// panels count each interval's increase once.
+/// panels count what each interval added, once.
 const INTERVAL: &str = "5s";
 
 /// How long one query may take to show its series: scrapes every 200 ms,
@@ -365,13 +365,13 @@ fn every_panel_returns_its_series_in_the_middle_of_a_rollout() {
     drop(traffic);
 }
 
-/// Waits until the query of the bar panel whose expression counts `metric`, for
-/// model `m`, gives a series above 0 whose `label` is `value`; panics
-/// naming the panel after [`PATIENCE`].
+/// Waits until the query of the bar panel (not an annotation) that counts
+/// `metric`, for model `m`, gives a series above 0 whose `label` is
+/// `value`; panics naming the panel after [`PATIENCE`].
 fn expect_above_zero(prometheus: &Prometheus, metric: &str, label: (&str, &str)) {
     let query = queries()
         .into_iter()
-        .find(|q| q.expr.contains(&format!("increase({metric}")))
+        .find(|q| !q.panel.starts_with("annotation") && q.expr.contains(&format!("{metric}{{")))
         .unwrap_or_else(|| panic!("no panel reads {metric}"));
     let expr = interpolate(&query.expr, Some(&["m"][..]), None);
     let deadline = Instant::now() + PATIENCE;
