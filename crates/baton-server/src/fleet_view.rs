@@ -7,7 +7,7 @@
 //! through one connection kept between reads.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_cluster::records::{Ack, Desired, ReplicaRecord, RolloutRecord, Switched};
 use baton_cluster::{Store, StoreConfig};
@@ -19,49 +19,54 @@ use crate::error::{Class, ServeError};
 /// console reads again a moment later).
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a view read from etcd answers the reads that follow: many
+/// console tabs polling one replica make one read of etcd a second.
+const FRESH_FOR: Duration = Duration::from_secs(1);
+
 /// How a replica reads its fleet.
 pub struct FleetView {
     config: StoreConfig,
     name: String,
-    store: tokio::sync::Mutex<Option<Store>>,
+    /// The connection kept between reads. A read takes it out and puts it
+    /// back only once the read went through: a read cut off mid-way drops
+    /// the connection it held (it may be stuck), and nothing else does.
+    store: std::sync::Mutex<Option<Store>>,
+    /// The last view read and when; its lock makes reads take turns.
+    last: tokio::sync::Mutex<Option<(Instant, Value)>>,
 }
 
 impl FleetView {
     /// A view of cluster `name` in the etcd of `config`; it connects on the
     /// first read.
     pub fn new(config: StoreConfig, name: String) -> FleetView {
-        FleetView { config, name, store: tokio::sync::Mutex::new(None) }
+        FleetView { config, name, store: std::sync::Mutex::new(None), last: tokio::sync::Mutex::new(None) }
     }
 
-    /// The fleet now, or `fleet_unreachable` when etcd does not answer in
-    /// time (the connection is dropped, and the next read makes another).
-    /// Reads take turns on the one connection; waiting for the turn counts
-    /// in the time allowed.
+    /// The fleet now (read from etcd at most once per [`FRESH_FOR`]), or
+    /// `fleet_unreachable` when etcd does not answer in time. Reads take
+    /// turns; waiting for the turn counts in the time allowed, and a read
+    /// that gives up while waiting leaves the connection alone.
     pub async fn read(&self) -> Result<Value, ServeError> {
         let attempt = async {
-            let mut store = self.store.lock().await;
-            if store.is_none() {
-                *store = Some(Store::connect(&self.config, &self.name).await.map_err(|e| e.to_string())?);
+            let mut last = self.last.lock().await;
+            if let Some((_, view)) = last.as_ref().filter(|(at, _)| at.elapsed() < FRESH_FOR) {
+                return Ok(view.clone());
             }
-            let connected = store.as_ref().ok_or("no connection")?;
-            let read = snapshot(connected).await.map_err(|e| e.to_string());
-            if read.is_err() {
-                *store = None;
-            }
-            read
+            let kept = self.store.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let store = match kept {
+                Some(store) => store,
+                None => Store::connect(&self.config, &self.name).await.map_err(|e| e.to_string())?,
+            };
+            // On failure the connection is dropped here; the next read makes another.
+            let view = snapshot(&store).await.map_err(|e| e.to_string())?;
+            *self.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(store);
+            *last = Some((Instant::now(), view.clone()));
+            Ok::<Value, String>(view)
         };
         let error = match tokio::time::timeout(READ_TIMEOUT, attempt).await {
             Ok(Ok(view)) => return Ok(view),
             Ok(Err(error)) => error,
-            Err(_) => {
-                // A read cut off mid-way may have left the connection
-                // stuck: the next read makes another, unless one is
-                // using it now.
-                if let Ok(mut store) = self.store.try_lock() {
-                    *store = None;
-                }
-                format!("etcd did not answer within {READ_TIMEOUT:?}")
-            }
+            Err(_) => format!("etcd did not answer within {READ_TIMEOUT:?}"),
         };
         Err(ServeError::new(Class::Unavailable, "fleet_unreachable", format!("the fleet cannot be read: {error}")))
     }

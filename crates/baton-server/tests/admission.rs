@@ -105,7 +105,7 @@ impl Fixture {
 
     /// Waits until `model` holds `n` requests in its queue.
     fn until_queued(&self, model: &str, n: usize) {
-        let series = format!("baton_queue_depth{{model=\"{model}\",version=\"1\"}}");
+        let series = format!("baton_queue_depth{{model=\"{model}\",version=\"1\",twin=\"false\"}}");
         eventually(&format!("{n} requests queued for {model}"), || (self.metric(&series) == n as f64).then_some(()));
     }
 
@@ -186,7 +186,7 @@ fn a_gated_model_sheds_at_once_while_everything_else_answers() {
     // REST is refused before its body is read, gRPC when it is queued.
     assert_eq!(f.metric(r#"baton_requests_shed_total{model="gated",reason="version_full"}"#), 1.0);
     assert_eq!(f.metric(r#"baton_requests_shed_total{model="gated",reason="queue_full"}"#), 1.0);
-    assert_eq!(f.metric(r#"baton_version_in_flight{model="gated",version="1"}"#), 3.0);
+    assert_eq!(f.metric(r#"baton_version_in_flight{model="gated",version="1",twin="false"}"#), 3.0);
     assert_eq!(f.rest.get("/baton/v1/status").status, 200);
     assert_eq!(f.rest.get("/baton/v1/models/gated/status").json()["serving"], 1);
     assert_eq!(f.rest.post_json("/v2/repository/index", &json!({})).status, 200);

@@ -17,11 +17,11 @@ mod console_kit;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_testkit::etcd::Etcd;
 use baton_testkit::repo::TestRepo;
-use baton_testkit::server::{Client, Server, eventually};
+use baton_testkit::server::{Client, PATIENCE, Server, eventually};
 use common::{mlp, post_with, repo_with, start, token_file};
 use console_kit::Browser;
 use serde_json::{Value, json};
@@ -32,18 +32,24 @@ const TOKEN: &str = "console-Token_7";
 /// end unless a start overrides them.
 const SECTION: &str = "[policy]\nkeep_previous = 1\n[rollout]\ninterval_ms = 600000\nsteps = [10, 50, 100]";
 
+/// An operator's pause reason that is markup: the page must show it as text.
+const PAUSE_REASON: &str = "paused by the console test <img src=x onerror=\"window.pwned=1\">";
+
 fn auth() -> String {
     format!("Bearer {TOKEN}")
 }
 
 /// A rollout of version 2 beside version 1 in A/B mode: the candidate
-/// holds a quarter of the traffic, windows of half a second are judged
+/// holds a quarter of the traffic, windows of two seconds are judged
 /// (and held, since A/B waits for an operator), and the guards are loose
 /// enough that no window of this test's traffic fails, whatever the
 /// machine's load: the test is about what the page shows, not the verdict.
+/// The server keeps a rollout's last 32 decisions: at two seconds a
+/// window, the start stays among them for about a minute, time enough for
+/// a busy machine to open the page that must show it.
 fn start_rollout(url: &str) -> Option<Value> {
     let body = json!({
-        "version": 2, "mode": "ab", "steps": [25], "interval_ms": 500, "failure_limit": 1000,
+        "version": 2, "mode": "ab", "steps": [25], "interval_ms": 2000, "failure_limit": 1000,
         "max_inconclusive": 1000, "watch_ms": 600000,
         "guards": { "min_samples": 3, "max_error_rate_increase": 0.9, "max_p99_ratio": 1000.0, "max_rel_l2": 1000.0 }
     });
@@ -73,10 +79,15 @@ fn rollout(server: &Server) -> Value {
 }
 
 /// Waits until `expression` is true in the page (the page may still be
-/// loading: what it cannot read yet is false), polled until `PATIENCE`.
+/// loading: what it cannot read yet is false), polled every 100 ms (each
+/// poll is a round trip through the browser) until `PATIENCE`.
 fn wait_page(browser: &mut Browser, what: &str, expression: &str) {
     let guarded = format!("(() => {{ try {{ return ({expression}) === true; }} catch (_) {{ return false; }} }})()");
-    eventually(what, || (browser.eval(&guarded) == json!(true)).then_some(()));
+    let deadline = Instant::now() + PATIENCE;
+    while browser.eval(&guarded) != json!(true) {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn text_of(browser: &mut Browser, selector: &str) -> String {
@@ -95,8 +106,9 @@ fn save(name: &str, png: &[u8]) {
     eprintln!("screenshot: {}", path.display());
 }
 
-/// Clicks an action button, then the confirmation's `choice` button.
-fn act(browser: &mut Browser, action: &str, choice: &str) {
+/// Clicks an action button, then the confirmation's `choice` button;
+/// gives the confirmation's question.
+fn act(browser: &mut Browser, action: &str, choice: &str) -> String {
     let clicked = browser.eval(&format!(
         "(() => {{ const b = document.querySelector('#actions [data-action={action}]'); \
          if (!b || b.disabled) return false; b.click(); return document.getElementById('confirm').open; }})()"
@@ -106,6 +118,7 @@ fn act(browser: &mut Browser, action: &str, choice: &str) {
     let words = question.to_lowercase().replace(' ', "");
     assert!(words.contains(action), "the confirmation names the {action}: {question}");
     browser.eval(&format!("document.getElementById('confirm-{choice}').click(), true"));
+    question
 }
 
 #[test]
@@ -195,7 +208,7 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
     let paused = post_with(
         server.base(),
         "/baton/v1/models/m/rollout/pause",
-        &json!({ "reason": "paused by the console test" }),
+        &json!({ "reason": PAUSE_REASON }),
         &[("authorization", &auth())],
     );
     assert_eq!(paused.status, 200, "{}", paused.error());
@@ -205,7 +218,13 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
         "document.getElementById('rollout').dataset.phase === 'paused' && \
          document.querySelectorAll('#decisions li[data-action=paused][data-by=operator]').length === 1",
     );
-    assert!(text_of(&mut browser, "#rollout-summary").contains("paused by the console test"));
+    // The reason is text on the page, never markup: its image is not
+    // made and its handler never runs.
+    assert!(text_of(&mut browser, "#rollout-summary").contains(PAUSE_REASON));
+    let decision = text_of(&mut browser, "#decisions li[data-action=paused]");
+    assert!(decision.contains(PAUSE_REASON), "{decision}");
+    assert_eq!(browser.eval("document.querySelectorAll('img').length"), json!(0), "no image made of the reason");
+    assert_eq!(browser.eval("window.pwned === undefined"), json!(true), "the reason's handler ran");
     assert_eq!(browser.eval("window.sameDocument"), json!("yes"), "the page was not reloaded");
     wait_page(
         &mut browser,
@@ -219,6 +238,7 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
     assert_eq!(text_of(&mut browser, "#action-result"), "");
 
     // Without the token an action is refused, and nothing changes.
+    browser.refused.push(format!("{}/baton/v1/models/m/rollout/resume", server.base()));
     act(&mut browser, "resume", "ok");
     wait_page(
         &mut browser,
@@ -275,7 +295,8 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
          document.querySelector('#models tr[data-model=m] .serving').textContent === '1'",
     );
     browser.eval("document.getElementById('pin-version').value = '2'; true");
-    act(&mut browser, "pin", "ok");
+    let question = act(&mut browser, "pin", "ok");
+    assert!(question.contains("It serves version 2, whatever is published, until unpinned."), "{question}");
     wait_page(
         &mut browser,
         "the pin to show",
@@ -377,7 +398,7 @@ fn replica(etcd: &Etcd, repo: &TestRepo, id: &str, args: &[&str]) -> Server {
 
 #[test]
 fn the_console_shows_the_fleet_its_replica_reads() {
-    let etcd = Etcd::start();
+    let mut etcd = Etcd::start();
     let (_token_dir, token_path) = token_file(TOKEN);
     let (repo1, repo2) = (repo_with("m", &[1], ""), repo_with("m", &[1], ""));
     let r1 = replica(&etcd, &repo1, "r1", &[]);
@@ -434,4 +455,68 @@ fn the_console_shows_the_fleet_its_replica_reads() {
     save("console-fleet.png", &browser.screenshot());
     browser.drain_events();
     assert!(browser.problems.is_empty(), "{:?}", browser.problems);
+
+    // etcd stalls: the page, opened again, shows the server's status
+    // before the fleet's read answers (it fails after the read's time
+    // limit), and the fleet again once etcd answers. The page notes the
+    // order in which the fleet's answer came and the status showed.
+    browser.call(
+        "Page.addScriptToEvaluateOnNewDocument",
+        json!({ "source": "window.order = []; const f = window.fetch; window.fetch = (...a) => { const p = f(...a); \
+                 if (String(a[0]).includes('baton/v1/fleet')) p.then(() => window.order.push('fleet'), () => window.order.push('fleet')); \
+                 return p; }; new MutationObserver(() => { const s = document.getElementById('server'); \
+                 if (s && s.textContent.includes('pid') && !window.order.includes('status')) window.order.push('status'); }) \
+                 .observe(document, { subtree: true, childList: true, characterData: true });" }),
+    );
+    browser.refused.push(format!("{}/baton/v1/fleet", r1.base()));
+    etcd.pause();
+    browser.navigate(&format!("{}/console", r1.base()));
+    wait_page(&mut browser, "the status to show", "window.order.includes('status')");
+    let order = browser.eval("window.order");
+    assert_eq!(order[0], json!("status"), "the status showed before the fleet answered: {order}");
+    wait_page(
+        &mut browser,
+        "the fleet's read to fail",
+        "document.getElementById('fleet-note').textContent.startsWith('The fleet cannot be read')",
+    );
+    etcd.resume();
+    wait_page(
+        &mut browser,
+        "the fleet to show again",
+        "document.getElementById('fleet-note').textContent.endsWith('live replicas')",
+    );
+    browser.drain_events();
+    assert!(browser.problems.is_empty(), "{:?}", browser.problems);
+}
+
+/// Every kind of event the server streams has a place in the page: the
+/// page listens for it (an `EventSource` drops a named event nobody
+/// listens for) and says it in words, not as raw JSON.
+#[test]
+fn the_timeline_listens_for_every_kind_of_event() {
+    let events = include_str!("../../baton-core/src/events.rs");
+    let page = include_str!("../src/http/console/console.js");
+    let body = events.split("pub enum EventKind {").nth(1).expect("the EventKind enum");
+    let body = &body[..body.find("\n}\n").expect("the enum's end")];
+    let kinds: Vec<String> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("    "))
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_uppercase()))
+        .filter_map(|l| l.split([' ', ',', '{', '(']).next())
+        .map(|name| {
+            name.chars().enumerate().fold(String::new(), |mut out, (i, c)| {
+                if c.is_ascii_uppercase() && i > 0 {
+                    out.push('_');
+                }
+                out.push(c.to_ascii_lowercase());
+                out
+            })
+        })
+        .collect();
+    assert!(kinds.len() >= 10 && kinds.contains(&"unpackaged".to_owned()), "{kinds:?}");
+    let listened = page.split("const KINDS = [").nth(1).and_then(|k| k.split(']').next()).expect("KINDS");
+    for kind in &kinds {
+        assert!(listened.contains(&format!("\"{kind}\"")), "console.js KINDS lacks {kind}: {listened}");
+        assert!(page.contains(&format!("case \"{kind}\":")), "console.js describe() has no case for {kind}");
+    }
 }

@@ -35,6 +35,10 @@ const FLEET_ROW: &str = "Fleet";
 /// max(`$__interval` + scrape interval, 4 × scrape interval).
 const RATE_INTERVAL: &str = "5200ms";
 
+/// What Grafana puts for `$__interval` in the test's setting: the bar
+/// panels count what each interval added, once.
+const INTERVAL: &str = "5s";
+
 /// How long one query may take to show its series: scrapes every 200 ms,
 /// and a rate needs two of them inside its window.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -119,6 +123,7 @@ fn format_variable(values: Option<&[&str]>) -> String {
 /// `expr` with the variables put in.
 fn interpolate(expr: &str, model: Option<&[&str]>, version: Option<&[&str]>) -> String {
     expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$__interval", INTERVAL)
         .replace("$model", &format_variable(model))
         .replace("$version", &format_variable(version))
 }
@@ -358,6 +363,82 @@ fn every_panel_returns_its_series_in_the_middle_of_a_rollout() {
     let marked = check_panels(&prometheus, |q| q.panel.starts_with("annotation"), &choices);
     assert_eq!(marked, 1);
     drop(traffic);
+}
+
+/// Waits until the query of the bar panel (not an annotation) that counts
+/// `metric`, for model `m`, gives a series above 0 whose `label` is
+/// `value`; panics naming the panel after [`PATIENCE`].
+fn expect_above_zero(prometheus: &Prometheus, metric: &str, label: (&str, &str)) {
+    let query = queries()
+        .into_iter()
+        .find(|q| !q.panel.starts_with("annotation") && q.expr.contains(&format!("{metric}{{")))
+        .unwrap_or_else(|| panic!("no panel reads {metric}"));
+    let expr = interpolate(&query.expr, Some(&["m"][..]), None);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let answer = prometheus.query(&expr).unwrap_or_default();
+        let result = answer["data"]["result"].as_array().cloned().unwrap_or_default();
+        let above = result.iter().any(|s| {
+            let value = s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).unwrap_or_default();
+            (label.0.is_empty() || s["metric"][label.0] == label.1) && value > 0.0
+        });
+        if above {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "panel {:?}: {expr} never went above 0 for {label:?}; last {answer}",
+            query.panel
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Prometheus scrapes the server before anything happens to the model;
+/// then its first refused load, first update, first rollback and a
+/// rollout's first decisions each show above 0 on their panels: baton
+/// writes those counters at 0 as soon as it knows the model, so the first
+/// of each kind is an increase, not a series that appears at 1.
+#[test]
+fn a_first_refused_load_rollback_and_promotion_show_on_their_panels() {
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&mlp(1), "[policy]\nkeep_previous = 1\n"));
+    repo.publish_mlp("m", 1, &mlp(1));
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_settled("m", 1);
+    let prometheus = Prometheus::start(&target(&server));
+    eventually("a scrape of the model", || {
+        let answer = prometheus.query("baton_model_state{model=\"m\"}").unwrap_or_default();
+        answer["data"]["result"].as_array().is_some_and(|r| !r.is_empty()).then_some(())
+    });
+
+    repo.publish_damaged("m", 2, &mlp(2), Damage::FlipByte);
+    let refused = server.post_json("/baton/v1/models/m/load", &json!({ "version": 2 }));
+    assert_ne!(refused.status, 200, "a damaged version loads: {}", refused.error());
+    expect_above_zero(&prometheus, "baton_load_failures_total", ("stage", "verify"));
+
+    repo.publish_mlp("m", 3, &mlp(3));
+    let loaded = server.post_json("/baton/v1/models/m/load", &json!({ "version": 3 }));
+    assert_eq!(loaded.status, 200, "{}", loaded.error());
+    expect_above_zero(&prometheus, "baton_updates_total", ("update", "graph"));
+    let rolled = server.post_json("/baton/v1/models/m/rollback", &json!({}));
+    assert_eq!(rolled.status, 200, "{}", rolled.error());
+    expect_above_zero(&prometheus, "baton_rollbacks_total", ("", ""));
+
+    repo.publish_mlp("m", 4, &mlp(4));
+    let plan = json!({ "version": 4, "steps": [10, 100], "interval_ms": 600_000, "watch_ms": 0 });
+    eventually("the rollout to start", || {
+        let answer = server.post_json("/baton/v1/models/m/rollout", &plan);
+        match answer.status {
+            200 => Some(()),
+            409 if answer.json()["kind"] == "load_in_progress" => None,
+            _ => panic!("start: {}", answer.error()),
+        }
+    });
+    expect_above_zero(&prometheus, "baton_rollout_decisions_total", ("decision", "started"));
+    let promoted = server.post_json("/baton/v1/models/m/rollout/promote", &json!({}));
+    assert_eq!(promoted.status, 200, "{}", promoted.error());
+    expect_above_zero(&prometheus, "baton_rollout_decisions_total", ("decision", "promoted"));
 }
 
 /// A replica of fleet `bb` over `etcd`, serving `repo`.

@@ -216,10 +216,12 @@ fn metrics_expose_every_family_with_its_labels() {
     assert_eq!(metric(&text, &m("baton_model_load_in_progress")), Some(0.0));
     assert_eq!(metric(&text, "baton_model_state{model=\"m\",state=\"READY\"}"), Some(1.0));
     for version in [1, 2] {
-        let series = format!("baton_version_bytes_held{{model=\"m\",version=\"{version}\"}}");
+        let series = format!("baton_version_bytes_held{{model=\"m\",version=\"{version}\",twin=\"false\"}}");
         assert!(metric(&text, &series).is_some(), "{series} missing");
     }
-    assert!(metric(&text, &m("baton_rollbacks_total")).is_none(), "no rollback yet");
+    // No rollback yet: the counter is there, at 0, from the model's first
+    // event on.
+    assert_eq!(metric(&text, &m("baton_rollbacks_total")), Some(0.0), "no rollback yet");
 
     // A rollback: counted, the active version moves back, version 2 is freed.
     let rollback = server.post_json("/baton/v1/models/m/rollback", &json!({}));
@@ -234,7 +236,7 @@ fn metrics_expose_every_family_with_its_labels() {
     assert!(metric(&text, "baton_memory_residual_bytes").is_some());
     assert!(metric(&text, "baton_memory_unaccounted_bytes").is_some_and(|b| b > 0.0), "the server itself takes memory");
     assert!(metric(&text, "baton_unload_residual_bytes{model=\"m\",version=\"2\"}").is_some());
-    assert!(metric(&text, "baton_version_bytes_held{model=\"m\",version=\"2\"}").is_none(), "2 is gone");
+    assert!(metric(&text, "baton_version_bytes_held{model=\"m\",version=\"2\",twin=\"false\"}").is_none(), "2 is gone");
     for stage in ["commit", "drain"] {
         let series = format!("baton_load_stage_duration_seconds_count{{model=\"m\",stage=\"{stage}\"}}");
         assert_eq!(metric(&text, &series), Some(3.0), "two loads and a rollback: {series}");
@@ -246,4 +248,44 @@ fn metrics_expose_every_family_with_its_labels() {
     assert_eq!((steps, paused), (0.0, 0.0), "loads stepped aside without --loader-step-aside");
     let cap = format!("stepped aside {} times its CPU time", baton_core::step_aside::MAX_PAUSED_PER_CPU);
     assert!(text.contains(&cap), "the declined counter's help names the cap");
+}
+
+/// During a canary the stable version runs twice, its second instance (the
+/// twin, in a worker of its own here) running the paired copies: every
+/// series of `/metrics` is still one name with one set of labels, so
+/// Prometheus keeps every sample, and the twin's series say `twin="true"`.
+#[test]
+fn every_series_is_unique_while_a_twin_of_the_stable_version_runs() {
+    let repo = repo_with("m", &[1], "[engine]\nisolation = \"process\"\n");
+    let server = start(&repo, &["--no-watch"]);
+    server.wait_settled("m", 1);
+    repo.publish_mlp("m", 2, &mlp(2));
+    let plan = json!({ "steps": [10, 100], "interval_ms": 600_000, "watch_ms": 0 });
+    eventually("the rollout to start", || {
+        let answer = server.post_json("/baton/v1/models/m/rollout", &plan);
+        match answer.status {
+            200 => Some(()),
+            409 if answer.json()["kind"] == "load_in_progress" => None,
+            _ => panic!("start: {}", answer.error()),
+        }
+    });
+    eventually("the canary to run with a twin", || {
+        let rollout = server.get("/baton/v1/models/m/rollout").json();
+        (rollout["rollout"]["twin"]["loaded"] == true).then_some(())
+    });
+    let text = server.metrics();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let (key, _value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a sample without a value: {line}"));
+        assert!(seen.insert(key.to_owned()), "a second sample for {key} in:\n{text}");
+    }
+    for family in ["baton_version_bytes_held", "baton_version_memory_bytes", "baton_worker_resident_bytes"] {
+        let twin = format!("{family}{{model=\"m\",version=\"1\",twin=\"true\"");
+        let stable = format!("{family}{{model=\"m\",version=\"1\",twin=\"false\"");
+        assert!(
+            text.contains(&twin) && text.contains(&stable),
+            "{family}: the twin and the stable version in:\n{text}"
+        );
+    }
+    common::assert_no_panic(&server);
 }

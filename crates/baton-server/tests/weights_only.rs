@@ -52,7 +52,7 @@ fn a_packaged_weights_only_version_serves_and_says_what_it_was() {
     }
     assert_eq!(two["memory"]["total"], two["bytes_held"]);
     let metrics = server.metrics();
-    let series = r#"baton_version_memory_bytes{model="m",version="2",part="weights",update="weights"}"#;
+    let series = r#"baton_version_memory_bytes{model="m",version="2",twin="false",part="weights",update="weights"}"#;
     let weights = baton_testkit::server::metric(&metrics, series);
     assert_eq!(weights, two["memory"]["weights"].as_f64(), "{series} in the metrics");
     assert!(weights.is_some_and(|w| w > 0.0));

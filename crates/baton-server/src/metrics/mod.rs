@@ -22,6 +22,7 @@ use crate::budget::Budget;
 
 pub mod connections;
 mod rollouts;
+mod seed;
 mod workers;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -151,6 +152,8 @@ struct LoadMetrics {
     /// How long resource swaps kept each model paused.
     pauses: BTreeMap<String, Histogram>,
     events_missed: u64,
+    /// Models whose counters were written at 0 already.
+    seeded: std::collections::BTreeSet<String>,
 }
 
 /// One model's request series, by version and the role it answered in.
@@ -364,6 +367,7 @@ impl Metrics {
     /// Feeds one registry event into the load metrics.
     pub fn on_event(&self, event: &Event) {
         let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        loads.seed(&event.model);
         let model = event.model.clone();
         match &event.kind {
             EventKind::Finished { report } => {
@@ -465,7 +469,11 @@ impl Metrics {
         self.render_admission(&mut out, registry, budget);
         self.connections.render(&mut out);
 
-        let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        let statuses = registry.statuses();
+        let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        for s in statuses.iter() {
+            loads.seed(&s.name);
+        }
         help(&mut out, "baton_load_duration_seconds", "histogram", "Whole load transactions, request to end of drain.");
         for (model, h) in &loads.durations {
             h.render(&mut out, "baton_load_duration_seconds", &format!("model=\"{}\"", escape(model)));
@@ -575,7 +583,6 @@ impl Metrics {
         );
         let _ = writeln!(out, "baton_worker_timings_trimmed_total {}", baton_core::executor::timing::trimmed_reports());
 
-        let statuses = registry.statuses();
         help(&mut out, "baton_model_active_version", "gauge", "The version serving requests that name none.");
         for s in statuses.iter() {
             if let Some(v) = s.serving {
@@ -621,9 +628,10 @@ impl Metrics {
             for v in &s.live {
                 let _ = writeln!(
                     out,
-                    "baton_version_bytes_held{{model=\"{}\",version=\"{}\"}} {}",
+                    "baton_version_bytes_held{{model=\"{}\",version=\"{}\",twin=\"{}\"}} {}",
                     escape(&s.name),
                     v.version,
+                    v.twin,
                     v.bytes_held
                 );
             }
@@ -643,9 +651,10 @@ impl Metrics {
                 {
                     let _ = writeln!(
                         out,
-                        "baton_version_memory_bytes{{model=\"{}\",version=\"{}\",part=\"{part}\",update=\"{}\"}} {bytes}",
+                        "baton_version_memory_bytes{{model=\"{}\",version=\"{}\",twin=\"{}\",part=\"{part}\",update=\"{}\"}} {bytes}",
                         escape(&s.name),
                         v.version,
+                        v.twin,
                         v.update.as_str()
                     );
                 }
@@ -684,17 +693,24 @@ impl Metrics {
             let _ = writeln!(out, "baton_outcomes_total{{model=\"{}\",result=\"{result}\"}} {n}", escape(model));
         }
         let snapshot = registry.snapshot();
-        let versions = || snapshot.models().iter().flat_map(|(model, route)| route.versions().map(move |v| (model, v)));
+        // Every version of each route, and a rollout's twin of the stable
+        // version (same number, a second instance): `twin` tells them apart.
+        let versions = || {
+            snapshot.models().iter().flat_map(|(model, route)| {
+                let twin = route.rollout.as_ref().and_then(|r| r.twin.as_ref());
+                route.versions().map(move |v| (model, v, false)).chain(twin.map(move |t| (model, t, true)))
+            })
+        };
         help(out, "baton_queue_depth", "gauge", "Requests waiting for a session thread of the version.");
-        for (model, v) in versions() {
+        for (model, v, twin) in versions() {
             let load = v.executor().load();
-            let labels = format!("model=\"{}\",version=\"{}\"", escape(model), v.number());
+            let labels = format!("model=\"{}\",version=\"{}\",twin=\"{twin}\"", escape(model), v.number());
             let _ = writeln!(out, "baton_queue_depth{{{labels}}} {}", load.queued);
         }
         help(out, "baton_version_in_flight", "gauge", "Requests a version holds, waiting and running.");
-        for (model, v) in versions() {
+        for (model, v, twin) in versions() {
             let load = v.executor().load();
-            let labels = format!("model=\"{}\",version=\"{}\"", escape(model), v.number());
+            let labels = format!("model=\"{}\",version=\"{}\",twin=\"{twin}\"", escape(model), v.number());
             let _ = writeln!(out, "baton_version_in_flight{{{labels}}} {}", load.queued + load.running);
         }
         help(out, "baton_request_memory_bytes", "gauge", "Bytes requests hold now: bodies, tensors and outputs.");

@@ -7,8 +7,9 @@ use std::fmt::Write;
 use super::{escape, help};
 
 /// Each worker's resident memory, labelled with the model, the version it
-/// runs and its pid (a rollout's twin runs the stable number in a second
-/// worker: the pid tells the two apart).
+/// runs and whether it is a rollout's twin (the twin runs the stable
+/// number in a second worker). No pid label: a worker that restarts keeps
+/// its series.
 pub(super) fn render(out: &mut String, statuses: &[baton_core::registry::ModelStatus]) {
     help(
         out,
@@ -18,15 +19,15 @@ pub(super) fn render(out: &mut String, statuses: &[baton_core::registry::ModelSt
     );
     for s in statuses {
         for v in &s.live {
-            let Some(rss) = v.worker.as_ref().filter(|_| v.alive).and_then(|w| w.rss.map(|rss| (w.pid, rss))) else {
+            let Some(rss) = v.worker.as_ref().filter(|_| v.alive).and_then(|w| w.rss) else {
                 continue;
             };
-            let (pid, rss) = rss;
             let _ = writeln!(
                 out,
-                "baton_worker_resident_bytes{{model=\"{}\",version=\"{}\",pid=\"{pid}\"}} {rss}",
+                "baton_worker_resident_bytes{{model=\"{}\",version=\"{}\",twin=\"{}\"}} {rss}",
                 escape(&s.name),
-                v.version
+                v.version,
+                v.twin
             );
         }
     }

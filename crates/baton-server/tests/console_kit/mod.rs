@@ -41,6 +41,9 @@ pub struct Browser {
     session: String,
     /// Exceptions thrown and errors logged by the page, as text.
     pub problems: Vec<String>,
+    /// URLs the test has the server refuse: the browser's error log lines
+    /// for them are not problems.
+    pub refused: Vec<String>,
     _profile: tempfile::TempDir,
 }
 
@@ -113,6 +116,7 @@ impl Browser {
             next_id: 0,
             session: String::new(),
             problems: Vec::new(),
+            refused: Vec::new(),
             _profile: profile,
         };
         let target = browser.call_in(None, "Target.createTarget", json!({ "url": "about:blank" }));
@@ -174,11 +178,12 @@ impl Browser {
             }
             Some("Log.entryAdded") if event["params"]["entry"]["level"] == "error" => {
                 let entry = &event["params"]["entry"];
-                // A refused action's 401 is logged by the browser as a
-                // failed resource; that is the test's own doing.
+                // An action the test has the server refuse is logged by the
+                // browser as a failed resource: that is the test's own doing.
                 let text = entry["text"].as_str().unwrap_or("?");
-                if !text.contains("401") {
-                    self.problems.push(format!("log: {text} ({})", entry["url"].as_str().unwrap_or("")));
+                let url = entry["url"].as_str().unwrap_or("");
+                if !self.refused.iter().any(|r| r == url) {
+                    self.problems.push(format!("log: {text} ({url})"));
                 }
             }
             Some("Runtime.consoleAPICalled") if event["params"]["type"] == "error" => {

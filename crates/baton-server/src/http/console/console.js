@@ -97,7 +97,10 @@
       const answer = await api("GET", "baton/v1/status");
       if (!answer.ok || !answer.json) throw new Error("status answered " + answer.status);
       status = answer.json;
-      fleet = status.cluster ? await api("GET", "baton/v1/fleet").catch((e) => ({ ok: false, status: 0, json: { error: e.message } })) : null;
+      // The fleet is read from etcd, which may stall: the status shows at
+      // once, and the fleet's table when its answer comes.
+      if (status.cluster) refreshFleet();
+      else fleet = null;
       if (!seeded) {
         seeded = true;
         // What each model went through last, before the page opened.
@@ -112,6 +115,18 @@
       pending = false;
       if (again) refreshSoon();
     }
+  }
+
+  let fleetPending = false;
+  async function refreshFleet() {
+    if (fleetPending) return;
+    fleetPending = true;
+    try {
+      fleet = await api("GET", "baton/v1/fleet").catch((e) => ({ ok: false, status: 0, json: { error: e.message } }));
+    } finally {
+      fleetPending = false;
+    }
+    renderReplicas(fleet);
   }
 
   let soon = null;
@@ -381,6 +396,7 @@
       case "decision": return `${e.decision} ${e.change}: ${e.message}`;
       case "store": return e.ok ? "the store answers again" : `the store failed, ${e.kind}: ${e.message}`;
       case "exited": return `worker ended (${e.reason}); ${e.action}`;
+      case "unpackaged": return e.message || `version directory ${e.dir} has no MANIFEST, so it is not loaded`;
       case "rollout": {
         const d = e.decision || {};
         return `rollout ${d.action} by ${d.by} at ${pct(d.weight_percent)}` + (d.message ? `: ${d.message}` : "");
@@ -407,7 +423,7 @@
     }
   }
 
-  const KINDS = ["transition", "failed", "finished", "unloaded", "drain_timed_out", "paused", "resumed", "decision", "store", "exited", "rollout", "lagged"];
+  const KINDS = ["transition", "failed", "finished", "unloaded", "drain_timed_out", "paused", "resumed", "decision", "store", "exited", "unpackaged", "rollout", "lagged"];
 
   function stream() {
     const source = new EventSource("baton/v1/events");
@@ -463,7 +479,7 @@
       case "pin": {
         const v = Number($("pin-version").value);
         if (!Number.isInteger(v) || v < 1) return null;
-        return ["PUT", `baton/v1/models/${m}/pin`, { version: v }, `Pin ${model.name} to version ${v}? It serves whatever is published until unpinned.`];
+        return ["PUT", `baton/v1/models/${m}/pin`, { version: v }, `Pin ${model.name} to version ${v}? It serves version ${v}, whatever is published, until unpinned.`];
       }
       case "unpin": return ["DELETE", `baton/v1/models/${m}/pin`, {}, `Unpin ${model.name}? The newest version serves again.`];
       default: return null;
