@@ -179,6 +179,8 @@ fn the_console_follows_a_rollout_and_acts_only_with_the_token() {
     assert!(roles.contains(&"2 candidate".to_owned()), "{roles:?}");
     let summary = text_of(&mut browser, "#rollout-summary");
     assert!(summary.contains("ab") && summary.contains("25 %"), "{summary}");
+    // The plan's steps are in percent, as the share is.
+    assert!(summary.contains("1 of 1: 25 %"), "{summary}");
     // Decisions and judged windows: the start, held windows, and a chart
     // per guard whose points are the windows' values, under a threshold.
     wait_page(

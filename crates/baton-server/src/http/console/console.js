@@ -227,7 +227,7 @@
     box.dataset.share = r.weight_percent;
     const { decisions, samples } = remember(model.name, r);
     const plan = r.plan || {};
-    const steps = (plan.steps || []).map((b) => pct(b / 100));
+    const steps = (plan.steps || []).map((b) => pct(b));
     const rows = [
       ["model", model.name],
       ["stable → candidate", `${r.stable} → ${r.candidate}`],
