@@ -83,6 +83,12 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between two tries of a model whose load keeps failing
 /// for a reason of the moment.
 const MAX_RETRY: Duration = Duration::from_secs(60);
+/// Readiness waits for a model that serves nothing and fails for a reason
+/// of the moment until its wait reaches this (its fourth failure in a
+/// row, about 7 s after the first), then excuses it while it is tried
+/// again: a replica that serves its other models is not held out of its
+/// load balancer by one that cannot load.
+const EXCUSE_AFTER: Duration = Duration::from_secs(8);
 
 /// When a model whose load failed for a reason of the moment is tried again.
 #[derive(Clone, Copy, Debug)]
@@ -432,7 +438,10 @@ impl Watcher {
                 Ok(_) => return self.retry_done(model),
                 Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
                 // A store that did not answer does not drop the operator's choice.
-                Err(error) if !refuses_the_files(&error) => return self.retry_later(model, &[version], &error),
+                Err(error) if !refuses_the_files(&error) => {
+                    self.retry_later(model, &[version], &error);
+                    return;
+                }
                 Err(error) => format!("version {version} was refused: {error}"),
             }
         } else {
@@ -446,22 +455,41 @@ impl Watcher {
     /// Loads the newest version, then older ones, until one is accepted;
     /// records the model as one that cannot serve when every version's
     /// files were refused. An invalid `model.toml` ends the attempts: every
-    /// version is read with it. A failure of the moment (see
-    /// [`refuses_the_files`]) ends them too, records nothing, and has the
-    /// model tried again after a wait.
+    /// version is read with it. A version that fails for a reason of the
+    /// moment (see [`refuses_the_files`]) is tried again after a wait,
+    /// while an older one serves meanwhile if one can; a model left with
+    /// nothing serving is excused from readiness only after a few tries
+    /// ([`EXCUSE_AFTER`]), or at once when the server does not poll.
     fn load_newest_good(&mut self, model: &str, versions: &[u64]) {
         let mut why = None;
+        // Versions that failed for a reason of the moment, newest first,
+        // and the first such failure: tried again later, while an older
+        // version serves meanwhile if one can.
+        let mut passing: Vec<u64> = Vec::new();
+        let mut passing_error = None;
         for &version in versions.iter().rev() {
             tracing::info!(model, version, "Loading the model from the repository.");
             match self.app.registry.load(model, Some(version)).and_then(|h| h.wait()) {
                 Ok(_) => {
                     self.app.find(|f| f.cannot_serve.remove(model));
-                    return self.retry_done(model);
+                    match passing_error {
+                        Some(error) => {
+                            self.retry_later(model, &passing, &error);
+                        }
+                        None => self.retry_done(model),
+                    }
+                    return;
                 }
                 Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
                 Err(error) if !refuses_the_files(&error) => {
-                    let tried: Vec<u64> = versions.iter().copied().filter(|v| *v >= version).collect();
-                    return self.retry_later(model, &tried, &error);
+                    tracing::warn!(
+                        model,
+                        version,
+                        %error,
+                        "The version could not be loaded for a reason that may pass; trying the one before it meanwhile."
+                    );
+                    passing.push(version);
+                    passing_error.get_or_insert(error);
                 }
                 Err(error @ LoadError::Config(_)) => {
                     // Read as valid by this pass's check, yet refused: a
@@ -476,6 +504,22 @@ impl Watcher {
                 }
             }
         }
+        if let Some(error) = passing_error {
+            // Nothing serves. Readiness waits for the model through its
+            // first tries, then excuses it while the tries go on; a server
+            // that does not poll never tries again, so it excuses it at once.
+            let wait = self.retry_later(model, &passing, &error);
+            if !self.polls || wait >= EXCUSE_AFTER {
+                let mut why = CannotServe::refused(&error);
+                why.message = match self.polls {
+                    true => format!("{}; tried again every {} s at most", why.message, MAX_RETRY.as_secs()),
+                    false => format!("{}; the server does not poll: `baton load {model}` tries again", why.message),
+                };
+                tracing::warn!(model, why = %why.message, "The model does not serve yet; readiness no longer waits for it.");
+                self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
+            }
+            return;
+        }
         self.retry_done(model);
         if let Some(why) = why {
             tracing::warn!(model, why = %why.message, "No version of the model could be loaded; it does not serve.");
@@ -485,15 +529,13 @@ impl Watcher {
 
     /// After a load failure of the moment: makes the versions tried look
     /// unseen and has the model tried again after a wait that doubles
-    /// with each failure in a row. The model is not given up on: readiness
-    /// keeps waiting for it.
-    fn retry_later(&mut self, model: &str, tried: &[u64], error: &LoadError) {
+    /// with each failure in a row, which it returns.
+    fn retry_later(&mut self, model: &str, tried: &[u64], error: &LoadError) -> Duration {
         for version in tried {
             self.seen.remove(&(model.to_owned(), *version));
         }
         let wait = self.retry.get(model).map_or(FIRST_RETRY, |r| (r.wait * 2).min(MAX_RETRY));
         self.retry.insert(model.to_owned(), Retry { due: Instant::now() + wait, wait });
-        self.app.find(|f| f.cannot_serve.remove(model));
         tracing::warn!(
             model,
             %error,
@@ -501,6 +543,7 @@ impl Watcher {
             retry_in_ms = wait.as_millis() as u64,
             "The model could not be loaded for a reason that may pass; it will be tried again."
         );
+        wait
     }
 
     /// Ends the waits of a model whose load no longer fails for a reason
