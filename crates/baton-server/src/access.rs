@@ -225,10 +225,14 @@ impl Access {
         }
     }
 
-    /// Whether management has an admin token: without one, what protects
-    /// it from a browser's requests is the check of their `Host`.
-    pub fn token_set(&self) -> bool {
-        self.token.is_some()
+    /// Whether a browser's requests to the REST listener of role
+    /// `listener` must name an address in `Host`: no token protects
+    /// management and the listener binds loopback, where a page that
+    /// rebinds its own name to 127.0.0.1 is what reaches it. (A public
+    /// listener without a token was opened on purpose, to clients that
+    /// may well use names.)
+    pub fn checks_host(&self, listener: Listener) -> bool {
+        self.token.is_none() && !self.public[Front::Rest as usize][listener as usize]
     }
 
     /// Whether `listener` is where management is served: the admin
@@ -429,6 +433,18 @@ mod tests {
 
     fn kind(result: Result<(), ServeError>) -> Option<&'static str> {
         result.err().map(|e| e.kind)
+    }
+
+    #[test]
+    fn only_a_loopback_listener_without_a_token_checks_a_browsers_host() {
+        let loopback = access(None, false, ModelControl::Poll);
+        assert!(loopback.checks_host(Listener::Inference));
+        let public = access(None, false, ModelControl::Poll).exposed_on(Front::Rest, Listener::Inference, true);
+        assert!(!public.checks_host(Listener::Inference), "opened on purpose to clients that use names");
+        assert!(
+            !access(Some("t"), false, ModelControl::Poll).checks_host(Listener::Inference),
+            "the token protects it"
+        );
     }
 
     #[test]

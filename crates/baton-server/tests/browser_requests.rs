@@ -92,6 +92,13 @@ fn with_a_token_the_host_is_not_checked_but_another_sites_page_still_is() {
     let (status, body) = post(&server, LOAD, &[("authorization", authorization), ("origin", "https://evil.example")]);
     assert_eq!((status, body["kind"].as_str()), (403, Some("cross_site")), "{body}");
     assert_eq!(serving(&server), Some(2));
+    // The console behind a proxy that rewrites Host: the browser says the
+    // request is its page's own.
+    let proxied =
+        [("authorization", authorization), ("origin", "https://baton.example"), ("sec-fetch-site", "same-origin")];
+    let (status, body) = post(&server, LOAD, &proxied);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serving(&server), Some(1));
     // A proxy that keeps its own name in Host: the token protects it.
     let (status, body) = post(&server, LOAD, &[("authorization", authorization), ("host", "baton.example")]);
     assert_eq!(status, 200, "{body}");

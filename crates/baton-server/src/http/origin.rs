@@ -10,10 +10,11 @@
 //!   could pause, promote or roll back a rollout.
 //! - **Renamed hosts (DNS rebinding).** A page can make its own name
 //!   resolve to 127.0.0.1; its requests are then same-origin to the
-//!   browser. They carry that name in `Host`, though. Without an admin
-//!   token, management and the privileged details of reads are served only
-//!   to a `Host` that is an IP address or `localhost`; with one, the token
-//!   is what protects them (a rebound page cannot read it).
+//!   browser. They carry that name in `Host`, though. On a loopback
+//!   listener without an admin token, management and the privileged
+//!   details of reads are served only to a `Host` that is an IP address or
+//!   `localhost`; with a token, the token is what protects them (a rebound
+//!   page cannot read it).
 //!
 //! Clients that are not browsers (curl, the CLI, tritonclient) send
 //! neither header and name the address they reach, so nothing changes for
@@ -24,15 +25,21 @@ use axum::http::{HeaderMap, header};
 use crate::error::{Class, ServeError};
 
 /// Why a request is refused as a browser's, or `None` when it is not
-/// refused. `token_set`: whether management has an admin token.
-pub fn refusal(headers: &HeaderMap, token_set: bool) -> Option<ServeError> {
-    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
+/// refused. `check_host`: whether `Host` must name an address
+/// ([`crate::access::Access::checks_host`]).
+pub fn refusal(headers: &HeaderMap, check_host: bool) -> Option<ServeError> {
+    let site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    if let Some(site) = site
         && (site.eq_ignore_ascii_case("cross-site") || site.eq_ignore_ascii_case("same-site"))
     {
         return Some(cross_site(format!("the browser says another site's page sent it (Sec-Fetch-Site: {site})")));
     }
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
-    if let Some(origin) = headers.get(header::ORIGIN) {
+    // A browser that says where a request comes from is believed: behind
+    // a proxy that rewrites `Host`, `Origin` and `Host` differ for the
+    // console's own requests. Only a browser that says nothing has its
+    // `Origin` compared with `Host`.
+    if let Some(origin) = headers.get(header::ORIGIN).filter(|_| site.is_none()) {
         let origin = origin.to_str().unwrap_or("");
         if host.is_none_or(|host| !same_authority(origin, host)) {
             return Some(cross_site(format!(
@@ -42,7 +49,7 @@ pub fn refusal(headers: &HeaderMap, token_set: bool) -> Option<ServeError> {
         }
     }
     match host {
-        Some(host) if !token_set && !names_this_machine(host) => Some(ServeError::new(
+        Some(host) if check_host && !names_this_machine(host) => Some(ServeError::new(
             Class::Forbidden,
             "untrusted_host",
             format!(
@@ -115,40 +122,49 @@ mod tests {
         map
     }
 
-    fn kind(pairs: &[(&'static str, &str)], token_set: bool) -> Option<&'static str> {
-        refusal(&headers(pairs), token_set).map(|e| e.kind)
+    fn kind(pairs: &[(&'static str, &str)], check_host: bool) -> Option<&'static str> {
+        refusal(&headers(pairs), check_host).map(|e| e.kind)
     }
 
     #[test]
     fn clients_that_are_not_browsers_pass() {
-        assert_eq!(kind(&[("host", "127.0.0.1:8000")], false), None);
-        assert_eq!(kind(&[("host", "localhost:8000")], false), None);
-        assert_eq!(kind(&[("host", "[::1]:8000")], false), None);
-        assert_eq!(kind(&[("host", "10.1.2.3")], false), None);
-        assert_eq!(kind(&[], false), None, "HTTP/1.0 sends no Host");
+        assert_eq!(kind(&[("host", "127.0.0.1:8000")], true), None);
+        assert_eq!(kind(&[("host", "localhost:8000")], true), None);
+        assert_eq!(kind(&[("host", "[::1]:8000")], true), None);
+        assert_eq!(kind(&[("host", "10.1.2.3")], true), None);
+        assert_eq!(kind(&[], true), None, "HTTP/1.0 sends no Host");
     }
 
     #[test]
     fn the_console_on_its_own_origin_passes() {
         let own = [("host", "127.0.0.1:8000"), ("origin", "http://127.0.0.1:8000"), ("sec-fetch-site", "same-origin")];
-        assert_eq!(kind(&own, false), None);
-        assert_eq!(kind(&[("host", "baton.example:443"), ("origin", "https://baton.example")], true), None);
-        assert_eq!(kind(&[("host", "[::1]:9"), ("origin", "http://[::1]:9")], false), None);
+        assert_eq!(kind(&own, true), None);
+        assert_eq!(kind(&[("host", "baton.example:443"), ("origin", "https://baton.example")], false), None);
+        assert_eq!(kind(&[("host", "[::1]:9"), ("origin", "http://[::1]:9")], true), None);
     }
 
     #[test]
     fn another_sites_page_is_refused() {
-        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("sec-fetch-site", "cross-site")], true), Some("cross_site"));
-        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("sec-fetch-site", "same-site")], false), Some("cross_site"));
-        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("origin", "https://evil.example")], true), Some("cross_site"));
-        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("origin", "http://127.0.0.1:8001")], false), Some("cross_site"));
-        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("origin", "null")], false), Some("cross_site"));
+        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("sec-fetch-site", "cross-site")], false), Some("cross_site"));
+        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("sec-fetch-site", "same-site")], true), Some("cross_site"));
+        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("origin", "https://evil.example")], false), Some("cross_site"));
+        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("origin", "http://127.0.0.1:8001")], true), Some("cross_site"));
+        assert_eq!(kind(&[("host", "127.0.0.1:8000"), ("origin", "null")], true), Some("cross_site"));
     }
 
     #[test]
     fn a_rebound_name_is_refused_without_a_token_only() {
         let rebound = [("host", "evil.example:8000"), ("origin", "http://evil.example:8000")];
-        assert_eq!(kind(&rebound, false), Some("untrusted_host"));
-        assert_eq!(kind(&rebound, true), None, "the token protects it");
+        assert_eq!(kind(&rebound, true), Some("untrusted_host"));
+        assert_eq!(kind(&rebound, false), None, "the token protects it");
+    }
+
+    #[test]
+    fn behind_a_proxy_that_rewrites_host_the_browsers_word_is_taken() {
+        let proxied =
+            [("host", "127.0.0.1:8081"), ("origin", "https://baton.example"), ("sec-fetch-site", "same-origin")];
+        assert_eq!(kind(&proxied, false), None);
+        // A browser that says nothing has its Origin compared with Host.
+        assert_eq!(kind(&proxied[..2], false), Some("cross_site"));
     }
 }
