@@ -205,14 +205,20 @@ fn memory_target(args: &DrillArgs, http: &Endpoint) -> anyhow::Result<(Option<u3
     };
     // A server in another pid namespace (a container publishing its port
     // on loopback) reports a pid that names another process here.
-    if let Some(started) = started
-        && rss::start_time(pid) != Some(started)
-    {
-        let why = format!(
-            "the server reports pid {pid}, but this host's process {pid} is another one (the server runs in \
-             another pid namespace, a container say); give --pid"
-        );
-        return if upgrade { Err(anyhow::anyhow!(why)) } else { Ok((None, Some(why))) };
+    if let Some(started) = started {
+        let why = match rss::start_time(pid) {
+            Some(here) if here == started => None,
+            Some(_) => Some(format!(
+                "the server reports pid {pid}, but this host's process {pid} is another one (the server runs in \
+                 another pid namespace, a container say); give --pid"
+            )),
+            None => {
+                Some(format!("the server reports pid {pid}, which is not a process this host can read; give --pid"))
+            }
+        };
+        if let Some(why) = why {
+            return if upgrade { Err(anyhow::anyhow!(why)) } else { Ok((None, Some(why))) };
+        }
     }
     match rss::read_rss(pid) {
         Ok(_) => Ok((Some(pid), None)),
