@@ -46,6 +46,18 @@ pub enum Scope {
     Server,
 }
 
+/// Which requests must name an address, not a name, in `Host` (see
+/// [`Access::host_check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostCheck {
+    /// None: a token protects management.
+    Never,
+    /// Those a browser sends (with `Origin` or `Sec-Fetch-Site`).
+    Browsers,
+    /// Every one.
+    Always,
+}
+
 /// The protocol a listener speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Front {
@@ -225,14 +237,19 @@ impl Access {
         }
     }
 
-    /// Whether a browser's requests to the REST listener of role
-    /// `listener` must name an address in `Host`: no token protects
-    /// management and the listener binds loopback, where a page that
-    /// rebinds its own name to 127.0.0.1 is what reaches it. (A public
-    /// listener without a token was opened on purpose, to clients that
-    /// may well use names.)
-    pub fn checks_host(&self, listener: Listener) -> bool {
-        self.token.is_none() && !self.public[Front::Rest as usize][listener as usize]
+    /// Which requests to the REST listener of role `listener` must name
+    /// an address in `Host` (and in `Origin`): none when a token protects
+    /// management (a page that rebinds its name cannot read the token);
+    /// every one on a loopback listener without a token; a browser's on a
+    /// public listener without one (opened with `--insecure-management` to
+    /// clients that may use names, but not to any web page their browsers
+    /// visit).
+    pub fn host_check(&self, listener: Listener) -> HostCheck {
+        match (self.token.is_some(), self.public[Front::Rest as usize][listener as usize]) {
+            (true, _) => HostCheck::Never,
+            (false, false) => HostCheck::Always,
+            (false, true) => HostCheck::Browsers,
+        }
     }
 
     /// Whether `listener` is where management is served: the admin
@@ -436,15 +453,13 @@ mod tests {
     }
 
     #[test]
-    fn only_a_loopback_listener_without_a_token_checks_a_browsers_host() {
+    fn without_a_token_a_browser_must_name_an_address() {
         let loopback = access(None, false, ModelControl::Poll);
-        assert!(loopback.checks_host(Listener::Inference));
+        assert_eq!(loopback.host_check(Listener::Inference), HostCheck::Always);
         let public = access(None, false, ModelControl::Poll).exposed_on(Front::Rest, Listener::Inference, true);
-        assert!(!public.checks_host(Listener::Inference), "opened on purpose to clients that use names");
-        assert!(
-            !access(Some("t"), false, ModelControl::Poll).checks_host(Listener::Inference),
-            "the token protects it"
-        );
+        assert_eq!(public.host_check(Listener::Inference), HostCheck::Browsers, "clients that use names pass");
+        let token = access(Some("t"), false, ModelControl::Poll);
+        assert_eq!(token.host_check(Listener::Inference), HostCheck::Never, "the token protects it");
     }
 
     #[test]

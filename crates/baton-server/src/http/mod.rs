@@ -119,7 +119,7 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
     let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
     let browser = match guard.scope {
         Scope::Management | Scope::Server => {
-            origin::refusal(request.headers(), guard.access.checks_host(guard.listener))
+            origin::refusal(request.headers(), guard.access.host_check(guard.listener))
         }
         _ => None,
     };
@@ -144,7 +144,7 @@ async fn mark_privileged(
 ) -> Response {
     let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
     let privileged = access.privileged(crate::access::Front::Rest, listener, authorization)
-        && origin::refusal(request.headers(), access.checks_host(listener)).is_none();
+        && origin::refusal(request.headers(), access.host_check(listener)).is_none();
     let privileged = crate::access::Privileged(privileged);
     request.extensions_mut().insert(privileged);
     next.run(request).await

@@ -22,12 +22,13 @@
 
 use axum::http::{HeaderMap, header};
 
+use crate::access::HostCheck;
 use crate::error::{Class, ServeError};
 
 /// Why a request is refused as a browser's, or `None` when it is not
-/// refused. `check_host`: whether `Host` must name an address
-/// ([`crate::access::Access::checks_host`]).
-pub fn refusal(headers: &HeaderMap, check_host: bool) -> Option<ServeError> {
+/// refused. `hosts`: which requests must name an address in `Host` and
+/// `Origin` ([`crate::access::Access::host_check`]).
+pub fn refusal(headers: &HeaderMap, hosts: HostCheck) -> Option<ServeError> {
     let site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
     if let Some(site) = site
         && (site.eq_ignore_ascii_case("cross-site") || site.eq_ignore_ascii_case("same-site"))
@@ -35,31 +36,42 @@ pub fn refusal(headers: &HeaderMap, check_host: bool) -> Option<ServeError> {
         return Some(cross_site(format!("the browser says another site's page sent it (Sec-Fetch-Site: {site})")));
     }
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
-    // A browser that says where a request comes from is believed: behind
+    let origin = headers.get(header::ORIGIN).map(|o| o.to_str().unwrap_or(""));
+    // A browser that says a request is its page's own is believed: behind
     // a proxy that rewrites `Host`, `Origin` and `Host` differ for the
-    // console's own requests. Only a browser that says nothing has its
-    // `Origin` compared with `Host`.
-    if let Some(origin) = headers.get(header::ORIGIN).filter(|_| site.is_none()) {
-        let origin = origin.to_str().unwrap_or("");
-        if host.is_none_or(|host| !same_authority(origin, host)) {
-            return Some(cross_site(format!(
-                "it comes from a page of {origin:?}, not of this server ({})",
-                host.unwrap_or("no Host header")
-            )));
-        }
+    // console's own requests. Any other (one that says nothing, or
+    // `none`) has its `Origin` compared with `Host`.
+    let own_page = site.is_some_and(|s| s.eq_ignore_ascii_case("same-origin"));
+    if let Some(origin) = origin.filter(|_| !own_page)
+        && host.is_none_or(|host| !same_authority(origin, host))
+    {
+        return Some(cross_site(format!(
+            "it comes from a page of {origin:?}, not of this server ({})",
+            host.unwrap_or("no Host header")
+        )));
     }
-    match host {
-        Some(host) if check_host && !names_this_machine(host) => Some(ServeError::new(
-            Class::Forbidden,
-            "untrusted_host",
-            format!(
-                "management without an admin token answers only requests addressed to an IP address or localhost, \
-                 not {host:?} (a page can make any name reach this server); use the address, or set \
-                 --admin-token-file"
-            ),
-        )),
-        _ => None,
+    let browser = site.is_some() || origin.is_some();
+    let check = match hosts {
+        HostCheck::Never => false,
+        HostCheck::Browsers => browser,
+        HostCheck::Always => true,
+    };
+    if !check {
+        return None;
     }
+    // A rebound page names itself in `Host`, or, behind a proxy that
+    // rewrites `Host`, in `Origin`.
+    let origin_host = origin.and_then(|o| o.split_once("://")).map(|(_, authority)| authority);
+    let named = [host, origin_host].into_iter().flatten().find(|name| !names_this_machine(name))?;
+    Some(ServeError::new(
+        Class::Forbidden,
+        "untrusted_host",
+        format!(
+            "management without an admin token answers only requests addressed to an IP address or localhost, \
+             not {named:?} (a page can make any name reach this server); use the address, or set \
+             --admin-token-file"
+        ),
+    ))
 }
 
 fn cross_site(why: String) -> ServeError {
@@ -123,7 +135,7 @@ mod tests {
     }
 
     fn kind(pairs: &[(&'static str, &str)], check_host: bool) -> Option<&'static str> {
-        refusal(&headers(pairs), check_host).map(|e| e.kind)
+        refusal(&headers(pairs), if check_host { HostCheck::Always } else { HostCheck::Never }).map(|e| e.kind)
     }
 
     #[test]
@@ -157,6 +169,24 @@ mod tests {
         let rebound = [("host", "evil.example:8000"), ("origin", "http://evil.example:8000")];
         assert_eq!(kind(&rebound, true), Some("untrusted_host"));
         assert_eq!(kind(&rebound, false), None, "the token protects it");
+    }
+
+    #[test]
+    fn a_rebound_page_behind_a_proxy_names_itself_in_its_origin() {
+        let rebound =
+            [("host", "127.0.0.1:8000"), ("origin", "http://evil.example"), ("sec-fetch-site", "same-origin")];
+        assert_eq!(kind(&rebound, true), Some("untrusted_host"));
+        assert_eq!(kind(&rebound, false), None, "the token protects it");
+        let none = [("host", "127.0.0.1:8000"), ("origin", "http://evil.example"), ("sec-fetch-site", "none")];
+        assert_eq!(kind(&none, false), Some("cross_site"), "only same-origin is taken at its word");
+    }
+
+    #[test]
+    fn on_a_public_listener_without_a_token_only_browsers_must_name_an_address() {
+        let client = headers(&[("host", "baton.ns.svc:8000")]);
+        assert!(refusal(&client, HostCheck::Browsers).is_none());
+        let browser = headers(&[("host", "evil.example:8000"), ("origin", "http://evil.example:8000")]);
+        assert_eq!(refusal(&browser, HostCheck::Browsers).map(|e| e.kind), Some("untrusted_host"));
     }
 
     #[test]
