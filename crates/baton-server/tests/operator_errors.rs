@@ -143,6 +143,27 @@ fn a_model_refused_for_a_reason_of_the_moment_is_waited_for_and_tried_again() {
 }
 
 #[test]
+fn an_older_version_serves_while_a_newer_one_fails_for_a_reason_of_the_moment() {
+    let repo = TestRepo::new();
+    // Version 2 is some 3 MiB of weights, over the model's budget; version
+    // 1 is a few KiB under it.
+    repo.add_model("m", &mlp_toml(&mlp(1), "[policy]\nmemory_budget = \"2MiB\""));
+    repo.publish_mlp("m", 1, &mlp(1));
+    repo.publish_mlp("m", 2, &baton_testkit::onnx::Mlp::new(&[8, 65536, 2], 7));
+    let server = start(&repo, &[]);
+    server.wait_settled("m", 1);
+    server.wait_ready();
+    // Version 2 is tried again, more than once, while version 1 serves.
+    eventually("version 2 to be tried again twice", || {
+        (plain_log(&server).matches("will be tried again").count() >= 2).then_some(())
+    });
+    assert_eq!(server.status("m")["serving"], 1);
+    // The budget grows: version 2 is taken up with no operator's call.
+    repo.add_model("m", &mlp_toml(&mlp(1), "[policy]\nmemory_budget = \"4GiB\""));
+    server.wait_settled("m", 2);
+}
+
+#[test]
 fn a_server_that_does_not_poll_excuses_a_model_of_the_moment_at_once() {
     let repo = TestRepo::new();
     repo.add_model("good", &mlp_toml(&mlp(1), ""));

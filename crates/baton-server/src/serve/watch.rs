@@ -113,6 +113,19 @@ fn refuses_the_files(error: &LoadError) -> bool {
     }
 }
 
+/// Whether a failure of the moment is the source's as a whole (a file
+/// system or store that does not answer) rather than one version's (a
+/// budget it does not fit, an object missing, its warmup).
+fn reaches_the_whole_source(error: &LoadError) -> bool {
+    match error {
+        LoadError::Fetch(fetch) => {
+            let kind = fetch.kind();
+            kind == "io" || (kind.starts_with("store_") && kind != "store_not_found")
+        }
+        _ => false,
+    }
+}
+
 /// What the watcher looks at, for its counts and its log.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Subject {
@@ -360,8 +373,19 @@ impl Watcher {
             tracing::info!(model, version = newest, "A new version appeared in the repository; loading it.");
             registry.load(model, Some(newest))
         };
-        if let Err(error) = started {
-            self.forget(model, newest, &error);
+        match started {
+            Err(error) => self.forget(model, newest, &error),
+            // A version tried again after a failure of the moment: its
+            // outcome decides whether it is tried again once more.
+            Ok(handle) if self.retry.contains_key(model) => match handle.wait() {
+                Ok(_) => self.retry_done(model),
+                Err(error @ LoadError::InProgress { .. }) => self.forget(model, newest, &error),
+                Err(error) if !refuses_the_files(&error) => {
+                    self.retry_later(model, &[newest], &error);
+                }
+                Err(_) => self.retry_done(model),
+            },
+            Ok(_) => {}
         }
     }
 
@@ -439,8 +463,8 @@ impl Watcher {
                 Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
                 // A store that did not answer does not drop the operator's choice.
                 Err(error) if !refuses_the_files(&error) => {
-                    self.retry_later(model, &[version], &error);
-                    return;
+                    let wait = self.retry_later(model, &[version], &error);
+                    return self.excuse_if_due(model, wait, &error);
                 }
                 Err(error) => format!("version {version} was refused: {error}"),
             }
@@ -480,16 +504,30 @@ impl Watcher {
                     }
                     return;
                 }
-                Err(error @ LoadError::InProgress { .. }) => return self.forget(model, version, &error),
+                Err(error @ LoadError::InProgress { .. }) => {
+                    for tried in &passing {
+                        self.seen.remove(&(model.to_owned(), *tried));
+                    }
+                    return self.forget(model, version, &error);
+                }
                 Err(error) if !refuses_the_files(&error) => {
-                    tracing::warn!(
-                        model,
-                        version,
-                        %error,
-                        "The version could not be loaded for a reason that may pass; trying the one before it meanwhile."
-                    );
+                    // A store or file system that does not answer fails
+                    // every version alike: walking on would only wait on
+                    // it once more per version.
+                    let whole_source = reaches_the_whole_source(&error);
+                    if !whole_source {
+                        tracing::warn!(
+                            model,
+                            version,
+                            %error,
+                            "The version could not be loaded for a reason that may pass; trying the one before it meanwhile."
+                        );
+                    }
                     passing.push(version);
                     passing_error.get_or_insert(error);
+                    if whole_source {
+                        break;
+                    }
                 }
                 Err(error @ LoadError::Config(_)) => {
                     // Read as valid by this pass's check, yet refused: a
@@ -505,26 +543,32 @@ impl Watcher {
             }
         }
         if let Some(error) = passing_error {
-            // Nothing serves. Readiness waits for the model through its
-            // first tries, then excuses it while the tries go on; a server
-            // that does not poll never tries again, so it excuses it at once.
             let wait = self.retry_later(model, &passing, &error);
-            if !self.polls || wait >= EXCUSE_AFTER {
-                let mut why = CannotServe::refused(&error);
-                why.message = match self.polls {
-                    true => format!("{}; tried again every {} s at most", why.message, MAX_RETRY.as_secs()),
-                    false => format!("{}; the server does not poll: `baton load {model}` tries again", why.message),
-                };
-                tracing::warn!(model, why = %why.message, "The model does not serve yet; readiness no longer waits for it.");
-                self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
-            }
-            return;
+            return self.excuse_if_due(model, wait, &error);
         }
         self.retry_done(model);
         if let Some(why) = why {
             tracing::warn!(model, why = %why.message, "No version of the model could be loaded; it does not serve.");
             self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
         }
+    }
+
+    /// For a model that serves nothing after a failure of the moment:
+    /// readiness waits for it through its first tries, then excuses it
+    /// while the tries go on; a server that does not poll never tries
+    /// again, so it excuses it at once.
+    fn excuse_if_due(&mut self, model: &str, wait: Duration, error: &LoadError) {
+        if self.polls && wait < EXCUSE_AFTER {
+            self.app.find(|f| f.cannot_serve.remove(model));
+            return;
+        }
+        let mut why = CannotServe::refused(error);
+        why.message = match self.polls {
+            true => format!("{}; tried again every {} s at most", why.message, MAX_RETRY.as_secs()),
+            false => format!("{}; the server does not poll: `baton load {model}` tries again", why.message),
+        };
+        tracing::warn!(model, why = %why.message, "The model does not serve yet; readiness no longer waits for it.");
+        self.app.find(|f| f.cannot_serve.insert(model.to_owned(), why));
     }
 
     /// After a load failure of the moment: makes the versions tried look
