@@ -252,6 +252,16 @@ impl Access {
         }
     }
 
+    /// [`Access::host_check`] for posting outcomes, which their own token
+    /// protects when one is set.
+    pub fn outcomes_host_check(&self, listener: Listener) -> HostCheck {
+        match (self.outcomes_token.is_some(), self.public[Front::Rest as usize][listener as usize]) {
+            (true, _) => HostCheck::Never,
+            (false, false) => HostCheck::Always,
+            (false, true) => HostCheck::Browsers,
+        }
+    }
+
     /// Whether `listener` is where management is served: the admin
     /// listener when there is one, else the inference listener.
     pub fn serves_management(&self, listener: Listener) -> bool {

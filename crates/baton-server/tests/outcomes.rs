@@ -243,3 +243,30 @@ fn with_an_outcomes_token_posting_needs_it_and_inference_does_not() {
     assert_eq!(answer.json(), json!({ "accepted": 1, "duplicate": 0, "unknown": 0 }));
     assert!(!common::plain_log(&server).contains("outc0mes-Token"), "the token reached the log");
 }
+
+#[test]
+fn a_web_page_cannot_post_outcomes_without_a_token() {
+    let (_repo, server) = two_versions(&[]);
+    start_rollout(&server);
+    let id = ids(&server, 1).remove(0);
+    let body = json!({ "outcomes": [{ "id": id }] }).to_string();
+    let from = |headers: &[(&str, &str)]| {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        server.post_raw("/baton/v1/models/m/outcomes", body.as_bytes(), &all)
+    };
+    // Another site's page, and a page that rebound its name to this
+    // server: both refused, and the outcome is not counted.
+    for (headers, kind) in [
+        (vec![("origin", "https://evil.example"), ("sec-fetch-site", "cross-site")], "cross_site"),
+        (vec![("origin", "http://evil.example"), ("sec-fetch-site", "same-origin")], "untrusted_host"),
+    ] {
+        let answer = from(&headers);
+        assert_eq!(answer.status, 403, "{headers:?}: {}", String::from_utf8_lossy(&answer.body));
+        assert_eq!(answer.json()["kind"], kind, "{headers:?}");
+    }
+    // A client that is not a browser posts it.
+    let answer = from(&[]);
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(answer.json(), json!({ "accepted": 1, "duplicate": 0, "unknown": 0 }));
+}

@@ -70,7 +70,10 @@ pub fn router(app: Arc<App>, access: Arc<Access>, listener: Listener) -> Router 
         .route("/baton/v1/models/{name}/rollout/promote", post(rollout::promote))
         .route("/baton/v1/models/{name}/rollout/abort", post(rollout::abort))
         .layer(DefaultBodyLimit::max(CONTROL_BODY_LIMIT));
-    let outcomes = Router::new().route("/baton/v1/models/{name}/outcomes", post(outcomes::post));
+    // What is posted decides canaries: a web page must not post it either.
+    let outcomes = Router::new()
+        .route("/baton/v1/models/{name}/outcomes", post(outcomes::post))
+        .route_layer(axum::middleware::from_fn_with_state((Arc::clone(&access), listener), refuse_browsers));
     let server = Router::new()
         .route("/baton/v1/upgrade", post(manage::upgrade))
         .layer(DefaultBodyLimit::max(CONTROL_BODY_LIMIT));
@@ -130,6 +133,22 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
     match checked {
         Ok(()) => next.run(request).await,
         Err(refused) => {
+            let (parts, mut body) = request.into_parts();
+            body::refuse_unread(refused, &parts.headers, &mut body, REFUSED_BODY_LIMIT).await
+        }
+    }
+}
+
+/// Refuses outcomes a browser was made to post for another site, or to a
+/// name a page can rebind (see [`origin`]).
+async fn refuse_browsers(
+    State((access, listener)): State<(Arc<Access>, Listener)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match origin::refusal(request.headers(), access.outcomes_host_check(listener)) {
+        None => next.run(request).await,
+        Some(refused) => {
             let (parts, mut body) = request.into_parts();
             body::refuse_unread(refused, &parts.headers, &mut body, REFUSED_BODY_LIMIT).await
         }

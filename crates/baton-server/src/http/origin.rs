@@ -67,9 +67,9 @@ pub fn refusal(headers: &HeaderMap, hosts: HostCheck) -> Option<ServeError> {
         Class::Forbidden,
         "untrusted_host",
         format!(
-            "management without an admin token answers only requests addressed to an IP address or localhost, \
-             not {named:?} (a page can make any name reach this server); use the address, or set \
-             --admin-token-file"
+            "without a token, management and posted outcomes answer only requests addressed to an IP address \
+             or localhost, not {named:?} (a page can make any name reach this server); use the address, or set \
+             --admin-token-file (--outcomes-token-file for outcomes)"
         ),
     ))
 }
@@ -78,9 +78,7 @@ fn cross_site(why: String) -> ServeError {
     ServeError::new(
         Class::Forbidden,
         "cross_site",
-        format!(
-            "refused a management request a browser made for another site: {why}; use baton's own console or a client"
-        ),
+        format!("refused a request a browser made for another site: {why}; use baton's own console or a client"),
     )
 }
 
