@@ -373,24 +373,33 @@ fn a_drill_against_nothing_reports_the_failures_and_exits_1() {
     outcome.assert_chart(1);
 }
 
-/// A server that is not baton (Python's own HTTP server, which answers 404
-/// to baton's status and 501 to every POST): the drill runs, without RSS,
-/// and says why.
-#[test]
-fn a_drill_against_a_server_that_is_not_baton_runs_without_rss_and_says_why() {
+/// Python's own `http.server` serving `dir` on a free loopback port: a
+/// server that is not baton. `before` gets its pid before it answers.
+fn static_server(dir: &std::path::Path, before: impl FnOnce(u32)) -> (common::Reaper, String) {
     let mut python = Command::new("python3")
-        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1"])
+        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory"])
+        .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("starting python3 -m http.server");
+    before(python.id());
     let mut first = String::new();
     let stdout = python.stdout.take().expect("piped stdout");
     std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first).expect("its first line");
-    let _python = common::Reaper(Some(python));
+    let reaper = common::Reaper(Some(python));
     let port = first.split(" port ").nth(1).and_then(|r| r.split_whitespace().next()).expect("a port");
-    let url = format!("http://127.0.0.1:{port}");
+    (reaper, format!("http://127.0.0.1:{port}"))
+}
+
+/// A server that is not baton (Python's own HTTP server, which answers 404
+/// to baton's status and 501 to every POST): the drill runs, without RSS,
+/// and says why.
+#[test]
+fn a_drill_against_a_server_that_is_not_baton_runs_without_rss_and_says_why() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (_python, url) = static_server(dir.path(), |_| ());
     let outcome = drill(&url, &[&TWO[..], &["--input", "input:FP32:1,8", "--swaps", "0", "--duration", "1s"]].concat());
     assert_eq!(outcome.status.code(), Some(1), "{}", outcome.context());
     assert!(outcome.report["rss"].is_null(), "{}", outcome.report["rss"]);
@@ -405,24 +414,12 @@ fn a_pid_that_names_another_process_here_is_not_sampled() {
     // A server in a container reports its pid there; here that number is
     // another process. The status's start time tells them apart.
     let dir = tempfile::tempdir().expect("a temp dir");
-    let mut python = Command::new("python3")
-        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory"])
-        .arg(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting python3 -m http.server");
-    let pid = python.id();
-    std::fs::create_dir_all(dir.path().join("baton/v1")).expect("a status directory");
-    let status = serde_json::json!({ "pid": pid, "process_started": 1 });
-    std::fs::write(dir.path().join("baton/v1/status"), status.to_string()).expect("a status");
-    let mut first = String::new();
-    let stdout = python.stdout.take().expect("piped stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first).expect("its first line");
-    let _python = common::Reaper(Some(python));
-    let port = first.split(" port ").nth(1).and_then(|r| r.split_whitespace().next()).expect("a port");
-    let url = format!("http://127.0.0.1:{port}");
+    let (python, url) = static_server(dir.path(), |pid| {
+        std::fs::create_dir_all(dir.path().join("baton/v1")).expect("a status directory");
+        let status = serde_json::json!({ "pid": pid, "process_started": 1 });
+        std::fs::write(dir.path().join("baton/v1/status"), status.to_string()).expect("a status");
+    });
+    let pid = python.0.as_ref().map(std::process::Child::id).expect("the server's process");
     let outcome = drill(&url, &[&TWO[..], &["--input", "input:FP32:1,8", "--swaps", "0", "--duration", "1s"]].concat());
     assert!(outcome.report["rss"].is_null(), "{}", outcome.report["rss"]);
     let said = format!("RSS not reported: the server reports pid {pid}, but this host's process {pid} is another one");

@@ -11,7 +11,7 @@
 mod common;
 
 use baton_testkit::repo::{TestRepo, mlp_toml};
-use baton_testkit::server::eventually;
+use baton_testkit::server::{Server, eventually};
 use common::{mlp, plain_log, start};
 use serde_json::{Value, json};
 
@@ -249,17 +249,24 @@ fn an_invalid_model_toml_fails_at_config_and_its_fix_is_taken_up() {
     assert!(log.contains("next poll"), "the log says the fix will be taken up:\n{log}");
 }
 
-#[test]
-fn a_version_without_its_manifest_is_reported_once_with_what_to_run() {
+/// A server of `m` version 1 with its event stream open, and the model
+/// file of a version 2 to copy into the repository.
+fn serving_with_a_model_file_to_copy() -> (TestRepo, Server, Events, Vec<u8>) {
     let repo = TestRepo::new();
     repo.add_model("m", &mlp_toml(&mlp(1), ""));
     repo.publish_mlp("m", 1, &mlp(1));
     let server = start(&repo, &[]);
     server.wait_settled("m", 1);
-    let mut events = Events::open(&server);
-    // The files of version 2, copied in without a MANIFEST.
+    let events = Events::open(&server);
     let scratch = TestRepo::new();
     let onnx = std::fs::read(scratch.publish_mlp("x", 2, &mlp(2)).join("model.onnx")).expect("the model file");
+    (repo, server, events, onnx)
+}
+
+#[test]
+fn a_version_without_its_manifest_is_reported_once_with_what_to_run() {
+    // The files of version 2, copied in without a MANIFEST.
+    let (repo, server, mut events, onnx) = serving_with_a_model_file_to_copy();
     let dir = repo.write_files("m", 2, &[("model.onnx", onnx.as_slice())]);
     backdate(&dir);
     let dir = dir.display().to_string();
@@ -307,16 +314,9 @@ fn backdate(dir: &std::path::Path) {
 
 #[test]
 fn a_version_being_copied_in_then_packaged_is_not_reported() {
-    let repo = TestRepo::new();
-    repo.add_model("m", &mlp_toml(&mlp(1), ""));
-    repo.publish_mlp("m", 1, &mlp(1));
-    let server = start(&repo, &[]);
-    server.wait_settled("m", 1);
-    let mut events = Events::open(&server);
     // Files copied in, the MANIFEST not written yet, as `cp` then
     // `baton package` leave a version for a while.
-    let scratch = TestRepo::new();
-    let onnx = std::fs::read(scratch.publish_mlp("x", 2, &mlp(2)).join("model.onnx")).expect("the model file");
+    let (repo, server, mut events, onnx) = serving_with_a_model_file_to_copy();
     repo.write_files("m", 2, &[("model.onnx", onnx.as_slice())]);
     // Polls go by: each probe version served proves a scan that began
     // after the files were written.
