@@ -75,11 +75,32 @@ impl S3 {
         std::fs::create_dir_all(dir.path().join("data")).unwrap();
         let ports = std::array::from_fn(|_| free_port());
         let mut s3 = S3 { child: None, ports, dir, runtime, credentials: (ACCESS_KEY.into(), secret), nice };
-        s3.run();
+        // A port free a moment ago may be taken before SeaweedFS binds it:
+        // then it exits, and it starts again on other ports.
+        for attempt in 1.. {
+            match s3.try_run() {
+                Ok(()) => break,
+                Err(log) if attempt < 3 && log.contains("address already in use") => {
+                    s3.kill();
+                    let _ = std::fs::remove_file(s3.dir.path().join("weed.log"));
+                    s3.ports = std::array::from_fn(|_| free_port());
+                }
+                Err(log) => panic!("SeaweedFS did not serve: {log}"),
+            }
+        }
         s3
     }
 
     fn run(&mut self) {
+        if let Err(log) = self.try_run() {
+            panic!("SeaweedFS did not serve again: {log}");
+        }
+    }
+
+    /// Starts SeaweedFS on its ports and waits until it serves, or says
+    /// why not (the tail of its log) once it exited or [`START_LIMIT`]
+    /// passed.
+    fn try_run(&mut self) -> Result<(), String> {
         let path = self.dir.path();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(path.join("weed.log")).unwrap();
         let [s3, s3_grpc, filer, filer_grpc, master, master_grpc, volume, volume_grpc] =
@@ -109,11 +130,14 @@ impl S3 {
             // a restart) and the S3 gateway answers.
             let filer = self.filer_status("/buckets/.ready").is_some_and(|s| s < 300 || s == 409);
             if filer && self.answers(self.port()) {
-                return;
+                return Ok(());
+            }
+            if self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_some()) {
+                return Err(format!("it exited:\n{}", self.log_tail()));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("SeaweedFS did not serve within {START_LIMIT:?}:\n{}", self.log_tail());
+        Err(format!("not within {START_LIMIT:?}:\n{}", self.log_tail()))
     }
 
     fn agent() -> ureq::Agent {
