@@ -5,12 +5,15 @@
 //! upgrade fails no request under traffic, and init follows the new main
 //! process (it adopts it and reaps the old one) until a SIGTERM ends it;
 //! a main process that fails at start makes init exit with its status.
+//! init believes notifications from its own tree alone, and passes on to
+//! a manager above it what the main process says, but `MAINPID=`.
 //! And the installed layout: a binary at `PREFIX/bin/baton` finds ONNX
 //! Runtime at `PREFIX/lib/baton/`, with no `ORT_DYLIB_PATH` and no
 //! `.baton` directory.
 
 mod common;
 
+use std::os::linux::net::SocketAddrExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -71,11 +74,22 @@ fn init_serves_and_a_sigterm_to_it_drains_the_server_and_leaves_no_process_behin
     assert_eq!(version, 1);
     assert_close(&output, &mlp(1).forward(&input, 1), "served under init");
     let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
+    // A process outside init's tree (this test) names the worker, a live
+    // descendant of init, as the main process: it is not believed.
+    let log = server.log();
+    let socket = log.split("socket=\"@").nth(1).and_then(|s| s.split('"').next()).expect("init's socket in its log");
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(socket.as_bytes()).expect("an abstract name");
+    let sender = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+    sender.send_to_addr(format!("MAINPID={worker}").as_bytes(), &address).expect("sending to init's socket");
+    eventually("init to ignore the stranger", || {
+        server.log().contains("neither the main process nor under").then_some(())
+    });
 
     let status = server.terminate();
     let log = server.log();
     assert_eq!(status.code(), Some(0), "init's status\n{log}");
-    assert!(log.contains("Passing a signal on to the main process. signal=\"SIGTERM\""), "{log}");
+    let passed = format!("Passing a signal on to the main process. signal=\"SIGTERM\" pid={}", main.0);
+    assert!(log.contains(&passed), "{log}");
     assert!(log.contains("Shutting down"), "the server drained on init's SIGTERM\n{log}");
     assert!(log.contains(&format!("The main process exited. code=0 pid={}", main.0)), "{log}");
     // Init exits only once its main process has, and reaped it; the
@@ -121,9 +135,22 @@ impl Traffic {
 #[test]
 fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_the_end() {
     let repo = repo_with("m", &[1], "");
-    let mut server = start_under_init(repo.root(), &[]);
+    // A manager above init, as systemd would be: init passes on what the
+    // main process says there, but never a MAINPID (init stays its main).
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let manager = std::os::unix::net::UnixDatagram::bind(dir.path().join("notify")).expect("a notification socket");
+    manager.set_read_timeout(Some(baton_testkit::server::PATIENCE)).expect("a read timeout");
+    let heard = || {
+        let mut buffer = [0u8; 512];
+        let n = manager.recv(&mut buffer).expect("a notification passed on by init");
+        String::from_utf8_lossy(&buffer[..n]).into_owned()
+    };
+    let mut command = Command::new(bin());
+    command.arg("init").env("NOTIFY_SOCKET", dir.path().join("notify"));
+    let mut server = Server::start_command(command, repo.root(), &[]);
     let init = server.pid();
     let old = main_process(init);
+    assert_eq!(heard(), "READY=1", "the first process's, passed on");
     server.wait_serving("m", 1);
     let traffic = Traffic::start(server.base());
 
@@ -143,6 +170,7 @@ fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_
     assert!(log.contains(&format!("The main process changed. old_pid={} new_pid={}", old.0, new.0)), "{log}");
     assert!(!log.contains("The main process exited."), "init took the old process's exit as the end\n{log}");
     assert_eq!(server.get("/v2/health/ready").status, 200, "the new process serves, under init");
+    assert_eq!(heard(), "READY=1", "the new process's, passed on without its MAINPID");
 
     let status = server.terminate();
     let log = server.log();
@@ -150,6 +178,7 @@ fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_
     assert!(log.contains(&format!("Passing a signal on to the main process. signal=\"SIGTERM\" pid={}", new.0)));
     assert!(log.contains(&format!("The main process exited. code=0 pid={}", new.0)), "{log}");
     assert!(stat(new.0).is_none(), "the new process outlived init: {:?}", stat(new.0));
+    assert_eq!(heard(), "STOPPING=1", "the new process's, passed on");
 }
 
 #[test]

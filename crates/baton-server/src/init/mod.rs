@@ -155,13 +155,29 @@ async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
 
 impl Supervisor {
     /// Follows what a datagram says: a new main process, and anything to
-    /// pass on to a manager above.
-    fn heard(&mut self, datagram: &str) {
-        if let Some(pid) = notify::main_pid(datagram)
+    /// pass on to a manager above. Believed only from the main process,
+    /// or from a live process that descends from init (the new process of
+    /// an upgrade names itself), and a `MAINPID=` only for such a process.
+    fn heard(&mut self, datagram: &notify::Datagram) {
+        let trusted = datagram.sender.is_some_and(|s| s == self.main || procs::live_descendant(s, self.me));
+        if !trusted {
+            tracing::warn!(
+                sender = datagram.sender,
+                said = %datagram.text.escape_debug(),
+                "A notification came from a process that is neither the main process nor under baton init; ignored."
+            );
+            return;
+        }
+        if let Some(pid) = notify::main_pid(&datagram.text)
             && pid != self.main
         {
             if procs::live_descendant(pid, self.me) {
-                tracing::info!(old_pid = self.main, new_pid = pid, "The main process changed.");
+                tracing::info!(
+                    old_pid = self.main,
+                    new_pid = pid,
+                    sender = datagram.sender,
+                    "The main process changed."
+                );
                 self.main = pid;
             } else {
                 tracing::warn!(
@@ -171,11 +187,11 @@ impl Supervisor {
                 );
             }
         }
-        for line in datagram.lines().filter(|line| !line.starts_with("MAINPID=")) {
-            tracing::debug!(pid = self.main, said = line, "The main process notified.");
+        for line in datagram.text.lines().filter(|line| !line.starts_with("MAINPID=")) {
+            tracing::debug!(sender = datagram.sender, said = line, "The main process notified.");
         }
         if let Some(outer) = &self.outer {
-            let rest = notify::without_main_pid(datagram);
+            let rest = notify::without_main_pid(&datagram.text);
             if !rest.is_empty() {
                 crate::serve::notify::send_to(outer, &rest);
             }
