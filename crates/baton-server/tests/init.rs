@@ -181,6 +181,34 @@ fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_
     assert_eq!(heard(), "STOPPING=1", "the new process's, passed on");
 }
 
+/// A cold upgrade: the old process drains and exits before the new one
+/// serves, so init can only keep the container alive if it heard of the
+/// new process before the old one exited (the old process names it at the
+/// commit; the new one says nothing until it serves).
+#[test]
+fn a_cold_upgrade_under_init_keeps_init_and_the_new_process_running() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &[]);
+    let init = server.pid();
+    let old = main_process(init);
+    server.wait_serving("m", 1);
+    let answer = common::upgrade::upgrade(server.base(), br#"{"cold": true}"#);
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let new = Adopted(answer.json()["new_pid"].as_u64().expect("the new pid") as u32);
+    eventually("the old process to be reaped", || stat(old.0).is_none().then_some(()));
+    eventually("the new process to serve", || {
+        let status = Client::new(server.base()).try_get("/baton/v1/status").ok()?.json();
+        (status["pid"] == new.0 && status["ready"] == true).then_some(())
+    });
+    let log = server.log();
+    assert!(log.contains(&format!("The main process changed. old_pid={} new_pid={}", old.0, new.0)), "{log}");
+    assert!(!log.contains("The main process exited."), "init took the old process's exit as the end\n{log}");
+    assert_eq!(stat(new.0).map(|(_, parent)| parent), Some(init), "init adopted the new process");
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "init's status\n{}", server.log());
+    assert!(stat(new.0).is_none(), "the new process outlived init: {:?}", stat(new.0));
+}
+
 #[test]
 fn a_main_process_that_fails_at_start_makes_init_exit_with_its_status() {
     let bad_flag = Command::new(bin()).args(["init", "serve", "--no-such-flag"]).output().expect("running baton init");
