@@ -39,7 +39,7 @@ pub struct InitArgs {
     /// How long the processes left once the main process has exited (its
     /// workers, an old server still draining) have to exit after SIGTERM
     /// before they are killed, e.g. 10s.
-    #[arg(long, default_value = "10s", value_parser = baton_drill::args::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = baton_drill::args::parse_duration, value_name = "DURATION")]
     pub stop_timeout: Duration,
     /// The form of init's own log on stderr: `text` or `json` (give the
     /// main process the same, e.g. `serve --log-format json`).
