@@ -212,10 +212,11 @@ fn a_cold_upgrade_under_init_keeps_init_and_the_new_process_running() {
 /// As a container runs it: PID 1 of a pid namespace of its own (made by
 /// `unshare`, which needs root, as the container tests do), where no
 /// subreaper is involved and a signal without a handler would be ignored.
-/// SIGUSR2 upgrades the server under traffic, the new process is adopted
-/// by init, the old one reaped; SIGTERM then ends it all with status 0.
+/// SIGUSR2 upgrades the server under traffic, twice, each new process
+/// adopted by init, each old one reaped; SIGTERM then ends it all with
+/// status 0.
 #[test]
-fn as_pid_1_init_passes_signals_on_follows_an_upgrade_and_exits_with_the_server() {
+fn as_pid_1_init_passes_signals_on_follows_two_upgrades_and_exits_with_the_server() {
     let repo = repo_with("m", &[1], "");
     let mut command = Command::new("unshare");
     // --kill-child: should the test fail midway, killing unshare kills
@@ -227,21 +228,25 @@ fn as_pid_1_init_passes_signals_on_follows_an_upgrade_and_exits_with_the_server(
         [(pid, _)] => Some(pid),
         _ => None,
     });
-    let old = main_process(init);
+    let mut main = main_process(init);
     server.wait_serving("m", 1);
-    let inside = status_pid(&server);
+    let mut inside = status_pid(&server);
     assert_eq!(inside, 2, "the server is the namespace's second process, init its first");
     let traffic = Traffic::start(server.base());
-
-    let sent = Command::new("kill").args(["-USR2", &init.to_string()]).status().expect("kill");
-    assert!(sent.success());
-    eventually("a new process to serve", || (status_pid(&server) != inside).then_some(()));
-    eventually("the old process to be reaped", || stat(old.0).is_none().then_some(()));
-    let new = main_process(init);
+    // Twice: the second upgrade's old process is the first one's new
+    // process, which init adopted.
+    for _ in 0..2 {
+        let sent = Command::new("kill").args(["-USR2", &init.to_string()]).status().expect("kill");
+        assert!(sent.success());
+        let next = eventually("a new process to serve", || Some(status_pid(&server)).filter(|&p| p != inside));
+        eventually("the old process to be reaped", || stat(main.0).is_none().then_some(()));
+        let changed = format!("The main process changed. old_pid={inside} new_pid={next}");
+        assert!(server.log().contains(&changed), "{}", server.log());
+        (main, inside) = (main_process(init), next);
+    }
     let (answered, failed) = traffic.stop();
     assert!(failed.is_empty(), "{} failed of {}: {:?}", failed.len(), answered, &failed[..failed.len().min(5)]);
     assert!(answered > 0, "no request was answered");
-    assert!(server.log().contains("The main process changed. old_pid=2"), "{}", server.log());
 
     let sent = Command::new("kill").args(["-TERM", &init.to_string()]).status().expect("kill");
     assert!(sent.success());
@@ -249,7 +254,7 @@ fn as_pid_1_init_passes_signals_on_follows_an_upgrade_and_exits_with_the_server(
     let log = server.log();
     assert_eq!(status.code(), Some(0), "init's status, through unshare\n{log}");
     assert!(log.contains("baton stopped."), "the new process drained\n{log}");
-    assert!(stat(new.0).is_none(), "the new process outlived init: {:?}", stat(new.0));
+    assert!(stat(main.0).is_none(), "the newest process outlived init: {:?}", stat(main.0));
 }
 
 #[test]
