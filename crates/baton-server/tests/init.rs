@@ -76,9 +76,7 @@ fn init_serves_and_a_sigterm_to_it_drains_the_server_and_leaves_no_process_behin
     let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
     // A process outside init's tree (this test) names the worker, a live
     // descendant of init, as the main process: it is not believed.
-    let log = server.log();
-    let socket = log.split("socket=\"@").nth(1).and_then(|s| s.split('"').next()).expect("init's socket in its log");
-    let address = std::os::unix::net::SocketAddr::from_abstract_name(socket.as_bytes()).expect("an abstract name");
+    let address = init_socket(&server);
     let sender = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
     sender.send_to_addr(format!("MAINPID={worker}").as_bytes(), &address).expect("sending to init's socket");
     eventually("init to ignore the stranger", || {
@@ -96,6 +94,43 @@ fn init_serves_and_a_sigterm_to_it_drains_the_server_and_leaves_no_process_behin
     // worker, whose parent was the server, goes with it.
     assert!(stat(main.0).is_none(), "the server outlived init: {:?}", stat(main.0));
     eventually("the worker to exit", || gone(worker).then_some(()));
+}
+
+/// The abstract name of init's notification socket, from its log.
+fn init_socket(server: &Server) -> std::os::unix::net::SocketAddr {
+    let log = server.log();
+    let name = log.split("socket=\"@").nth(1).and_then(|s| s.split('"').next()).expect("init's socket in its log");
+    std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("an abstract name")
+}
+
+#[test]
+fn a_stranger_flooding_init_s_socket_neither_keeps_it_from_exiting_nor_floods_its_log() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &[]);
+    let _main = main_process(server.pid());
+    server.wait_serving("m", 1);
+    let address = init_socket(&server);
+    // Blocking sends: the flood goes as fast as init reads, and ends when
+    // init's socket is gone.
+    let flood = std::thread::spawn(move || {
+        let sender = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+        let mut sent = 0u64;
+        while sender.send_to_addr(b"MAINPID=1\nREADY=1", &address).is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    eventually("the flood to reach init", || server.log().contains("neither the main process nor under").then_some(()));
+    let started = std::time::Instant::now();
+    let status = server.terminate();
+    let sent = flood.join().expect("the flood");
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    let warnings = log.matches("neither the main process nor under").count() as u64;
+    // One warning a second at most, from the first one on.
+    let bound = started.elapsed().as_secs() + 2;
+    assert!(warnings <= bound, "{warnings} warnings for {sent} datagrams, more than {bound}");
+    assert!(sent > warnings, "{sent} datagrams, {warnings} warnings");
 }
 
 /// Requests to model `m` in a loop until stopped, each on a new

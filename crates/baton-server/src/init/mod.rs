@@ -110,6 +110,10 @@ struct Supervisor {
     main: u32,
     /// A manager's socket above init, to pass notifications on to.
     outer: Option<String>,
+    /// Notifications ignored since the last warning about them, and
+    /// when that was: a stranger that floods the socket gets a warning a
+    /// second, not one a datagram.
+    ignored: (u64, Option<std::time::Instant>),
 }
 
 async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
@@ -128,7 +132,7 @@ async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
     }
     command.args(&args.args).env(NOTIFY_ENV, inputs.socket.name()).process_group(0);
     let child = command.spawn().context("starting the main process")?;
-    let mut init = Supervisor { me, main: child.id(), outer };
+    let mut init = Supervisor { me, main: child.id(), outer, ignored: (0, None) };
     // Reaped below, by pid, as every other child is.
     drop(child);
     tracing::info!(pid = init.main, socket = inputs.socket.name(), subreaper = me != 1, "Started the main process.");
@@ -161,11 +165,17 @@ impl Supervisor {
     fn heard(&mut self, datagram: &notify::Datagram) {
         let trusted = datagram.sender.is_some_and(|s| s == self.main || procs::live_descendant(s, self.me));
         if !trusted {
-            tracing::warn!(
-                sender = datagram.sender,
-                said = %datagram.text.escape_debug(),
-                "A notification came from a process that is neither the main process nor under baton init; ignored."
-            );
+            let (count, last) = &mut self.ignored;
+            *count += 1;
+            if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                tracing::warn!(
+                    sender = datagram.sender,
+                    said = %datagram.text.chars().take(200).collect::<String>().escape_debug(),
+                    ignored = *count,
+                    "A notification came from a process that is neither the main process nor under baton init; ignored."
+                );
+                (*count, *last) = (0, Some(std::time::Instant::now()));
+            }
             return;
         }
         if let Some(pid) = notify::main_pid(&datagram.text)

@@ -21,6 +21,9 @@ use std::os::unix::net::SocketAddr;
 /// few dozen bytes).
 const MAX_DATAGRAM: usize = 4096;
 
+/// The most datagrams [`Socket::queued`] reads at once.
+const MAX_QUEUED: usize = 4096;
+
 /// The socket, bound.
 pub struct Socket {
     socket: tokio::net::UnixDatagram,
@@ -78,9 +81,11 @@ impl Socket {
         }
     }
 
-    /// Every datagram already queued, without waiting.
+    /// The datagrams already queued, without waiting: at most
+    /// [`MAX_QUEUED`], so that a sender that never stops cannot hold init
+    /// here (the socket's buffer holds far fewer).
     pub fn queued(&self) -> Vec<Datagram> {
-        std::iter::from_fn(|| self.receive().ok()).collect()
+        std::iter::from_fn(|| self.receive().ok()).take(MAX_QUEUED).collect()
     }
 
     /// One datagram with its sender, without waiting.
