@@ -13,6 +13,10 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use baton_protocol::grpc::pb;
 use baton_testkit::onnx::sample_input;
@@ -27,12 +31,10 @@ fn image() -> &'static Image {
 }
 
 /// A container serving the image's command on loopback ports of its own.
-#[allow(dead_code)] // Filled in by the next tests.
 struct Served {
     container: Container,
     http: String,
     grpc: String,
-    admin: String,
 }
 
 impl Served {
@@ -60,7 +62,7 @@ impl Served {
             .flags(flags)
             .args(&args)
             .start();
-        let served = Served { container, http: format!("http://{http}"), grpc, admin: format!("http://{admin}") };
+        let served = Served { container, http: format!("http://{http}"), grpc };
         served.container.wait_ready(&served.http);
         served
     }
@@ -70,7 +72,6 @@ impl Served {
     }
 
     /// The version of `model` serving, from its status.
-    #[allow(dead_code)]
     fn serving(&self, model: &str) -> u64 {
         let status = self.client().get(&format!("/baton/v1/models/{model}/status"));
         assert_eq!(status.status, 200, "{}", common::text(&status.body));
@@ -144,4 +145,196 @@ fn the_image_serves_as_its_own_user_from_a_read_only_repository_over_rest_and_gr
     // run with `podman exec` reaches the server where the image says.
     let status = served.container.exec_ok(&["baton", "status", "--json"]);
     assert!(status.contains("ranker"), "{status}");
+}
+
+#[test]
+fn decisions_made_in_one_container_hold_in_the_next_one_on_the_same_state_directory() {
+    let repo = repo_with("ranker", &[1, 2], "");
+    repo.add_model("other", &baton_testkit::repo::mlp_toml(&mlp(1), ""));
+    repo.publish_mlp("other", 1, &mlp(1));
+    let state = mounts(&repo);
+
+    let first = Served::start(repo.root(), state.path(), &[], &[]);
+    first.container.exec_ok(&["baton", "pin", "ranker", "1"]);
+    first.container.exec_ok(&["baton", "unload", "other"]);
+    assert_eq!(first.serving("ranker"), 1);
+    let unloaded = first.client().get("/v2/models/other/ready");
+    assert_ne!(unloaded.status, 200, "the model serves after its unload: {}", common::text(&unloaded.body));
+    assert!(state.path().join("state.json").is_file(), "no state file in the state directory");
+    assert_eq!(first.container.stop(Duration::from_secs(30)), 0, "{}", first.container.logs());
+    drop(first);
+
+    let second = Served::start(repo.root(), state.path(), &[], &[]);
+    assert_eq!(second.serving("ranker"), 1, "the pin did not hold");
+    assert_eq!(infer_checked(&second.client(), "ranker"), 1);
+    let other = second.client().get("/v2/models/other/ready");
+    assert_ne!(other.status, 200, "the unloaded model serves again: {}", common::text(&other.body));
+}
+
+/// Requests to `model` in a loop, on one keep-alive connection and on a new
+/// connection each, until stopped, or (`follow_readiness`) until the server
+/// says it is not ready, as a load balancer stops sending then.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<(u64, Vec<String>)>>,
+}
+
+impl Traffic {
+    fn start(base: &str, model: &str, follow_readiness: bool) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads: Vec<JoinHandle<(u64, Vec<String>)>> = [true, false]
+            .into_iter()
+            .map(|keep_alive| {
+                let (stop, base, path) = (Arc::clone(&stop), base.to_owned(), format!("/v2/models/{model}/infer"));
+                std::thread::spawn(move || {
+                    let body = request(&sample_input(SIZES[0], 1, 3), 1).to_string();
+                    let headers = [("content-type", "application/json")];
+                    let shared = Client::new(&base);
+                    let (mut answered, mut failed) = (0, Vec::new());
+                    while !stop.load(Ordering::SeqCst) {
+                        let client = if keep_alive { shared.clone() } else { Client::new(&base) };
+                        match client.try_post_raw(&path, body.as_bytes(), &headers) {
+                            Ok(answer) if answer.status == 200 => answered += 1,
+                            Ok(answer) => failed.push(format!("{}: {}", answer.status, common::text(&answer.body))),
+                            Err(error) => failed.push(error),
+                        }
+                    }
+                    (answered, failed)
+                })
+            })
+            .collect();
+        let (watch, base) = (Arc::clone(&stop), base.to_owned());
+        threads.extend(follow_readiness.then(|| {
+            std::thread::spawn(move || {
+                let client = Client::new(&base);
+                while !watch.load(Ordering::SeqCst) {
+                    if client.try_get("/v2/health/ready").map_or(true, |a| a.status != 200) {
+                        watch.store(true, Ordering::SeqCst);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (0, Vec::new())
+            })
+        }));
+        Traffic { stop, threads }
+    }
+
+    /// Waits for the traffic to end, and returns the requests answered and
+    /// the failures.
+    fn join(self) -> (u64, Vec<String>) {
+        let mut all = (0, Vec::new());
+        for thread in self.threads {
+            let (answered, failed) = thread.join().expect("a traffic thread");
+            all.0 += answered;
+            all.1.extend(failed);
+        }
+        all
+    }
+
+    /// Stops, and returns the requests answered and the failures.
+    fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.join()
+    }
+}
+
+/// Asserts some requests were answered and none failed.
+fn assert_clean((answered, failed): (u64, Vec<String>), what: &str) {
+    assert!(
+        failed.is_empty(),
+        "{what}: {} failed of {}: {:?}",
+        failed.len(),
+        answered + failed.len() as u64,
+        &failed[..failed.len().min(5)]
+    );
+    assert!(answered > 0, "{what}: no request answered");
+    eprintln!("{what}: {answered} requests answered, none failed");
+}
+
+#[test]
+fn podman_stop_under_traffic_drains_fails_no_request_and_exits_0() {
+    let repo = repo_with("ranker", &[1], "");
+    let state = mounts(&repo);
+    // As the Kubernetes manifests run it: a delay in which a load balancer
+    // sees the server not ready and stops sending.
+    let served = Served::start(repo.root(), state.path(), &[], &["--shutdown-delay", "3s"]);
+    let traffic = Traffic::start(&served.http, "ranker", true);
+    baton_testkit::server::eventually("some requests answered", || {
+        let metrics = served.client().get("/metrics");
+        let text = common::text(&metrics.body);
+        baton_testkit::server::metric(
+            &text,
+            r#"baton_inference_requests_total{model="ranker",version="1",role="stable"}"#,
+        )
+        .filter(|n| *n >= 20.0)
+    });
+
+    let code = served.container.stop(Duration::from_secs(30));
+    assert_clean(traffic.join(), "podman stop");
+    let logs = served.container.logs();
+    assert_eq!(code, 0, "{logs}");
+    for needle in ["Shutting down: not ready from now on", "The shutdown delay is over"] {
+        assert!(logs.contains(needle), "the log does not show the drain ({needle:?}):\n{logs}");
+    }
+    assert!(!logs.contains("timed out"), "{logs}");
+}
+
+/// The pid of the process serving at `client`, from the server's status.
+fn server_pid(client: &Client) -> u64 {
+    let status = client.get("/baton/v1/status");
+    assert_eq!(status.status, 200, "{}", common::text(&status.body));
+    status.json()["pid"].as_u64().expect("a pid in the status")
+}
+
+/// Asserts PID 1 of the container is `baton init`, and returns its
+/// processes.
+fn assert_init_is_pid_1(container: &Container) -> Vec<(u32, String)> {
+    let processes = container.processes();
+    assert!(
+        processes.iter().any(|(pid, args)| *pid == 1 && args.starts_with("/usr/bin/baton init")),
+        "PID 1 is not baton init: {processes:?}"
+    );
+    processes
+}
+
+#[test]
+fn an_upgrade_inside_the_container_fails_no_request_and_keeps_init_as_pid_1() {
+    let repo = repo_with("ranker", &[1], "");
+    let state = mounts(&repo);
+    let served = Served::start(repo.root(), state.path(), &[], &[]);
+    assert_init_is_pid_1(&served.container);
+    let first = server_pid(&served.client());
+    assert_ne!(first, 1, "the server runs under init, not as PID 1");
+
+    // Through the CLI, with `podman exec`, on the loopback admin listener.
+    let traffic = Traffic::start(&served.http, "ranker", false);
+    let said = served.container.exec_ok(&["baton", "upgrade"]);
+    let second = server_pid(&served.client());
+    assert_ne!(second, first, "the same process serves after the upgrade: {said}");
+    baton_testkit::server::eventually("the old process to exit", || {
+        let processes = served.container.processes();
+        (!processes.iter().any(|(pid, _)| u64::from(*pid) == first)).then_some(())
+    });
+    assert!(served.container.running(), "{}", served.container.logs());
+    let processes = assert_init_is_pid_1(&served.container);
+    assert!(processes.iter().any(|(pid, _)| u64::from(*pid) == second), "the new process is gone: {processes:?}");
+
+    // Through SIGUSR2 to PID 1, which init passes on to the main process.
+    served.container.kill("USR2");
+    let third = baton_testkit::server::eventually("SIGUSR2's upgrade", || {
+        let pid = server_pid(&served.client());
+        (pid != second).then_some(pid)
+    });
+    baton_testkit::server::eventually("the second old process to exit", || {
+        let processes = served.container.processes();
+        (!processes.iter().any(|(pid, _)| u64::from(*pid) == second)).then_some(())
+    });
+    assert_init_is_pid_1(&served.container);
+    assert_clean(traffic.stop(), "two upgrades in the container");
+    assert_eq!(infer_checked(&served.client(), "ranker"), 1);
+    assert_eq!(server_pid(&served.client()), third);
+
+    // The process init follows now is the one a stop ends, cleanly.
+    let code = served.container.stop(Duration::from_secs(30));
+    assert_eq!(code, 0, "{}", served.container.logs());
 }
