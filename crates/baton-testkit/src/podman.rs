@@ -221,8 +221,14 @@ pub struct Run {
 impl Run {
     /// A container of `image`; `label` goes into its name (for the logs).
     pub fn new(image: &Image, label: &str) -> Run {
+        Run::of_image(image.name(), label)
+    }
+
+    /// A container of the image named `image` (one a test built itself,
+    /// such as a systemd image).
+    pub fn of_image(image: &str, label: &str) -> Run {
         Run {
-            image: image.name().to_owned(),
+            image: image.to_owned(),
             label: label.to_owned(),
             network: Network::Host,
             volumes: Vec::new(),
