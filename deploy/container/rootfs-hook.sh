@@ -56,5 +56,8 @@ for dir in "$root/usr/lib/x86_64-linux-gnu" "$root/usr/lib/aarch64-linux-gnu"; d
     [ -d "$dir" ] || continue
     rm -rf "$dir/engines-3" "$dir/ossl-modules" "$dir/libssl.so.3" "$dir/libcrypto.so.3"
 done
-# The package lists and apt's state: no package manager runs in the image.
+# debconf's and dpkg's tools (Perl scripts, with no Perl to run them), and
+# the package lists and apt's state: no package manager runs in the image.
+rm -rf "$root/usr/share/perl5" "$root/usr/share/debconf" "$root/usr/bin"/debconf* "$root/usr/sbin"/dpkg-* \
+    "$root/usr/sbin/update-ca-certificates" "$root/etc/ca-certificates/update.d"
 rm -rf "$root/var/lib/apt/lists" "$root/var/cache/apt" "$root/var/cache/debconf"
