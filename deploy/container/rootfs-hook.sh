@@ -37,8 +37,10 @@ printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$root/etc/nsswitch.co
 # State (decisions, the object-store cache) owned by baton; the repository's
 # mount point; a /tmp anyone may write.
 mkdir -p "$root/var/lib/baton" "$root/models" "$root/tmp" "$root/root"
-chown 10001:10001 "$root/var/lib/baton"
-chmod 0750 "$root/var/lib/baton"
+# Group 0 may write too: a platform that runs images under an arbitrary
+# uid in group 0 (OpenShift) can keep state there.
+chown 10001:0 "$root/var/lib/baton"
+chmod 0770 "$root/var/lib/baton"
 chmod 0755 "$root/models"
 chmod 1777 "$root/tmp"
 chmod 0700 "$root/root"

@@ -40,31 +40,37 @@ struct Served {
 impl Served {
     /// Runs the image's command with `repo` mounted read-only at /models,
     /// `state` at /var/lib/baton, `flags` for podman and `extra` options
-    /// for baton, and waits until it is ready.
+    /// for baton, and waits until it is ready. Starts again on other ports
+    /// when one was taken between the test choosing it and baton binding it.
     fn start(repo: &Path, state: &Path, flags: &[&str], extra: &[&str]) -> Served {
-        let image = image();
-        let [http, grpc, admin, admin_grpc] =
-            [free_port(), free_port(), free_port(), free_port()].map(|p| format!("127.0.0.1:{p}"));
-        let mut args = image.command();
-        for (flag, address) in
-            [("--http", &http), ("--grpc", &grpc), ("--admin-http", &admin), ("--admin-grpc", &admin_grpc)]
-        {
-            args.extend([flag.to_owned(), address.clone()]);
+        for _ in 0..3 {
+            let [http, grpc, admin, admin_grpc] =
+                [free_port(), free_port(), free_port(), free_port()].map(|p| format!("127.0.0.1:{p}"));
+            let mut args = image().command();
+            for (flag, address) in
+                [("--http", &http), ("--grpc", &grpc), ("--admin-http", &admin), ("--admin-grpc", &admin_grpc)]
+            {
+                args.extend([flag.to_owned(), address.clone()]);
+            }
+            args.extend(extra.iter().map(|e| (*e).to_owned()));
+            let container = Run::new(image(), "serve")
+                .mount_read_only(repo, "/models")
+                .mount(state, "/var/lib/baton")
+                // Where `podman exec NAME baton …` finds this server.
+                .env("BATON_URL", &format!("http://{http}"))
+                .env("BATON_ADMIN_URL", &format!("http://{admin}"))
+                .env("BATON_LOG", "info,baton=debug")
+                .flags(flags)
+                .args(&args)
+                .start();
+            let served = Served { container, http: format!("http://{http}"), grpc };
+            match served.container.try_wait_ready(&served.http) {
+                Ok(()) => return served,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!("the container stopped before it was ready:\n{log}"),
+            }
         }
-        args.extend(extra.iter().map(|e| (*e).to_owned()));
-        let container = Run::new(image, "serve")
-            .mount_read_only(repo, "/models")
-            .mount(state, "/var/lib/baton")
-            // Where `podman exec NAME baton …` finds this server.
-            .env("BATON_URL", &format!("http://{http}"))
-            .env("BATON_ADMIN_URL", &format!("http://{admin}"))
-            .env("BATON_LOG", "info,baton=debug")
-            .flags(flags)
-            .args(&args)
-            .start();
-        let served = Served { container, http: format!("http://{http}"), grpc };
-        served.container.wait_ready(&served.http);
-        served
+        panic!("three containers in a row found a port taken");
     }
 
     fn client(&self) -> Client {

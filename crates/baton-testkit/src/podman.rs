@@ -413,13 +413,24 @@ impl Container {
     /// Waits until `GET base/v2/health/ready` answers 200, failing early
     /// with the log if the container stops.
     pub fn wait_ready(&self, base: &str) {
+        if let Err(log) = self.try_wait_ready(base) {
+            panic!("container {} stopped before it was ready:\n{log}", self.name);
+        }
+    }
+
+    /// [`Container::wait_ready`], but a container that stops first is an
+    /// `Err` with its log (say, to start again on other ports when one was
+    /// taken before baton bound it). Panics after [`PATIENCE`].
+    pub fn try_wait_ready(&self, base: &str) -> Result<(), String> {
         let client = crate::server::Client::new(base);
         let deadline = Instant::now() + PATIENCE;
         loop {
             if client.try_get("/v2/health/ready").is_ok_and(|a| a.status == 200) {
-                return;
+                return Ok(());
             }
-            assert!(self.running(), "container {} stopped before it was ready:\n{}", self.name, self.logs());
+            if !self.running() {
+                return Err(self.logs());
+            }
             assert!(Instant::now() < deadline, "container {} not ready at {base}:\n{}", self.name, self.logs());
             std::thread::sleep(Duration::from_millis(50));
         }
