@@ -6,9 +6,10 @@
 //! request and the container exits 0; and an upgrade inside the container
 //! hands the sockets over as on a host, PID 1 staying in place.
 //!
-//! The containers use the host's network, and the test passes baton
+//! Most containers use the host's network, and the test passes baton
 //! loopback ports of its own on top of the image's command (baton takes an
-//! option's last value), so everything else in the command is the image's.
+//! option's last value), so everything else in the command is the image's;
+//! one runs the image's command unchanged in a network namespace of its own.
 
 mod common;
 
