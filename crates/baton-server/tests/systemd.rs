@@ -1,0 +1,142 @@
+//! The Debian package and its systemd unit, under a real systemd: each test
+//! boots Debian's systemd as PID 1 in a podman container
+//! (`scripts/systemd-test-image.sh`), installs the package built from the
+//! binary under test (`scripts/package-deb.sh`) with `dpkg -i`, points
+//! `/etc/default/baton` at free loopback ports (the container shares the
+//! host's network) and a repository the test wrote (a bind mount), and
+//! drives the service with `systemctl`: start (READY only once it serves),
+//! reload under traffic (the binary upgrade: no failed request, systemd
+//! follows the new process), a reload whose binary cannot start, a main
+//! process killed, stop (a clean drain), and the sandbox the upgraded
+//! process still runs in.
+
+mod common;
+
+mod systemd_kit;
+
+use std::time::Duration;
+
+use baton_testkit::onnx::{Mlp, sample_input};
+use baton_testkit::repo::{TestRepo, mlp_toml};
+use baton_testkit::server::Client;
+use systemd_kit::{Service, Traffic};
+
+/// A model whose warmup takes a moment, so that a READY sent before the
+/// model serves would be seen.
+fn repository() -> TestRepo {
+    let repo = TestRepo::new();
+    let mlp = Mlp::new(&MODEL_SIZES, 5101);
+    repo.add_model("m", &mlp_toml(&mlp, "[warmup]\nbatch_sizes = [1, 2048, 4096]\n"));
+    repo.publish_mlp("m", 1, &mlp);
+    repo
+}
+
+/// The model's layers: 64 features in, 2 scores out.
+const MODEL_SIZES: [usize; 4] = [64, 512, 512, 2];
+
+/// One inference request's body for model `m`.
+fn request_body() -> String {
+    common::request(&sample_input(MODEL_SIZES[0], 1, 7), 1).to_string()
+}
+
+#[test]
+fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_and_stops_cleanly() {
+    let repo = repository();
+    let service = Service::install("reload", &repo);
+
+    // `systemctl start` returns once baton said READY=1: by then it serves.
+    service.systemctl(&["start", "baton"]);
+    let client = Client::new(&service.base());
+    assert_eq!(client.get("/v2/health/ready").status, 200, "READY=1 came before the server was ready");
+    let answer =
+        client.post_raw("/v2/models/m/infer", request_body().as_bytes(), &[("content-type", "application/json")]);
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let first = service.main_pid();
+    assert_eq!(service.served_pid(), first, "systemd's MainPID is not the process that serves");
+    assert_eq!(service.state(), ("active".into(), "running".into()));
+
+    // Two reloads in a row under traffic: each replaces the process, which
+    // systemd follows, and no request fails.
+    let traffic = Traffic::start(&service.base(), request_body());
+    let mut previous = first;
+    for round in 1..=2 {
+        service.systemctl(&["reload", "baton"]);
+        let now = service.main_pid();
+        assert_ne!(now, previous, "reload {round}: MainPID did not move to a new process");
+        assert_eq!(service.served_pid(), now, "reload {round}: MainPID is not the process that serves");
+        assert_eq!(service.state(), ("active".into(), "running".into()), "reload {round}");
+        service.wait_gone(previous);
+        previous = now;
+    }
+    traffic.assert_clean();
+    assert_eq!(service.property("NRestarts"), "0", "the reloads restarted the service");
+
+    // The upgraded process runs in the unit's sandbox as its user.
+    service.assert_sandboxed(previous);
+
+    // systemd follows the process it did not start: when it dies, the
+    // service restarts (Restart=on-failure).
+    service.exec_ok(&format!("kill -KILL {previous}"));
+    let restarted = service.wait_for("a restart after the main process was killed", || {
+        let pid = service.main_pid();
+        let restarted = service.property("NRestarts") == "1" && pid != 0 && pid != previous;
+        (restarted && service.property("ActiveState") == "active").then_some(pid)
+    });
+    assert_eq!(service.served_pid(), restarted);
+    assert_eq!(client.get("/v2/health/ready").status, 200);
+
+    // Stop after a reload: the upgraded process drains and exits 0, and
+    // the unit ends inactive, not failed.
+    service.systemctl(&["reload", "baton"]);
+    let last = service.main_pid();
+    assert_ne!(last, restarted);
+    service.wait_gone(restarted);
+    service.assert_stops_cleanly(last);
+}
+
+#[test]
+fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() {
+    let repo = repository();
+    let service = Service::install("failed-reload", &repo);
+    service.systemctl(&["start", "baton"]);
+    let before = service.main_pid();
+
+    // A broken install: /usr/bin/baton exits at once. `systemctl reload`
+    // runs that binary too (`baton upgrade`), so it fails before asking
+    // the server anything.
+    service.exec_ok("cp /usr/bin/baton /usr/local/bin/baton.good && install -m 755 /bin/false /usr/bin/baton");
+    let traffic = Traffic::start(&service.base(), request_body());
+    let reload = service.exec(&["systemctl", "reload", "baton"]);
+    assert!(!reload.status.success(), "the reload succeeded with a binary that cannot start");
+    assert_eq!(service.main_pid(), before, "MainPID moved on a failed reload");
+
+    // A binary whose client still works but whose server exits at start:
+    // the server's upgrade fails, `baton upgrade` says so, and so does the
+    // reload.
+    service.exec_ok(
+        "printf '#!/bin/sh\\nif [ \"$1\" = upgrade ]; then exec /usr/local/bin/baton.good \"$@\"; fi\\nexit 1\\n' > /usr/local/bin/broken \
+         && install -m 755 /usr/local/bin/broken /usr/bin/baton",
+    );
+    let reload = service.exec(&["systemctl", "reload", "baton"]);
+    assert!(!reload.status.success(), "the reload succeeded though the new server exited at start");
+    assert_eq!(service.main_pid(), before, "MainPID moved on a failed reload");
+    assert_eq!(service.served_pid(), before);
+    assert_eq!(service.state(), ("active".into(), "running".into()));
+    let journal = service.journal();
+    assert!(journal.contains("The upgrade did not happen"), "no reason in the journal:\n{journal}");
+    assert!(journal.contains("Reload failed"), "{journal}");
+
+    // With the binary back, the next reload goes through.
+    service.exec_ok("install -m 755 /usr/local/bin/baton.good /usr/bin/baton");
+    service.systemctl(&["reload", "baton"]);
+    let after = service.main_pid();
+    assert_ne!(after, before);
+    assert_eq!(service.served_pid(), after);
+    service.wait_gone(before);
+    traffic.assert_clean();
+    service.assert_stops_cleanly(after);
+}
+
+/// How long a step inside the container may take before the test gives up:
+/// a safety net against a hang, not a timing assertion.
+pub const PATIENCE: Duration = Duration::from_secs(120);
