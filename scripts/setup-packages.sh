@@ -9,7 +9,11 @@
 # - etcd-server (etcd 3.4) and etcd-client (etcdctl): cluster-mode tests
 #   start their own etcd (baton-testkit's `etcd` module);
 # - chromium: the console's tests drive a headless Chromium over the
-#   DevTools protocol (crates/baton-server/tests/console.rs).
+#   DevTools protocol (crates/baton-server/tests/console.rs);
+# - podman, runc and mmdebstrap: the container, Kubernetes and systemd tests
+#   build images from Debian packages (no base image is pulled) and run them
+#   (podman's default OCI runtime here is runc; crun refuses this machine's
+#   hybrid cgroup layout).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
@@ -19,6 +23,9 @@ ldconfig -p | grep -q 'libb64\.so\.0d' || packages+=(libb64-0d)
 [ -x /usr/bin/etcd ] || packages+=(etcd-server)
 command -v etcdctl >/dev/null || packages+=(etcd-client)
 [ -x /usr/bin/chromium ] || packages+=(chromium)
+command -v podman >/dev/null || packages+=(podman)
+command -v runc >/dev/null || packages+=(runc)
+command -v mmdebstrap >/dev/null || packages+=(mmdebstrap)
 [ ${#packages[@]} -eq 0 ] && exit 0
 
 if ! apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null 2>&1; then
