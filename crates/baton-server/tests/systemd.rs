@@ -21,14 +21,29 @@ use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::server::Client;
 use systemd_kit::{Service, Traffic};
 
-/// A model whose warmup takes a moment, so that a READY sent before the
-/// model serves would be seen.
+/// Model `m`, whose warmup takes a moment, so that a READY sent before the
+/// model serves would be seen, and model `w`, the same served by a worker
+/// process (which must work in the sandbox too).
 fn repository() -> TestRepo {
     let repo = TestRepo::new();
     let mlp = Mlp::new(&MODEL_SIZES, 5101);
     repo.add_model("m", &mlp_toml(&mlp, "[warmup]\nbatch_sizes = [1, 2048, 4096]\n"));
     repo.publish_mlp("m", 1, &mlp);
+    repo.add_model("w", &mlp_toml(&mlp, "[engine]\nisolation = \"process\"\n"));
+    repo.publish_mlp("w", 1, &mlp);
     repo
+}
+
+/// Asks both models for an answer, which must come.
+fn assert_both_answer(client: &Client, when: &str) {
+    for model in ["m", "w"] {
+        let answer = client.post_raw(
+            &format!("/v2/models/{model}/infer"),
+            request_body().as_bytes(),
+            &[("content-type", "application/json")],
+        );
+        assert_eq!(answer.status, 200, "{when}, model {model}: {}", common::text(&answer.body));
+    }
 }
 
 /// The model's layers: 64 features in, 2 scores out.
@@ -48,9 +63,7 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
     service.systemctl(&["start", "baton"]);
     let client = Client::new(&service.base());
     assert_eq!(client.get("/v2/health/ready").status, 200, "READY=1 came before the server was ready");
-    let answer =
-        client.post_raw("/v2/models/m/infer", request_body().as_bytes(), &[("content-type", "application/json")]);
-    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    assert_both_answer(&client, "after the start");
     let first = service.main_pid();
     assert_eq!(service.served_pid(), first, "systemd's MainPID is not the process that serves");
     assert_eq!(service.state(), ("active".into(), "running".into()));
@@ -70,6 +83,7 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
     }
     traffic.assert_clean();
     assert_eq!(service.property("NRestarts"), "0", "the reloads restarted the service");
+    assert_both_answer(&client, "after the reloads");
 
     // The upgraded process runs in the unit's sandbox as its user.
     service.assert_sandboxed(previous);
