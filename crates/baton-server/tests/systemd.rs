@@ -151,6 +151,35 @@ fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() 
     service.assert_stops_cleanly(after);
 }
 
+#[test]
+fn installing_a_newer_package_reloads_the_running_service_onto_its_binary() {
+    let repo = repository();
+    let (dir, file) = systemd_kit::stamped_package("pkg2");
+    let service = Service::install_mounting("package-upgrade", &repo, &[(dir.as_path(), "/deb2")]);
+    service.systemctl(&["start", "baton"]);
+    // A new connection each time: one kept alive may still reach the old
+    // process while it drains.
+    let version = || Client::new(&service.base()).get("/v2").json()["version"].as_str().expect("a version").to_owned();
+    let (before, old_version) = (service.main_pid(), version());
+    assert!(!old_version.ends_with("+pkg2"), "{old_version}");
+    let options = service.exec_ok("cat /etc/default/baton");
+
+    // The postinst of the upgrade reloads the active service: the new
+    // binary serves, in a process systemd follows, and no request fails.
+    let traffic = Traffic::start(&service.base(), request_body());
+    service.exec_ok(&format!("dpkg -i /deb2/{file}"));
+    let after = service.main_pid();
+    assert_ne!(after, before, "the package's upgrade did not reload the service");
+    assert_eq!(service.served_pid(), after);
+    assert!(version().ends_with("+pkg2"), "the new binary does not serve: {}", version());
+    service.wait_gone(before);
+    traffic.assert_clean();
+    assert_eq!(service.state(), ("active".into(), "running".into()));
+    // The options edited after the first install are kept (a conffile).
+    assert_eq!(service.exec_ok("cat /etc/default/baton"), options);
+    service.assert_stops_cleanly(after);
+}
+
 /// How long a step inside the container may take before the test gives up:
 /// a safety net against a hang, not a timing assertion.
 pub const PATIENCE: Duration = Duration::from_secs(120);

@@ -54,6 +54,33 @@ fn package() -> &'static (PathBuf, String) {
     })
 }
 
+/// A package of a second binary: the binary under test stamped with
+/// `stamp` (so that it reports `<version>+<stamp>`), packaged as that
+/// version, which Debian orders after the plain one. Returns its directory
+/// and file name.
+pub fn stamped_package(stamp: &str) -> (PathBuf, String) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("systemd-deb-{stamp}"));
+    std::fs::create_dir_all(&dir).expect("the package's directory");
+    let binary = dir.join("baton");
+    std::fs::write(&binary, super::common::upgrade::stamped(stamp)).expect("writing the stamped binary");
+    let status = Command::new("chmod").arg("755").arg(&binary).status().expect("chmod");
+    assert!(status.success());
+    let version = format!("{}+{stamp}", env!("CARGO_PKG_VERSION"));
+    let deb = PathBuf::from(script(
+        "package-deb.sh",
+        &[
+            "--binary",
+            binary.to_str().expect("a UTF-8 path"),
+            "--out",
+            dir.to_str().expect("a UTF-8 path"),
+            "--version",
+            &version,
+        ],
+    ));
+    let file = deb.file_name().expect("the package's file name").to_string_lossy().into_owned();
+    (dir, file)
+}
+
 /// The baton service, installed from the package in a container booted
 /// with systemd.
 pub struct Service {
@@ -66,13 +93,23 @@ impl Service {
     /// installs the package and points `/etc/default/baton` at `repo`
     /// (mounted read-only at the default repository path) and free ports.
     pub fn install(label: &str, repo: &TestRepo) -> Service {
+        Service::install_mounting(label, repo, &[])
+    }
+
+    /// The same, with more host directories mounted read-only in the
+    /// container: `(host, container)` pairs.
+    pub fn install_mounting(label: &str, repo: &TestRepo, mounts: &[(&Path, &str)]) -> Service {
         let (deb_dir, deb_file) = package();
         let name = format!("baton-systemd-test-{label}-{}", std::process::id());
         // The repository's directory is private to the test's user; the
         // service's user must be able to read it.
         make_readable(repo.root());
         let _ = podman(&["rm", "--force", "--time", "0", &name]);
-        let run = podman(&[
+        let repository = format!("{}:/srv/baton/models:ro", repo.root().display());
+        let deb = format!("{}:/deb:ro", deb_dir.display());
+        let volumes: Vec<String> =
+            mounts.iter().map(|(host, inside)| format!("{}:{inside}:ro", host.display())).collect();
+        let mut args = vec![
             "run",
             "--detach",
             "--name",
@@ -92,12 +129,15 @@ impl Service {
             "--network",
             "host",
             "--volume",
-            &format!("{}:/srv/baton/models:ro", repo.root().display()),
+            &repository,
             "--volume",
-            &format!("{}:/deb:ro", deb_dir.display()),
-            image(),
-            "/sbin/init",
-        ]);
+            &deb,
+        ];
+        for volume in &volumes {
+            args.extend(["--volume", volume.as_str()]);
+        }
+        args.extend([image(), "/sbin/init"]);
+        let run = podman(&args);
         assert!(run.status.success(), "podman run failed: {}", String::from_utf8_lossy(&run.stderr));
         let service = Service { name, http: free_port() };
         service.wait_for("systemd to boot", || {
