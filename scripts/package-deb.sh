@@ -86,5 +86,8 @@ Description: model-inference server whose model updates are non-events
 CONTROL
 
 deb="$out/baton_${version}_${arch}.deb"
-dpkg-deb --root-owner-group -Zxz -z1 --build "$tree" "$deb" >/dev/null
+# Built beside, then renamed: a run beside this one never installs half a
+# package.
+dpkg-deb --root-owner-group -Zxz -z1 --build "$tree" "$stage/baton.deb" >/dev/null
+mv "$stage/baton.deb" "$deb"
 echo "$deb"

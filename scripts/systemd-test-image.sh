@@ -24,10 +24,27 @@ if podman image exists "$image"; then
 fi
 cache="$root/.baton/images"
 mkdir -p "$cache"
+# One build at a time on the machine; a run that waited finds the image.
+exec 9>"$cache/systemd-test.lock"
+flock 9
+if podman image exists "$image"; then
+    echo "$image"
+    exit 0
+fi
 tar="$cache/systemd-test-$key.tar"
 if [ ! -s "$tar" ]; then
-    mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" "$suite" "$tar.part" >&2
-    mv "$tar.part" "$tar"
+    # Built under a name of its own, then renamed: a run beside this one
+    # never reads half a file.
+    part="$tar.$$.part"
+    trap 'rm -f "$part"' EXIT
+    mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" "$suite" "$part" >&2
+    mv "$part" "$tar"
 fi
 podman import --quiet --change 'CMD ["/sbin/init"]' "$tar" "$image" >&2
+# Those of earlier versions of this script are not used any more.
+for old in "$cache"/systemd-test-*.tar; do
+    [ "$old" = "$tar" ] || rm -f "$old"
+done
+podman images --format '{{.Repository}}:{{.Tag}}' localhost/baton-systemd-test |
+    grep -vx "$image" | xargs -r podman rmi --force >/dev/null 2>&1 || true
 echo "$image"
