@@ -64,6 +64,9 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
     let client = Client::new(&service.base());
     assert_eq!(client.get("/v2/health/ready").status, 200, "READY=1 came before the server was ready");
     assert_both_answer(&client, "after the start");
+    // The packaged ONNX Runtime, found beside the installed binary.
+    let journal = service.journal();
+    assert!(journal.contains("ONNX Runtime loaded") && journal.contains("lib/baton/libonnxruntime.so"), "{journal}");
     let first = service.main_pid();
     assert_eq!(service.served_pid(), first, "systemd's MainPID is not the process that serves");
     assert_eq!(service.state(), ("active".into(), "running".into()));

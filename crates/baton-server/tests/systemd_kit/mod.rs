@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use baton_testkit::podman::{Container, Run, share_read_only};
 use baton_testkit::repo::TestRepo;
 use baton_testkit::server::{Client, free_port};
 
@@ -63,8 +64,8 @@ pub fn stamped_package(stamp: &str) -> (PathBuf, String) {
     std::fs::create_dir_all(&dir).expect("the package's directory");
     let binary = dir.join("baton");
     std::fs::write(&binary, super::common::upgrade::stamped(stamp)).expect("writing the stamped binary");
-    let status = Command::new("chmod").arg("755").arg(&binary).status().expect("chmod");
-    assert!(status.success());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("making the binary executable");
     let version = format!("{}+{stamp}", env!("CARGO_PKG_VERSION"));
     let deb = PathBuf::from(script(
         "package-deb.sh",
@@ -84,7 +85,7 @@ pub fn stamped_package(stamp: &str) -> (PathBuf, String) {
 /// The baton service, installed from the package in a container booted
 /// with systemd.
 pub struct Service {
-    name: String,
+    container: Container,
     http: u16,
 }
 
@@ -100,46 +101,21 @@ impl Service {
     /// container: `(host, container)` pairs.
     pub fn install_mounting(label: &str, repo: &TestRepo, mounts: &[(&Path, &str)]) -> Service {
         let (deb_dir, deb_file) = package();
-        let name = format!("baton-systemd-test-{label}-{}", std::process::id());
         // The repository's directory is private to the test's user; the
         // service's user must be able to read it.
-        make_readable(repo.root());
-        let _ = podman(&["rm", "--force", "--time", "0", &name]);
-        let repository = format!("{}:/srv/baton/models:ro", repo.root().display());
-        let deb = format!("{}:/deb:ro", deb_dir.display());
-        let volumes: Vec<String> =
-            mounts.iter().map(|(host, inside)| format!("{}:{inside}:ro", host.display())).collect();
-        let mut args = vec![
-            "run",
-            "--detach",
-            "--name",
-            &name,
-            "--runtime",
-            "runc",
-            "--cgroup-manager=cgroupfs",
-            "--systemd=always",
-            // Without it systemd cannot make the unit's mount, IPC and UTS
-            // namespaces, and runs the service without its sandbox.
-            "--cap-add",
-            "SYS_ADMIN",
-            "--ulimit",
-            "nofile=4096:4096",
-            "--ulimit",
-            "nproc=4096:4096",
-            "--network",
-            "host",
-            "--volume",
-            &repository,
-            "--volume",
-            &deb,
-        ];
-        for volume in &volumes {
-            args.extend(["--volume", volume.as_str()]);
+        share_read_only(repo.root());
+        let mut run = Run::of_image(image(), &format!("systemd-{label}"))
+            // Without SYS_ADMIN systemd cannot make the unit's mount, IPC
+            // and UTS namespaces, and runs the service without its sandbox.
+            .flags(&["--systemd=always", "--cap-add", "SYS_ADMIN"])
+            .mount_read_only(repo.root(), "/srv/baton/models")
+            .mount_read_only(deb_dir, "/deb")
+            .args(&["/sbin/init"]);
+        for (host, inside) in mounts {
+            run = run.mount_read_only(host, inside);
         }
-        args.extend([image(), "/sbin/init"]);
-        let run = podman(&args);
-        assert!(run.status.success(), "podman run failed: {}", String::from_utf8_lossy(&run.stderr));
-        let service = Service { name, http: free_port() };
+        let container = run.start();
+        let service = Service { container, http: free_port() };
         service.wait_for("systemd to boot", || {
             let state = service.exec(&["systemctl", "is-system-running"]);
             let state = String::from_utf8_lossy(&state.stdout).trim().to_owned();
@@ -162,9 +138,7 @@ impl Service {
 
     /// Runs a command in the container.
     pub fn exec(&self, command: &[&str]) -> Output {
-        let mut args = vec!["exec", self.name.as_str()];
-        args.extend_from_slice(command);
-        podman(&args)
+        self.container.exec(command)
     }
 
     /// Runs a shell script in the container, and returns its output; it
@@ -304,24 +278,6 @@ impl Service {
         // ProtectHome: home directories are empty and inaccessible.
         assert!(mounts.lines().any(|line| line.split_whitespace().nth(4) == Some("/home")), "ProtectHome");
     }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = podman(&["rm", "--force", "--time", "0", &self.name]);
-    }
-}
-
-/// `podman ARGS`, its output collected.
-fn podman(args: &[&str]) -> Output {
-    Command::new("podman").args(args).output().unwrap_or_else(|e| panic!("podman is needed for this test: {e}"))
-}
-
-/// Lets every user read the repository (a test's temporary directory is
-/// private to its owner).
-fn make_readable(root: &Path) {
-    let status = Command::new("chmod").args(["-R", "a+rX"]).arg(root).status().expect("chmod");
-    assert!(status.success());
 }
 
 /// Inference requests to model `m` from two threads, one on a keep-alive
