@@ -155,7 +155,7 @@ fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() 
 }
 
 #[test]
-fn installing_a_newer_package_reloads_the_running_service_onto_its_binary() {
+fn a_newer_package_reloads_the_running_service_onto_its_binary_and_removal_stops_it_cleanly() {
     let repo = repository();
     let (dir, file) = systemd_kit::stamped_package("pkg2");
     let service = Service::install_mounting("package-upgrade", &repo, &[(dir.as_path(), "/deb2")]);
@@ -180,7 +180,16 @@ fn installing_a_newer_package_reloads_the_running_service_onto_its_binary() {
     assert_eq!(service.state(), ("active".into(), "running".into()));
     // The options edited after the first install are kept (a conffile).
     assert_eq!(service.exec_ok("cat /etc/default/baton"), options);
-    service.assert_stops_cleanly(after);
+
+    // Removing the package stops the service first (a drain, not a kill),
+    // and keeps the options file until a purge.
+    service.exec_ok("dpkg --remove baton");
+    service.wait_gone(after);
+    let log = service.exec_ok(&format!("journalctl --unit baton --no-pager _PID={after} --output cat"));
+    assert!(log.contains("baton stopped."), "{after} did not stop on its own:\n{}", service.journal());
+    assert!(!service.journal().contains("SIGKILL"), "{}", service.journal());
+    assert_eq!(service.property("LoadState"), "not-found");
+    service.exec_ok("test ! -e /usr/bin/baton && test -e /etc/default/baton");
 }
 
 /// How long a step inside the container may take before the test gives up:
