@@ -7,8 +7,9 @@
 //! drives the service with `systemctl`: start (READY only once it serves),
 //! reload under traffic (the binary upgrade: no failed request, systemd
 //! follows the new process), a reload whose binary cannot start, a main
-//! process killed, stop (a clean drain), and the sandbox the upgraded
-//! process still runs in.
+//! process killed, stop (a clean drain), the sandbox the upgraded process
+//! still runs in, and a newer package installed (its postinst reloads)
+//! and removed (its prerm stops the service) while the service runs.
 
 mod common;
 
