@@ -89,8 +89,18 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
     assert_eq!(service.property("NRestarts"), "0", "the reloads restarted the service");
     assert_both_answer(&client, "after the reloads");
 
-    // The upgraded process runs in the unit's sandbox as its user.
+    // The upgraded process runs in the unit's sandbox as its user, and
+    // systemd rates the unit's exposure low (1.6 of 10 when written; a
+    // setting dropped from the sandbox raises it).
     service.assert_sandboxed(previous);
+    let security = service.exec_ok("systemd-analyze security baton --no-pager");
+    let exposure: f64 = security
+        .lines()
+        .find_map(|line| line.strip_prefix("→ Overall exposure level for baton.service: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|score| score.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in:\n{security}"));
+    assert!(exposure <= 2.0, "the unit's exposure is {exposure}:\n{security}");
 
     // systemd follows the process it did not start: when it dies, the
     // service restarts (Restart=on-failure).
