@@ -375,3 +375,24 @@ fn an_upgrade_inside_the_container_fails_no_request_and_keeps_init_as_pid_1() {
     let code = served.container.stop(Duration::from_secs(30));
     assert_eq!(code, 0, "{}", served.container.logs());
 }
+
+#[test]
+fn the_image_script_fails_naming_a_missing_tool_and_how_to_install_it() {
+    // A PATH with nothing but dirname: podman, the first tool it checks,
+    // is missing. The checks come before any cached root filesystem or
+    // image is looked at, so a cache never hides a missing install.
+    let path = tempfile::tempdir().expect("a temp dir");
+    let dirname = ["/usr/bin/dirname", "/bin/dirname"].into_iter().find(|p| Path::new(p).is_file());
+    std::os::unix::fs::symlink(dirname.expect("dirname"), path.path().join("dirname")).expect("a symlink");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/image.sh");
+    let output = std::process::Command::new("/bin/bash")
+        .arg(&script)
+        .args(["--binary", common::bin().to_str().expect("a UTF-8 path")])
+        .env("PATH", path.path())
+        .output()
+        .expect("running scripts/image.sh");
+    let stderr = common::text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("needs podman") && stderr.contains("apt-get install podman"), "{stderr}");
+    assert!(stderr.contains("scripts/setup-packages.sh"), "{stderr}");
+}
