@@ -13,7 +13,10 @@
 # - podman, runc and mmdebstrap: the container, Kubernetes and systemd tests
 #   build images from Debian packages (no base image is pulled) and run them
 #   (podman's default OCI runtime here is runc; crun refuses this machine's
-#   hybrid cgroup layout).
+#   hybrid cgroup layout);
+# - dpkg-dev for dpkg-shlibdeps, which scripts/package-deb.sh computes the
+#   Debian package's dependencies with (the systemd tests build and install
+#   that package).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
@@ -26,6 +29,7 @@ command -v etcdctl >/dev/null || packages+=(etcd-client)
 command -v podman >/dev/null || packages+=(podman)
 command -v runc >/dev/null || packages+=(runc)
 command -v mmdebstrap >/dev/null || packages+=(mmdebstrap)
+command -v dpkg-shlibdeps >/dev/null || packages+=(dpkg-dev)
 [ ${#packages[@]} -eq 0 ] && exit 0
 
 if ! apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null 2>&1; then
