@@ -2,6 +2,7 @@
 """Renders and validates baton's Kubernetes and KServe manifests offline.
 
     manifests.py render DIR        the objects DIR's kustomization.yaml makes, as JSON
+    manifests.py objects PATH...   the objects of each kustomization DIR or YAML file, as JSON
     manifests.py validate PATH...  every object of each kustomization DIR or YAML file
 
 No cluster and no kubectl: `render` applies the subset of kustomize that
@@ -335,11 +336,13 @@ def validate(paths):
 
 
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("render", "validate"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("render", "objects", "validate"):
         raise SystemExit(__doc__)
     try:
         if sys.argv[1] == "render":
             print(json.dumps([doc for _, doc in render(sys.argv[2])], indent=1))
+        elif sys.argv[1] == "objects":
+            print(json.dumps([doc for _, doc in collect(sys.argv[2:])], indent=1))
         else:
             validate(sys.argv[2:])
     except Invalid as e:
