@@ -2,7 +2,8 @@
 //! repositories with every kind of damage, a fake backend whose loads can be
 //! held, a registry wired to the real ONNX Runtime backend, and ONNX Runtime
 //! run directly, to compare baton's answers with ([`encoder::reference`]),
-//! and a real etcd for cluster mode ([`etcd::Etcd`]).
+//! a real etcd for cluster mode ([`etcd::Etcd`]), and baton's container
+//! image run under podman ([`podman`]).
 //!
 //! Nothing here is downloaded: every model a test uses is written by
 //! [`onnx::encode_mlp`], [`encoder::Encoder`] or
@@ -13,6 +14,7 @@ pub mod encoder;
 pub mod etcd;
 pub mod fake;
 pub mod fuzz;
+pub mod podman;
 pub mod prometheus;
 pub mod repo;
 pub mod s3;
