@@ -1,0 +1,325 @@
+//! The Kubernetes manifests (deploy/kubernetes, its fleet/ overlay) and the
+//! KServe runtime (deploy/kserve): validated offline against Kubernetes'
+//! and KServe's schemas by `scripts/manifests.py`, which refuses a misspelt
+//! field or a broken reference; and the Deployment's pod run under podman
+//! from the image, with exactly the arguments, environment, volumes, user
+//! and read-only root the manifests give it, probed, used and terminated
+//! as the kubelet would.
+
+mod common;
+mod kubelet;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use baton_protocol::grpc::pb::ServerReadyRequest;
+use baton_protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use baton_testkit::onnx::Mlp;
+use baton_testkit::onnx::sample_input;
+use baton_testkit::podman::{Container, Image, Network, Run};
+use baton_testkit::repo::{TestRepo, mlp_toml};
+use baton_testkit::s3::S3;
+use baton_testkit::server::{Client, PATIENCE, eventually, free_port};
+use common::{assert_close, bin, output_f32, request, version_of};
+use kubelet::{Pod, find, first, manifests_py, objects, root};
+use serde_json::{Value, json};
+
+/// The served MLP's layer widths: 1100 × 1100 FP32 weights are 4.6 MiB.
+const MODEL_SIZES: [usize; 4] = [8, 1100, 1100, 2];
+
+/// Everything the validation covers: both kustomizations, the Secrets'
+/// example and the KServe resources.
+const MANIFESTS: &[&str] = &[
+    "deploy/kubernetes",
+    "deploy/kubernetes/fleet",
+    "deploy/kubernetes/secrets.example.yaml",
+    "deploy/kserve/servingruntime.yaml",
+    "deploy/kserve/inferenceservice.yaml",
+];
+
+#[test]
+fn every_manifest_validates_offline() {
+    let (ok, stdout, stderr) = manifests_py(&[&["validate"], MANIFESTS].concat());
+    assert!(ok, "the manifests do not validate:\n{stderr}");
+    assert!(stdout.contains("objects valid"), "{stdout}");
+}
+
+#[test]
+fn a_misspelt_field_or_a_broken_reference_fails_validation() {
+    // (file, text, replaced by, what the refusal names)
+    let faults: &[(&str, &str, &str, &str)] = &[
+        ("kubernetes/deployment.yaml", "readinessProbe:", "readinesProbe:", "'readinesProbe' was unexpected"),
+        ("kubernetes/deployment.yaml", "path: /v2/health/live", "pth: /v2/health/live", "'pth' was unexpected"),
+        ("kubernetes/deployment.yaml", "runAsNonRoot: true", "runAsNonRoot: yes-please", "runAsNonRoot"),
+        ("kubernetes/pdb.yaml", "maxUnavailable", "maxUnavaliable", "'maxUnavaliable' was unexpected"),
+        ("kubernetes/service.yaml", "targetPort: grpc", "targetPort: grcp", "targetPort 'grcp'"),
+        ("kubernetes/deployment.yaml", "$(BATON_REPO)", "$(BATON_REP)", "$(BATON_REP)"),
+        ("kubernetes/deployment.yaml", "key: BATON_LOG", "key: BATON_LOGS", "key BATON_LOGS"),
+        ("kubernetes/fleet/cluster-args.yaml", "mountPath: /etc/baton/etcd", "mountpath: /etc/baton/etcd", "mountPath"),
+        ("kubernetes/fleet/cluster-args.yaml", "containers/0/env/-", "containers/0/envs/-", "names nothing"),
+        ("kserve/servingruntime.yaml", "protocolVersions:", "protocolVersion:", "unknown field 'protocolVersion'"),
+        ("kserve/servingruntime.yaml", "readOnlyRootFilesystem", "readOnlyRootFileSystem", "'readOnlyRootFileSystem'"),
+        ("kserve/inferenceservice.yaml", "storageUri", "storageURI", "unknown field 'storageURI'"),
+    ];
+    let copy = tempfile::tempdir().unwrap();
+    let paths: Vec<String> =
+        MANIFESTS.iter().map(|p| copy.path().join(p.trim_start_matches("deploy/")).display().to_string()).collect();
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let validate = || manifests_py(&[&["validate"], paths.as_slice()].concat());
+    copy_dir(&root().join("deploy"), copy.path());
+    let (ok, _, stderr) = validate();
+    assert!(ok, "the unchanged copy must validate: {stderr}");
+    for (file, from, to, needle) in faults {
+        copy_dir(&root().join("deploy"), copy.path());
+        let target = copy.path().join(file);
+        let text = std::fs::read_to_string(&target).unwrap();
+        assert!(text.contains(from), "{file} no longer holds {from:?}: update this test");
+        std::fs::write(&target, text.replacen(from, to, 1)).unwrap();
+        let (ok, stdout, stderr) = validate();
+        assert!(!ok, "{file} with {to:?} for {from:?} passed validation: {stdout}");
+        assert!(stderr.contains(needle), "{file} with {to:?}: the refusal does not name {needle:?}: {stderr}");
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The Deployment's pod, its environment taken from the ConfigMap as an
+/// operator edits it (the test's store) and from Secrets of the shape
+/// secrets.example.yaml shows (the test's credentials and token).
+fn pod_for(s3: &S3, token: &str) -> (Vec<Value>, Pod) {
+    let mut objects = objects(&["deploy/kubernetes"]);
+    let config = objects.iter_mut().find(|o| o["kind"] == "ConfigMap").expect("a ConfigMap");
+    config["data"]["AWS_ENDPOINT_URL"] = json!(s3.endpoint());
+    config["data"]["AWS_ALLOW_HTTP"] = json!("true");
+    let mut secrets = kubelet::objects(&["deploy/kubernetes/secrets.example.yaml"]);
+    let (key, secret) = &s3.credentials;
+    let values = [
+        ("baton-admin", "token", token.to_owned()),
+        ("baton-admin", "outcomes-token", format!("outcomes-{token}")),
+        (
+            "baton-s3",
+            "credentials",
+            format!("[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"),
+        ),
+    ];
+    for (name, field, value) in values {
+        let object = secrets.iter_mut().find(|o| o["metadata"]["name"] == name).expect("an example Secret");
+        assert!(object["stringData"][field].is_string(), "secrets.example.yaml: {name} has no key {field}");
+        object["stringData"][field] = json!(value);
+    }
+    objects.extend(secrets);
+    let deployment = find(&objects, "Deployment", "baton").clone();
+    let pod = Pod::new(&deployment, "baton-5d8f7c9b4-x2k7q", &objects);
+    (objects, pod)
+}
+
+#[test]
+fn the_deployment_runs_under_podman_as_the_kubelet_would_run_it() {
+    let s3 = S3::start();
+    s3.create_bucket("models");
+    // Over 4 MiB of weights: baton stages them into $TMPDIR, which only
+    // the pod's emptyDir makes writable under a read-only root.
+    let model = Mlp::new(&MODEL_SIZES, 11);
+    let repo = TestRepo::new();
+    repo.add_model("m", &mlp_toml(&model, ""));
+    repo.publish_mlp("m", 1, &model);
+    let token = format!("token-{}-{}", std::process::id(), free_port());
+    let (objects, pod) = pod_for(&s3, &token);
+    let repo_url = pod.env.iter().find(|(k, _)| k == "BATON_REPO").expect("BATON_REPO").1.clone();
+    let prefix = repo_url.strip_prefix("s3://models/").expect("the ConfigMap's repository is in bucket models");
+    s3.publish_model("models", prefix, &repo.root().join("m"));
+
+    // The image the manifests name is this build's version of baton; the
+    // test runs the image built from the binary under test in its place.
+    let deployment = find(&objects, "Deployment", "baton");
+    let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap();
+    assert_eq!(image, format!("localhost/baton:{}", env!("CARGO_PKG_VERSION")));
+
+    let volumes_dir = tempfile::tempdir().unwrap();
+    let volumes = pod.volumes(volumes_dir.path(), &objects);
+    let ports = pod.ports();
+    let (container, moved) = start_pod(&pod, &volumes);
+    let url = |port: u16| format!("http://127.0.0.1:{}", moved[&port]);
+    // podman applied the pod's security context.
+    assert_eq!(container.inspect("{{.HostConfig.ReadonlyRootfs}}"), "true");
+    assert_eq!(container.inspect("{{.Config.User}}"), "10001:10001");
+    assert_eq!(container.inspect("{{.HostConfig.CapDrop}}").contains("CAP_NET_BIND_SERVICE"), true);
+
+    for kind in ["readinessProbe", "livenessProbe"] {
+        let probe = pod.probe(kind);
+        let answer = Client::new(&url(probe.port)).get(&probe.path);
+        assert_eq!(answer.status, 200, "{kind} {}: {}", probe.path, String::from_utf8_lossy(&answer.body));
+    }
+
+    // The Service and the PodDisruptionBudget select this pod; the Service
+    // reaches REST and gRPC and never the admin listener.
+    let service = first(&objects, "Service");
+    let pdb = first(&objects, "PodDisruptionBudget");
+    for (what, selector) in
+        [("Service", &service["spec"]["selector"]), ("PDB", &pdb["spec"]["selector"]["matchLabels"])]
+    {
+        for (key, value) in selector.as_object().expect("a selector") {
+            assert_eq!(pod.labels.get(key).map(String::as_str), value.as_str(), "the {what}'s selector {key}");
+        }
+    }
+    let targets: Vec<u16> =
+        service["spec"]["ports"].as_array().unwrap().iter().map(|p| pod.port(&p["targetPort"])).collect();
+    assert_eq!(targets, vec![ports["http"], ports["grpc"]], "the Service targets REST and gRPC");
+    for admin in ["--admin-http=", "--admin-grpc="] {
+        let arg = pod.args().into_iter().find(|a| a.starts_with(admin)).unwrap_or_else(|| panic!("no {admin}"));
+        let port: u16 = arg.rsplit(':').next().unwrap().parse().unwrap();
+        assert!(!targets.contains(&port), "the Service exposes the admin listener {arg}");
+    }
+
+    // An inference through the Service's REST port, readiness through its
+    // gRPC port.
+    let rest = Client::new(&url(ports["http"]));
+    let (batch, input) = (2, sample_input(MODEL_SIZES[0], 2, 7));
+    let answer = rest.post_json("/v2/models/m/infer", &request(&input, batch));
+    assert_eq!(answer.status, 200, "inference: {}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(version_of(&answer.json()), 1);
+    assert_close(&output_f32(&answer.json(), "output"), &model.forward(&input, batch), "the pod's answer");
+    let runtime = common::grpc::runtime();
+    runtime.block_on(async {
+        let channel = common::grpc::channel_to(&format!("127.0.0.1:{}", moved[&ports["grpc"]])).await;
+        let mut grpc = GrpcInferenceServiceClient::new(channel);
+        let ready = common::grpc::within("ServerReady", grpc.server_ready(ServerReadyRequest {})).await;
+        assert!(ready.expect("ServerReady").into_inner().ready);
+    });
+
+    // The pod's volumes give baton every place it writes (staged weights in
+    // $TMPDIR, the cache, the state): it warned of nothing so far.
+    let log = container.logs();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains(r#""level":"WARN""#)).collect();
+    assert!(warnings.is_empty(), "baton warned while it started and served:\n{}", warnings.join("\n"));
+
+    // Management lives on the admin listener only, behind the Secret's token.
+    let load = "/v2/repository/models/m/load";
+    let refused = rest.post_json(load, &json!({}));
+    assert_eq!(refused.status, 403, "management on the inference port: {}", String::from_utf8_lossy(&refused.body));
+    let admin = Client::new(&url(ports["admin-http"]));
+    assert_eq!(admin.post_json(load, &json!({})).status, 401, "management without the token");
+    let bearer = format!("Bearer {token}");
+    let headers = [("content-type", "application/json"), ("authorization", bearer.as_str())];
+    let loaded = admin.post_raw(load, b"{}", &headers);
+    assert_eq!(loaded.status, 200, "management with the Secret's token: {}", String::from_utf8_lossy(&loaded.body));
+
+    // Termination as the kubelet does it: the preStop hook, then SIGTERM,
+    // SIGKILL at terminationGracePeriodSeconds. Requests keep coming all
+    // along, as from a proxy that has not yet heard the pod is going.
+    let (stop, failed, answered) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let traffic = {
+        let (rest, body) = (rest.clone(), request(&input, batch));
+        let (stop, failed, answered) = (Arc::clone(&stop), Arc::clone(&failed), Arc::clone(&answered));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match rest.try_post_raw("/v2/models/m/infer", body.to_string().as_bytes(), &[]) {
+                    Ok(a) if a.status == 200 => answered.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+    };
+    let terminating = Instant::now();
+    let grace = Duration::from_secs(pod.grace_seconds());
+    let pre_stop = &pod.container["lifecycle"]["preStop"];
+    let hook = Duration::from_secs(pre_stop["sleep"]["seconds"].as_u64().expect("preStop is the kubelet's sleep"));
+    // The hook is the kubelet sleeping: the server hears nothing yet.
+    std::thread::sleep(hook);
+    assert_eq!(rest.get("/v2/health/ready").status, 200, "ready until SIGTERM");
+    container.kill("TERM");
+    let draining = eventually("readiness to fail after SIGTERM", || {
+        let answer = rest.try_get("/v2/health/ready").ok()?;
+        (answer.status == 503).then(|| answer.json())
+    });
+    assert_eq!(draining["draining"], true, "{draining}");
+    let before = answered.load(Ordering::Relaxed);
+    eventually("requests answered while readiness fails (the shutdown delay)", || {
+        (answered.load(Ordering::Relaxed) > before + 3).then_some(())
+    });
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed through the hook and the delay");
+    let status = container.wait_exit();
+    let ended = terminating.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    traffic.join().unwrap();
+    assert_eq!(status, 0, "the container's exit status:\n{}", container.logs());
+    assert!(ended < grace, "the pod ended {ended:?} after termination began, past its grace period {grace:?}");
+    eprintln!(
+        "terminated in {ended:?} (hook {hook:?}, grace {grace:?}); {} requests answered, {} refused after close",
+        answered.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed)
+    );
+}
+
+/// The pod's container, started from the image under test with the pod's
+/// arguments, environment, volumes and security context, once its startup
+/// probe passes; with the loopback port each container port was moved to.
+///
+/// A pod has a network namespace of its own; this container shares the
+/// host's, so each container port is moved to a free loopback port, in the
+/// arguments and for the probes alike. Nothing else is changed. A port
+/// taken between its choice and baton's bind starts it again on others.
+fn start_pod(pod: &Pod, volumes: &[(PathBuf, String, bool)]) -> (Container, BTreeMap<u16, u16>) {
+    let startup = pod.probe("startupProbe");
+    let budget = Duration::from_secs(startup.period * startup.failure_threshold).min(PATIENCE * 2);
+    for _attempt in 0..5 {
+        let moved: BTreeMap<u16, u16> = pod.ports().values().map(|&p| (p, free_port())).collect();
+        let args: Vec<String> = pod
+            .args()
+            .into_iter()
+            .map(|mut arg| {
+                for (from, to) in &moved {
+                    arg = arg.replace(&format!("=0.0.0.0:{from}"), &format!("=127.0.0.1:{to}"));
+                }
+                arg
+            })
+            .collect();
+        for (from, to) in &moved {
+            let bound = args.iter().filter(|a| a.ends_with(&format!("=127.0.0.1:{to}"))).count();
+            assert_eq!(bound, 1, "container port {from} is bound by exactly one argument: {args:?}");
+        }
+        let mut run = Run::new(Image::of(bin()), "kube").network(Network::Host).flags(&pod.security_flags());
+        for (name, value) in &pod.env {
+            run = run.env(name, value);
+        }
+        for (host, target, read_only) in volumes {
+            run = if *read_only { run.mount_read_only(host, target) } else { run.mount(host, target) };
+        }
+        let started = Instant::now();
+        let container = run.args(&args).start();
+        // The kubelet tries every periodSeconds; trying more often only
+        // sees the pass sooner.
+        let probe = Client::new(&format!("http://127.0.0.1:{}", moved[&startup.port]));
+        loop {
+            if probe.try_get(&startup.path).is_ok_and(|a| a.status == 200) {
+                return (container, moved);
+            }
+            if !container.running() {
+                let log = container.logs();
+                assert!(
+                    log.contains("Address already in use"),
+                    "the container stopped before its startup probe passed:\n{log}"
+                );
+                break;
+            }
+            assert!(started.elapsed() < budget, "the startup probe did not pass in {budget:?}:\n{}", container.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("the pod's ports were taken five times in a row");
+}
