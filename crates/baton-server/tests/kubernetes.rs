@@ -23,7 +23,7 @@ use baton_testkit::podman::{Container, Image, Network, Run};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::s3::S3;
 use baton_testkit::server::{Client, PATIENCE, eventually, free_port};
-use common::{assert_close, bin, output_f32, request, version_of};
+use common::{assert_close, bin, output_f32, repo_with, request, version_of};
 use kubelet::{Pod, find, first, manifests_py, objects, root};
 use serde_json::{Value, json};
 
@@ -152,7 +152,7 @@ fn the_deployment_runs_under_podman_as_the_kubelet_would_run_it() {
     let volumes_dir = tempfile::tempdir().unwrap();
     let volumes = pod.volumes(volumes_dir.path(), &objects);
     let ports = pod.ports();
-    let (container, moved) = start_pod(&pod, &volumes);
+    let (container, moved) = start_pod(&pod, &volumes, "startupProbe");
     let url = |port: u16| format!("http://127.0.0.1:{}", moved[&port]);
     // podman applied the pod's security context.
     assert_eq!(container.inspect("{{.HostConfig.ReadonlyRootfs}}"), "true");
@@ -267,33 +267,98 @@ fn the_deployment_runs_under_podman_as_the_kubelet_would_run_it() {
     );
 }
 
+#[test]
+fn the_kserve_runtime_serves_a_repository_where_the_storage_initializer_puts_it() {
+    let runtime = &objects(&["deploy/kserve/servingruntime.yaml"])[0];
+    let service = &objects(&["deploy/kserve/inferenceservice.yaml"])[0];
+    let predictor = &service["spec"]["predictor"]["model"];
+    assert_eq!(predictor["runtime"], runtime["metadata"]["name"], "the InferenceService chooses the runtime");
+    let formats = runtime["spec"]["supportedModelFormats"].as_array().unwrap();
+    assert!(
+        formats.iter().any(|f| f["name"] == predictor["modelFormat"]["name"]),
+        "the runtime takes the model's format"
+    );
+    let protocols = runtime["spec"]["protocolVersions"].as_array().unwrap();
+    assert!(protocols.contains(&predictor["protocolVersion"]), "the runtime speaks the model's protocol");
+
+    // What the storage initializer leaves at /mnt/models: the storageUri's
+    // objects, a baton repository with a model named as the service.
+    let name = service["metadata"]["name"].as_str().unwrap();
+    let model = Mlp::new(&MODEL_SIZES, 12);
+    let repo = TestRepo::new();
+    repo.add_model(name, &mlp_toml(&model, ""));
+    repo.publish_mlp(name, 1, &model);
+    baton_testkit::podman::share_read_only(repo.root());
+    let pod = Pod::of_spec(&runtime["spec"], &Value::Null, "ranker-predictor-00001-deployment-x2k7q", &[]);
+    assert!(pod.args().contains(&"--repo=/mnt/models".to_owned()), "baton serves /mnt/models: {:?}", pod.args());
+    let dir = tempfile::tempdir().unwrap();
+    let mut volumes = pod.volumes(dir.path(), &[]);
+    volumes.push((repo.root().to_owned(), "/mnt/models".to_owned(), true));
+    let (container, moved) = start_pod(&pod, &volumes, "readinessProbe");
+
+    // KServe sends v2 requests to the container's one port.
+    let port = pod.port(&runtime["spec"]["containers"][0]["ports"][0]["containerPort"]);
+    let rest = Client::new(&format!("http://127.0.0.1:{}", moved[&port]));
+    let live = pod.probe("livenessProbe");
+    assert_eq!(Client::new(&format!("http://127.0.0.1:{}", moved[&live.port])).get(&live.path).status, 200);
+    let (batch, input) = (3, sample_input(MODEL_SIZES[0], 3, 9));
+    let answer = rest.post_json(&format!("/v2/models/{name}/infer"), &request(&input, batch));
+    assert_eq!(answer.status, 200, "inference: {}", String::from_utf8_lossy(&answer.body));
+    assert_close(&output_f32(&answer.json(), "output"), &model.forward(&input, batch), "the runtime's answer");
+    let log = container.logs();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains(r#""level":"WARN""#)).collect();
+    assert!(warnings.is_empty(), "baton warned while it started and served:\n{}", warnings.join("\n"));
+    container.kill("TERM");
+    assert_eq!(container.wait_exit(), 0, "the runtime's exit status:\n{}", container.logs());
+}
+
+#[test]
+fn a_model_directory_given_as_the_repository_is_refused_at_start() {
+    // A storageUri that names the model rather than the repository above
+    // it puts the model's own directory at /mnt/models: it would serve
+    // nothing, and be ready.
+    let repo = repo_with("ranker", &[1], "");
+    let model_dir = TestRepo::at(&repo.root().join("ranker"));
+    let (status, stderr) = common::refused_start(&model_dir, &["--model-control", "none"]);
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("one model's directory") && stderr.contains("the directory above it"), "{stderr}");
+    // The repository above it starts.
+    let server = common::start(&repo, &["--model-control", "none"]);
+    server.wait_serving("ranker", 1);
+}
+
 /// The pod's container, started from the image under test with the pod's
 /// arguments, environment, volumes and security context, once its startup
-/// probe passes; with the loopback port each container port was moved to.
+/// probe (`gate`) passes; with the loopback port each listener's port
+/// was moved to.
 ///
 /// A pod has a network namespace of its own; this container shares the
-/// host's, so each container port is moved to a free loopback port, in the
-/// arguments and for the probes alike. Nothing else is changed. A port
+/// host's, so each port a listener binds is moved to a free loopback port,
+/// in the arguments and for the probes alike. Nothing else is changed. A port
 /// taken between its choice and baton's bind starts it again on others.
-fn start_pod(pod: &Pod, volumes: &[(PathBuf, String, bool)]) -> (Container, BTreeMap<u16, u16>) {
-    let startup = pod.probe("startupProbe");
-    let budget = Duration::from_secs(startup.period * startup.failure_threshold).min(PATIENCE * 2);
+fn start_pod(pod: &Pod, volumes: &[(PathBuf, String, bool)], gate: &str) -> (Container, BTreeMap<u16, u16>) {
+    let gate = pod.probe(gate);
+    let budget = Duration::from_secs(gate.period * gate.failure_threshold).min(PATIENCE * 2);
+    // Every listener the arguments bind, `--NAME=HOST:PORT`.
+    let listener = |arg: &str| -> Option<u16> {
+        let (flag, address) = arg.split_once('=')?;
+        let (host, port) = address.rsplit_once(':')?;
+        (flag.starts_with("--") && ["0.0.0.0", "127.0.0.1"].contains(&host)).then(|| port.parse().ok())?
+    };
+    let listened: Vec<u16> = pod.args().iter().filter_map(|a| listener(a)).collect();
+    for port in pod.ports().values() {
+        assert!(listened.contains(port), "container port {port} is bound by no argument: {:?}", pod.args());
+    }
     for _attempt in 0..5 {
-        let moved: BTreeMap<u16, u16> = pod.ports().values().map(|&p| (p, free_port())).collect();
+        let moved: BTreeMap<u16, u16> = listened.iter().map(|&p| (p, free_port())).collect();
         let args: Vec<String> = pod
             .args()
             .into_iter()
-            .map(|mut arg| {
-                for (from, to) in &moved {
-                    arg = arg.replace(&format!("=0.0.0.0:{from}"), &format!("=127.0.0.1:{to}"));
-                }
-                arg
+            .map(|arg| match listener(&arg) {
+                Some(port) => format!("{}=127.0.0.1:{}", arg.split_once('=').unwrap().0, moved[&port]),
+                None => arg,
             })
             .collect();
-        for (from, to) in &moved {
-            let bound = args.iter().filter(|a| a.ends_with(&format!("=127.0.0.1:{to}"))).count();
-            assert_eq!(bound, 1, "container port {from} is bound by exactly one argument: {args:?}");
-        }
         let mut run = Run::new(Image::of(bin()), "kube").network(Network::Host).flags(&pod.security_flags());
         for (name, value) in &pod.env {
             run = run.env(name, value);
@@ -305,20 +370,21 @@ fn start_pod(pod: &Pod, volumes: &[(PathBuf, String, bool)]) -> (Container, BTre
         let container = run.args(&args).start();
         // The kubelet tries every periodSeconds; trying more often only
         // sees the pass sooner.
-        let probe = Client::new(&format!("http://127.0.0.1:{}", moved[&startup.port]));
+        let probe = Client::new(&format!("http://127.0.0.1:{}", moved[&gate.port]));
         loop {
-            if probe.try_get(&startup.path).is_ok_and(|a| a.status == 200) {
+            if probe.try_get(&gate.path).is_ok_and(|a| a.status == 200) {
                 return (container, moved);
             }
             if !container.running() {
                 let log = container.logs();
                 assert!(
                     log.contains("Address already in use"),
-                    "the container stopped before its startup probe passed:\n{log}"
+                    "the container stopped before its {} passed:\n{log}",
+                    gate.path
                 );
                 break;
             }
-            assert!(started.elapsed() < budget, "the startup probe did not pass in {budget:?}:\n{}", container.logs());
+            assert!(started.elapsed() < budget, "{} did not pass in {budget:?}:\n{}", gate.path, container.logs());
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -133,11 +133,17 @@ impl Pod {
     /// ConfigMaps and Secrets in `objects` as the kubelet does.
     pub fn new(deployment: &Value, name: &str, objects: &[Value]) -> Pod {
         let template = &deployment["spec"]["template"];
-        let spec = template["spec"].clone();
+        Pod::of_spec(&template["spec"], &template["metadata"]["labels"], name, objects)
+    }
+
+    /// A pod of `spec` (a pod spec, or what of one a KServe ServingRuntime
+    /// holds: containers and volumes) with these labels.
+    pub fn of_spec(spec: &Value, labels: &Value, name: &str, objects: &[Value]) -> Pod {
+        let spec = spec.clone();
         let containers = spec["containers"].as_array().expect("containers");
         assert_eq!(containers.len(), 1, "one container per pod");
         let container = containers[0].clone();
-        let labels = serde_json::from_value(template["metadata"]["labels"].clone()).expect("labels");
+        let labels = serde_json::from_value(labels.clone()).unwrap_or_default();
         let mut env = BTreeMap::new();
         let mut ordered = Vec::new();
         for var in container["env"].as_array().into_iter().flatten() {
@@ -178,12 +184,15 @@ impl Pod {
         self.ports().get(name).copied().unwrap_or_else(|| panic!("the container has no port named {name}"))
     }
 
-    /// The container's ports by name.
+    /// The container's ports by name (a port without one by its number).
     pub fn ports(&self) -> BTreeMap<String, u16> {
         let ports = self.container["ports"].as_array().expect("ports");
         ports
             .iter()
-            .map(|p| (p["name"].as_str().expect("a port name").to_owned(), p["containerPort"].as_u64().unwrap() as u16))
+            .map(|p| {
+                let number = p["containerPort"].as_u64().unwrap() as u16;
+                (p["name"].as_str().map_or_else(|| number.to_string(), str::to_owned), number)
+            })
             .collect()
     }
 
