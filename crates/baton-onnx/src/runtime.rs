@@ -21,6 +21,11 @@ use ort::logging::LogLevel;
 /// root (or any directory above the current directory or executable).
 pub const RUNTIME_RELATIVE_PATH: &str = ".baton/lib/libonnxruntime.so";
 
+/// Where [`runtime_path`] looks for the library relative to the directory
+/// above the executable's: `/usr/lib/baton/libonnxruntime.so` for
+/// `/usr/bin/baton`.
+pub const INSTALLED_RELATIVE_PATH: &str = "lib/baton/libonnxruntime.so";
+
 /// The name of the ONNX Runtime worker threads baton creates.
 pub const WORKER_THREAD_NAME: &str = "baton-ort-pool";
 
@@ -38,11 +43,17 @@ const WORKER_STACK_SIZE: usize = 8 << 20;
 /// Finds the ONNX Runtime shared library.
 ///
 /// In order: the `ORT_DYLIB_PATH` environment variable when set (the file
-/// must exist); else `.baton/lib/libonnxruntime.so` in the current directory
-/// or any directory above it; else the same above the directory of the
-/// current executable (so tests under `target/` and an installed binary next
-/// to a `.baton` directory find it). Fails with kind `runtime_missing`,
-/// whose message says how to get the library.
+/// must exist); else `../lib/baton/libonnxruntime.so` beside the current
+/// executable (the installed layout: `/usr/bin/baton` and
+/// `/usr/lib/baton/libonnxruntime.so`, as the container image and the
+/// Debian package have it); else `.baton/lib/libonnxruntime.so` in the
+/// current directory or any directory above it; else the same above the
+/// directory of the current executable (so tests under `target/` and an
+/// installed binary next to a `.baton` directory find it). The installed
+/// library comes before the walks because it is the one shipped with the
+/// binary: a `.baton` directory that happens to lie above the working
+/// directory must not swap it for another. Fails with kind
+/// `runtime_missing`, whose message says how to get the library.
 pub fn runtime_path() -> Result<PathBuf, BackendError> {
     if let Some(value) = std::env::var_os("ORT_DYLIB_PATH").filter(|v| !v.is_empty()) {
         let path = PathBuf::from(value);
@@ -58,6 +69,11 @@ pub fn runtime_path() -> Result<PathBuf, BackendError> {
         ));
     }
     let exe_dir = std::env::current_exe().ok().and_then(|exe| exe.parent().map(Path::to_path_buf));
+    if let Some(installed) = exe_dir.as_deref().and_then(Path::parent).map(|dir| dir.join(INSTALLED_RELATIVE_PATH))
+        && installed.is_file()
+    {
+        return Ok(installed);
+    }
     for start in [std::env::current_dir().ok(), exe_dir].into_iter().flatten() {
         for dir in start.ancestors() {
             let candidate = dir.join(RUNTIME_RELATIVE_PATH);
@@ -69,7 +85,8 @@ pub fn runtime_path() -> Result<PathBuf, BackendError> {
     Err(BackendError::new(
         "runtime_missing",
         format!(
-            "ONNX Runtime library not found (no {RUNTIME_RELATIVE_PATH} above the current directory or the executable, \
+            "ONNX Runtime library not found (no ../{INSTALLED_RELATIVE_PATH} beside the executable, \
+             no {RUNTIME_RELATIVE_PATH} above the current directory or the executable, \
              and ORT_DYLIB_PATH is not set): {HOW_TO_GET_IT}"
         ),
     ))

@@ -16,6 +16,7 @@ mod error;
 mod fleet_view;
 mod grpc;
 mod http;
+mod init;
 mod logging;
 mod metrics;
 mod prometheus;
@@ -205,6 +206,10 @@ enum Command {
     /// server starts it; not for people to run).
     #[command(hide = true)]
     Worker,
+    /// Run `baton ARGS` (e.g. `serve ...`) as the main process of a
+    /// container: as PID 1, reap every process, pass signals on, follow
+    /// the main process across upgrades, exit with its status.
+    Init(Box<init::InitArgs>),
     /// Print state transitions and other events as they happen.
     Events {
         /// One JSON object per line instead of text.
@@ -291,6 +296,7 @@ pub fn main() -> ExitCode {
     let log_format = match &cli.command {
         Command::Serve(args) => args.log_format,
         Command::Agent(args) => args.log_format,
+        Command::Init(args) => args.log_format,
         _ => logging::LogFormat::Text,
     };
     logging::init(default_filter, log_format);
@@ -313,6 +319,7 @@ pub fn main() -> ExitCode {
         Command::Events { json, target } => cli::events(&target, json),
         Command::Agent(args) => agent::run(*args),
         Command::Drill(args) => return baton_drill::run(*args),
+        Command::Init(args) => return init::run(*args),
         Command::Worker => worker(),
     };
     match result {

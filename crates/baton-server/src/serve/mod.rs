@@ -7,7 +7,7 @@ mod closing;
 pub mod conn;
 pub mod demo;
 pub mod listeners;
-mod notify;
+pub(crate) mod notify;
 pub mod repo;
 pub mod shutdown;
 pub mod watch;

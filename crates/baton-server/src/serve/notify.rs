@@ -1,11 +1,14 @@
 //! Telling systemd how the service stands (`sd_notify`), when it runs
 //! baton as a `Type=notify` service: `NOTIFY_SOCKET` names a datagram
 //! socket, and baton sends it `READY=1` once it first serves every model it
-//! must, `STOPPING=1` when it shuts down, and, from the new process of an
-//! upgrade, `MAINPID=` with its own pid, so that systemd follows the new
-//! process rather than counting the old one's exit as the service's end
-//! (the unit needs `NotifyAccess=all`, since the new process is not the
-//! one systemd started). Outside systemd, nothing is sent.
+//! must, `STOPPING=1` when it shuts down, and during an upgrade `MAINPID=`
+//! with the new process's pid, so that systemd follows the new process
+//! rather than counting the old one's exit as the service's end: the old
+//! process sends it at the commit, before it drains (so the manager hears
+//! of the new main process before the old one exits), and the new process
+//! again once it serves (the unit needs `NotifyAccess=all`, since the new
+//! process is not the one systemd started). `baton init` listens the same
+//! way. Outside a manager, nothing is sent.
 //!
 //! Sent by hand rather than with the `sd-notify` crate (which baton uses to
 //! read passed sockets): its `notify` connects to `NOTIFY_SOCKET` as a
@@ -22,8 +25,14 @@ const SOCKET_ENV: &str = "NOTIFY_SOCKET";
 /// failure is logged and otherwise ignored: the service serves on.
 pub fn notify(state: &str) {
     let Ok(path) = std::env::var(SOCKET_ENV) else { return };
-    if let Err(error) = send(&path, state) {
-        tracing::warn!(%error, socket = %path, "Could not tell systemd how the service stands.");
+    send_to(&path, state);
+}
+
+/// Sends `state` to the notification socket at `path` (`@name` for an
+/// abstract one); a failure is logged and otherwise ignored.
+pub fn send_to(path: &str, state: &str) {
+    if let Err(error) = send(path, state) {
+        tracing::warn!(%error, socket = %path, "Could not tell the service manager how the service stands.");
     }
 }
 

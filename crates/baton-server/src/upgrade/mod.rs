@@ -93,6 +93,11 @@ async fn run(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, Upgrade
     tracing::info!(binary = %source.binary().display(), cold, "Starting a new process to take this one's place.");
     let handed = tokio::task::spawn_blocking(move || source.hand_over(deadline, within, fleet, kept, cold)).await;
     let pid = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))))?;
+    // The commit: a service manager (systemd, `baton init`) hears of the
+    // new main process now, before this one drains and exits, so that it
+    // never sees its main process exit with no successor named. The new
+    // process says it again once it serves.
+    crate::serve::notify::notify(&format!("MAINPID={pid}"));
     holds.hand_over();
     if let Some(health) = app.cluster.get() {
         // The lease lives on in the new process; this one no longer acts

@@ -1,0 +1,191 @@
+//! `baton init` through the real binary, as a container runs it, though
+//! here as a child subreaper rather than PID 1: it serves `baton serve`
+//! as its main process; SIGTERM to init drains the server, and init exits
+//! 0 with nothing left behind; SIGUSR2 to init reaches the server, whose
+//! upgrade fails no request under traffic, and init follows the new main
+//! process (it adopts it and reaps the old one) until a SIGTERM ends it;
+//! a main process that fails at start makes init exit with its status.
+//! And the installed layout: a binary at `PREFIX/bin/baton` finds ONNX
+//! Runtime at `PREFIX/lib/baton/`, with no `ORT_DYLIB_PATH` and no
+//! `.baton` directory.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use baton_testkit::onnx::sample_input;
+use baton_testkit::server::{Client, Server, eventually};
+use common::upgrade::{Adopted, gone};
+use common::{SIZES, assert_close, bin, infer, mlp, repo_with, request};
+
+/// A process's state letter and parent, from `/proc/PID/stat`.
+fn stat(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    Some((rest.next()?.chars().next()?, rest.next()?.parse().ok()?))
+}
+
+/// Every process whose parent is `parent`, zombies included, with its
+/// state letter.
+fn children(parent: u32) -> Vec<(u32, char)> {
+    let entries = std::fs::read_dir("/proc").expect("reading /proc");
+    let pids = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+    pids.filter_map(|pid| stat(pid).filter(|&(_, p)| p == parent).map(|(state, _)| (pid, state))).collect()
+}
+
+/// `baton init serve ...` on the repository, as [`Server::start`] starts
+/// `baton serve`.
+fn start_under_init(repo: &Path, args: &[&str]) -> Server {
+    let mut command = Command::new(bin());
+    command.arg("init");
+    Server::start_command(command, repo, args)
+}
+
+/// The main process under `init`, once there is exactly one child
+/// running `serve`: guarded, so that a test failing midway stops it.
+fn main_process(init: u32) -> Adopted {
+    Adopted(eventually("init's main process", || match common::children_of(init, "serve")[..] {
+        [pid] => Some(pid),
+        _ => None,
+    }))
+}
+
+/// The pid the server reports in its status.
+fn status_pid(server: &Server) -> u32 {
+    common::server_status(server)["pid"].as_u64().expect("the status's pid") as u32
+}
+
+#[test]
+fn init_serves_and_a_sigterm_to_it_drains_the_server_and_leaves_no_process_behind() {
+    let repo = repo_with("m", &[1], "[engine]\nisolation = \"process\"\nsessions = 1\n");
+    let mut server = start_under_init(repo.root(), &[]);
+    let main = main_process(server.pid());
+    assert_eq!(status_pid(&server), main.0, "the server is init's child");
+    server.wait_serving("m", 1);
+    let input = sample_input(SIZES[0], 1, 4);
+    let (version, output) = infer(&server, "m", &input, 1);
+    assert_eq!(version, 1);
+    assert_close(&output, &mlp(1).forward(&input, 1), "served under init");
+    let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
+
+    let status = server.terminate();
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    assert!(log.contains("Passing a signal on to the main process. signal=\"SIGTERM\""), "{log}");
+    assert!(log.contains("Shutting down"), "the server drained on init's SIGTERM\n{log}");
+    assert!(log.contains(&format!("The main process exited. code=0 pid={}", main.0)), "{log}");
+    // Init exits only once its main process has, and reaped it; the
+    // worker, whose parent was the server, goes with it.
+    assert!(stat(main.0).is_none(), "the server outlived init: {:?}", stat(main.0));
+    eventually("the worker to exit", || gone(worker).then_some(()));
+}
+
+/// Requests to model `m` in a loop until stopped, each on a new
+/// connection, so that some reach each process of an upgrade.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<(u64, Vec<String>)>,
+}
+
+impl Traffic {
+    fn start(base: &str) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, base) = (Arc::clone(&stop), base.to_owned());
+        let thread = std::thread::spawn(move || {
+            let body = request(&sample_input(SIZES[0], 1, 3), 1).to_string();
+            let (mut answered, mut failed) = (0, Vec::new());
+            while !flag.load(Ordering::SeqCst) {
+                let headers = [("content-type", "application/json")];
+                match Client::new(&base).try_post_raw("/v2/models/m/infer", body.as_bytes(), &headers) {
+                    Ok(answer) if answer.status == 200 => answered += 1,
+                    Ok(answer) => failed.push(format!("{}: {}", answer.status, common::text(&answer.body))),
+                    Err(error) => failed.push(error),
+                }
+            }
+            (answered, failed)
+        });
+        Traffic { stop, thread }
+    }
+
+    /// Stops: the requests answered, and the failures.
+    fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().expect("the traffic thread")
+    }
+}
+
+#[test]
+fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_the_end() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &[]);
+    let init = server.pid();
+    let old = main_process(init);
+    server.wait_serving("m", 1);
+    let traffic = Traffic::start(server.base());
+
+    let sent = Command::new("kill").args(["-USR2", &init.to_string()]).status().expect("kill");
+    assert!(sent.success());
+    let new = Adopted(eventually("a new process to serve", || Some(status_pid(&server)).filter(|&p| p != old.0)));
+    // The old process drains, exits and is reaped by init: no zombie of it
+    // is left, and the new process, whose parent it was, is init's now.
+    eventually("the old process to be reaped", || stat(old.0).is_none().then_some(()));
+    assert_eq!(stat(new.0).map(|(_, parent)| parent), Some(init), "init adopted the new process");
+    eventually("init to have no zombie child", || children(init).iter().all(|&(_, s)| s != 'Z').then_some(()));
+    let (answered, failed) = traffic.stop();
+    assert!(failed.is_empty(), "{} failed of {}: {:?}", failed.len(), answered, &failed[..failed.len().min(5)]);
+    assert!(answered > 0, "no request was answered");
+    let log = server.log();
+    assert!(log.contains("Passing a signal on to the main process. signal=\"SIGUSR2\""), "{log}");
+    assert!(log.contains(&format!("The main process changed. old_pid={} new_pid={}", old.0, new.0)), "{log}");
+    assert!(!log.contains("The main process exited."), "init took the old process's exit as the end\n{log}");
+    assert_eq!(server.get("/v2/health/ready").status, 200, "the new process serves, under init");
+
+    let status = server.terminate();
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    assert!(log.contains(&format!("Passing a signal on to the main process. signal=\"SIGTERM\" pid={}", new.0)));
+    assert!(log.contains(&format!("The main process exited. code=0 pid={}", new.0)), "{log}");
+    assert!(stat(new.0).is_none(), "the new process outlived init: {:?}", stat(new.0));
+}
+
+#[test]
+fn a_main_process_that_fails_at_start_makes_init_exit_with_its_status() {
+    let bad_flag = Command::new(bin()).args(["init", "serve", "--no-such-flag"]).output().expect("running baton init");
+    let said = common::text(&bad_flag.stderr);
+    // clap's status for a command line it refuses.
+    assert_eq!(bad_flag.status.code(), Some(2), "{said}");
+    assert!(said.contains("--no-such-flag"), "{said}");
+    assert!(said.contains("The main process exited. code=2"), "{said}");
+
+    let missing = Command::new(bin()).args(["init", "package", "/nonexistent/version"]).output().expect("baton init");
+    assert_eq!(missing.status.code(), Some(1), "{}", common::text(&missing.stderr));
+}
+
+#[test]
+fn an_installed_binary_finds_onnx_runtime_under_its_prefix() {
+    // A prefix outside the repository, where no `.baton` lies above
+    // either the working directory or the binary.
+    let prefix = tempfile::tempdir().expect("a temp dir");
+    let above = prefix.path().ancestors().skip(1).find(|dir| dir.join(".baton/lib/libonnxruntime.so").exists());
+    assert!(above.is_none(), "{above:?} holds a .baton of its own");
+    let (binaries, libraries) = (prefix.path().join("bin"), prefix.path().join("lib/baton"));
+    std::fs::create_dir_all(&binaries).and_then(|()| std::fs::create_dir_all(&libraries)).expect("the prefix");
+    let installed = binaries.join("baton");
+    std::fs::hard_link(bin(), &installed).or_else(|_| std::fs::copy(bin(), &installed).map(drop)).expect("the binary");
+    let library = baton_onnx::runtime_path().expect("the library under test");
+    std::os::unix::fs::symlink(&library, libraries.join("libonnxruntime.so")).expect("the library's link");
+
+    let repo = repo_with("m", &[1], "");
+    let mut command = Command::new(&installed);
+    command.env_remove("ORT_DYLIB_PATH").current_dir(prefix.path());
+    let server = Server::start_command(command, repo.root(), &[]);
+    server.wait_serving("m", 1);
+    let input = sample_input(SIZES[0], 1, 4);
+    assert_close(&infer(&server, "m", &input, 1).1, &mlp(1).forward(&input, 1), "served by the installed binary");
+    let loaded = prefix.path().join("lib/baton/libonnxruntime.so");
+    assert!(server.log().contains(&format!("ONNX Runtime loaded path={}", loaded.display())), "{}", server.log());
+}
