@@ -6,9 +6,10 @@
 //! request and the container exits 0; and an upgrade inside the container
 //! hands the sockets over as on a host, PID 1 staying in place.
 //!
-//! The containers use the host's network, and the test passes baton
+//! Most containers use the host's network, and the test passes baton
 //! loopback ports of its own on top of the image's command (baton takes an
-//! option's last value), so everything else in the command is the image's.
+//! option's last value), so everything else in the command is the image's;
+//! one runs the image's command unchanged in a network namespace of its own.
 
 mod common;
 
@@ -175,6 +176,32 @@ fn decisions_made_in_one_container_hold_in_the_next_one_on_the_same_state_direct
     assert_eq!(infer_checked(&second.client(), "ranker"), 1);
     let other = second.client().get("/v2/models/other/ready");
     assert_ne!(other.status, 200, "the unloaded model serves again: {}", common::text(&other.body));
+}
+
+#[test]
+fn the_image_s_own_command_serves_in_a_network_namespace_of_its_own() {
+    // Nothing overridden: public inference ports, loopback management, the
+    // image's environment. In a namespace with only a loopback device,
+    // nothing it binds is reachable from outside; `podman exec` reaches it.
+    let repo = repo_with("ranker", &[1], "");
+    let state = mounts(&repo);
+    let container = Run::new(image(), "default")
+        .network(podman::Network::None)
+        .mount_read_only(repo.root(), "/models")
+        .mount(state.path(), "/var/lib/baton")
+        .start();
+    let status = baton_testkit::server::eventually("the model to serve", || {
+        let output = container.exec(&["baton", "status", "--json", "ranker"]);
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        (status["serving"] == 1).then_some(status)
+    });
+    assert_eq!(status["serving"], 1, "{status}");
+    // Management answers on the loopback admin listener the image names.
+    container.exec_ok(&["baton", "pin", "ranker", "1"]);
+    assert!(state.path().join("state.json").is_file(), "the pin was not written to the state directory");
+    let logs = container.logs();
+    assert!(logs.contains("http://0.0.0.0:8000") && logs.contains("http://127.0.0.1:8002"), "{logs}");
+    assert_eq!(container.stop(Duration::from_secs(30)), 0, "{}", container.logs());
 }
 
 /// Requests to `model` in a loop, on one keep-alive connection and on a new
