@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use baton_protocol::grpc::pb::ServerReadyRequest;
 use baton_protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use baton_testkit::certs::Certs;
+use baton_testkit::etcd::{Etcd, Security, ServerTls};
 use baton_testkit::onnx::Mlp;
 use baton_testkit::onnx::sample_input;
 use baton_testkit::podman::{Container, Image, Network, Run};
@@ -97,14 +99,9 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// The Deployment's pod, its environment taken from the ConfigMap as an
-/// operator edits it (the test's store) and from Secrets of the shape
-/// secrets.example.yaml shows (the test's credentials and token).
-fn pod_for(s3: &S3, token: &str) -> (Vec<Value>, Pod) {
-    let mut objects = objects(&["deploy/kubernetes"]);
-    let config = objects.iter_mut().find(|o| o["kind"] == "ConfigMap").expect("a ConfigMap");
-    config["data"]["AWS_ENDPOINT_URL"] = json!(s3.endpoint());
-    config["data"]["AWS_ALLOW_HTTP"] = json!("true");
+/// The Secrets secrets.example.yaml shows, holding the test's S3 keys and
+/// tokens (the etcd Secret left as the example has it).
+fn objects_of_secrets(s3: &S3, token: &str) -> Vec<Value> {
     let mut secrets = kubelet::objects(&["deploy/kubernetes/secrets.example.yaml"]);
     let (key, secret) = &s3.credentials;
     let values = [
@@ -121,6 +118,18 @@ fn pod_for(s3: &S3, token: &str) -> (Vec<Value>, Pod) {
         assert!(object["stringData"][field].is_string(), "secrets.example.yaml: {name} has no key {field}");
         object["stringData"][field] = json!(value);
     }
+    secrets
+}
+
+/// The Deployment's pod, its environment taken from the ConfigMap as an
+/// operator edits it (the test's store) and from Secrets of the shape
+/// secrets.example.yaml shows (the test's credentials and token).
+fn pod_for(s3: &S3, token: &str) -> (Vec<Value>, Pod) {
+    let mut objects = objects(&["deploy/kubernetes"]);
+    let config = objects.iter_mut().find(|o| o["kind"] == "ConfigMap").expect("a ConfigMap");
+    config["data"]["AWS_ENDPOINT_URL"] = json!(s3.endpoint());
+    config["data"]["AWS_ALLOW_HTTP"] = json!("true");
+    let secrets = objects_of_secrets(s3, token);
     objects.extend(secrets);
     let deployment = find(&objects, "Deployment", "baton").clone();
     let pod = Pod::new(&deployment, "baton-5d8f7c9b4-x2k7q", &objects);
@@ -265,6 +274,106 @@ fn the_deployment_runs_under_podman_as_the_kubelet_would_run_it() {
         answered.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed)
     );
+}
+
+#[test]
+fn the_fleet_overlay_runs_under_podman_and_rolls_out_through_etcd() {
+    let s3 = S3::start();
+    s3.create_bucket("models");
+    let certs = Certs::new();
+    let password = "fleet-password";
+    let tls = ServerTls { server: certs.server(), client_ca: None };
+    let etcd =
+        Etcd::start_secured(&Security { tls: Some(tls), users: vec![("baton".into(), password.into())], jwt: false });
+
+    let mut objects = objects(&["deploy/kubernetes/fleet"]);
+    for object in objects.iter_mut().filter(|o| o["kind"] == "ConfigMap") {
+        let base = object["metadata"]["name"] == "baton";
+        let data = &mut object["data"];
+        if base {
+            data["AWS_ENDPOINT_URL"] = json!(s3.endpoint());
+            data["AWS_ALLOW_HTTP"] = json!("true");
+        } else {
+            assert_eq!(data["BATON_ETCD_USER"], "baton", "the test's etcd user is the ConfigMap's");
+            data["BATON_CLUSTER"] = json!(format!("etcd://127.0.0.1:{}", etcd.port()));
+        }
+    }
+    let mut secrets = objects_of_secrets(&s3, "token-of-the-fleet-test");
+    let etcd_secret = secrets.iter_mut().find(|o| o["metadata"]["name"] == "baton-etcd").expect("baton-etcd");
+    etcd_secret["stringData"]["ca.crt"] = json!(std::fs::read_to_string(certs.ca()).unwrap());
+    etcd_secret["stringData"]["password"] = json!(password);
+    objects.extend(secrets);
+
+    let config = find(&objects, "ConfigMap", "baton");
+    let prefix = config["data"]["BATON_REPO"].as_str().unwrap().strip_prefix("s3://models/").unwrap().to_owned();
+    let fleet_name =
+        find(&objects, "ConfigMap", "baton-fleet")["data"]["BATON_CLUSTER_NAME"].as_str().unwrap().to_owned();
+    let repo = TestRepo::new();
+    let (v1, v2) = (Mlp::new(&MODEL_SIZES, 21), Mlp::new(&MODEL_SIZES, 22));
+    repo.add_model("m", &mlp_toml(&v1, ""));
+    repo.publish_mlp("m", 1, &v1);
+    s3.publish_model("models", &prefix, &repo.root().join("m"));
+
+    let pod_name = "baton-7c9d6f5b8-fl33t";
+    let pod = Pod::new(find(&objects, "Deployment", "baton"), pod_name, &objects);
+    let dir = tempfile::tempdir().unwrap();
+    let volumes = pod.volumes(dir.path(), &objects);
+    let (container, moved) = start_pod(&pod, &volumes, "startupProbe");
+    let rest = Client::new(&format!("http://127.0.0.1:{}", moved[&pod.ports()["http"]]));
+    let (batch, input) = (2, sample_input(MODEL_SIZES[0], 2, 3));
+    let infer = || {
+        let answer = rest.post_json("/v2/models/m/infer", &request(&input, batch));
+        assert_eq!(answer.status, 200, "inference: {}", String::from_utf8_lossy(&answer.body));
+        answer.json()
+    };
+    assert_eq!(version_of(&infer()), 1);
+
+    // The fleet command, as an operator runs it from outside the pod.
+    let password_file = dir.path().join("operator-password");
+    std::fs::write(&password_file, password).unwrap();
+    let access = [
+        "--cluster".to_owned(),
+        format!("etcd://127.0.0.1:{}", etcd.port()),
+        "--cluster-name".to_owned(),
+        fleet_name,
+        "--etcd-ca".to_owned(),
+        certs.ca().display().to_string(),
+        "--etcd-user".to_owned(),
+        "baton".to_owned(),
+        "--etcd-password-file".to_owned(),
+        password_file.display().to_string(),
+    ];
+    let fleet = |args: &[&str]| {
+        let output =
+            std::process::Command::new(bin()).arg("fleet").args(&access).args(args).env("BATON_LOG", "warn").output();
+        let output = output.expect("running baton fleet");
+        let text = format!("{}{}", common::text(&output.stdout), common::text(&output.stderr));
+        (output.status.success(), text)
+    };
+    let (ok, status) = fleet(&["status"]);
+    assert!(ok && status.contains(pod_name), "the pod is a replica named by POD_NAME:\n{status}");
+
+    // A model rollout: publish, then the fleet decides.
+    s3.publish_version("models", &prefix, "m", 2, &repo.publish_mlp("m", 2, &v2));
+    // The replica lists the store every second; a rollout started before
+    // its listing shows the version is refused at fetch (not found).
+    eventually("the pod's listing of the store to show version 2", || {
+        let index = rest.post_json("/v2/repository/index", &json!({})).json();
+        let versions =
+            index.as_array()?.iter().filter(|e| e["name"] == "m").map(|e| e["version"].clone()).collect::<Vec<_>>();
+        versions.contains(&json!("2")).then_some(())
+    });
+    let (ok, out) = fleet(&["rollout", "m", "--version", "2"]);
+    assert!(ok, "{out}");
+    let answer = infer();
+    assert_eq!(version_of(&answer), 2);
+    assert_close(&output_f32(&answer, "output"), &v2.forward(&input, batch), "version 2 after the fleet's rollout");
+
+    // A terminating pod leaves the fleet on its way out.
+    container.kill("TERM");
+    assert_eq!(container.wait_exit(), 0, "the pod's exit status:\n{}", container.logs());
+    let (ok, status) = fleet(&["status"]);
+    assert!(ok && !status.contains(pod_name), "the pod's lease outlived it:\n{status}");
 }
 
 #[test]
