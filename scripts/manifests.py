@@ -19,8 +19,9 @@ half-read. `validate` checks
   probes) against the same Kubernetes schemas;
 - what a schema cannot see: `$(VAR)` in args names a variable of the
   container, configMapKeyRef names a ConfigMap and key of the set, probes
-  and Service targetPorts name ports of the container, volume mounts name
-  volumes, Service and PodDisruptionBudget selectors match the pod's labels.
+  and Service targetPorts (and NetworkPolicy ports) name ports of the
+  container, volume mounts name volumes, Service, PodDisruptionBudget and
+  NetworkPolicy selectors match the pod's labels.
 
 Not checked: admission (webhooks, policies, quotas), the CRD schema of the
 KServe version installed in a cluster, defaulting, scheduling, image pulls.
@@ -288,14 +289,22 @@ def cross_check(objects):
         selector = None
         if doc.get("kind") == "Service":
             selector = doc["spec"].get("selector", {})
-        elif doc.get("kind") == "PodDisruptionBudget":
-            selector = doc["spec"]["selector"].get("matchLabels", {})
+        elif doc.get("kind") in ("PodDisruptionBudget", "NetworkPolicy"):
+            key = "selector" if doc["kind"] == "PodDisruptionBudget" else "podSelector"
+            selector = doc["spec"][key].get("matchLabels", {})
         if selector is None:
             continue
         name = f"{where}: {doc['kind']}/{doc['metadata']['name']}"
         chosen = [t for t in templates if selector.items() <= t["spec"]["template"]["metadata"]["labels"].items()]
         if not chosen:
             raise Invalid(f"{name}: its selector {selector} matches no pod of the set")
+        if doc.get("kind") == "NetworkPolicy":
+            for rule in doc["spec"].get("ingress", []):
+                for port in rule.get("ports", []):
+                    for template in chosen:
+                        ports = {p.get("name"): p["containerPort"] for c in pod_containers(template) for p in c.get("ports", [])}
+                        if port["port"] not in ports and port["port"] not in ports.values():
+                            raise Invalid(f"{name}: port {port['port']!r} is not a port of the pods it selects")
         if doc.get("kind") == "Service":
             for port in doc["spec"]["ports"]:
                 for template in chosen:

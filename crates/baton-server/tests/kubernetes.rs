@@ -58,6 +58,8 @@ fn a_misspelt_field_or_a_broken_reference_fails_validation() {
         ("kubernetes/deployment.yaml", "runAsNonRoot: true", "runAsNonRoot: yes-please", "runAsNonRoot"),
         ("kubernetes/pdb.yaml", "maxUnavailable", "maxUnavaliable", "'maxUnavaliable' was unexpected"),
         ("kubernetes/service.yaml", "targetPort: grpc", "targetPort: grcp", "targetPort 'grcp'"),
+        ("kubernetes/networkpolicy.yaml", "port: admin-http", "port: admin-htp", "port 'admin-htp'"),
+        ("kubernetes/networkpolicy.yaml", "app.kubernetes.io/name: baton", "app: baton", "matches no pod"),
         ("kubernetes/deployment.yaml", "$(BATON_REPO)", "$(BATON_REP)", "$(BATON_REP)"),
         ("kubernetes/deployment.yaml", "key: BATON_LOG", "key: BATON_LOGS", "key BATON_LOGS"),
         ("kubernetes/fleet/cluster-args.yaml", "mountPath: /etc/baton/etcd", "mountpath: /etc/baton/etcd", "mountPath"),
@@ -175,13 +177,18 @@ fn the_deployment_runs_under_podman_as_the_kubelet_would_run_it() {
         assert_eq!(answer.status, 200, "{kind} {}: {}", probe.path, String::from_utf8_lossy(&answer.body));
     }
 
-    // The Service and the PodDisruptionBudget select this pod; the Service
-    // reaches REST and gRPC and never the admin listener.
+    // The Service, the PodDisruptionBudget and the NetworkPolicy select
+    // this pod; the Service reaches REST and gRPC and never the admin
+    // listener.
     let service = first(&objects, "Service");
     let pdb = first(&objects, "PodDisruptionBudget");
-    for (what, selector) in
-        [("Service", &service["spec"]["selector"]), ("PDB", &pdb["spec"]["selector"]["matchLabels"])]
-    {
+    let policy = first(&objects, "NetworkPolicy");
+    let selectors = [
+        ("Service", &service["spec"]["selector"]),
+        ("PDB", &pdb["spec"]["selector"]["matchLabels"]),
+        ("NetworkPolicy", &policy["spec"]["podSelector"]["matchLabels"]),
+    ];
+    for (what, selector) in selectors {
         for (key, value) in selector.as_object().expect("a selector") {
             assert_eq!(pod.labels.get(key).map(String::as_str), value.as_str(), "the {what}'s selector {key}");
         }
@@ -193,6 +200,11 @@ fn the_deployment_runs_under_podman_as_the_kubelet_would_run_it() {
         let arg = pod.args().into_iter().find(|a| a.starts_with(admin)).unwrap_or_else(|| panic!("no {admin}"));
         let port: u16 = arg.rsplit(':').next().unwrap().parse().unwrap();
         assert!(!targets.contains(&port), "the Service exposes the admin listener {arg}");
+        // The policy opens the admin ports only to some pods.
+        for rule in policy["spec"]["ingress"].as_array().unwrap() {
+            let opens = rule["ports"].as_array().unwrap().iter().any(|p| pod.port(&p["port"]) == port);
+            assert!(!opens || rule["from"].is_array(), "the NetworkPolicy opens {arg} to every pod: {rule}");
+        }
     }
 
     // An inference through the Service's REST port, readiness through its
