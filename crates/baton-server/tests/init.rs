@@ -5,12 +5,15 @@
 //! upgrade fails no request under traffic, and init follows the new main
 //! process (it adopts it and reaps the old one) until a SIGTERM ends it;
 //! a main process that fails at start makes init exit with its status.
+//! init believes notifications from its own tree alone, and passes on to
+//! a manager above it what the main process says, but `MAINPID=`.
 //! And the installed layout: a binary at `PREFIX/bin/baton` finds ONNX
 //! Runtime at `PREFIX/lib/baton/`, with no `ORT_DYLIB_PATH` and no
 //! `.baton` directory.
 
 mod common;
 
+use std::os::linux::net::SocketAddrExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -71,17 +74,63 @@ fn init_serves_and_a_sigterm_to_it_drains_the_server_and_leaves_no_process_behin
     assert_eq!(version, 1);
     assert_close(&output, &mlp(1).forward(&input, 1), "served under init");
     let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
+    // A process outside init's tree (this test) names the worker, a live
+    // descendant of init, as the main process: it is not believed.
+    let address = init_socket(&server);
+    let sender = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+    sender.send_to_addr(format!("MAINPID={worker}").as_bytes(), &address).expect("sending to init's socket");
+    eventually("init to ignore the stranger", || {
+        server.log().contains("neither the main process nor under").then_some(())
+    });
 
     let status = server.terminate();
     let log = server.log();
     assert_eq!(status.code(), Some(0), "init's status\n{log}");
-    assert!(log.contains("Passing a signal on to the main process. signal=\"SIGTERM\""), "{log}");
+    let passed = format!("Passing a signal on to the main process. signal=\"SIGTERM\" pid={}", main.0);
+    assert!(log.contains(&passed), "{log}");
     assert!(log.contains("Shutting down"), "the server drained on init's SIGTERM\n{log}");
     assert!(log.contains(&format!("The main process exited. code=0 pid={}", main.0)), "{log}");
     // Init exits only once its main process has, and reaped it; the
     // worker, whose parent was the server, goes with it.
     assert!(stat(main.0).is_none(), "the server outlived init: {:?}", stat(main.0));
     eventually("the worker to exit", || gone(worker).then_some(()));
+}
+
+/// The abstract name of init's notification socket, from its log.
+fn init_socket(server: &Server) -> std::os::unix::net::SocketAddr {
+    let log = server.log();
+    let name = log.split("socket=\"@").nth(1).and_then(|s| s.split('"').next()).expect("init's socket in its log");
+    std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("an abstract name")
+}
+
+#[test]
+fn a_stranger_flooding_init_s_socket_neither_keeps_it_from_exiting_nor_floods_its_log() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &[]);
+    let _main = main_process(server.pid());
+    server.wait_serving("m", 1);
+    let address = init_socket(&server);
+    // Blocking sends: the flood goes as fast as init reads, and ends when
+    // init's socket is gone.
+    let flood = std::thread::spawn(move || {
+        let sender = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+        let mut sent = 0u64;
+        while sender.send_to_addr(b"MAINPID=1\nREADY=1", &address).is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    eventually("the flood to reach init", || server.log().contains("neither the main process nor under").then_some(()));
+    let started = std::time::Instant::now();
+    let status = server.terminate();
+    let sent = flood.join().expect("the flood");
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    let warnings = log.matches("neither the main process nor under").count() as u64;
+    // One warning a second at most, from the first one on.
+    let bound = started.elapsed().as_secs() + 2;
+    assert!(warnings <= bound, "{warnings} warnings for {sent} datagrams, more than {bound}");
+    assert!(sent > warnings, "{sent} datagrams, {warnings} warnings");
 }
 
 /// Requests to model `m` in a loop until stopped, each on a new
@@ -121,9 +170,22 @@ impl Traffic {
 #[test]
 fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_the_end() {
     let repo = repo_with("m", &[1], "");
-    let mut server = start_under_init(repo.root(), &[]);
+    // A manager above init, as systemd would be: init passes on what the
+    // main process says there, but never a MAINPID (init stays its main).
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let manager = std::os::unix::net::UnixDatagram::bind(dir.path().join("notify")).expect("a notification socket");
+    manager.set_read_timeout(Some(baton_testkit::server::PATIENCE)).expect("a read timeout");
+    let heard = || {
+        let mut buffer = [0u8; 512];
+        let n = manager.recv(&mut buffer).expect("a notification passed on by init");
+        String::from_utf8_lossy(&buffer[..n]).into_owned()
+    };
+    let mut command = Command::new(bin());
+    command.arg("init").env("NOTIFY_SOCKET", dir.path().join("notify"));
+    let mut server = Server::start_command(command, repo.root(), &[]);
     let init = server.pid();
     let old = main_process(init);
+    assert_eq!(heard(), "READY=1", "the first process's, passed on");
     server.wait_serving("m", 1);
     let traffic = Traffic::start(server.base());
 
@@ -143,6 +205,7 @@ fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_
     assert!(log.contains(&format!("The main process changed. old_pid={} new_pid={}", old.0, new.0)), "{log}");
     assert!(!log.contains("The main process exited."), "init took the old process's exit as the end\n{log}");
     assert_eq!(server.get("/v2/health/ready").status, 200, "the new process serves, under init");
+    assert_eq!(heard(), "READY=1", "the new process's, passed on without its MAINPID");
 
     let status = server.terminate();
     let log = server.log();
@@ -150,6 +213,83 @@ fn sigusr2_to_init_upgrades_the_server_and_init_follows_the_new_main_process_to_
     assert!(log.contains(&format!("Passing a signal on to the main process. signal=\"SIGTERM\" pid={}", new.0)));
     assert!(log.contains(&format!("The main process exited. code=0 pid={}", new.0)), "{log}");
     assert!(stat(new.0).is_none(), "the new process outlived init: {:?}", stat(new.0));
+    assert_eq!(heard(), "STOPPING=1", "the new process's, passed on");
+}
+
+/// A cold upgrade: the old process drains and exits before the new one
+/// serves, so init can only keep the container alive if it heard of the
+/// new process before the old one exited (the old process names it at the
+/// commit; the new one says nothing until it serves).
+#[test]
+fn a_cold_upgrade_under_init_keeps_init_and_the_new_process_running() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &[]);
+    let init = server.pid();
+    let old = main_process(init);
+    server.wait_serving("m", 1);
+    let answer = common::upgrade::upgrade(server.base(), br#"{"cold": true}"#);
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let new = Adopted(answer.json()["new_pid"].as_u64().expect("the new pid") as u32);
+    eventually("the old process to be reaped", || stat(old.0).is_none().then_some(()));
+    eventually("the new process to serve", || {
+        let status = Client::new(server.base()).try_get("/baton/v1/status").ok()?.json();
+        (status["pid"] == new.0 && status["ready"] == true).then_some(())
+    });
+    let log = server.log();
+    assert!(log.contains(&format!("The main process changed. old_pid={} new_pid={}", old.0, new.0)), "{log}");
+    assert!(!log.contains("The main process exited."), "init took the old process's exit as the end\n{log}");
+    assert_eq!(stat(new.0).map(|(_, parent)| parent), Some(init), "init adopted the new process");
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "init's status\n{}", server.log());
+    assert!(stat(new.0).is_none(), "the new process outlived init: {:?}", stat(new.0));
+}
+
+/// As a container runs it: PID 1 of a pid namespace of its own (made by
+/// `unshare`, which needs root, as the container tests do), where no
+/// subreaper is involved and a signal without a handler would be ignored.
+/// SIGUSR2 upgrades the server under traffic, twice, each new process
+/// adopted by init, each old one reaped; SIGTERM then ends it all with
+/// status 0.
+#[test]
+fn as_pid_1_init_passes_signals_on_follows_two_upgrades_and_exits_with_the_server() {
+    let repo = repo_with("m", &[1], "");
+    let mut command = Command::new("unshare");
+    // --kill-child: should the test fail midway, killing unshare kills
+    // init, and with it, the namespace's every process.
+    command.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(bin()).arg("init");
+    let mut server = Server::start_command(command, repo.root(), &[]);
+    // Pids as seen from here, outside the namespace.
+    let init = eventually("init, unshare's child", || match children(server.pid())[..] {
+        [(pid, _)] => Some(pid),
+        _ => None,
+    });
+    let mut main = main_process(init);
+    server.wait_serving("m", 1);
+    let mut inside = status_pid(&server);
+    assert_eq!(inside, 2, "the server is the namespace's second process, init its first");
+    let traffic = Traffic::start(server.base());
+    // Twice: the second upgrade's old process is the first one's new
+    // process, which init adopted.
+    for _ in 0..2 {
+        let sent = Command::new("kill").args(["-USR2", &init.to_string()]).status().expect("kill");
+        assert!(sent.success());
+        let next = eventually("a new process to serve", || Some(status_pid(&server)).filter(|&p| p != inside));
+        eventually("the old process to be reaped", || stat(main.0).is_none().then_some(()));
+        let changed = format!("The main process changed. old_pid={inside} new_pid={next}");
+        assert!(server.log().contains(&changed), "{}", server.log());
+        (main, inside) = (main_process(init), next);
+    }
+    let (answered, failed) = traffic.stop();
+    assert!(failed.is_empty(), "{} failed of {}: {:?}", failed.len(), answered, &failed[..failed.len().min(5)]);
+    assert!(answered > 0, "no request was answered");
+
+    let sent = Command::new("kill").args(["-TERM", &init.to_string()]).status().expect("kill");
+    assert!(sent.success());
+    let status = server.wait_exit();
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status, through unshare\n{log}");
+    assert!(log.contains("baton stopped."), "the new process drained\n{log}");
+    assert!(stat(main.0).is_none(), "the newest process outlived init: {:?}", stat(main.0));
 }
 
 #[test]

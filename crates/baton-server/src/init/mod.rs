@@ -39,7 +39,7 @@ pub struct InitArgs {
     /// How long the processes left once the main process has exited (its
     /// workers, an old server still draining) have to exit after SIGTERM
     /// before they are killed, e.g. 10s.
-    #[arg(long, default_value = "10s", value_parser = baton_drill::args::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = baton_drill::args::parse_duration, value_name = "DURATION")]
     pub stop_timeout: Duration,
     /// The form of init's own log on stderr: `text` or `json` (give the
     /// main process the same, e.g. `serve --log-format json`).
@@ -110,6 +110,10 @@ struct Supervisor {
     main: u32,
     /// A manager's socket above init, to pass notifications on to.
     outer: Option<String>,
+    /// Notifications ignored since the last warning about them, and
+    /// when that was: a stranger that floods the socket gets a warning a
+    /// second, not one a datagram.
+    ignored: (u64, Option<std::time::Instant>),
 }
 
 async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
@@ -128,7 +132,7 @@ async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
     }
     command.args(&args.args).env(NOTIFY_ENV, inputs.socket.name()).process_group(0);
     let child = command.spawn().context("starting the main process")?;
-    let mut init = Supervisor { me, main: child.id(), outer };
+    let mut init = Supervisor { me, main: child.id(), outer, ignored: (0, None) };
     // Reaped below, by pid, as every other child is.
     drop(child);
     tracing::info!(pid = init.main, socket = inputs.socket.name(), subreaper = me != 1, "Started the main process.");
@@ -155,13 +159,35 @@ async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
 
 impl Supervisor {
     /// Follows what a datagram says: a new main process, and anything to
-    /// pass on to a manager above.
-    fn heard(&mut self, datagram: &str) {
-        if let Some(pid) = notify::main_pid(datagram)
+    /// pass on to a manager above. Believed only from the main process,
+    /// or from a live process that descends from init (the new process of
+    /// an upgrade names itself), and a `MAINPID=` only for such a process.
+    fn heard(&mut self, datagram: &notify::Datagram) {
+        let trusted = datagram.sender.is_some_and(|s| s == self.main || procs::live_descendant(s, self.me));
+        if !trusted {
+            let (count, last) = &mut self.ignored;
+            *count += 1;
+            if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                tracing::warn!(
+                    sender = datagram.sender,
+                    said = %datagram.text.chars().take(200).collect::<String>().escape_debug(),
+                    ignored = *count,
+                    "A notification came from a process that is neither the main process nor under baton init; ignored."
+                );
+                (*count, *last) = (0, Some(std::time::Instant::now()));
+            }
+            return;
+        }
+        if let Some(pid) = notify::main_pid(&datagram.text)
             && pid != self.main
         {
             if procs::live_descendant(pid, self.me) {
-                tracing::info!(old_pid = self.main, new_pid = pid, "The main process changed.");
+                tracing::info!(
+                    old_pid = self.main,
+                    new_pid = pid,
+                    sender = datagram.sender,
+                    "The main process changed."
+                );
                 self.main = pid;
             } else {
                 tracing::warn!(
@@ -171,11 +197,11 @@ impl Supervisor {
                 );
             }
         }
-        for line in datagram.lines().filter(|line| !line.starts_with("MAINPID=")) {
-            tracing::debug!(pid = self.main, said = line, "The main process notified.");
+        for line in datagram.text.lines().filter(|line| !line.starts_with("MAINPID=")) {
+            tracing::debug!(sender = datagram.sender, said = line, "The main process notified.");
         }
         if let Some(outer) = &self.outer {
-            let rest = notify::without_main_pid(datagram);
+            let rest = notify::without_main_pid(&datagram.text);
             if !rest.is_empty() {
                 crate::serve::notify::send_to(outer, &rest);
             }

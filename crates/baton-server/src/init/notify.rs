@@ -6,11 +6,14 @@
 //! The socket has an abstract name (`@baton-init-PID-RANDOM`), not a
 //! path: it needs no writable directory (a container's root filesystem
 //! is often read-only) and leaves nothing to clean up. Any process in the
-//! same network namespace can send to an abstract name, so what a
-//! datagram says is not taken at its word: a `MAINPID=` is followed only
-//! for a live process that descends from init (see [`super::procs`]).
+//! same network namespace (a pod's other containers) can send to an
+//! abstract name, so each datagram comes with its sender's pid, as the
+//! kernel vouches for it (`SO_PASSCRED`), and init decides whom to
+//! believe (see [`super::Supervisor`]). A sender outside init's pid
+//! namespace has pid 0 here: unknown, never believed.
 
 use std::hash::{BuildHasher, Hasher};
+use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::SocketAddr;
 
@@ -18,14 +21,28 @@ use std::os::unix::net::SocketAddr;
 /// few dozen bytes).
 const MAX_DATAGRAM: usize = 4096;
 
+/// The most datagrams [`Socket::queued`] reads at once.
+const MAX_QUEUED: usize = 4096;
+
 /// The socket, bound.
 pub struct Socket {
     socket: tokio::net::UnixDatagram,
     name: String,
 }
 
+/// One datagram, and who sent it.
+#[derive(Debug)]
+pub struct Datagram {
+    /// Its text: `KEY=VALUE` lines.
+    pub text: String,
+    /// The sender's pid, when the kernel could name it in init's pid
+    /// namespace.
+    pub sender: Option<u32>,
+}
+
 impl Socket {
-    /// Binds a new socket under an abstract name of its own.
+    /// Binds a new socket under an abstract name of its own, passing its
+    /// senders' credentials.
     pub fn bind() -> std::io::Result<Socket> {
         let mut last = None;
         for _ in 0..8 {
@@ -36,6 +53,7 @@ impl Socket {
             let address = SocketAddr::from_abstract_name(name.as_bytes())?;
             match std::os::unix::net::UnixDatagram::bind_addr(&address) {
                 Ok(socket) => {
+                    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::PassCred, &true)?;
                     socket.set_nonblocking(true)?;
                     let socket = tokio::net::UnixDatagram::from_std(socket)?;
                     return Ok(Socket { socket, name: format!("@{name}") });
@@ -53,20 +71,40 @@ impl Socket {
     }
 
     /// The next datagram, waiting for it.
-    pub async fn next(&self) -> std::io::Result<String> {
-        let mut buffer = vec![0; MAX_DATAGRAM];
-        let n = self.socket.recv(&mut buffer).await?;
-        Ok(String::from_utf8_lossy(&buffer[..n]).into_owned())
+    pub async fn next(&self) -> std::io::Result<Datagram> {
+        loop {
+            self.socket.readable().await?;
+            match self.socket.try_io(tokio::io::Interest::READABLE, || self.receive()) {
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                got => return got,
+            }
+        }
     }
 
-    /// Every datagram already queued, without waiting.
-    pub fn queued(&self) -> Vec<String> {
+    /// The datagrams already queued, without waiting: at most
+    /// [`MAX_QUEUED`], so that a sender that never stops cannot hold init
+    /// here (the socket's buffer holds far fewer).
+    pub fn queued(&self) -> Vec<Datagram> {
+        std::iter::from_fn(|| self.receive().ok()).take(MAX_QUEUED).collect()
+    }
+
+    /// One datagram with its sender, without waiting.
+    fn receive(&self) -> std::io::Result<Datagram> {
+        use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixCredentials, recvmsg};
         let mut buffer = vec![0; MAX_DATAGRAM];
-        let mut got = Vec::new();
-        while let Ok(n) = self.socket.try_recv(&mut buffer) {
-            got.push(String::from_utf8_lossy(&buffer[..n]).into_owned());
-        }
-        got
+        let mut space = nix::cmsg_space!(UnixCredentials);
+        let mut parts = [std::io::IoSliceMut::new(&mut buffer)];
+        let fd = self.socket.as_raw_fd();
+        let message = recvmsg::<()>(fd, &mut parts, Some(&mut space), MsgFlags::MSG_DONTWAIT)?;
+        let sender = message.cmsgs()?.find_map(|c| match c {
+            ControlMessageOwned::ScmCredentials(credentials) => u32::try_from(credentials.pid()).ok(),
+            _ => None,
+        });
+        let length = message.bytes;
+        Ok(Datagram {
+            text: String::from_utf8_lossy(&buffer[..length]).into_owned(),
+            sender: sender.filter(|&pid| pid != 0),
+        })
     }
 }
 
