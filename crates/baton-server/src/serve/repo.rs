@@ -76,6 +76,16 @@ impl Repo {
             return Ok(Repo { name: text, source, state_root: args.cache_dir.clone(), store: Some(store) });
         }
         anyhow::ensure!(root.is_dir(), "the model repository {} is not a directory", root.display());
+        // One model's directory given as the repository (a KServe storageUri
+        // naming the model, not the repository above it) would serve nothing
+        // and still be ready: say what to give instead.
+        anyhow::ensure!(
+            !root.join("model.toml").is_file(),
+            "the model repository {} holds a model.toml: it is one model's directory, not a repository of \
+             models; give --repo the directory above it (with KServe, a storageUri that holds the model's \
+             directory)",
+            root.display()
+        );
         Ok(Repo { name: text, source: Arc::new(LocalRepository::new(&root)), state_root: root, store: None })
     }
 
