@@ -7,9 +7,30 @@
 # the users. What baton never uses is removed: documentation, iconv's
 # converters (gconv), and OpenSSL, which ca-certificates depends on only to
 # run its postinst (baton's TLS is rustls, reading the bundle).
+# dpkg's database is written from the packages unpacked, so that scanners
+# see which Debian packages (and versions) the image holds; apt's
+# configuration is removed, since it names the build's mirror (with any
+# credentials in its URL) and nothing in the image runs apt.
 # Part of the rootfs cache key: scripts/image.sh hashes this file.
 set -eu
 root="$1"
+
+# dpkg's status file, as `dpkg --install` would have left it: each
+# package's control fields (from the .deb files mmdebstrap downloaded into
+# the root), marked installed. Image scanners (Trivy, Grype, Clair) read it
+# to match the image's packages against Debian's security advisories.
+archives="$root/var/cache/apt/archives"
+mkdir -p "$root/var/lib/dpkg"
+status="$root/var/lib/dpkg/status"
+: >"$status"
+found=0
+for deb in "$archives"/*.deb; do
+    [ -f "$deb" ] || continue
+    found=$((found + 1))
+    dpkg-deb --field "$deb" | awk '{ print } /^Package:/ { print "Status: install ok installed" }' >>"$status"
+    echo >>"$status"
+done
+[ "$found" -gt 0 ] || { echo "rootfs-hook: no packages in $archives to record in dpkg's status" >&2; exit 1; }
 
 # The bundle update-ca-certificates would write, which rustls-native-certs
 # (object stores over HTTPS) reads.
@@ -62,4 +83,6 @@ done
 # the package lists and apt's state: no package manager runs in the image.
 rm -rf "$root/usr/share/perl5" "$root/usr/share/debconf" "$root/usr/bin"/debconf* "$root/usr/sbin"/dpkg-* \
     "$root/usr/sbin/update-ca-certificates" "$root/etc/ca-certificates/update.d"
-rm -rf "$root/var/lib/apt/lists" "$root/var/cache/apt" "$root/var/cache/debconf"
+# apt's configuration and state: sources.list names the build's mirror,
+# credentials included when its URL has them.
+rm -rf "$root/etc/apt" "$root/var/lib/apt" "$root/var/cache/apt" "$root/var/log/apt" "$root/var/cache/debconf"
