@@ -341,12 +341,14 @@ fn an_upgrade_inside_the_container_fails_no_request_and_keeps_init_as_pid_1() {
 
     // Through the CLI, with `podman exec`, on the loopback admin listener.
     let traffic = Traffic::start(&served.http, "ranker", false);
-    let said = served.container.exec_ok(&["baton", "upgrade"]);
-    assert!(said.contains(&first.to_string()), "the upgrade does not name the old pid: {said}");
+    let said = served.container.exec_ok(&["baton", "upgrade", "--json"]);
+    let said: serde_json::Value = serde_json::from_str(&said).unwrap_or_else(|e| panic!("{said:?}: {e}"));
+    assert_eq!(said["old_pid"].as_u64(), Some(first), "the upgrade does not name the old pid: {said}");
+    let second = said["new_pid"].as_u64().unwrap_or_else(|| panic!("the upgrade names no new pid: {said}"));
+    assert_ne!(second, first, "{said}");
     // A new connection may still meet the old process while it stops accepting.
-    let second = baton_testkit::server::eventually("the new process to serve", || {
-        let pid = server_pid(&served.client());
-        (pid != first).then_some(pid)
+    baton_testkit::server::eventually("the new process to serve", || {
+        (server_pid(&served.client()) == second).then_some(())
     });
     baton_testkit::server::eventually("the old process to exit", || {
         let processes = served.container.processes();
@@ -395,4 +397,30 @@ fn the_image_script_fails_naming_a_missing_tool_and_how_to_install_it() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("needs podman") && stderr.contains("apt-get install podman"), "{stderr}");
     assert!(stderr.contains("scripts/setup-packages.sh"), "{stderr}");
+}
+
+#[test]
+fn test_containers_stop_by_themselves_and_those_of_a_killed_test_are_removed() {
+    // One of this test's own: it exits at once and stays until dropped.
+    let alive = Run::new(image(), "alive").args(&["--version"]).start();
+    assert_eq!(
+        alive.inspect("{{.Config.Timeout}}"),
+        podman::CONTAINER_TIMEOUT_S.to_string(),
+        "a test container runs with no time limit"
+    );
+    // One left by a test process that is gone: a pid no process has now.
+    let mut child = std::process::Command::new("true").spawn().expect("running true");
+    let dead = child.id();
+    child.wait().expect("waiting for true");
+    let orphan = format!("baton-test-orphan-{dead}-0");
+    podman::podman_ok(&["create", "--name", &orphan, image().name()]);
+
+    let removed = podman::remove_orphans();
+    let exists = |name: &str| podman::podman_output(&["container", "exists", name]).status.success();
+    let left = exists(&orphan);
+    if left {
+        let _ = podman::podman_output(&["rm", "--force", &orphan]);
+    }
+    assert!(!left && removed.contains(&orphan), "the orphan was kept: {removed:?}");
+    assert!(exists(alive.name()), "a container of a running test was removed: {removed:?}");
 }

@@ -32,6 +32,15 @@ pub const GLOBAL_FLAGS: &[&str] = &["--runtime", "runc", "--cgroup-manager", "cg
 /// rlimit type 7" (it would copy limits the host's podman cannot raise).
 pub const RUN_FLAGS: &[&str] = &["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"];
 
+/// The longest a test's container may run before podman kills it
+/// (`podman run --timeout`): a test killed before its `Drop` ran leaves no
+/// container running for long. Far above any test's own bounds.
+pub const CONTAINER_TIMEOUT_S: u32 = 900;
+
+/// The prefix of every test container's name, which goes on with its label,
+/// the pid of the test process that started it and a count.
+const CONTAINER_PREFIX: &str = "baton-test-";
+
 /// The name the test images carry; the tag is the build's key.
 const TEST_IMAGE: &str = "localhost/baton-test";
 
@@ -89,7 +98,10 @@ impl Image {
     /// by a file lock. Each build dir keeps one test image, as a cache: a
     /// new build removes the ones of the same binary's earlier builds.
     pub fn of(bin: &Path) -> &'static Image {
-        IMAGE.get_or_init(|| Image::build(bin))
+        IMAGE.get_or_init(|| {
+            remove_orphans();
+            Image::build(bin)
+        })
     }
 
     fn build(bin: &Path) -> Image {
@@ -156,6 +168,28 @@ impl Image {
         let json = podman_ok(&["image", "inspect", "--format", "{{json .Config.Cmd}}", &self.name]);
         serde_json::from_str(&json).unwrap_or_else(|e| panic!("the image's command {json:?}: {e}"))
     }
+}
+
+/// Removes the test containers whose test process is gone (killed before
+/// it could remove them): their names end in `-<pid>-<count>`, and no
+/// process has that pid now. Containers of tests still running, from this
+/// checkout or another, are left alone. Returns the names removed.
+pub fn remove_orphans() -> Vec<String> {
+    let filter = format!("name=^{CONTAINER_PREFIX}");
+    let names = podman_ok(&["ps", "--all", "--filter", &filter, "--format", "{{.Names}}"]);
+    let mut removed = Vec::new();
+    for name in names.lines().filter(|n| n.starts_with(CONTAINER_PREFIX)) {
+        let mut fields = name.rsplit('-');
+        let (Some(_count), Some(pid)) = (fields.next(), fields.next()) else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if podman_output(&["rm", "--force", "--volumes", "--time", "0", name]).status.success() {
+            removed.push(name.to_owned());
+        }
+    }
+    removed
 }
 
 /// Makes `dir` and everything in it readable by anyone (the image's user
@@ -281,9 +315,11 @@ impl Run {
         static COUNT: AtomicU32 = AtomicU32::new(0);
         let label: String =
             self.label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).collect();
-        let name = format!("baton-test-{label}-{}-{}", std::process::id(), COUNT.fetch_add(1, Ordering::Relaxed));
+        let name =
+            format!("{CONTAINER_PREFIX}{label}-{}-{}", std::process::id(), COUNT.fetch_add(1, Ordering::Relaxed));
+        let timeout = CONTAINER_TIMEOUT_S.to_string();
         let mut command = podman();
-        command.args(["run", "--detach", "--name", &name]).args(RUN_FLAGS);
+        command.args(["run", "--detach", "--name", &name, "--timeout", &timeout]).args(RUN_FLAGS);
         command.arg(match self.network {
             Network::Host => "--network=host",
             Network::None => "--network=none",
