@@ -13,7 +13,8 @@
 # - podman, runc and mmdebstrap: the container, Kubernetes and systemd tests
 #   build images from Debian packages (no base image is pulled) and run them
 #   (podman's default OCI runtime here is runc; crun refuses this machine's
-#   hybrid cgroup layout);
+#   hybrid cgroup layout); binutils (strip, objdump) and Debian's archive
+#   keys, which scripts/image.sh needs besides;
 # - dpkg-dev for dpkg-shlibdeps, which scripts/package-deb.sh computes the
 #   Debian package's dependencies with (the systemd tests build and install
 #   that package).
@@ -29,6 +30,8 @@ command -v etcdctl >/dev/null || packages+=(etcd-client)
 command -v podman >/dev/null || packages+=(podman)
 command -v runc >/dev/null || packages+=(runc)
 command -v mmdebstrap >/dev/null || packages+=(mmdebstrap)
+command -v objdump >/dev/null || packages+=(binutils)
+[ -s /usr/share/keyrings/debian-archive-keyring.gpg ] || packages+=(debian-archive-keyring)
 command -v dpkg-shlibdeps >/dev/null || packages+=(dpkg-dev)
 [ ${#packages[@]} -eq 0 ] && exit 0
 
