@@ -448,6 +448,72 @@ fn a_model_directory_given_as_the_repository_is_refused_at_start() {
     server.wait_serving("ranker", 1);
 }
 
+#[test]
+fn a_server_whose_repository_lists_no_model_is_not_ready_and_says_why() {
+    // A typo in BATON_REPO, or a storageUri holding a bare model.onnx: the
+    // repository lists no model. Such a pod must not pass its probes, or a
+    // rolling update would retire every working pod for it.
+    let repo = TestRepo::new();
+    std::fs::write(repo.root().join("model.onnx"), b"not a repository").unwrap();
+    let server = common::start(&repo, &[]);
+    let answer = eventually("readiness to decide", || {
+        let answer = server.get("/v2/health/ready");
+        (answer.status == 200 || answer.json().get("reason").is_some()).then_some(answer)
+    });
+    assert_eq!(
+        answer.status,
+        503,
+        "ready over a repository that lists no model: {}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let reason = answer.json()["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.contains("lists no model") && reason.contains("model.toml"), "{reason}");
+    let log = server.log();
+    assert_eq!(log.matches("lists no model").count(), 1, "one warning naming the repository:\n{log}");
+    assert!(log.contains(&repo.root().display().to_string()), "the warning names the repository:\n{log}");
+}
+
+#[test]
+fn the_kserve_runtime_over_a_bare_model_onnx_never_becomes_ready() {
+    let runtime = &objects(&["deploy/kserve/servingruntime.yaml"])[0];
+    let repo = TestRepo::new();
+    let model = Mlp::new(&[4, 4, 2], 5);
+    repo.add_model("ranker", &mlp_toml(&model, ""));
+    repo.publish_mlp("ranker", 1, &model);
+    // What a storageUri naming the .onnx file leaves at /mnt/models.
+    let bare = tempfile::tempdir().unwrap();
+    std::fs::copy(repo.root().join("ranker/1/model.onnx"), bare.path().join("model.onnx")).unwrap();
+    baton_testkit::podman::share_read_only(bare.path());
+    let pod = Pod::of_spec(&runtime["spec"], &Value::Null, "ranker-predictor-00001-deployment-b4r3x", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut volumes = pod.volumes(dir.path(), &[]);
+    volumes.push((bare.path().to_owned(), "/mnt/models".to_owned(), true));
+    let (container, moved) = start_pod(&pod, &volumes, "livenessProbe");
+    let probe = pod.probe("readinessProbe");
+    let client = Client::new(&format!("http://127.0.0.1:{}", moved[&probe.port]));
+    let answer = eventually("readiness to decide", || {
+        let answer = client.try_get(&probe.path).ok()?;
+        (answer.status == 200 || answer.json().get("reason").is_some()).then_some(answer)
+    });
+    assert_eq!(answer.status, 503, "the runtime is ready serving nothing: {}", String::from_utf8_lossy(&answer.body));
+    assert!(answer.json()["reason"].as_str().unwrap().contains("/mnt/models"), "{}", answer.json());
+    assert_json_log(&container.logs());
+    container.kill("TERM");
+    assert_eq!(container.wait_exit(), 0, "the runtime's exit status:\n{}", container.logs());
+}
+
+/// Every line of a container's log is JSON (init's as the server's), as
+/// `--log-format=json` in the manifests promises a log collector; only the
+/// "Listening on" lines, baton's announcement of its bound addresses on
+/// stdout, are not log lines.
+fn assert_json_log(log: &str) {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("Listening on ")).collect();
+    assert!(!lines.is_empty(), "the container logged nothing");
+    for line in lines {
+        assert!(serde_json::from_str::<Value>(line).is_ok(), "a log line that is not JSON: {line}\n{log}");
+    }
+}
+
 /// The pod's container, started from the image under test with the pod's
 /// arguments, environment, volumes and security context, once its startup
 /// probe (`gate`) passes; with the loopback port each listener's port
