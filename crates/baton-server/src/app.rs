@@ -123,15 +123,21 @@ impl App {
     /// balancer acts on: before the first listing the required models are
     /// not known yet, and an empty list must not read as "all of them
     /// serve"; one new model that cannot load must not take a server that
-    /// serves the others out of service (docs/api.md).
+    /// serves the others out of service (docs/api.md). A repository that
+    /// lists no model at all (outside explicit mode) leaves a server that
+    /// serves nothing not ready: it would otherwise pass every probe.
     pub fn ready(&self) -> bool {
         if self.draining() || !self.listed.load(Ordering::SeqCst) || self.held.load(Ordering::SeqCst) {
             return false;
         }
-        if self.unservable.read().unwrap_or_else(|e| e.into_inner()).is_some() {
+        let snapshot = self.registry.snapshot();
+        // A repository that lists no model: not ready unless something
+        // still serves (a listing that left out a model.toml it could not
+        // read for a moment must not take a serving replica out).
+        let serves_any = || snapshot.models().keys().any(|m| snapshot.serves(m));
+        if self.unservable.read().unwrap_or_else(|e| e.into_inner()).is_some() && !serves_any() {
             return false;
         }
-        let snapshot = self.registry.snapshot();
         let strict = self.strict.load(Ordering::SeqCst);
         self.forget_served();
         let findings = self.findings.read().unwrap_or_else(|e| e.into_inner());
@@ -145,7 +151,7 @@ impl App {
             }
             excused = true;
         }
-        !excused || snapshot.models().keys().any(|m| snapshot.serves(m))
+        !excused || serves_any()
     }
 
     /// Sets how readiness treats models that cannot serve.
