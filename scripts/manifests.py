@@ -6,9 +6,11 @@
     manifests.py validate PATH...  every object of each kustomization DIR or YAML file
 
 No cluster and no kubectl: `render` applies the subset of kustomize that
-deploy/ uses (resources, JSON 6902 patches, images, labels) and refuses any
-other key, so a kustomization it cannot follow fails instead of being
-half-read. `validate` checks
+deploy/ uses and refuses any other key at every level it reads, so a
+kustomization it cannot follow fails instead of being half-read:
+resources (files and directories), patches (path + target kind/name, JSON
+6902 add/replace/remove), images (name, newName, newTag, digest) and
+labels (pairs only, on metadata.labels). `validate` checks
 
 - every Kubernetes object against the OpenAPI schemas of Kubernetes 1.37
   bundled by the PyPI package kubernetes-validate, in strict mode (an
@@ -88,14 +90,42 @@ def render(directory):
             for op in ops:
                 apply_op(doc, op, patch_path)
     for image in kustomization.get("images", []):
+        unknown = set(image) - {"name", "newName", "newTag", "digest"}
+        if unknown or "name" not in image:
+            raise Invalid(f"{path}: an images entry this renderer does not follow (keys {sorted(unknown)}): {image}")
         for _, doc in objects:
             for container in pod_containers(doc):
-                if container.get("image", "").split(":")[0] == image["name"]:
-                    container["image"] = f"{image.get('newName', image['name'])}:{image['newTag']}"
+                name, tag = split_image(container.get("image", ""))
+                if name == image["name"]:
+                    new_name = image.get("newName", name)
+                    if "digest" in image:
+                        container["image"] = f"{new_name}@{image['digest']}"
+                    elif "newTag" in image:
+                        container["image"] = f"{new_name}:{image['newTag']}"
+                    else:
+                        container["image"] = new_name + tag
     for label in kustomization.get("labels", []):
+        # Only `pairs`, put on each object's metadata.labels: kustomize's
+        # includeSelectors, includeTemplates and fields change selectors and
+        # pod templates, which this renderer does not follow.
+        if set(label) != {"pairs"}:
+            raise Invalid(f"{path}: a labels entry this renderer does not follow (only pairs): {label}")
         for _, doc in objects:
             doc["metadata"].setdefault("labels", {}).update(label["pairs"])
     return objects
+
+
+def split_image(image):
+    """("registry:5000/baton", ":0.1.0") from an image reference: the name,
+    and the tag or digest with its separator ("" when it has neither)."""
+    if "@" in image:
+        name, digest = image.split("@", 1)
+        return name, "@" + digest
+    slash = image.rfind("/")
+    colon = image.rfind(":")
+    if colon > slash:
+        return image[:colon], image[colon:]
+    return image, ""
 
 
 def apply_op(doc, op, where):

@@ -66,6 +66,10 @@ pub struct App {
     findings: RwLock<Findings>,
     /// Held not ready by the fleet: converging on its committed version.
     held: AtomicBool,
+    /// Why the server is not ready although nothing else holds it: its
+    /// repository lists no model at all (a mistyped `--repo`, a bare
+    /// `model.onnx` where a repository was expected).
+    unservable: RwLock<Option<String>>,
     /// The replica's part in a fleet, in cluster mode.
     pub cluster: std::sync::OnceLock<Arc<baton_cluster::Health>>,
     /// The fleet's records as this replica reads them, in cluster mode.
@@ -100,6 +104,7 @@ impl App {
             strict: AtomicBool::new(false),
             findings: RwLock::new(Findings::default()),
             held: AtomicBool::new(false),
+            unservable: RwLock::new(None),
             cluster: std::sync::OnceLock::new(),
             fleet: std::sync::OnceLock::new(),
             upgrade: std::sync::OnceLock::new(),
@@ -118,12 +123,21 @@ impl App {
     /// balancer acts on: before the first listing the required models are
     /// not known yet, and an empty list must not read as "all of them
     /// serve"; one new model that cannot load must not take a server that
-    /// serves the others out of service (docs/api.md).
+    /// serves the others out of service (docs/api.md). A repository that
+    /// lists no model at all (outside explicit mode) leaves a server that
+    /// serves nothing not ready: it would otherwise pass every probe.
     pub fn ready(&self) -> bool {
         if self.draining() || !self.listed.load(Ordering::SeqCst) || self.held.load(Ordering::SeqCst) {
             return false;
         }
         let snapshot = self.registry.snapshot();
+        // A repository that lists no model: not ready unless something
+        // still serves (a listing that left out a model.toml it could not
+        // read for a moment must not take a serving replica out).
+        let serves_any = || snapshot.models().keys().any(|m| snapshot.serves(m));
+        if self.unservable.read().unwrap_or_else(|e| e.into_inner()).is_some() && !serves_any() {
+            return false;
+        }
         let strict = self.strict.load(Ordering::SeqCst);
         self.forget_served();
         let findings = self.findings.read().unwrap_or_else(|e| e.into_inner());
@@ -137,7 +151,7 @@ impl App {
             }
             excused = true;
         }
-        !excused || snapshot.models().keys().any(|m| snapshot.serves(m))
+        !excused || serves_any()
     }
 
     /// Sets how readiness treats models that cannot serve.
@@ -253,6 +267,17 @@ impl App {
     pub fn release(&self, models: BTreeSet<String>) {
         self.set_required(models);
         self.held.store(false, Ordering::SeqCst);
+    }
+
+    /// Holds the server not ready for `reason` (`None`: releases it): the
+    /// repository lists no model, so the server would serve nothing.
+    pub fn set_unservable(&self, reason: Option<String>) {
+        *self.unservable.write().unwrap_or_else(|e| e.into_inner()) = reason;
+    }
+
+    /// Why the server cannot be ready whatever loads, if it cannot.
+    pub fn unservable(&self) -> Option<String> {
+        self.unservable.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The models readiness waits for.

@@ -38,7 +38,7 @@ const MANIFESTS: &[&str] = &[
     "deploy/kubernetes",
     "deploy/kubernetes/fleet",
     "deploy/kubernetes/secrets.example.yaml",
-    "deploy/kserve/servingruntime.yaml",
+    "deploy/kserve",
     "deploy/kserve/inferenceservice.yaml",
 ];
 
@@ -67,6 +67,15 @@ fn a_misspelt_field_or_a_broken_reference_fails_validation() {
         ("kserve/servingruntime.yaml", "protocolVersions:", "protocolVersion:", "unknown field 'protocolVersion'"),
         ("kserve/servingruntime.yaml", "readOnlyRootFilesystem", "readOnlyRootFileSystem", "'readOnlyRootFileSystem'"),
         ("kserve/inferenceservice.yaml", "storageUri", "storageURI", "unknown field 'storageURI'"),
+        // Keys the renderer does not follow are refused, not ignored.
+        (
+            "kubernetes/base/kustomization.yaml",
+            "  - pairs:",
+            "  - includeSelectors: true\n    pairs:",
+            "includeSelectors",
+        ),
+        ("kubernetes/base/kustomization.yaml", "    newTag: 0.1.0", "    newTg: 0.1.0", "newTg"),
+        ("kserve/kustomization.yaml", "  - name: baton", "  - nme: baton", "nme"),
     ];
     let copy = tempfile::tempdir().unwrap();
     let paths: Vec<String> =
@@ -86,6 +95,180 @@ fn a_misspelt_field_or_a_broken_reference_fails_validation() {
         assert!(!ok, "{file} with {to:?} for {from:?} passed validation: {stdout}");
         assert!(stderr.contains(needle), "{file} with {to:?}: the refusal does not name {needle:?}: {stderr}");
     }
+}
+
+/// A number of seconds from a duration argument such as `10s` or `1m`.
+fn seconds(value: &str) -> u64 {
+    let (number, unit) = value.split_at(value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len()));
+    let number: u64 = number.parse().unwrap_or_else(|_| panic!("a duration: {value}"));
+    match unit {
+        "s" | "" => number,
+        "m" => number * 60,
+        _ => panic!("a duration in s or m: {value}"),
+    }
+}
+
+/// Bytes of a quantity such as `3Gi` or `512MiB`.
+fn bytes(value: &str) -> u64 {
+    let units = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("Gi", 1 << 30), ("Mi", 1 << 20)];
+    let (digits, scale) = units
+        .iter()
+        .find_map(|(unit, scale)| value.strip_suffix(unit).map(|d| (d, *scale)))
+        .unwrap_or_else(|| panic!("a quantity in Gi or Mi: {value}"));
+    digits.parse::<u64>().unwrap() * scale
+}
+
+/// The value of `--NAME=VALUE` in `args`.
+fn flag<'a>(args: &'a [Value], name: &str) -> Option<&'a str> {
+    args.iter().filter_map(Value::as_str).find_map(|a| a.strip_prefix(&format!("{name}=")))
+}
+
+#[test]
+fn the_manifests_fit_their_grace_periods_and_give_what_they_promise() {
+    let kube = objects(&["deploy/kubernetes"]);
+    let fleet = objects(&["deploy/kubernetes/fleet"]);
+    let kserve = objects(&["deploy/kserve"]);
+    let runtime = first(&kserve, "ServingRuntime");
+    let pods = [
+        ("Deployment", &find(&kube, "Deployment", "baton")["spec"]["template"]["spec"]),
+        ("fleet Deployment", &find(&fleet, "Deployment", "baton")["spec"]["template"]["spec"]),
+        // KServe gives its pods the default grace period; a ServingRuntime cannot set another.
+        ("ServingRuntime", &runtime["spec"]),
+    ];
+    for (what, spec) in pods {
+        let container = &spec["containers"][0];
+        let args = container["args"].as_array().expect("args");
+        // init's flags come before `serve`, the server's after it.
+        let serve = args.iter().position(|a| a == "serve").expect("a serve argument");
+        let (init, server) = args.split_at(serve);
+        let grace = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+        let pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"].as_u64().unwrap_or(0);
+        let delay = seconds(flag(server, "--shutdown-delay").unwrap_or("0s"));
+        let timeout = seconds(flag(server, "--shutdown-timeout").unwrap_or("30s"));
+        let stop = seconds(flag(init, "--stop-timeout").unwrap_or("10s"));
+        let total = pre_stop + delay + timeout + stop;
+        assert!(
+            total < grace,
+            "{what}: preStop {pre_stop} + delay {delay} + timeout {timeout} + stop {stop} = {total} s, not under the grace period {grace} s"
+        );
+        // Every line JSON: init's log as the server's.
+        assert_eq!(flag(init, "--log-format"), Some("json"), "{what}: init's log format: {args:?}");
+        assert_eq!(flag(server, "--log-format"), Some("json"), "{what}: the server's log format: {args:?}");
+        // The models' and the requests' budgets fit under the memory limit.
+        let limit = bytes(container["resources"]["limits"]["memory"].as_str().expect("a memory limit"));
+        let budgets =
+            bytes(flag(server, "--memory-budget").unwrap()) + bytes(flag(server, "--request-memory-budget").unwrap());
+        assert!(budgets < limit, "{what}: budgets {budgets} over the limit {limit}");
+        // Every listener's port is a container port or loopback-only.
+        for listener in ["--http", "--grpc", "--admin-http", "--admin-grpc"] {
+            let Some(address) = flag(server, listener) else { continue };
+            let port: u64 = address.rsplit(':').next().unwrap().parse().unwrap();
+            let declared = container["ports"].as_array().unwrap().iter().any(|p| p["containerPort"] == port);
+            assert!(declared || address.starts_with("127.0.0.1:"), "{what}: {listener}={address} is no container port");
+        }
+        let seccomp = [&spec["securityContext"], &container["securityContext"]]
+            .iter()
+            .any(|c| c["seccompProfile"]["type"] == "RuntimeDefault");
+        assert!(seccomp, "{what}: no seccompProfile RuntimeDefault");
+    }
+
+    // The runtime's own CLI finds its admin listener.
+    let container = &runtime["spec"]["containers"][0];
+    let url = container["env"].as_array().unwrap().iter().find(|e| e["name"] == "BATON_URL").expect("BATON_URL");
+    let admin = flag(container["args"].as_array().unwrap(), "--admin-http").unwrap();
+    assert_eq!(url["value"], format!("http://{admin}"), "BATON_URL names the runtime's admin listener");
+
+    // The images are set by kustomization.yaml, not hard-coded: the
+    // renderer rewrites both, as `kustomize edit set image` would.
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(&root().join("deploy"), copy.path());
+    for dir in ["kubernetes/base", "kserve"] {
+        let path = copy.path().join(dir).join("kustomization.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.replace("newName: localhost/baton", "newName: registry.example.com/ml/baton");
+        std::fs::write(&path, text.replace("newTag: 0.1.0", "newTag: 9.9.9")).unwrap();
+    }
+    for dir in ["kubernetes", "kserve"] {
+        let rendered = objects(&[copy.path().join(dir).to_str().unwrap()]);
+        let images: Vec<&Value> = rendered
+            .iter()
+            .flat_map(|o| [&o["spec"]["template"]["spec"]["containers"], &o["spec"]["containers"]])
+            .filter_map(Value::as_array)
+            .flatten()
+            .map(|c| &c["image"])
+            .collect();
+        assert!(!images.is_empty(), "{dir}: no container");
+        for image in images {
+            assert_eq!(image, "registry.example.com/ml/baton:9.9.9", "{dir}: the image is not the kustomization's");
+        }
+    }
+
+    // A digest pins the image; an entry without newTag keeps the tag.
+    let path = copy.path().join("kserve/kustomization.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("newTag: 9.9.9", "digest: sha256:0123abcd")).unwrap();
+    let pinned = objects(&[copy.path().join("kserve").to_str().unwrap()]);
+    assert_eq!(
+        first(&pinned, "ServingRuntime")["spec"]["containers"][0]["image"],
+        "registry.example.com/ml/baton@sha256:0123abcd"
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("    digest: sha256:0123abcd\n", "")).unwrap();
+    let kept = objects(&[copy.path().join("kserve").to_str().unwrap()]);
+    assert_eq!(first(&kept, "ServingRuntime")["spec"]["containers"][0]["image"], "registry.example.com/ml/baton");
+
+    // The fleet shares the outcome ids' key, read from a Secret's volume.
+    let deployment = find(&fleet, "Deployment", "baton");
+    let spec = &deployment["spec"]["template"]["spec"];
+    let key =
+        flag(spec["containers"][0]["args"].as_array().unwrap(), "--outcomes-key-file").expect("--outcomes-key-file");
+    let mount = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| key.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap())))
+        .unwrap_or_else(|| panic!("{key} is in no volume mount"));
+    let volume = spec["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
+    let secret = volume["secret"]["secretName"].as_str().unwrap_or_else(|| panic!("{key}: not a Secret's volume"));
+    let file = key.rsplit('/').next().unwrap();
+    let example = kubelet::objects(&["deploy/kubernetes/secrets.example.yaml"]);
+    assert!(
+        find(&example, "Secret", secret)["stringData"][file].is_string(),
+        "secrets.example.yaml: {secret} lacks {file}"
+    );
+
+    // The admin ports are open only to pods labelled baton-admin, in the
+    // policy's own namespace.
+    let policy = first(&kube, "NetworkPolicy");
+    let pod = &find(&kube, "Deployment", "baton")["spec"]["template"]["spec"]["containers"][0];
+    let admin_ports: Vec<&Value> =
+        pod["ports"].as_array().unwrap().iter().filter(|p| p["name"].as_str().unwrap().starts_with("admin")).collect();
+    for rule in policy["spec"]["ingress"].as_array().unwrap() {
+        let opens_admin = rule["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| admin_ports.iter().any(|a| p["port"] == a["name"] || p["port"] == a["containerPort"]));
+        if !opens_admin {
+            continue;
+        }
+        let from = rule["from"].as_array().filter(|f| !f.is_empty()).unwrap_or_else(|| panic!("open to all: {rule}"));
+        for peer in from {
+            assert_eq!(peer["podSelector"]["matchLabels"]["baton-admin"], "true", "a peer not labelled: {peer}");
+            assert!(
+                peer.get("namespaceSelector").is_none() && peer.get("ipBlock").is_none(),
+                "a peer too wide: {peer}"
+            );
+        }
+    }
+
+    // A rollout is not declared failed while a new pod may still be within
+    // its startup probe's window.
+    let deployment = find(&kube, "Deployment", "baton");
+    let probe = &deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"];
+    let window = probe["periodSeconds"].as_u64().unwrap() * probe["failureThreshold"].as_u64().unwrap();
+    let deadline = deployment["spec"]["progressDeadlineSeconds"].as_u64().unwrap_or(600);
+    assert!(deadline > window, "progressDeadlineSeconds {deadline} within the startup window {window} s");
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
@@ -280,6 +463,7 @@ fn the_deployment_runs_under_podman_as_the_kubelet_would_run_it() {
     stop.store(true, Ordering::Relaxed);
     traffic.join().unwrap();
     assert_eq!(status, 0, "the container's exit status:\n{}", container.logs());
+    assert_json_log(&container.logs());
     assert!(ended < grace, "the pod ended {ended:?} after termination began, past its grace period {grace:?}");
     eprintln!(
         "terminated in {ended:?} (hook {hook:?}, grace {grace:?}); {} requests answered, {} refused after close",
@@ -390,7 +574,7 @@ fn the_fleet_overlay_runs_under_podman_and_rolls_out_through_etcd() {
 
 #[test]
 fn the_kserve_runtime_serves_a_repository_where_the_storage_initializer_puts_it() {
-    let runtime = &objects(&["deploy/kserve/servingruntime.yaml"])[0];
+    let runtime = &objects(&["deploy/kserve"])[0];
     let service = &objects(&["deploy/kserve/inferenceservice.yaml"])[0];
     let predictor = &service["spec"]["predictor"]["model"];
     assert_eq!(predictor["runtime"], runtime["metadata"]["name"], "the InferenceService chooses the runtime");
@@ -446,6 +630,72 @@ fn a_model_directory_given_as_the_repository_is_refused_at_start() {
     // The repository above it starts.
     let server = common::start(&repo, &["--model-control", "none"]);
     server.wait_serving("ranker", 1);
+}
+
+#[test]
+fn a_server_whose_repository_lists_no_model_is_not_ready_and_says_why() {
+    // A typo in BATON_REPO, or a storageUri holding a bare model.onnx: the
+    // repository lists no model. Such a pod must not pass its probes, or a
+    // rolling update would retire every working pod for it.
+    let repo = TestRepo::new();
+    std::fs::write(repo.root().join("model.onnx"), b"not a repository").unwrap();
+    let server = common::start(&repo, &[]);
+    let answer = eventually("readiness to decide", || {
+        let answer = server.get("/v2/health/ready");
+        (answer.status == 200 || answer.json().get("reason").is_some()).then_some(answer)
+    });
+    assert_eq!(
+        answer.status,
+        503,
+        "ready over a repository that lists no model: {}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let reason = answer.json()["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.contains("lists no model") && reason.contains("model.toml"), "{reason}");
+    let log = server.log();
+    assert_eq!(log.matches("lists no model").count(), 1, "one warning naming the repository:\n{log}");
+    assert!(log.contains(&repo.root().display().to_string()), "the warning names the repository:\n{log}");
+}
+
+#[test]
+fn the_kserve_runtime_over_a_bare_model_onnx_never_becomes_ready() {
+    let runtime = &objects(&["deploy/kserve"])[0];
+    let repo = TestRepo::new();
+    let model = Mlp::new(&[4, 4, 2], 5);
+    repo.add_model("ranker", &mlp_toml(&model, ""));
+    repo.publish_mlp("ranker", 1, &model);
+    // What a storageUri naming the .onnx file leaves at /mnt/models.
+    let bare = tempfile::tempdir().unwrap();
+    std::fs::copy(repo.root().join("ranker/1/model.onnx"), bare.path().join("model.onnx")).unwrap();
+    baton_testkit::podman::share_read_only(bare.path());
+    let pod = Pod::of_spec(&runtime["spec"], &Value::Null, "ranker-predictor-00001-deployment-b4r3x", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut volumes = pod.volumes(dir.path(), &[]);
+    volumes.push((bare.path().to_owned(), "/mnt/models".to_owned(), true));
+    let (container, moved) = start_pod(&pod, &volumes, "livenessProbe");
+    let probe = pod.probe("readinessProbe");
+    let client = Client::new(&format!("http://127.0.0.1:{}", moved[&probe.port]));
+    let answer = eventually("readiness to decide", || {
+        let answer = client.try_get(&probe.path).ok()?;
+        (answer.status == 200 || answer.json().get("reason").is_some()).then_some(answer)
+    });
+    assert_eq!(answer.status, 503, "the runtime is ready serving nothing: {}", String::from_utf8_lossy(&answer.body));
+    assert!(answer.json()["reason"].as_str().unwrap().contains("/mnt/models"), "{}", answer.json());
+    assert_json_log(&container.logs());
+    container.kill("TERM");
+    assert_eq!(container.wait_exit(), 0, "the runtime's exit status:\n{}", container.logs());
+}
+
+/// Every line of a container's log is JSON (init's as the server's), as
+/// `--log-format=json` in the manifests promises a log collector; only the
+/// "Listening on" lines, baton's announcement of its bound addresses on
+/// stdout, are not log lines.
+fn assert_json_log(log: &str) {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("Listening on ")).collect();
+    assert!(!lines.is_empty(), "the container logged nothing");
+    for line in lines {
+        assert!(serde_json::from_str::<Value>(line).is_ok(), "a log line that is not JSON: {line}\n{log}");
+    }
 }
 
 /// The pod's container, started from the image under test with the pod's

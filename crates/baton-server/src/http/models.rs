@@ -45,6 +45,9 @@ pub async fn ready(
     let waiting: Vec<String> = app.required().into_iter().filter(|m| !snapshot.serves(m)).collect();
     body["draining"] = json!(app.draining());
     body["waiting_for"] = json!(waiting);
+    if let Some(reason) = app.unservable().filter(|_| !snapshot.models().keys().any(|m| snapshot.serves(m))) {
+        body["reason"] = json!(reason);
+    }
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 

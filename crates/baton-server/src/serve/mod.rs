@@ -410,6 +410,7 @@ async fn serve(
     let poll = args.poll_interval();
     let (polls, at_start) = (control.polls(), control.at_start.clone());
     let missing_polls = args.missing_polls;
+    let repository = args.repo.as_ref().map_or_else(|| "(the demo repository)".to_owned(), |r| r.display().to_string());
     let watcher = std::thread::Builder::new().name("baton-poll".into()).spawn(move || {
         // In explicit mode, models an operator's decision keeps serving
         // load again beside the ones named.
@@ -419,7 +420,7 @@ async fn serve(
             // The fleet's participant loads what the fleet committed.
             return;
         }
-        let mut watcher = watch::Watcher::new(watcher_app, missing_polls).polling(polls);
+        let mut watcher = watch::Watcher::new(watcher_app, missing_polls).polling(polls).repository(repository);
         if let Some(models) = at_start {
             watcher = watcher.only(models).restore(restore);
         }

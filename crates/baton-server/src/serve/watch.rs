@@ -177,6 +177,8 @@ pub struct Watcher {
     retry: BTreeMap<String, Retry>,
     /// Polls in a row each version directory was found without a MANIFEST.
     bare_polls: BTreeMap<(String, u64), u32>,
+    /// The repository as the operator named it, for what the watcher logs.
+    repository: String,
 }
 
 /// What to do about something not in a listing.
@@ -205,7 +207,41 @@ impl Watcher {
             polls: true,
             retry: BTreeMap::new(),
             bare_polls: BTreeMap::new(),
+            repository: "(unnamed)".to_owned(),
         }
+    }
+
+    /// Names the repository in what the watcher tells an operator.
+    pub fn repository(mut self, repository: String) -> Watcher {
+        self.repository = repository;
+        self
+    }
+
+    /// A repository that lists no model holds the server not ready (it
+    /// would serve nothing), with one warning when that begins. Not in
+    /// explicit mode (`only`): there an empty repository is filled and
+    /// loaded through the API, a sidecar agent's target for one.
+    fn listed_models(&mut self, models: &[String]) {
+        if self.only.is_some() {
+            return;
+        }
+        if !models.is_empty() {
+            if self.app.unservable().is_some() {
+                tracing::info!(repository = %self.repository, models = models.len(), "The repository lists models again.");
+            }
+            return self.app.set_unservable(None);
+        }
+        if self.app.unservable().is_none() {
+            tracing::warn!(
+                repository = %self.repository,
+                "The repository lists no model: it must hold one directory per model, each with a model.toml and \
+                 numbered version directories (a bare model.onnx is not a repository). Not ready until it does."
+            );
+        }
+        self.app.set_unservable(Some(format!(
+            "the repository {} lists no model (a directory holding a model.toml); the server would serve nothing",
+            self.repository
+        )));
     }
 
     /// Says whether [`Watcher::run`] will follow the first scan, for the
@@ -247,6 +283,7 @@ impl Watcher {
             Err(error) => return self.cannot_read(Subject::Repository, error.to_string()),
         };
         self.can_read(&Subject::Repository);
+        self.listed_models(&models);
         let named = |m: &String| self.only.as_ref().is_none_or(|only| only.contains(m));
         let wanted: Vec<String> = models.iter().filter(|m| named(m) || self.restore.contains(*m)).cloned().collect();
         // A model the operator unloaded is not waited for.
