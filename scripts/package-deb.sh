@@ -2,8 +2,10 @@
 # Builds baton's Debian package from a staged tree with dpkg-deb:
 #   /usr/bin/baton                        the binary, stripped
 #   /usr/lib/baton/libonnxruntime.so      ONNX Runtime, from .baton/lib/
+#   /usr/lib/baton/baton-stop             the unit's ExecStop (deploy/systemd/)
 #   /lib/systemd/system/baton.service     deploy/systemd/baton.service
-#   /etc/default/baton                    its options (a conffile)
+#   /etc/default/baton                    its options (a conffile, 0640;
+#                                         the postinst gives it group baton)
 #   /usr/share/doc/baton/                 docs/systemd.md
 # and the maintainer scripts in deploy/debian/. Depends is computed from
 # the binary's and the library's needs by dpkg-shlibdeps (package
@@ -52,8 +54,9 @@ chmod 755 "$tree/usr/bin/baton"
 # The library under its plain name: baton opens that path (the versioned
 # file behind the symlink is copied, not the link).
 install -m 644 "$(readlink -f "$runtime")" "$tree/usr/lib/baton/libonnxruntime.so"
+install -m 755 "$root/deploy/systemd/baton-stop" "$tree/usr/lib/baton/baton-stop"
 install -m 644 "$root/deploy/systemd/baton.service" "$tree/lib/systemd/system/baton.service"
-install -m 644 "$root/deploy/systemd/baton.default" "$tree/etc/default/baton"
+install -m 640 "$root/deploy/systemd/baton.default" "$tree/etc/default/baton"
 install -m 644 "$root/docs/systemd.md" "$tree/usr/share/doc/baton/systemd.md"
 for script in postinst prerm postrm; do
     install -m 755 "$root/deploy/debian/$script" "$tree/DEBIAN/$script"

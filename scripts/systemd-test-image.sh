@@ -17,6 +17,10 @@ suite=bookworm
 packages=systemd,systemd-sysv,libc6,libgcc-s1,libstdc++6,passwd
 key=$(sha256sum "$0" | cut -c1-12)
 image="localhost/baton-systemd-test:$key"
+# The flags every podman command of the tests takes on this kind of machine
+# (crates/baton-testkit/src/podman.rs): a command without them may see
+# another store configuration.
+podman() { command podman --runtime runc --cgroup-manager cgroupfs "$@"; }
 
 if podman image exists "$image"; then
     echo "$image"
@@ -41,10 +45,12 @@ if [ ! -s "$tar" ]; then
     mv "$part" "$tar"
 fi
 podman import --quiet --change 'CMD ["/sbin/init"]' "$tar" "$image" >&2
-# Those of earlier versions of this script are not used any more.
+# Those of earlier versions of this script are not used any more. Without
+# --force, podman keeps an image a container (of a run of another checkout,
+# say) still uses.
 for old in "$cache"/systemd-test-*.tar; do
     [ "$old" = "$tar" ] || rm -f "$old"
 done
 podman images --format '{{.Repository}}:{{.Tag}}' localhost/baton-systemd-test |
-    grep -vx "$image" | xargs -r podman rmi --force >/dev/null 2>&1 || true
+    grep -vx "$image" | xargs -r -n1 podman --runtime runc --cgroup-manager cgroupfs rmi >/dev/null 2>&1 || true
 echo "$image"

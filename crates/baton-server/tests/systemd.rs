@@ -7,9 +7,12 @@
 //! drives the service with `systemctl`: start (READY only once it serves),
 //! reload under traffic (the binary upgrade: no failed request, systemd
 //! follows the new process), a reload whose binary cannot start, a main
-//! process killed, stop (a clean drain), the sandbox the upgraded process
-//! still runs in, and a newer package installed (its postinst reloads)
-//! and removed (its prerm stops the service) while the service runs.
+//! process killed, stop (a clean drain, also right after a reload while the
+//! previous process still drains), the sandbox the upgraded process still
+//! runs in and the unit's settings one by one, the admin token that keeps
+//! other local users out, and a newer package installed (its postinst
+//! reloads) and removed (its prerm stops the service) while the service
+//! runs.
 
 mod common;
 
@@ -17,14 +20,16 @@ mod systemd_kit;
 
 use std::time::Duration;
 
+use baton_core::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::server::Client;
 use systemd_kit::{Service, Traffic};
 
 /// Model `m`, whose warmup takes a moment, so that a READY sent before the
-/// model serves would be seen, and model `w`, the same served by a worker
-/// process (which must work in the sandbox too).
+/// model serves would be seen, model `w`, the same served by a worker
+/// process (which must work in the sandbox too), and model `slow`, whose
+/// one large request takes seconds.
 fn repository() -> TestRepo {
     let repo = TestRepo::new();
     let mlp = Mlp::new(&MODEL_SIZES, 5101);
@@ -32,7 +37,50 @@ fn repository() -> TestRepo {
     repo.publish_mlp("m", 1, &mlp);
     repo.add_model("w", &mlp_toml(&mlp, "[engine]\nisolation = \"process\"\n"));
     repo.publish_mlp("w", 1, &mlp);
+    let slow = Mlp::new(&SLOW, 71);
+    // One session: its requests run one after the other on one core, which
+    // leaves the other to the upgrade's new process, whose loader runs at
+    // idle priority.
+    let toml = format!(
+        "max_batch_size = {SLOW_BATCH}\n[engine]\nsessions = 1\n[warmup]\nbatch_sizes = [1]\nmax_latency_ms = 60000"
+    );
+    repo.add_model("slow", &mlp_toml(&slow, &toml));
+    repo.publish_mlp("slow", 1, &slow);
     repo
+}
+
+/// A model and batch that make one request take seconds (tens of GFLOP).
+const SLOW: [usize; 4] = [16, 1024, 1024, 1];
+const SLOW_BATCH: usize = 32768;
+
+/// Sends `count` slow requests to `base`, each from a thread of its own
+/// (one after the other, they keep the server busy for `count` times as
+/// long), and waits until the server counts one in flight (or all are done).
+fn slow_requests(base: &str, count: usize) -> Vec<std::thread::JoinHandle<Result<u16, String>>> {
+    let input = sample_input(SLOW[0], SLOW_BATCH, 72);
+    let tensor = Tensor::from_f32("input", vec![SLOW_BATCH as i64, SLOW[0] as i64], &input);
+    let (body, length) = common::binary_request(&[tensor], &[]);
+    let requests: Vec<_> = (0..count)
+        .map(|_| {
+            let (client, body, length) = (Client::new(base), body.clone(), length.clone());
+            std::thread::spawn(move || {
+                let headers = [("inference-header-content-length", length.as_str())];
+                client.try_post_raw("/v2/models/slow/infer", &body, &headers).map(|answer| answer.status)
+            })
+        })
+        .collect();
+    baton_testkit::server::eventually("a slow request to be in flight, or all done", || {
+        let in_flight = common::conn::metric_now(base, "baton_inflight_requests") >= 1.0;
+        (in_flight || requests.iter().all(|r| r.is_finished())).then_some(())
+    });
+    requests
+}
+
+/// Waits for each request, which must have been answered 200.
+fn assert_answered(requests: Vec<std::thread::JoinHandle<Result<u16, String>>>, what: &str) {
+    for request in requests {
+        assert_eq!(request.join().expect("a request thread"), Ok(200), "{what}");
+    }
 }
 
 /// Asks both models for an answer, which must come.
@@ -58,10 +106,14 @@ fn request_body() -> String {
 #[test]
 fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_and_stops_cleanly() {
     let repo = repository();
-    let service = Service::install("reload", &repo);
+    let mut service = Service::install("reload", &repo);
+    // The first install leaves the service stopped and disabled: it has no
+    // repository configured yet.
+    assert_eq!(service.state(), ("inactive".into(), "dead".into()), "the install started the service");
+    assert_eq!(service.property("UnitFileState"), "disabled");
 
     // `systemctl start` returns once baton said READY=1: by then it serves.
-    service.systemctl(&["start", "baton"]);
+    service.start();
     let client = Client::new(&service.base());
     assert_eq!(client.get("/v2/health/ready").status, 200, "READY=1 came before the server was ready");
     assert_both_answer(&client, "after the start");
@@ -113,21 +165,72 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
     assert_eq!(service.served_pid(), restarted);
     assert_eq!(client.get("/v2/health/ready").status, 200);
 
-    // Stop after a reload: the upgraded process drains and exits 0, and
-    // the unit ends inactive, not failed.
+    // Stop right after a reload, while the previous process still drains a
+    // slow request: the stop waits for both processes, the request gets its
+    // answer, and the unit ends inactive, not failed (nothing SIGKILLed).
     service.systemctl(&["reload", "baton"]);
-    let last = service.main_pid();
-    assert_ne!(last, restarted);
+    let mut draining = service.main_pid();
+    assert_ne!(draining, restarted);
     service.wait_gone(restarted);
+    let mut attempts = 0;
+    let requests = loop {
+        attempts += 1;
+        assert!(attempts <= 3, "the slow requests never outlasted a reload");
+        let requests = slow_requests(&service.base(), 4);
+        service.systemctl(&["reload", "baton"]);
+        if !requests.iter().all(|r| r.is_finished()) {
+            break requests;
+        }
+        assert_answered(requests, "the slow requests");
+        service.wait_gone(draining);
+        draining = service.main_pid();
+    };
+    let last = service.main_pid();
+    assert_ne!(last, draining);
     service.assert_stops_cleanly(last);
+    assert_answered(requests, "the slow requests draining in the previous process");
+    assert!(service.log_of(draining).contains("baton stopped."), "{draining} did not stop on its own");
 }
 
 #[test]
 fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() {
     let repo = repository();
-    let service = Service::install("failed-reload", &repo);
-    service.systemctl(&["start", "baton"]);
+    let mut service = Service::install("failed-reload", &repo);
+    service.start();
     let before = service.main_pid();
+
+    // Another local user cannot manage models: the admin listener wants the
+    // token the package wrote, which that user cannot read. And the unit's
+    // settings are in force as systemd loaded them.
+    let mut problems = Vec::new();
+    let unload = service.exec(&[
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/baton",
+        "unload",
+        "m",
+        "--admin-url",
+        &service.admin_url(),
+    ]);
+    let said = format!("{}{}", String::from_utf8_lossy(&unload.stdout), String::from_utf8_lossy(&unload.stderr));
+    if unload.status.success() || !said.contains("401") {
+        problems.push(format!("another user's unload was not refused with 401: {said}"));
+    }
+    let modes = service.exec(&["stat", "-c", "%a %U:%G", "/etc/baton/admin-token", "/etc/default/baton"]);
+    let modes = String::from_utf8_lossy(&modes.stdout);
+    if modes != "640 root:baton\n640 root:baton\n" {
+        problems.push(format!("the token and options files are {modes:?}, not 640 root:baton"));
+    }
+    problems.extend(service.property_mismatches(&UNIT_SETTINGS));
+    let reload = service.property("ExecReload");
+    if !reload.contains("--timeout 14m") {
+        problems.push(format!("the reload is not bounded below TimeoutStartSec=15min: {reload}"));
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+    let client = Client::new(&service.base());
+    assert_both_answer(&client, "after another user's unload");
 
     // A broken install: /usr/bin/baton exits at once. `systemctl reload`
     // runs that binary too (`baton upgrade`), so it fails before asking
@@ -169,8 +272,12 @@ fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() 
 fn a_newer_package_reloads_the_running_service_onto_its_binary_and_removal_stops_it_cleanly() {
     let repo = repository();
     let (dir, file) = systemd_kit::stamped_package("pkg2");
-    let service = Service::install_mounting("package-upgrade", &repo, &[(dir.as_path(), "/deb2")]);
-    service.systemctl(&["start", "baton"]);
+    // A group `baton` made before the package (to grant it the repository,
+    // say): the postinst's user joins it.
+    let mut service =
+        Service::install_after("package-upgrade", &repo, &[(dir.as_path(), "/deb2")], "groupadd --system baton");
+    service.exec_ok("test \"$(id -gn baton)\" = baton");
+    service.start();
     // A new connection each time: one kept alive may still reach the old
     // process while it drains.
     let version = || Client::new(&service.base()).get("/v2").json()["version"].as_str().expect("a version").to_owned();
@@ -196,12 +303,49 @@ fn a_newer_package_reloads_the_running_service_onto_its_binary_and_removal_stops
     // and keeps the options file until a purge.
     service.exec_ok("dpkg --remove baton");
     service.wait_gone(after);
-    let log = service.exec_ok(&format!("journalctl --unit baton --no-pager _PID={after} --output cat"));
+    let log = service.log_of(after);
     assert!(log.contains("baton stopped."), "{after} did not stop on its own:\n{}", service.journal());
     assert!(!service.journal().contains("SIGKILL"), "{}", service.journal());
     assert_eq!(service.property("LoadState"), "not-found");
     service.exec_ok("test ! -e /usr/bin/baton && test -e /etc/default/baton");
 }
+
+/// The unit's settings that matter, each as `systemctl show` gives it: the
+/// sandbox (a single setting dropped shows here, where the overall exposure
+/// score would barely move), the user, and how systemd treats the service.
+const UNIT_SETTINGS: [(&str, &str); 31] = [
+    ("Type", "notify"),
+    ("NotifyAccess", "all"),
+    ("KillMode", "mixed"),
+    ("OOMPolicy", "continue"),
+    ("Restart", "on-failure"),
+    ("User", "baton"),
+    ("Group", "baton"),
+    ("UMask", "0027"),
+    ("NoNewPrivileges", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("AmbientCapabilities", ""),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("PrivateDevices", "yes"),
+    ("PrivateIPC", "yes"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
+    ("ProtectProc", "invisible"),
+    ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+    ("RestrictNamespaces", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("MemoryDenyWriteExecute", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("RemoveIPC", "yes"),
+];
 
 /// How long a step inside the container may take before the test gives up:
 /// a safety net against a hang, not a timing assertion.

@@ -87,6 +87,7 @@ pub fn stamped_package(stamp: &str) -> (PathBuf, String) {
 pub struct Service {
     container: Container,
     http: u16,
+    admin: u16,
 }
 
 impl Service {
@@ -100,6 +101,12 @@ impl Service {
     /// The same, with more host directories mounted read-only in the
     /// container: `(host, container)` pairs.
     pub fn install_mounting(label: &str, repo: &TestRepo, mounts: &[(&Path, &str)]) -> Service {
+        Service::install_after(label, repo, mounts, "true")
+    }
+
+    /// The same, running the shell script `before` in the container just
+    /// before the package is installed.
+    pub fn install_after(label: &str, repo: &TestRepo, mounts: &[(&Path, &str)], before: &str) -> Service {
         let (deb_dir, deb_file) = package();
         // The repository's directory is private to the test's user; the
         // service's user must be able to read it.
@@ -115,20 +122,46 @@ impl Service {
             run = run.mount_read_only(host, inside);
         }
         let container = run.start();
-        let service = Service { container, http: free_port() };
+        let mut service = Service { container, http: 0, admin: 0 };
         service.wait_for("systemd to boot", || {
             let state = service.exec(&["systemctl", "is-system-running"]);
             let state = String::from_utf8_lossy(&state.stdout).trim().to_owned();
             matches!(state.as_str(), "running" | "degraded").then_some(())
         });
+        service.exec_ok(before);
         service.exec_ok(&format!("dpkg -i /deb/{deb_file}"));
-        let (grpc, admin) = (free_port(), free_port());
-        service.exec_ok(&format!(
-            "sed -i -e 's/^BATON_HTTP=.*/BATON_HTTP=127.0.0.1:{}/' -e 's/^BATON_GRPC=.*/BATON_GRPC=127.0.0.1:{grpc}/' \
-             -e 's/^BATON_ADMIN_HTTP=.*/BATON_ADMIN_HTTP=127.0.0.1:{admin}/' /etc/default/baton",
-            service.http
-        ));
+        service.choose_ports();
         service
+    }
+
+    /// Points `/etc/default/baton` at free loopback ports.
+    fn choose_ports(&mut self) {
+        let (http, grpc, admin) = (free_port(), free_port(), free_port());
+        self.exec_ok(&format!(
+            "sed -i -e 's/^BATON_HTTP=.*/BATON_HTTP=127.0.0.1:{http}/' -e 's/^BATON_GRPC=.*/BATON_GRPC=127.0.0.1:{grpc}/' \
+             -e 's/^BATON_ADMIN_HTTP=.*/BATON_ADMIN_HTTP=127.0.0.1:{admin}/' /etc/default/baton"
+        ));
+        (self.http, self.admin) = (http, admin);
+    }
+
+    /// `systemctl start baton`, which must succeed; starts again on other
+    /// ports when one was taken between the test choosing it and baton
+    /// binding it.
+    pub fn start(&mut self) {
+        for _ in 0..3 {
+            if self.exec(&["systemctl", "start", "baton"]).status.success() {
+                return;
+            }
+            assert!(self.journal().contains("Address already in use"), "the start failed:\n{}", self.journal());
+            self.exec_ok("systemctl reset-failed baton");
+            self.choose_ports();
+        }
+        panic!("three starts in a row found a port taken:\n{}", self.journal());
+    }
+
+    /// The admin listener's address.
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin)
     }
 
     /// The REST address the service serves on.
@@ -213,6 +246,8 @@ impl Service {
 
     /// The service's journal.
     pub fn journal(&self) -> String {
+        // What the services logged is in the journal files before it is read.
+        self.exec(&["journalctl", "--sync"]);
         let output = self.exec(&["journalctl", "--unit", "baton", "--no-pager", "--output", "cat"]);
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
@@ -226,11 +261,28 @@ impl Service {
         assert_eq!(self.state(), ("inactive".into(), "dead".into()), "{journal}");
         assert_eq!(self.property("Result"), "success", "{journal}");
         self.wait_gone(pid);
-        let pid_log = self.exec_ok(&format!("journalctl --unit baton --no-pager _PID={pid} --output cat"));
+        let pid_log = self.log_of(pid);
         assert!(pid_log.contains("Shutting down: not ready from now on"), "{pid} did not drain:\n{journal}");
         assert!(pid_log.contains("baton stopped."), "{pid} did not stop on its own:\n{journal}");
         assert!(!journal.contains("SIGKILL"), "{journal}");
         assert!(!journal.contains("panicked"), "{journal}");
+    }
+
+    /// What process `pid` logged in the journal.
+    pub fn log_of(&self, pid: u32) -> String {
+        self.exec(&["journalctl", "--sync"]);
+        self.exec_ok(&format!("journalctl --unit baton --no-pager _PID={pid} --output cat"))
+    }
+
+    /// The unit's settings as systemd loaded them, compared with `want`
+    /// (property, value): one line per property that differs.
+    pub fn property_mismatches(&self, want: &[(&str, &str)]) -> Vec<String> {
+        want.iter()
+            .filter_map(|(name, value)| {
+                let got = self.property(name);
+                (got != *value).then(|| format!("{name}={got}, not {value}"))
+            })
+            .collect()
     }
 
     /// Checks that process `pid` runs in the unit's sandbox: as the
