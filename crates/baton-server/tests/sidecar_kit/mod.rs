@@ -237,6 +237,17 @@ pub fn answer(client: &Client) -> Option<(String, f64)> {
     Some((version, json["outputs"][0]["data"][0].as_f64().unwrap_or(f64::NAN)))
 }
 
+/// A port whose next two are free too, as far as binding them says now.
+fn free_run_of_three() -> u16 {
+    loop {
+        let port = free_port();
+        let Some(last) = port.checked_add(2) else { continue };
+        if (port..=last).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return port;
+        }
+    }
+}
+
 /// Which version of `m` answers an inference request.
 pub fn answering_version(client: &Client) -> Option<String> {
     answer(client).map(|(version, _)| version)
@@ -250,14 +261,6 @@ pub struct Peer {
 }
 
 impl Peer {
-    fn launch(mut command: Command, port: u16, what: &str) -> Peer {
-        let output = command.output().unwrap_or_else(|e| panic!("running the script that starts {what}: {e}"));
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{what} did not start: {stdout}{}", String::from_utf8_lossy(&output.stderr));
-        let pid = stdout.lines().last().unwrap_or_default().trim().to_owned();
-        Peer { pid, base: format!("http://127.0.0.1:{port}") }
-    }
-
     /// MLServer from `bash bench/setup-peers.sh --only mlserver`, serving
     /// `repo`, started by `bench/run-mlserver.sh`.
     pub fn mlserver(repo: &Path) -> Peer {
@@ -268,10 +271,31 @@ impl Peer {
             "MLServer is not installed at {} (run `bash bench/setup-peers.sh --only mlserver`)",
             bin.display()
         );
-        let port = free_port();
-        let mut command = Command::new("bash");
-        command.arg(root.join("bench/run-mlserver.sh")).arg(repo).arg(port.to_string()).env("MLSERVER_WORKERS", "0");
-        Peer::launch(command, port, "MLServer")
+        // The script binds PORT, PORT+1 and PORT+2; a port found free can
+        // be taken by another process before MLServer binds it, so a start
+        // that fails to bind is tried again on other ports.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = free_run_of_three();
+            let output = Command::new("bash")
+                .arg(root.join("bench/run-mlserver.sh"))
+                .arg(repo)
+                .arg(port.to_string())
+                .env("MLSERVER_WORKERS", "0")
+                .output()
+                .expect("running bench/run-mlserver.sh");
+            let said =
+                format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            if output.status.success() {
+                let pid = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default().trim().to_owned();
+                return Peer { pid, base: format!("http://127.0.0.1:{port}") };
+            }
+            let port_taken = said.contains("PORT_BINDING_FAILED")
+                || said.contains("Failed to bind")
+                || said.contains("address already in use");
+            assert!(port_taken && attempt < 4, "MLServer did not start: {said}");
+        }
     }
 
     /// Triton 2.51 (the tritonserver of the nvidia-pytriton wheel, from
