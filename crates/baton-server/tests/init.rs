@@ -329,3 +329,90 @@ fn an_installed_binary_finds_onnx_runtime_under_its_prefix() {
     let loaded = prefix.path().join("lib/baton/libonnxruntime.so");
     assert!(server.log().contains(&format!("ONNX Runtime loaded path={}", loaded.display())), "{}", server.log());
 }
+
+/// A SIGTERM to init while a warm upgrade loads: the stop wins. The old
+/// process refuses to commit once it is shutting down (the new process
+/// is stopped), or, had it committed first, init passes the SIGTERM on to
+/// the new main process too. Either way init exits 0 once the server has
+/// drained, and no process exits at once as on a second signal.
+#[test]
+fn a_sigterm_to_init_during_a_warm_upgrade_stops_the_service_cleanly() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &["--shutdown-delay", "3s"]);
+    let init = server.pid();
+    let old = main_process(init);
+    server.wait_serving("m", 1);
+    server.signal("USR2");
+    let new = Adopted(eventually("the new process to start", || match common::children_of(old.0, "serve")[..] {
+        [pid] => Some(pid),
+        _ => None,
+    }));
+    server.signal("TERM");
+    let status = server.wait_exit();
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    assert!(!log.contains("A second signal: exiting at once"), "{log}");
+    eventually("the new process to be gone", || gone(new.0).then_some(()));
+}
+
+/// A cold upgrade's new process is named main at the commit, while it
+/// waits for the old one to exit: a SIGUSR2 passed on to it then must
+/// not kill it (it has no handler yet), nor end init. It waits until the
+/// handler is installed, and then upgrades the server, as SIGUSR2 does.
+#[test]
+fn a_sigusr2_right_after_a_cold_commit_does_not_kill_the_new_process() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &["--shutdown-delay", "3s"]);
+    let init = server.pid();
+    let old = main_process(init);
+    server.wait_serving("m", 1);
+    let answer = common::upgrade::upgrade(server.base(), br#"{"cold": true}"#);
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let new = Adopted(answer.json()["new_pid"].as_u64().expect("the new pid") as u32);
+    let passed = format!("Passing a signal on to the main process. signal=\"SIGUSR2\" pid={}", new.0);
+    eventually("init to name the new process main", || {
+        server.log().contains("The main process changed.").then_some(())
+    });
+    server.signal("USR2");
+    eventually("init to pass SIGUSR2 on to the new process", || server.log().contains(&passed).then_some(()));
+    eventually("the old process to be reaped", || stat(old.0).is_none().then_some(()));
+    let serving = Adopted(eventually("a process under init to serve", || {
+        assert!(stat(init).is_some_and(|(s, _)| s != 'Z'), "init exited\n{}", server.log());
+        let status = Client::new(server.base()).try_get("/baton/v1/status").ok()?.json();
+        let pid = status["pid"].as_u64()? as u32;
+        (status["ready"] == true && stat(pid).map(|(_, parent)| parent) == Some(init)).then_some(pid)
+    }));
+    let log = server.log();
+    assert!(log.contains("SIGUSR2: replacing this server"), "the new process handled SIGUSR2\n{log}");
+    assert!(!log.contains("The main process exited."), "{log}");
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "init's status\n{}", server.log());
+    assert!(gone(serving.0) && gone(new.0), "a server outlived init");
+}
+
+/// A process left under init once the main process has exited, which
+/// exits on SIGTERM: init stops it and exits as soon as it has, without
+/// waiting out its stop timeout or warning that it did not exit. Here the
+/// main process is a second `baton init`, killed, whose server the outer
+/// init adopts.
+#[test]
+fn init_exits_as_soon_as_the_processes_left_have_exited() {
+    let repo = repo_with("m", &[1], "");
+    let mut command = Command::new(bin());
+    command.args(["init", "--stop-timeout", "600s", "init"]);
+    let mut server = Server::start_command(command, repo.root(), &[]);
+    let inner = eventually("the inner init", || match common::children_of(server.pid(), "init")[..] {
+        [pid] => Some(pid),
+        _ => None,
+    });
+    let serving = main_process(inner);
+    server.wait_serving("m", 1);
+    let killed = Command::new("kill").args(["-KILL", &inner.to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let status = server.wait_exit();
+    let log = server.log();
+    assert_eq!(status.code(), Some(137), "the inner init's status\n{log}");
+    assert!(log.contains("Stopping the processes left under baton init."), "{log}");
+    assert!(!log.contains("did not exit in time"), "{log}");
+    assert!(gone(serving.0), "the server outlived init");
+}

@@ -77,14 +77,17 @@ impl Source {
     /// process has exited, which it learns when the channel closes, so the
     /// channel is left open until this process ends). Blocking. Returns
     /// the new process's pid; on any failure the new process is stopped.
+    /// `commit` is asked right before the commit (`Checked` read, cold, or
+    /// `Taken` sent, warm): false (this server began shutting down) fails
+    /// the upgrade instead.
     pub fn hand_over(
         &self,
         deadline: Instant,
         within: Duration,
-        fleet: Fleet,
-        kept: Kept,
-        cold: bool,
+        (fleet, kept, cold): (Fleet, Kept, bool),
+        commit: &dyn Fn() -> bool,
     ) -> Result<u32, UpgradeError> {
+        let stopping = || UpgradeError::Busy("the server began shutting down");
         let (ours, theirs) = channel_pair().map_err(UpgradeError::Channel)?;
         let mut launched = Launched::start(&self.binary, &self.args, theirs, ours)?;
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
@@ -102,6 +105,9 @@ impl Source {
             }
             match launched.channel().and_then(Message::receive) {
                 Ok(Some((Message::Checked, _))) if cold => {
+                    if !commit() {
+                        return Err(stopping());
+                    }
                     let (pid, channel) = launched.handed_over();
                     self.held.lock().unwrap_or_else(|e| e.into_inner()).extend(channel);
                     return Ok(pid);
@@ -110,6 +116,9 @@ impl Source {
                 // handovers, loaded beside this process, and serves.
                 Ok(Some((Message::Ready { pid }, _))) => {
                     // The commit: from here on the new process acts.
+                    if !commit() {
+                        return Err(stopping());
+                    }
                     if let Err(error) = launched.channel().and_then(|channel| Message::Taken.send(channel, &[])) {
                         return Err(launched.exited().unwrap_or(UpgradeError::Channel(error)));
                     }
