@@ -8,8 +8,8 @@
 //! init believes notifications from its own tree alone, and passes on to
 //! a manager above it what the main process says, but `MAINPID=`.
 //! And the installed layout: a binary at `PREFIX/bin/baton` finds ONNX
-//! Runtime at `PREFIX/lib/baton/`, with no `ORT_DYLIB_PATH` and no
-//! `.baton` directory.
+//! Runtime at `PREFIX/lib/baton/`, with no `ORT_DYLIB_PATH`, before the
+//! broken one of a `.baton` directory above its working directory.
 
 mod common;
 
@@ -74,6 +74,9 @@ fn init_serves_and_a_sigterm_to_it_drains_the_server_and_leaves_no_process_behin
     assert_eq!(version, 1);
     assert_close(&output, &mlp(1).forward(&input, 1), "served under init");
     let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
+    // The worker is not given init's socket: it does not speak for the service.
+    let environment = std::fs::read(format!("/proc/{worker}/environ")).expect("the worker's environment");
+    assert!(!environment.split(|&b| b == 0).any(|v| v.starts_with(b"NOTIFY_SOCKET=")), "the worker has NOTIFY_SOCKET");
     // A process outside init's tree (this test) names the worker, a live
     // descendant of init, as the main process: it is not believed.
     let address = init_socket(&server);
@@ -319,9 +322,14 @@ fn an_installed_binary_finds_onnx_runtime_under_its_prefix() {
     let library = baton_onnx::runtime_path().expect("the library under test");
     std::os::unix::fs::symlink(&library, libraries.join("libonnxruntime.so")).expect("the library's link");
 
+    // A working directory under a `.baton` of its own, whose library is
+    // broken: the installed one comes first, and is the one loaded.
+    let work = prefix.path().join("work");
+    std::fs::create_dir_all(work.join(".baton/lib")).expect("the working directory");
+    std::fs::write(work.join(".baton/lib/libonnxruntime.so"), b"not a library").expect("a broken library");
     let repo = repo_with("m", &[1], "");
     let mut command = Command::new(&installed);
-    command.env_remove("ORT_DYLIB_PATH").current_dir(prefix.path());
+    command.env_remove("ORT_DYLIB_PATH").current_dir(&work);
     let server = Server::start_command(command, repo.root(), &[]);
     server.wait_serving("m", 1);
     let input = sample_input(SIZES[0], 1, 4);
