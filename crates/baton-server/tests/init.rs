@@ -424,3 +424,33 @@ fn init_exits_as_soon_as_the_processes_left_have_exited() {
     assert!(!log.contains("did not exit in time"), "{log}");
     assert!(gone(serving.0), "the server outlived init");
 }
+
+/// A datagram passing a descriptor (more ancillary data than init
+/// reads) is read and ignored as any stranger's, with the rate-limited
+/// warning, not taken for a failure to read the socket.
+#[test]
+fn a_datagram_passing_a_descriptor_is_ignored_as_a_stranger_s() {
+    use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
+    use std::os::fd::AsRawFd;
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &[]);
+    let _main = main_process(server.pid());
+    server.wait_serving("m", 1);
+    let address = init_socket(&server);
+    let name = address.as_abstract_name().expect("an abstract name");
+    let to = UnixAddr::new_abstract(name).expect("the address");
+    let sender = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+    let passed = [std::io::stdin().as_raw_fd()];
+    let said = [std::io::IoSlice::new(b"READY=1")];
+    for _ in 0..3 {
+        let rights = [ControlMessage::ScmRights(&passed)];
+        sendmsg(sender.as_raw_fd(), &said, &rights, MsgFlags::empty(), Some(&to)).expect("sending a descriptor");
+    }
+    eventually("init to ignore the stranger", || {
+        server.log().contains("neither the main process nor under").then_some(())
+    });
+    let status = server.terminate();
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    assert!(!log.contains("Could not read the notification socket"), "{log}");
+}
