@@ -454,3 +454,33 @@ fn a_datagram_passing_a_descriptor_is_ignored_as_a_stranger_s() {
     assert_eq!(status.code(), Some(0), "init's status\n{log}");
     assert!(!log.contains("Could not read the notification socket"), "{log}");
 }
+
+/// A manager above init that does not read its socket (its queue full)
+/// costs init a warning and the notifications, never its one thread: a
+/// SIGTERM still drains the server and init exits 0.
+#[test]
+fn a_manager_above_init_that_does_not_read_does_not_hold_init() {
+    let repo = repo_with("m", &[1], "");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("notify");
+    let _manager = std::os::unix::net::UnixDatagram::bind(&path).expect("a notification socket");
+    // Filled up front, and never read.
+    let filler = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+    filler.set_nonblocking(true).expect("non-blocking");
+    let mut queued = 0;
+    while filler.send_to(b"X=1", &path).is_ok() {
+        queued += 1;
+        assert!(queued < 100_000, "the manager's queue never filled");
+    }
+    let mut command = Command::new(bin());
+    command.arg("init").env("NOTIFY_SOCKET", &path);
+    let mut server = Server::start_command(command, repo.root(), &[]);
+    let _main = main_process(server.pid());
+    server.wait_serving("m", 1);
+    eventually("init to give up passing READY=1 on", || {
+        server.log().contains("Could not tell the service manager how the service stands").then_some(())
+    });
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "init's status\n{}", server.log());
+    assert!(server.log().contains("baton stopped."), "{}", server.log());
+}
