@@ -56,6 +56,13 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if let Some(target) = target.as_ref().filter(|t| t.cold) {
         tracing::info!("Waiting for the server this one replaces to exit before loading (a cold upgrade).");
         target.await_old_exit();
+        // The old server gave up on this one (it began shutting down
+        // before its commit: it sends SIGTERM, then shuts the channel), or
+        // an operator stopped the service meanwhile: nothing to load.
+        if shutdown::stop_pending() {
+            tracing::info!("Stopped before loading: a stop came while waiting for the server this one replaces.");
+            return Ok(());
+        }
         // Read again: the state file is the old server's until it exits.
         decisions = self::decisions(&args, &repo.state_root)?;
     }
@@ -480,8 +487,8 @@ async fn serve(
         };
         match ready {
             Ok(()) => {}
-            // The old server gave up on this one (it shuts the channel,
-            // then sends SIGTERM), or an operator stopped it: a clean exit,
+            // The old server gave up on this one (it sends SIGTERM, then
+            // shuts the channel), or an operator stopped it: a clean exit,
             // loads still running left behind.
             Err(stopped @ (upgrade::NotReady::Stopped | upgrade::NotReady::OldGone)) if !target.cold => {
                 tracing::info!(why = %stopped, "Stopped before it was ready: the server it was to replace serves on.");

@@ -137,6 +137,21 @@ pub fn hold_signals(hold: bool) {
     }
 }
 
+/// Whether a SIGTERM or SIGINT waits, blocked by [`hold_signals`].
+pub fn stop_pending() -> bool {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigpending fills the sigset_t it is given, which `set` is;
+    // it is read only once filled, and sigismember only reads it.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::sigpending(set.as_mut_ptr()) != 0 {
+            return false;
+        }
+        let set = set.assume_init();
+        libc::sigismember(&set, libc::SIGTERM) == 1 || libc::sigismember(&set, libc::SIGINT) == 1
+    }
+}
+
 fn exit_at_once((name, number): (&'static str, i32)) -> ! {
     tracing::warn!(signal = name, "A second signal: exiting at once, without finishing requests in flight.");
     std::process::exit(128 + number)

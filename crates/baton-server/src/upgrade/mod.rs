@@ -20,7 +20,7 @@
 //!   operations, rollouts, one upgrade at a time), and the guard that
 //!   releases it on every path but a handover.
 //! - [`old`]: the old side: start the new process, hand over, wait, or
-//!   stop it (channel shut, SIGTERM, SIGKILL past a grace).
+//!   stop it (SIGTERM, channel shut, SIGKILL past a grace).
 //! - [`message`]: what the two say over the channel.
 //! - [`new`]: the new side: receive, check, wait for the old process
 //!   (cold), wait until ready or told to stop, say so.

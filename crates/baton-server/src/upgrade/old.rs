@@ -9,7 +9,7 @@
 //!                            │     ──Ready (warm)──Taken──▶ handed over
 //!                            │
 //!                            └─ Failed / closed / exited / timed out
-//!                                 ──▶ stopped: channel shut, SIGTERM,
+//!                                 ──▶ stopped: SIGTERM, channel shut,
 //!                                     wait, SIGKILL only past the grace
 //! ```
 //!
@@ -138,9 +138,8 @@ impl Source {
 }
 
 /// The new process until it has taken over, and the old side of its
-/// channel. Dropped before then, it stops the process: the channel is
-/// shut first (the new process reads that as "give up"), then SIGTERM,
-/// and SIGKILL only if it has not exited within [`STOP_GRACE`].
+/// channel. Dropped before then, it stops the process: SIGTERM, then the
+/// channel is shut (the new process reads that as "give up"), and SIGKILL only if it has not exited within [`STOP_GRACE`].
 struct Launched {
     child: Option<Child>,
     /// Taken when it has taken over.
@@ -186,13 +185,17 @@ impl Launched {
     /// grace. Says how it ended.
     fn stop(&mut self) -> String {
         let Some(mut child) = self.child.take() else { return "it had exited".into() };
-        if let Some(channel) = &self.channel {
-            channel.shutdown();
-        }
+        // SIGTERM first: a cold upgrade's new process, which holds it
+        // blocked while it waits for the channel to close, then finds it
+        // pending when it does, and does not take the close for this
+        // process's exit.
         if let Ok(pid) = i32::try_from(child.id())
             && let Some(pid) = rustix::process::Pid::from_raw(pid)
         {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        if let Some(channel) = &self.channel {
+            channel.shutdown();
         }
         if let Some(status) = wait_until(&mut child, Instant::now() + STOP_GRACE) {
             return format!("it exited on SIGTERM ({status})");
