@@ -6,7 +6,9 @@
 //! - reaps every process that exits under it, its own children and the
 //!   orphans the kernel hands it (after an upgrade, the old server);
 //! - forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the
-//!   current main process (PID 1 ignores a signal it has no handler for);
+//!   current main process (PID 1 ignores a signal it has no handler for),
+//!   and a SIGTERM or SIGINT passed on to every main process named after
+//!   it, so that a stop during an upgrade reaches the new process too;
 //! - names a notification socket of its own in the main process's
 //!   `NOTIFY_SOCKET`, and follows `MAINPID=` there: after an upgrade the
 //!   new process, started by the old one and adopted by init, is the main
