@@ -86,7 +86,19 @@ pub struct App {
     /// A new process of an upgrade that the old one has not handed the
     /// service to (yet): it must not speak for the service to systemd.
     awaiting_handover: AtomicBool,
+    /// How this process's service ends, decided once (see
+    /// [`App::claim_stop`] and [`App::claim_handover`]).
+    ending: std::sync::atomic::AtomicU8,
+    /// Woken when an upgrade has handed the service over.
+    handed_over: tokio::sync::Notify,
 }
+
+/// [`App::ending`]: neither a stop nor a handover yet.
+const SERVING: u8 = 0;
+/// [`App::ending`]: a signal began the shutdown.
+const STOPPING: u8 = 1;
+/// [`App::ending`]: an upgrade committed; the new process serves on.
+const HANDED_OVER: u8 = 2;
 
 impl App {
     /// Shared state around a registry and the decisions in force.
@@ -112,6 +124,8 @@ impl App {
             operations_held: std::sync::OnceLock::new(),
             upgrading: AtomicBool::new(false),
             awaiting_handover: AtomicBool::new(false),
+            ending: std::sync::atomic::AtomicU8::new(SERVING),
+            handed_over: tokio::sync::Notify::new(),
             shutdown: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -212,12 +226,6 @@ impl App {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    /// Whether this server is handing itself over to a new process, or
-    /// has.
-    pub fn upgrading(&self) -> bool {
-        self.upgrading.load(Ordering::SeqCst)
-    }
-
     /// Whether this process is the new one of an upgrade that the old one
     /// has not handed the service to: a stop then is its own, not the
     /// service's (the old process serves on).
@@ -229,6 +237,33 @@ impl App {
     /// handed the service (`false`).
     pub(crate) fn set_awaiting_handover(&self, awaiting: bool) {
         self.awaiting_handover.store(awaiting, Ordering::SeqCst);
+    }
+
+    /// A signal asks this process to stop: true when the stop wins (an
+    /// upgrade running then fails at its commit), false when an upgrade
+    /// committed first (the service goes on in the new process).
+    pub(crate) fn claim_stop(&self) -> bool {
+        match self.ending.compare_exchange(SERVING, STOPPING, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => true,
+            Err(now) => now == STOPPING,
+        }
+    }
+
+    /// An upgrade's commit: true when it may hand the service over, false
+    /// when a signal began the shutdown first (the upgrade then fails).
+    pub(crate) fn claim_handover(&self) -> bool {
+        self.ending.compare_exchange(SERVING, HANDED_OVER, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// The service is handed over: this process shuts down as on a
+    /// signal (but counts no signal).
+    pub(crate) fn hand_over(&self) {
+        self.handed_over.notify_one();
+    }
+
+    /// Resolves once [`App::hand_over`] was called.
+    pub(crate) async fn wait_handed_over(&self) {
+        self.handed_over.notified().await;
     }
 
     /// Marks an upgrade begun; false when one runs already.

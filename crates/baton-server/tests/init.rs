@@ -8,8 +8,8 @@
 //! init believes notifications from its own tree alone, and passes on to
 //! a manager above it what the main process says, but `MAINPID=`.
 //! And the installed layout: a binary at `PREFIX/bin/baton` finds ONNX
-//! Runtime at `PREFIX/lib/baton/`, with no `ORT_DYLIB_PATH` and no
-//! `.baton` directory.
+//! Runtime at `PREFIX/lib/baton/`, with no `ORT_DYLIB_PATH`, before the
+//! broken one of a `.baton` directory above its working directory.
 
 mod common;
 
@@ -74,6 +74,9 @@ fn init_serves_and_a_sigterm_to_it_drains_the_server_and_leaves_no_process_behin
     assert_eq!(version, 1);
     assert_close(&output, &mlp(1).forward(&input, 1), "served under init");
     let worker = server.status("m")["live"][0]["worker"]["pid"].as_u64().expect("a worker") as u32;
+    // The worker is not given init's socket: it does not speak for the service.
+    let environment = std::fs::read(format!("/proc/{worker}/environ")).expect("the worker's environment");
+    assert!(!environment.split(|&b| b == 0).any(|v| v.starts_with(b"NOTIFY_SOCKET=")), "the worker has NOTIFY_SOCKET");
     // A process outside init's tree (this test) names the worker, a live
     // descendant of init, as the main process: it is not believed.
     let address = init_socket(&server);
@@ -319,13 +322,165 @@ fn an_installed_binary_finds_onnx_runtime_under_its_prefix() {
     let library = baton_onnx::runtime_path().expect("the library under test");
     std::os::unix::fs::symlink(&library, libraries.join("libonnxruntime.so")).expect("the library's link");
 
+    // A working directory under a `.baton` of its own, whose library is
+    // broken: the installed one comes first, and is the one loaded.
+    let work = prefix.path().join("work");
+    std::fs::create_dir_all(work.join(".baton/lib")).expect("the working directory");
+    std::fs::write(work.join(".baton/lib/libonnxruntime.so"), b"not a library").expect("a broken library");
     let repo = repo_with("m", &[1], "");
     let mut command = Command::new(&installed);
-    command.env_remove("ORT_DYLIB_PATH").current_dir(prefix.path());
+    command.env_remove("ORT_DYLIB_PATH").current_dir(&work);
     let server = Server::start_command(command, repo.root(), &[]);
     server.wait_serving("m", 1);
     let input = sample_input(SIZES[0], 1, 4);
     assert_close(&infer(&server, "m", &input, 1).1, &mlp(1).forward(&input, 1), "served by the installed binary");
     let loaded = prefix.path().join("lib/baton/libonnxruntime.so");
     assert!(server.log().contains(&format!("ONNX Runtime loaded path={}", loaded.display())), "{}", server.log());
+}
+
+/// A SIGTERM to init while a warm upgrade loads: the stop wins. The old
+/// process refuses to commit once it is shutting down (the new process
+/// is stopped), or, had it committed first, init passes the SIGTERM on to
+/// the new main process too. Either way init exits 0 once the server has
+/// drained, and no process exits at once as on a second signal.
+#[test]
+fn a_sigterm_to_init_during_a_warm_upgrade_stops_the_service_cleanly() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &["--shutdown-delay", "3s"]);
+    let init = server.pid();
+    let old = main_process(init);
+    server.wait_serving("m", 1);
+    server.signal("USR2");
+    let new = Adopted(eventually("the new process to start", || match common::children_of(old.0, "serve")[..] {
+        [pid] => Some(pid),
+        _ => None,
+    }));
+    server.signal("TERM");
+    let status = server.wait_exit();
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    assert!(!log.contains("A second signal: exiting at once"), "{log}");
+    eventually("the new process to be gone", || gone(new.0).then_some(()));
+}
+
+/// A cold upgrade's new process is named main at the commit, while it
+/// waits for the old one to exit: a SIGUSR2 passed on to it then must
+/// not kill it (it has no handler yet), nor end init. It waits until the
+/// handler is installed, and then upgrades the server, as SIGUSR2 does.
+#[test]
+fn a_sigusr2_right_after_a_cold_commit_does_not_kill_the_new_process() {
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &["--shutdown-delay", "3s"]);
+    let init = server.pid();
+    let old = main_process(init);
+    server.wait_serving("m", 1);
+    let answer = common::upgrade::upgrade(server.base(), br#"{"cold": true}"#);
+    assert_eq!(answer.status, 200, "{}", common::text(&answer.body));
+    let new = Adopted(answer.json()["new_pid"].as_u64().expect("the new pid") as u32);
+    let passed = format!("Passing a signal on to the main process. signal=\"SIGUSR2\" pid={}", new.0);
+    eventually("init to name the new process main", || {
+        server.log().contains("The main process changed.").then_some(())
+    });
+    server.signal("USR2");
+    eventually("init to pass SIGUSR2 on to the new process", || server.log().contains(&passed).then_some(()));
+    eventually("the old process to be reaped", || stat(old.0).is_none().then_some(()));
+    let serving = Adopted(eventually("a process under init to serve", || {
+        assert!(stat(init).is_some_and(|(s, _)| s != 'Z'), "init exited\n{}", server.log());
+        let status = Client::new(server.base()).try_get("/baton/v1/status").ok()?.json();
+        let pid = status["pid"].as_u64()? as u32;
+        (status["ready"] == true && stat(pid).map(|(_, parent)| parent) == Some(init)).then_some(pid)
+    }));
+    let log = server.log();
+    assert!(log.contains("SIGUSR2: replacing this server"), "the new process handled SIGUSR2\n{log}");
+    assert!(!log.contains("The main process exited."), "{log}");
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "init's status\n{}", server.log());
+    assert!(gone(serving.0) && gone(new.0), "a server outlived init");
+}
+
+/// A process left under init once the main process has exited, which
+/// exits on SIGTERM: init stops it and exits as soon as it has, without
+/// waiting out its stop timeout or warning that it did not exit. Here the
+/// main process is a second `baton init`, killed, whose server the outer
+/// init adopts.
+#[test]
+fn init_exits_as_soon_as_the_processes_left_have_exited() {
+    let repo = repo_with("m", &[1], "");
+    let mut command = Command::new(bin());
+    command.args(["init", "--stop-timeout", "600s", "init"]);
+    let mut server = Server::start_command(command, repo.root(), &[]);
+    let inner = eventually("the inner init", || match common::children_of(server.pid(), "init")[..] {
+        [pid] => Some(pid),
+        _ => None,
+    });
+    let serving = main_process(inner);
+    server.wait_serving("m", 1);
+    let killed = Command::new("kill").args(["-KILL", &inner.to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let status = server.wait_exit();
+    let log = server.log();
+    assert_eq!(status.code(), Some(137), "the inner init's status\n{log}");
+    assert!(log.contains("Stopping the processes left under baton init."), "{log}");
+    assert!(!log.contains("did not exit in time"), "{log}");
+    assert!(gone(serving.0), "the server outlived init");
+}
+
+/// A datagram passing a descriptor (more ancillary data than init
+/// reads) is read and ignored as any stranger's, with the rate-limited
+/// warning, not taken for a failure to read the socket.
+#[test]
+fn a_datagram_passing_a_descriptor_is_ignored_as_a_stranger_s() {
+    use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
+    use std::os::fd::AsRawFd;
+    let repo = repo_with("m", &[1], "");
+    let mut server = start_under_init(repo.root(), &[]);
+    let _main = main_process(server.pid());
+    server.wait_serving("m", 1);
+    let address = init_socket(&server);
+    let name = address.as_abstract_name().expect("an abstract name");
+    let to = UnixAddr::new_abstract(name).expect("the address");
+    let sender = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+    let passed = [std::io::stdin().as_raw_fd()];
+    let said = [std::io::IoSlice::new(b"READY=1")];
+    for _ in 0..3 {
+        let rights = [ControlMessage::ScmRights(&passed)];
+        sendmsg(sender.as_raw_fd(), &said, &rights, MsgFlags::empty(), Some(&to)).expect("sending a descriptor");
+    }
+    eventually("init to ignore the stranger", || {
+        server.log().contains("neither the main process nor under").then_some(())
+    });
+    let status = server.terminate();
+    let log = server.log();
+    assert_eq!(status.code(), Some(0), "init's status\n{log}");
+    assert!(!log.contains("Could not read the notification socket"), "{log}");
+}
+
+/// A manager above init that does not read its socket (its queue full)
+/// costs init a warning and the notifications, never its one thread: a
+/// SIGTERM still drains the server and init exits 0.
+#[test]
+fn a_manager_above_init_that_does_not_read_does_not_hold_init() {
+    let repo = repo_with("m", &[1], "");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("notify");
+    let _manager = std::os::unix::net::UnixDatagram::bind(&path).expect("a notification socket");
+    // Filled up front, and never read.
+    let filler = std::os::unix::net::UnixDatagram::unbound().expect("a datagram socket");
+    filler.set_nonblocking(true).expect("non-blocking");
+    let mut queued = 0;
+    while filler.send_to(b"X=1", &path).is_ok() {
+        queued += 1;
+        assert!(queued < 100_000, "the manager's queue never filled");
+    }
+    let mut command = Command::new(bin());
+    command.arg("init").env("NOTIFY_SOCKET", &path);
+    let mut server = Server::start_command(command, repo.root(), &[]);
+    let _main = main_process(server.pid());
+    server.wait_serving("m", 1);
+    eventually("init to give up passing READY=1 on", || {
+        server.log().contains("Could not tell the service manager how the service stands").then_some(())
+    });
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "init's status\n{}", server.log());
+    assert!(server.log().contains("baton stopped."), "{}", server.log());
 }

@@ -113,6 +113,9 @@ impl ProcessBackend {
         let fds = hand_to_child(&mut command, ends)
             .map_err(|e| BackendError::new("worker_failed", format!("handing the worker its channels: {e}")))?;
         let fds: Vec<String> = fds.iter().map(ToString::to_string).collect();
+        // A worker never speaks for the service to a service manager (or
+        // `baton init`): it is not given the server's notification socket.
+        command.env_remove("NOTIFY_SOCKET");
         if let Some(nice) = options.nice {
             command.env(NICE_ENV, nice.to_string());
         }

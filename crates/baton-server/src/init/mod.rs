@@ -6,7 +6,9 @@
 //! - reaps every process that exits under it, its own children and the
 //!   orphans the kernel hands it (after an upgrade, the old server);
 //! - forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the
-//!   current main process (PID 1 ignores a signal it has no handler for);
+//!   current main process (PID 1 ignores a signal it has no handler for),
+//!   and a SIGTERM or SIGINT passed on to every main process named after
+//!   it, so that a stop during an upgrade reaches the new process too;
 //! - names a notification socket of its own in the main process's
 //!   `NOTIFY_SOCKET`, and follows `MAINPID=` there: after an upgrade the
 //!   new process, started by the old one and adopted by init, is the main
@@ -114,6 +116,12 @@ struct Supervisor {
     /// when that was: a stranger that floods the socket gets a warning a
     /// second, not one a datagram.
     ignored: (u64, Option<std::time::Instant>),
+    /// The SIGTERM or SIGINT passed on, if one was: a main process named
+    /// after it (the new process of an upgrade that committed as the
+    /// signal came) is sent it too, or it would serve on.
+    stopping: Option<(Signal, &'static str)>,
+    /// A successor the main process named that had exited already.
+    lost_successor: bool,
 }
 
 async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
@@ -132,7 +140,8 @@ async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
     }
     command.args(&args.args).env(NOTIFY_ENV, inputs.socket.name()).process_group(0);
     let child = command.spawn().context("starting the main process")?;
-    let mut init = Supervisor { me, main: child.id(), outer, ignored: (0, None) };
+    let mut init =
+        Supervisor { me, main: child.id(), outer, ignored: (0, None), stopping: None, lost_successor: false };
     // Reaped below, by pid, as every other child is.
     drop(child);
     tracing::info!(pid = init.main, socket = inputs.socket.name(), subreaper = me != 1, "Started the main process.");
@@ -141,6 +150,9 @@ async fn supervise(args: InitArgs) -> anyhow::Result<u8> {
             Some((sig, name)) = inputs.signals.recv() => {
                 tracing::info!(signal = name, pid = init.main, "Passing a signal on to the main process.");
                 procs::signal(init.main, sig);
+                if matches!(sig, Signal::TERM | Signal::INT) {
+                    init.stopping = Some((sig, name));
+                }
             }
             _ = inputs.child.recv() => {}
             datagram = inputs.socket.next() => match datagram {
@@ -161,40 +173,57 @@ impl Supervisor {
     /// Follows what a datagram says: a new main process, and anything to
     /// pass on to a manager above. Believed only from the main process,
     /// or from a live process that descends from init (the new process of
-    /// an upgrade names itself), and a `MAINPID=` only for such a process.
+    /// an upgrade says it is ready once it serves); a `MAINPID=` only from
+    /// the main process itself, and only for a live child of it (the new
+    /// process of an upgrade is the old one's child).
     fn heard(&mut self, datagram: &notify::Datagram) {
-        let trusted = datagram.sender.is_some_and(|s| s == self.main || procs::live_descendant(s, self.me));
+        let from_main = datagram.sender == Some(self.main);
+        let trusted = from_main || datagram.sender.is_some_and(|s| procs::live_descendant(s, self.me));
         if !trusted {
-            let (count, last) = &mut self.ignored;
-            *count += 1;
-            if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-                tracing::warn!(
-                    sender = datagram.sender,
-                    said = %datagram.text.chars().take(200).collect::<String>().escape_debug(),
-                    ignored = *count,
-                    "A notification came from a process that is neither the main process nor under baton init; ignored."
-                );
-                (*count, *last) = (0, Some(std::time::Instant::now()));
-            }
+            self.ignore(
+                datagram,
+                "A notification came from a process that is neither the main process nor under baton init; ignored.",
+            );
             return;
         }
         if let Some(pid) = notify::main_pid(&datagram.text)
             && pid != self.main
         {
-            if procs::live_descendant(pid, self.me) {
+            if !from_main {
+                // The new process of an upgrade names itself once it
+                // serves, maybe before the old one's word reaches init.
+                tracing::debug!(sender = datagram.sender, pid, "A MAINPID= from other than the main process; ignored.");
+            } else if procs::live_child(pid, self.main) {
                 tracing::info!(
                     old_pid = self.main,
                     new_pid = pid,
                     sender = datagram.sender,
                     "The main process changed."
                 );
-                self.main = pid;
+                (self.main, self.lost_successor) = (pid, false);
+                if let Some((sig, name)) = self.stopping {
+                    tracing::info!(signal = name, pid, "Passing the stop on to the new main process too.");
+                    procs::signal(pid, sig);
+                }
             } else {
-                tracing::warn!(
-                    pid,
-                    main_pid = self.main,
-                    "A notification named as main a process that is not a live descendant of baton init; ignored."
-                );
+                // After an upgrade's commit the new process is adopted by
+                // init once the old one exits: its parent is init then.
+                let adopted = procs::live_child(pid, self.me);
+                if adopted {
+                    tracing::info!(old_pid = self.main, new_pid = pid, "The main process changed.");
+                    (self.main, self.lost_successor) = (pid, false);
+                    if let Some((sig, name)) = self.stopping {
+                        tracing::info!(signal = name, pid, "Passing the stop on to the new main process too.");
+                        procs::signal(pid, sig);
+                    }
+                } else {
+                    tracing::warn!(
+                        pid,
+                        main_pid = self.main,
+                        "The main process named as its successor a process that is not its live child; ignored."
+                    );
+                    self.lost_successor = true;
+                }
             }
         }
         for line in datagram.text.lines().filter(|line| !line.starts_with("MAINPID=")) {
@@ -205,6 +234,22 @@ impl Supervisor {
             if !rest.is_empty() {
                 crate::serve::notify::send_to(outer, &rest);
             }
+        }
+    }
+
+    /// Counts a datagram ignored, and warns about it at most once a
+    /// second.
+    fn ignore(&mut self, datagram: &notify::Datagram, why: &'static str) {
+        let (count, last) = &mut self.ignored;
+        *count += 1;
+        if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+            tracing::warn!(
+                sender = datagram.sender,
+                said = %datagram.text.chars().take(200).collect::<String>().escape_debug(),
+                ignored = *count,
+                "{why}"
+            );
+            (*count, *last) = (0, Some(std::time::Instant::now()));
         }
     }
 
@@ -228,6 +273,13 @@ impl Supervisor {
             tracing::info!(code, pid = self.main, "A former main process exited; its successor serves on.");
             return None;
         }
+        if self.lost_successor && code == 0 {
+            tracing::warn!(
+                pid = self.main,
+                "The main process exited after naming a successor that had exited: the service ended."
+            );
+            return Some(1);
+        }
         tracing::info!(code, pid = self.main, "The main process exited.");
         Some(code)
     }
@@ -250,6 +302,10 @@ async fn stop_the_rest(inputs: &mut Inputs, me: u32, within: Duration) {
         let Some(reaped) = procs::reap() else { return };
         for reaped in reaped {
             tracing::info!(pid = reaped.pid, code = reaped.code, "Reaped a process that exited.");
+        }
+        // The last one reaped: no SIGCHLD is left to wait for.
+        if procs::children(me).is_empty() {
+            return;
         }
         tokio::select! {
             // A SIGCHLD between the reap and this wait is not lost: the

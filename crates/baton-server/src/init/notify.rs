@@ -95,10 +95,17 @@ impl Socket {
         let mut space = nix::cmsg_space!(UnixCredentials);
         let mut parts = [std::io::IoSliceMut::new(&mut buffer)];
         let fd = self.socket.as_raw_fd();
-        let message = recvmsg::<()>(fd, &mut parts, Some(&mut space), MsgFlags::MSG_DONTWAIT)?;
-        let sender = message.cmsgs()?.find_map(|c| match c {
-            ControlMessageOwned::ScmCredentials(credentials) => u32::try_from(credentials.pid()).ok(),
-            _ => None,
+        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
+        let message = recvmsg::<()>(fd, &mut parts, Some(&mut space), flags)?;
+        // A datagram with more ancillary data than credentials (passed
+        // descriptors) has it cut (the kernel closes what did not fit):
+        // it is read, and counts as from an unknown sender, so that the
+        // datagrams behind it are still read.
+        let sender = message.cmsgs().ok().and_then(|mut cmsgs| {
+            cmsgs.find_map(|c| match c {
+                ControlMessageOwned::ScmCredentials(credentials) => u32::try_from(credentials.pid()).ok(),
+                _ => None,
+            })
         });
         let length = message.bytes;
         Ok(Datagram {

@@ -39,6 +39,12 @@ pub fn live_descendant(pid: u32, ancestor: u32) -> bool {
     false
 }
 
+/// Whether `pid` is a process that runs (not a zombie, not gone) whose
+/// parent is `parent`.
+pub fn live_child(pid: u32, parent: u32) -> bool {
+    stat(pid).is_some_and(|(state, up)| up == parent && !matches!(state, 'Z' | 'X' | 'x'))
+}
+
 /// The processes whose parent is `parent`, zombies included.
 pub fn children(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };

@@ -39,6 +39,11 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         None => (None, listeners::Passed::from_env()?),
     };
     passed.apply(&mut args);
+    // SIGTERM, SIGINT and SIGUSR2 wait, blocked, until their handlers are
+    // installed (see serve): the new process of a cold upgrade is the
+    // service's main process from its check on, and a signal passed on to
+    // it while it waits for the old one must not kill it.
+    shutdown::hold_signals(true);
     // What a start checks before it loads anything; the server this one
     // replaces learns the outcome before it drains (a cold upgrade).
     let checked = Checked::run(&args);
@@ -51,6 +56,13 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if let Some(target) = target.as_ref().filter(|t| t.cold) {
         tracing::info!("Waiting for the server this one replaces to exit before loading (a cold upgrade).");
         target.await_old_exit();
+        // The old server gave up on this one (it began shutting down
+        // before its commit: it sends SIGTERM, then shuts the channel), or
+        // an operator stopped the service meanwhile: nothing to load.
+        if shutdown::stop_pending() {
+            tracing::info!("Stopped before loading: a stop came while waiting for the server this one replaces.");
+            return Ok(());
+        }
         // Read again: the state file is the old server's until it exits.
         decisions = self::decisions(&args, &repo.state_root)?;
     }
@@ -381,7 +393,9 @@ async fn serve(
         match listeners.copies().and_then(upgrade::Source::new) {
             Ok(source) => {
                 let _ = app.upgrade.set(Arc::new(source));
-                tokio::spawn(upgrade::on_signal(Arc::clone(&app)));
+                if let Some(usr2) = upgrade::install_signal() {
+                    tokio::spawn(upgrade::on_signal(Arc::clone(&app), usr2));
+                }
             }
             Err(error) => tracing::warn!(%error, "This server cannot replace itself: upgrades are refused."),
         }
@@ -394,6 +408,10 @@ async fn serve(
         Trigger::Signals => Some(shutdown::Signals::install()?),
         Trigger::Stop(_) => None,
     };
+    if signals.is_some() {
+        // Handled from now on: those that came meanwhile are delivered.
+        shutdown::hold_signals(false);
+    }
     // Subscribed before the first load starts, so every load is counted.
     tokio::spawn(feed_metrics(Arc::clone(&app), app.registry.subscribe()));
     if app.registry.source().store_answer().is_some() {
@@ -470,8 +488,8 @@ async fn serve(
         };
         match ready {
             Ok(()) => {}
-            // The old server gave up on this one (it shuts the channel,
-            // then sends SIGTERM), or an operator stopped it: a clean exit,
+            // The old server gave up on this one (it sends SIGTERM, then
+            // shuts the channel), or an operator stopped it: a clean exit,
             // loads still running left behind.
             Err(stopped @ (upgrade::NotReady::Stopped | upgrade::NotReady::OldGone)) if !target.cold => {
                 tracing::info!(why = %stopped, "Stopped before it was ready: the server it was to replace serves on.");

@@ -38,6 +38,10 @@ pub fn send_to(path: &str, state: &str) {
 
 fn send(path: &str, state: &str) -> std::io::Result<()> {
     let socket = UnixDatagram::unbound()?;
+    // A manager that does not read (its buffer full) costs a warning and
+    // this notification, never a wait: `baton init` sends on its only
+    // thread.
+    socket.set_nonblocking(true)?;
     // A leading '@' names a socket in the abstract namespace.
     if let Some(name) = path.strip_prefix('@') {
         use std::os::linux::net::SocketAddrExt;

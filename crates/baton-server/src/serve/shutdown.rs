@@ -49,35 +49,65 @@ impl Signals {
     }
 }
 
-/// Runs the shutdown sequence on the first signal (steps 1 and 2 above, up
-/// to [`App::start_draining`]), then exits at once on a second one.
-/// `stop_watching` is dropped on the first signal, which stops the watcher.
+/// Runs the shutdown sequence on the first signal, or once an upgrade
+/// has handed the service over (steps 1 and 2 above, up to
+/// [`App::start_draining`]), then exits at once on a second signal.
+/// `stop_watching` is dropped when it begins, which stops the watcher.
+///
+/// A signal and an upgrade's commit exclude each other: a signal that
+/// comes first makes the upgrade running fail, and a commit that comes
+/// first makes the next signal the first one (a manager's SIGTERM may
+/// reach this process, the main one until the commit, as well as the
+/// new one).
 pub async fn on_signals(mut signals: Signals, app: Arc<App>, delay: Duration, stop_watching: impl Send) {
-    let (first, _) = signals.next().await;
+    let first = tokio::select! {
+        signal = signals.next() => Some(signal),
+        () = app.wait_handed_over() => None,
+    };
+    // False: the upgrade committed first, the service goes on.
+    let stopping = first.is_some() && app.claim_stop();
+    let mut signalled = first.is_some();
     // Not ready first, then say so: whoever reads the line can rely on it.
     app.report_not_ready();
-    // After an upgrade the service goes on in the new process; a new
-    // process the old one gave up on leaves it to the old one.
-    if !app.upgrading() && !app.awaiting_handover() {
+    // A new process the old one gave up on leaves the service to the old one.
+    if stopping && !app.awaiting_handover() {
         super::notify::notify("STOPPING=1");
     }
     drop(stop_watching);
+    let cause = first.map_or("the upgrade's handover", |(name, _)| name);
     if delay.is_zero() {
-        tracing::info!(signal = first, "Shutting down: not ready from now on, finishing requests in flight.");
+        tracing::info!(signal = cause, "Shutting down: not ready from now on, finishing requests in flight.");
     } else {
         tracing::info!(
-            signal = first,
+            signal = cause,
             delay_s = delay.as_secs_f64(),
             "Shutting down: not ready from now on, still serving and accepting until the shutdown delay is over."
         );
+    }
+    let deadline = Instant::now() + delay;
+    loop {
         tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            second = signals.next() => exit_at_once(second),
+            () = tokio::time::sleep_until(deadline) => break,
+            signal = signals.next() => signalled = first_or_exit(signalled, signal),
         }
+    }
+    if !delay.is_zero() {
         tracing::info!("The shutdown delay is over: no longer accepting connections, finishing requests in flight.");
     }
     app.start_draining();
-    exit_at_once(signals.next().await)
+    loop {
+        signalled = first_or_exit(signalled, signals.next().await);
+    }
+}
+
+/// A signal while shutting down: exits at once when one came before,
+/// else it is the first (the shutdown began with a handover).
+fn first_or_exit(signalled: bool, signal: (&'static str, i32)) -> bool {
+    if signalled {
+        exit_at_once(signal);
+    }
+    tracing::info!(signal = signal.0, "A signal while shutting down after a handover: a second one exits at once.");
+    true
 }
 
 /// The shutdown sequence of a server inside a test's process: as for a
@@ -88,6 +118,38 @@ pub async fn on_stop(stopped: impl Future<Output = ()>, app: Arc<App>, delay: Du
     drop(stop_watching);
     tokio::time::sleep(delay).await;
     app.start_draining();
+}
+
+/// Blocks (`true`) or unblocks SIGTERM, SIGINT and SIGUSR2 on this
+/// thread: blocked before any other thread starts, they stay pending
+/// until unblocked, by then with handlers. Threads started meanwhile keep
+/// them blocked; the kernel delivers them to this one. Children start
+/// with no signal blocked (the standard library clears the mask).
+pub fn hold_signals(hold: bool) {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+    let mut set = SigSet::empty();
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR2] {
+        set.add(signal);
+    }
+    let how = if hold { SigmaskHow::SIG_BLOCK } else { SigmaskHow::SIG_UNBLOCK };
+    if let Err(error) = pthread_sigmask(how, Some(&set), None) {
+        tracing::warn!(%error, hold, "Could not change the signal mask.");
+    }
+}
+
+/// Whether a SIGTERM or SIGINT waits, blocked by [`hold_signals`].
+pub fn stop_pending() -> bool {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigpending fills the sigset_t it is given, which `set` is;
+    // it is read only once filled, and sigismember only reads it.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::sigpending(set.as_mut_ptr()) != 0 {
+            return false;
+        }
+        let set = set.assume_init();
+        libc::sigismember(&set, libc::SIGTERM) == 1 || libc::sigismember(&set, libc::SIGINT) == 1
+    }
 }
 
 fn exit_at_once((name, number): (&'static str, i32)) -> ! {

@@ -20,7 +20,7 @@
 //!   operations, rollouts, one upgrade at a time), and the guard that
 //!   releases it on every path but a handover.
 //! - [`old`]: the old side: start the new process, hand over, wait, or
-//!   stop it (channel shut, SIGTERM, SIGKILL past a grace).
+//!   stop it (SIGTERM, channel shut, SIGKILL past a grace).
 //! - [`message`]: what the two say over the channel.
 //! - [`new`]: the new side: receive, check, wait for the old process
 //!   (cold), wait until ready or told to stop, say so.
@@ -91,7 +91,12 @@ async fn run(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, Upgrade
     let lease = app.cluster.get().and_then(|health| health.lease());
     let fleet = Fleet { replica_id: app.replica_id.get().cloned(), lease };
     tracing::info!(binary = %source.binary().display(), cold, "Starting a new process to take this one's place.");
-    let handed = tokio::task::spawn_blocking(move || source.hand_over(deadline, within, fleet, kept, cold)).await;
+    // The commit and a signal's stop exclude each other: whichever comes
+    // first decides how this process ends.
+    let committing = Arc::clone(&app);
+    let commit = move || committing.claim_handover();
+    let handed =
+        tokio::task::spawn_blocking(move || source.hand_over(deadline, within, (fleet, kept, cold), &commit)).await;
     let pid = handed.unwrap_or_else(|e| Err(UpgradeError::Failed(format!("the handover panicked: {e}"))))?;
     // The commit: a service manager (systemd, `baton init`) hears of the
     // new main process now, before this one drains and exits, so that it
@@ -105,8 +110,10 @@ async fn run(app: Arc<App>, within: Duration, cold: bool) -> Result<u32, Upgrade
         health.hand_over_lease(lease);
     }
     tracing::info!(new_pid = pid, "A new process serves in this one's place; shutting down as on SIGTERM.");
-    let me = rustix::process::getpid();
-    let _ = rustix::process::kill_process(me, rustix::process::Signal::TERM);
+    // Not a signal: a SIGTERM that reaches this process too (a manager's,
+    // passed on before it heard of the new main process) is then the
+    // first signal, not a second one that exits at once.
+    app.hand_over();
     Ok(pid)
 }
 
@@ -121,13 +128,19 @@ fn kept(app: &App) -> Kept {
         .collect()
 }
 
-/// Upgrades on SIGUSR2, as `POST /baton/v1/upgrade` with no body does,
-/// for process managers: the outcome is in the log.
-pub async fn on_signal(app: Arc<App>) {
-    let Ok(mut usr2) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()) else {
-        tracing::warn!("Could not install the SIGUSR2 handler; upgrades go through the API alone.");
-        return;
-    };
+/// Installs the SIGUSR2 handler: from now on SIGUSR2 no longer kills
+/// the process. None, with a warning, when it could not be installed.
+pub fn install_signal() -> Option<tokio::signal::unix::Signal> {
+    let installed = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2());
+    installed
+        .inspect_err(|_| tracing::warn!("Could not install the SIGUSR2 handler; upgrades go through the API alone."))
+        .ok()
+}
+
+/// Upgrades on SIGUSR2 (`usr2`, from [`install_signal`]), as `POST
+/// /baton/v1/upgrade` with no body does, for process managers: the
+/// outcome is in the log.
+pub async fn on_signal(app: Arc<App>, mut usr2: tokio::signal::unix::Signal) {
     while usr2.recv().await.is_some() {
         tracing::info!("SIGUSR2: replacing this server with its executable as on disk now.");
         tokio::spawn(upgrade(Arc::clone(&app), Duration::from_secs(600), false));

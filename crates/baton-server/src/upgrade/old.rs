@@ -9,7 +9,7 @@
 //!                            │     ──Ready (warm)──Taken──▶ handed over
 //!                            │
 //!                            └─ Failed / closed / exited / timed out
-//!                                 ──▶ stopped: channel shut, SIGTERM,
+//!                                 ──▶ stopped: SIGTERM, channel shut,
 //!                                     wait, SIGKILL only past the grace
 //! ```
 //!
@@ -77,14 +77,17 @@ impl Source {
     /// process has exited, which it learns when the channel closes, so the
     /// channel is left open until this process ends). Blocking. Returns
     /// the new process's pid; on any failure the new process is stopped.
+    /// `commit` is asked right before the commit (`Checked` read, cold, or
+    /// `Taken` sent, warm): false (this server began shutting down) fails
+    /// the upgrade instead.
     pub fn hand_over(
         &self,
         deadline: Instant,
         within: Duration,
-        fleet: Fleet,
-        kept: Kept,
-        cold: bool,
+        (fleet, kept, cold): (Fleet, Kept, bool),
+        commit: &dyn Fn() -> bool,
     ) -> Result<u32, UpgradeError> {
+        let stopping = || UpgradeError::Busy("the server began shutting down");
         let (ours, theirs) = channel_pair().map_err(UpgradeError::Channel)?;
         let mut launched = Launched::start(&self.binary, &self.args, theirs, ours)?;
         let names = self.listeners.iter().map(|(n, _)| n.clone()).collect();
@@ -102,6 +105,9 @@ impl Source {
             }
             match launched.channel().and_then(Message::receive) {
                 Ok(Some((Message::Checked, _))) if cold => {
+                    if !commit() {
+                        return Err(stopping());
+                    }
                     let (pid, channel) = launched.handed_over();
                     self.held.lock().unwrap_or_else(|e| e.into_inner()).extend(channel);
                     return Ok(pid);
@@ -110,6 +116,9 @@ impl Source {
                 // handovers, loaded beside this process, and serves.
                 Ok(Some((Message::Ready { pid }, _))) => {
                     // The commit: from here on the new process acts.
+                    if !commit() {
+                        return Err(stopping());
+                    }
                     if let Err(error) = launched.channel().and_then(|channel| Message::Taken.send(channel, &[])) {
                         return Err(launched.exited().unwrap_or(UpgradeError::Channel(error)));
                     }
@@ -129,9 +138,8 @@ impl Source {
 }
 
 /// The new process until it has taken over, and the old side of its
-/// channel. Dropped before then, it stops the process: the channel is
-/// shut first (the new process reads that as "give up"), then SIGTERM,
-/// and SIGKILL only if it has not exited within [`STOP_GRACE`].
+/// channel. Dropped before then, it stops the process: SIGTERM, then the
+/// channel is shut (the new process reads that as "give up"), and SIGKILL only if it has not exited within [`STOP_GRACE`].
 struct Launched {
     child: Option<Child>,
     /// Taken when it has taken over.
@@ -177,13 +185,17 @@ impl Launched {
     /// grace. Says how it ended.
     fn stop(&mut self) -> String {
         let Some(mut child) = self.child.take() else { return "it had exited".into() };
-        if let Some(channel) = &self.channel {
-            channel.shutdown();
-        }
+        // SIGTERM first: a cold upgrade's new process, which holds it
+        // blocked while it waits for the channel to close, then finds it
+        // pending when it does, and does not take the close for this
+        // process's exit.
         if let Ok(pid) = i32::try_from(child.id())
             && let Some(pid) = rustix::process::Pid::from_raw(pid)
         {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        if let Some(channel) = &self.channel {
+            channel.shutdown();
         }
         if let Some(status) = wait_until(&mut child, Instant::now() + STOP_GRACE) {
             return format!("it exited on SIGTERM ({status})");
