@@ -179,6 +179,9 @@ pub struct Watcher {
     bare_polls: BTreeMap<(String, u64), u32>,
     /// The repository as the operator named it, for what the watcher logs.
     repository: String,
+    /// `--model-control explicit` (with or without `--load-model`, or
+    /// `--no-poll`): an empty repository is not held against readiness.
+    explicit: bool,
 }
 
 /// What to do about something not in a listing.
@@ -208,6 +211,7 @@ impl Watcher {
             retry: BTreeMap::new(),
             bare_polls: BTreeMap::new(),
             repository: "(unnamed)".to_owned(),
+            explicit: false,
         }
     }
 
@@ -222,7 +226,7 @@ impl Watcher {
     /// explicit mode (`only`): there an empty repository is filled and
     /// loaded through the API, a sidecar agent's target for one.
     fn listed_models(&mut self, models: &[String]) {
-        if self.only.is_some() {
+        if self.explicit || self.only.is_some() {
             return;
         }
         if !models.is_empty() {
@@ -248,6 +252,14 @@ impl Watcher {
     /// words that tell an operator how a fix is taken up.
     pub fn polling(mut self, polls: bool) -> Watcher {
         self.polls = polls;
+        self
+    }
+
+    /// Says the server runs in explicit mode, `--load-model '*'` and
+    /// `--no-poll` included: an empty repository is then not held against
+    /// readiness, since models are put there and loaded through the API.
+    pub fn explicit(mut self, explicit: bool) -> Watcher {
+        self.explicit = explicit;
         self
     }
 
