@@ -235,17 +235,24 @@ impl Watcher {
             }
             return self.app.set_unservable(None);
         }
+        // Neither says why: an empty listing comes as well from a mistyped
+        // path, a store not answering at first start with an empty cache,
+        // or directories baton may not enter. The reason, on the open
+        // readiness endpoint, leaves the repository's location to the log.
         if self.app.unservable().is_none() {
             tracing::warn!(
                 repository = %self.repository,
-                "The repository lists no model: it must hold one directory per model, each with a model.toml and \
-                 numbered version directories (a bare model.onnx is not a repository). Not ready until it does."
+                "The repository lists no model directory (a directory holding a model.toml and numbered version \
+                 directories). Check the path, for a store its endpoint and credentials, and the layout (a bare \
+                 model.onnx is not a repository). Not ready until it lists one."
             );
         }
-        self.app.set_unservable(Some(format!(
-            "the repository {} lists no model (a directory holding a model.toml); the server would serve nothing",
-            self.repository
-        )));
+        self.app.set_unservable(Some(
+            "the repository lists no model directory (a directory holding a model.toml): the server would serve \
+             nothing; check the path, the store's endpoint and credentials, and the layout (the log names the \
+             repository)"
+                .to_owned(),
+        ));
     }
 
     /// Says whether [`Watcher::run`] will follow the first scan, for the
