@@ -223,8 +223,9 @@ impl Watcher {
 
     /// A repository that lists no model holds the server not ready (it
     /// would serve nothing), with one warning when that begins. Not in
-    /// explicit mode (`only`): there an empty repository is filled and
-    /// loaded through the API, a sidecar agent's target for one.
+    /// explicit mode (`--no-poll` and `--load-model '*'` included): there
+    /// an empty repository is filled and loaded through the API, a sidecar
+    /// agent's target for one.
     fn listed_models(&mut self, models: &[String]) {
         if self.explicit || self.only.is_some() {
             return;
