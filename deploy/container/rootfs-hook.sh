@@ -15,23 +15,6 @@
 set -eu
 root="$1"
 
-# dpkg's status file, as `dpkg --install` would have left it: each
-# package's control fields (from the .deb files mmdebstrap downloaded into
-# the root), marked installed. Image scanners (Trivy, Grype, Clair) read it
-# to match the image's packages against Debian's security advisories.
-archives="$root/var/cache/apt/archives"
-mkdir -p "$root/var/lib/dpkg"
-status="$root/var/lib/dpkg/status"
-: >"$status"
-found=0
-for deb in "$archives"/*.deb; do
-    [ -f "$deb" ] || continue
-    found=$((found + 1))
-    dpkg-deb --field "$deb" | awk '{ print } /^Package:/ { print "Status: install ok installed" }' >>"$status"
-    echo >>"$status"
-done
-[ "$found" -gt 0 ] || { echo "rootfs-hook: no packages in $archives to record in dpkg's status" >&2; exit 1; }
-
 # The bundle update-ca-certificates would write, which rustls-native-certs
 # (object stores over HTTPS) reads.
 mkdir -p "$root/etc/ssl/certs"
@@ -83,6 +66,39 @@ done
 # the package lists and apt's state: no package manager runs in the image.
 rm -rf "$root/usr/share/perl5" "$root/usr/share/debconf" "$root/usr/bin"/debconf* "$root/usr/sbin"/dpkg-* \
     "$root/usr/sbin/update-ca-certificates" "$root/etc/ca-certificates/update.d"
+# dpkg's status file, as `dpkg --install` would have left it: each
+# package's control fields (from the .deb files mmdebstrap downloaded into
+# the root), marked installed. Image scanners (Trivy, Grype, Clair) read it
+# to match the image's packages against Debian's security advisories.
+# Written once the files baton never uses are removed: a package none of
+# whose files is left (libssl3) is not listed, or scanners would report
+# its advisories for an image that does not hold it.
+archives="$root/var/cache/apt/archives"
+# Whether any file of the package (a directory is not one) is still in the
+# root, or it has none at all.
+kept() {
+    files=$(dpkg-deb --fsys-tarfile "$1" | tar -t | grep -v '/$' || true)
+    [ -n "$files" ] || return 0
+    printf '%s\n' "$files" | while IFS= read -r file; do
+        if [ -e "$root/$file" ] || [ -L "$root/$file" ]; then
+            echo kept
+            break
+        fi
+    done | grep -q kept
+}
+mkdir -p "$root/var/lib/dpkg"
+status="$root/var/lib/dpkg/status"
+: >"$status"
+found=0
+for deb in "$archives"/*.deb; do
+    [ -f "$deb" ] || continue
+    found=$((found + 1))
+    kept "$deb" || continue
+    dpkg-deb --field "$deb" | awk '{ print } /^Package:/ { print "Status: install ok installed" }' >>"$status"
+    echo >>"$status"
+done
+[ "$found" -gt 0 ] || { echo "rootfs-hook: no packages in $archives to record in dpkg's status" >&2; exit 1; }
+
 # apt's configuration and state: sources.list names the build's mirror,
 # credentials included when its URL has them.
 rm -rf "$root/etc/apt" "$root/var/lib/apt" "$root/var/cache/apt" "$root/var/log/apt" "$root/var/cache/debconf"

@@ -110,6 +110,28 @@ fn the_rootfs_hook_records_the_packages_in_dpkg_s_status_and_leaves_no_mirror_be
         .output()
         .expect("running dpkg-deb");
     assert!(built.status.success(), "dpkg-deb --build: {}", text(&built.stderr));
+    // libssl3 as unpacked: the hook removes its one file, so it must not be
+    // listed (scanners would report OpenSSL's advisories for it).
+    let ssl = dir.path().join("libssl3");
+    let library = "usr/lib/x86_64-linux-gnu/libssl.so.3";
+    for at in [&ssl, &root] {
+        std::fs::create_dir_all(at.join(library).parent().expect("a parent")).expect("mkdir");
+        std::fs::write(at.join(library), "not a library").expect("writing the library");
+    }
+    std::fs::create_dir_all(ssl.join("DEBIAN")).expect("mkdir");
+    std::fs::write(
+        ssl.join("DEBIAN/control"),
+        "Package: libssl3\nVersion: 3.0.15-1\nArchitecture: amd64\nMaintainer: baton <baton@example.com>\n\
+         Description: a package whose files the hook removes\n",
+    )
+    .expect("writing control");
+    let built = Command::new("dpkg-deb")
+        .args(["--root-owner-group", "--build"])
+        .arg(&ssl)
+        .arg(archives.join("libssl3_3.0.15-1_amd64.deb"))
+        .output()
+        .expect("running dpkg-deb");
+    assert!(built.status.success(), "dpkg-deb --build: {}", text(&built.stderr));
     std::fs::create_dir_all(root.join("usr/share/ca-certificates/test")).expect("mkdir");
     std::fs::write(root.join("usr/share/ca-certificates/test/a.crt"), "-----BEGIN CERTIFICATE-----\n")
         .expect("a certificate");
@@ -130,6 +152,8 @@ fn the_rootfs_hook_records_the_packages_in_dpkg_s_status_and_leaves_no_mirror_be
         status.contains("Package: baton-fake\nStatus: install ok installed\n") && status.contains("Version: 1.2-3\n"),
         "{status}"
     );
+    assert!(!root.join(library).exists(), "the hook kept {library}");
+    assert!(!status.contains("Package: libssl3\n"), "a package none of whose files is left is listed:\n{status}");
 }
 
 fn root_hook() -> PathBuf {
@@ -155,6 +179,11 @@ fn the_root_filesystem_lists_its_debian_packages_names_no_mirror_and_is_rebuilt_
     assert!(listing.lines().any(|l| l == "./etc/os-release"), "no /etc/os-release");
     assert!(listing.lines().any(|l| l == "./etc/debian_version"), "no /etc/debian_version");
     let status = tar(&["-xOf", rootfs_path, "./var/lib/dpkg/status"]);
+    let libssl = listing.lines().any(|l| l.starts_with("./usr/lib/") && l.ends_with("/libssl.so.3"));
+    assert!(
+        libssl || !status.contains("Package: libssl3\n"),
+        "dpkg's status lists libssl3, whose library the image does not hold:\n{status}"
+    );
     for package in ["libc6", "libstdc++6", "libgcc-s1", "ca-certificates", "base-files"] {
         assert!(
             status.contains(&format!("Package: {package}\nStatus: install ok installed\n")),

@@ -652,6 +652,26 @@ fn a_server_whose_repository_lists_no_model_is_not_ready_and_says_why() {
     );
     let reason = answer.json()["reason"].as_str().unwrap_or_default().to_owned();
     assert!(reason.contains("lists no model") && reason.contains("model.toml"), "{reason}");
+    // It claims no cause it does not know (a store that did not answer
+    // lists nothing too), and leaves the location to the log: the endpoint
+    // is open to anyone.
+    assert!(reason.contains("endpoint and credentials") && !reason.contains("bare model.onnx"), "{reason}");
+    let root = repo.root().display().to_string();
+    assert!(!reason.contains(&root), "the open readiness endpoint names the repository: {reason}");
+    // More scans before the warning is counted: the repository is made
+    // unreadable and readable again twice, each step logged by a scan, so
+    // the scan after a recovery, which listed nothing again, has finished.
+    let away = repo.root().with_extension("away");
+    for round in 1..=2 {
+        std::fs::rename(repo.root(), &away).unwrap();
+        eventually("a scan to find the repository gone", || {
+            (server.log().matches("The repository cannot be read").count() == round).then_some(())
+        });
+        std::fs::rename(&away, repo.root()).unwrap();
+        eventually("a scan to read it again", || {
+            (server.log().matches("The repository can be read again").count() == round).then_some(())
+        });
+    }
     let log = server.log();
     assert_eq!(log.matches("lists no model").count(), 1, "one warning naming the repository:\n{log}");
     assert!(log.contains(&repo.root().display().to_string()), "the warning names the repository:\n{log}");
@@ -680,7 +700,9 @@ fn the_kserve_runtime_over_a_bare_model_onnx_never_becomes_ready() {
         (answer.status == 200 || answer.json().get("reason").is_some()).then_some(answer)
     });
     assert_eq!(answer.status, 503, "the runtime is ready serving nothing: {}", String::from_utf8_lossy(&answer.body));
-    assert!(answer.json()["reason"].as_str().unwrap().contains("/mnt/models"), "{}", answer.json());
+    assert!(answer.json()["reason"].as_str().unwrap().contains("lists no model"), "{}", answer.json());
+    assert!(!answer.json()["reason"].as_str().unwrap().contains("/mnt/models"), "{}", answer.json());
+    assert!(container.logs().contains("/mnt/models"), "the log names the repository:\n{}", container.logs());
     assert_json_log(&container.logs());
     container.kill("TERM");
     assert_eq!(container.wait_exit(), 0, "the runtime's exit status:\n{}", container.logs());

@@ -60,6 +60,30 @@ fn explicit_loads_only_the_named_models_and_the_api_loads_the_others() {
 }
 
 #[test]
+fn explicit_mode_over_an_empty_repository_is_ready_in_each_of_its_spellings() {
+    // An empty repository is filled and loaded through the API (a sidecar
+    // agent's target): an orchestrator waits for readiness before it loads,
+    // so holding such a server not ready would deadlock it.
+    for args in
+        [&["--no-poll"][..], &["--model-control", "explicit", "--load-model", "*"], &["--model-control", "explicit"]]
+    {
+        let repo = TestRepo::new();
+        let server = start(&repo, args);
+        let answer = baton_testkit::server::eventually("readiness to decide", || {
+            let answer = server.get("/v2/health/ready");
+            (answer.status == 200 || answer.json().get("reason").is_some()).then_some(answer)
+        });
+        assert_eq!(answer.status, 200, "{args:?} over an empty repository: {}", String::from_utf8_lossy(&answer.body));
+        // The model an agent then puts there loads through the API.
+        repo.add_model("a", &mlp_toml(&mlp(1), ""));
+        repo.publish_mlp("a", 1, &mlp(1));
+        let load = post_with(server.base(), "/v2/repository/models/a/load", &json!({}), &[]);
+        assert_eq!(load.status, 200, "{args:?}: {}", load.error());
+        assert_eq!(server.get("/v2/health/ready").status, 200, "{args:?}: ready once it serves");
+    }
+}
+
+#[test]
 fn none_loads_every_model_and_refuses_every_model_operation() {
     let repo = two_models();
     let server = start(&repo, &["--model-control", "none"]);

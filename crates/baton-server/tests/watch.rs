@@ -261,3 +261,36 @@ fn a_model_missing_for_fewer_polls_than_needed_stays_and_its_count_starts_again(
     assert_eq!(log_lines(&server, &["left the repository"]), 0);
     common::assert_no_panic(&server);
 }
+
+#[test]
+fn a_listing_that_leaves_out_the_served_model_keeps_it_ready_and_a_listing_with_it_clears_the_reason() {
+    // A model.toml that cannot be read for a moment (an editor replacing
+    // it) leaves the repository listing no model: a serving replica must
+    // stay in service, and once the model is listed again nothing of that
+    // moment may stay behind.
+    let repo = common::repo_with("m", &[1], "");
+    let server = start(&repo, &["--missing-polls", "1000000"]);
+    server.wait_serving("m", 1);
+    let toml = repo.root().join("m/model.toml");
+    let hidden = repo.root().join("m/model.toml.away");
+    std::fs::rename(&toml, &hidden).unwrap();
+    eventually("a scan to list no model", || server.log().contains("lists no model").then_some(()));
+    let answer = server.get("/v2/health/ready");
+    assert_eq!(answer.status, 200, "a serving server taken out: {}", String::from_utf8_lossy(&answer.body));
+    assert!(answer.json().get("reason").is_none(), "{}", answer.json());
+    assert!(!server.status("m")["serving"].is_null(), "the model still serves");
+
+    std::fs::rename(&hidden, &toml).unwrap();
+    eventually("a scan to list the model again", || server.log().contains("lists models again").then_some(()));
+    // With no model serving, what readiness says is the listing's: it lists
+    // a model, so no reason about an empty repository may remain.
+    let unload = common::post_with(server.base(), "/v2/repository/models/m/unload", &json!({}), &[]);
+    assert_eq!(unload.status, 200, "{}", unload.error());
+    // The next scan stops waiting for the model unloaded.
+    let answer = eventually("readiness to decide", || {
+        let answer = server.get("/v2/health/ready");
+        (answer.status == 200 || answer.json().get("reason").is_some()).then_some(answer)
+    });
+    assert!(answer.json().get("reason").is_none(), "a reason that outlived its cause: {}", answer.json());
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+}

@@ -427,6 +427,7 @@ async fn serve(
     let watcher_app = Arc::clone(&app);
     let poll = args.poll_interval();
     let (polls, at_start) = (control.polls(), control.at_start.clone());
+    let explicit = control.mode == crate::access::ModelControl::Explicit;
     let missing_polls = args.missing_polls;
     let repository = args.repo.as_ref().map_or_else(|| "(the demo repository)".to_owned(), |r| r.display().to_string());
     let watcher = std::thread::Builder::new().name("baton-poll".into()).spawn(move || {
@@ -439,6 +440,7 @@ async fn serve(
             return;
         }
         let mut watcher = watch::Watcher::new(watcher_app, missing_polls).polling(polls).repository(repository);
+        watcher = watcher.explicit(explicit);
         if let Some(models) = at_start {
             watcher = watcher.only(models).restore(restore);
         }

@@ -179,6 +179,9 @@ pub struct Watcher {
     bare_polls: BTreeMap<(String, u64), u32>,
     /// The repository as the operator named it, for what the watcher logs.
     repository: String,
+    /// `--model-control explicit` (with or without `--load-model`, or
+    /// `--no-poll`): an empty repository is not held against readiness.
+    explicit: bool,
 }
 
 /// What to do about something not in a listing.
@@ -208,6 +211,7 @@ impl Watcher {
             retry: BTreeMap::new(),
             bare_polls: BTreeMap::new(),
             repository: "(unnamed)".to_owned(),
+            explicit: false,
         }
     }
 
@@ -219,10 +223,11 @@ impl Watcher {
 
     /// A repository that lists no model holds the server not ready (it
     /// would serve nothing), with one warning when that begins. Not in
-    /// explicit mode (`only`): there an empty repository is filled and
-    /// loaded through the API, a sidecar agent's target for one.
+    /// explicit mode (`--no-poll` and `--load-model '*'` included): there
+    /// an empty repository is filled and loaded through the API, a sidecar
+    /// agent's target for one.
     fn listed_models(&mut self, models: &[String]) {
-        if self.only.is_some() {
+        if self.explicit || self.only.is_some() {
             return;
         }
         if !models.is_empty() {
@@ -231,23 +236,38 @@ impl Watcher {
             }
             return self.app.set_unservable(None);
         }
+        // Neither says why: an empty listing comes as well from a mistyped
+        // path, a store not answering at first start with an empty cache,
+        // or directories baton may not enter. The reason, on the open
+        // readiness endpoint, leaves the repository's location to the log.
         if self.app.unservable().is_none() {
             tracing::warn!(
                 repository = %self.repository,
-                "The repository lists no model: it must hold one directory per model, each with a model.toml and \
-                 numbered version directories (a bare model.onnx is not a repository). Not ready until it does."
+                "The repository lists no model directory (a directory holding a model.toml and numbered version \
+                 directories). Check the path, for a store its endpoint and credentials, and the layout (a bare \
+                 model.onnx is not a repository). Not ready until it lists one."
             );
         }
-        self.app.set_unservable(Some(format!(
-            "the repository {} lists no model (a directory holding a model.toml); the server would serve nothing",
-            self.repository
-        )));
+        self.app.set_unservable(Some(
+            "the repository lists no model directory (a directory holding a model.toml): the server would serve \
+             nothing; check the path, the store's endpoint and credentials, and the layout (the log names the \
+             repository)"
+                .to_owned(),
+        ));
     }
 
     /// Says whether [`Watcher::run`] will follow the first scan, for the
     /// words that tell an operator how a fix is taken up.
     pub fn polling(mut self, polls: bool) -> Watcher {
         self.polls = polls;
+        self
+    }
+
+    /// Says the server runs in explicit mode, `--load-model '*'` and
+    /// `--no-poll` included: an empty repository is then not held against
+    /// readiness, since models are put there and loaded through the API.
+    pub fn explicit(mut self, explicit: bool) -> Watcher {
+        self.explicit = explicit;
         self
     }
 
