@@ -165,30 +165,52 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
     assert_eq!(service.served_pid(), restarted);
     assert_eq!(client.get("/v2/health/ready").status, 200);
 
-    // Stop right after a reload, while the previous process still drains a
-    // slow request: the stop waits for both processes, the request gets its
-    // answer, and the unit ends inactive, not failed (nothing SIGKILLed).
+    // Stop right after two reloads, while the first process still drains
+    // slow requests: P0 drains, P1 (nothing in flight) exits at the second
+    // reload, and P2, re-parented to PID 1, is the main process. The stop
+    // waits for P0 too (not only for $MAINPID, P2), the requests get their
+    // answers, and the unit ends inactive, not failed (nothing SIGKILLed).
     service.systemctl(&["reload", "baton"]);
     let mut draining = service.main_pid();
     assert_ne!(draining, restarted);
     service.wait_gone(restarted);
     let mut attempts = 0;
-    let requests = loop {
+    let (requests, middle) = loop {
         attempts += 1;
-        assert!(attempts <= 3, "the slow requests never outlasted a reload");
+        assert!(attempts <= 3, "the slow requests never outlasted two reloads");
         let requests = slow_requests(&service.base(), 4);
         service.systemctl(&["reload", "baton"]);
+        let middle = service.main_pid();
+        service.systemctl(&["reload", "baton"]);
         if !requests.iter().all(|r| r.is_finished()) {
-            break requests;
+            break (requests, middle);
         }
         assert_answered(requests, "the slow requests");
         service.wait_gone(draining);
+        service.wait_gone(middle);
         draining = service.main_pid();
     };
     let last = service.main_pid();
-    assert_ne!(last, draining);
+    assert!(last != draining && last != middle, "the second reload did not move MainPID");
+    // The middle process had nothing in flight: it is gone, so the last one
+    // is PID 1's child, not the draining process's.
+    service.wait_gone(middle);
+    service.exec_ok("systemctl --no-block stop baton");
+    // The draining process must still be there once the stop began, or the
+    // stop below would prove nothing.
+    let alive = service.exec(&["sh", "-c", &format!("kill -0 {draining}")]);
+    assert!(
+        alive.status.success(),
+        "{draining} was gone before the stop, which proves nothing: {}\n{}",
+        String::from_utf8_lossy(&alive.stderr),
+        service.journal()
+    );
+    service.wait_for("the stop to end", || {
+        let state = service.state();
+        (state.0 != "active" && state.0 != "deactivating").then_some(())
+    });
     service.assert_stops_cleanly(last);
-    assert_answered(requests, "the slow requests draining in the previous process");
+    assert_answered(requests, "the slow requests draining in the first process");
     assert!(service.log_of(draining).contains("baton stopped."), "{draining} did not stop on its own");
 }
 
