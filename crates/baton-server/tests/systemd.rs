@@ -232,6 +232,13 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
 fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() {
     let repo = repository();
     let mut service = Service::install("failed-reload", &repo);
+    // baton-stop where it finds no cgroup (the tree hidden by an empty
+    // mount): it still stops the main process and waits until it is gone.
+    service.exec_ok(
+        "unshare --mount sh -c 'mount -t tmpfs none /sys/fs/cgroup \
+         && pid=$(sh -c \"sleep 120 >/dev/null 2>&1 & echo \\$!\") \
+         && MAINPID=$pid /usr/lib/baton/baton-stop && ! kill -0 $pid'",
+    );
     // Options set as docs/systemd.md shows (they name no token file): the
     // admin token must stay in force all the same.
     service.exec_ok(
