@@ -231,7 +231,11 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
 #[test]
 fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() {
     let repo = repository();
-    let mut service = Service::install("failed-reload", &repo);
+    // A user `baton` made before the package without a group of that name:
+    // the install makes the group, and the service runs.
+    let mut service =
+        Service::install_after("failed-reload", &repo, &[], "useradd --system --gid nogroup --no-create-home baton");
+    service.exec_ok("id -Gn baton | grep -qw baton");
     // baton-stop where it finds no cgroup (the tree hidden by an empty
     // mount): it still stops the main process and waits until it is gone.
     service.exec_ok(
