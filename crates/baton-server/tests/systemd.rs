@@ -7,12 +7,13 @@
 //! drives the service with `systemctl`: start (READY only once it serves),
 //! reload under traffic (the binary upgrade: no failed request, systemd
 //! follows the new process), a reload whose binary cannot start, a main
-//! process killed, stop (a clean drain, also right after a reload while the
-//! previous process still drains), the sandbox the upgraded process still
+//! process killed, stop (a clean drain, also right after two reloads while
+//! the first process still drains, and under a `Delegate=` drop-in), the
+//! stop script without a cgroup, the sandbox the upgraded process still
 //! runs in and the unit's settings one by one, the admin token that keeps
-//! other local users out, and a newer package installed (its postinst
-//! reloads) and removed (its prerm stops the service) while the service
-//! runs.
+//! other local users out whatever `BATON_OPTS` says, an existing `baton`
+//! user or group, and a newer package installed (its postinst reloads) and
+//! removed (its prerm stops the service) while the service runs.
 
 mod common;
 
