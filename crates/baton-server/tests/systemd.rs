@@ -7,12 +7,13 @@
 //! drives the service with `systemctl`: start (READY only once it serves),
 //! reload under traffic (the binary upgrade: no failed request, systemd
 //! follows the new process), a reload whose binary cannot start, a main
-//! process killed, stop (a clean drain, also right after a reload while the
-//! previous process still drains), the sandbox the upgraded process still
+//! process killed, stop (a clean drain, also right after two reloads while
+//! the first process still drains, and under a `Delegate=` drop-in), the
+//! stop script without a cgroup, the sandbox the upgraded process still
 //! runs in and the unit's settings one by one, the admin token that keeps
-//! other local users out, and a newer package installed (its postinst
-//! reloads) and removed (its prerm stops the service) while the service
-//! runs.
+//! other local users out whatever `BATON_OPTS` says, an existing `baton`
+//! user or group, and a newer package installed (its postinst reloads) and
+//! removed (its prerm stops the service) while the service runs.
 
 mod common;
 
@@ -74,6 +75,57 @@ fn slow_requests(base: &str, count: usize) -> Vec<std::thread::JoinHandle<Result
         (in_flight || requests.iter().all(|r| r.is_finished())).then_some(())
     });
     requests
+}
+
+/// Sends slow requests to the main process, reloads `reloads` times at
+/// once (the processes between have nothing in flight and exit, so the
+/// last is PID 1's child, not the draining one's), stops the service while
+/// the first process still drains, and checks that the stop waited for it:
+/// its requests are answered, it stopped on its own, nothing was SIGKILLed
+/// and the unit ends inactive, not failed.
+fn assert_stop_waits_for_draining(service: &Service, reloads: usize) {
+    let mut attempts = 0;
+    let (draining, requests, between) = loop {
+        attempts += 1;
+        assert!(attempts <= 3, "the slow requests never outlasted {reloads} reloads");
+        let draining = service.main_pid();
+        // More each attempt, as the reloads took longer than they last.
+        let requests = slow_requests(&service.base(), 2 + 2 * attempts);
+        let mut between = Vec::new();
+        for _ in 0..reloads {
+            service.systemctl(&["reload", "baton"]);
+            between.push(service.main_pid());
+        }
+        let last = between.pop().expect("at least one reload");
+        if !requests.iter().all(|r| r.is_finished()) {
+            break (draining, requests, between);
+        }
+        assert_answered(requests, "the slow requests");
+        service.wait_gone(draining);
+        between.iter().for_each(|&pid| service.wait_gone(pid));
+        assert_eq!(service.main_pid(), last);
+    };
+    let last = service.main_pid();
+    assert!(last != draining && !between.contains(&last), "the reloads did not move MainPID");
+    between.iter().for_each(|&pid| service.wait_gone(pid));
+    service.exec_ok("systemctl --no-block stop baton");
+    // The draining process must still be there once the stop began (a stop
+    // that does not wait lets systemd SIGKILL it at once, which fails here
+    // too), or the stop below would prove nothing.
+    let alive = service.exec(&["sh", "-c", &format!("kill -0 {draining}")]);
+    assert!(
+        alive.status.success(),
+        "{draining} was gone right after the stop began (SIGKILLed, or done before it): {}\n{}",
+        String::from_utf8_lossy(&alive.stderr),
+        service.journal()
+    );
+    service.wait_for("the stop to end", || {
+        let state = service.state();
+        (state.0 != "active" && state.0 != "deactivating").then_some(())
+    });
+    service.assert_stops_cleanly(last);
+    assert_answered(requests, "the slow requests draining in the first process");
+    assert!(service.log_of(draining).contains("baton stopped."), "{draining} did not stop on its own");
 }
 
 /// Waits for each request, which must have been answered 200.
@@ -165,37 +217,38 @@ fn the_packaged_service_starts_ready_reloads_under_traffic_onto_the_new_process_
     assert_eq!(service.served_pid(), restarted);
     assert_eq!(client.get("/v2/health/ready").status, 200);
 
-    // Stop right after a reload, while the previous process still drains a
-    // slow request: the stop waits for both processes, the request gets its
-    // answer, and the unit ends inactive, not failed (nothing SIGKILLed).
+    // Stop right after two reloads, while the first process still drains
+    // slow requests: P0 drains, P1 (nothing in flight) exits at the second
+    // reload, and P2, re-parented to PID 1, is the main process. The stop
+    // waits for P0 too (not only for $MAINPID, P2), the requests get their
+    // answers, and the unit ends inactive, not failed (nothing SIGKILLed).
     service.systemctl(&["reload", "baton"]);
-    let mut draining = service.main_pid();
+    let draining = service.main_pid();
     assert_ne!(draining, restarted);
     service.wait_gone(restarted);
-    let mut attempts = 0;
-    let requests = loop {
-        attempts += 1;
-        assert!(attempts <= 3, "the slow requests never outlasted a reload");
-        let requests = slow_requests(&service.base(), 4);
-        service.systemctl(&["reload", "baton"]);
-        if !requests.iter().all(|r| r.is_finished()) {
-            break requests;
-        }
-        assert_answered(requests, "the slow requests");
-        service.wait_gone(draining);
-        draining = service.main_pid();
-    };
-    let last = service.main_pid();
-    assert_ne!(last, draining);
-    service.assert_stops_cleanly(last);
-    assert_answered(requests, "the slow requests draining in the previous process");
-    assert!(service.log_of(draining).contains("baton stopped."), "{draining} did not stop on its own");
+    assert_stop_waits_for_draining(&service, 2);
 }
 
 #[test]
 fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() {
     let repo = repository();
-    let mut service = Service::install("failed-reload", &repo);
+    // A user `baton` made before the package without a group of that name:
+    // the install makes the group, and the service runs.
+    let mut service =
+        Service::install_after("failed-reload", &repo, &[], "useradd --system --gid nogroup --no-create-home baton");
+    service.exec_ok("id -Gn baton | grep -qw baton");
+    // baton-stop where it finds no cgroup (the tree hidden by an empty
+    // mount): it still stops the main process and waits until it is gone.
+    service.exec_ok(
+        "unshare --mount sh -c 'mount -t tmpfs none /sys/fs/cgroup \
+         && pid=$(sh -c \"sleep 120 >/dev/null 2>&1 & echo \\$!\") \
+         && MAINPID=$pid /usr/lib/baton/baton-stop && ! kill -0 $pid'",
+    );
+    // Options set as docs/systemd.md shows (they name no token file): the
+    // admin token must stay in force all the same.
+    service.exec_ok(
+        "sed -i 's/^BATON_OPTS=.*/BATON_OPTS=--model-control explicit --load-model m --load-model w --load-model slow --memory-budget 6GiB/' /etc/default/baton",
+    );
     service.start();
     let before = service.main_pid();
 
@@ -265,7 +318,18 @@ fn a_reload_whose_new_binary_cannot_start_fails_and_the_old_process_serves_on() 
     assert_eq!(service.served_pid(), after);
     service.wait_gone(before);
     traffic.assert_clean();
-    service.assert_stops_cleanly(after);
+
+    // Under a `Delegate=` drop-in (docs/systemd.md: worker memory cgroups)
+    // systemd runs the stop command in the unit's `.control` cgroup: the
+    // stop must still wait for a process draining after a reload.
+    service.exec_ok(
+        "mkdir -p /etc/systemd/system/baton.service.d \
+         && printf '[Service]\\nDelegate=memory\\nProtectControlGroups=no\\n' >/etc/systemd/system/baton.service.d/delegate.conf \
+         && systemctl daemon-reload",
+    );
+    assert_eq!(service.property("Delegate"), "yes");
+    service.systemctl(&["restart", "baton"]);
+    assert_stop_waits_for_draining(&service, 1);
 }
 
 #[test]
