@@ -291,9 +291,9 @@ impl Peer {
                 let pid = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default().trim().to_owned();
                 return Peer { pid, base: format!("http://127.0.0.1:{port}") };
             }
-            let port_taken = said.contains("PORT_BINDING_FAILED")
-                || said.contains("Failed to bind")
-                || said.contains("address already in use");
+            let lower = said.to_lowercase();
+            let port_taken =
+                ["port_binding_failed", "failed to bind", "already in use"].iter().any(|m| lower.contains(m));
             assert!(port_taken && attempt < 4, "MLServer did not start: {said}");
         }
     }
@@ -307,22 +307,31 @@ impl Peer {
         let root = workspace();
         let bin = root.join(".baton/bench-venv-triton/tritonserver/bin/tritonserver");
         assert!(bin.is_file(), "Triton is not installed at {} (run `bash bench/setup-triton.sh`)", bin.display());
-        let port = free_port();
-        let output = Command::new("bash")
-            .arg(root.join("bench/run-triton.sh"))
-            .arg("--repo")
-            .arg(repo)
-            .arg(port.to_string())
-            .args(args)
-            .env("READY_TIMEOUT", "120")
-            .output()
-            .expect("running bench/run-triton.sh");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        if !output.status.success() {
-            return Err(format!("{stdout}{}", String::from_utf8_lossy(&output.stderr)));
+        // As for MLServer: three ports, and other ones when one of them
+        // was taken before Triton bound it.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = free_run_of_three();
+            let output = Command::new("bash")
+                .arg(root.join("bench/run-triton.sh"))
+                .arg("--repo")
+                .arg(repo)
+                .arg(port.to_string())
+                .args(args)
+                .env("READY_TIMEOUT", "120")
+                .output()
+                .expect("running bench/run-triton.sh");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            if output.status.success() {
+                let pid = stdout.lines().last().unwrap_or_default().trim().to_owned();
+                return Ok(Peer { pid, base: format!("http://127.0.0.1:{port}") });
+            }
+            let said = format!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+            if !said.to_lowercase().contains("already in use") || attempt >= 4 {
+                return Err(said);
+            }
         }
-        let pid = stdout.lines().last().unwrap_or_default().trim().to_owned();
-        Ok(Peer { pid, base: format!("http://127.0.0.1:{port}") })
     }
 
     pub fn triton(repo: &Path, args: &[&str]) -> Peer {
