@@ -341,7 +341,7 @@ fn a_twin_that_dies_ends_the_twin_and_counts_nothing_against_the_stable_version(
         .into_iter()
         .map(|fd| pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).expect("a copy of the twin's slot"))
         .collect();
-    signal(twin_pid, "STOP");
+    baton_testkit::signals::stop(twin_pid);
     // Requests sent, and how many of them the candidate answered.
     let mut sent = (0u64, 0u64);
     let ask = |sent: &mut (u64, u64)| {

@@ -300,12 +300,8 @@ fn serving_then_stopped(toml: &str) -> (baton_testkit::repo::TestRepo, baton_tes
     server.wait_serving("m", 1);
     let first = workers_of(server.pid());
     assert_eq!(first.len(), 1);
-    assert!(std::process::Command::new("kill").args(["-STOP", &first[0].to_string()]).status().unwrap().success());
-    // The stop is asynchronous: wait until the kernel shows it stopped.
-    wait_until("the worker is stopped", || {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", first[0])).unwrap_or_default();
-        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
-    });
+    // The stop is asynchronous: this waits until every thread shows stopped.
+    baton_testkit::signals::stop(first[0]);
     (repo, server, first)
 }
 

@@ -202,7 +202,7 @@ impl Etcd {
     /// connections, and nothing is answered, until [`Etcd::resume`].
     pub fn pause(&mut self) {
         if self.child.is_some() && !self.paused {
-            self.signal("STOP");
+            crate::signals::stop(self.pid());
             self.paused = true;
         }
     }

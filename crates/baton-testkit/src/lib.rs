@@ -19,6 +19,7 @@ pub mod prometheus;
 pub mod repo;
 pub mod s3;
 pub mod server;
+pub mod signals;
 
 /// The ONNX model generator, re-exported for tests.
 pub use baton_onnx::mlp as onnx;

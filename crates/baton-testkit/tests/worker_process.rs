@@ -64,12 +64,6 @@ fn x(first: f32) -> Vec<Tensor> {
     vec![Tensor::from_f32("x", vec![1, 4], &[first, 1.0, 2.0, 3.0])]
 }
 
-/// Sends `signal` to `pid`.
-fn signal(pid: u32, signal: &str) {
-    let sent = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
-    assert!(sent.success(), "kill -{signal} {pid}");
-}
-
 /// The engine's panic in a worker reaches the server with the kind it has
 /// in the server's own process, not as the worker's failure; the worker
 /// serves the next call.
@@ -91,7 +85,9 @@ fn a_worker_that_hangs_while_it_streams_its_weights_fails_the_pass_within_its_ti
     let (_dir, verified) = version(&[("fake.txt", "2")]);
     let model = backend().load(&verified, &spec("worker_timeout_ms = 300\nworker_heartbeat_ms = 0\n")).unwrap();
     let pid = model.process().unwrap().pid;
-    signal(pid, "STOP");
+    // Every thread stopped before the pass begins: a SIGSTOP only queued
+    // lets a worker thread that is running answer it.
+    baton_testkit::signals::stop(pid);
     let (tx, rx) = std::sync::mpsc::channel();
     let began = Instant::now();
     let model = Arc::new(model);
@@ -102,7 +98,7 @@ fn a_worker_that_hangs_while_it_streams_its_weights_fails_the_pass_within_its_ti
     let visited = rx.recv_timeout(LONG);
     if visited.is_err() {
         // Lets the thread that waits on the worker go before failing.
-        signal(pid, "KILL");
+        baton_testkit::signals::send(pid, "KILL");
     }
     let visited = visited.expect("the pass over the weights waited on a stopped worker");
     let Err(WeightsError::Read(why)) = visited else { panic!("{visited:?}") };
