@@ -377,6 +377,41 @@ fn slow_bodies_are_refused_at_the_body_read_timeout_and_do_not_lock_a_listener_o
     common::assert_no_panic(&server);
 }
 
+/// Slow bodies hold every slot of a listener whose body read timeout is
+/// long (30 s by default): at the bound, with a client waiting, the body
+/// that has stalled longest is refused (408 `body_stalled`) and its
+/// connection closed, so the new client is answered within seconds.
+#[test]
+fn at_the_bound_a_stalled_body_makes_room_when_no_idle_connection_can() {
+    let repo = repo_with("m", &[1], "");
+    // Metrics are read on the admin listener, which has slots of its own.
+    let mut server = start(&repo, &["--max-connections", "3", "--admin-http", "127.0.0.1:0", "--no-watch"]);
+    let admin = format!("http://{}", common::listening_address(&server.next_line()));
+    let address = server.base().trim_start_matches("http://").to_owned();
+    wait_ready_closing(&address);
+    let mut slow: Vec<TcpStream> = (0..3).map(|_| slow_body(&address, "/v2/models/m/infer", 1000)).collect();
+    eventually("the three slow bodies to hold every slot", || {
+        (metric_now(&admin, r#"baton_connections{listener="http"}"#) >= 3.0).then_some(())
+    });
+    let mut fresh = TcpStream::connect(&address).expect("connecting");
+    send_get(&mut fresh, "/v2/health/live");
+    assert_eq!(status_within(&mut fresh, Duration::from_secs(5), "a new client beside three slow bodies"), 200);
+    let refused = eventually("a slow body to be refused", || {
+        slow.iter_mut().position(|stream| {
+            let _ = stream.set_nonblocking(true);
+            let mut peek = [0u8; 1];
+            let ready = stream.peek(&mut peek).is_ok_and(|n| n == 1);
+            let _ = stream.set_nonblocking(false);
+            ready
+        })
+    });
+    let answer = whole_answer(&mut slow[refused], PATIENCE);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""kind":"body_stalled""#), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    common::assert_no_panic(&server);
+}
+
 /// Everything the server sends on `stream` until it closes it, within
 /// `within`.
 fn whole_answer(stream: &mut TcpStream, within: Duration) -> String {

@@ -13,6 +13,7 @@
 //! joined into. A body that does not fit waits briefly for room, then is
 //! refused as overloaded with nothing of it buffered beyond its last chunk.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +31,8 @@ use tokio::time::{Instant, Sleep};
 
 use crate::app::App;
 use crate::error::{Class, ServeError};
+use crate::serve::conn::bounded::MAKE_ROOM_AFTER;
+use crate::serve::conn::state::{ConnHandle, Stalled};
 use crate::serving::Ticket;
 
 /// Gives every request's body [`App`]'s body read timeout, counted from
@@ -37,22 +40,48 @@ use crate::serving::Ticket;
 /// `Connection: close`, when it passes before the body has arrived,
 /// whatever the handler made of the failed read.
 pub async fn deadline(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let Some(timeout) = app.limits.body_read_timeout else { return next.run(request).await };
-    if http_body::Body::is_end_stream(request.body()) {
+    let timeout = app.limits.body_read_timeout;
+    let conn = request.extensions().get::<ConnHandle>().cloned();
+    if http_body::Body::is_end_stream(request.body()) || (timeout.is_none() && conn.is_none()) {
         return next.run(request).await;
     }
-    let timed_out = Arc::new(AtomicBool::new(false));
-    let deadline = Instant::now() + timeout;
-    let flag = Arc::clone(&timed_out);
-    let request = request.map(|inner| Body::new(Deadlined { inner, deadline, timeout, timer: None, timed_out: flag }));
+    let ended = Arc::new(Ended::default());
+    let flag = Arc::clone(&ended);
+    let deadline = timeout.map(|t| (Instant::now() + t, t));
+    let request =
+        request.map(|inner| Body::new(Deadlined { inner, deadline, timer: None, conn, stall: None, ended: flag }));
     let response = next.run(request).await;
-    if !timed_out.load(Ordering::Acquire) {
-        return response;
-    }
+    let refusal = match (ended.timed_out.load(Ordering::Acquire), ended.made_room.load(Ordering::Acquire)) {
+        (true, _) => body_timeout(timeout.unwrap_or_default()),
+        (false, true) => body_stalled(),
+        (false, false) => return response,
+    };
     app.metrics.connections.body_timed_out();
-    let mut response = body_timeout(timeout).into_response();
+    let mut response = refusal.into_response();
     response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
+}
+
+/// How a body's read ended early, if it did.
+#[derive(Debug, Default)]
+struct Ended {
+    /// Its deadline passed.
+    timed_out: AtomicBool,
+    /// It had stalled, and its connection was asked to make room.
+    made_room: AtomicBool,
+}
+
+/// The refusal of a body that stalled while its listener was full.
+fn body_stalled() -> ServeError {
+    ServeError::new(
+        Class::RequestTimeout,
+        "body_stalled",
+        format!(
+            "the request body sent nothing for {} ms while the listener held as many connections as it may: \
+             the connection was closed to make room for another client",
+            MAKE_ROOM_AFTER.as_millis()
+        ),
+    )
 }
 
 /// The refusal of a body that did not arrive within `timeout`.
@@ -77,16 +106,34 @@ impl std::fmt::Display for BodyTimedOut {
 impl std::error::Error for BodyTimedOut {}
 
 pin_project_lite::pin_project! {
-    /// A request body that fails once its deadline passes before its end.
+    /// A request body that fails once its deadline passes before its end,
+    /// or once it has stalled and its connection is asked to make room.
     struct Deadlined {
         #[pin]
         inner: Body,
-        deadline: Instant,
-        timeout: Duration,
+        // The deadline and the timeout it came from; `None`: no timeout.
+        deadline: Option<(Instant, Duration)>,
         timer: Option<Pin<Box<Sleep>>>,
-        timed_out: Arc<AtomicBool>,
+        // The connection, to note a stall on.
+        conn: Option<ConnHandle>,
+        // While the body waits for bytes: the stall, and the ask to make
+        // room it waits for.
+        stall: Option<(Stalled, Pin<Box<dyn Future<Output = ()> + Send>>)>,
+        ended: Arc<Ended>,
     }
 }
+
+/// What reading a body that stalled while its listener was full fails with.
+#[derive(Debug)]
+struct BodyStalled;
+
+impl std::fmt::Display for BodyStalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the body stalled and its connection was closed to make room")
+    }
+}
+
+impl std::error::Error for BodyStalled {}
 
 impl http_body::Body for Deadlined {
     type Data = Bytes;
@@ -94,22 +141,43 @@ impl http_body::Body for Deadlined {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.project();
-        if !this.timed_out.load(Ordering::Acquire) {
-            if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
-                return Poll::Ready(frame);
-            }
-            let deadline = *this.deadline;
-            let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            this.timed_out.store(true, Ordering::Release);
+        let timeout = this.deadline.map(|(_, timeout)| timeout).unwrap_or_default();
+        if this.ended.made_room.load(Ordering::Acquire) {
+            return Poll::Ready(Some(Err(axum::Error::new(BodyStalled))));
         }
-        Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(*this.timeout)))))
+        if this.ended.timed_out.load(Ordering::Acquire) {
+            return Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(timeout)))));
+        }
+        if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
+            *this.stall = None;
+            return Poll::Ready(frame);
+        }
+        if let Some((deadline, _)) = *this.deadline {
+            let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if timer.as_mut().poll(cx).is_ready() {
+                this.ended.timed_out.store(true, Ordering::Release);
+                return Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(timeout)))));
+            }
+        }
+        // No byte now: the body has stalled until one arrives.
+        if let Some(conn) = this.conn {
+            let (_, room) = this.stall.get_or_insert_with(|| {
+                let stalled = conn.stall();
+                let room = Box::pin(stalled.making_room());
+                (stalled, room)
+            });
+            if room.as_mut().poll(cx).is_ready() {
+                *this.stall = None;
+                this.ended.made_room.store(true, Ordering::Release);
+                return Poll::Ready(Some(Err(axum::Error::new(BodyStalled))));
+            }
+        }
+        Poll::Pending
     }
 
     fn is_end_stream(&self) -> bool {
-        !self.timed_out.load(Ordering::Acquire) && self.inner.is_end_stream()
+        let ended = self.ended.timed_out.load(Ordering::Acquire) || self.ended.made_room.load(Ordering::Acquire);
+        !ended && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -138,12 +206,17 @@ fn unreadable(e: impl std::fmt::Display) -> ServeError {
     ServeError::bad_request("bad_body", format!("reading the request body failed: {e}"))
 }
 
-/// A failed read of a body: its deadline passed (408), or it broke.
+/// A failed read of a body: its deadline passed or it stalled at a full
+/// listener (408), or it broke.
 fn failed(e: axum::Error) -> ServeError {
-    match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<BodyTimedOut>()) {
-        Some(BodyTimedOut(timeout)) => body_timeout(*timeout),
-        None => unreadable(e),
+    let source = std::error::Error::source(&e);
+    if let Some(BodyTimedOut(timeout)) = source.and_then(|s| s.downcast_ref::<BodyTimedOut>()) {
+        return body_timeout(*timeout);
     }
+    if source.is_some_and(|s| s.is::<BodyStalled>()) {
+        return body_stalled();
+    }
+    unreadable(e)
 }
 
 /// How long draining a refused request's body may take: a slow client's

@@ -20,9 +20,13 @@
 //! does with its idle keep-alive connections: it asks the oldest
 //! connection that has waited at least [`MAKE_ROOM_AFTER`] for its first
 //! request, or been idle (or held only quiet streams, see
-//! [`super::state`]) that long since its last, to close. A connection with
-//! a request in flight that is not quiet is never closed to make room, and
-//! one whose next request is already in its socket reads it instead.
+//! [`super::state`]) that long since its last, to close. Only when none
+//! may, it asks the one whose request's body has stalled (no byte) for
+//! that long: that request is refused with 408 (kind `body_stalled`), as
+//! a slow client's body would be at the body read timeout, only sooner. A
+//! connection with a request in flight whose body flows, or that is being
+//! answered, is never closed to make room, and one whose next request is
+//! already in its socket reads it instead.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -146,16 +150,23 @@ impl Bounded {
         let now = tokio::time::Instant::now();
         self.accepted.retain(|c| c.strong_count() > 0);
         let mut soonest: Option<tokio::time::Instant> = None;
+        // A connection that waits for a request first: closing it fails
+        // nothing. Only then one whose request's body has stalled.
         let mut oldest = None;
-        for weak in &self.accepted {
-            let Some(conn) = weak.upgrade() else { continue };
-            match conn.evictable_at(MAKE_ROOM_AFTER) {
-                Some(when) if when <= now => {
-                    oldest = Some(conn);
-                    break;
+        for evictable_at in [Conn::evictable_at, Conn::stalled_evictable_at] {
+            for weak in &self.accepted {
+                let Some(conn) = weak.upgrade() else { continue };
+                match evictable_at(&conn, MAKE_ROOM_AFTER) {
+                    Some(when) if when <= now => {
+                        oldest = Some(conn);
+                        break;
+                    }
+                    Some(when) => soonest = Some(soonest.map_or(when, |s| s.min(when))),
+                    None => {}
                 }
-                Some(when) => soonest = Some(soonest.map_or(when, |s| s.min(when))),
-                None => {}
+            }
+            if oldest.is_some() {
+                break;
             }
         }
         let Some(oldest) = oldest else { return soonest };

@@ -233,7 +233,7 @@ impl<IO> Guarded<IO> {
         if in_flight == 0 && !conn.blocked.load(Ordering::Acquire) {
             return true;
         }
-        if in_flight > conn.quiet.load(Ordering::Acquire) {
+        if in_flight > conn.waiting() {
             conn.evict.store(false, Ordering::Release);
         }
         false

@@ -11,6 +11,12 @@
 //!   whose requests in flight are all quiet may be closed to make room at
 //!   its listener's bound: the quiet streams are told ([`Quiet::making_room`])
 //!   and end, then the connection closes.
+//! - A request whose body has **stalled** (no byte for a while, the client
+//!   still connected) keeps its connection, but at the bound, when no
+//!   connection that waits for a request may make room, the one stalled
+//!   longest may: its request is refused (408) and the connection closes
+//!   ([`Stalled`]). Idle connections go first, since closing them fails
+//!   nothing.
 //! - An answer the socket would not take (the client reads nothing) keeps
 //!   the connection busy until it is written or the send timeout closes it.
 
@@ -30,6 +36,10 @@ pub struct Conn {
     pub(super) in_flight: AtomicUsize,
     /// Of the requests in flight, those that are quiet streams.
     pub(super) quiet: AtomicUsize,
+    /// Of the requests in flight, those whose body has stalled.
+    pub(super) stalled: AtomicUsize,
+    /// When the last body stalled, in microseconds since `opened`.
+    stalled_since_us: AtomicU64,
     /// Requests begun on the connection.
     pub(super) begun: AtomicU64,
     /// When the last request ended (or the last quiet stream turned
@@ -53,6 +63,8 @@ impl Conn {
             opened: Instant::now(),
             in_flight: AtomicUsize::new(0),
             quiet: AtomicUsize::new(0),
+            stalled: AtomicUsize::new(0),
+            stalled_since_us: AtomicU64::new(0),
             begun: AtomicU64::new(0),
             idle_since_us: AtomicU64::new(0),
             blocked: AtomicBool::new(false),
@@ -74,6 +86,27 @@ impl Conn {
         }
         let since = if self.begun.load(Ordering::Acquire) == 0 { self.opened } else { self.idle_since() };
         Some(since + after)
+    }
+
+    /// When the connection may be closed to make room while a request's
+    /// body has stalled: `after` once the last body to stall has waited
+    /// that long for a byte, when every request in flight is quiet or
+    /// stalled. `None` otherwise, or while an answer waits for the client.
+    pub fn stalled_evictable_at(&self, after: Duration) -> Option<Instant> {
+        let stalled = self.stalled.load(Ordering::Acquire);
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        let waiting = self.quiet.load(Ordering::Acquire) + stalled;
+        if stalled == 0 || in_flight > waiting || self.blocked.load(Ordering::Acquire) {
+            return None;
+        }
+        let since = self.opened + Duration::from_micros(self.stalled_since_us.load(Ordering::Acquire));
+        Some(since + after)
+    }
+
+    /// Requests in flight that may end to make room: quiet streams and
+    /// stalled bodies.
+    pub(super) fn waiting(&self) -> usize {
+        self.quiet.load(Ordering::Acquire) + self.stalled.load(Ordering::Acquire)
     }
 
     /// Asks the connection to close: at once if it has nothing in flight
@@ -99,6 +132,15 @@ impl Conn {
         self.idle_from_now();
         self.quiet.fetch_add(1, Ordering::AcqRel);
         Quiet(Arc::clone(self))
+    }
+
+    /// Notes that a request's body has stalled until the returned guard is
+    /// dropped (a byte arrived, or the request ended).
+    pub fn stall(self: &Arc<Conn>) -> Stalled {
+        let now = u64::try_from(self.opened.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.stalled_since_us.fetch_max(now, Ordering::AcqRel);
+        self.stalled.fetch_add(1, Ordering::AcqRel);
+        Stalled(Arc::clone(self))
     }
 
     pub(super) fn idle_since(&self) -> Instant {
@@ -136,16 +178,40 @@ impl Quiet {
     /// Resolves once the connection is asked to make room: the stream
     /// should end.
     pub async fn making_room(&self) {
-        let conn = &self.0;
-        loop {
-            let notified = conn.making_room.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            if conn.evict.load(Ordering::Acquire) {
-                return;
-            }
-            notified.await;
+        making_room(&self.0).await;
+    }
+}
+
+/// Resolves once `conn` is asked to make room.
+async fn making_room(conn: &Conn) {
+    loop {
+        let notified = conn.making_room.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        if conn.evict.load(Ordering::Acquire) {
+            return;
         }
+        notified.await;
+    }
+}
+
+/// A request in flight whose body has stalled, while it has.
+#[derive(Debug)]
+pub struct Stalled(Arc<Conn>);
+
+impl Stalled {
+    /// Resolves once the connection is asked to make room: the request
+    /// should give up its body. Owns what it waits on, so that a body can
+    /// keep it across polls.
+    pub fn making_room(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let conn = Arc::clone(&self.0);
+        async move { making_room(&conn).await }
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        self.0.stalled.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -174,6 +240,11 @@ impl ConnHandle {
     pub fn quiet(&self) -> Quiet {
         self.0.quiet()
     }
+
+    /// Notes that the request's body has stalled, while the guard lives.
+    pub fn stall(&self) -> Stalled {
+        self.0.stall()
+    }
 }
 
 #[cfg(test)]
@@ -199,6 +270,26 @@ mod tests {
         conn.blocked.store(false, Ordering::Release);
         drop((quiet, stream));
         assert!(conn.evictable_at(after).is_some());
+    }
+
+    #[test]
+    fn a_stalled_body_may_make_room_only_when_nothing_else_is_in_flight() {
+        let conn = Arc::new(Conn::new());
+        let after = Duration::from_secs(1);
+        let request = conn.begin();
+        assert_eq!(conn.stalled_evictable_at(after), None, "a request whose body flows");
+        let stalled = conn.stall();
+        assert!(conn.stalled_evictable_at(after).is_some_and(|at| at >= conn.opened + after));
+        assert_eq!(conn.evictable_at(after), None, "a stalled body is not an idle connection");
+        let other = conn.begin();
+        assert_eq!(conn.stalled_evictable_at(after), None, "another request in flight");
+        drop(other);
+        conn.blocked.store(true, Ordering::Release);
+        assert_eq!(conn.stalled_evictable_at(after), None, "an answer waits for the client");
+        conn.blocked.store(false, Ordering::Release);
+        drop(stalled);
+        assert_eq!(conn.stalled_evictable_at(after), None, "a byte arrived");
+        drop(request);
     }
 
     #[tokio::test]
