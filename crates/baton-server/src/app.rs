@@ -16,7 +16,7 @@ use crate::readiness::{Findings, Readiness};
 
 /// The server-wide bounds on requests (`baton serve` flags; defaults and
 /// why in docs/api.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ServerLimits {
     /// Largest request body accepted, in bytes.
     pub max_request_bytes: usize,
@@ -28,7 +28,18 @@ pub struct ServerLimits {
     pub request_timeout: Option<Duration>,
     /// How long a request's body may take to arrive; `None` for no limit.
     pub body_read_timeout: Option<Duration>,
+    /// The largest value one posted outcome may carry: 1 (a click, a
+    /// conversion) while posting is open to every inference client, the
+    /// outcome's own bound once an outcomes token keeps it to the
+    /// services given that token.
+    pub outcome_value_max: f64,
 }
+
+/// The largest value an outcome posted without the outcomes token may
+/// carry: one click or conversion per answer. A client that may post only
+/// for its own answers, once each, then moves a side's rate by at most
+/// what clicking every answer it got would.
+pub const OPEN_OUTCOME_VALUE_MAX: f64 = 1.0;
 
 impl Default for ServerLimits {
     fn default() -> Self {
@@ -38,6 +49,7 @@ impl Default for ServerLimits {
             memory_budget: 512 << 20,
             request_timeout: Some(Duration::from_secs(30)),
             body_read_timeout: Some(Duration::from_secs(30)),
+            outcome_value_max: OPEN_OUTCOME_VALUE_MAX,
         }
     }
 }

@@ -9,7 +9,9 @@
 //! - The body has a bound of its own, far below `--max-request-bytes`, and
 //!   is admitted and counted against the request memory budget like an
 //!   inference request (503 when the server is full).
-//! - With `--outcomes-token-file`, posting needs that token.
+//! - With `--outcomes-token-file`, posting needs that token; without it,
+//!   posting is open to inference clients and a value may be one click
+//!   at most.
 
 mod common;
 
@@ -149,8 +151,21 @@ fn a_batch_is_refused_where_it_goes_wrong_before_the_rest_is_read() {
         totals["stable"]["outcomes"].as_u64().unwrap_or(0) + totals["candidate"]["outcomes"].as_u64().unwrap_or(0),
         0
     );
-    let max = format!("{{\"outcomes\": [{{\"id\": \"{id}\", \"value\": 1e12}}]}}");
-    assert_eq!(post(&server, max.as_bytes()).json()["accepted"], 1);
+    // Without the outcomes token anyone who may infer may post: one value
+    // of an order's size would outweigh every click of a window, so a
+    // value above one click is refused, and nothing of its batch counts.
+    let click = json!({ "id": id }).to_string();
+    let large = format!("{{\"outcomes\": [{click}, {{\"id\": \"{id}\", \"value\": 1e12}}]}}");
+    let answer = post(&server, large.as_bytes());
+    assert_eq!(answer.status, 400, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(answer.json()["kind"], "invalid_outcome", "{}", answer.error());
+    assert!(
+        answer.error().contains("outcome 1") && answer.error().contains("--outcomes-token-file"),
+        "{}",
+        answer.error()
+    );
+    let one = format!("{{\"outcomes\": [{{\"id\": \"{id}\", \"value\": 1}}]}}");
+    assert_eq!(post(&server, one.as_bytes()).json()["accepted"], 1);
 }
 
 /// Sends the head of a request to `m`'s `endpoint` (`infer`, `outcomes`)
@@ -241,6 +256,12 @@ fn with_an_outcomes_token_posting_needs_it_and_inference_does_not() {
     let answer = with(&ids[1], Some("Bearer outc0mes-Token"));
     assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
     assert_eq!(answer.json(), json!({ "accepted": 1, "duplicate": 0, "unknown": 0 }));
+    // With the token, an order's value up to 1e12 is taken.
+    let order = json!({ "outcomes": [{ "id": ids[2], "value": 1e12 }] }).to_string();
+    let headers = [("content-type", "application/json"), ("authorization", "Bearer outc0mes-Token")];
+    let answer = server.post_raw("/baton/v1/models/m/outcomes", order.as_bytes(), &headers);
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(answer.json()["accepted"], 1);
     assert!(!common::plain_log(&server).contains("outc0mes-Token"), "the token reached the log");
 }
 

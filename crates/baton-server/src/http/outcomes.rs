@@ -102,6 +102,7 @@ async fn count(app: &Arc<App>, model: &str, bytes: Vec<u8>, ticket: &mut Ticket)
         let (app, model) = (Arc::clone(app), model.to_owned());
         move || {
             let batch = decode(&bytes)?;
+            above_open_bound(&batch, app.limits.outcome_value_max)?;
             let posted: Vec<(&str, f64)> = batch.iter().map(|(id, value)| (id.as_str(), *value)).collect();
             let counted = app.registry.post_outcomes(&model, &posted).map_err(|e| match e {
                 PostError::UnknownModel(_) => ServeError::unknown_model(&model),
@@ -112,6 +113,21 @@ async fn count(app: &Arc<App>, model: &str, bytes: Vec<u8>, ticket: &mut Ticket)
         }
     };
     if inline { work() } else { serving::blocking(work).await }
+}
+
+/// Refuses a batch with a value above `max`, the bound on a post without
+/// the outcomes token: anyone who may infer may post then, and one large
+/// value would outweigh every click of a window.
+fn above_open_bound(batch: &[(String, f64)], max: f64) -> Result<(), ServeError> {
+    let Some((index, (_, value))) = batch.iter().enumerate().find(|(_, (_, value))| *value > max) else {
+        return Ok(());
+    };
+    let reason = format!(
+        "its value {value} is above {max}, the most an outcome may carry when posting is open to every \
+         inference client; give the server --outcomes-token-file to post larger values (an order's amount)"
+    );
+    let refused = PostError::Malformed { index, reason };
+    Err(ServeError::new(Class::BadRequest, refused.kind(), refused.to_string()))
 }
 
 /// Decodes a post's body item by item: each item is checked as it is

@@ -349,6 +349,10 @@ impl ServeArgs {
             memory_budget: self.request_memory_budget,
             request_timeout: self.request_timeout.0,
             body_read_timeout: self.body_read_timeout.0,
+            outcome_value_max: match self.outcomes_token_file {
+                Some(_) => baton_core::rollout::outcome::MAX_VALUE,
+                None => crate::app::OPEN_OUTCOME_VALUE_MAX,
+            },
         }
     }
 
