@@ -379,10 +379,18 @@ fn slow_bodies_are_refused_at_the_body_read_timeout_and_do_not_lock_a_listener_o
 
 /// Slow bodies hold every slot of a listener whose body read timeout is
 /// long (30 s by default): at the bound, with a client waiting, the body
-/// that has stalled longest is refused (408 `body_stalled`) and its
-/// connection closed, so the new client is answered within seconds.
+/// that has been too slow the longest is refused (408 `body_stalled`) and
+/// its connection closed, so the new client is answered within seconds.
+/// Bodies that trickle a byte now and then are as slow as ones that
+/// stopped.
 #[test]
 fn at_the_bound_a_stalled_body_makes_room_when_no_idle_connection_can() {
+    for trickle in [false, true] {
+        stalled_bodies_make_room(trickle);
+    }
+}
+
+fn stalled_bodies_make_room(trickle: bool) {
     let repo = repo_with("m", &[1], "");
     // Metrics are read on the admin listener, which has slots of its own.
     let mut server = start(&repo, &["--max-connections", "3", "--admin-http", "127.0.0.1:0", "--no-watch"]);
@@ -393,9 +401,28 @@ fn at_the_bound_a_stalled_body_makes_room_when_no_idle_connection_can() {
     eventually("the three slow bodies to hold every slot", || {
         (metric_now(&admin, r#"baton_connections{listener="http"}"#) >= 3.0).then_some(())
     });
+    // A byte every 300 ms from each, on a thread of its own, while the new
+    // client waits.
+    let trickling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(trickle));
+    let writers: Vec<TcpStream> = slow.iter().map(|s| s.try_clone().expect("a clone of a socket")).collect();
+    let trickler = {
+        let trickling = std::sync::Arc::clone(&trickling);
+        std::thread::spawn(move || {
+            let mut writers = writers;
+            while trickling.load(std::sync::atomic::Ordering::Acquire) {
+                for writer in &mut writers {
+                    let _ = writer.write_all(b" ");
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
     let mut fresh = TcpStream::connect(&address).expect("connecting");
     send_get(&mut fresh, "/v2/health/live");
-    assert_eq!(status_within(&mut fresh, Duration::from_secs(5), "a new client beside three slow bodies"), 200);
+    let status = status_within(&mut fresh, Duration::from_secs(5), "a new client beside three slow bodies");
+    trickling.store(false, std::sync::atomic::Ordering::Release);
+    trickler.join().expect("the trickling thread");
+    assert_eq!(status, 200);
     let refused = eventually("a slow body to be refused", || {
         slow.iter_mut().position(|stream| {
             let _ = stream.set_nonblocking(true);
@@ -409,6 +436,7 @@ fn at_the_bound_a_stalled_body_makes_room_when_no_idle_connection_can() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains(r#""kind":"body_stalled""#), "{answer}");
     assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(metric_now(&admin, r#"baton_body_stalled_total{protocol="rest"}"#) >= 1.0);
     common::assert_no_panic(&server);
 }
 

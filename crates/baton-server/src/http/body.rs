@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::Frame;
@@ -48,18 +48,53 @@ pub async fn deadline(State(app): State<Arc<App>>, request: Request, next: Next)
     let ended = Arc::new(Ended::default());
     let flag = Arc::clone(&ended);
     let deadline = timeout.map(|t| (Instant::now() + t, t));
-    let request =
-        request.map(|inner| Body::new(Deadlined { inner, deadline, timer: None, conn, stall: None, ended: flag }));
+    let pace = Pace { began: Instant::now(), received: 0, timer: None };
+    let request = request
+        .map(|inner| Body::new(Deadlined { inner, deadline, timer: None, conn, pace, stall: None, ended: flag }));
     let response = next.run(request).await;
-    let refusal = match (ended.timed_out.load(Ordering::Acquire), ended.made_room.load(Ordering::Acquire)) {
-        (true, _) => body_timeout(timeout.unwrap_or_default()),
-        (false, true) => body_stalled(),
+    let mut response = match (ended.timed_out.load(Ordering::Acquire), ended.made_room.load(Ordering::Acquire)) {
+        (true, _) => {
+            app.metrics.connections.body_timed_out();
+            body_timeout(timeout.unwrap_or_default()).into_response()
+        }
+        (false, true) => {
+            app.metrics.connections.body_stalled();
+            // A refusal the handler had already chosen (a full server's
+            // 503, a 413) stands; a failed read becomes the stall's 408.
+            let failed_read = matches!(response.status(), StatusCode::BAD_REQUEST | StatusCode::REQUEST_TIMEOUT);
+            if failed_read || response.status().is_success() { body_stalled().into_response() } else { response }
+        }
         (false, false) => return response,
     };
-    app.metrics.connections.body_timed_out();
-    let mut response = refusal.into_response();
     response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
+}
+
+/// The least rate a body must keep, counted from its head after a first
+/// second of grace, so as not to be closed to make room at a full
+/// listener: a body that trickles a byte now and then is as slow as one
+/// that stopped. Apache's `mod_reqtimeout` asks the same of bodies by
+/// default.
+pub const MIN_BODY_RATE: u64 = 500;
+
+/// How fast a body arrives.
+struct Pace {
+    /// When its head was read.
+    began: Instant,
+    /// Bytes of it received so far.
+    received: u64,
+    /// Wakes the read when the body would turn slow, bytes not arriving.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Pace {
+    /// When the body turns slow unless more of it arrives: a second after
+    /// its head at the soonest, and when its bytes fall below
+    /// [`MIN_BODY_RATE`] since its head.
+    fn slow_from(&self) -> Instant {
+        let owed = Duration::from_secs_f64(self.received as f64 / MIN_BODY_RATE as f64);
+        self.began + owed.max(MAKE_ROOM_AFTER)
+    }
 }
 
 /// How a body's read ended early, if it did.
@@ -77,9 +112,8 @@ fn body_stalled() -> ServeError {
         Class::RequestTimeout,
         "body_stalled",
         format!(
-            "the request body sent nothing for {} ms while the listener held as many connections as it may: \
-             the connection was closed to make room for another client",
-            MAKE_ROOM_AFTER.as_millis()
+            "the request body arrived slower than {MIN_BODY_RATE} bytes a second while the listener held as many \
+             connections as it may: the connection was closed to make room for another client"
         ),
     )
 }
@@ -116,8 +150,9 @@ pin_project_lite::pin_project! {
         timer: Option<Pin<Box<Sleep>>>,
         // The connection, to note a stall on.
         conn: Option<ConnHandle>,
-        // While the body waits for bytes: the stall, and the ask to make
-        // room it waits for.
+        pace: Pace,
+        // While the body arrives too slowly: the stall, and the ask to
+        // make room it waits for.
         stall: Option<(Stalled, Pin<Box<dyn Future<Output = ()> + Send>>)>,
         ended: Arc<Ended>,
     }
@@ -149,7 +184,12 @@ impl http_body::Body for Deadlined {
             return Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(timeout)))));
         }
         if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
-            *this.stall = None;
+            if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
+                this.pace.received += data.map_or(0, |d| d.len() as u64);
+            }
+            if frame.is_none() || Instant::now() < this.pace.slow_from() {
+                *this.stall = None;
+            }
             return Poll::Ready(frame);
         }
         if let Some((deadline, _)) = *this.deadline {
@@ -159,20 +199,29 @@ impl http_body::Body for Deadlined {
                 return Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(timeout)))));
             }
         }
-        // No byte now: the body has stalled until one arrives.
-        if let Some(conn) = this.conn {
-            let (_, room) = this.stall.get_or_insert_with(|| {
-                let stalled = conn.stall();
-                let room = Box::pin(stalled.making_room());
-                (stalled, room)
-            });
-            if room.as_mut().poll(cx).is_ready() {
-                *this.stall = None;
-                this.ended.made_room.store(true, Ordering::Release);
-                return Poll::Ready(Some(Err(axum::Error::new(BodyStalled))));
+        let Some(conn) = this.conn else { return Poll::Pending };
+        // No byte now: is the body behind the least rate?
+        let slow_from = this.pace.slow_from();
+        if this.stall.is_none() {
+            let timer = this.pace.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(slow_from)));
+            if timer.deadline() != slow_from {
+                timer.as_mut().reset(slow_from);
+            }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
             }
         }
-        Poll::Pending
+        let (_, room) = this.stall.get_or_insert_with(|| {
+            let stalled = conn.stall();
+            let room = Box::pin(stalled.making_room());
+            (stalled, room)
+        });
+        if room.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        *this.stall = None;
+        this.ended.made_room.store(true, Ordering::Release);
+        Poll::Ready(Some(Err(axum::Error::new(BodyStalled))))
     }
 
     fn is_end_stream(&self) -> bool {

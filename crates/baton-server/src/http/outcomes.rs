@@ -21,6 +21,9 @@
 //!   wrong shape, a value that is not a finite number from 0 to
 //!   [`outcome::MAX_VALUE`]), stops the decoding there with a 400 that names it;
 //!   nothing of the batch is counted.
+//! - Without an outcomes token, posting is open to every inference client
+//!   and a value may be at most [`crate::app::OPEN_OUTCOME_VALUE_MAX`]
+//!   (one click): a batch with a larger one is refused whole, naming it.
 //!
 //! A value left out is 1 (a click, a conversion). Ids of no rollout in
 //! progress (an ended one, an earlier rollout of the same candidate, a

@@ -92,6 +92,7 @@ pub struct Connections {
     listeners: [Arc<ListenerConnections>; NAMES.len()],
     body_timeouts_rest: AtomicU64,
     body_timeouts_grpc: AtomicU64,
+    body_stalled_rest: AtomicU64,
 }
 
 impl Connections {
@@ -106,6 +107,12 @@ impl Connections {
     /// read timeout.
     pub fn body_timed_out(&self) {
         self.body_timeouts_rest.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a REST request refused because its body arrived too slowly
+    /// while its listener was full, to make room.
+    pub fn body_stalled(&self) {
+        self.body_stalled_rest.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a gRPC call whose message did not arrive within the body
@@ -155,6 +162,14 @@ impl Connections {
                 let _ = writeln!(out, "{name}{{listener=\"{listener}\",reason=\"{reason}\"}} {n}");
             }
         }
+        let name = "baton_body_stalled_total";
+        help(
+            out,
+            name,
+            "counter",
+            "Requests refused because their body arrived too slowly while their listener was full.",
+        );
+        let _ = writeln!(out, "{name}{{protocol=\"rest\"}} {}", self.body_stalled_rest.load(Ordering::Relaxed));
         let name = "baton_body_timeouts_total";
         help(out, name, "counter", "Requests refused because their body did not arrive within the body read timeout.");
         for (protocol, value) in [("rest", &self.body_timeouts_rest), ("grpc", &self.body_timeouts_grpc)] {

@@ -165,7 +165,8 @@ pub struct ServeArgs {
     /// A file holding the token that posting outcomes
     /// (`POST /baton/v1/models/{m}/outcomes`) needs, as `Authorization:
     /// Bearer <token>`, read once at start. Without it, whoever may ask for
-    /// answers may post their outcomes.
+    /// answers may post their outcomes, each of value at most 1 (a click);
+    /// with it, values up to 1e12 (an order's amount).
     #[arg(long, value_name = "PATH")]
     pub outcomes_token_file: Option<PathBuf>,
     /// A file holding the secret key outcome ids are authenticated with

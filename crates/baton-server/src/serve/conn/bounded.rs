@@ -21,12 +21,13 @@
 //! connection that has waited at least [`MAKE_ROOM_AFTER`] for its first
 //! request, or been idle (or held only quiet streams, see
 //! [`super::state`]) that long since its last, to close. Only when none
-//! may, it asks the one whose request's body has stalled (no byte) for
-//! that long: that request is refused with 408 (kind `body_stalled`), as
-//! a slow client's body would be at the body read timeout, only sooner. A
-//! connection with a request in flight whose body flows, or that is being
-//! answered, is never closed to make room, and one whose next request is
-//! already in its socket reads it instead.
+//! may, it asks the one whose request's body has been arriving too slowly
+//! for the longest (see `http::body`): that request is refused with 408
+//! (kind `body_stalled`), as a slow client's body would be at the body
+//! read timeout, only sooner. A connection with a request in flight whose
+//! body keeps up, or that is being answered, is never closed to make
+//! room, and one whose next request is already in its socket reads it
+//! instead.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -150,24 +151,24 @@ impl Bounded {
         let now = tokio::time::Instant::now();
         self.accepted.retain(|c| c.strong_count() > 0);
         let mut soonest: Option<tokio::time::Instant> = None;
-        // A connection that waits for a request first: closing it fails
-        // nothing. Only then one whose request's body has stalled.
+        // A connection that waits for a request first, the oldest: closing
+        // it fails nothing.
         let mut oldest = None;
-        for evictable_at in [Conn::evictable_at, Conn::stalled_evictable_at] {
-            for weak in &self.accepted {
-                let Some(conn) = weak.upgrade() else { continue };
-                match evictable_at(&conn, MAKE_ROOM_AFTER) {
-                    Some(when) if when <= now => {
-                        oldest = Some(conn);
-                        break;
-                    }
-                    Some(when) => soonest = Some(soonest.map_or(when, |s| s.min(when))),
-                    None => {}
+        for weak in &self.accepted {
+            let Some(conn) = weak.upgrade() else { continue };
+            match conn.evictable_at(MAKE_ROOM_AFTER) {
+                Some(when) if when <= now => {
+                    oldest = Some(conn);
+                    break;
                 }
+                Some(when) => soonest = Some(soonest.map_or(when, |s| s.min(when))),
+                None => {}
             }
-            if oldest.is_some() {
-                break;
-            }
+        }
+        // Only then the one whose request's body has been slow the longest.
+        if oldest.is_none() {
+            let stalled = self.accepted.iter().filter_map(Weak::upgrade).filter_map(|c| Some((c.stalled_since()?, c)));
+            oldest = stalled.min_by_key(|(since, _)| *since).map(|(_, conn)| conn);
         }
         let Some(oldest) = oldest else { return soonest };
         if !self.client_waits() {

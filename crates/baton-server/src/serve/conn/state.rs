@@ -11,12 +11,12 @@
 //!   whose requests in flight are all quiet may be closed to make room at
 //!   its listener's bound: the quiet streams are told ([`Quiet::making_room`])
 //!   and end, then the connection closes.
-//! - A request whose body has **stalled** (no byte for a while, the client
-//!   still connected) keeps its connection, but at the bound, when no
-//!   connection that waits for a request may make room, the one stalled
-//!   longest may: its request is refused (408) and the connection closes
-//!   ([`Stalled`]). Idle connections go first, since closing them fails
-//!   nothing.
+//! - A request whose body is **stalled** (arriving slower than the least
+//!   rate allowed, the client still connected) keeps its connection, but
+//!   at the bound, when no connection that waits for a request may make
+//!   room, the one stalled longest may: its request is refused (408) and
+//!   the connection closes ([`Stalled`]). Idle connections go first, since
+//!   closing them fails nothing.
 //! - An answer the socket would not take (the client reads nothing) keeps
 //!   the connection busy until it is written or the send timeout closes it.
 
@@ -36,9 +36,9 @@ pub struct Conn {
     pub(super) in_flight: AtomicUsize,
     /// Of the requests in flight, those that are quiet streams.
     pub(super) quiet: AtomicUsize,
-    /// Of the requests in flight, those whose body has stalled.
+    /// Of the requests in flight, those whose body arrives too slowly.
     pub(super) stalled: AtomicUsize,
-    /// When the last body stalled, in microseconds since `opened`.
+    /// When the last body turned slow, in microseconds since `opened`.
     stalled_since_us: AtomicU64,
     /// Requests begun on the connection.
     pub(super) begun: AtomicU64,
@@ -88,19 +88,19 @@ impl Conn {
         Some(since + after)
     }
 
-    /// When the connection may be closed to make room while a request's
-    /// body has stalled: `after` once the last body to stall has waited
-    /// that long for a byte, when every request in flight is quiet or
-    /// stalled. `None` otherwise, or while an answer waits for the client.
-    pub fn stalled_evictable_at(&self, after: Duration) -> Option<Instant> {
+    /// Since when the connection may be closed to make room for its
+    /// requests' slow bodies: when every request in flight is quiet or has
+    /// a body arriving slower than the least rate allowed (see
+    /// [`Stalled`]), the time the last of those bodies turned slow. `None`
+    /// otherwise, or while an answer waits for the client.
+    pub fn stalled_since(&self) -> Option<Instant> {
         let stalled = self.stalled.load(Ordering::Acquire);
         let in_flight = self.in_flight.load(Ordering::Acquire);
         let waiting = self.quiet.load(Ordering::Acquire) + stalled;
         if stalled == 0 || in_flight > waiting || self.blocked.load(Ordering::Acquire) {
             return None;
         }
-        let since = self.opened + Duration::from_micros(self.stalled_since_us.load(Ordering::Acquire));
-        Some(since + after)
+        Some(self.opened + Duration::from_micros(self.stalled_since_us.load(Ordering::Acquire)))
     }
 
     /// Requests in flight that may end to make room: quiet streams and
@@ -134,8 +134,8 @@ impl Conn {
         Quiet(Arc::clone(self))
     }
 
-    /// Notes that a request's body has stalled until the returned guard is
-    /// dropped (a byte arrived, or the request ended).
+    /// Notes that a request's body arrives too slowly until the returned
+    /// guard is dropped (it caught up, or the request ended).
     pub fn stall(self: &Arc<Conn>) -> Stalled {
         let now = u64::try_from(self.opened.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.stalled_since_us.fetch_max(now, Ordering::AcqRel);
@@ -195,7 +195,8 @@ async fn making_room(conn: &Conn) {
     }
 }
 
-/// A request in flight whose body has stalled, while it has.
+/// A request in flight whose body arrives slower than the least rate
+/// allowed, while it does.
 #[derive(Debug)]
 pub struct Stalled(Arc<Conn>);
 
@@ -241,7 +242,8 @@ impl ConnHandle {
         self.0.quiet()
     }
 
-    /// Notes that the request's body has stalled, while the guard lives.
+    /// Notes that the request's body arrives too slowly, while the guard
+    /// lives.
     pub fn stall(&self) -> Stalled {
         self.0.stall()
     }
@@ -275,20 +277,19 @@ mod tests {
     #[test]
     fn a_stalled_body_may_make_room_only_when_nothing_else_is_in_flight() {
         let conn = Arc::new(Conn::new());
-        let after = Duration::from_secs(1);
         let request = conn.begin();
-        assert_eq!(conn.stalled_evictable_at(after), None, "a request whose body flows");
+        assert_eq!(conn.stalled_since(), None, "a request whose body flows");
         let stalled = conn.stall();
-        assert!(conn.stalled_evictable_at(after).is_some_and(|at| at >= conn.opened + after));
-        assert_eq!(conn.evictable_at(after), None, "a stalled body is not an idle connection");
+        assert!(conn.stalled_since().is_some_and(|at| at >= conn.opened));
+        assert_eq!(conn.evictable_at(Duration::from_secs(1)), None, "a stalled body is not an idle connection");
         let other = conn.begin();
-        assert_eq!(conn.stalled_evictable_at(after), None, "another request in flight");
+        assert_eq!(conn.stalled_since(), None, "another request in flight");
         drop(other);
         conn.blocked.store(true, Ordering::Release);
-        assert_eq!(conn.stalled_evictable_at(after), None, "an answer waits for the client");
+        assert_eq!(conn.stalled_since(), None, "an answer waits for the client");
         conn.blocked.store(false, Ordering::Release);
         drop(stalled);
-        assert_eq!(conn.stalled_evictable_at(after), None, "a byte arrived");
+        assert_eq!(conn.stalled_since(), None, "the body caught up");
         drop(request);
     }
 
