@@ -7,7 +7,7 @@
 //! (little-endian) are the length. `baton_testkit::fuzz::seeds::rest_input`
 //! writes that form for the starting corpus.
 
-use baton_core::tensor::split_framed;
+use baton_core::tensors::tensor::split_framed;
 
 /// The kinds a request decoder returns: client errors only.
 const REQUEST_KINDS: [&str; 4] = ["invalid_json", "invalid_request", "invalid_tensor", "invalid_binary"];
@@ -17,7 +17,7 @@ fn known(kind: &str) {
 }
 
 /// Decoded tensors took no more than parsing reserved for them.
-fn within_reservation(tensors: &[baton_core::tensor::Tensor], reserved: usize) {
+fn within_reservation(tensors: &[baton_core::tensors::tensor::Tensor], reserved: usize) {
     let used: usize = tensors.iter().map(|t| t.data_bytes()).sum();
     assert!(used <= reserved, "decoding took {used} bytes, {reserved} were reserved");
 }

@@ -18,7 +18,7 @@ use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, Store, Sto
 use baton_core::registry::Registry;
 use baton_core::rollout::guard::Guards;
 use baton_core::sync::Lock;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::etcd::Etcd;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};

@@ -14,9 +14,9 @@ use baton_core::pipeline::warmup::Warmed;
 use baton_core::rollout::window::Observations;
 use baton_core::rollout::{CopyGate, Mode, Rollout, assign};
 use baton_core::routing::{ModelRoute, Routing};
-use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::signature::Signature;
+use baton_core::tensors::tensor::Tensor;
 use baton_core::version::{Version, VersionParts};
 use criterion::{Criterion, criterion_group, criterion_main};
 

@@ -7,9 +7,9 @@
 
 use thiserror::Error;
 
-use crate::signature::Signature;
 use crate::spec::ModelSpec;
-use crate::tensor::{DataType, Tensor, TensorView};
+use crate::tensors::signature::Signature;
+use crate::tensors::tensor::{DataType, Tensor, TensorView};
 use crate::verified::Verified;
 
 /// An engine that can load model versions.

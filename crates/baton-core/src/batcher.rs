@@ -22,7 +22,7 @@ use crate::backend::{BackendError, Model};
 use crate::error::InferError;
 use crate::executor::{Answer, Job};
 use crate::spec::BatchingPolicy;
-use crate::tensor::{Tensor, TensorData};
+use crate::tensors::tensor::{Tensor, TensorData};
 
 /// How a version batches, resolved from its `[batching]` table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +152,7 @@ fn split(outputs: &[Tensor], batch: &[Job]) -> Result<Vec<Vec<Tensor>>, BackendE
                 ),
             ));
         }
-        let per_row = crate::tensor::element_count(&output.shape[1..]).unwrap_or(0);
+        let per_row = crate::tensors::tensor::element_count(&output.shape[1..]).unwrap_or(0);
         let mut start = 0;
         for (job, part) in batch.iter().zip(parts.iter_mut()) {
             let mut shape = output.shape.clone();
@@ -175,7 +175,7 @@ fn split(outputs: &[Tensor], batch: &[Job]) -> Result<Vec<Vec<Tensor>>, BackendE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DataType;
+    use crate::tensors::tensor::DataType;
 
     fn job(rows: usize, width: i64, start: f32) -> (Job, tokio::sync::oneshot::Receiver<crate::executor::Timed>) {
         let values: Vec<f32> = (0..rows * width as usize).map(|i| start + i as f32).collect();

@@ -15,7 +15,7 @@ use crate::error::InferError;
 use crate::pause::Pause;
 use crate::rollout::{Compare, Mode, Role, Rollout, assign};
 use crate::sync::Lock;
-use crate::tensor::Tensor;
+use crate::tensors::tensor::Tensor;
 use crate::version::Version;
 
 /// How one model is routed.

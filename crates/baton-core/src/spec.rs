@@ -52,7 +52,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::signature::{Signature, TensorSpec};
+use crate::tensors::signature::{Signature, TensorSpec};
 
 /// A parsed `model.toml`.
 #[derive(Clone, Debug, Deserialize)]

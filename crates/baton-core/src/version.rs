@@ -18,9 +18,9 @@ use crate::heap::HeapLease;
 use crate::manifest::Manifest;
 use crate::memory::Releaser;
 use crate::pipeline::warmup::{Sample, Warmed};
-use crate::signature::Signature;
 use crate::spec::ModelSpec;
-use crate::tensor::Tensor;
+use crate::tensors::signature::Signature;
+use crate::tensors::tensor::Tensor;
 
 /// One loaded version of a model.
 pub struct Version {

@@ -8,9 +8,9 @@ use std::sync::{Arc, OnceLock};
 use baton_core::backend::{
     Backend, BackendError, InputRange, Model, UpdateKind, ValueRange, Weight, WeightsError, WeightsInfo,
 };
-use baton_core::signature::{Signature, TensorSpec};
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::{Tensor, TensorView};
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{Tensor, TensorView};
 use baton_core::verified::Verified;
 use ort::session::builder::{AutoDevicePolicy, PrepackedWeights, SessionBuilder};
 use ort::session::{Session, SessionInputValue};

@@ -2,7 +2,7 @@
 //! Runtime values, for every datatype both sides know.
 
 use baton_core::backend::BackendError;
-use baton_core::tensor::{DataType, Tensor, TensorData, TensorView, ViewData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, TensorView, ViewData};
 use half::f16;
 use ort::value::{DynValue, TensorElementType, ValueType};
 

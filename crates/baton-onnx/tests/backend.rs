@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use baton_core::backend::{Backend, Model, WeightsError};
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_core::verified::Verified;
 use baton_onnx::OnnxBackend;
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};

@@ -7,7 +7,7 @@
 
 use baton_core::backend::{Backend, Model};
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_onnx::OnnxBackend;
 use baton_onnx::mlp::{Mlp, sample_input};
 

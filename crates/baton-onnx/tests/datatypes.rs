@@ -9,7 +9,7 @@ use std::path::Path;
 
 use baton_core::backend::Backend;
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_core::verified::Verified;
 use baton_onnx::OnnxBackend;
 

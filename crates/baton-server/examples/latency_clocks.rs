@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use baton_core::backend::{Backend, Model};
 use baton_core::executor::timing::Stopwatch;
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 

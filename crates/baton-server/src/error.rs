@@ -90,8 +90,8 @@ impl std::fmt::Display for ServeError {
     }
 }
 
-impl From<baton_core::signature::InputError> for ServeError {
-    fn from(e: baton_core::signature::InputError) -> ServeError {
+impl From<baton_core::tensors::signature::InputError> for ServeError {
+    fn from(e: baton_core::tensors::signature::InputError) -> ServeError {
         ServeError::bad_request(e.kind(), e.to_string())
     }
 }

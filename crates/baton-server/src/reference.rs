@@ -218,7 +218,7 @@ fn model_keys() -> BTreeMap<&'static str, Vec<&'static str>> {
     keys.insert("rollout", fields::<plan::RolloutPolicy>().to_vec());
     keys.insert("rollout.guards", fields::<guard::Guards>().to_vec());
     keys.insert("rollout.guards.metrics", fields::<guard::MetricGuard>().to_vec());
-    keys.insert("inputs", fields::<baton_core::signature::TensorSpec>().to_vec());
+    keys.insert("inputs", fields::<baton_core::tensors::signature::TensorSpec>().to_vec());
     let mut engine = baton_onnx::ENGINE_KEYS.to_vec();
     engine.extend(baton_worker::ENGINE_KEYS);
     keys.insert("engine", engine);

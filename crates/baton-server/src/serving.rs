@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use baton_core::error::InferError;
 use baton_core::rollout::{Role, Rollout};
 use baton_core::routing::{Routing, Snapshot};
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_core::version::Version;
 
 use crate::app::App;
@@ -65,7 +65,7 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
     } else {
         // The models served, so that a misspelt name finds its right one.
         let served: Vec<String> = app.registry.snapshot().models().keys().cloned().collect();
-        let listed = baton_core::signature::names(&served);
+        let listed = baton_core::tensors::signature::names(&served);
         ServeError::new(
             Class::NotFound,
             "model_not_found",
@@ -190,7 +190,7 @@ pub fn tensor_bytes(tensors: &[Tensor]) -> u64 {
 /// The bytes the outputs of `rows` rows will take, for outputs whose size
 /// the signature fixes (every dimension but the batch); others count 0.
 fn output_bytes(target: &Version, batched: bool, rows: u64) -> u64 {
-    let one = |spec: &baton_core::signature::TensorSpec| -> Option<u64> {
+    let one = |spec: &baton_core::tensors::signature::TensorSpec| -> Option<u64> {
         let dims = if batched { spec.shape.get(1..)? } else { &spec.shape[..] };
         let per_row = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?))?;
         let size = spec.datatype.size()? as u64;

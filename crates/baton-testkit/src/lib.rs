@@ -97,7 +97,7 @@ pub fn infer_mlp(
     batch: usize,
 ) -> Result<(u64, Vec<f32>), baton_core::error::InferError> {
     let width = input.len() / batch.max(1);
-    let tensor = baton_core::tensor::Tensor::from_f32("input", vec![batch as i64, width as i64], input);
+    let tensor = baton_core::tensors::tensor::Tensor::from_f32("input", vec![batch as i64, width as i64], input);
     let answer = snapshot.infer(model, None, &[tensor])?;
     let output = answer.outputs.iter().find(|t| t.name == "output").and_then(|t| t.to_f32()).expect("an FP32 output");
     Ok((answer.version, output))

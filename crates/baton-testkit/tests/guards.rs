@@ -26,7 +26,7 @@ use baton_core::rollout::control::{Action, By, Decision};
 use baton_core::rollout::guard::{Guards, Outcome};
 use baton_core::rollout::plan::{Overrides, Plan, RolloutPolicy};
 use baton_core::rollout::{FULL, Role};
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::repo::TestRepo;
 

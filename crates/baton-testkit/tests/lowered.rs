@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Once};
 use baton_core::events::State;
 use baton_core::registry::Registry;
 use baton_core::routing::Routing;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};

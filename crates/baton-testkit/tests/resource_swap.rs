@@ -7,7 +7,7 @@
 use baton_core::error::LoadError;
 use baton_core::events::{Event, EventKind, Stage, State};
 use baton_core::registry::Registry;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};

@@ -17,7 +17,7 @@ use baton_core::rollout::control::{Action, Decision, Phase};
 use baton_core::rollout::guard::Outcome;
 use baton_core::rollout::plan::Overrides;
 use baton_core::rollout::{Role, assign};
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::{registry, wait_for_event};

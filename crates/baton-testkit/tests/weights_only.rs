@@ -231,7 +231,7 @@ fn a_rollouts_twin_of_a_staged_stable_version_holds_weights_of_its_own() {
     assert_eq!(twin.version, 1);
     assert!(twin.memory.weights > 0, "the twin's weights are staged and mapped: {twin:?}");
     assert_eq!(twin.memory.shared, 0, "the twin took none of the stable version's tensors: {twin:?}");
-    let input = [baton_core::tensor::Tensor::from_f32("input", vec![2, 16], &sample_input(SIZES[0], 2, 5))];
+    let input = [baton_core::tensors::tensor::Tensor::from_f32("input", vec![2, 16], &sample_input(SIZES[0], 2, 5))];
     let snapshot = registry.snapshot();
     let route = snapshot.model("m").unwrap();
     let twin_answer = route.rollout.as_ref().unwrap().twin.as_ref().unwrap().infer(&input).unwrap();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use baton_core::backend::{Backend, WeightsError};
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_core::verified::Verified;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_worker::process::ProcessBackend;

@@ -34,7 +34,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use baton_core::executor::timing;
-use baton_core::tensor::{Tensor, TensorView};
+use baton_core::tensors::tensor::{Tensor, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::channel::Channel;
@@ -761,9 +761,9 @@ mod tests {
         // 2.8 MB once copied out.
         let empties = Tensor {
             name: "s".into(),
-            datatype: baton_core::tensor::DataType::Bytes,
+            datatype: baton_core::tensors::tensor::DataType::Bytes,
             shape: vec![100_000],
-            data: baton_core::tensor::TensorData::Bytes(vec![Vec::new(); 100_000]),
+            data: baton_core::tensors::tensor::TensorData::Bytes(vec![Vec::new(); 100_000]),
         };
         outputs.push(&empties.view());
         let (kind, message) = outputs.error.clone().expect("refused");

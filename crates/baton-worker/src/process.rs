@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightsError, WeightsInfo};
 use baton_core::manifest;
-use baton_core::signature::Signature;
 use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::tensors::signature::Signature;
+use baton_core::tensors::tensor::Tensor;
 use baton_core::verified::Verified;
 
 use crate::cgroup::Group;

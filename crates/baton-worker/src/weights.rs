@@ -163,7 +163,7 @@ impl Pass<'_> {
 mod tests {
     use std::os::fd::AsFd;
 
-    use baton_core::tensor::DataType;
+    use baton_core::tensors::tensor::DataType;
     use memfd::{FileSeal, MemfdOptions};
 
     use super::*;

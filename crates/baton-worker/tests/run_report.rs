@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use baton_core::executor::timing::{Stopwatch, own_run_delay, trimmed_reports};
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_worker::channel::Channel;
 use baton_worker::hop::{self, Answering, Caller};
 

@@ -54,7 +54,7 @@ use crate::backend::Model;
 use crate::batcher::{Batching, rows_of};
 use crate::error::{Expired, InferError};
 use crate::sync::Lock;
-use crate::tensor::Tensor;
+use crate::tensors::tensor::Tensor;
 
 /// The answer to one request.
 pub type Answer = Result<Vec<Tensor>, InferError>;

@@ -9,7 +9,7 @@ use super::{Answer, Job, Shared, State};
 use crate::backend::Model;
 use crate::batcher::{Batching, fitting_rows, run_batch, take_batch};
 use crate::error::{Expired, InferError};
-use crate::tensor::Tensor;
+use crate::tensors::tensor::Tensor;
 
 /// Serves engine instance `instance` until the executor closes.
 pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize, started: crate::sync::Sender<()>) {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::admission::Shed;
 use crate::backend::{BackendError, Weight, WeightsError};
-use crate::signature::Signature;
+use crate::tensors::signature::Signature;
 
 /// How long a test waits for a condition before it fails: a safety net
 /// against a hung test, not a speed requirement.

@@ -28,9 +28,9 @@ use thiserror::Error;
 
 use crate::backend::Model;
 use crate::pipeline::warmup::{SampleTensor, json_files};
-use crate::signature::Signature;
-use crate::tensor::{DataType, Tensor, TensorData, f16_to_f32};
-use crate::tensor_json::{NullFloats, tensor_from_json_with, tensor_to_json};
+use crate::tensors::signature::Signature;
+use crate::tensors::tensor::{DataType, Tensor, TensorData, f16_to_f32};
+use crate::tensors::tensor_json::{NullFloats, tensor_from_json_with, tensor_to_json};
 
 /// The absolute tolerance of a floating-point output the file leaves unset.
 pub const DEFAULT_ATOL: f64 = 1e-5;
@@ -422,7 +422,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::signature::TensorSpec;
+    use crate::tensors::signature::TensorSpec;
 
     fn signature() -> Signature {
         let spec =

@@ -12,7 +12,7 @@ mod stats;
 use crate::backend::{Model, Weight, WeightsError};
 use crate::pipeline::golden::GoldenError;
 use crate::spec::ModelSpec;
-use crate::tensor::DataType;
+use crate::tensors::tensor::DataType;
 
 use rule::Checks;
 use stats::{Float, Stats};
@@ -152,7 +152,7 @@ fn check_tensor(w: &Weight<'_>, spec: &ModelSpec) -> Result<u64, ValidateError> 
 mod tests {
     use super::*;
     use crate::backend::WeightRole;
-    use crate::signature::TensorSpec;
+    use crate::tensors::signature::TensorSpec;
 
     fn bytes(values: &[f32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()

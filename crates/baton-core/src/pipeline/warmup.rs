@@ -28,10 +28,10 @@ mod generate;
 pub use generate::{generated, ungenerable};
 
 use crate::backend::Model;
-use crate::signature::Signature;
 use crate::spec::ModelSpec;
-use crate::tensor::{DataType, Tensor, TensorData};
-use crate::tensor_json::tensor_from_json;
+use crate::tensors::signature::Signature;
+use crate::tensors::tensor::{DataType, Tensor, TensorData};
+use crate::tensors::tensor_json::tensor_from_json;
 
 /// One warmup request.
 #[derive(Clone, Debug)]

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::InferError;
 use crate::executor::Pending;
-use crate::tensor::Tensor;
+use crate::tensors::tensor::Tensor;
 use crate::version::Version;
 
 /// How a candidate takes part in traffic.
@@ -357,7 +357,7 @@ pub(crate) fn record_copy(
 mod tests {
     use super::*;
     use crate::backend::{BackendError, Model, Weight, WeightsError};
-    use crate::signature::Signature;
+    use crate::tensors::signature::Signature;
     use crate::version::VersionParts;
 
     /// An engine that runs nothing and is alive throughout: the twin a

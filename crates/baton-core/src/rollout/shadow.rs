@@ -24,7 +24,7 @@ use super::window::Observations;
 use super::{Role, Slot, record_copy};
 use crate::agent::Agent;
 use crate::sync::Sender;
-use crate::tensor::Tensor;
+use crate::tensors::tensor::Tensor;
 use crate::version::Version;
 
 /// One copy for the runner: the request's inputs, the answer stable gave

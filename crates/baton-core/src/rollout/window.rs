@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::Role;
 use super::compare::{Comparison, Top1, compare_outputs};
 use crate::sync::Lock;
-use crate::tensor::Tensor;
+use crate::tensors::tensor::Tensor;
 
 /// Shared by the requests of one rollout and its controller.
 #[derive(Debug, Default)]

@@ -249,7 +249,7 @@ fn arrival_of<T>(request: &Request<T>) -> (Instant, Option<Instant>, Option<Fram
     (at, call_deadline, request.extensions().get::<Frames>().cloned())
 }
 
-fn tensor_metadata(specs: &[baton_core::signature::TensorSpec]) -> Vec<TensorMetadata> {
+fn tensor_metadata(specs: &[baton_core::tensors::signature::TensorSpec]) -> Vec<TensorMetadata> {
     specs
         .iter()
         .map(|s| TensorMetadata {

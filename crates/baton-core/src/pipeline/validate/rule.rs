@@ -5,7 +5,7 @@
 
 use crate::backend::WeightRole;
 use crate::spec::ValidationPolicy;
-use crate::tensor::DataType;
+use crate::tensors::tensor::DataType;
 
 use super::stats::{Float, Stats, binary_exponent, decode};
 

@@ -5,7 +5,7 @@
 //! so that it vectorises; [`Stats::by_elements`] decodes each element of
 //! any floating-point type and must agree with it exactly.
 
-use crate::tensor::{DataType, f16_to_f32};
+use crate::tensors::tensor::{DataType, f16_to_f32};
 
 /// What one pass over a floating-point tensor found.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

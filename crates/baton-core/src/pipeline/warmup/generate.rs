@@ -2,8 +2,8 @@
 //! within the values the backend says they may take.
 
 use crate::backend::{InputRange, ValueRange};
-use crate::signature::Signature;
-use crate::tensor::{DataType, Tensor, TensorData, element_count};
+use crate::tensors::signature::Signature;
+use crate::tensors::tensor::{DataType, Tensor, TensorData, element_count};
 
 use super::Sample;
 
@@ -114,7 +114,7 @@ fn fill(datatype: DataType, count: usize, range: &ValueRange) -> TensorData {
         (DataType::Fp32, _) => TensorData::Raw((0..count).flat_map(|i| (spread(i) as f32).to_le_bytes()).collect()),
         (DataType::Fp64, _) => TensorData::Raw((0..count).flat_map(|i| spread(i).to_le_bytes()).collect()),
         (DataType::Fp16, _) => TensorData::Raw(
-            (0..count).flat_map(|i| crate::tensor_json::f32_to_f16(spread(i) as f32).to_le_bytes()).collect(),
+            (0..count).flat_map(|i| crate::tensors::tensor_json::f32_to_f16(spread(i) as f32).to_le_bytes()).collect(),
         ),
         (other, &ValueRange::Within { low, high }) => {
             let size = other.size().unwrap_or(1);
@@ -138,7 +138,7 @@ fn fill(datatype: DataType, count: usize, range: &ValueRange) -> TensorData {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signature::TensorSpec;
+    use crate::tensors::signature::TensorSpec;
 
     fn ints(t: &Tensor) -> Vec<i64> {
         let TensorData::Raw(bytes) = &t.data else { panic!("raw data") };

@@ -10,7 +10,7 @@ use serde_json::Value;
 pub use self::elements::{
     ElementsError, NullFloats, check_json_count, elements_from_json, elements_from_value, max_json_elements,
 };
-use crate::tensor::{DataType, Tensor, TensorData, element_count};
+use crate::tensors::tensor::{DataType, Tensor, TensorData, element_count};
 
 /// Builds a tensor from JSON `data`, checking every element against the
 /// datatype and the element count against the shape. Messages name the
@@ -97,7 +97,7 @@ fn decode(datatype: DataType, b: &[u8]) -> Value {
         DataType::Int32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]).into(),
         DataType::Uint64 => u64::from_le_bytes(b.try_into().unwrap_or_default()).into(),
         DataType::Int64 => i64::from_le_bytes(b.try_into().unwrap_or_default()).into(),
-        DataType::Fp16 => num(f64::from(crate::tensor::f16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
+        DataType::Fp16 => num(f64::from(crate::tensors::tensor::f16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
         DataType::Fp32 => num(f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
         DataType::Fp64 => num(f64::from_le_bytes(b.try_into().unwrap_or_default())),
         DataType::Bytes => Value::Null,
@@ -149,9 +149,9 @@ mod tests {
     #[test]
     fn f16_round_trip_is_exact_for_representable_values() {
         for v in [0.0f32, 1.0, -2.5, 65504.0, 0.000061035156, 1e-7] {
-            let back = crate::tensor::f16_to_f32(f32_to_f16(v));
+            let back = crate::tensors::tensor::f16_to_f32(f32_to_f16(v));
             assert!((back - v).abs() <= v.abs() * 1e-3 + 6e-8, "{v} -> {back}");
         }
-        assert!(crate::tensor::f16_to_f32(f32_to_f16(1e6)).is_infinite());
+        assert!(crate::tensors::tensor::f16_to_f32(f32_to_f16(1e6)).is_infinite());
     }
 }

@@ -15,7 +15,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::Value;
 
 use super::f32_to_f16;
-use crate::tensor::{DataType, TensorData};
+use crate::tensors::tensor::{DataType, TensorData};
 
 /// What a JSON `null` element of a floating-point tensor means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::tensor::{DataType, Tensor};
+use crate::tensors::tensor::{DataType, Tensor};
 
 /// What a request says about one input before its data is decoded: enough
 /// to check it against the model before any memory is spent on its data.
