@@ -18,7 +18,7 @@
 
 use thiserror::Error;
 
-use crate::bytes::show;
+use crate::human::bytes::show;
 
 /// Which budget refused a load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

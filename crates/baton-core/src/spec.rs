@@ -125,7 +125,7 @@ pub struct Policy {
     /// The most memory this model's live versions may hold together, in
     /// bytes (`"2GiB"` or a number in `model.toml`); none by default. A load
     /// that would go beyond it is refused (see [`crate::budget`]).
-    #[serde(deserialize_with = "crate::bytes::deserialize_optional")]
+    #[serde(deserialize_with = "crate::human::bytes::deserialize_optional")]
     pub memory_budget: Option<u64>,
     /// Whether a new version loads beside the old one or in its place.
     pub swap: SwapPolicy,

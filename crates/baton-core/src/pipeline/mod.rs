@@ -253,7 +253,7 @@ impl Run {
             operation = report.operation.as_str(),
             version = report.version,
             replaced = report.replaced,
-            total_ms = crate::fields::ms(report.total),
+            total_ms = crate::human::fields::ms(report.total),
             "Model operation finished."
         );
         drop(self);

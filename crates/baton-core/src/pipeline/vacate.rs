@@ -40,7 +40,7 @@ impl Vacated {
             model,
             serving,
             restored,
-            paused_ms = crate::fields::ms(paused),
+            paused_ms = crate::human::fields::ms(paused),
             "The model's pause ended; waiting requests go on."
         );
         inner.emit(model, serving, EventKind::Resumed { paused, serving, restored });
@@ -92,7 +92,7 @@ pub(super) fn vacate(run: &mut Run, numbers: Vec<u64>) -> Result<(), LoadError> 
             inner.agent.send(move || {
                 tracing::warn!(
                     model = %model,
-                    versions = %crate::fields::list(&left),
+                    versions = %crate::human::fields::list(&left),
                     "Versions being replaced were not freed within the drain timeout; the new version loads beside them."
                 );
             });

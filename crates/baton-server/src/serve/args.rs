@@ -240,7 +240,7 @@ impl Control {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeout(pub Option<Duration>);
 
-pub use baton_core::bytes::parse as parse_bytes;
+pub use baton_core::human::bytes::parse as parse_bytes;
 pub use baton_drill::args::parse_duration;
 
 /// [`parse_bytes`], for a size held in a `usize`.
