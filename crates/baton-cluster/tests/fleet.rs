@@ -17,8 +17,8 @@ use baton_cluster::records::{Desired, FleetPhase, FleetPlan, RolloutRecord, Swit
 use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, Store, StoreConfig, coordinator};
 use baton_core::registry::Registry;
 use baton_core::rollout::guard::Guards;
-use baton_core::sync::Lock;
 use baton_core::tensors::tensor::Tensor;
+use baton_core::threads::sync::Lock;
 use baton_testkit::etcd::Etcd;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};

@@ -71,7 +71,7 @@ impl CopyDir {
         if let Err(e) = std::fs::remove_dir_all(&self.path) {
             // Removed on a lowered loading thread: logged through the registry's agent.
             let dir = self.path.display().to_string();
-            crate::agent::at_serving_priority(move || {
+            crate::threads::agent::at_serving_priority(move || {
                 tracing::warn!(%dir, error = %e, "A directory of verified copies could not be removed.");
             });
         }

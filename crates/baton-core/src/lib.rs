@@ -25,7 +25,6 @@
 //! [`backend::Backend`], model stores through [`source::Source`].
 
 pub mod admission;
-pub mod agent;
 pub mod backend;
 pub mod batcher;
 pub mod budget;
@@ -34,7 +33,6 @@ pub mod digest;
 pub mod error;
 pub mod events;
 pub mod executor;
-pub mod heap;
 pub mod human;
 pub mod manifest;
 mod memory;
@@ -48,11 +46,8 @@ pub mod seal;
 pub mod short_reads;
 pub mod source;
 pub mod spec;
-pub mod step_aside;
-pub mod sync;
-pub mod sys;
 pub mod tensors;
-mod trimmer;
+pub mod threads;
 pub mod verified;
 pub mod version;
 

@@ -2,7 +2,7 @@
 //! came back when one was freed.
 //!
 //! Method: process RSS after asking glibc to trim its free heap
-//! ([`crate::sys::trimmed_rss`]), since ONNX Runtime allocates where no Rust
+//! ([`crate::threads::sys::trimmed_rss`]), since ONNX Runtime allocates where no Rust
 //! global allocator sees. A version's `held` is the RSS growth across its
 //! load; `returned` is the RSS drop across its free. A free's `residual` is
 //! how much the *unaccounted* memory (RSS minus the footprint of every live
@@ -17,7 +17,7 @@
 //! lock so a free never lands inside a load's window. The book itself
 //! (live versions, footprints, unload records) is read by serving threads,
 //! so the lowered threads change it only through the registry's agent
-//! ([`crate::agent`]).
+//! ([`crate::threads::agent`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,12 +26,12 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
-use crate::agent::Agent;
 use crate::backend::Model;
 use crate::events::{Event, EventKind, EventSender};
-use crate::heap::HeapLease;
-use crate::sync::{self, Lock};
-use crate::trimmer::Trimmer;
+use crate::threads::agent::Agent;
+use crate::threads::heap::HeapLease;
+use crate::threads::sync::{self, Lock};
+use crate::threads::trimmer::Trimmer;
 use crate::version::Version;
 
 /// How many unload records are kept, and how many freed versions are
@@ -257,7 +257,7 @@ fn signed(bytes: u64) -> i64 {
 impl Memory {
     /// Starts the keeper thread and the heap trimmer; returns the book and
     /// the releaser versions use. The trimmer keeps the calling thread's
-    /// priority (see [`crate::trimmer`]), so call this at serving priority.
+    /// priority (see [`crate::threads::trimmer`]), so call this at serving priority.
     pub(crate) fn start(events: EventSender, agent: Agent, nice: i32, idle: bool) -> (Arc<Memory>, Releaser) {
         let queued = Arc::new(AtomicU64::new(0));
         let footprints = Arc::new(Footprints::default());
@@ -276,7 +276,7 @@ impl Memory {
         });
         let book = Arc::downgrade(&memory);
         let tx = sync::spawn_receiver::<Released>("baton-release", move |jobs| {
-            crate::agent::lower_current_thread(&agent, nice, idle);
+            crate::threads::agent::lower_current_thread(&agent, nice, idle);
             drop(agent);
             while let Some(job) = jobs.recv() {
                 let Some(memory) = book.upgrade() else {
@@ -316,8 +316,11 @@ impl Memory {
         let after = self.trimmed_rss().unwrap_or(0);
         let book = Arc::clone(self);
         let (model, version, twin) = (job.model.clone(), job.version, job.twin);
-        let worker =
-            process.map(|p| WorkerFreed { pid: p.pid, rss: p.rss.unwrap_or(0), gone: crate::sys::process_gone(p.pid) });
+        let worker = process.map(|p| WorkerFreed {
+            pid: p.pid,
+            rss: p.rss.unwrap_or(0),
+            gone: crate::threads::sys::process_gone(p.pid),
+        });
         let freed =
             Freed { model: job.model, version, twin, held: job.held, worker, before, after, unaccounted_before };
         self.agent.call(move || book.settle(freed));

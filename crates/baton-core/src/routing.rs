@@ -14,8 +14,8 @@ use std::sync::{Arc, mpsc};
 use crate::error::InferError;
 use crate::pause::Pause;
 use crate::rollout::{Compare, Mode, Role, Rollout, assign};
-use crate::sync::Lock;
 use crate::tensors::tensor::Tensor;
+use crate::threads::sync::Lock;
 use crate::version::Version;
 
 /// How one model is routed.

@@ -14,13 +14,13 @@ use crate::backend::Model;
 use crate::batcher::Batching;
 use crate::error::{Expired, InferError};
 use crate::executor::{Executor, Pending, Refusal};
-use crate::heap::HeapLease;
 use crate::manifest::Manifest;
 use crate::memory::Releaser;
 use crate::pipeline::warmup::{Sample, Warmed};
 use crate::spec::ModelSpec;
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::Tensor;
+use crate::threads::heap::HeapLease;
 
 /// One loaded version of a model.
 pub struct Version {
@@ -79,7 +79,7 @@ pub struct VersionParts {
     /// [`Version::is_twin`]) rather than a version that serves.
     pub twin: bool,
     /// The lease on the thread whose arena holds the engine's memory; see
-    /// [`crate::heap`]. Released after the engine is freed.
+    /// [`crate::threads::heap`]. Released after the engine is freed.
     pub heap: Option<HeapLease>,
 }
 
@@ -237,7 +237,7 @@ impl Version {
     /// the request if it has not started. Never blocks beyond a short lock.
     pub fn submit(&self, inputs: Vec<Tensor>, deadline: Option<Instant>) -> Result<Pending, InferError> {
         self.signature().check_inputs(&inputs).map_err(InferError::InvalidInput)?;
-        crate::step_aside::note_request();
+        crate::threads::step_aside::note_request();
         let inline = self.cheap(&inputs);
         self.executor().submit(inputs, deadline, inline).map_err(|refusal| match refusal {
             Refusal::Shed(shed) => InferError::Overloaded { model: self.model.clone(), version: self.number, shed },

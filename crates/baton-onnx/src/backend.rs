@@ -120,7 +120,7 @@ impl OnnxModel {
         );
         let (count, intra, inter) = (options.sessions, options.intra_op_threads, options.inter_op_threads);
         let optimization = options.optimization.as_str();
-        baton_core::agent::at_serving_priority(move || {
+        baton_core::threads::agent::at_serving_priority(move || {
             tracing::debug!(
                 path = %shown,
                 sessions = count,

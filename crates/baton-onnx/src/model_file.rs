@@ -183,7 +183,7 @@ impl ModelFile {
                 Err(reason) => {
                     // On a lowered loading thread: logged through the registry's agent.
                     let shown = files.name.display().to_string();
-                    baton_core::agent::at_serving_priority(move || {
+                    baton_core::threads::agent::at_serving_priority(move || {
                         tracing::warn!(
                             path = %shown,
                             %reason,

@@ -255,7 +255,7 @@ impl Drop for Staged {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             // Dropped on a lowered loading thread: logged through the registry's agent.
             let dir = self.dir.display().to_string();
-            baton_core::agent::at_serving_priority(move || {
+            baton_core::threads::agent::at_serving_priority(move || {
                 tracing::warn!(%dir, error = %e, "A staged model directory could not be removed.");
             });
         }

@@ -7,8 +7,8 @@
 
 use baton_core::backend::Backend;
 use baton_core::spec::ModelSpec;
-use baton_core::sys::{current_thread_nice, set_current_thread_nice};
 use baton_core::tensors::tensor::Tensor;
+use baton_core::threads::sys::{current_thread_nice, set_current_thread_nice};
 use baton_core::verified::Verified;
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_onnx::{OnnxBackend, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME};

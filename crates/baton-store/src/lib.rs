@@ -148,7 +148,7 @@ impl StoreSource {
             .worker_threads(2)
             .thread_name("baton-store")
             .on_thread_start(move || {
-                let _ = baton_core::sys::lower_current_thread(nice, idle);
+                let _ = baton_core::threads::sys::lower_current_thread(nice, idle);
             })
             .enable_all()
             .build()

@@ -34,7 +34,7 @@ impl<S: tracing::Subscriber> Layer<S> for Recorder {
         }
         let mut message = Message(String::new());
         event.record(&mut message);
-        let lowered = baton_core::sys::current_thread_lowered();
+        let lowered = baton_core::threads::sys::current_thread_lowered();
         EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push((lowered, message.0));
     }
 }
@@ -48,7 +48,7 @@ fn fetch_lowered(source: &StoreSource, model: &str, version: u64) {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let _ = baton_core::sys::lower_current_thread(10, false);
+                let _ = baton_core::threads::sys::lower_current_thread(10, false);
                 baton_core::source::Source::fetch(source, model, version).unwrap();
             })
             .join()

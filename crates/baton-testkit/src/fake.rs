@@ -378,7 +378,7 @@ impl Model for FakeModel {
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
         let thread = std::thread::current().name().unwrap_or_default().to_owned();
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread);
-        let cpu = baton_core::sys::thread_cpu_time();
+        let cpu = baton_core::threads::sys::thread_cpu_time();
         let rounds = self.work.unwrap_or(0) + self.cold.as_ref().map_or(0, Cold::rounds);
         if self.engine_thread {
             std::thread::scope(|scope| {
@@ -387,7 +387,7 @@ impl Model for FakeModel {
         } else {
             spin(rounds);
         }
-        if let (Some(times), Some(worked)) = (self.off_cpu, baton_core::sys::thread_cpu_time().zip(cpu)) {
+        if let (Some(times), Some(worked)) = (self.off_cpu, baton_core::threads::sys::thread_cpu_time().zip(cpu)) {
             std::thread::sleep((worked.0 - worked.1).mul_f64(times));
         }
         if self.fail.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst)) {

@@ -48,7 +48,7 @@ fn refused(registry: &Registry, model: &str, version: u64) -> baton_core::budget
 
 #[test]
 fn loads_beyond_a_budget_are_refused_with_the_numbers_and_the_old_version_serves() {
-    baton_core::sys::keep_large_allocations_mapped();
+    baton_core::threads::sys::keep_large_allocations_mapped();
     let repo = TestRepo::new();
 
     // By estimate: the candidate's files alone do not fit the model's budget.

@@ -303,8 +303,10 @@ fn a_shadow_never_answers_and_its_drift_rolls_it_back() {
     assert!(verdict.checks.iter().any(|c| c.guard.starts_with("rel_l2") && c.outcome == Outcome::Fail), "{verdict:?}");
     let status = registry.rollout("m").unwrap();
     assert!(status.totals.candidate.requests >= 20, "the shadow ran copies: {:?}", status.totals.candidate);
-    let misused: Vec<_> =
-        baton_core::sync::misuses().into_iter().filter(|m| m.thread.as_deref() == Some("baton-shadow")).collect();
+    let misused: Vec<_> = baton_core::threads::sync::misuses()
+        .into_iter()
+        .filter(|m| m.thread.as_deref() == Some("baton-shadow"))
+        .collect();
     assert!(misused.is_empty(), "the lowered shadow runner took a serving lock: {misused:?}");
 }
 

@@ -232,7 +232,7 @@ fn load_lowered(
 ) -> Result<Box<dyn Model>, BackendError> {
     std::thread::scope(|scope| {
         let load = scope.spawn(|| -> Result<Box<dyn Model>, BackendError> {
-            let _ = baton_core::sys::lower_current_thread(19, true);
+            let _ = baton_core::threads::sys::lower_current_thread(19, true);
             let invalid = |e: String| BackendError::new("model_invalid", e);
             let manifest = manifest::parse(manifest).map_err(|e| invalid(e.to_string()))?;
             let version = Verified::handed_over(dir, manifest, handed).map_err(|e| invalid(e.to_string()))?;

@@ -53,8 +53,8 @@ use crate::admission::{Limits, Load};
 use crate::backend::Model;
 use crate::batcher::{Batching, rows_of};
 use crate::error::{Expired, InferError};
-use crate::sync::Lock;
 use crate::tensors::tensor::Tensor;
+use crate::threads::sync::Lock;
 
 /// The answer to one request.
 pub type Answer = Result<Vec<Tensor>, InferError>;
@@ -187,7 +187,7 @@ impl Executor {
         // Each thread marks its instance free itself and says so: this
         // thread may be a lowered loader, which takes no lock that serving
         // threads take. The executor is returned once every instance is free.
-        let (started, all_started) = crate::sync::channel_here::<()>();
+        let (started, all_started) = crate::threads::sync::channel_here::<()>();
         let threads: Vec<JoinHandle<()>> = (0..instances)
             .filter_map(|instance| {
                 let (thread_shared, thread_engine) = (Arc::clone(&shared), Arc::clone(&engine));

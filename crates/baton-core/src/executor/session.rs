@@ -12,7 +12,7 @@ use crate::error::{Expired, InferError};
 use crate::tensors::tensor::Tensor;
 
 /// Serves engine instance `instance` until the executor closes.
-pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize, started: crate::sync::Sender<()>) {
+pub(super) fn serve(shared: &Shared, engine: &dyn Model, instance: usize, started: crate::threads::sync::Sender<()>) {
     shared.state.lock().free.push(instance);
     let _ = started.send(());
     drop(started);

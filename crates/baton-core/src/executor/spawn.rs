@@ -51,7 +51,7 @@ pub fn start_spawner() {
 pub(super) fn spawn(work: Work) -> io::Result<JoinHandle<()>> {
     let direct = |work: Work| std::thread::Builder::new().name(SESSION_THREAD_NAME.into()).spawn(work);
     if SPAWNER.get().is_none() {
-        if crate::sys::current_thread_nice().is_ok_and(|nice| nice > 0) {
+        if crate::threads::sys::current_thread_nice().is_ok_and(|nice| nice > 0) {
             tracing::warn!(
                 "No session thread spawner was started; this version's session threads inherit its loader's \
                  lowered priority. Call baton_core::executor::start_spawner at startup."

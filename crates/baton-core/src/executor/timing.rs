@@ -181,7 +181,7 @@ impl Stopwatch {
         // it spans holds what they span.
         let started = Instant::now();
         let delay = own_run_delay();
-        let cpu = crate::sys::thread_cpu_time();
+        let cpu = crate::threads::sys::thread_cpu_time();
         Stopwatch { started, cpu, delay }
     }
 
@@ -192,7 +192,7 @@ impl Stopwatch {
 
     /// Stops it: every reading.
     pub fn read(self) -> Reading {
-        let cpu = crate::sys::thread_cpu_time().zip(self.cpu).map(|(now, then)| now.saturating_sub(then));
+        let cpu = crate::threads::sys::thread_cpu_time().zip(self.cpu).map(|(now, then)| now.saturating_sub(then));
         let delay = own_run_delay().zip(self.delay).map(|(now, then)| now.saturating_sub(then));
         let wall = self.started.elapsed();
         let replaced = REPLACED.with(|cell| cell.replace((Duration::ZERO, Duration::ZERO)));
@@ -209,8 +209,8 @@ mod tests {
     use super::*;
 
     fn spin(for_cpu: Duration) {
-        let start = crate::sys::thread_cpu_time().unwrap();
-        while crate::sys::thread_cpu_time().unwrap() - start < for_cpu {
+        let start = crate::threads::sys::thread_cpu_time().unwrap();
+        while crate::threads::sys::thread_cpu_time().unwrap() - start < for_cpu {
             std::hint::spin_loop();
         }
     }

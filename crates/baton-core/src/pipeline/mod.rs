@@ -8,7 +8,7 @@
 //! store. Drain runs on a thread of its own so the loader can start the next
 //! model's load meanwhile; the model stays busy until its drain ends.
 //!
-//! A run changes registry state only through the agent ([`crate::agent`]):
+//! A run changes registry state only through the agent ([`crate::threads::agent`]):
 //! each transition, the report and the reply are jobs it applies in order.
 //! A load's commit is a job too, so that the routing table is published at
 //! serving priority and the drain thread, which the commit starts, does not
@@ -28,17 +28,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::agent::panic_message;
 use crate::backend::UpdateReason;
 use crate::budget::{Basis, Check};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
-use crate::heap::HeapLease;
 use crate::manifest;
 use crate::registry::{Busy, Failure, Inner, LoadReport, Operation, Reply};
 use crate::routing::{ModelRoute, Snapshot};
 use crate::source::{FetchError, Presence};
 use crate::spec::{ModelSpec, SwapPolicy};
+use crate::threads::agent::panic_message;
+use crate::threads::heap::HeapLease;
 use crate::verified::Verified;
 use crate::version::{Version, VersionParts};
 
@@ -198,7 +198,7 @@ impl Run {
             self.replaced = Some(vacated.number);
             self.paused = Some(vacated.resume(&self.inner, self.model(), self.version, false));
         }
-        crate::sync::expect_serving_priority();
+        crate::threads::sync::expect_serving_priority();
         let spawned = std::thread::Builder::new().name("baton-drain".into()).spawn(move || self.drain(old, finish));
         if let Err(error) = spawned {
             tracing::error!(%error, "Could not start a drain thread.");
@@ -274,7 +274,7 @@ fn drain(old: Snapshot, timeout: Duration) -> (usize, bool) {
 }
 
 /// The whole transaction for one model; runs on a build thread (see
-/// [`crate::heap`]) at the loader's priority, up to the commit, which it
+/// [`crate::threads::heap`]) at the loader's priority, up to the commit, which it
 /// hands to the agent. `heap` goes into the version.
 pub(crate) fn load(inner: Arc<Inner>, busy: Busy, version: Option<u64>, reply: Reply, heap: HeapLease) {
     if let Some(error) = unknown_model(&inner, &busy.model) {

@@ -9,13 +9,13 @@ use std::time::Duration;
 use super::{Change, Finish, Run, caught, prepare};
 use crate::error::LoadError;
 use crate::events::{EventKind, State};
-use crate::heap::HeapLease;
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Decision, Phase, Progress};
 use crate::rollout::plan::{Overrides, Plan, RolloutPolicy};
 use crate::rollout::shadow::Shadow;
 use crate::rollout::window::Observations;
 use crate::rollout::{CopyGate, Mode, Rollout};
+use crate::threads::heap::HeapLease;
 
 /// How a rollout starts.
 #[derive(Clone, Debug, Default)]

@@ -16,11 +16,11 @@ use super::{Growth, Run, budgets, caught, engine};
 use crate::budget::Basis;
 use crate::error::LoadError;
 use crate::events::Stage;
-use crate::heap::HeapLease;
 use crate::registry::Inner;
 use crate::rollout::Mode;
 use crate::rollout::control::TwinStatus;
 use crate::rollout::plan::Plan;
+use crate::threads::heap::HeapLease;
 use crate::version::{Version, VersionParts};
 
 const MIB: u64 = 1 << 20;
@@ -52,7 +52,7 @@ pub(super) fn load(run: &mut Run, plan: &Plan, max_mb: u64) -> (Option<Arc<Versi
         }
         Err(error) => {
             let (model, version, reason) = (stable.model().to_owned(), stable.number(), error.to_string());
-            crate::agent::at_serving_priority(move || {
+            crate::threads::agent::at_serving_priority(move || {
                 tracing::warn!(
                     %model,
                     version,
@@ -70,7 +70,7 @@ fn on_own_heap(inner: &Arc<Inner>, stable: &Arc<Version>) -> Result<Arc<Version>
     let (tx, rx) = std::sync::mpsc::channel();
     let (inner, stable) = (Arc::clone(inner), Arc::clone(stable));
     let step_aside = inner.step_aside;
-    crate::heap::build_on_own_heap(step_aside, move |heap| {
+    crate::threads::heap::build_on_own_heap(step_aside, move |heap| {
         let _ = tx.send(build(&inner, &stable, heap));
     });
     rx.recv().map_err(|_| LoadError::Panicked {

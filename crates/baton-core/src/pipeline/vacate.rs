@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use super::{Files, Run, build, caught};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage};
-use crate::heap::HeapLease;
 use crate::pause::Pause;
 use crate::registry::Inner;
 use crate::routing::ModelRoute;
 use crate::spec::ModelSpec;
+use crate::threads::heap::HeapLease;
 use crate::version::Version;
 
 /// A model whose route gave way to its gate: the gate, and the version to

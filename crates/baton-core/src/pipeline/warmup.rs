@@ -150,7 +150,7 @@ pub fn samples(dir: &Path, spec: &ModelSpec, model: &dyn Model) -> Result<Vec<Sa
             Err(reason) => {
                 // On a lowered loading thread: logged through the registry's agent.
                 let (version, shipped) = (dir.display().to_string(), out.len());
-                crate::agent::at_serving_priority(move || {
+                crate::threads::agent::at_serving_priority(move || {
                     tracing::warn!(
                         %version,
                         shipped,
@@ -243,10 +243,10 @@ pub fn run(model: &dyn Model, samples: &[Sample], spec: &ModelSpec) -> Result<Wa
 }
 
 /// How long the calling thread has been off the CPU on others' account:
-/// waiting for a CPU ([`crate::sys::thread_run_delay`]) and stepped aside
-/// for threads that wait for one ([`crate::step_aside::paused_here`]).
+/// waiting for a CPU ([`crate::threads::sys::thread_run_delay`]) and stepped aside
+/// for threads that wait for one ([`crate::threads::step_aside::paused_here`]).
 fn off_cpu() -> Option<Duration> {
-    crate::sys::thread_run_delay().map(|waited| waited + crate::step_aside::paused_here())
+    crate::threads::sys::thread_run_delay().map(|waited| waited + crate::threads::step_aside::paused_here())
 }
 
 /// A warmup run's wall time less the time its thread was off the CPU on

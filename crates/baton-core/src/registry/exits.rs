@@ -60,7 +60,7 @@ pub(crate) struct Exit {
 /// Starts the thread that takes exits; versions built from now on report
 /// theirs to it. It hands each to a thread of its own (which inherits its
 /// serving priority); exits of one model are acted on one at a time.
-pub(super) fn start(inner: &Arc<Inner>, jobs: crate::sync::Sender<Job>) {
+pub(super) fn start(inner: &Arc<Inner>, jobs: crate::threads::sync::Sender<Job>) {
     let (tx, rx) = mpsc::channel::<Exit>();
     if inner.exits.set(tx).is_err() {
         return;

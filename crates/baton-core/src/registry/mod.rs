@@ -4,7 +4,7 @@
 //!
 //! Its state is changed at serving priority only: by the operations its
 //! callers start (taking a model's busy flag, a rollback's commit), and by
-//! its agent ([`crate::agent`]), which applies what the lowered loading and
+//! its agent ([`crate::threads::agent`]), which applies what the lowered loading and
 //! freeing threads send it, in order. A load's handle resolves only once
 //! the agent has applied the load's last state.
 
@@ -20,7 +20,6 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 
-use crate::agent::Agent;
 use crate::backend::Backend;
 use crate::error::LoadError;
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
@@ -34,8 +33,9 @@ use crate::rollout::outcome::{self, OutcomeKey, PostError, Posted};
 use crate::rollout::window::Sums;
 use crate::routing::{ModelRoute, Routing, Snapshot};
 use crate::source::Source;
-use crate::step_aside::StepAside;
-use crate::sync::{self, Lock};
+use crate::threads::agent::Agent;
+use crate::threads::step_aside::StepAside;
+use crate::threads::sync::{self, Lock};
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -248,7 +248,7 @@ impl Registry {
         let (nice, idle) = (config.loader_nice, config.loader_idle);
         let loader_agent = agent.clone();
         let jobs = sync::spawn_receiver::<Job>("baton-loader", move |jobs| {
-            crate::agent::lower_current_thread(&loader_agent, nice, idle);
+            crate::threads::agent::lower_current_thread(&loader_agent, nice, idle);
             drop(loader_agent);
             while let Some(job) = jobs.recv() {
                 job();
@@ -375,13 +375,13 @@ impl Registry {
     /// returns the handle its reply resolves.
     fn build(
         &self,
-        build: impl FnOnce(Arc<Inner>, Reply, crate::heap::HeapLease) + Send + 'static,
+        build: impl FnOnce(Arc<Inner>, Reply, crate::threads::heap::HeapLease) + Send + 'static,
     ) -> Result<LoadHandle, LoadError> {
         let (tx, rx) = oneshot::channel();
         let inner = Arc::clone(&self.inner);
         let job: Job = Box::new(move || {
             let step_aside = inner.step_aside;
-            crate::heap::build_on_own_heap(step_aside, move |heap| build(inner, tx, heap))
+            crate::threads::heap::build_on_own_heap(step_aside, move |heap| build(inner, tx, heap))
         });
         self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
         Ok(LoadHandle { rx })
@@ -703,7 +703,7 @@ impl Drop for Busy {
             inner.freed.send_modify(|n| *n = n.wrapping_add(1));
         };
         // Dropped on a lowered thread only when its run was cut short.
-        if crate::sys::current_thread_lowered() { self.inner.agent.send(release) } else { release() }
+        if crate::threads::sys::current_thread_lowered() { self.inner.agent.send(release) } else { release() }
     }
 }
 

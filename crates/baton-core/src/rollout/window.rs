@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::Role;
 use super::compare::{Comparison, Top1, compare_outputs};
-use crate::sync::Lock;
 use crate::tensors::tensor::Tensor;
+use crate::threads::sync::Lock;
 
 /// Shared by the requests of one rollout and its controller.
 #[derive(Debug, Default)]

@@ -555,7 +555,7 @@ impl Metrics {
         let _ = writeln!(out, "baton_events_missed_total {}", loads.events_missed);
         drop(loads);
 
-        let stepped = baton_core::step_aside::counts();
+        let stepped = baton_core::threads::step_aside::counts();
         help(
             &mut out,
             "baton_loader_step_asides_total",
@@ -571,7 +571,7 @@ impl Metrics {
             "counter",
             &format!(
                 "Times the thread would have stepped aside again but had stepped aside {} times its CPU time already, and kept running.",
-                baton_core::step_aside::MAX_PAUSED_PER_CPU
+                baton_core::threads::step_aside::MAX_PAUSED_PER_CPU
             ),
         );
         let _ = writeln!(out, "baton_loader_step_asides_declined_total {}", stepped.declined);

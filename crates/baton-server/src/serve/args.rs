@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use baton_core::step_aside::StepAside;
+use baton_core::threads::step_aside::StepAside;
 
 use crate::access::{Exposed, Listener, ModelControl};
 use crate::app::ServerLimits;

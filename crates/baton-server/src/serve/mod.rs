@@ -66,8 +66,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         // Read again: the state file is the old server's until it exits.
         decisions = self::decisions(&args, &repo.state_root)?;
     }
-    baton_core::sys::keep_large_allocations_mapped();
-    match baton_core::sys::raise_open_files_limit() {
+    baton_core::threads::sys::keep_large_allocations_mapped();
+    match baton_core::threads::sys::raise_open_files_limit() {
         Ok(limit) => tracing::debug!(limit, "Open files limit."),
         Err(error) => tracing::warn!(%error, "Could not raise the limit on open files."),
     }
@@ -590,7 +590,7 @@ async fn feed_metrics(app: Arc<App>, mut events: baton_core::events::EventReceiv
 mod tests {
     use std::time::Duration;
 
-    use baton_core::step_aside::StepAside;
+    use baton_core::threads::step_aside::StepAside;
     use clap::Parser;
 
     use super::{Control, ServeArgs};

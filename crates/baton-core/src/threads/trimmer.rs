@@ -2,7 +2,7 @@
 //! that keeps serving priority.
 //!
 //! Memory accounting trims the C heap before it reads RSS
-//! ([`crate::sys::trimmed_rss`]), four times per swap. `malloc_trim` takes
+//! ([`crate::threads::sys::trimmed_rss`]), four times per swap. `malloc_trim` takes
 //! every allocator arena's lock in turn, serving threads' own among them;
 //! run on a lowered thread, it could be preempted holding one, and a serving
 //! thread that needed that arena waited until the trim got a CPU back. So
@@ -11,7 +11,7 @@
 //! caller waits for the answer. What this removed, measured:
 //! docs/benchmarks-notebook.md §2, "Trims at serving priority".
 
-use crate::sync;
+use crate::threads::sync;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -40,10 +40,10 @@ impl Trimmer {
         }
     }
 
-    /// [`crate::sys::trimmed_rss`] on the trimmer thread: the memory this
+    /// [`crate::threads::sys::trimmed_rss`] on the trimmer thread: the memory this
     /// process really holds now.
     pub(crate) fn trimmed_rss(&self) -> Option<u64> {
-        self.run(crate::sys::trimmed_rss)
+        self.run(crate::threads::sys::trimmed_rss)
     }
 
     /// Runs `work` on the trimmer thread and waits for its result; on the
@@ -71,8 +71,8 @@ mod tests {
     /// The calling thread's scheduling policy and nice value.
     #[cfg(target_os = "linux")]
     fn priority() -> (i32, i32) {
-        let policy = crate::sys::current_thread_policy().expect("policy readable");
-        (policy, crate::sys::current_thread_nice().expect("nice readable"))
+        let policy = crate::threads::sys::current_thread_policy().expect("policy readable");
+        (policy, crate::threads::sys::current_thread_nice().expect("nice readable"))
     }
 
     #[test]
@@ -83,7 +83,7 @@ mod tests {
         let (caller, on_trimmer) = std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    let _ = crate::sys::lower_current_thread(19, true);
+                    let _ = crate::threads::sys::lower_current_thread(19, true);
                     (priority(), trimmer.run(priority))
                 })
                 .join()

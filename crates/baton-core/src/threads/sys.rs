@@ -4,7 +4,7 @@
 //!
 //! Linux is where baton runs; elsewhere each call is a portable no-op (or
 //! answers `None`), so the crate still builds there. With the Linux part of
-//! [`crate::step_aside`], this is the only module of the core that uses
+//! [`crate::threads::step_aside`], this is the only module of the core that uses
 //! `unsafe`; each block is one libc call with plain integer arguments.
 #![allow(unsafe_code)]
 
@@ -55,7 +55,7 @@ fn page_size() -> u64 {
 /// them, so it runs with stepping aside held off: a loading thread never
 /// pauses while a serving thread waits for an arena it holds.
 pub fn trim_heap() {
-    let _held = crate::step_aside::hold();
+    let _held = crate::threads::step_aside::hold();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas.
     unsafe {
@@ -179,7 +179,7 @@ pub fn set_current_thread_exact_timers() -> std::io::Result<()> {
 ///
 /// It also marks the thread as lowered ([`current_thread_lowered`]), even
 /// when the calls fail: from then on it must take no lock that serving
-/// threads take (see [`crate::sync`]), logging's included, so it does not
+/// threads take (see [`crate::threads::sync`]), logging's included, so it does not
 /// log what failed but returns it for the caller to report elsewhere.
 pub fn lower_current_thread(nice: i32, idle: bool) -> std::io::Result<()> {
     mark_current_thread_lowered();

@@ -3,7 +3,7 @@
 //!
 //! Registry state is read by serving threads (status, metrics, the event
 //! stream), so a lowered thread must not hold the locks around it
-//! ([`crate::sync`]). Loading and freeing threads therefore send each such
+//! ([`crate::threads::sync`]). Loading and freeing threads therefore send each such
 //! change to the agent as a job — a state transition, the end of a busy
 //! spell, a recorded outcome, an event, a log line, a commit and the start
 //! of its drain, the memory book's updates — and the agent runs the jobs one
@@ -13,7 +13,7 @@
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::sync;
+use crate::threads::sync;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -79,12 +79,12 @@ pub fn at_serving_priority(work: impl FnOnce() + Send + 'static) {
 }
 
 /// Lowers the calling thread to do loading or freeing work for the registry
-/// whose agent is `agent`: its priority ([`crate::sys::lower_current_thread`]),
+/// whose agent is `agent`: its priority ([`crate::threads::sys::lower_current_thread`]),
 /// and the agent its logging and state changes go to. What could not be
 /// lowered is reported through the agent.
 pub(crate) fn lower_current_thread(agent: &Agent, nice: i32, idle: bool) {
     HERE.with_borrow_mut(|here| *here = Some(agent.clone()));
-    if let Err(error) = crate::sys::lower_current_thread(nice, idle) {
+    if let Err(error) = crate::threads::sys::lower_current_thread(nice, idle) {
         let error = error.to_string();
         agent.send(move || {
             tracing::warn!(%error, nice, idle, "Could not fully lower a loading thread's priority; loading will compete with serving.");
@@ -105,7 +105,7 @@ impl Inherited {
     /// The calling thread's.
     pub(crate) fn here() -> Inherited {
         Inherited {
-            lowered: crate::sys::current_thread_lowered(),
+            lowered: crate::threads::sys::current_thread_lowered(),
             agent: HERE.try_with(|here| here.borrow().clone()).ok().flatten(),
         }
     }
@@ -113,7 +113,7 @@ impl Inherited {
     /// Takes it over on the calling thread, a new one.
     pub(crate) fn adopt(self) {
         if self.lowered {
-            crate::sys::mark_current_thread_lowered();
+            crate::threads::sys::mark_current_thread_lowered();
         }
         HERE.with_borrow_mut(|here| *here = self.agent);
     }
@@ -177,7 +177,7 @@ mod tests {
             let inherited = Inherited::here();
             std::thread::spawn(move || {
                 inherited.adopt();
-                (crate::sys::current_thread_lowered(), HERE.with_borrow(Option::is_some))
+                (crate::threads::sys::current_thread_lowered(), HERE.with_borrow(Option::is_some))
             })
             .join()
             .unwrap()

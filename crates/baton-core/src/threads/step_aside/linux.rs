@@ -100,7 +100,7 @@ pub fn armed_here() -> bool {
 /// How long the calling thread has been stepped aside, in all, since it
 /// started: the time it slept to leave the CPU to others, which timings of
 /// its work leave out. The wait for a CPU after each such sleep is not in
-/// it: that is the thread's run delay ([`crate::sys::thread_run_delay`]).
+/// it: that is the thread's run delay ([`crate::threads::sys::thread_run_delay`]).
 pub fn paused_here() -> Duration {
     Duration::from_nanos(SLEPT_HERE_NS.get())
 }
@@ -246,7 +246,7 @@ fn install() -> Result<libc::c_int, String> {
 fn warn_once(reason: String) {
     static WARNED: std::sync::Once = std::sync::Once::new();
     WARNED.call_once(|| {
-        crate::agent::at_serving_priority(move || {
+        crate::threads::agent::at_serving_priority(move || {
             tracing::warn!(
                 %reason,
                 "Loading threads cannot step aside for waiting threads; they keep their priority alone."
@@ -265,7 +265,7 @@ impl Slack {
         // SAFETY: PR_GET_TIMERSLACK takes and returns plain integers and
         // concerns the calling thread only.
         let previous = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
-        if previous <= 0 || crate::sys::set_current_thread_exact_timers().is_err() {
+        if previous <= 0 || crate::threads::sys::set_current_thread_exact_timers().is_err() {
             return Slack(None);
         }
         Slack(libc::c_ulong::try_from(previous).ok())

@@ -2,12 +2,12 @@
 //! free versions.
 //!
 //! Loading threads run at the lowest priority (nice 19, `SCHED_IDLE`;
-//! [`crate::sys::lower_current_thread`]). One that is preempted while it
+//! [`crate::threads::sys::lower_current_thread`]). One that is preempted while it
 //! holds a lock keeps every thread that needs that lock waiting until it
 //! gets a CPU back, which on a busy machine can take many milliseconds. So
 //! a lowered thread takes no lock that serving threads take: it hands such
 //! work to the registry's agent, a thread at serving priority
-//! ([`crate::agent`]).
+//! ([`crate::threads::agent`]).
 //!
 //! [`Lock`] is the core's one mutex. It ignores poisoning (a panic while
 //! holding it leaves data that is still consistent for every use here), and
@@ -68,7 +68,7 @@ impl<T> Lock<T> {
     #[track_caller]
     pub fn lock(&self) -> MutexGuard<'_, T> {
         #[cfg(debug_assertions)]
-        if crate::sys::current_thread_lowered() != (self.takers == Takers::Lowered) {
+        if crate::threads::sys::current_thread_lowered() != (self.takers == Takers::Lowered) {
             record_misuse(Location::caller());
         }
         self.mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -105,7 +105,7 @@ pub(crate) fn record_misuse(location: &'static Location<'static>) {
     let misuse = Misuse {
         location,
         thread: std::thread::current().name().map(str::to_owned),
-        lowered: crate::sys::current_thread_lowered(),
+        lowered: crate::threads::sys::current_thread_lowered(),
     };
     let mut kept = MISUSES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if kept.len() < MISUSES_KEPT {
@@ -119,7 +119,7 @@ pub(crate) fn record_misuse(location: &'static Location<'static>) {
 #[track_caller]
 pub(crate) fn expect_serving_priority() {
     #[cfg(debug_assertions)]
-    if crate::sys::current_thread_lowered() {
+    if crate::threads::sys::current_thread_lowered() {
         record_misuse(Location::caller());
     }
 }
@@ -223,7 +223,7 @@ mod tests {
         std::thread::Builder::new()
             .name("sync-test-lowered".into())
             .spawn(move || {
-                let _ = crate::sys::lower_current_thread(19, true);
+                let _ = crate::threads::sys::lower_current_thread(19, true);
                 drop(lowered_kept.lock());
                 *lowered_shared.lock() += 1;
             })

@@ -11,7 +11,7 @@ use super::{Counts, StepAside};
 pub(super) fn arm(_policy: StepAside) -> Armed {
     static WARNED: std::sync::Once = std::sync::Once::new();
     WARNED.call_once(|| {
-        crate::agent::at_serving_priority(|| {
+        crate::threads::agent::at_serving_priority(|| {
             tracing::warn!("Stepping aside needs Linux; loading threads keep their priority alone.");
         });
     });

@@ -17,8 +17,8 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use crate::agent::Inherited;
-use crate::step_aside::StepAside;
+use crate::threads::agent::Inherited;
+use crate::threads::step_aside::StepAside;
 
 /// Something to be dropped on a version's build thread.
 type Doomed = Box<dyn Send>;
@@ -73,7 +73,7 @@ type Build = Box<dyn FnOnce(HeapLease) + Send>;
 /// Runs `build` on a new thread named `baton-build` and returns when `build`
 /// has returned. The thread then waits until the [`HeapLease`] handed to
 /// `build` is dropped. It inherits the caller's CPU priority, and with it
-/// the caller's lowered mark and agent ([`crate::agent`]), and steps aside
+/// the caller's lowered mark and agent ([`crate::threads::agent`]), and steps aside
 /// as `step_aside` says while it builds and while it frees, never while it
 /// waits. When no thread can be started, `build` runs on the calling
 /// thread, sharing its arena, and a warning says so.
@@ -110,7 +110,7 @@ pub fn build_on_own_heap(step_aside: StepAside, build: impl FnOnce(HeapLease) + 
             }
         }
         Err(error) => {
-            crate::agent::at_serving_priority(move || {
+            crate::threads::agent::at_serving_priority(move || {
                 tracing::warn!(
                     %error,
                     "Could not start a build thread; the version is built on the loader thread and shares its memory arena."
@@ -167,7 +167,7 @@ mod tests {
 
     impl Drop for ArmedWitness {
         fn drop(&mut self) {
-            *self.0.lock().unwrap() = Some(crate::step_aside::armed_here());
+            *self.0.lock().unwrap() = Some(crate::threads::step_aside::armed_here());
         }
     }
 
@@ -178,7 +178,7 @@ mod tests {
         let armed_in_build = Arc::new(Mutex::new(None));
         let seen = Arc::clone(&armed_in_build);
         build_on_own_heap(StepAside::STANDARD, move |lease| {
-            *seen.lock().unwrap() = Some(crate::step_aside::armed_here());
+            *seen.lock().unwrap() = Some(crate::threads::step_aside::armed_here());
             *slot.lock().unwrap() = Some(lease);
         });
         assert_eq!(*armed_in_build.lock().unwrap(), Some(true), "not armed while building");
@@ -191,7 +191,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(None));
         let inside = Arc::clone(&seen);
         build_on_own_heap(StepAside::OFF, move |_lease| {
-            *inside.lock().unwrap() = Some(crate::step_aside::armed_here())
+            *inside.lock().unwrap() = Some(crate::threads::step_aside::armed_here())
         });
         assert_eq!(*seen.lock().unwrap(), Some(false));
     }
