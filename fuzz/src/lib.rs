@@ -86,14 +86,14 @@ pub fn onnx(data: &[u8]) {
 
 /// MANIFEST files.
 pub fn manifest(data: &[u8]) {
-    if let Err(e) = baton_core::manifest::parse(&String::from_utf8_lossy(data)) {
+    if let Err(e) = baton_core::files::manifest::parse(&String::from_utf8_lossy(data)) {
         assert!(matches!(e.kind(), "manifest_incomplete" | "manifest_malformed"), "{e}");
     }
 }
 
 /// `model.toml` files.
 pub fn spec(data: &[u8]) {
-    if let Err(e) = baton_core::spec::ModelSpec::parse(&String::from_utf8_lossy(data)) {
+    if let Err(e) = baton_core::files::spec::ModelSpec::parse(&String::from_utf8_lossy(data)) {
         assert!(!e.is_empty());
     }
 }

@@ -37,8 +37,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use baton_core::files::source::{FetchError, Source};
 use baton_core::rollout::window::Sums;
-use baton_core::source::{FetchError, Source};
 use baton_core::threads::sync::Lock;
 use tokio::sync::Semaphore;
 

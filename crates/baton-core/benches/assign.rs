@@ -9,12 +9,12 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use baton_core::backend::{BackendError, Model, Weight, WeightsError};
-use baton_core::manifest::Manifest;
+use baton_core::files::manifest::Manifest;
+use baton_core::files::spec::ModelSpec;
 use baton_core::pipeline::warmup::Warmed;
 use baton_core::rollout::window::Observations;
 use baton_core::rollout::{CopyGate, Mode, Rollout, assign};
 use baton_core::routing::{ModelRoute, Routing};
-use baton_core::spec::ModelSpec;
 use baton_core::tensors::signature::Signature;
 use baton_core::tensors::tensor::Tensor;
 use baton_core::version::{Version, VersionParts};

@@ -17,7 +17,7 @@
 //! one. The state belongs to the version, so a new version starts with an
 //! empty queue of its own, and requests pinned to the old one finish there.
 
-use crate::spec::AdmissionPolicy;
+use crate::files::spec::AdmissionPolicy;
 
 /// Queue slots per engine instance when `max_queue` is not set. Enough for
 /// a client holding 32 connections per instance open at once (baton's load

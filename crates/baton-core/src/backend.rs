@@ -7,10 +7,10 @@
 
 use thiserror::Error;
 
-use crate::spec::ModelSpec;
+use crate::files::spec::ModelSpec;
+use crate::files::verified::Verified;
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::{DataType, Tensor, TensorView};
-use crate::verified::Verified;
 
 /// An engine that can load model versions.
 pub trait Backend: Send + Sync + 'static {
@@ -25,9 +25,9 @@ pub trait Backend: Send + Sync + 'static {
     /// ([`Verified::file`]), never by path: those are the files the verify
     /// stage hashed, whatever has been renamed over their paths since. Once
     /// it has read what it needs, it checks that none was written to since
-    /// ([`VerifiedFile::unchanged`](crate::verified::VerifiedFile::unchanged))
+    /// ([`VerifiedFile::unchanged`](crate::files::verified::VerifiedFile::unchanged))
     /// and refuses the load if one was (`file_changed`). An engine that must
-    /// be given a path gets [`VerifiedFile::fd_path`](crate::verified::VerifiedFile::fd_path).
+    /// be given a path gets [`VerifiedFile::fd_path`](crate::files::verified::VerifiedFile::fd_path).
     fn load(&self, version: &Verified, spec: &ModelSpec) -> Result<Box<dyn Model>, BackendError>;
 
     /// Like [`Backend::load`], but the model shares no weights with other
@@ -43,7 +43,7 @@ pub trait Backend: Send + Sync + 'static {
     /// bytes) as it is, rather than reading it: an engine that reads a
     /// weights file's tensors in place. The verify stage then copies such a
     /// file into a directory of baton's while it hashes it, and hands on the
-    /// copy ([`crate::copied`]): one pass over the bytes, and a file that
+    /// copy ([`crate::files::copied`]): one pass over the bytes, and a file that
     /// nobody else can truncate under a live version. None by default.
     fn maps_as_is(&self, _path: &str, _size: u64) -> bool {
         false
@@ -174,7 +174,7 @@ pub struct Weight<'a> {
 }
 
 /// What a weight tensor is for, which decides how validation treats its
-/// values (`baton_core::spec::ValidationPolicy` says how).
+/// values (`baton_core::files::spec::ValidationPolicy` says how).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightRole {
     /// A parameter the model computes with: a matrix multiplied, a
@@ -361,10 +361,10 @@ impl BackendError {
     }
 }
 
-impl From<crate::manifest::VerifyError> for BackendError {
+impl From<crate::files::manifest::VerifyError> for BackendError {
     /// A verified file that could not be read, or changed after it was
     /// verified; the kind is the verify error's (`file_changed`, `io`).
-    fn from(error: crate::manifest::VerifyError) -> Self {
+    fn from(error: crate::files::manifest::VerifyError) -> Self {
         BackendError::new(error.kind(), error.to_string())
     }
 }

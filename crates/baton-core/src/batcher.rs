@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::backend::{BackendError, Model};
 use crate::error::InferError;
 use crate::executor::{Answer, Job};
-use crate::spec::BatchingPolicy;
+use crate::files::spec::BatchingPolicy;
 use crate::tensors::tensor::{Tensor, TensorData};
 
 /// How a version batches, resolved from its `[batching]` table.

@@ -8,10 +8,10 @@ use crate::admission::Shed;
 use crate::backend::BackendError;
 use crate::budget::BudgetError;
 use crate::events::Stage;
-use crate::manifest::VerifyError;
+use crate::files::manifest::VerifyError;
+use crate::files::source::FetchError;
 use crate::pipeline::validate::ValidateError;
 use crate::pipeline::warmup::WarmupError;
-use crate::source::FetchError;
 
 /// Why a load, rollback or unload did not happen. Any error from a stage
 /// before commit leaves the serving version untouched.

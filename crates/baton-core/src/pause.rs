@@ -1,5 +1,5 @@
 //! The gate of a model whose version is being replaced under the resource
-//! swap policy ([`crate::spec::SwapPolicy::Resource`]).
+//! swap policy ([`crate::files::spec::SwapPolicy::Resource`]).
 //!
 //! While the old version is drained and freed and the new one loads, the
 //! routing table holds no route for the model but this gate. A request that

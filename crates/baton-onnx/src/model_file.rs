@@ -41,8 +41,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use baton_core::backend::BackendError;
-use baton_core::manifest::VerifyError;
-use baton_core::verified::{Verified, VerifiedFile};
+use baton_core::files::manifest::VerifyError;
+use baton_core::files::verified::{Verified, VerifiedFile};
 
 use crate::proto::{self, InitData, OnnxModel, RawData};
 use crate::shared::Placed;
@@ -383,7 +383,7 @@ impl KeptFile {
 
 #[cfg(test)]
 mod tests {
-    use baton_core::manifest;
+    use baton_core::files::manifest;
 
     use super::*;
     use crate::mlp::{Mlp, OnnxOptions, encode_mlp, write_model};

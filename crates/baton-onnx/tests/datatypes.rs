@@ -8,9 +8,9 @@
 use std::path::Path;
 
 use baton_core::backend::Backend;
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
 use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
-use baton_core::verified::Verified;
 use baton_onnx::OnnxBackend;
 
 fn backend() -> OnnxBackend {
@@ -149,8 +149,8 @@ fn write_model(dir: &Path, bytes: &[u8]) {
 /// Seals `dir` as a version (writes its MANIFEST) and verifies it, as the
 /// load transaction does before the backend sees a version.
 fn sealed(dir: &Path) -> Verified {
-    baton_core::manifest::write(dir).expect("writing MANIFEST");
-    baton_core::manifest::verify(dir).expect("verifying the version")
+    baton_core::files::manifest::write(dir).expect("writing MANIFEST");
+    baton_core::files::manifest::verify(dir).expect("verifying the version")
 }
 
 fn one_session() -> ModelSpec {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use baton_core::backend::{Backend, Model};
 use baton_core::executor::timing::Stopwatch;
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
 use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
@@ -59,8 +59,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let model = baton_onnx::costly::encode_costly(&mlp, rows);
         std::fs::create_dir_all(&version)?;
         std::fs::write(version.join("model.onnx"), model)?;
-        baton_core::manifest::write(&version)?;
-        let verified = baton_core::manifest::verify(&version)?;
+        baton_core::files::manifest::write(&version)?;
+        let verified = baton_core::files::manifest::verify(&version)?;
         let spec = ModelSpec::parse(&mlp_toml(&mlp, &format!("[engine]\nsessions = 2\n{engine}")))?;
         Ok(backend.load(&verified, &spec)?)
     };

@@ -5,7 +5,7 @@
 //! internal errors do not leak internals.
 
 use baton_core::error::{InferError, LoadError};
-use baton_core::source::FetchError;
+use baton_core::files::source::FetchError;
 use baton_protocol::CodecError;
 
 /// Whose fault an error is, and what the client can do about it.

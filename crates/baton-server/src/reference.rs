@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use clap::CommandFactory;
 
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
 
 /// The page.
 const REFERENCE: &str = include_str!("../../../docs/reference.md");
@@ -206,8 +206,8 @@ impl<'de> serde::Deserializer<'de> for Probe<'_> {
 /// Every `model.toml` section's keys, from the parsers: the spec's structs
 /// and the `[engine]` keys of the ONNX backend and of baton's workers.
 fn model_keys() -> BTreeMap<&'static str, Vec<&'static str>> {
+    use baton_core::files::spec;
     use baton_core::rollout::{guard, plan};
-    use baton_core::spec;
     let mut keys = BTreeMap::new();
     keys.insert("", fields::<spec::ModelSpec>().to_vec());
     keys.insert("policy", fields::<spec::Policy>().to_vec());

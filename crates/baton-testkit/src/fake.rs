@@ -49,10 +49,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use baton_core::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
 use baton_core::tensors::signature::{Signature, TensorSpec};
 use baton_core::tensors::tensor::{DataType, Tensor};
-use baton_core::verified::Verified;
 
 /// `model.toml` for a fake model.
 pub const FAKE_TOML: &str = "backend = \"fake\"\n\

@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use baton_core::backend::Backend;
 use baton_core::events::{Event, EventReceiver, State};
+use baton_core::files::source::LocalRepository;
 use baton_core::registry::{Registry, RegistryConfig};
-use baton_core::source::LocalRepository;
 
 /// A registry over a local repository with the real ONNX Runtime backend
 /// and the fake one. Panics with the runtime's own instructions when ONNX

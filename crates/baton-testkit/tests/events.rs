@@ -89,7 +89,7 @@ fn a_loader_can_keep_the_normal_policy() {
     // As the server does; see the_loader_runs_at_lower_priority_than_serving.
     baton_core::executor::start_spawner();
     let config = baton_core::registry::RegistryConfig { loader_idle: false, ..Default::default() };
-    let source = Arc::new(baton_core::source::LocalRepository::new(repo.root()));
+    let source = Arc::new(baton_core::files::source::LocalRepository::new(repo.root()));
     let registry = baton_core::registry::Registry::new(source, vec![Arc::new(FakeBackend::new())], config);
     registry.load("m", None).unwrap().wait().unwrap();
     // Other tests' registries may run loaders at the same time; at least one is not idle.

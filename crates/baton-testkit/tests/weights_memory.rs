@@ -104,7 +104,7 @@ fn a_gigabyte_as_one_onnx_file_loads() {
 /// file's plain SHA-256, which one core hashes.
 fn manifest_format_from_env(dir: &std::path::Path) {
     if std::env::var("MANIFEST_FORMAT").is_ok_and(|v| v == "1") {
-        baton_core::manifest::write_as(dir, baton_core::manifest::Format::Whole).unwrap();
+        baton_core::files::manifest::write_as(dir, baton_core::files::manifest::Format::Whole).unwrap();
         println!("figure: (MANIFEST format 1)");
     }
 }

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use baton_core::backend::UpdateKind;
 use baton_core::events::Stage;
-use baton_core::source::{FetchError, Fetched, LocalRepository, Presence, Source};
-use baton_core::spec::ModelSpec;
+use baton_core::files::source::{FetchError, Fetched, LocalRepository, Presence, Source};
+use baton_core::files::spec::ModelSpec;
 use baton_onnx::mlp::mlp_safetensors;
 use baton_onnx::proto::elem;
 use baton_onnx::safetensors;
@@ -299,16 +299,16 @@ impl Source for Sealing {
     fn fetch(&self, model: &str, version: u64) -> Result<Fetched, FetchError> {
         let from = self.local.fetch(model, version)?.dir;
         let dir = self.cache.path().join(model).join(version.to_string());
-        let text = std::fs::read_to_string(from.join(baton_core::manifest::MANIFEST)).unwrap();
-        let listed = baton_core::manifest::parse(&text).unwrap();
-        let mut seal = baton_core::seal::Seal::new();
+        let text = std::fs::read_to_string(from.join(baton_core::files::manifest::MANIFEST)).unwrap();
+        let listed = baton_core::files::manifest::parse(&text).unwrap();
+        let mut seal = baton_core::files::seal::Seal::new();
         for entry in &listed.entries {
             let to = dir.join(&entry.path);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(from.join(&entry.path), &to).unwrap();
             seal.record(&entry.path, &std::fs::File::open(&to).unwrap(), &entry.sha256).unwrap();
         }
-        std::fs::write(dir.join(baton_core::manifest::MANIFEST), text).unwrap();
+        std::fs::write(dir.join(baton_core::files::manifest::MANIFEST), text).unwrap();
         Ok(Fetched { dir, seal: Some(seal) })
     }
 }

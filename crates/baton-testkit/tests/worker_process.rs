@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use baton_core::backend::{Backend, WeightsError};
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
 use baton_core::tensors::tensor::Tensor;
-use baton_core::verified::Verified;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_worker::process::ProcessBackend;
 
@@ -50,8 +50,8 @@ fn version(files: &[(&str, &str)]) -> (tempfile::TempDir, Verified) {
     for (name, text) in files {
         std::fs::write(dir.path().join(name), text).unwrap();
     }
-    baton_core::manifest::write(dir.path()).unwrap();
-    let verified = baton_core::manifest::verify(dir.path()).unwrap();
+    baton_core::files::manifest::write(dir.path()).unwrap();
+    let verified = baton_core::files::manifest::verify(dir.path()).unwrap();
     (dir, verified)
 }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use baton_core::backend::{BackendError, UpdateReason};
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
 
 use crate::hop::{REGION_DEFAULT, SPIN_DEFAULT};
 

@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
 use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightsError, WeightsInfo};
-use baton_core::manifest;
-use baton_core::spec::ModelSpec;
+use baton_core::files::manifest;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
 use baton_core::tensors::signature::Signature;
 use baton_core::tensors::tensor::Tensor;
-use baton_core::verified::Verified;
 
 use crate::cgroup::Group;
 use crate::channel::{Channel, MAX_FDS, hand_to_child};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_core::backend::{Backend, BackendError, Model, WeightRole};
-use baton_core::manifest;
-use baton_core::spec::ModelSpec;
-use baton_core::verified::{HandedFile, Verified};
+use baton_core::files::manifest;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::{HandedFile, Verified};
 
 use crate::channel::{Channel, MAX_MESSAGE, take_handed};
 use crate::hop::{Answering, REGION_DEFAULT, page_floor};

@@ -32,14 +32,14 @@ use crate::backend::UpdateReason;
 use crate::budget::{Basis, Check};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
-use crate::manifest;
+use crate::files::manifest;
+use crate::files::source::{FetchError, Presence};
+use crate::files::spec::{ModelSpec, SwapPolicy};
+use crate::files::verified::Verified;
 use crate::registry::{Busy, Failure, Inner, LoadReport, Operation, Reply};
 use crate::routing::{ModelRoute, Snapshot};
-use crate::source::{FetchError, Presence};
-use crate::spec::{ModelSpec, SwapPolicy};
 use crate::threads::agent::panic_message;
 use crate::threads::heap::HeapLease;
-use crate::verified::Verified;
 use crate::version::{Version, VersionParts};
 
 /// Tracks one operation: its stages, their durations, the model's state.
@@ -560,8 +560,8 @@ impl<'a> Growth<'a> {
 
 /// The verify stage: every file checked against the version's MANIFEST,
 /// and those the backend maps as they are copied into a directory of
-/// baton's on the way ([`crate::copied`]).
-fn verify(inner: &Inner, spec: &ModelSpec, fetched: &crate::source::Fetched) -> Result<Verified, LoadError> {
+/// baton's on the way ([`crate::files::copied`]).
+fn verify(inner: &Inner, spec: &ModelSpec, fetched: &crate::files::source::Fetched) -> Result<Verified, LoadError> {
     let options = spec.policy.verify_options();
     let Some(backend) = inner.backends.get(&spec.backend) else {
         // Refused at load, which names the backend.
@@ -569,7 +569,7 @@ fn verify(inner: &Inner, spec: &ModelSpec, fetched: &crate::source::Fetched) -> 
     };
     let wanted = |path: &str, size: u64| backend.maps_as_is(path, size);
     let temp = std::env::temp_dir();
-    let plan = crate::copied::CopyPlan { parent: &temp, wanted: &wanted };
+    let plan = crate::files::copied::CopyPlan { parent: &temp, wanted: &wanted };
     Ok(manifest::verify_copying(fetched, &options, &plan)?)
 }
 

@@ -189,7 +189,7 @@ pub(crate) fn start(inner: Arc<Inner>, busy: Busy, start: RolloutStart, reply: R
         let watchable = plan.watch().is_some()
             && !start.steered
             && policy.keep_previous >= 1
-            && policy.swap == crate::spec::SwapPolicy::Availability;
+            && policy.swap == crate::files::spec::SwapPolicy::Availability;
         let mut progress = Progress::new(id, (stable, candidate.number()), plan, start.step, observations);
         progress.steered = start.steered;
         progress.watchable = watchable;

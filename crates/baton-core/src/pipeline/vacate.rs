@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use super::{Files, Run, build, caught};
 use crate::error::LoadError;
 use crate::events::{EventKind, Stage};
+use crate::files::spec::ModelSpec;
 use crate::pause::Pause;
 use crate::registry::Inner;
 use crate::routing::ModelRoute;
-use crate::spec::ModelSpec;
 use crate::threads::heap::HeapLease;
 use crate::version::Version;
 

@@ -1,6 +1,6 @@
 //! The validate stage: the model's declared inputs and outputs against
 //! `model.toml`, and every weight tensor read from the model file against the
-//! model's validation policy ([`crate::spec::ValidationPolicy`] says which
+//! model's validation policy ([`crate::files::spec::ValidationPolicy`] says which
 //! checks a tensor gets, by its role and content). The version's golden set
 //! ([`crate::pipeline::golden`]) runs in this stage too, after these checks.
 
@@ -10,8 +10,8 @@ mod rule;
 mod stats;
 
 use crate::backend::{Model, Weight, WeightsError};
+use crate::files::spec::ModelSpec;
 use crate::pipeline::golden::GoldenError;
-use crate::spec::ModelSpec;
 use crate::tensors::tensor::DataType;
 
 use rule::Checks;

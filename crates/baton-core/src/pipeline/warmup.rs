@@ -28,7 +28,7 @@ mod generate;
 pub use generate::{generated, ungenerable};
 
 use crate::backend::Model;
-use crate::spec::ModelSpec;
+use crate::files::spec::ModelSpec;
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::{DataType, Tensor, TensorData};
 use crate::tensors::tensor_json::tensor_from_json;

@@ -24,6 +24,7 @@ use crate::backend::Backend;
 use crate::error::LoadError;
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
 pub use crate::events::{LoadReport, Operation};
+use crate::files::source::Source;
 use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
 use crate::pause::Pause;
 use crate::pipeline::{self, RolloutStart};
@@ -32,7 +33,6 @@ use crate::rollout::metric::MetricSource;
 use crate::rollout::outcome::{self, OutcomeKey, PostError, Posted};
 use crate::rollout::window::Sums;
 use crate::routing::{ModelRoute, Routing, Snapshot};
-use crate::source::Source;
 use crate::threads::agent::Agent;
 use crate::threads::step_aside::StepAside;
 use crate::threads::sync::{self, Lock};
@@ -241,7 +241,7 @@ impl Registry {
     /// and release threads at `config.loader_nice`, and the agent at the
     /// calling thread's priority: call it at serving priority.
     pub fn new(source: Arc<dyn Source>, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
-        crate::scratch::remove_stale(&std::env::temp_dir(), crate::copied::PREFIX);
+        crate::files::scratch::remove_stale(&std::env::temp_dir(), crate::files::copied::PREFIX);
         let agent = Agent::start();
         let (events, _) = broadcast::channel(config.event_capacity.max(1));
         let (memory, releaser) = Memory::start(events.clone(), agent.clone(), config.loader_nice, config.loader_idle);

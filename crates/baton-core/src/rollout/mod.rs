@@ -385,8 +385,8 @@ mod tests {
         let parts = VersionParts {
             model: "m".to_owned(),
             number: 1,
-            spec: Arc::new(crate::spec::ModelSpec::parse("").unwrap()),
-            manifest: crate::manifest::Manifest::default(),
+            spec: Arc::new(crate::files::spec::ModelSpec::parse("").unwrap()),
+            manifest: crate::files::manifest::Manifest::default(),
             warmup: Vec::new(),
             warmed: crate::pipeline::warmup::Warmed::default(),
             bytes_held: 0,

@@ -78,7 +78,7 @@ pub fn keep_large_allocations_mapped() {
 
 /// Raises this process's soft limit on open files to its hard limit, and
 /// returns the limit now in force. A load keeps every file of the version
-/// it verifies open until the engine has read them ([`crate::verified`]),
+/// it verifies open until the engine has read them ([`crate::files::verified`]),
 /// and serving connections need descriptors meanwhile; the usual soft limit
 /// of 1024 would leave a version of many files, or a server with many
 /// connections, short of them. Call once, at start.

@@ -189,7 +189,7 @@ pub(crate) fn help(out: &mut String, name: &str, kind: &str, text: &str) {
 
 /// A remote repository's metrics: whether its store answers, how, and
 /// what was fetched from it.
-pub fn render_store(out: &mut String, answer: &baton_core::source::StoreAnswer) {
+pub fn render_store(out: &mut String, answer: &baton_core::files::source::StoreAnswer) {
     help(out, "baton_store_up", "gauge", "1 while the model store's last listing succeeded.");
     let _ = writeln!(out, "baton_store_up {}", u8::from(answer.ok));
     help(out, "baton_store_answer", "gauge", "1 for what the model store last answered: ok, or the failure's kind.");

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use baton_core::events::EventKind;
-use baton_core::source::{LocalRepository, Source};
+use baton_core::files::source::{LocalRepository, Source};
 use baton_store::{Options, StoreSource};
 
 use super::{ServeArgs, demo};

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use baton_core::error::LoadError;
 use baton_core::events::EventKind;
-use baton_core::source::{BareVersion, FetchError, Presence};
+use baton_core::files::source::{BareVersion, FetchError, Presence};
 
 use crate::app::App;
 use baton_core::pipeline::RolloutStart;
@@ -155,7 +155,7 @@ pub struct Watcher {
     app: Arc<App>,
     missing_polls: u32,
     /// Versions seen, with their MANIFEST's stamp (see
-    /// [`baton_core::source::Source::version_stamp`]).
+    /// [`baton_core::files::source::Source::version_stamp`]).
     seen: BTreeMap<(String, u64), Option<String>>,
     warned: BTreeSet<(String, u64)>,
     /// Polls in a row each model or kept version was found missing.

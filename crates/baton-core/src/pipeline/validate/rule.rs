@@ -4,7 +4,7 @@
 //! element, which names the first element that fails.
 
 use crate::backend::WeightRole;
-use crate::spec::ValidationPolicy;
+use crate::files::spec::ValidationPolicy;
 use crate::tensors::tensor::DataType;
 
 use super::stats::{Float, Stats, binary_exponent, decode};

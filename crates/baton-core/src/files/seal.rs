@@ -28,7 +28,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use crate::verified::Stamp;
+use crate::files::verified::Stamp;
 
 const HEADER: &str = "baton-seal 1";
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use crate::short_reads::PIECE;
+use crate::files::short_reads::PIECE;
 
 /// The size of a format-2 piece: 16 MiB.
 pub const PIECE_BYTES: u64 = 16 << 20;

@@ -170,8 +170,8 @@ impl SwapPolicy {
 
 impl Policy {
     /// What the verify stage accepts under this policy.
-    pub fn verify_options(&self) -> crate::manifest::VerifyOptions {
-        crate::manifest::VerifyOptions { allow_symlinks_outside_version: self.allow_symlinks_outside_version }
+    pub fn verify_options(&self) -> crate::files::manifest::VerifyOptions {
+        crate::files::manifest::VerifyOptions { allow_symlinks_outside_version: self.allow_symlinks_outside_version }
     }
 }
 

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! The number on the first line says how the digests are computed
-//! ([`crate::digest`]): 1, the SHA-256 of each file; 2, the same for a file
+//! ([`crate::files::digest`]): 1, the SHA-256 of each file; 2, the same for a file
 //! of up to 16 MiB and a digest of its 16 MiB pieces' SHA-256 for a larger
 //! one, which several cores compute at once. baton writes 2 and reads both.
 //! The closing `end N` line makes a manifest that was cut short (a partial
@@ -21,8 +21,8 @@ use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 
-pub use crate::digest::Format;
-pub use crate::verified::{Verified, VerifiedFile};
+pub use crate::files::digest::Format;
+pub use crate::files::verified::{Verified, VerifiedFile};
 
 /// The file name of a version's manifest.
 pub const MANIFEST: &str = "MANIFEST";
@@ -170,7 +170,7 @@ pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
 /// format-1 digest), read at explicit offsets (the file's own offset is
 /// left alone, so the descriptor can be shared).
 pub fn digest_open(file: &File) -> std::io::Result<(String, u64)> {
-    crate::digest::of_file(file, Format::Whole, 1)
+    crate::files::digest::of_file(file, Format::Whole, 1)
 }
 
 /// The threads a digest of format 2 takes: the machine's cores, up to 4.
@@ -214,7 +214,7 @@ pub fn write_as(dir: &Path, format: Format) -> Result<Manifest, VerifyError> {
     for path in list_files(dir)? {
         let abs = dir.join(&path);
         let file = File::open(&abs).map_err(io_err(&abs))?;
-        let (sha256, size) = crate::digest::of_file(&file, format, hashing_threads()).map_err(io_err(&abs))?;
+        let (sha256, size) = crate::files::digest::of_file(&file, format, hashing_threads()).map_err(io_err(&abs))?;
         manifest.entries.push(Entry { path, size, sha256 });
     }
     let tmp = dir.join(".MANIFEST.tmp");
@@ -317,27 +317,30 @@ pub fn verify(dir: &Path) -> Result<Verified, VerifyError> {
 /// regular file, its size, then its SHA-256; and that no file is present
 /// that the manifest does not list. Each file is opened once, and the
 /// returned [`Verified`] keeps it open, so that what is loaded afterwards
-/// is read from the very file that was hashed (see [`crate::verified`]).
+/// is read from the very file that was hashed (see [`crate::files::verified`]).
 pub fn verify_with(dir: &Path, options: &VerifyOptions) -> Result<Verified, VerifyError> {
-    crate::verified::verify_dir(dir, options, None, None)
+    crate::files::verified::verify_dir(dir, options, None, None)
 }
 
 /// [`verify_with`] on what a source fetched: a file its fetcher hashed while
-/// writing it, and that has not changed since (its [`crate::seal::Seal`]),
+/// writing it, and that has not changed since (its [`crate::files::seal::Seal`]),
 /// is not read again; every other check is made as for any version.
-pub fn verify_fetched(fetched: &crate::source::Fetched, options: &VerifyOptions) -> Result<Verified, VerifyError> {
-    crate::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref(), None)
+pub fn verify_fetched(
+    fetched: &crate::files::source::Fetched,
+    options: &VerifyOptions,
+) -> Result<Verified, VerifyError> {
+    crate::files::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref(), None)
 }
 
 /// [`verify_fetched`], copying the files `plan` wants that no seal covers
 /// into a directory of baton's while they are hashed, in one pass
-/// ([`crate::copied`]): those files of the returned version are the copies.
+/// ([`crate::files::copied`]): those files of the returned version are the copies.
 pub fn verify_copying(
-    fetched: &crate::source::Fetched,
+    fetched: &crate::files::source::Fetched,
     options: &VerifyOptions,
-    plan: &crate::copied::CopyPlan<'_>,
+    plan: &crate::files::copied::CopyPlan<'_>,
 ) -> Result<Verified, VerifyError> {
-    crate::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref(), Some(plan))
+    crate::files::verified::verify_dir(&fetched.dir, options, fetched.seal.as_ref(), Some(plan))
 }
 
 #[cfg(test)]
@@ -366,7 +369,8 @@ mod tests {
     fn both_formats_are_written_and_read_and_each_verifies_its_own_digests() {
         let dir = tempfile::tempdir().unwrap();
         // Larger than a piece, so that the two formats' digests differ.
-        let bytes: Vec<u8> = (0..(crate::digest::PIECE_BYTES as usize + 7)).map(|i| (i * 31 % 251) as u8).collect();
+        let bytes: Vec<u8> =
+            (0..(crate::files::digest::PIECE_BYTES as usize + 7)).map(|i| (i * 31 % 251) as u8).collect();
         std::fs::write(dir.path().join("weights.bin"), &bytes).unwrap();
         let one = write_as(dir.path(), Format::Whole).unwrap();
         let text = std::fs::read_to_string(dir.path().join(MANIFEST)).unwrap();

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::manifest;
-use crate::seal::Seal;
-use crate::spec::ModelSpec;
+use crate::files::manifest;
+use crate::files::seal::Seal;
+use crate::files::spec::ModelSpec;
 
 /// Why a version could not be fetched.
 #[derive(Debug, Error)]

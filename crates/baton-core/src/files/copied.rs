@@ -15,7 +15,7 @@
 //! directory, `baton-copied-<pid>-<n>`, removed when the last verified file
 //! that refers to it is dropped: a backend keeps them for as long as the
 //! version lives, as the mapping keeps the file's blocks. A server killed while loading leaves its directory; the next start
-//! removes those of processes no longer running ([`crate::scratch`]).
+//! removes those of processes no longer running ([`crate::files::scratch`]).
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Error, ErrorKind, Result};
@@ -27,8 +27,8 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use sha2::{Digest, Sha256};
 
-use crate::digest::Format;
-use crate::short_reads::PIECE;
+use crate::files::digest::Format;
+use crate::files::short_reads::PIECE;
 
 /// What a copied directory's name begins with, followed by the pid.
 pub const PREFIX: &str = "baton-copied-";
@@ -98,7 +98,7 @@ impl CopyDir {
         }
         let dest = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&dest_path)?;
         // Format 1 is one chain of SHA-256: copy_hashing gives it one hasher.
-        let (digest, size) = copy_hashing(src, &dest, format, crate::manifest::hashing_threads())?;
+        let (digest, size) = copy_hashing(src, &dest, format, crate::files::manifest::hashing_threads())?;
         drop(dest);
         Ok((File::open(&dest_path)?, digest, size))
     }
@@ -122,7 +122,7 @@ type Block = (u64, Arc<Vec<u8>>);
 /// and writes; `hashers` other threads hash the blocks they are handed,
 /// each the whole pieces given to it (format 1 has one piece: one hasher).
 /// Every system call moves at most [`PIECE`] bytes, so that no thread holds
-/// a CPU in the kernel for long ([`crate::short_reads`]).
+/// a CPU in the kernel for long ([`crate::files::short_reads`]).
 pub(crate) fn copy_hashing(src: &File, dest: &File, format: Format, hashers: usize) -> Result<(String, u64)> {
     let piece = format.piece();
     let hashers = if piece == u64::MAX { 1 } else { hashers.max(1) };
@@ -151,7 +151,7 @@ pub(crate) fn copy_hashing(src: &File, dest: &File, format: Format, hashers: usi
         let size = copied?;
         pieces.sort_unstable_by_key(|(index, _)| *index);
         let digests: Vec<[u8; 32]> = pieces.into_iter().map(|(_, digest)| digest).collect();
-        Ok((crate::digest::combine(&digests), size))
+        Ok((crate::files::digest::combine(&digests), size))
     })
 }
 
@@ -246,7 +246,7 @@ mod tests {
     fn the_copy_holds_the_bytes_and_the_digest_is_theirs() {
         let top = tempfile::tempdir().unwrap();
         // Several pieces of several blocks, and a short last one.
-        let len = 2 * crate::digest::PIECE_BYTES as usize + BLOCK + 12_345;
+        let len = 2 * crate::files::digest::PIECE_BYTES as usize + BLOCK + 12_345;
         let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
         let src_path = top.path().join("src.bin");
         std::fs::write(&src_path, &bytes).unwrap();
@@ -254,12 +254,12 @@ mod tests {
         let src = File::open(&src_path).unwrap();
         let (copy, digest, size) = dir.copy("nested/w.bin", &src, Format::Whole).unwrap();
         assert_eq!(size, bytes.len() as u64);
-        assert_eq!(digest, crate::manifest::digest_file(&src_path).unwrap().0);
+        assert_eq!(digest, crate::files::manifest::digest_file(&src_path).unwrap().0);
         // Format 2, by several hashers: the digest of the pieces.
         for hashers in [1, 2, 3] {
             let dest = tempfile::tempfile().unwrap();
             let (pieces, _) = copy_hashing(&src, &dest, Format::Pieces, hashers).unwrap();
-            assert_eq!(pieces, crate::digest::of_file(&src, Format::Pieces, 1).unwrap().0, "{hashers} hashers");
+            assert_eq!(pieces, crate::files::digest::of_file(&src, Format::Pieces, 1).unwrap().0, "{hashers} hashers");
         }
         let mut read = Vec::new();
         std::io::Read::read_to_end(&mut &copy, &mut read).unwrap();

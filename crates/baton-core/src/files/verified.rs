@@ -29,9 +29,9 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::copied::{CopyDir, CopyPlan};
-use crate::manifest::{self, MANIFEST, Manifest, VerifyError, VerifyOptions, io_err};
-use crate::seal::Seal;
+use crate::files::copied::{CopyDir, CopyPlan};
+use crate::files::manifest::{self, MANIFEST, Manifest, VerifyError, VerifyOptions, io_err};
+use crate::files::seal::Seal;
 
 /// A version whose files matched its manifest, each still open.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ pub struct VerifiedFile {
     stamp: Stamp,
     sealed: bool,
     /// The directory of baton's the file was copied into while it was
-    /// hashed, when it was ([`crate::copied`]); kept while the file is.
+    /// hashed, when it was ([`crate::files::copied`]); kept while the file is.
     copied: Option<Arc<CopyDir>>,
 }
 
@@ -178,7 +178,7 @@ impl VerifiedFile {
     }
 
     /// The whole file, read through the verified descriptor in pieces
-    /// ([`crate::short_reads`]). Call [`VerifiedFile::unchanged`] after
+    /// ([`crate::files::short_reads`]). Call [`VerifiedFile::unchanged`] after
     /// reading to know that these are the bytes that were hashed.
     pub fn read_all(&self) -> std::io::Result<Vec<u8>> {
         read_whole(&self.file)
@@ -193,7 +193,7 @@ impl VerifiedFile {
     /// Whether baton wrote the file itself and hashed it on the way, into a
     /// directory only baton writes: a store's cache (accepted by its seal,
     /// and unchanged since), or a copy the verify stage made
-    /// ([`crate::copied`]). Such a file may be mapped where it is.
+    /// ([`crate::files::copied`]). Such a file may be mapped where it is.
     pub fn sealed(&self) -> bool {
         self.sealed
     }
@@ -206,7 +206,7 @@ impl VerifiedFile {
     }
 
     /// The directory of copies the verify stage copied the file into, if it
-    /// did ([`crate::copied`]).
+    /// did ([`crate::files::copied`]).
     pub fn copied_into(&self) -> Option<&Path> {
         self.copied.as_ref().map(|copied| copied.path())
     }
@@ -216,7 +216,7 @@ impl VerifiedFile {
     /// the file loses its name (another file renamed over it, a deletion),
     /// after which this descriptor would still read the hashed bytes; such a
     /// load is refused all the same, as one whose file was written to.
-    /// A copy the verify stage made ([`crate::copied`]) is in a directory
+    /// A copy the verify stage made ([`crate::files::copied`]) is in a directory
     /// only baton writes, which the load removes: the change time that
     /// removal moves is not compared.
     pub fn unchanged(&self) -> Result<(), VerifyError> {
@@ -286,7 +286,8 @@ pub(crate) fn verify_dir(
             }
             (None, None) => {
                 let threads = manifest::hashing_threads();
-                let (actual, _) = crate::digest::of_file(&file, manifest.format, threads).map_err(io_err(&abs))?;
+                let (actual, _) =
+                    crate::files::digest::of_file(&file, manifest.format, threads).map_err(io_err(&abs))?;
                 unchanged_while_read(&file, &before, &entry.path, &abs)?;
                 (actual, file, before, None)
             }
@@ -366,7 +367,7 @@ fn read_whole(file: &File) -> std::io::Result<Vec<u8>> {
     let len = file.metadata()?.len();
     let too_large = |_| std::io::Error::other(format!("a file of {len} bytes is too large to read into memory"));
     let mut bytes = vec![0u8; usize::try_from(len).map_err(too_large)?];
-    crate::short_reads::read_exact_at(file, &mut bytes, 0)?;
+    crate::files::short_reads::read_exact_at(file, &mut bytes, 0)?;
     Ok(bytes)
 }
 
@@ -375,7 +376,7 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     use super::*;
-    use crate::manifest::{verify, verify_with, write};
+    use crate::files::manifest::{verify, verify_with, write};
 
     fn version() -> (tempfile::TempDir, PathBuf) {
         let top = tempfile::tempdir().unwrap();
@@ -433,7 +434,7 @@ mod tests {
         std::fs::write(&path, b"other bytes").unwrap();
         let mut seal = Seal::new();
         seal.record("blobs/model.bin", &File::open(&path).unwrap(), &written.entries[0].sha256).unwrap();
-        let fetched = crate::source::Fetched { dir: dir.clone(), seal: Some(seal) };
+        let fetched = crate::files::source::Fetched { dir: dir.clone(), seal: Some(seal) };
         let verified = manifest::verify_fetched(&fetched, &VerifyOptions::default()).expect("sealed, so not read");
         assert!(verified.file("blobs/model.bin").unwrap().sealed(), "accepted by its seal");
         assert_eq!(verify(&dir).unwrap_err().kind(), "digest_mismatch");
@@ -449,7 +450,7 @@ mod tests {
         // A seal's digest that disagrees with the manifest is refused too.
         let mut seal = Seal::new();
         seal.record("blobs/model.bin", &File::open(&path).unwrap(), "00").unwrap();
-        let fetched = crate::source::Fetched { dir: dir.clone(), seal: Some(seal) };
+        let fetched = crate::files::source::Fetched { dir: dir.clone(), seal: Some(seal) };
         let error = manifest::verify_fetched(&fetched, &VerifyOptions::default()).unwrap_err();
         assert!(error.to_string().contains("SHA-256 00,"), "{error}");
     }
