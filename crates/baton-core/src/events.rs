@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use crate::backend::{UpdateKind, UpdateReason};
+use crate::run::backend::{UpdateKind, UpdateReason};
 
 /// The state of a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

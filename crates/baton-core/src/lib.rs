@@ -24,13 +24,8 @@
 //! The core knows no protocol and no engine: engines plug in through
 //! [`backend::Backend`], model stores through [`source::Source`].
 
-pub mod admission;
-pub mod backend;
-pub mod batcher;
 pub mod budget;
-pub mod error;
 pub mod events;
-pub mod executor;
 pub mod files;
 pub mod human;
 mod memory;
@@ -39,8 +34,8 @@ pub mod pipeline;
 pub mod registry;
 pub mod rollout;
 pub mod routing;
+pub mod run;
 pub mod tensors;
 pub mod threads;
-pub mod version;
 
 pub use memory::{LiveVersion, Releaser, UnloadRecord};

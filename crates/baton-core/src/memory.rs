@@ -26,13 +26,13 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
-use crate::backend::Model;
 use crate::events::{Event, EventKind, EventSender};
+use crate::run::backend::Model;
+use crate::run::version::Version;
 use crate::threads::agent::Agent;
 use crate::threads::heap::HeapLease;
 use crate::threads::sync::{self, Lock};
 use crate::threads::trimmer::Trimmer;
-use crate::version::Version;
 
 /// How many unload records are kept, and how many freed versions are
 /// remembered for loads waiting for them.
@@ -91,11 +91,11 @@ pub struct LiveVersion {
     /// Bytes it holds.
     pub bytes_held: u64,
     /// Its memory, split up.
-    pub memory: crate::version::VersionMemory,
+    pub memory: crate::run::version::VersionMemory,
     /// Which kind of update it was.
-    pub update: crate::backend::UpdateKind,
+    pub update: crate::run::backend::UpdateKind,
     /// Why it was that kind.
-    pub update_reason: crate::backend::UpdateReason,
+    pub update_reason: crate::run::backend::UpdateReason,
     /// Whether it is a rollout's twin of the stable version (same number,
     /// a second instance that only runs comparison copies).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -103,7 +103,7 @@ pub struct LiveVersion {
     /// The worker process it runs in, when it runs in one: its pid,
     /// resident memory and start time.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub worker: Option<crate::backend::ProcessInfo>,
+    pub worker: Option<crate::run::backend::ProcessInfo>,
     /// False once the worker process it ran in has ended by itself.
     pub alive: bool,
 }

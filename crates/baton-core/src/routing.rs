@@ -11,12 +11,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, mpsc};
 
-use crate::error::InferError;
 use crate::pause::Pause;
 use crate::rollout::{Compare, Mode, Role, Rollout, assign};
+use crate::run::error::InferError;
+use crate::run::version::Version;
 use crate::tensors::tensor::Tensor;
 use crate::threads::sync::Lock;
-use crate::version::Version;
 
 /// How one model is routed.
 #[derive(Clone, Debug)]

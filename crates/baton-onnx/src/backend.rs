@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 
-use baton_core::backend::{
-    Backend, BackendError, InputRange, Model, UpdateKind, ValueRange, Weight, WeightsError, WeightsInfo,
-};
 use baton_core::files::spec::ModelSpec;
 use baton_core::files::verified::Verified;
+use baton_core::run::backend::{
+    Backend, BackendError, InputRange, Model, UpdateKind, ValueRange, Weight, WeightsError, WeightsInfo,
+};
 use baton_core::tensors::signature::{Signature, TensorSpec};
 use baton_core::tensors::tensor::{Tensor, TensorView};
 use ort::session::builder::{AutoDevicePolicy, PrepackedWeights, SessionBuilder};

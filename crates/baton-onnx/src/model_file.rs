@@ -40,9 +40,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use baton_core::backend::BackendError;
 use baton_core::files::manifest::VerifyError;
 use baton_core::files::verified::{Verified, VerifiedFile};
+use baton_core::run::backend::BackendError;
 
 use crate::proto::{self, InitData, OnnxModel, RawData};
 use crate::shared::Placed;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, mpsc};
 use std::thread::{self, JoinHandle};
 
-use baton_core::backend::BackendError;
+use baton_core::run::backend::BackendError;
 use ort::environment::{Environment, ThreadManager};
 use ort::logging::LogLevel;
 

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 
-use baton_core::backend::BackendError;
 use baton_core::files::verified::{Verified, VerifiedFile};
+use baton_core::run::backend::BackendError;
 
 use crate::proto::{self, InitData};
 use crate::safetensors::{Header, WEIGHTS_FILE};

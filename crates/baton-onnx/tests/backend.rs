@@ -7,9 +7,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use baton_core::backend::{Backend, Model, WeightsError};
 use baton_core::files::spec::ModelSpec;
 use baton_core::files::verified::Verified;
+use baton_core::run::backend::{Backend, Model, WeightsError};
 use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_onnx::OnnxBackend;
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};

@@ -5,8 +5,8 @@
 //! engine options those tests give it (engine threads that busy-wait or
 //! sleep).
 
-use baton_core::backend::{Backend, Model};
 use baton_core::files::spec::ModelSpec;
+use baton_core::run::backend::{Backend, Model};
 use baton_core::tensors::tensor::Tensor;
 use baton_onnx::OnnxBackend;
 use baton_onnx::mlp::{Mlp, sample_input};

@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use baton_core::backend::Backend;
 use baton_core::files::spec::ModelSpec;
 use baton_core::files::verified::Verified;
+use baton_core::run::backend::Backend;
 use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_onnx::OnnxBackend;
 
@@ -277,8 +277,8 @@ fn a_weight_whose_data_does_not_fit_its_dims_is_a_read_error() {
     let bad = initializer("w", 1, &[4]).bytes(9, &[0; 12]);
     write_model(dir.path(), &identity_model(onnx_type(DataType::Fp32), 2, vec![bad]));
     let e = model.visit_weights(&mut |_| Ok(())).unwrap_err();
-    assert!(matches!(e, baton_core::backend::WeightsError::Read(ref m) if m.contains("'w'")), "{e}");
+    assert!(matches!(e, baton_core::run::backend::WeightsError::Read(ref m) if m.contains("'w'")), "{e}");
     std::fs::write(dir.path().join("model.onnx"), b"garbage").unwrap();
     let e = model.visit_weights(&mut |_| Ok(())).unwrap_err();
-    assert!(matches!(e, baton_core::backend::WeightsError::Read(_)), "{e}");
+    assert!(matches!(e, baton_core::run::backend::WeightsError::Read(_)), "{e}");
 }

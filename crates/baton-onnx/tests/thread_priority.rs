@@ -5,9 +5,9 @@
 //! threads while it counts them. Needs the ONNX Runtime library: run
 //! `scripts/fetch-onnxruntime.sh` (or set `ORT_DYLIB_PATH`).
 
-use baton_core::backend::Backend;
 use baton_core::files::spec::ModelSpec;
 use baton_core::files::verified::Verified;
+use baton_core::run::backend::Backend;
 use baton_core::tensors::tensor::Tensor;
 use baton_core::threads::sys::{current_thread_nice, set_current_thread_nice};
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};

@@ -4,8 +4,8 @@
 //! in responses and metrics. Client errors say exactly what was wrong;
 //! internal errors do not leak internals.
 
-use baton_core::error::{InferError, LoadError};
 use baton_core::files::source::FetchError;
+use baton_core::run::error::{InferError, LoadError};
 use baton_protocol::CodecError;
 
 /// Whose fault an error is, and what the client can do about it.

@@ -277,7 +277,7 @@ fn write_weights_graph(dir: &std::path::Path, source: &std::path::Path) -> anyho
 fn worker() -> anyhow::Result<()> {
     let make: baton_worker::serve::MakeBackend = Box::new(|| {
         let onnx = baton_onnx::OnnxBackend::new()?;
-        Ok(std::sync::Arc::new(onnx) as std::sync::Arc<dyn baton_core::backend::Backend>)
+        Ok(std::sync::Arc::new(onnx) as std::sync::Arc<dyn baton_core::run::backend::Backend>)
     });
     baton_worker::serve::serve(make).map_err(|e| anyhow::anyhow!("the worker stopped: {e}"))
 }

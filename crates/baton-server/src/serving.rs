@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_core::error::InferError;
 use baton_core::rollout::{Role, Rollout};
 use baton_core::routing::{Routing, Snapshot};
+use baton_core::run::error::InferError;
+use baton_core::run::version::Version;
 use baton_core::tensors::tensor::Tensor;
-use baton_core::version::Version;
 
 use crate::app::App;
 use crate::budget::Reservation;

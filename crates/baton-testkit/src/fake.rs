@@ -48,9 +48,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use baton_core::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
 use baton_core::files::spec::ModelSpec;
 use baton_core::files::verified::Verified;
+use baton_core::run::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
 use baton_core::tensors::signature::{Signature, TensorSpec};
 use baton_core::tensors::tensor::{DataType, Tensor};
 

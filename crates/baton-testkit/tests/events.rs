@@ -87,7 +87,7 @@ fn a_loader_can_keep_the_normal_policy() {
     repo.write_files("m", 1, &[("fake.txt", b"2")]);
     repo.seal("m", 1);
     // As the server does; see the_loader_runs_at_lower_priority_than_serving.
-    baton_core::executor::start_spawner();
+    baton_core::run::executor::start_spawner();
     let config = baton_core::registry::RegistryConfig { loader_idle: false, ..Default::default() };
     let source = Arc::new(baton_core::files::source::LocalRepository::new(repo.root()));
     let registry = baton_core::registry::Registry::new(source, vec![Arc::new(FakeBackend::new())], config);

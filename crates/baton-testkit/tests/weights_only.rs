@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use baton_core::backend::UpdateKind;
 use baton_core::events::Stage;
 use baton_core::files::source::{FetchError, Fetched, LocalRepository, Presence, Source};
 use baton_core::files::spec::ModelSpec;
+use baton_core::run::backend::UpdateKind;
 use baton_onnx::mlp::mlp_safetensors;
 use baton_onnx::proto::elem;
 use baton_onnx::safetensors;
@@ -326,8 +326,8 @@ fn a_weights_file_baton_wrote_itself_is_mapped_where_it_is_and_serves_what_a_cop
     let source = Sealing { local: LocalRepository::new(repo.root()), cache };
     let cached = source.cache.path().join("m/2").join(safetensors::WEIGHTS_FILE).display().to_string();
     let onnx = baton_onnx::OnnxBackend::new().unwrap();
-    baton_core::executor::start_spawner();
-    let backends: Vec<Arc<dyn baton_core::backend::Backend>> = vec![Arc::new(onnx)];
+    baton_core::run::executor::start_spawner();
+    let backends: Vec<Arc<dyn baton_core::run::backend::Backend>> = vec![Arc::new(onnx)];
     let registry = baton_core::registry::Registry::new(Arc::new(source), backends, Default::default());
     let input = sample_input(SIZES[0], 3, 9);
     registry.load("m", Some(2)).unwrap().wait().unwrap();
@@ -369,8 +369,8 @@ fn without_packing_the_engine_computes_from_the_mapped_weights_and_with_packing_
         let cached = cache.path().join("m/1").join(safetensors::WEIGHTS_FILE);
         let source = Sealing { local: LocalRepository::new(repo.root()), cache };
         let onnx = baton_onnx::OnnxBackend::new().unwrap();
-        baton_core::executor::start_spawner();
-        let backends: Vec<Arc<dyn baton_core::backend::Backend>> = vec![Arc::new(onnx)];
+        baton_core::run::executor::start_spawner();
+        let backends: Vec<Arc<dyn baton_core::run::backend::Backend>> = vec![Arc::new(onnx)];
         let registry = baton_core::registry::Registry::new(Arc::new(source), backends, Default::default());
         registry.load("m", Some(1)).unwrap().wait().unwrap();
         let input = sample_input(SIZES[0], 2, 9);

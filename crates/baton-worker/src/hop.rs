@@ -33,7 +33,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use baton_core::executor::timing;
+use baton_core::run::executor::timing;
 use baton_core::tensors::tensor::{Tensor, TensorView};
 use serde::{Deserialize, Serialize};
 
@@ -153,7 +153,7 @@ enum Answer {
     /// message read to its answer, less that thread's waits for a CPU
     /// meanwhile (absent where the kernel does not count them). The
     /// server's latency sample counts it in place of its wait for the
-    /// answer, at most that wait (`baton_core::executor::timing`); a value
+    /// answer, at most that wait (`baton_core::run::executor::timing`); a value
     /// that is not a whole number of nanoseconds is read as absent.
     Done {
         outputs: Placed,

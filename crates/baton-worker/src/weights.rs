@@ -13,7 +13,7 @@
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use baton_core::backend::{Weight, WeightRole, WeightsError};
+use baton_core::run::backend::{Weight, WeightRole, WeightsError};
 
 use crate::channel::Channel;
 use crate::options::TIMEOUT;

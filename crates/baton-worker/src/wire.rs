@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use baton_core::backend::UpdateKind;
+use baton_core::run::backend::UpdateKind;
 use baton_core::tensors::signature::Signature;
 use baton_core::tensors::tensor::DataType;
 use serde::{Deserialize, Serialize};

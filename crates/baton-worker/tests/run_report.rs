@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use baton_core::executor::timing::{Stopwatch, own_run_delay, trimmed_reports};
+use baton_core::run::executor::timing::{Stopwatch, own_run_delay, trimmed_reports};
 use baton_core::tensors::tensor::Tensor;
 use baton_worker::channel::Channel;
 use baton_worker::hop::{self, Answering, Caller};
@@ -23,13 +23,13 @@ fn work(for_cpu: Duration) {
 /// Calls a worker side, on a thread of this process, whose run works 5 ms
 /// on its CPU for an input named `work` and sleeps 5 ms for one named
 /// `sleep`; each call's readings on the calling thread.
-fn readings(names: &[&str]) -> Vec<baton_core::executor::timing::Reading> {
+fn readings(names: &[&str]) -> Vec<baton_core::run::executor::timing::Reading> {
     readings_after(names, || {})
 }
 
 /// [`readings`], `caller` run on the calling thread once the worker's
 /// thread is started.
-fn readings_after(names: &[&str], caller: impl FnOnce()) -> Vec<baton_core::executor::timing::Reading> {
+fn readings_after(names: &[&str], caller: impl FnOnce()) -> Vec<baton_core::run::executor::timing::Reading> {
     let (ours, theirs) = Channel::pair().unwrap();
     let worker = std::thread::spawn(move || {
         let how = Answering { spin: Duration::ZERO, most: hop::REGION_DEFAULT };

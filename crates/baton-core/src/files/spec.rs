@@ -180,7 +180,7 @@ impl Policy {
 /// The checks look at floating-point tensors only (FP16, FP32, FP64):
 /// integer tensors are indices, shapes and quantized codes, whose values
 /// say nothing about corruption. The backend tells each tensor's role
-/// ([`WeightRole`](crate::backend::WeightRole)) from the model's graph:
+/// ([`WeightRole`](crate::run::backend::WeightRole)) from the model's graph:
 ///
 /// - a **compute** weight (multiplied, convolved, looked up as an
 ///   embedding, a normalization's scale or bias) gets every check;
@@ -291,7 +291,7 @@ impl Default for BatchingPolicy {
 }
 
 /// Bounds on the requests one version holds; a request beyond them is
-/// refused at once (see [`crate::admission`]). Unset bounds are derived from
+/// refused at once (see [`crate::run::admission`]). Unset bounds are derived from
 /// the number of engine instances when the version loads.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -301,13 +301,13 @@ pub struct AdmissionPolicy {
     /// (one request each, or `max_batch` each with batching on).
     pub max_in_flight: Option<usize>,
     /// Requests waiting for a session thread, beyond those an idle thread
-    /// is about to take. Default: [`crate::admission::QUEUE_PER_INSTANCE`]
+    /// is about to take. Default: [`crate::run::admission::QUEUE_PER_INSTANCE`]
     /// per instance. 0 admits a request only when a thread is idle.
     pub max_queue: Option<usize>,
     /// A request whose estimated run time is at most this many
     /// microseconds runs inline on the thread that submits it when an
     /// instance is free and nobody waits, instead of being handed to a
-    /// session thread. Default [`crate::admission::INLINE_US`]; 0 hands
+    /// session thread. Default [`crate::run::admission::INLINE_US`]; 0 hands
     /// every request over.
     pub inline_us: Option<u64>,
 }

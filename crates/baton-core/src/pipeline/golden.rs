@@ -26,8 +26,8 @@ use std::path::Path;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::backend::Model;
 use crate::pipeline::warmup::{SampleTensor, json_files};
+use crate::run::backend::Model;
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::{DataType, Tensor, TensorData, f16_to_f32};
 use crate::tensors::tensor_json::{NullFloats, tensor_from_json_with, tensor_to_json};

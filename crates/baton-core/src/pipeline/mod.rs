@@ -28,9 +28,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::backend::UpdateReason;
 use crate::budget::{Basis, Check};
-use crate::error::LoadError;
 use crate::events::{EventKind, Stage, StageTiming, State};
 use crate::files::manifest;
 use crate::files::source::{FetchError, Presence};
@@ -38,9 +36,11 @@ use crate::files::spec::{ModelSpec, SwapPolicy};
 use crate::files::verified::Verified;
 use crate::registry::{Busy, Failure, Inner, LoadReport, Operation, Reply};
 use crate::routing::{ModelRoute, Snapshot};
+use crate::run::backend::UpdateReason;
+use crate::run::error::LoadError;
+use crate::run::version::{Version, VersionParts};
 use crate::threads::agent::panic_message;
 use crate::threads::heap::HeapLease;
-use crate::version::{Version, VersionParts};
 
 /// Tracks one operation: its stages, their durations, the model's state.
 struct Run {
@@ -541,7 +541,7 @@ impl<'a> Growth<'a> {
     /// What the version being built holds, as the budgets count it: the
     /// growth, plus the resident memory of the worker process `engine`
     /// runs in, when it runs in one; and the basis that names.
-    fn holds(&self, engine: &dyn crate::backend::Model) -> (u64, Basis) {
+    fn holds(&self, engine: &dyn crate::run::backend::Model) -> (u64, Basis) {
         match engine.process().and_then(|p| p.rss) {
             Some(rss) => (self.grown().saturating_add(rss), Basis::InWorker),
             None => (self.grown(), Basis::Measured),
@@ -580,9 +580,9 @@ fn engine(
     spec: &ModelSpec,
     verified: &Verified,
     alone: bool,
-) -> Result<Box<dyn crate::backend::Model>, LoadError> {
+) -> Result<Box<dyn crate::run::backend::Model>, LoadError> {
     let backend = inner.backends.get(&spec.backend).ok_or_else(|| {
-        crate::backend::BackendError::new(
+        crate::run::backend::BackendError::new(
             "unknown_backend",
             format!("model.toml names backend '{}', which this server does not have", spec.backend),
         )

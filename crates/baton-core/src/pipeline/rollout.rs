@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Change, Finish, Run, caught, prepare};
-use crate::error::LoadError;
 use crate::events::{EventKind, State};
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Decision, Phase, Progress};
@@ -15,6 +14,7 @@ use crate::rollout::plan::{Overrides, Plan, RolloutPolicy};
 use crate::rollout::shadow::Shadow;
 use crate::rollout::window::Observations;
 use crate::rollout::{CopyGate, Mode, Rollout};
+use crate::run::error::LoadError;
 use crate::threads::heap::HeapLease;
 
 /// How a rollout starts.

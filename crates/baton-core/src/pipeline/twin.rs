@@ -14,14 +14,14 @@ use std::sync::Arc;
 
 use super::{Growth, Run, budgets, caught, engine};
 use crate::budget::Basis;
-use crate::error::LoadError;
 use crate::events::Stage;
 use crate::registry::Inner;
 use crate::rollout::Mode;
 use crate::rollout::control::TwinStatus;
 use crate::rollout::plan::Plan;
+use crate::run::error::LoadError;
+use crate::run::version::{Version, VersionParts};
 use crate::threads::heap::HeapLease;
-use crate::version::{Version, VersionParts};
 
 const MIB: u64 = 1 << 20;
 

@@ -12,14 +12,14 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::{Files, Run, build, caught};
-use crate::error::LoadError;
 use crate::events::{EventKind, Stage};
 use crate::files::spec::ModelSpec;
 use crate::pause::Pause;
 use crate::registry::Inner;
 use crate::routing::ModelRoute;
+use crate::run::error::LoadError;
+use crate::run::version::Version;
 use crate::threads::heap::HeapLease;
-use crate::version::Version;
 
 /// A model whose route gave way to its gate: the gate, and the version to
 /// load back if the candidate fails.

@@ -9,9 +9,9 @@ use thiserror::Error;
 mod rule;
 mod stats;
 
-use crate::backend::{Model, Weight, WeightsError};
 use crate::files::spec::ModelSpec;
 use crate::pipeline::golden::GoldenError;
+use crate::run::backend::{Model, Weight, WeightsError};
 use crate::tensors::tensor::DataType;
 
 use rule::Checks;
@@ -151,7 +151,7 @@ fn check_tensor(w: &Weight<'_>, spec: &ModelSpec) -> Result<u64, ValidateError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::WeightRole;
+    use crate::run::backend::WeightRole;
     use crate::tensors::signature::TensorSpec;
 
     fn bytes(values: &[f32]) -> Vec<u8> {

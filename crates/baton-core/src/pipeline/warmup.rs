@@ -27,8 +27,8 @@ mod generate;
 
 pub use generate::{generated, ungenerable};
 
-use crate::backend::Model;
 use crate::files::spec::ModelSpec;
+use crate::run::backend::Model;
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::{DataType, Tensor, TensorData};
 use crate::tensors::tensor_json::tensor_from_json;

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::{Busy, Inner};
-use crate::error::LoadError;
 use crate::events::EventKind;
 use crate::pipeline;
 use crate::rollout::control::{Action, By, Decision, Effect, Phase};
 use crate::rollout::metric;
 use crate::rollout::window::{MetricReading, Observations};
+use crate::run::error::LoadError;
 
 /// How often the controller looks for windows to judge.
 const TICK: std::time::Duration = std::time::Duration::from_millis(50);

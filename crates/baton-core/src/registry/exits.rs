@@ -32,10 +32,10 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::{Ending, Inner, Job, Registry};
-use crate::error::LoadError;
 use crate::events::EventKind;
 use crate::rollout::control::{By, Phase, TwinStatus};
-use crate::version::Version;
+use crate::run::error::LoadError;
+use crate::run::version::Version;
 
 /// How long to wait before trying again when another operation holds the model.
 const BUSY_RETRY: Duration = Duration::from_millis(100);

@@ -20,8 +20,6 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 
-use crate::backend::Backend;
-use crate::error::LoadError;
 use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
 pub use crate::events::{LoadReport, Operation};
 use crate::files::source::Source;
@@ -33,6 +31,8 @@ use crate::rollout::metric::MetricSource;
 use crate::rollout::outcome::{self, OutcomeKey, PostError, Posted};
 use crate::rollout::window::Sums;
 use crate::routing::{ModelRoute, Routing, Snapshot};
+use crate::run::backend::Backend;
+use crate::run::error::LoadError;
 use crate::threads::agent::Agent;
 use crate::threads::step_aside::StepAside;
 use crate::threads::sync::{self, Lock};

@@ -28,10 +28,10 @@ use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::InferError;
-use crate::executor::Pending;
+use crate::run::error::InferError;
+use crate::run::executor::Pending;
+use crate::run::version::Version;
 use crate::tensors::tensor::Tensor;
-use crate::version::Version;
 
 /// How a candidate takes part in traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -356,9 +356,9 @@ pub(crate) fn record_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BackendError, Model, Weight, WeightsError};
+    use crate::run::backend::{BackendError, Model, Weight, WeightsError};
+    use crate::run::version::VersionParts;
     use crate::tensors::signature::Signature;
-    use crate::version::VersionParts;
 
     /// An engine that runs nothing and is alive throughout: the twin a
     /// copy ran on, in the moment after its worker was told to end.

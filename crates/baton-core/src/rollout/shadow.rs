@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::window::Observations;
 use super::{Role, Slot, record_copy};
+use crate::run::version::Version;
 use crate::tensors::tensor::Tensor;
 use crate::threads::agent::Agent;
 use crate::threads::sync::Sender;
-use crate::version::Version;
 
 /// One copy for the runner: the request's inputs, the answer stable gave
 /// (`None` when it failed), and its room in the rollout's gate.

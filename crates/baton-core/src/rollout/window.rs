@@ -44,7 +44,7 @@ impl Observations {
     }
 
     /// Counts one request `role` answered (or failed), with the time its
-    /// engine run took when it ran ([`crate::executor::timing`]) (see [`super::compare`]'s callers: every
+    /// engine run took when it ran ([`crate::run::executor::timing`]) (see [`super::compare`]'s callers: every
     /// sample of either side is that same measure). Requests to
     /// [`Role::Previous`] are not counted.
     pub fn record(&self, role: Role, latency: Option<Duration>, failed: bool) {

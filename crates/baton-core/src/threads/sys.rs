@@ -299,7 +299,7 @@ pub fn thread_run_delay() -> Option<std::time::Duration> {
 /// The CPU time the calling thread has used, from the kernel's per-thread
 /// clock; `None` where there is none. A rollout's timing of a run bounds
 /// what a worker's report may take away from its sample with it
-/// ([`crate::executor::timing`]).
+/// ([`crate::run::executor::timing`]).
 pub fn thread_cpu_time() -> Option<std::time::Duration> {
     #[cfg(unix)]
     {

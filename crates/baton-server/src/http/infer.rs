@@ -17,8 +17,8 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use baton_core::routing::Routing;
+use baton_core::run::version::Version;
 use baton_core::tensors::signature::InputShape;
-use baton_core::version::Version;
 use baton_protocol::{InferRequest, encode_response_with, parse_request};
 
 use super::body;

@@ -581,7 +581,11 @@ impl Metrics {
             "counter",
             "A worker's timings of its calls that claimed longer than the server waited for the answer, and were cut down to that wait in the rollout's latency sample.",
         );
-        let _ = writeln!(out, "baton_worker_timings_trimmed_total {}", baton_core::executor::timing::trimmed_reports());
+        let _ = writeln!(
+            out,
+            "baton_worker_timings_trimmed_total {}",
+            baton_core::run::executor::timing::trimmed_reports()
+        );
 
         help(&mut out, "baton_model_active_version", "gauge", "The version serving requests that name none.");
         for s in statuses.iter() {

@@ -18,8 +18,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use anyhow::Context;
-use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
+use baton_core::run::backend::Backend;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::access::{Access, Front, Listener, Token};
@@ -123,7 +123,7 @@ impl Checked {
         let decisions = decisions(args, &repo.state_root)?;
         let guards = Guards::read(args)?;
         // Session threads are started from here, at serving priority.
-        baton_core::executor::start_spawner();
+        baton_core::run::executor::start_spawner();
         // ONNX Runtime is started here, on the main thread, at serving priority.
         let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(Checked { control, access, repo, decisions, guards, onnx })
@@ -320,7 +320,7 @@ impl InProcess {
         check_repository(&repo, &control)?;
         let decisions = decisions(&args, &repo.state_root)?;
         let guards = Guards::read(&args)?;
-        baton_core::executor::start_spawner();
+        baton_core::run::executor::start_spawner();
         let app = app(&repo, &args, backends, decisions, guards);
         let _ = app.operations_held.set(access.holder());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -49,9 +49,9 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
-use baton_core::error::LoadError;
 use baton_core::events::EventKind;
 use baton_core::files::source::{BareVersion, FetchError, Presence};
+use baton_core::run::error::LoadError;
 
 use crate::app::App;
 use baton_core::pipeline::RolloutStart;

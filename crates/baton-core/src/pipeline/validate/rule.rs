@@ -3,8 +3,8 @@
 //! [`Stats`] alone, which is all a passing tensor costs, or element by
 //! element, which names the first element that fails.
 
-use crate::backend::WeightRole;
 use crate::files::spec::ValidationPolicy;
+use crate::run::backend::WeightRole;
 use crate::tensors::tensor::DataType;
 
 use super::stats::{Float, Stats, binary_exponent, decode};

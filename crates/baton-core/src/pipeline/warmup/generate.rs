@@ -1,7 +1,7 @@
 //! Warmup inputs generated from a model's signature, integer inputs only
 //! within the values the backend says they may take.
 
-use crate::backend::{InputRange, ValueRange};
+use crate::run::backend::{InputRange, ValueRange};
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::{DataType, Tensor, TensorData, element_count};
 

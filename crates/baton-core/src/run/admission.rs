@@ -2,7 +2,7 @@
 //! refuses more.
 //!
 //! A version's requests wait in a queue of its own for one of its session
-//! threads (see [`crate::executor`]). Two bounds, from the `[admission]`
+//! threads (see [`crate::run::executor`]). Two bounds, from the `[admission]`
 //! table of `model.toml`, decide whether one more is taken:
 //!
 //! - `max_queue`: requests waiting for a session thread. Requests that an

@@ -6,9 +6,9 @@ use std::sync::MutexGuard;
 use std::time::Instant;
 
 use super::{Answer, Job, Shared, State};
-use crate::backend::Model;
-use crate::batcher::{Batching, fitting_rows, run_batch, take_batch};
-use crate::error::{Expired, InferError};
+use crate::run::backend::Model;
+use crate::run::batcher::{Batching, fitting_rows, run_batch, take_batch};
+use crate::run::error::{Expired, InferError};
 use crate::tensors::tensor::Tensor;
 
 /// Serves engine instance `instance` until the executor closes.

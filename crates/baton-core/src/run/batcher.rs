@@ -5,7 +5,7 @@
 //! not per row, so a batch of four costs far less than four calls.
 //!
 //! The batches are formed on the version's session threads
-//! ([`crate::executor`]): a thread that takes work takes the oldest waiting
+//! ([`crate::run::executor`]): a thread that takes work takes the oldest waiting
 //! request and every later compatible one (same inputs and datatypes, same
 //! shape after the batch dimension) while the rows fit in `max_batch`, after
 //! waiting up to `max_queue_delay_us` from the oldest one's arrival for more
@@ -18,10 +18,10 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::backend::{BackendError, Model};
-use crate::error::InferError;
-use crate::executor::{Answer, Job};
 use crate::files::spec::BatchingPolicy;
+use crate::run::backend::{BackendError, Model};
+use crate::run::error::InferError;
+use crate::run::executor::{Answer, Job};
 use crate::tensors::tensor::{Tensor, TensorData};
 
 /// How a version batches, resolved from its `[batching]` table.
@@ -177,7 +177,7 @@ mod tests {
     use super::*;
     use crate::tensors::tensor::DataType;
 
-    fn job(rows: usize, width: i64, start: f32) -> (Job, tokio::sync::oneshot::Receiver<crate::executor::Timed>) {
+    fn job(rows: usize, width: i64, start: f32) -> (Job, tokio::sync::oneshot::Receiver<crate::run::executor::Timed>) {
         let values: Vec<f32> = (0..rows * width as usize).map(|i| start + i as f32).collect();
         Job::new(0, vec![Tensor::from_f32("x", vec![rows as i64, width], &values)], None)
     }

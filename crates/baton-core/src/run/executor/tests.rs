@@ -6,8 +6,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::admission::Shed;
-use crate::backend::{BackendError, Weight, WeightsError};
+use crate::run::admission::Shed;
+use crate::run::backend::{BackendError, Weight, WeightsError};
 use crate::tensors::signature::Signature;
 
 /// How long a test waits for a condition before it fails: a safety net

@@ -4,14 +4,14 @@
 
 use thiserror::Error;
 
-use crate::admission::Shed;
-use crate::backend::BackendError;
 use crate::budget::BudgetError;
 use crate::events::Stage;
 use crate::files::manifest::VerifyError;
 use crate::files::source::FetchError;
 use crate::pipeline::validate::ValidateError;
 use crate::pipeline::warmup::WarmupError;
+use crate::run::admission::Shed;
+use crate::run::backend::BackendError;
 
 /// Why a load, rollback or unload did not happen. Any error from a stage
 /// before commit leaves the serving version untouched.

@@ -49,10 +49,10 @@ pub fn spawn_at_serving_priority(work: impl FnOnce() + Send + 'static) -> std::i
     spawn::spawn(Box::new(work))
 }
 
-use crate::admission::{Limits, Load};
-use crate::backend::Model;
-use crate::batcher::{Batching, rows_of};
-use crate::error::{Expired, InferError};
+use crate::run::admission::{Limits, Load};
+use crate::run::backend::Model;
+use crate::run::batcher::{Batching, rows_of};
+use crate::run::error::{Expired, InferError};
 use crate::tensors::tensor::Tensor;
 use crate::threads::sync::Lock;
 
@@ -248,7 +248,7 @@ impl Executor {
     /// With `inline`, a request that finds an instance free and nobody
     /// waiting runs at once on the calling thread instead, on that
     /// instance; the caller says so only for a request it knows to be cheap
-    /// (see [`crate::version::Version::submit`]). It never waits for an
+    /// (see [`crate::run::version::Version::submit`]). It never waits for an
     /// instance: with none free it is queued like any other.
     pub(crate) fn submit(
         &self,
@@ -297,10 +297,10 @@ impl Executor {
             return Err(Refusal::Stopped);
         }
         if !state.jobs.is_empty() || state.gathering {
-            return Err(Refusal::Shed(crate::admission::Shed::QueueFull));
+            return Err(Refusal::Shed(crate::run::admission::Shed::QueueFull));
         }
         let Some(instance) = state.free.pop() else {
-            return Err(Refusal::Shed(crate::admission::Shed::QueueFull));
+            return Err(Refusal::Shed(crate::run::admission::Shed::QueueFull));
         };
         state.running += 1;
         state.copies += 1;
@@ -369,7 +369,7 @@ impl Drop for Executor {
 #[derive(Debug)]
 pub(crate) enum Refusal {
     /// The version is full.
-    Shed(crate::admission::Shed),
+    Shed(crate::run::admission::Shed),
     /// The deadline had passed.
     Expired,
     /// The threads have stopped.

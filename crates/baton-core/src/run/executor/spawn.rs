@@ -54,7 +54,7 @@ pub(super) fn spawn(work: Work) -> io::Result<JoinHandle<()>> {
         if crate::threads::sys::current_thread_nice().is_ok_and(|nice| nice > 0) {
             tracing::warn!(
                 "No session thread spawner was started; this version's session threads inherit its loader's \
-                 lowered priority. Call baton_core::executor::start_spawner at startup."
+                 lowered priority. Call baton_core::run::executor::start_spawner at startup."
             );
             return direct(work);
         }

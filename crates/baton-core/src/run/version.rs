@@ -1,7 +1,7 @@
 //! An immutable, loaded model version.
 //!
 //! A version owns its engine model and the session threads that run it
-//! ([`crate::executor`]), and dropping its last `Arc` frees both. The free
+//! ([`crate::run::executor`]), and dropping its last `Arc` frees both. The free
 //! itself does not happen on whatever thread let go last — often a serving
 //! thread finishing a request — but is handed to the memory keeper, which
 //! frees the engine off the serving path and measures what came back.
@@ -9,15 +9,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::admission::Limits;
-use crate::backend::Model;
-use crate::batcher::Batching;
-use crate::error::{Expired, InferError};
-use crate::executor::{Executor, Pending, Refusal};
 use crate::files::manifest::Manifest;
 use crate::files::spec::ModelSpec;
 use crate::memory::Releaser;
 use crate::pipeline::warmup::{Sample, Warmed};
+use crate::run::admission::Limits;
+use crate::run::backend::Model;
+use crate::run::batcher::Batching;
+use crate::run::error::{Expired, InferError};
+use crate::run::executor::{Executor, Pending, Refusal};
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::Tensor;
 use crate::threads::heap::HeapLease;
@@ -120,7 +120,7 @@ impl Version {
     }
 
     /// The worker process it runs in, if it runs in one.
-    pub fn process(&self) -> Option<crate::backend::ProcessInfo> {
+    pub fn process(&self) -> Option<crate::run::backend::ProcessInfo> {
         self.engine.as_ref().and_then(|engine| engine.process())
     }
 
@@ -189,7 +189,7 @@ impl Version {
     }
 
     /// What the engine says of the version's weights.
-    pub fn weights(&self) -> crate::backend::WeightsInfo {
+    pub fn weights(&self) -> crate::run::backend::WeightsInfo {
         self.engine().weights()
     }
 
@@ -230,7 +230,7 @@ impl Version {
 
     /// Checks the inputs, then queues them for a session thread (or runs a
     /// cheap request inline when an instance is free; see
-    /// [`crate::admission::INLINE_US`]), or refuses them at once: [`InferError::Overloaded`] when the version holds as
+    /// [`crate::run::admission::INLINE_US`]), or refuses them at once: [`InferError::Overloaded`] when the version holds as
     /// many requests as its `[admission]` bounds allow,
     /// [`InferError::DeadlineExceeded`] when `deadline` has passed. The
     /// future resolves to this request's own outputs; dropping it withdraws
@@ -253,8 +253,8 @@ impl Version {
     /// `[admission] inline_us`. Never with dynamic batching, whose window a
     /// request alone must wait out.
     fn cheap(&self, inputs: &[Tensor]) -> bool {
-        let limit = Duration::from_micros(self.spec.admission.inline_us.unwrap_or(crate::admission::INLINE_US));
-        let rows = if self.signature().is_batched() { crate::batcher::rows_of(inputs) } else { 1 };
+        let limit = Duration::from_micros(self.spec.admission.inline_us.unwrap_or(crate::run::admission::INLINE_US));
+        let rows = if self.signature().is_batched() { crate::run::batcher::rows_of(inputs) } else { 1 };
         !limit.is_zero() && !self.batches() && self.executor().estimate(rows) <= limit
     }
 
@@ -264,13 +264,13 @@ impl Version {
     /// candidate, whose instances serve no one else: it runs at that
     /// thread's priority, below serving. Returns the answer and the time
     /// the run took, as a session thread times its runs
-    /// ([`crate::executor::timing`]): its wait for a CPU at that priority
+    /// ([`crate::run::executor::timing`]): its wait for a CPU at that priority
     /// is not in it.
-    pub fn run_here(&self, inputs: &[Tensor]) -> crate::executor::Timed {
+    pub fn run_here(&self, inputs: &[Tensor]) -> crate::run::executor::Timed {
         if let Err(e) = self.signature().check_inputs(inputs) {
             return (Err(InferError::InvalidInput(e)), None);
         }
-        let watch = crate::executor::timing::Stopwatch::start();
+        let watch = crate::run::executor::timing::Stopwatch::start();
         let answer = self.engine().infer(inputs).map_err(InferError::from);
         (answer, Some(watch.stop()))
     }
@@ -297,8 +297,8 @@ impl Version {
         self.submit(inputs.to_vec(), None)?.wait()
     }
 
-    /// [`Version::infer`], with the time of the engine's run ([`crate::executor::timing`]).
-    pub fn infer_timed(&self, inputs: &[Tensor]) -> crate::executor::Timed {
+    /// [`Version::infer`], with the time of the engine's run ([`crate::run::executor::timing`]).
+    pub fn infer_timed(&self, inputs: &[Tensor]) -> crate::run::executor::Timed {
         match self.submit(inputs.to_vec(), None) {
             Ok(pending) => pending.wait_timed(),
             Err(e) => (Err(e), None),

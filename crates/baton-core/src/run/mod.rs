@@ -1,0 +1,12 @@
+//! Where inferences run: the contract with an engine ([`backend`]), a
+//! loaded version ([`version`]), the threads of its engine instances
+//! ([`executor`]), the gate in front of them ([`admission`]), dynamic
+//! batching ([`batcher`]) and the errors a request can meet ([`error`]).
+//! It imports the rooms below it: tensors, threads, files.
+
+pub mod admission;
+pub mod backend;
+pub mod batcher;
+pub mod error;
+pub mod executor;
+pub mod version;
