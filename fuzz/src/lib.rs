@@ -101,7 +101,7 @@ pub fn spec(data: &[u8]) {
 /// Warmup sample files.
 pub fn sample(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    match baton_core::pipeline::warmup::parse_sample("warmup/x.json".into(), &text) {
+    match baton_core::registry::load::warmup::parse_sample("warmup/x.json".into(), &text) {
         Ok(sample) => sample.inputs.iter().for_each(|t| assert_eq!(t.check_consistent(), Ok(()))),
         Err(e) => assert_eq!(e.kind(), "bad_sample"),
     }

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use baton_core::pipeline::RolloutStart;
 use baton_core::registry::Registry;
+use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::FULL;
 use baton_core::rollout::control::{By, Ending};
 use baton_core::rollout::guard::Guards;

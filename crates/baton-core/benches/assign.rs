@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use baton_core::files::manifest::Manifest;
 use baton_core::files::spec::ModelSpec;
-use baton_core::pipeline::warmup::Warmed;
+use baton_core::registry::load::warmup::Warmed;
+use baton_core::registry::routing::{ModelRoute, Routing};
 use baton_core::rollout::window::Observations;
 use baton_core::rollout::{CopyGate, Mode, Rollout, assign};
-use baton_core::routing::{ModelRoute, Routing};
 use baton_core::run::backend::{BackendError, Model, Weight, WeightsError};
 use baton_core::run::version::{Version, VersionParts};
 use baton_core::tensors::signature::Signature;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use baton_core::events::Stage;
+use baton_core::registry::events::Stage;
 use baton_core::run::error::LoadError;
 
 /// How readiness treats a model the repository holds but the server could

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use baton_core::registry::routing::{Routing, Snapshot};
 use baton_core::rollout::{Role, Rollout};
-use baton_core::routing::{Routing, Snapshot};
 use baton_core::run::error::InferError;
 use baton_core::run::version::Version;
 use baton_core::tensors::tensor::Tensor;
@@ -239,7 +239,7 @@ pub struct Target {
     /// The role it answers in.
     pub role: Role,
     /// The side of the rollout's windows it counts on (see
-    /// [`baton_core::routing::Routed::side`]).
+    /// [`baton_core::registry::routing::Routed::side`]).
     pub side: Role,
     /// The rollout the request takes part in, if its model has one.
     pub rollout: Option<Rollout>,

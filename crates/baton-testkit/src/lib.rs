@@ -28,8 +28,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::events::{Event, EventReceiver, State};
 use baton_core::files::source::LocalRepository;
+use baton_core::registry::events::{Event, EventReceiver, State};
 use baton_core::registry::{Registry, RegistryConfig};
 use baton_core::run::backend::Backend;
 
@@ -77,7 +77,7 @@ pub fn states(events: &[Event]) -> Vec<State> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
-            baton_core::events::EventKind::Transition { to, .. } => Some(*to),
+            baton_core::registry::events::EventKind::Transition { to, .. } => Some(*to),
             _ => None,
         })
         .collect()
@@ -91,7 +91,7 @@ pub fn drain_events(rx: &mut EventReceiver) -> Vec<Event> {
 /// Runs one MLP inference (`input` → `output`, FP32) through a snapshot;
 /// returns the version that answered and the outputs.
 pub fn infer_mlp(
-    snapshot: &baton_core::routing::Routing,
+    snapshot: &baton_core::registry::routing::Routing,
     model: &str,
     input: &[f32],
     batch: usize,

@@ -18,7 +18,7 @@ use std::cell::Cell;
 
 use baton_core::files::manifest;
 use baton_core::files::spec::ModelSpec;
-use baton_core::pipeline::warmup::parse_sample;
+use baton_core::registry::load::warmup::parse_sample;
 use baton_core::tensors::tensor::{DataType, split_framed};
 use baton_core::tensors::tensor_json::{NullFloats, elements_from_json};
 use baton_onnx::proto;

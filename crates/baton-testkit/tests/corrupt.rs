@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use baton_core::events::{Stage, State};
+use baton_core::registry::events::{Stage, State};
 use baton_core::run::error::LoadError;
 use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, golden_json, mlp_toml, sample_json};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use baton_core::events::{EventKind, State};
+use baton_core::registry::events::{EventKind, State};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::{infer_mlp, registry, wait_for_event};
@@ -13,7 +13,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 // About 3 MiB of weights, so the memory coming back stands out from noise.
 const SIZES: [usize; 4] = [256, 1024, 512, 1];
 
-fn unloaded(e: &baton_core::events::Event, version: u64) -> bool {
+fn unloaded(e: &baton_core::registry::events::Event, version: u64) -> bool {
     e.version == Some(version) && matches!(e.kind, EventKind::Unloaded { .. })
 }
 

@@ -3,9 +3,9 @@
 //! does, and warms up with generated token ids inside its vocabulary. A
 //! damaged copy of it is still refused.
 
-use baton_core::events::Stage;
-use baton_core::pipeline::warmup::Sample;
 use baton_core::registry::Registry;
+use baton_core::registry::events::Stage;
+use baton_core::registry::load::warmup::Sample;
 use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_testkit::encoder::{Batch, Encoder, INPUTS, encoder_toml, lookup_model, reference};
 use baton_testkit::registry;

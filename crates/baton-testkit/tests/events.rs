@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use baton_core::events::{EventKind, Stage, State};
+use baton_core::registry::events::{EventKind, Stage, State};
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::repo::TestRepo;
 use baton_testkit::{drain_events, registry_with, states};

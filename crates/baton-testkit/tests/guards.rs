@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use baton_core::events::{Event, EventKind, EventReceiver};
-use baton_core::pipeline::RolloutStart;
 use baton_core::registry::Registry;
+use baton_core::registry::events::{Event, EventKind, EventReceiver};
+use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::control::{Action, By, Decision};
 use baton_core::rollout::guard::{Guards, Outcome};
 use baton_core::rollout::plan::{Overrides, Plan, RolloutPolicy};

@@ -9,9 +9,9 @@
 
 use std::sync::{Arc, Mutex, Once};
 
-use baton_core::events::State;
 use baton_core::registry::Registry;
-use baton_core::routing::Routing;
+use baton_core::registry::events::State;
+use baton_core::registry::routing::Routing;
 use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::onnx::Mlp;
@@ -122,7 +122,10 @@ fn a_cycle_with_the_fake_backend_takes_no_serving_lock_on_lowered_threads() {
         let x = Tensor::from_f32("x", vec![1, 4], &[1.0; 4]);
         snapshot.infer("f", None, &[x]).expect("the fake answers").version
     });
-    assert_eq!(registry.status("f").unwrap().failed_versions[&4].stage, Some(baton_core::events::Stage::Load));
+    assert_eq!(
+        registry.status("f").unwrap().failed_versions[&4].stage,
+        Some(baton_core::registry::events::Stage::Load)
+    );
     assert_lowered_threads_kept_to_themselves();
 }
 

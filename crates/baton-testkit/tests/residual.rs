@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use baton_core::UnloadRecord;
+use baton_core::registry::UnloadRecord;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::registry_with;
 use baton_testkit::repo::TestRepo;

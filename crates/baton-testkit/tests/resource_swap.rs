@@ -4,8 +4,8 @@
 //! version, a candidate refused by verify pauses nothing, and one that
 //! fails after the pause brings the old version back.
 
-use baton_core::events::{Event, EventKind, Stage, State};
 use baton_core::registry::Registry;
+use baton_core::registry::events::{Event, EventKind, Stage, State};
 use baton_core::run::error::LoadError;
 use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};

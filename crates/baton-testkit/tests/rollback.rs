@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::events::{EventKind, Stage};
 use baton_core::registry::Operation;
+use baton_core::registry::events::{EventKind, Stage};
 use baton_core::run::error::LoadError;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};

@@ -13,7 +13,7 @@ fn weights_of(mlp: &Mlp) -> u64 {
     mlp.layers.iter().map(|l| (l.weight.len() + l.bias.len()) as u64 * 4).sum()
 }
 
-fn stages(report: &baton_core::events::LoadReport) -> String {
+fn stages(report: &baton_core::registry::events::LoadReport) -> String {
     report
         .stages
         .iter()
@@ -71,7 +71,7 @@ fn load_twice(registry: &baton_core::registry::Registry, what: &str) {
         let to_commit: f64 = report
             .stages
             .iter()
-            .take_while(|s| s.stage != baton_core::events::Stage::Drain)
+            .take_while(|s| s.stage != baton_core::registry::events::Stage::Drain)
             .map(|s| s.duration.as_secs_f64())
             .sum();
         println!(

@@ -9,9 +9,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use baton_core::events::Stage;
 use baton_core::files::source::{FetchError, Fetched, LocalRepository, Presence, Source};
 use baton_core::files::spec::ModelSpec;
+use baton_core::registry::events::Stage;
 use baton_core::run::backend::UpdateKind;
 use baton_onnx::mlp::mlp_safetensors;
 use baton_onnx::proto::elem;
@@ -224,7 +224,7 @@ fn a_rollouts_twin_of_a_staged_stable_version_holds_weights_of_its_own() {
     publish_staged(&repo, 2, &candidate);
     let registry = registry(repo.root());
     registry.load("m", Some(1)).unwrap().wait().unwrap();
-    let start = baton_core::pipeline::RolloutStart { version: Some(2), ..Default::default() };
+    let start = baton_core::registry::load::RolloutStart { version: Some(2), ..Default::default() };
     registry.start_rollout("m", start).unwrap().wait().unwrap();
     let status = registry.status("m").unwrap();
     let twin = status.live.iter().find(|v| v.twin).expect("a twin of version 1");

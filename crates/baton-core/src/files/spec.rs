@@ -124,7 +124,7 @@ pub struct Policy {
     pub allow_symlinks_outside_version: bool,
     /// The most memory this model's live versions may hold together, in
     /// bytes (`"2GiB"` or a number in `model.toml`); none by default. A load
-    /// that would go beyond it is refused (see [`crate::budget`]).
+    /// that would go beyond it is refused (see [`crate::registry::budget`]).
     #[serde(deserialize_with = "crate::human::bytes::deserialize_optional")]
     pub memory_budget: Option<u64>,
     /// Whether a new version loads beside the old one or in its place.

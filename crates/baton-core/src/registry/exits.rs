@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::{Ending, Inner, Job, Registry};
-use crate::events::EventKind;
+use crate::registry::events::EventKind;
 use crate::rollout::control::{By, Phase, TwinStatus};
 use crate::run::error::LoadError;
 use crate::run::version::Version;

@@ -4,7 +4,7 @@
 //!
 //! What a request needs to pick its version (the candidate, the mode, the
 //! weight) lives in the routing table, in the one snapshot the request
-//! takes ([`Rollout`] in [`crate::routing::ModelRoute`]); a change of
+//! takes ([`Rollout`] in [`crate::registry::routing::ModelRoute`]); a change of
 //! weight is one store. What the controller needs to decide (the plan, the
 //! step reached, the decisions so far) lives beside it, in the registry
 //! ([`control`]). What requests observe (latency, errors, the comparison of
@@ -388,7 +388,7 @@ mod tests {
             spec: Arc::new(crate::files::spec::ModelSpec::parse("").unwrap()),
             manifest: crate::files::manifest::Manifest::default(),
             warmup: Vec::new(),
-            warmed: crate::pipeline::warmup::Warmed::default(),
+            warmed: crate::registry::load::warmup::Warmed::default(),
             bytes_held: 0,
             engine: Box::new(Alive::default()),
             twin: true,

@@ -4,12 +4,12 @@
 
 use thiserror::Error;
 
-use crate::budget::BudgetError;
-use crate::events::Stage;
 use crate::files::manifest::VerifyError;
 use crate::files::source::FetchError;
-use crate::pipeline::validate::ValidateError;
-use crate::pipeline::warmup::WarmupError;
+use crate::registry::budget::BudgetError;
+use crate::registry::events::Stage;
+use crate::registry::load::validate::ValidateError;
+use crate::registry::load::warmup::WarmupError;
 use crate::run::admission::Shed;
 use crate::run::backend::BackendError;
 

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::files::manifest::Manifest;
 use crate::files::spec::ModelSpec;
-use crate::memory::Releaser;
-use crate::pipeline::warmup::{Sample, Warmed};
+use crate::registry::load::warmup::{Sample, Warmed};
+use crate::registry::memory::Releaser;
 use crate::run::admission::Limits;
 use crate::run::backend::Model;
 use crate::run::batcher::Batching;
@@ -317,7 +317,7 @@ impl Drop for Version {
         }
         if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
             let (files, heap) = (self.manifest.total_bytes(), self.heap.take());
-            let freed = crate::memory::Freeing { model: &self.model, version: self.number, twin: self.twin };
+            let freed = crate::registry::memory::Freeing { model: &self.model, version: self.number, twin: self.twin };
             releaser.release(freed, files, self.bytes_held, engine, heap);
         }
     }

@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use baton_core::events::LoadReport;
 use baton_core::files::source::FetchError;
+use baton_core::registry::events::LoadReport;
 use baton_core::run::error::LoadError;
 use serde_json::{Value, json};
 

@@ -106,7 +106,7 @@ async fn receive(
     arrival: &Arrival<'_>,
     ticket: &mut Ticket,
     message: &mut MessageRoom<'_>,
-) -> Result<(baton_core::routing::Snapshot, serving::Target, convert::Decoded), ServeError> {
+) -> Result<(baton_core::registry::routing::Snapshot, serving::Target, convert::Decoded), ServeError> {
     let rejected = |e: ServeError| {
         app.metrics.rejected(model, e.kind);
         e

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use baton_core::events::{Event, EventKind, Operation, Stage};
 use baton_core::registry::Registry;
+use baton_core::registry::events::{Event, EventKind, Operation, Stage};
 use baton_core::rollout::Role;
 
 use crate::budget::Budget;

@@ -576,7 +576,7 @@ async fn serve_grpc(app: Arc<App>, listener: conn::Bounded, access: Arc<Access>,
     crate::grpc::serve(app, listener, access, role).await.context("serving gRPC")
 }
 
-async fn feed_metrics(app: Arc<App>, mut events: baton_core::events::EventReceiver) {
+async fn feed_metrics(app: Arc<App>, mut events: baton_core::registry::events::EventReceiver) {
     loop {
         match events.recv().await {
             Ok(event) => app.metrics.on_event(&event),

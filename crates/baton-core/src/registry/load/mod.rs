@@ -28,14 +28,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::budget::{Basis, Check};
-use crate::events::{EventKind, Stage, StageTiming, State};
 use crate::files::manifest;
 use crate::files::source::{FetchError, Presence};
 use crate::files::spec::{ModelSpec, SwapPolicy};
 use crate::files::verified::Verified;
+use crate::registry::budget::{Basis, Check};
+use crate::registry::events::{EventKind, Stage, StageTiming, State};
+use crate::registry::routing::{ModelRoute, Snapshot};
 use crate::registry::{Busy, Failure, Inner, LoadReport, Operation, Reply};
-use crate::routing::{ModelRoute, Snapshot};
 use crate::run::backend::UpdateReason;
 use crate::run::error::LoadError;
 use crate::run::version::{Version, VersionParts};

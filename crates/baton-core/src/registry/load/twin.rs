@@ -13,9 +13,9 @@
 use std::sync::Arc;
 
 use super::{Growth, Run, budgets, caught, engine};
-use crate::budget::Basis;
-use crate::events::Stage;
 use crate::registry::Inner;
+use crate::registry::budget::Basis;
+use crate::registry::events::Stage;
 use crate::rollout::Mode;
 use crate::rollout::control::TwinStatus;
 use crate::rollout::plan::Plan;

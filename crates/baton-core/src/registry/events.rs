@@ -296,14 +296,14 @@ pub enum EventKind {
         returned: u64,
         /// Growth of the memory no live version accounts for since the
         /// previous free: what this swap cycle left behind (see
-        /// [`crate::UnloadRecord::residual`]).
+        /// [`crate::registry::UnloadRecord::residual`]).
         residual: i64,
         /// RSS after the free minus the footprint of every live version.
         unaccounted: u64,
         /// For a version that ran in a worker process: the process, what it
         /// held just before it exited, and whether it is gone.
         #[serde(skip_serializing_if = "Option::is_none")]
-        worker: Option<crate::memory::WorkerFreed>,
+        worker: Option<crate::registry::memory::WorkerFreed>,
         /// Whether it was a rollout's twin of the stable version, which
         /// goes on serving.
         #[serde(skip_serializing_if = "std::ops::Not::not")]

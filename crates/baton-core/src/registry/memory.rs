@@ -26,7 +26,7 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
-use crate::events::{Event, EventKind, EventSender};
+use crate::registry::events::{Event, EventKind, EventSender};
 use crate::run::backend::Model;
 use crate::run::version::Version;
 use crate::threads::agent::Agent;
@@ -391,12 +391,12 @@ impl Memory {
     /// What a version of `model` whose files add up to `files` bytes is
     /// expected to hold: the footprint measured for one of that size, and
     /// never less than the files; and whether a footprint was known.
-    pub(crate) fn estimate(self: &Arc<Self>, model: &str, files: u64) -> (u64, crate::budget::Basis) {
+    pub(crate) fn estimate(self: &Arc<Self>, model: &str, files: u64) -> (u64, crate::registry::budget::Basis) {
         let (book, model) = (Arc::clone(self), model.to_owned());
         let footprint = self.agent.call(move || book.footprints.0.lock().get(&(model, files)).copied());
         match footprint {
-            Some(bytes) if bytes > files => (bytes, crate::budget::Basis::Footprint),
-            _ => (files, crate::budget::Basis::Files),
+            Some(bytes) if bytes > files => (bytes, crate::registry::budget::Basis::Footprint),
+            _ => (files, crate::registry::budget::Basis::Files),
         }
     }
 

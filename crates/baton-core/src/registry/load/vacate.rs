@@ -12,11 +12,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::{Files, Run, build, caught};
-use crate::events::{EventKind, Stage};
 use crate::files::spec::ModelSpec;
-use crate::pause::Pause;
 use crate::registry::Inner;
-use crate::routing::ModelRoute;
+use crate::registry::events::{EventKind, Stage};
+use crate::registry::pause::Pause;
+use crate::registry::routing::ModelRoute;
 use crate::run::error::LoadError;
 use crate::run::version::Version;
 use crate::threads::heap::HeapLease;

@@ -10,7 +10,7 @@
 //! worker's resident memory, read when the budget is checked.
 //!
 //! The estimate is the footprint of a version of the same model whose files
-//! add up to the same size, when one was measured ([`crate::memory`]), and
+//! add up to the same size, when one was measured ([`crate::registry::memory`]), and
 //! never less than the total size of the candidate's files: a lower bound
 //! for a first load, which an engine's own structures, sessions and warmup
 //! buffers come on top of. So the first load of a new size can pass the

@@ -2,7 +2,7 @@
 //! `model.toml`, and every weight tensor read from the model file against the
 //! model's validation policy ([`crate::files::spec::ValidationPolicy`] says which
 //! checks a tensor gets, by its role and content). The version's golden set
-//! ([`crate::pipeline::golden`]) runs in this stage too, after these checks.
+//! ([`crate::registry::load::golden`]) runs in this stage too, after these checks.
 
 use thiserror::Error;
 
@@ -10,7 +10,7 @@ mod rule;
 mod stats;
 
 use crate::files::spec::ModelSpec;
-use crate::pipeline::golden::GoldenError;
+use crate::registry::load::golden::GoldenError;
 use crate::run::backend::{Model, Weight, WeightsError};
 use crate::tensors::tensor::DataType;
 

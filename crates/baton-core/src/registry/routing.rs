@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, mpsc};
 
-use crate::pause::Pause;
+use crate::registry::pause::Pause;
 use crate::rollout::{Compare, Mode, Role, Rollout, assign};
 use crate::run::error::InferError;
 use crate::run::version::Version;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Change, Finish, Run, caught, prepare};
-use crate::events::{EventKind, State};
+use crate::registry::events::{EventKind, State};
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Decision, Phase, Progress};
 use crate::rollout::plan::{Overrides, Plan, RolloutPolicy};

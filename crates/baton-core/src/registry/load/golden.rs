@@ -26,7 +26,7 @@ use std::path::Path;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::pipeline::warmup::{SampleTensor, json_files};
+use crate::registry::load::warmup::{SampleTensor, json_files};
 use crate::run::backend::Model;
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::{DataType, Tensor, TensorData, f16_to_f32};
