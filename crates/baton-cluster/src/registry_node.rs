@@ -5,13 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use baton_core::registry::Registry;
+use baton_core::registry::error::LoadError;
 use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::FULL;
 use baton_core::rollout::control::{By, Ending};
 use baton_core::rollout::guard::Guards;
 use baton_core::rollout::plan::Plan;
 use baton_core::rollout::window::Sums;
-use baton_core::run::error::LoadError;
 
 use crate::node::{Node, Refusal};
 use crate::records::Serving;

@@ -5,7 +5,8 @@
 //! internal errors do not leak internals.
 
 use baton_core::files::source::FetchError;
-use baton_core::run::error::{InferError, LoadError};
+use baton_core::registry::error::LoadError;
+use baton_core::run::error::InferError;
 use baton_protocol::CodecError;
 
 /// Whose fault an error is, and what the client can do about it.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use baton_core::run::error::LoadError;
+use baton_core::registry::error::LoadError;
 use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::registry_with;

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_core::registry::budget::{Basis, Scope};
+use baton_core::registry::error::LoadError;
 use baton_core::registry::events::{EventKind, Stage};
 use baton_core::registry::{Registry, RegistryConfig};
-use baton_core::run::error::LoadError;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};

@@ -5,8 +5,8 @@
 //! fails after the pause brings the old version back.
 
 use baton_core::registry::Registry;
+use baton_core::registry::error::LoadError;
 use baton_core::registry::events::{Event, EventKind, Stage, State};
-use baton_core::run::error::LoadError;
 use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::onnx::{Mlp, sample_input};

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::{Busy, Inner};
+use crate::registry::error::LoadError;
 use crate::registry::events::EventKind;
 use crate::registry::load;
 use crate::rollout::control::{Action, By, Decision, Effect, Phase};
 use crate::rollout::metric;
 use crate::rollout::window::{MetricReading, Observations};
-use crate::run::error::LoadError;
 
 /// How often the controller looks for windows to judge.
 const TICK: std::time::Duration = std::time::Duration::from_millis(50);

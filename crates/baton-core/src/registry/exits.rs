@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::{Ending, Inner, Job, Registry};
+use crate::registry::error::LoadError;
 use crate::registry::events::EventKind;
 use crate::rollout::control::{By, Phase, TwinStatus};
-use crate::run::error::LoadError;
 use crate::run::version::Version;
 
 /// How long to wait before trying again when another operation holds the model.

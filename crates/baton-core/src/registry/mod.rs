@@ -16,6 +16,7 @@
 
 pub mod budget;
 mod controller;
+pub mod error;
 pub mod events;
 pub(crate) mod exits;
 mod hold;
@@ -33,6 +34,7 @@ use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::files::source::Source;
+use crate::registry::error::LoadError;
 use crate::registry::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
 pub use crate::registry::events::{LoadReport, Operation};
 use crate::registry::load::RolloutStart;
@@ -45,7 +47,6 @@ use crate::rollout::metric::MetricSource;
 use crate::rollout::outcome::{self, OutcomeKey, PostError, Posted};
 use crate::rollout::window::Sums;
 use crate::run::backend::Backend;
-use crate::run::error::LoadError;
 use crate::threads::agent::Agent;
 use crate::threads::step_aside::StepAside;
 use crate::threads::sync::{self, Lock};

@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use baton_core::files::source::FetchError;
+use baton_core::registry::error::LoadError;
 use baton_core::registry::events::LoadReport;
-use baton_core::run::error::LoadError;
 use serde_json::{Value, json};
 
 use super::{Change, Decision, Kind, StateError, Working, now, view};

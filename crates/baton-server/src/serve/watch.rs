@@ -50,8 +50,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
 use baton_core::files::source::{BareVersion, FetchError, Presence};
+use baton_core::registry::error::LoadError;
 use baton_core::registry::events::EventKind;
-use baton_core::run::error::LoadError;
 
 use crate::app::App;
 use baton_core::registry::load::RolloutStart;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Change, Finish, Run, caught, prepare};
+use crate::registry::error::LoadError;
 use crate::registry::events::{EventKind, State};
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Decision, Phase, Progress};
@@ -14,7 +15,6 @@ use crate::rollout::plan::{Overrides, Plan, RolloutPolicy};
 use crate::rollout::shadow::Shadow;
 use crate::rollout::window::Observations;
 use crate::rollout::{CopyGate, Mode, Rollout};
-use crate::run::error::LoadError;
 use crate::threads::heap::HeapLease;
 
 /// How a rollout starts.

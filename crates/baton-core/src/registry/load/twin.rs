@@ -15,11 +15,11 @@ use std::sync::Arc;
 use super::{Growth, Run, budgets, caught, engine};
 use crate::registry::Inner;
 use crate::registry::budget::Basis;
+use crate::registry::error::LoadError;
 use crate::registry::events::Stage;
 use crate::rollout::Mode;
 use crate::rollout::control::TwinStatus;
 use crate::rollout::plan::Plan;
-use crate::run::error::LoadError;
 use crate::run::version::{Version, VersionParts};
 use crate::threads::heap::HeapLease;
 

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use super::{Files, Run, build, caught};
 use crate::files::spec::ModelSpec;
 use crate::registry::Inner;
+use crate::registry::error::LoadError;
 use crate::registry::events::{EventKind, Stage};
 use crate::registry::pause::Pause;
 use crate::registry::routing::ModelRoute;
-use crate::run::error::LoadError;
 use crate::run::version::Version;
 use crate::threads::heap::HeapLease;
 
