@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use baton_core::files::manifest::Manifest;
 use baton_core::files::spec::ModelSpec;
-use baton_core::registry::load::warmup::Warmed;
 use baton_core::registry::routing::{ModelRoute, Routing};
 use baton_core::rollout::window::Observations;
 use baton_core::rollout::{CopyGate, Mode, Rollout, assign};
 use baton_core::run::backend::{BackendError, Model, Weight, WeightsError};
 use baton_core::run::version::{Version, VersionParts};
+use baton_core::run::warmed::Warmed;
 use baton_core::tensors::signature::Signature;
 use baton_core::tensors::tensor::Tensor;
 use criterion::{Criterion, criterion_group, criterion_main};

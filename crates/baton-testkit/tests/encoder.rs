@@ -5,7 +5,7 @@
 
 use baton_core::registry::Registry;
 use baton_core::registry::events::Stage;
-use baton_core::registry::load::warmup::Sample;
+use baton_core::run::warmed::Sample;
 use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_testkit::encoder::{Batch, Encoder, INPUTS, encoder_toml, lookup_model, reference};
 use baton_testkit::registry;

@@ -388,7 +388,7 @@ mod tests {
             spec: Arc::new(crate::files::spec::ModelSpec::parse("").unwrap()),
             manifest: crate::files::manifest::Manifest::default(),
             warmup: Vec::new(),
-            warmed: crate::registry::load::warmup::Warmed::default(),
+            warmed: crate::run::warmed::Warmed::default(),
             bytes_held: 0,
             engine: Box::new(Alive::default()),
             twin: true,

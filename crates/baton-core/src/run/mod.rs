@@ -1,7 +1,8 @@
 //! Where inferences run: the contract with an engine ([`backend`]), a
 //! loaded version ([`version`]), the threads of its engine instances
 //! ([`executor`]), the gate in front of them ([`admission`]), dynamic
-//! batching ([`batcher`]) and the errors a request can meet ([`error`]).
+//! batching ([`batcher`]), what a version keeps of its warmup
+//! ([`warmed`]) and the errors a request can meet ([`error`]).
 //! It imports the rooms below it: tensors, threads, files.
 
 pub mod admission;
@@ -10,3 +11,4 @@ pub mod batcher;
 pub mod error;
 pub mod executor;
 pub mod version;
+pub mod warmed;

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::files::manifest::Manifest;
 use crate::files::spec::ModelSpec;
-use crate::registry::load::warmup::{Sample, Warmed};
 use crate::registry::memory::Releaser;
 use crate::run::admission::Limits;
 use crate::run::backend::Model;
 use crate::run::batcher::Batching;
 use crate::run::error::{Expired, InferError};
 use crate::run::executor::{Executor, Pending, Refusal};
+use crate::run::warmed::{Sample, Warmed};
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::Tensor;
 use crate::threads::heap::HeapLease;

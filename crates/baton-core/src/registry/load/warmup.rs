@@ -29,18 +29,10 @@ pub use generate::{generated, ungenerable};
 
 use crate::files::spec::ModelSpec;
 use crate::run::backend::Model;
+use crate::run::warmed::{Sample, Warmed};
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::{DataType, Tensor, TensorData};
 use crate::tensors::tensor_json::tensor_from_json;
-
-/// One warmup request.
-#[derive(Clone, Debug)]
-pub struct Sample {
-    /// Where it came from: the file name, or `generated-b{batch}`.
-    pub name: String,
-    /// Its inputs.
-    pub inputs: Vec<Tensor>,
-}
 
 /// Why warmup failed.
 #[derive(Debug, Error)]
@@ -102,20 +94,6 @@ impl WarmupError {
             WarmupError::TooSlow { .. } => "too_slow",
         }
     }
-}
-
-/// What warmup did.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Warmed {
-    /// Inference runs made.
-    pub runs: usize,
-    /// The slowest run.
-    pub slowest: Duration,
-    /// The fastest run: about what the smallest request costs.
-    pub fastest: Duration,
-    /// Why no inputs were generated although `warmup.generated` is on: an
-    /// integer input whose valid values the backend cannot tell.
-    pub generated_skipped: Option<String>,
 }
 
 #[derive(Deserialize)]
