@@ -19,7 +19,7 @@
 //! so the lowered threads change it only through the registry's agent
 //! ([`crate::threads::agent`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, MutexGuard, Weak};
 use std::time::{Instant, SystemTime};
@@ -27,10 +27,9 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 
 use crate::registry::events::{Event, EventKind, EventSender};
-use crate::run::backend::Model;
+use crate::run::release::{Footprints, Released, Releaser};
 use crate::run::version::Version;
 use crate::threads::agent::Agent;
-use crate::threads::heap::HeapLease;
 use crate::threads::sync::{self, Lock};
 use crate::threads::trimmer::Trimmer;
 
@@ -108,29 +107,6 @@ pub struct LiveVersion {
     pub alive: bool,
 }
 
-/// Which version a released engine was, as its unload record names it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Freeing<'a> {
-    /// Model name.
-    pub(crate) model: &'a str,
-    /// Version number.
-    pub(crate) version: u64,
-    /// Whether it was a rollout's twin of the stable version.
-    pub(crate) twin: bool,
-}
-
-struct Released {
-    model: String,
-    version: u64,
-    twin: bool,
-    held: u64,
-    /// Its footprint when it was queued, counted in `queued` until freed.
-    footprint: u64,
-    engine: Arc<dyn Model>,
-    /// The version's build thread, where the engine is dropped.
-    heap: Option<HeapLease>,
-}
-
 /// What the keeper measured around one free, for the agent to settle.
 struct Freed {
     model: String,
@@ -141,63 +117,6 @@ struct Freed {
     before: u64,
     after: u64,
     unaccounted_before: u64,
-}
-
-/// The largest `held` measured per (model, bytes of the version's files).
-#[derive(Default)]
-struct Footprints(Lock<HashMap<(String, u64), u64>>);
-
-impl Footprints {
-    /// Records a version's measurement; every version is recorded when it
-    /// starts to be tracked.
-    fn record(&self, version: &Version) {
-        let key = (version.model().to_owned(), version.manifest().total_bytes());
-        let mut map = self.0.lock();
-        let entry = map.entry(key).or_default();
-        *entry = (*entry).max(version.bytes_held());
-    }
-
-    /// The footprint of a version of `model` whose files add up to `files`
-    /// bytes and which measured `held`.
-    fn lookup(&self, model: &str, files: u64, held: u64) -> u64 {
-        let recorded = self.0.lock().get(&(model.to_owned(), files)).copied();
-        recorded.unwrap_or(0).max(held)
-    }
-
-    fn of(&self, version: &Version) -> u64 {
-        self.lookup(version.model(), version.manifest().total_bytes(), version.bytes_held())
-    }
-}
-
-/// Hands a dropped version's engine to the memory keeper thread.
-#[derive(Clone)]
-pub struct Releaser {
-    tx: sync::Sender<Released>,
-    /// Footprint of the engines queued but not yet freed.
-    queued: Arc<AtomicU64>,
-    footprints: Arc<Footprints>,
-}
-
-impl Releaser {
-    /// Queues the engine to be freed and measured; frees it in place if the
-    /// keeper is gone.
-    pub(crate) fn release(
-        &self,
-        freeing: Freeing<'_>,
-        files: u64,
-        held: u64,
-        engine: Arc<dyn Model>,
-        heap: Option<HeapLease>,
-    ) {
-        let Freeing { model, version, twin } = freeing;
-        let footprint = self.footprints.lookup(model, files, held);
-        let job = Released { model: model.to_owned(), version, twin, held, footprint, engine, heap };
-        self.queued.fetch_add(footprint, Ordering::Relaxed);
-        if let Err(job) = self.tx.send(job) {
-            self.queued.fetch_sub(job.footprint, Ordering::Relaxed);
-            drop(job.engine);
-        }
-    }
 }
 
 /// The registry's memory book-keeping, shared by the loader, the keeper

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::files::manifest::Manifest;
 use crate::files::spec::ModelSpec;
-use crate::registry::memory::Releaser;
 use crate::run::admission::Limits;
 use crate::run::backend::Model;
 use crate::run::batcher::Batching;
 use crate::run::error::{Expired, InferError};
 use crate::run::executor::{Executor, Pending, Refusal};
+use crate::run::release::Releaser;
 use crate::run::warmed::{Sample, Warmed};
 use crate::tensors::signature::Signature;
 use crate::tensors::tensor::Tensor;
@@ -317,7 +317,7 @@ impl Drop for Version {
         }
         if let (Some(engine), Some(releaser)) = (self.engine.take(), self.releaser.take()) {
             let (files, heap) = (self.manifest.total_bytes(), self.heap.take());
-            let freed = crate::registry::memory::Freeing { model: &self.model, version: self.number, twin: self.twin };
+            let freed = crate::run::release::Freeing { model: &self.model, version: self.number, twin: self.twin };
             releaser.release(freed, files, self.bytes_held, engine, heap);
         }
     }
