@@ -9,10 +9,11 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use baton_core::files::manifest::Manifest;
+use baton_core::files::rollout_spec::Mode;
 use baton_core::files::spec::ModelSpec;
 use baton_core::registry::routing::{ModelRoute, Routing};
 use baton_core::rollout::window::Observations;
-use baton_core::rollout::{CopyGate, Mode, Rollout, assign};
+use baton_core::rollout::{CopyGate, Rollout, assign};
 use baton_core::run::backend::{BackendError, Model, Weight, WeightsError};
 use baton_core::run::version::{Version, VersionParts};
 use baton_core::run::warmed::Warmed;

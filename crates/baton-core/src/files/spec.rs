@@ -91,9 +91,9 @@ pub struct ModelSpec {
     #[serde(default)]
     pub admission: AdmissionPolicy,
     /// How a new version is rolled out beside the stable one, and the
-    /// guards it is held to ([`crate::rollout::plan`]).
+    /// guards it is held to ([`crate::files::rollout_spec`]).
     #[serde(default)]
-    pub rollout: crate::rollout::plan::RolloutPolicy,
+    pub rollout: crate::files::rollout_spec::RolloutPolicy,
     /// Backend-specific settings, handed to the backend unparsed.
     #[serde(default)]
     pub engine: toml::Table,

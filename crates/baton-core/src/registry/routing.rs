@@ -11,8 +11,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, mpsc};
 
+use crate::files::rollout_spec::Mode;
 use crate::registry::pause::Pause;
-use crate::rollout::{Compare, Mode, Role, Rollout, assign};
+use crate::rollout::{Compare, Role, Rollout, assign};
 use crate::run::error::InferError;
 use crate::run::version::Version;
 use crate::tensors::tensor::Tensor;

@@ -28,56 +28,11 @@ use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::rollout_spec::Mode;
 use crate::run::error::InferError;
 use crate::run::executor::Pending;
 use crate::run::version::Version;
 use crate::tensors::tensor::Tensor;
-
-/// How a candidate takes part in traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// The candidate answers a share of requests that moves through steps;
-    /// after the last step passes, it is promoted.
-    Canary,
-    /// The candidate answers a fixed share of requests until someone
-    /// decides.
-    Ab,
-    /// The candidate gets a copy of a share of the stable traffic, off the
-    /// response path; its answers are compared, never returned.
-    Shadow,
-}
-
-impl Mode {
-    /// The name used in configuration, responses and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Canary => "canary",
-            Mode::Ab => "ab",
-            Mode::Shadow => "shadow",
-        }
-    }
-
-    /// The mode in a sentence, with its article: "a canary", "an A/B",
-    /// "a shadow" (rollout).
-    pub fn in_words(self) -> &'static str {
-        match self {
-            Mode::Canary => "a canary",
-            Mode::Ab => "an A/B",
-            Mode::Shadow => "a shadow",
-        }
-    }
-
-    /// Parses a name written by [`Mode::as_str`].
-    pub fn parse(text: &str) -> Option<Mode> {
-        match text {
-            "canary" => Some(Mode::Canary),
-            "ab" => Some(Mode::Ab),
-            "shadow" => Some(Mode::Shadow),
-            _ => None,
-        }
-    }
-}
 
 /// The part a version plays for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -7,14 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Change, Finish, Run, caught, prepare};
+use crate::files::rollout_spec::Mode;
+use crate::files::rollout_spec::RolloutPolicy;
 use crate::registry::error::LoadError;
 use crate::registry::events::{EventKind, State};
 use crate::registry::{Busy, Inner, Operation, Reply};
 use crate::rollout::control::{Action, By, Decision, Phase, Progress};
-use crate::rollout::plan::{Overrides, Plan, RolloutPolicy};
+use crate::rollout::plan::{Overrides, Plan};
 use crate::rollout::shadow::Shadow;
 use crate::rollout::window::Observations;
-use crate::rollout::{CopyGate, Mode, Rollout};
+use crate::rollout::{CopyGate, Rollout};
 use crate::threads::heap::HeapLease;
 
 /// How a rollout starts.

@@ -13,11 +13,11 @@
 use std::sync::Arc;
 
 use super::{Growth, Run, budgets, caught, engine};
+use crate::files::rollout_spec::Mode;
 use crate::registry::Inner;
 use crate::registry::budget::Basis;
 use crate::registry::error::LoadError;
 use crate::registry::events::Stage;
-use crate::rollout::Mode;
 use crate::rollout::control::TwinStatus;
 use crate::rollout::plan::Plan;
 use crate::run::version::{Version, VersionParts};
