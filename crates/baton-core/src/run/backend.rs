@@ -344,7 +344,7 @@ pub struct BackendError {
     /// What happened, for people.
     pub message: String,
     /// The tensor the engine refused while loading, when the version's
-    /// weights disagree with its graph: the load pipeline reports such a
+    /// weights disagree with its graph: the load transaction reports such a
     /// refusal as a failure of the validate stage, which it is.
     pub tensor: Option<String>,
 }

@@ -230,8 +230,9 @@ impl Version {
 
     /// Checks the inputs, then queues them for a session thread (or runs a
     /// cheap request inline when an instance is free; see
-    /// [`crate::run::admission::INLINE_US`]), or refuses them at once: [`InferError::Overloaded`] when the version holds as
-    /// many requests as its `[admission]` bounds allow,
+    /// [`crate::run::admission::INLINE_US`]), or refuses them at once:
+    /// [`InferError::Overloaded`] when the version holds as many requests
+    /// as its `[admission]` bounds allow,
     /// [`InferError::DeadlineExceeded`] when `deadline` has passed. The
     /// future resolves to this request's own outputs; dropping it withdraws
     /// the request if it has not started. Never blocks beyond a short lock.

@@ -101,7 +101,7 @@ pub fn build_on_own_heap(step_aside: StepAside, build: impl FnOnce(HeapLease) + 
             let lease = HeapLease { alive: Some(alive), thread: Some(thread) };
             match work_tx.send((build, lease, parked)) {
                 // An error means the thread panicked inside `build`; the
-                // pipeline has already answered or dropped its reply.
+                // load has already answered or dropped its reply.
                 Ok(()) => drop(done_rx.recv()),
                 Err(mpsc::SendError((build, lease, _))) => {
                     drop(lease);
