@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a load of one model costs an idle baton: the server's CPU and page
-# faults per load (from /proc/PID/stat), its RSS after, and the pipeline's
+# faults per load (from /proc/PID/stat), its RSS after, and the load's
 # stage times (from the load call's answer).
 #
 #   bash bench/load-cost.sh [MODEL [LOADS]]        (default: big 6)

@@ -11,7 +11,7 @@ chunk sizes given (0: no reader, the control), SECONDS each.
 
 Needs Linux; no root. docs/benchmarks-notebook.md §3, "Long reads", quotes it and
 says why baton's loading threads read files in pieces
-(crates/baton-core/src/short_reads.rs).
+(crates/baton-core/src/files/short_reads.rs).
 """
 import argparse
 import os

@@ -7,7 +7,7 @@
 //! (little-endian) are the length. `baton_testkit::fuzz::seeds::rest_input`
 //! writes that form for the starting corpus.
 
-use baton_core::tensor::split_framed;
+use baton_core::tensors::tensor::split_framed;
 
 /// The kinds a request decoder returns: client errors only.
 const REQUEST_KINDS: [&str; 4] = ["invalid_json", "invalid_request", "invalid_tensor", "invalid_binary"];
@@ -17,7 +17,7 @@ fn known(kind: &str) {
 }
 
 /// Decoded tensors took no more than parsing reserved for them.
-fn within_reservation(tensors: &[baton_core::tensor::Tensor], reserved: usize) {
+fn within_reservation(tensors: &[baton_core::tensors::tensor::Tensor], reserved: usize) {
     let used: usize = tensors.iter().map(|t| t.data_bytes()).sum();
     assert!(used <= reserved, "decoding took {used} bytes, {reserved} were reserved");
 }
@@ -86,14 +86,14 @@ pub fn onnx(data: &[u8]) {
 
 /// MANIFEST files.
 pub fn manifest(data: &[u8]) {
-    if let Err(e) = baton_core::manifest::parse(&String::from_utf8_lossy(data)) {
+    if let Err(e) = baton_core::files::manifest::parse(&String::from_utf8_lossy(data)) {
         assert!(matches!(e.kind(), "manifest_incomplete" | "manifest_malformed"), "{e}");
     }
 }
 
 /// `model.toml` files.
 pub fn spec(data: &[u8]) {
-    if let Err(e) = baton_core::spec::ModelSpec::parse(&String::from_utf8_lossy(data)) {
+    if let Err(e) = baton_core::files::spec::ModelSpec::parse(&String::from_utf8_lossy(data)) {
         assert!(!e.is_empty());
     }
 }
@@ -101,7 +101,7 @@ pub fn spec(data: &[u8]) {
 /// Warmup sample files.
 pub fn sample(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    match baton_core::pipeline::warmup::parse_sample("warmup/x.json".into(), &text) {
+    match baton_core::registry::load::warmup::parse_sample("warmup/x.json".into(), &text) {
         Ok(sample) => sample.inputs.iter().for_each(|t| assert_eq!(t.check_consistent(), Ok(()))),
         Err(e) => assert_eq!(e.kind(), "bad_sample"),
     }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 use serde::Serialize;
 
 use crate::records::{SwitchSummary, now_ms};

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
+use baton_core::files::source::{FetchError, Source};
 use baton_core::rollout::window::Sums;
-use baton_core::source::{FetchError, Source};
 
 use crate::records::Serving;
 

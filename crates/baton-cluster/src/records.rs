@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use baton_core::rollout::guard::{Guards, Verdict};
+use baton_core::files::rollout_spec::Guards;
+use baton_core::rollout::guard::Verdict;
 use baton_core::rollout::window::Sums;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;

@@ -4,12 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use baton_core::error::LoadError;
-use baton_core::pipeline::RolloutStart;
+use baton_core::files::rollout_spec::Guards;
 use baton_core::registry::Registry;
+use baton_core::registry::error::LoadError;
+use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::FULL;
 use baton_core::rollout::control::{By, Ending};
-use baton_core::rollout::guard::Guards;
 use baton_core::rollout::plan::Plan;
 use baton_core::rollout::window::Sums;
 
@@ -73,7 +73,7 @@ impl RegistryNode {
 /// judged by the fleet's coordinator, not here.
 fn steered_plan(paired: bool) -> Plan {
     Plan {
-        mode: baton_core::rollout::Mode::Canary,
+        mode: baton_core::files::rollout_spec::Mode::Canary,
         steps: vec![0, FULL],
         interval_ms: 1000,
         failure_limit: 1,

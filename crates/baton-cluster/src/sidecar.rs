@@ -37,9 +37,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use baton_core::files::source::{FetchError, Source};
 use baton_core::rollout::window::Sums;
-use baton_core::source::{FetchError, Source};
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 use tokio::sync::Semaphore;
 
 pub use area::Area;

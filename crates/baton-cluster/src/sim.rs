@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_core::rollout::window::Sums;
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 
 use crate::etcd::StoreConfig;
 use crate::health::Health;

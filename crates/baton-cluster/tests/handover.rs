@@ -17,7 +17,7 @@ use baton_cluster::records::{FleetPhase, FleetPlan, Serving};
 use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig};
 use baton_core::registry::Registry;
 use baton_core::rollout::window::Sums;
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::repo::TestRepo;
 use common::{Fleet, Replica, TTL, wait_until};

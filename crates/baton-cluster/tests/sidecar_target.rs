@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use baton_cluster::node::Node;
 use baton_cluster::{SidecarConfig, SidecarNode, TargetLayout};
-use baton_core::source::LocalRepository;
+use baton_core::files::source::LocalRepository;
 use baton_testkit::fake::FAKE_TOML;
 use baton_testkit::repo::TestRepo;
 

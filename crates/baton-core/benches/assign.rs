@@ -8,16 +8,17 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::sync::Arc;
 
-use baton_core::backend::{BackendError, Model, Weight, WeightsError};
-use baton_core::manifest::Manifest;
-use baton_core::pipeline::warmup::Warmed;
+use baton_core::files::manifest::Manifest;
+use baton_core::files::rollout_spec::Mode;
+use baton_core::files::spec::ModelSpec;
+use baton_core::registry::routing::{ModelRoute, Routing};
 use baton_core::rollout::window::Observations;
-use baton_core::rollout::{CopyGate, Mode, Rollout, assign};
-use baton_core::routing::{ModelRoute, Routing};
-use baton_core::signature::Signature;
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
-use baton_core::version::{Version, VersionParts};
+use baton_core::rollout::{CopyGate, Rollout, assign};
+use baton_core::run::backend::{BackendError, Model, Weight, WeightsError};
+use baton_core::run::version::{Version, VersionParts};
+use baton_core::run::warmed::Warmed;
+use baton_core::tensors::signature::Signature;
+use baton_core::tensors::tensor::Tensor;
 use criterion::{Criterion, criterion_group, criterion_main};
 
 /// An engine that is never run: routing only needs versions to exist.

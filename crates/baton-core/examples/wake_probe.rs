@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if work.starts_with("read") && std::fs::metadata(&file).is_err() {
         return Err(format!("{work} needs a readable FILE; {usage}").into());
     }
-    baton_core::sys::keep_large_allocations_mapped();
+    baton_core::threads::sys::keep_large_allocations_mapped();
 
     let stop = Arc::new(AtomicBool::new(false));
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -83,7 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Does `work` at nice 19 until `stop`; returns how many rounds it did.
 fn low_priority(work: &str, file: &str, stop: &AtomicBool) -> Result<u64, String> {
-    baton_core::sys::set_current_thread_nice(19).map_err(|e| format!("setting nice 19: {e}"))?;
+    baton_core::threads::sys::set_current_thread_nice(19).map_err(|e| format!("setting nice 19: {e}"))?;
     let mut reused = Vec::new();
     let mut sink = 0u64;
     let mut rounds = 0u64;

@@ -5,7 +5,7 @@
 //! The design rests on three decisions:
 //!
 //! - **One pointer for all serving state.** Every model's stable version and
-//!   the versions kept for rollback live in one immutable [`routing::Routing`]
+//!   the versions kept for rollback live in one immutable [`registry::routing::Routing`]
 //!   behind one `ArcSwap`. A request loads it once and keeps that snapshot for
 //!   every model call it makes, so a two-stage request never mixes versions.
 //!   A commit builds a whole new table and publishes it with one store.
@@ -16,47 +16,29 @@
 //! - **Loading happens beside serving, never in its way.** Every stage before
 //!   commit runs at lower CPU priority, one load at a time, each on a thread
 //!   of its own whose allocator arena holds that version alone
-//!   ([`heap`]); a failure at any stage leaves the serving version untouched
+//!   ([`threads::heap`]); a failure at any stage leaves the serving version untouched
 //!   and names the stage. Those lowered threads take no lock serving threads
-//!   take ([`sync`]): what they change, the registry's agent applies at
-//!   serving priority ([`agent`]).
+//!   take ([`threads::sync`]): what they change, the registry's agent applies at
+//!   serving priority ([`threads::agent`]).
 //!
 //! The core knows no protocol and no engine: engines plug in through
-//! [`backend::Backend`], model stores through [`source::Source`].
+//! [`run::backend::Backend`], model stores through [`files::source::Source`].
+//!
+//! Its modules are rooms, each importing only the rooms below it:
+//!
+//! - [`tensors`]: tensors, signatures, tensors as JSON;
+//! - [`human`]: byte counts and log fields as people read them;
+//! - [`threads`]: priorities, the agent, locks, heaps, stepping aside;
+//! - [`files`]: `model.toml`, a version's files and their verification;
+//! - [`run`]: engines, loaded versions and the threads that run them;
+//! - [`rollout`]: a candidate beside the stable version, and its guards;
+//! - [`registry`]: the routing table, the load transaction, memory
+//!   accounting and events.
 
-pub mod admission;
-pub mod agent;
-pub mod backend;
-pub mod batcher;
-pub mod budget;
-pub mod bytes;
-pub mod copied;
-pub mod digest;
-pub mod error;
-pub mod events;
-pub mod executor;
-pub mod fields;
-pub mod heap;
-pub mod manifest;
-mod memory;
-pub mod pause;
-pub mod pipeline;
+pub mod files;
+pub mod human;
 pub mod registry;
 pub mod rollout;
-pub mod routing;
-pub mod scratch;
-pub mod seal;
-pub mod short_reads;
-pub mod signature;
-pub mod source;
-pub mod spec;
-pub mod step_aside;
-pub mod sync;
-pub mod sys;
-pub mod tensor;
-pub mod tensor_json;
-mod trimmer;
-pub mod verified;
-pub mod version;
-
-pub use memory::{LiveVersion, Releaser, UnloadRecord};
+pub mod run;
+pub mod tensors;
+pub mod threads;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use baton_core::tensor::{Tensor, TensorData};
+use baton_core::tensors::tensor::{Tensor, TensorData};
 use tonic::transport::{Channel, Endpoint as TonicEndpoint};
 
 use super::args::DrillArgs;
@@ -34,7 +34,7 @@ pub fn raw_contents(tensor: &Tensor) -> Vec<u8> {
         TensorData::Raw(bytes) => bytes.clone(),
         TensorData::Bytes(items) => {
             let mut out = Vec::new();
-            baton_core::tensor::append_framed(items, &mut out);
+            baton_core::tensors::tensor::append_framed(items, &mut out);
             out
         }
     }
@@ -117,7 +117,7 @@ fn chain(error: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use baton_core::tensor::DataType;
+    use baton_core::tensors::tensor::DataType;
 
     use super::*;
 

@@ -258,7 +258,7 @@ fn config(
     args: &DrillArgs,
     mode: &Mode,
     threads: usize,
-    inputs: &[baton_core::tensor::Tensor],
+    inputs: &[baton_core::tensors::tensor::Tensor],
     pid: Option<u32>,
     unsampled: Option<&str>,
 ) -> serde_json::Value {

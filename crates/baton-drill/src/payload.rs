@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, element_count};
 use serde_json::Value;
 
 use super::args::{DrillArgs, Protocol};

@@ -64,7 +64,7 @@ pub struct Probe {
 
 /// Starts one probe per CPU the drill may use; they stop when the load does.
 pub fn spawn(late: Duration, live: Arc<Live>) -> std::io::Result<Probes> {
-    let cpus = baton_core::sys::allowed_cpus();
+    let cpus = baton_core::threads::sys::allowed_cpus();
     // Where the CPUs cannot be read, one probe that goes where it is put.
     let cpus: Vec<Option<usize>> = if cpus.is_empty() { vec![None] } else { cpus.into_iter().map(Some).collect() };
     let threads = cpus
@@ -90,9 +90,9 @@ impl Probes {
 
 /// One probe's loop, kept to `cpu` where given.
 fn probe(cpu: Option<usize>, late: Duration, live: &Live) -> Probe {
-    let pinned = cpu.map(baton_core::sys::pin_current_thread).transpose();
-    let realtime = baton_core::sys::set_current_thread_realtime();
-    let _ = baton_core::sys::set_current_thread_exact_timers();
+    let pinned = cpu.map(baton_core::threads::sys::pin_current_thread).transpose();
+    let realtime = baton_core::threads::sys::set_current_thread_realtime();
+    let _ = baton_core::threads::sys::set_current_thread_exact_timers();
     let mut notes = Vec::new();
     if let Err(e) = &realtime {
         notes.push(format!("not real-time ({e}); its late wakes include waits for a busy CPU"));

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 
-use baton_core::backend::{
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
+use baton_core::run::backend::{
     Backend, BackendError, InputRange, Model, UpdateKind, ValueRange, Weight, WeightsError, WeightsInfo,
 };
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::{Tensor, TensorView};
-use baton_core::verified::Verified;
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{Tensor, TensorView};
 use ort::session::builder::{AutoDevicePolicy, PrepackedWeights, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, ValueType};
@@ -120,7 +120,7 @@ impl OnnxModel {
         );
         let (count, intra, inter) = (options.sessions, options.intra_op_threads, options.inter_op_threads);
         let optimization = options.optimization.as_str();
-        baton_core::agent::at_serving_priority(move || {
+        baton_core::threads::agent::at_serving_priority(move || {
             tracing::debug!(
                 path = %shown,
                 sessions = count,
@@ -491,8 +491,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(MODEL_FILE), encode_mlp(&Mlp::new(&[4, 2], 1), &OnnxOptions::default()).0)
             .unwrap();
-        baton_core::manifest::write(dir.path()).unwrap();
-        let version = baton_core::manifest::verify(dir.path()).unwrap();
+        baton_core::files::manifest::write(dir.path()).unwrap();
+        let version = baton_core::files::manifest::verify(dir.path()).unwrap();
         let spec = ModelSpec::parse("[engine]\nsessions = 3").unwrap();
         let model = std::sync::Arc::new(OnnxModel::load(&version, &spec, Sharing::WithLive).unwrap());
         // Two of the three sessions are busy for the whole test.
@@ -526,8 +526,8 @@ mod tests {
         let (bytes, data) = encode_mlp(&mlp, &options);
         std::fs::write(dir.path().join(MODEL_FILE), bytes).unwrap();
         std::fs::write(dir.path().join("weights.bin"), data.unwrap()).unwrap();
-        baton_core::manifest::write(dir.path()).unwrap();
-        let version = baton_core::manifest::verify(dir.path()).unwrap();
+        baton_core::files::manifest::write(dir.path()).unwrap();
+        let version = baton_core::files::manifest::verify(dir.path()).unwrap();
         let spec = ModelSpec::parse("[engine]\nsessions = 1\nprepack = false").unwrap();
         let model = OnnxModel::load(&version, &spec, Sharing::WithLive).unwrap();
         assert!(model.shared.bytes() > 0, "the weights are mapped and shared");

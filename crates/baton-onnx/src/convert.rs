@@ -1,8 +1,8 @@
 //! Conversions between baton's [`Tensor`] (little-endian bytes) and ONNX
 //! Runtime values, for every datatype both sides know.
 
-use baton_core::backend::BackendError;
-use baton_core::tensor::{DataType, Tensor, TensorData, TensorView, ViewData};
+use baton_core::run::backend::BackendError;
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, TensorView, ViewData};
 use half::f16;
 use ort::value::{DynValue, TensorElementType, ValueType};
 

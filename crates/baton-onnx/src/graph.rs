@@ -12,7 +12,7 @@ mod ranges;
 
 use std::collections::{HashMap, HashSet};
 
-use baton_core::backend::WeightRole;
+use baton_core::run::backend::WeightRole;
 
 use crate::proto::{Initializer, Node, OnnxModel};
 

@@ -40,9 +40,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use baton_core::backend::BackendError;
-use baton_core::manifest::VerifyError;
-use baton_core::verified::{Verified, VerifiedFile};
+use baton_core::files::manifest::VerifyError;
+use baton_core::files::verified::{Verified, VerifiedFile};
+use baton_core::run::backend::BackendError;
 
 use crate::proto::{self, InitData, OnnxModel, RawData};
 use crate::shared::Placed;
@@ -183,7 +183,7 @@ impl ModelFile {
                 Err(reason) => {
                     // On a lowered loading thread: logged through the registry's agent.
                     let shown = files.name.display().to_string();
-                    baton_core::agent::at_serving_priority(move || {
+                    baton_core::threads::agent::at_serving_priority(move || {
                         tracing::warn!(
                             path = %shown,
                             %reason,
@@ -383,7 +383,7 @@ impl KeptFile {
 
 #[cfg(test)]
 mod tests {
-    use baton_core::manifest;
+    use baton_core::files::manifest;
 
     use super::*;
     use crate::mlp::{Mlp, OnnxOptions, encode_mlp, write_model};

@@ -15,7 +15,7 @@
 //! error of kind `invalid_engine_options`, so a typo never silently falls
 //! back to a default.
 
-use baton_core::backend::BackendError;
+use baton_core::run::backend::BackendError;
 use ort::session::builder::GraphOptimizationLevel;
 
 /// Most sessions a pool may have.

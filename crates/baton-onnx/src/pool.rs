@@ -2,7 +2,7 @@
 //! first served.
 //!
 //! The server does not take sessions from the pool: each session has a
-//! session thread of its own (`baton_core::executor`), which reaches it by
+//! session thread of its own (`baton_core::run::executor`), which reaches it by
 //! index ([`Pool::item`]) and never waits for it, and requests queue in the
 //! version's executor, on no thread. [`Pool::take`], which blocks until a
 //! session is free, serves callers that run inferences on their own

@@ -574,9 +574,9 @@ fn read_external(
 
 /// Reads `len` bytes of `file` at `offset` into `scratch`, replacing what it
 /// held, in pieces: a tensor read in one call would keep the loading thread
-/// on its CPU for milliseconds ([`baton_core::short_reads`]).
+/// on its CPU for milliseconds ([`baton_core::files::short_reads`]).
 fn read_at(file: &File, offset: u64, len: usize, scratch: &mut Vec<u8>) -> std::io::Result<()> {
     scratch.clear();
     scratch.resize(len, 0);
-    baton_core::short_reads::read_exact_at(file, scratch, offset)
+    baton_core::files::short_reads::read_exact_at(file, scratch, offset)
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, mpsc};
 use std::thread::{self, JoinHandle};
 
-use baton_core::backend::BackendError;
+use baton_core::run::backend::BackendError;
 use ort::environment::{Environment, ThreadManager};
 use ort::logging::LogLevel;
 
@@ -186,12 +186,12 @@ fn start() -> Result<Runtime, StartError> {
 /// Forwards ONNX Runtime's log messages to `tracing`, at serving priority:
 /// ONNX Runtime logs on whichever thread calls it, a lowered loading thread
 /// among them, which must not take the log writer's lock
-/// ([`baton_core::agent::at_serving_priority`]). Called from C, so it must
+/// ([`baton_core::threads::agent::at_serving_priority`]). Called from C, so it must
 /// not panic; neither `tracing` macros nor the hand-off do.
 fn forward_log(level: LogLevel, category: &str, id: &str, location: &str, message: &str) {
     let (category, id, location, message) =
         (category.to_owned(), id.to_owned(), location.to_owned(), message.to_owned());
-    baton_core::agent::at_serving_priority(move || match level {
+    baton_core::threads::agent::at_serving_priority(move || match level {
         LogLevel::Verbose => tracing::trace!(target: "onnxruntime", category, id, location, "{message}"),
         LogLevel::Info => tracing::debug!(target: "onnxruntime", category, id, location, "{message}"),
         LogLevel::Warning => tracing::warn!(target: "onnxruntime", category, id, location, "{message}"),
@@ -204,7 +204,7 @@ fn forward_log(level: LogLevel, category: &str, id: &str, location: &str, messag
 /// Warns when `init` runs on a thread whose priority is below the main
 /// thread's: the ORT worker threads would inherit it for good.
 fn warn_if_lowered_priority() {
-    let Ok(current) = baton_core::sys::current_thread_nice() else { return };
+    let Ok(current) = baton_core::threads::sys::current_thread_nice() else { return };
     // Field 19 of /proc/self/stat is the nice value of the main thread.
     let main = std::fs::read_to_string("/proc/self/stat").ok().and_then(|stat| {
         let after_comm = &stat[stat.rfind(')')? + 1..];

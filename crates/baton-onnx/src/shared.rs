@@ -444,9 +444,9 @@ impl Chain {
 
     /// The container as the memory book counts it: which one (its
     /// address, the same for every version sharing it) and what it holds.
-    pub(crate) fn share(&self) -> baton_core::backend::SharedContainer {
+    pub(crate) fn share(&self) -> baton_core::run::backend::SharedContainer {
         let id = std::ptr::from_ref(self) as u64;
-        baton_core::backend::SharedContainer { id, holds: self.held.load(Ordering::Relaxed) }
+        baton_core::run::backend::SharedContainer { id, holds: self.held.load(Ordering::Relaxed) }
     }
 }
 

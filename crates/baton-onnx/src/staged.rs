@@ -36,7 +36,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use baton_core::verified::VerifiedFile;
+use baton_core::files::verified::VerifiedFile;
 
 use crate::proto::{self, InitData, Origin};
 use crate::shared::Placed;
@@ -141,7 +141,7 @@ impl Staged {
                         && !moved.contains(&range.start)
                     {
                         let at = range.start as u64;
-                        baton_core::short_reads::read_exact_at(file, &mut skeleton[range.clone()], at)
+                        baton_core::files::short_reads::read_exact_at(file, &mut skeleton[range.clone()], at)
                             .map_err(|e| format!("reading {} from {}: {e}", init.name, name.display()))?;
                     }
                 }
@@ -255,7 +255,7 @@ impl Drop for Staged {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             // Dropped on a lowered loading thread: logged through the registry's agent.
             let dir = self.dir.display().to_string();
-            baton_core::agent::at_serving_priority(move || {
+            baton_core::threads::agent::at_serving_priority(move || {
                 tracing::warn!(%dir, error = %e, "A staged model directory could not be removed.");
             });
         }
@@ -263,9 +263,9 @@ impl Drop for Staged {
 }
 
 /// Removes staged directories under `parent` left by servers that no
-/// longer run ([`baton_core::scratch::remove_stale`]).
+/// longer run ([`baton_core::files::scratch::remove_stale`]).
 pub(crate) fn remove_stale(parent: &Path) {
-    baton_core::scratch::remove_stale(parent, PREFIX);
+    baton_core::files::scratch::remove_stale(parent, PREFIX);
 }
 
 #[cfg(test)]
@@ -368,14 +368,14 @@ mod tests {
 
     /// `dir`'s version verified with a seal for every file, as a store's
     /// cache hands it over.
-    fn verified_sealed(dir: &Path) -> baton_core::verified::Verified {
-        use baton_core::manifest::{self, VerifyOptions};
+    fn verified_sealed(dir: &Path) -> baton_core::files::verified::Verified {
+        use baton_core::files::manifest::{self, VerifyOptions};
         let written = manifest::write(dir).unwrap();
-        let mut seal = baton_core::seal::Seal::new();
+        let mut seal = baton_core::files::seal::Seal::new();
         for entry in &written.entries {
             seal.record(&entry.path, &File::open(dir.join(&entry.path)).unwrap(), &entry.sha256).unwrap();
         }
-        let fetched = baton_core::source::Fetched { dir: dir.to_owned(), seal: Some(seal) };
+        let fetched = baton_core::files::source::Fetched { dir: dir.to_owned(), seal: Some(seal) };
         manifest::verify_fetched(&fetched, &VerifyOptions::default()).unwrap()
     }
 

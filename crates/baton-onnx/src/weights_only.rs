@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 
-use baton_core::backend::BackendError;
-use baton_core::verified::{Verified, VerifiedFile};
+use baton_core::files::verified::{Verified, VerifiedFile};
+use baton_core::run::backend::BackendError;
 
 use crate::proto::{self, InitData};
 use crate::safetensors::{Header, WEIGHTS_FILE};
@@ -91,10 +91,10 @@ pub fn graph_for_weights(graph: &[u8], weights: &File) -> Result<Vec<u8>, String
 /// Reads and checks the header of a weights file of `len` bytes.
 fn read_header(weights: &File, len: u64) -> Result<Header, String> {
     let mut prefix = vec![0u8; 8.min(len as usize)];
-    baton_core::short_reads::read_exact_at(weights, &mut prefix, 0).map_err(|e| e.to_string())?;
+    baton_core::files::short_reads::read_exact_at(weights, &mut prefix, 0).map_err(|e| e.to_string())?;
     let needed = Header::needed(&prefix, len).map_err(|e| e.to_string())?;
     prefix.resize(needed as usize, 0);
-    baton_core::short_reads::read_exact_at(weights, &mut prefix, 0).map_err(|e| e.to_string())?;
+    baton_core::files::short_reads::read_exact_at(weights, &mut prefix, 0).map_err(|e| e.to_string())?;
     Header::parse(&prefix, len).map_err(|e| e.to_string())
 }
 

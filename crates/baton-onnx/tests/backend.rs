@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use baton_core::backend::{Backend, Model, WeightsError};
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, Tensor, TensorData};
-use baton_core::verified::Verified;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
+use baton_core::run::backend::{Backend, Model, WeightsError};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_onnx::OnnxBackend;
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};
 
@@ -25,8 +25,8 @@ fn backend() -> OnnxBackend {
 /// Seals `dir` as a version (writes its MANIFEST) and verifies it, as the
 /// load transaction does before the backend sees a version.
 fn sealed(dir: &Path) -> Verified {
-    baton_core::manifest::write(dir).expect("writing MANIFEST");
-    baton_core::manifest::verify(dir).expect("verifying the version")
+    baton_core::files::manifest::write(dir).expect("writing MANIFEST");
+    baton_core::files::manifest::verify(dir).expect("verifying the version")
 }
 
 fn spec(engine: &str) -> ModelSpec {

@@ -5,17 +5,17 @@
 //! engine options those tests give it (engine threads that busy-wait or
 //! sleep).
 
-use baton_core::backend::{Backend, Model};
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::files::spec::ModelSpec;
+use baton_core::run::backend::{Backend, Model};
+use baton_core::tensors::tensor::Tensor;
 use baton_onnx::OnnxBackend;
 use baton_onnx::mlp::{Mlp, sample_input};
 
 fn load(backend: &OnnxBackend, mlp: &Mlp, rows: usize, engine: &str) -> Box<dyn Model> {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("model.onnx"), baton_onnx::costly::encode_costly(mlp, rows)).unwrap();
-    baton_core::manifest::write(dir.path()).unwrap();
-    let verified = baton_core::manifest::verify(dir.path()).unwrap();
+    baton_core::files::manifest::write(dir.path()).unwrap();
+    let verified = baton_core::files::manifest::verify(dir.path()).unwrap();
     let spec = ModelSpec::parse(&format!("[engine]\n{engine}")).unwrap();
     backend.load(&verified, &spec).unwrap_or_else(|e| panic!("load failed [{}]: {}", e.kind, e.message))
 }

@@ -7,10 +7,10 @@
 
 use std::path::Path;
 
-use baton_core::backend::Backend;
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, Tensor, TensorData};
-use baton_core::verified::Verified;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
+use baton_core::run::backend::Backend;
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_onnx::OnnxBackend;
 
 fn backend() -> OnnxBackend {
@@ -149,8 +149,8 @@ fn write_model(dir: &Path, bytes: &[u8]) {
 /// Seals `dir` as a version (writes its MANIFEST) and verifies it, as the
 /// load transaction does before the backend sees a version.
 fn sealed(dir: &Path) -> Verified {
-    baton_core::manifest::write(dir).expect("writing MANIFEST");
-    baton_core::manifest::verify(dir).expect("verifying the version")
+    baton_core::files::manifest::write(dir).expect("writing MANIFEST");
+    baton_core::files::manifest::verify(dir).expect("verifying the version")
 }
 
 fn one_session() -> ModelSpec {
@@ -277,8 +277,8 @@ fn a_weight_whose_data_does_not_fit_its_dims_is_a_read_error() {
     let bad = initializer("w", 1, &[4]).bytes(9, &[0; 12]);
     write_model(dir.path(), &identity_model(onnx_type(DataType::Fp32), 2, vec![bad]));
     let e = model.visit_weights(&mut |_| Ok(())).unwrap_err();
-    assert!(matches!(e, baton_core::backend::WeightsError::Read(ref m) if m.contains("'w'")), "{e}");
+    assert!(matches!(e, baton_core::run::backend::WeightsError::Read(ref m) if m.contains("'w'")), "{e}");
     std::fs::write(dir.path().join("model.onnx"), b"garbage").unwrap();
     let e = model.visit_weights(&mut |_| Ok(())).unwrap_err();
-    assert!(matches!(e, baton_core::backend::WeightsError::Read(_)), "{e}");
+    assert!(matches!(e, baton_core::run::backend::WeightsError::Read(_)), "{e}");
 }

@@ -5,11 +5,11 @@
 //! threads while it counts them. Needs the ONNX Runtime library: run
 //! `scripts/fetch-onnxruntime.sh` (or set `ORT_DYLIB_PATH`).
 
-use baton_core::backend::Backend;
-use baton_core::spec::ModelSpec;
-use baton_core::sys::{current_thread_nice, set_current_thread_nice};
-use baton_core::tensor::Tensor;
-use baton_core::verified::Verified;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
+use baton_core::run::backend::Backend;
+use baton_core::tensors::tensor::Tensor;
+use baton_core::threads::sys::{current_thread_nice, set_current_thread_nice};
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_onnx::{OnnxBackend, SPAWNER_THREAD_NAME, WORKER_THREAD_NAME};
 
@@ -55,8 +55,8 @@ fn settle() {
 /// Seals `dir` as a version (writes its MANIFEST) and verifies it, as the
 /// load transaction does before the backend sees a version.
 fn sealed(dir: &std::path::Path) -> Verified {
-    baton_core::manifest::write(dir).expect("writing MANIFEST");
-    baton_core::manifest::verify(dir).expect("verifying the version")
+    baton_core::files::manifest::write(dir).expect("writing MANIFEST");
+    baton_core::files::manifest::verify(dir).expect("verifying the version")
 }
 
 #[test]

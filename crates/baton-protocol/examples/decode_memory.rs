@@ -10,8 +10,8 @@
 //! RSS before (the body is resident), the peak during it, and the
 //! difference. Results are in docs/api.md, "Inference".
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::{DataType, Tensor};
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{DataType, Tensor};
 use baton_protocol::{decode_request, encode_request, parse_request};
 
 const WIDTH: usize = 64;

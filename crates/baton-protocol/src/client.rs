@@ -1,8 +1,8 @@
 //! The client side: encoding requests and decoding responses, for tests,
 //! the command line and load generators.
 
-use baton_core::tensor::Tensor;
-use baton_core::tensor_json::NullFloats;
+use baton_core::tensors::tensor::Tensor;
+use baton_core::tensors::tensor_json::NullFloats;
 use serde::Serialize;
 use serde_json::Value;
 

@@ -24,8 +24,8 @@
 //!    decoded tensor will take ([`TensorHeader::tensor_bytes`]); nothing
 //!    proportional to the data has been allocated.
 //! 2. [`RequestHeader::check`] checks the inputs against the model's
-//!    [`Signature`](baton_core::signature::Signature) and `max_batch_size`
-//!    (baton-core's [`check_request`](baton_core::signature::Signature::check_request),
+//!    [`Signature`](baton_core::tensors::signature::Signature) and `max_batch_size`
+//!    (baton-core's [`check_request`](baton_core::tensors::signature::Signature::check_request),
 //!    the check a version runs on decoded tensors too): unknown or missing
 //!    inputs, datatypes, shapes, and for a batching model that the inputs
 //!    agree on the batch size and that it fits the limit.
@@ -37,7 +37,7 @@
 //!    allocates the tensors' bytes and nothing proportional to the JSON.
 //!
 //! ```no_run
-//! # fn serve(body: &[u8], header_length: Option<usize>, model: &baton_core::signature::Signature)
+//! # fn serve(body: &[u8], header_length: Option<usize>, model: &baton_core::tensors::signature::Signature)
 //! #     -> Result<(), String> {
 //! let header = baton_protocol::parse_request(body, header_length).map_err(|e| e.to_string())?;
 //! header.check(model, 64).map_err(|e| e.to_string())?; // 64: the model's max_batch_size

@@ -23,8 +23,8 @@
 //! triton-inference-server/core). So `dims` are numbers here too; enums are
 //! their names (`TYPE_FP32`, `KIND_CPU`, `FORMAT_NONE`).
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::DataType;
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::DataType;
 use serde_json::{Value, json};
 
 /// KServe V2 model metadata:

@@ -3,9 +3,9 @@
 //! second, so that the model check and the memory reservation come before
 //! any tensor is allocated.
 
-use baton_core::signature::{InputError, Signature};
-use baton_core::tensor::Tensor;
-use baton_core::tensor_json::NullFloats;
+use baton_core::tensors::signature::{InputError, Signature};
+use baton_core::tensors::tensor::Tensor;
+use baton_core::tensors::tensor_json::NullFloats;
 use serde_json::{Map, Value};
 
 use crate::error::CodecError;
@@ -220,7 +220,7 @@ fn requested_outputs(json: &[u8], entries: Entries<'_>) -> Result<Vec<RequestedO
 
 #[cfg(test)]
 mod tests {
-    use baton_core::tensor::{DataType, TensorData};
+    use baton_core::tensors::tensor::{DataType, TensorData};
 
     use super::*;
 

@@ -1,6 +1,6 @@
 //! Inference responses as the server sends them.
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use serde::Serialize;
 
 use crate::error::CodecError;

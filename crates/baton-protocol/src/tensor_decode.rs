@@ -7,8 +7,8 @@
 //! straight into a buffer of exactly that size. Shared by request decoding
 //! (server side) and response decoding (client side).
 
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count, framed_items};
-use baton_core::tensor_json::{ElementsError, NullFloats, check_json_count, elements_from_json};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, element_count, framed_items};
+use baton_core::tensors::tensor_json::{ElementsError, NullFloats, check_json_count, elements_from_json};
 
 use crate::error::CodecError;
 use crate::framing::{BinaryCursor, brief, brief_text, json_error_at};

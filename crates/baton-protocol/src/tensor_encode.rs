@@ -7,7 +7,7 @@
 //! Floating-point NaN and ±Inf have no JSON representation; they are
 //! written as `null` (serde_json's convention). The binary form is exact.
 
-use baton_core::tensor::{DataType, Tensor, TensorData, append_framed, f16_to_f32, framed_size};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, append_framed, f16_to_f32, framed_size};
 use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 
@@ -121,7 +121,7 @@ pub(crate) fn write_json<T: Serialize>(out: &mut Vec<u8>, value: &T) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use baton_core::tensor_json::tensor_to_json;
+    use baton_core::tensors::tensor_json::tensor_to_json;
     use serde_json::Value;
 
     use super::*;

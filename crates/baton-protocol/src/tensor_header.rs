@@ -4,8 +4,8 @@
 //! server can check a request against the model and reserve its memory
 //! before allocating any of it.
 
-use baton_core::signature::{InputError, InputShape, Signature};
-use baton_core::tensor::DataType;
+use baton_core::tensors::signature::{InputError, InputShape, Signature};
+use baton_core::tensors::tensor::DataType;
 
 /// One tensor of a parsed request, its data not decoded yet.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use baton_core::tensor::DataType;
+use baton_core::tensors::tensor::DataType;
 use baton_protocol::{InferRequest, RequestedOutput, decode_request, decode_response, encode_request, encode_response};
 use common::{every_datatype, sample};
 

@@ -4,8 +4,8 @@
 
 mod common;
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::{DataType, TensorData};
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{DataType, TensorData};
 use baton_protocol::{CodecError, parse_request};
 use common::{bytes_binary, with_binary};
 

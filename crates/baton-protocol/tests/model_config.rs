@@ -1,8 +1,8 @@
 //! Model metadata and Triton's model configuration, as perf_analyzer reads
 //! them.
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::DataType;
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::DataType;
 use baton_protocol::{is_batched, model_config, model_metadata};
 use serde_json::{Value, json};
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_protocol::{CodecError, Encoded, InferRequest, RequestedOutput, decode_response, encode_response};
 use common::{header_and_tail, sample};
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 
 mod common;
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_protocol::{InferRequest, RequestedOutput, decode_request, decode_response, encode_request, encode_response};
 use common::{bytes_binary, every_datatype, with_binary};
 

@@ -6,9 +6,9 @@
 //! message; random damage is refused, never a panic; and a request the
 //! model cannot take is refused after parsing, before anything is decoded.
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::{DataType, TensorData, element_count};
-use baton_core::tensor_json::f32_to_f16;
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{DataType, TensorData, element_count};
+use baton_core::tensors::tensor_json::f32_to_f16;
 use baton_protocol::{CodecError, decode_request, decode_response, parse_request};
 use proptest::prelude::*;
 use serde_json::Value;

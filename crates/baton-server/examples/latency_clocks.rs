@@ -16,7 +16,7 @@
 //!   wait for a core (`/proc/thread-self/schedstat`);
 //! - `worker-ran`: the worker's own timing of the call, sent with its
 //!   answer (workers only);
-//! - `sample`: the guard's sample (`baton_core::executor::timing`).
+//! - `sample`: the guard's sample (`baton_core::run::executor::timing`).
 //!
 //! It prints, per case and clock, each side's median, and the ratio of the
 //! candidate's tail to the stable version's in windows of 300 calls a side
@@ -27,10 +27,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use baton_core::backend::{Backend, Model};
-use baton_core::executor::timing::Stopwatch;
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
+use baton_core::files::spec::ModelSpec;
+use baton_core::run::backend::{Backend, Model};
+use baton_core::run::executor::timing::Stopwatch;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 
@@ -48,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let program = args.first().ok_or("usage: latency_clocks BATON [SECONDS] [BUSY]")?.into();
     let seconds: f64 = args.get(1).map_or(Ok(10.0), |s| s.parse())?;
     let busy: usize = args.get(2).map_or(Ok(0), |s| s.parse())?;
-    baton_core::executor::start_spawner();
+    baton_core::run::executor::start_spawner();
     let onnx = baton_onnx::OnnxBackend::new()?;
     let backend = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()])
         .with_runtime_env("ORT_DYLIB_PATH");
@@ -59,8 +59,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let model = baton_onnx::costly::encode_costly(&mlp, rows);
         std::fs::create_dir_all(&version)?;
         std::fs::write(version.join("model.onnx"), model)?;
-        baton_core::manifest::write(&version)?;
-        let verified = baton_core::manifest::verify(&version)?;
+        baton_core::files::manifest::write(&version)?;
+        let verified = baton_core::files::manifest::verify(&version)?;
         let spec = ModelSpec::parse(&mlp_toml(&mlp, &format!("[engine]\nsessions = 2\n{engine}")))?;
         Ok(backend.load(&verified, &spec)?)
     };
@@ -89,9 +89,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|");
     for (name, rows, engine) in cases {
         let candidate: Arc<dyn Model> = Arc::from(load(rows, engine)?);
-        let trimmed = baton_core::executor::timing::trimmed_reports();
+        let trimmed = baton_core::run::executor::timing::trimmed_reports();
         let (a, b) = paired(&stable, &candidate, Duration::from_secs_f64(seconds));
-        let trimmed = baton_core::executor::timing::trimmed_reports() - trimmed;
+        let trimmed = baton_core::run::executor::timing::trimmed_reports() - trimmed;
         if trimmed > 0 {
             println!("| {name} | {trimmed} of {} worker reports cut down | | | |", b.len());
         }

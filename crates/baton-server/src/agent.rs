@@ -17,7 +17,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use baton_cluster::{Health, Participant, SidecarConfig, SidecarNode, TargetLayout};
-use baton_core::source::{LocalRepository, Source};
+use baton_core::files::source::{LocalRepository, Source};
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 

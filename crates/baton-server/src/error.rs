@@ -4,8 +4,9 @@
 //! in responses and metrics. Client errors say exactly what was wrong;
 //! internal errors do not leak internals.
 
-use baton_core::error::{InferError, LoadError};
-use baton_core::source::FetchError;
+use baton_core::files::source::FetchError;
+use baton_core::registry::error::LoadError;
+use baton_core::run::error::InferError;
 use baton_protocol::CodecError;
 
 /// Whose fault an error is, and what the client can do about it.
@@ -90,8 +91,8 @@ impl std::fmt::Display for ServeError {
     }
 }
 
-impl From<baton_core::signature::InputError> for ServeError {
-    fn from(e: baton_core::signature::InputError) -> ServeError {
+impl From<baton_core::tensors::signature::InputError> for ServeError {
+    fn from(e: baton_core::tensors::signature::InputError) -> ServeError {
         ServeError::bad_request(e.kind(), e.to_string())
     }
 }

@@ -222,16 +222,16 @@ enum Command {
 
 fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: u32, json: bool) -> anyhow::Result<()> {
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
-    let format = baton_core::manifest::Format::from_number(format)
+    let format = baton_core::files::manifest::Format::from_number(format)
         .ok_or_else(|| anyhow::anyhow!("there is no MANIFEST format {format}: 1 or 2"))?;
     if let Some(source) = graph_from {
         write_weights_graph(dir, source)?;
     }
     let manifest =
-        baton_core::manifest::write_as(dir, format).with_context(|| format!("packaging {}", dir.display()))?;
+        baton_core::files::manifest::write_as(dir, format).with_context(|| format!("packaging {}", dir.display()))?;
     if json {
         let written = serde_json::json!({
-            "manifest": dir.join(baton_core::manifest::MANIFEST),
+            "manifest": dir.join(baton_core::files::manifest::MANIFEST),
             "files": manifest.entries.len(),
             "bytes": manifest.total_bytes(),
             "format": format.number(),
@@ -241,7 +241,7 @@ fn package(dir: &std::path::Path, graph_from: Option<&std::path::Path>, format: 
     }
     println!(
         "Wrote {} listing {} files, {} bytes.",
-        dir.join(baton_core::manifest::MANIFEST).display(),
+        dir.join(baton_core::files::manifest::MANIFEST).display(),
         manifest.entries.len(),
         manifest.total_bytes()
     );
@@ -277,7 +277,7 @@ fn write_weights_graph(dir: &std::path::Path, source: &std::path::Path) -> anyho
 fn worker() -> anyhow::Result<()> {
     let make: baton_worker::serve::MakeBackend = Box::new(|| {
         let onnx = baton_onnx::OnnxBackend::new()?;
-        Ok(std::sync::Arc::new(onnx) as std::sync::Arc<dyn baton_core::backend::Backend>)
+        Ok(std::sync::Arc::new(onnx) as std::sync::Arc<dyn baton_core::run::backend::Backend>)
     });
     baton_worker::serve::serve(make).map_err(|e| anyhow::anyhow!("the worker stopped: {e}"))
 }

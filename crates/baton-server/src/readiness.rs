@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use baton_core::error::LoadError;
-use baton_core::events::Stage;
+use baton_core::registry::error::LoadError;
+use baton_core::registry::events::Stage;
 
 /// How readiness treats a model the repository holds but the server could
 /// not bring into service (`baton serve --readiness`).

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use clap::CommandFactory;
 
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
 
 /// The page.
 const REFERENCE: &str = include_str!("../../../docs/reference.md");
@@ -206,8 +206,8 @@ impl<'de> serde::Deserializer<'de> for Probe<'_> {
 /// Every `model.toml` section's keys, from the parsers: the spec's structs
 /// and the `[engine]` keys of the ONNX backend and of baton's workers.
 fn model_keys() -> BTreeMap<&'static str, Vec<&'static str>> {
-    use baton_core::rollout::{guard, plan};
-    use baton_core::spec;
+    use baton_core::files::rollout_spec::{Guards, MetricGuard, RolloutPolicy};
+    use baton_core::files::spec;
     let mut keys = BTreeMap::new();
     keys.insert("", fields::<spec::ModelSpec>().to_vec());
     keys.insert("policy", fields::<spec::Policy>().to_vec());
@@ -215,10 +215,10 @@ fn model_keys() -> BTreeMap<&'static str, Vec<&'static str>> {
     keys.insert("warmup", fields::<spec::WarmupPolicy>().to_vec());
     keys.insert("batching", fields::<spec::BatchingPolicy>().to_vec());
     keys.insert("admission", fields::<spec::AdmissionPolicy>().to_vec());
-    keys.insert("rollout", fields::<plan::RolloutPolicy>().to_vec());
-    keys.insert("rollout.guards", fields::<guard::Guards>().to_vec());
-    keys.insert("rollout.guards.metrics", fields::<guard::MetricGuard>().to_vec());
-    keys.insert("inputs", fields::<baton_core::signature::TensorSpec>().to_vec());
+    keys.insert("rollout", fields::<RolloutPolicy>().to_vec());
+    keys.insert("rollout.guards", fields::<Guards>().to_vec());
+    keys.insert("rollout.guards.metrics", fields::<MetricGuard>().to_vec());
+    keys.insert("inputs", fields::<baton_core::tensors::signature::TensorSpec>().to_vec());
     let mut engine = baton_onnx::ENGINE_KEYS.to_vec();
     engine.extend(baton_worker::ENGINE_KEYS);
     keys.insert("engine", engine);

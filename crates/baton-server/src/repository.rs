@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use baton_core::events::State as ModelState;
+use baton_core::registry::events::State as ModelState;
 
 use crate::app::App;
 use crate::error::{Class, ServeError};

@@ -4,9 +4,8 @@
 //! through the load transaction, so that a plan that cannot run is refused
 //! at once rather than after a load.
 
-use baton_core::rollout::Mode;
-use baton_core::rollout::guard::Guards;
-use baton_core::rollout::plan::{Overrides, Plan, RolloutPolicy};
+use baton_core::files::rollout_spec::{Guards, Mode, RolloutPolicy};
+use baton_core::rollout::plan::{Overrides, Plan};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_core::error::InferError;
+use baton_core::registry::routing::{Routing, Snapshot};
 use baton_core::rollout::{Role, Rollout};
-use baton_core::routing::{Routing, Snapshot};
-use baton_core::tensor::Tensor;
-use baton_core::version::Version;
+use baton_core::run::error::InferError;
+use baton_core::run::version::Version;
+use baton_core::tensors::tensor::Tensor;
 
 use crate::app::App;
 use crate::budget::Reservation;
@@ -65,7 +65,7 @@ pub fn not_serving(app: &App, model: &str) -> ServeError {
     } else {
         // The models served, so that a misspelt name finds its right one.
         let served: Vec<String> = app.registry.snapshot().models().keys().cloned().collect();
-        let listed = baton_core::signature::names(&served);
+        let listed = baton_core::tensors::signature::names(&served);
         ServeError::new(
             Class::NotFound,
             "model_not_found",
@@ -190,7 +190,7 @@ pub fn tensor_bytes(tensors: &[Tensor]) -> u64 {
 /// The bytes the outputs of `rows` rows will take, for outputs whose size
 /// the signature fixes (every dimension but the batch); others count 0.
 fn output_bytes(target: &Version, batched: bool, rows: u64) -> u64 {
-    let one = |spec: &baton_core::signature::TensorSpec| -> Option<u64> {
+    let one = |spec: &baton_core::tensors::signature::TensorSpec| -> Option<u64> {
         let dims = if batched { spec.shape.get(1..)? } else { &spec.shape[..] };
         let per_row = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?))?;
         let size = spec.datatype.size()? as u64;
@@ -239,7 +239,7 @@ pub struct Target {
     /// The role it answers in.
     pub role: Role,
     /// The side of the rollout's windows it counts on (see
-    /// [`baton_core::routing::Routed::side`]).
+    /// [`baton_core::registry::routing::Routed::side`]).
     pub side: Role,
     /// The rollout the request takes part in, if its model has one.
     pub rollout: Option<Rollout>,

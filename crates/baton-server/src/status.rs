@@ -3,8 +3,8 @@
 //! the registry's view of each model, with the operator's decision in
 //! force beside it.
 
-use baton_core::events::State;
 use baton_core::registry::ModelStatus;
+use baton_core::registry::events::State;
 use serde_json::{Value, json};
 
 use crate::app::App;

@@ -13,7 +13,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_protocol::grpc::pb;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};

@@ -48,7 +48,7 @@ fn package_writes_a_manifest_the_server_accepts() {
     let out = baton(&["package", "--manifest-format", "1", dir.to_str().unwrap()]);
     assert!(out.status.success(), "baton package failed: {}", text(&out.stderr));
     let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("a MANIFEST");
-    let model_sha = baton_core::manifest::digest_file(&dir.join("model.onnx")).unwrap().0;
+    let model_sha = baton_core::files::manifest::digest_file(&dir.join("model.onnx")).unwrap().0;
     assert!(manifest.starts_with("baton-manifest 1\n") && manifest.contains(&model_sha), "{manifest}");
 
     server.wait_serving("m", 2);

@@ -496,7 +496,7 @@ fn the_console_shows_the_fleet_its_replica_reads() {
 /// listens for) and says it in words, not as raw JSON.
 #[test]
 fn the_timeline_listens_for_every_kind_of_event() {
-    let events = include_str!("../../baton-core/src/events.rs");
+    let events = include_str!("../../baton-core/src/registry/events.rs");
     let page = include_str!("../src/http/console/console.js");
     let body = events.split("pub enum EventKind {").nth(1).expect("the EventKind enum");
     let body = &body[..body.find("\n}\n").expect("the enum's end")];

@@ -291,7 +291,7 @@ fn publishing_version_directories_fails_nothing() {
         outcome.report["swaps"].as_array().unwrap().iter().map(|s| s["version"].as_str().unwrap()).collect();
     assert_eq!(brought, ["2", "3", "4"]);
     for v in 2..=4 {
-        assert!(baton_core::manifest::verify(&repo.version_dir("m", v)).is_ok(), "version {v} is not sealed");
+        assert!(baton_core::files::manifest::verify(&repo.version_dir("m", v)).is_ok(), "version {v} is not sealed");
     }
     // No --pid: the memory sampled is the server's own, the pid its status reports.
     assert_eq!(outcome.report["rss"]["pid"], server.pid(), "{}", outcome.report["rss"]);

@@ -9,7 +9,7 @@
 
 mod common;
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_protocol::{RequestedOutput, decode_response};
 use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};

@@ -11,7 +11,7 @@
 
 mod common;
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
 use baton_testkit::server::{Client, Server, eventually, metric};

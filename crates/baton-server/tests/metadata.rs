@@ -246,7 +246,7 @@ fn metrics_expose_every_family_with_its_labels() {
     let steps = metric(&text, "baton_loader_step_asides_total").expect("step-aside counter");
     let paused = metric(&text, "baton_loader_step_aside_seconds_total").expect("step-aside time");
     assert_eq!((steps, paused), (0.0, 0.0), "loads stepped aside without --loader-step-aside");
-    let cap = format!("stepped aside {} times its CPU time", baton_core::step_aside::MAX_PAUSED_PER_CPU);
+    let cap = format!("stepped aside {} times its CPU time", baton_core::threads::step_aside::MAX_PAUSED_PER_CPU);
     assert!(text.contains(&cap), "the declined counter's help names the cap");
 }
 

@@ -19,7 +19,7 @@ use baton_cluster::node::Node;
 use baton_cluster::ops::{self, Request};
 use baton_cluster::records::{FleetPhase, FleetPlan};
 use baton_cluster::{Store, TargetLayout};
-use baton_core::source::Source;
+use baton_core::files::source::Source;
 use baton_store::{Options, StoreSource};
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{Damage, TestRepo};

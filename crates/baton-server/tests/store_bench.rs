@@ -189,7 +189,7 @@ fn a_gigabyte_from_disk_from_a_store_and_from_its_cache() {
     let big = repo.publish_weights("big", 1, &graph, &mlp_safetensors(&graph), &[]);
     // MANIFEST_FORMAT=1: each file's plain SHA-256, hashed on one core.
     if std::env::var("MANIFEST_FORMAT").is_ok_and(|v| v == "1") {
-        baton_core::manifest::write_as(&big, baton_core::manifest::Format::Whole).unwrap();
+        baton_core::files::manifest::write_as(&big, baton_core::files::manifest::Format::Whole).unwrap();
     }
     repo.add_model("small", &mlp_toml(&mlp(1), ""));
     repo.publish_mlp("small", 1, &mlp(1));

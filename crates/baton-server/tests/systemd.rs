@@ -21,7 +21,7 @@ mod systemd_kit;
 
 use std::time::Duration;
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::server::Client;

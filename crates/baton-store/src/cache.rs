@@ -3,7 +3,7 @@
 //! ```text
 //! <cache>/<model>/model.toml        the model.toml last listed
 //! <cache>/<model>/<version>/…       the version's files, MANIFEST included
-//! <cache>/<model>/<version>.seal    what the fetch hashed (baton_core::seal)
+//! <cache>/<model>/<version>.seal    what the fetch hashed (baton_core::files::seal)
 //! <cache>/<model>/<version>.tag     the store's tag of the MANIFEST fetched
 //! <cache>/<model>/.<version>.partial  a fetch under way
 //! ```
@@ -18,9 +18,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use baton_core::manifest::{self, MANIFEST};
-use baton_core::seal::Seal;
-use baton_core::source::{FetchError, Fetched};
+use baton_core::files::manifest::{self, MANIFEST};
+use baton_core::files::seal::Seal;
+use baton_core::files::source::{FetchError, Fetched};
 
 /// The cache directory and its bound.
 #[derive(Clone, Debug)]

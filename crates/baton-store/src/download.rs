@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use baton_core::digest::{Format, Hasher};
-use baton_core::manifest::{self, MANIFEST, Manifest};
-use baton_core::seal::Seal;
-use baton_core::source::FetchError;
+use baton_core::files::digest::{Format, Hasher};
+use baton_core::files::manifest::{self, MANIFEST, Manifest};
+use baton_core::files::seal::Seal;
+use baton_core::files::source::FetchError;
 use futures_util::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore};
@@ -234,7 +234,7 @@ async fn file_bytes(
         while let Some(chunk) = to_write.blocking_recv() {
             hasher.update(&chunk);
             // In pieces: one 8 MiB write would hold a CPU in the kernel for milliseconds.
-            baton_core::short_reads::write_all(&mut file, &chunk)?;
+            baton_core::files::short_reads::write_all(&mut file, &chunk)?;
             written.give(chunk);
         }
         Ok((hasher.finish(), file))

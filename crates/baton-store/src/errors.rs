@@ -1,6 +1,6 @@
 //! What a store answered, as a stable kind and a sentence.
 
-use baton_core::source::FetchError;
+use baton_core::files::source::FetchError;
 
 /// The stable kind of a store's failure: `store_not_found` (no such bucket
 /// or object), `store_denied` (credentials refused), `store_throttled`,

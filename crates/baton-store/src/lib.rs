@@ -33,8 +33,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use baton_core::source::{FetchError, Fetched, Presence, Source, StoreAnswer};
-use baton_core::spec::ModelSpec;
+use baton_core::files::source::{FetchError, Fetched, Presence, Source, StoreAnswer};
+use baton_core::files::spec::ModelSpec;
 
 use crate::cache::Cache;
 use crate::download::{Counters, Plan, Remote};
@@ -148,7 +148,7 @@ impl StoreSource {
             .worker_threads(2)
             .thread_name("baton-store")
             .on_thread_start(move || {
-                let _ = baton_core::sys::lower_current_thread(nice, idle);
+                let _ = baton_core::threads::sys::lower_current_thread(nice, idle);
             })
             .enable_all()
             .build()

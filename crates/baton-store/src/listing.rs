@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use baton_core::manifest::MANIFEST;
-use baton_core::source::FetchError;
+use baton_core::files::manifest::MANIFEST;
+use baton_core::files::source::FetchError;
 use futures_util::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore};

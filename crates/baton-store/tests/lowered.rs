@@ -34,7 +34,7 @@ impl<S: tracing::Subscriber> Layer<S> for Recorder {
         }
         let mut message = Message(String::new());
         event.record(&mut message);
-        let lowered = baton_core::sys::current_thread_lowered();
+        let lowered = baton_core::threads::sys::current_thread_lowered();
         EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push((lowered, message.0));
     }
 }
@@ -48,8 +48,8 @@ fn fetch_lowered(source: &StoreSource, model: &str, version: u64) {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let _ = baton_core::sys::lower_current_thread(10, false);
-                baton_core::source::Source::fetch(source, model, version).unwrap();
+                let _ = baton_core::threads::sys::lower_current_thread(10, false);
+                baton_core::files::source::Source::fetch(source, model, version).unwrap();
             })
             .join()
             .unwrap();
@@ -66,7 +66,7 @@ fn downloads_on_lowered_threads_leave_their_log_lines_to_the_lister() {
         let dir = tempfile::tempdir().unwrap();
         let bytes: Vec<u8> = (0..(1usize << 20)).map(|i| (i as u8).wrapping_mul(7).wrapping_add(number)).collect();
         std::fs::write(dir.path().join("model.onnx"), bytes).unwrap();
-        baton_core::manifest::write(dir.path()).unwrap();
+        baton_core::files::manifest::write(dir.path()).unwrap();
         s3.publish_version("models", "prod", "ranker", u64::from(number), dir.path());
     }
     // The first connections that carry more than 100 KiB are cut: ranges resume.

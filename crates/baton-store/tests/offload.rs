@@ -30,7 +30,7 @@ fn a_download_writes_and_hashes_off_the_runtime_that_fetches() {
     let bytes = weights(3 << 20);
     let published = tempfile::tempdir().unwrap();
     std::fs::write(published.path().join("model.onnx"), &bytes).unwrap();
-    baton_core::manifest::write(published.path()).unwrap();
+    baton_core::files::manifest::write(published.path()).unwrap();
     s3.publish_version("models", "prod", "ranker", 1, published.path());
     let settings: Vec<(String, String)> = s3.env().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let location = baton_store::location::open("s3://models/prod", &settings).unwrap();
@@ -80,7 +80,7 @@ fn a_download_writes_and_hashes_off_the_runtime_that_fetches() {
     assert_eq!(read.unwrap().unwrap(), bytes, "the reader got the weights");
     let digest = seal.entries().iter().find(|e| e.path == "model.onnx").map(|e| e.sha256.clone());
     let manifest = std::fs::read_to_string(published.path().join("MANIFEST")).unwrap();
-    let listed = baton_core::manifest::parse(&manifest).unwrap();
+    let listed = baton_core::files::manifest::parse(&manifest).unwrap();
     let want = listed.entries.iter().find(|e| e.path == "model.onnx").map(|e| e.sha256.clone());
     assert_eq!(digest, want, "the download hashed what it wrote");
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use baton_core::manifest::{self, VerifyOptions};
-use baton_core::source::{Presence, Source};
+use baton_core::files::manifest::{self, VerifyOptions};
+use baton_core::files::source::{Presence, Source};
 use baton_store::{Options, StoreSource};
 use baton_testkit::s3::{CuttingProxy, S3};
 

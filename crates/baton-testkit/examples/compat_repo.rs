@@ -7,7 +7,7 @@
 //! - `identity_<type>`: `output = Identity(input)`, `[-1, 3]`, one model per
 //!   datatype baton supports, to carry every datatype through real clients.
 
-use baton_core::tensor::DataType;
+use baton_core::tensors::tensor::DataType;
 use baton_onnx::mlp::{Mlp, encode_identity, sample_input};
 use baton_onnx::proto::elem;
 use baton_testkit::repo::{TestRepo, mlp_toml};

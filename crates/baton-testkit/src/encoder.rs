@@ -3,7 +3,7 @@
 //! them when run directly, without baton. Also a model whose integer
 //! input's valid values cannot be told from the model.
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_onnx::proto::elem;
 use baton_onnx::writer::{Attr, Dim, GraphWriter};
 use ort::session::Session;

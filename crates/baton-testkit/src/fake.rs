@@ -48,11 +48,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use baton_core::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, Tensor};
-use baton_core::verified::Verified;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
+use baton_core::run::backend::{Backend, BackendError, Model, Weight, WeightRole, WeightsError};
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{DataType, Tensor};
 
 /// `model.toml` for a fake model.
 pub const FAKE_TOML: &str = "backend = \"fake\"\n\
@@ -378,7 +378,7 @@ impl Model for FakeModel {
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(usize::try_from(rows).unwrap_or(0));
         let thread = std::thread::current().name().unwrap_or_default().to_owned();
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread);
-        let cpu = baton_core::sys::thread_cpu_time();
+        let cpu = baton_core::threads::sys::thread_cpu_time();
         let rounds = self.work.unwrap_or(0) + self.cold.as_ref().map_or(0, Cold::rounds);
         if self.engine_thread {
             std::thread::scope(|scope| {
@@ -387,7 +387,7 @@ impl Model for FakeModel {
         } else {
             spin(rounds);
         }
-        if let (Some(times), Some(worked)) = (self.off_cpu, baton_core::sys::thread_cpu_time().zip(cpu)) {
+        if let (Some(times), Some(worked)) = (self.off_cpu, baton_core::threads::sys::thread_cpu_time().zip(cpu)) {
             std::thread::sleep((worked.0 - worked.1).mul_f64(times));
         }
         if self.fail.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst)) {

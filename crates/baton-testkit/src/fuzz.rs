@@ -11,8 +11,8 @@
 
 pub mod seeds;
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::{DataType, Tensor, TensorData, element_count};
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, element_count};
 use baton_protocol::TensorHeader;
 use proptest::prelude::*;
 use proptest::test_runner::Config;

@@ -28,10 +28,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::backend::Backend;
-use baton_core::events::{Event, EventReceiver, State};
+use baton_core::files::source::LocalRepository;
+use baton_core::registry::events::{Event, EventReceiver, State};
 use baton_core::registry::{Registry, RegistryConfig};
-use baton_core::source::LocalRepository;
+use baton_core::run::backend::Backend;
 
 /// A registry over a local repository with the real ONNX Runtime backend
 /// and the fake one. Panics with the runtime's own instructions when ONNX
@@ -49,7 +49,7 @@ pub fn registry_with(root: &Path, backends: Vec<Arc<dyn Backend>>) -> Registry {
 /// A registry over a local repository with the given backends and settings.
 pub fn registry_configured(root: &Path, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
     // Session threads start at the test thread's priority, not the loader's.
-    baton_core::executor::start_spawner();
+    baton_core::run::executor::start_spawner();
     Registry::new(Arc::new(LocalRepository::new(root)), backends, config)
 }
 
@@ -77,7 +77,7 @@ pub fn states(events: &[Event]) -> Vec<State> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
-            baton_core::events::EventKind::Transition { to, .. } => Some(*to),
+            baton_core::registry::events::EventKind::Transition { to, .. } => Some(*to),
             _ => None,
         })
         .collect()
@@ -91,13 +91,13 @@ pub fn drain_events(rx: &mut EventReceiver) -> Vec<Event> {
 /// Runs one MLP inference (`input` → `output`, FP32) through a snapshot;
 /// returns the version that answered and the outputs.
 pub fn infer_mlp(
-    snapshot: &baton_core::routing::Routing,
+    snapshot: &baton_core::registry::routing::Routing,
     model: &str,
     input: &[f32],
     batch: usize,
-) -> Result<(u64, Vec<f32>), baton_core::error::InferError> {
+) -> Result<(u64, Vec<f32>), baton_core::run::error::InferError> {
     let width = input.len() / batch.max(1);
-    let tensor = baton_core::tensor::Tensor::from_f32("input", vec![batch as i64, width as i64], input);
+    let tensor = baton_core::tensors::tensor::Tensor::from_f32("input", vec![batch as i64, width as i64], input);
     let answer = snapshot.infer(model, None, &[tensor])?;
     let output = answer.outputs.iter().find(|t| t.name == "output").and_then(|t| t.to_f32()).expect("an FP32 output");
     Ok((answer.version, output))

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use baton_core::manifest;
+use baton_core::files::manifest;
 
 use crate::onnx::{Mlp, OnnxOptions, encode_mlp};
 

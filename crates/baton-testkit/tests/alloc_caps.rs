@@ -16,11 +16,11 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use baton_core::manifest;
-use baton_core::pipeline::warmup::parse_sample;
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, split_framed};
-use baton_core::tensor_json::{NullFloats, elements_from_json};
+use baton_core::files::manifest;
+use baton_core::files::spec::ModelSpec;
+use baton_core::registry::load::warmup::parse_sample;
+use baton_core::tensors::tensor::{DataType, split_framed};
+use baton_core::tensors::tensor_json::{NullFloats, elements_from_json};
 use baton_onnx::proto;
 use baton_protocol::decode_request;
 use baton_protocol::grpc::codec::decode_infer_request;

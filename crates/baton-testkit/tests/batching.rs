@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FakeBackend, Gate};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};

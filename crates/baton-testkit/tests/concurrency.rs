@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use baton_core::error::LoadError;
-use baton_core::tensor::Tensor;
+use baton_core::registry::error::LoadError;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::registry_with;
 use baton_testkit::repo::TestRepo;

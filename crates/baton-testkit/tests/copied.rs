@@ -4,7 +4,7 @@
 //! repository's file afterwards cannot reach the live version. In a process
 //! of its own, so that no other test's copies appear in its memory map.
 
-use baton_core::events::Stage;
+use baton_core::registry::events::Stage;
 use baton_onnx::mlp::mlp_safetensors;
 use baton_onnx::safetensors::WEIGHTS_FILE;
 use baton_testkit::onnx::{Mlp, sample_input};

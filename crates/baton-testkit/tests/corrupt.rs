@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use baton_core::error::LoadError;
-use baton_core::events::{Stage, State};
+use baton_core::registry::error::LoadError;
+use baton_core::registry::events::{Stage, State};
 use baton_testkit::onnx::{Mlp, OnnxOptions, encode_mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, golden_json, mlp_toml, sample_json};
 use baton_testkit::{infer_mlp, max_diff, registry};

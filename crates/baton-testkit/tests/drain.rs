@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use baton_core::events::{EventKind, State};
+use baton_core::registry::events::{EventKind, State};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::{infer_mlp, registry, wait_for_event};
@@ -13,7 +13,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 // About 3 MiB of weights, so the memory coming back stands out from noise.
 const SIZES: [usize; 4] = [256, 1024, 512, 1];
 
-fn unloaded(e: &baton_core::events::Event, version: u64) -> bool {
+fn unloaded(e: &baton_core::registry::events::Event, version: u64) -> bool {
     e.version == Some(version) && matches!(e.kind, EventKind::Unloaded { .. })
 }
 
@@ -48,7 +48,8 @@ fn an_old_version_lives_while_a_request_holds_it_and_is_freed_after() {
     // The first free has no previous one: its residual is what it did not
     // give back of version 1's footprint — the larger of the two loads'
     // measurements when both versions' files are the same size.
-    let files = |v| baton_core::manifest::verify(&repo.version_dir("embed", v)).unwrap().manifest().total_bytes();
+    let files =
+        |v| baton_core::files::manifest::verify(&repo.version_dir("embed", v)).unwrap().manifest().total_bytes();
     let footprint = if files(1) == files(2) { held.max(report.bytes_held) } else { held };
     assert_eq!(residual, footprint as i64 - returned as i64);
     assert!(unaccounted > 0, "the process itself holds memory");

@@ -3,10 +3,10 @@
 //! does, and warms up with generated token ids inside its vocabulary. A
 //! damaged copy of it is still refused.
 
-use baton_core::events::Stage;
-use baton_core::pipeline::warmup::Sample;
 use baton_core::registry::Registry;
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::registry::events::Stage;
+use baton_core::run::warmed::Sample;
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_testkit::encoder::{Batch, Encoder, INPUTS, encoder_toml, lookup_model, reference};
 use baton_testkit::registry;
 use baton_testkit::repo::TestRepo;

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use baton_core::events::{EventKind, Stage, State};
+use baton_core::registry::events::{EventKind, Stage, State};
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::repo::TestRepo;
 use baton_testkit::{drain_events, registry_with, states};
@@ -87,9 +87,9 @@ fn a_loader_can_keep_the_normal_policy() {
     repo.write_files("m", 1, &[("fake.txt", b"2")]);
     repo.seal("m", 1);
     // As the server does; see the_loader_runs_at_lower_priority_than_serving.
-    baton_core::executor::start_spawner();
+    baton_core::run::executor::start_spawner();
     let config = baton_core::registry::RegistryConfig { loader_idle: false, ..Default::default() };
-    let source = Arc::new(baton_core::source::LocalRepository::new(repo.root()));
+    let source = Arc::new(baton_core::files::source::LocalRepository::new(repo.root()));
     let registry = baton_core::registry::Registry::new(source, vec![Arc::new(FakeBackend::new())], config);
     registry.load("m", None).unwrap().wait().unwrap();
     // Other tests' registries may run loaders at the same time; at least one is not idle.
@@ -105,7 +105,7 @@ fn the_loader_runs_at_lower_priority_than_serving() {
     let registry = registry_with(repo.root(), vec![Arc::new(FakeBackend::new())]);
     // After one load the loader thread has certainly applied its priority.
     registry.load("m", None).unwrap().wait().unwrap();
-    let own = baton_core::sys::current_thread_nice().unwrap() as i64;
+    let own = baton_core::threads::sys::current_thread_nice().unwrap() as i64;
     let loaders = nice_of("baton-loader");
     assert!(!loaders.is_empty(), "no loader thread found");
     let wanted = i64::from(baton_core::registry::RegistryConfig::default().loader_nice);
@@ -114,7 +114,11 @@ fn the_loader_runs_at_lower_priority_than_serving() {
     let policy = if baton_core::registry::RegistryConfig::default().loader_idle { 5 } else { 0 }; // SCHED_IDLE, SCHED_OTHER
     // Another test of this file runs a loader under SCHED_OTHER meanwhile.
     assert!(loaders.iter().any(|(_, p)| *p == policy), "loader policy {loaders:?}");
-    assert_eq!(baton_core::sys::current_thread_nice().unwrap() as i64, own, "the caller's priority is untouched");
+    assert_eq!(
+        baton_core::threads::sys::current_thread_nice().unwrap() as i64,
+        own,
+        "the caller's priority is untouched"
+    );
     // The version was built on a loader thread, but its session threads
     // serve at the priority of the thread that started the registry.
     let sessions = nice_of("baton-session");

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use baton_core::events::Stage;
-use baton_core::tensor::Tensor;
+use baton_core::registry::events::Stage;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::registry_with;
 use baton_testkit::repo::TestRepo;

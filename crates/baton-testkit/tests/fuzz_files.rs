@@ -6,11 +6,11 @@
 //!
 //! `PROPTEST_CASES` sets the cases of every test here (see docs/fuzzing.md).
 
-use baton_core::manifest::{self, Entry, Manifest};
-use baton_core::pipeline::warmup::parse_sample;
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::{DataType, TensorData, append_framed, framed_items, split_framed};
-use baton_core::tensor_json::{NullFloats, check_json_count, elements_from_json, tensor_to_json};
+use baton_core::files::manifest::{self, Entry, Manifest};
+use baton_core::files::spec::ModelSpec;
+use baton_core::registry::load::warmup::parse_sample;
+use baton_core::tensors::tensor::{DataType, TensorData, append_framed, framed_items, split_framed};
+use baton_core::tensors::tensor_json::{NullFloats, check_json_count, elements_from_json, tensor_to_json};
 use baton_testkit::fuzz::{config, damaged, named, seeds, tensor, text_tokens};
 use proptest::prelude::*;
 

@@ -8,7 +8,7 @@
 //!
 //! `PROPTEST_CASES` sets the cases of every test here (see docs/fuzzing.md).
 
-use baton_core::tensor::{DataType, Tensor, element_count};
+use baton_core::tensors::tensor::{DataType, Tensor, element_count};
 use baton_protocol::CodecError;
 use baton_protocol::grpc::codec::decode_infer_request;
 use baton_protocol::grpc::convert::parse_request;

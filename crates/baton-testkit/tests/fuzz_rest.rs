@@ -9,7 +9,7 @@
 //!
 //! `PROPTEST_CASES` sets the cases of every test here (see docs/fuzzing.md).
 
-use baton_core::tensor::{DataType, Tensor, element_count};
+use baton_core::tensors::tensor::{DataType, Tensor, element_count};
 use baton_protocol::{CodecError, encode_request, parse_request};
 use baton_testkit::fuzz::{
     REQUEST_KINDS, assert_within_reservation, config, damaged, model_of, named, seeds, tensor, text_tokens,

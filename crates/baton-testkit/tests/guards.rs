@@ -19,14 +19,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use baton_core::events::{Event, EventKind, EventReceiver};
-use baton_core::pipeline::RolloutStart;
+use baton_core::files::rollout_spec::{Guards, RolloutPolicy};
 use baton_core::registry::Registry;
+use baton_core::registry::events::{Event, EventKind, EventReceiver};
+use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::control::{Action, By, Decision};
-use baton_core::rollout::guard::{Guards, Outcome};
-use baton_core::rollout::plan::{Overrides, Plan, RolloutPolicy};
+use baton_core::rollout::guard::Outcome;
+use baton_core::rollout::plan::{Overrides, Plan};
 use baton_core::rollout::{FULL, Role};
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::repo::TestRepo;
 
@@ -279,8 +280,8 @@ fn a_twin_is_not_loaded_for_a_shadow_an_unpaired_plan_or_a_stable_version_beyond
     // that case comes first, with a ballast far above its bound.
     for (extra, mode, why) in [
         ("twin_max_mb = 16\n", None, "more than twin_max_mb = 16"),
-        ("", Some(baton_core::rollout::Mode::Shadow), "shadow"),
-        ("paired = false\n", Some(baton_core::rollout::Mode::Ab), "pairs no copies"),
+        ("", Some(baton_core::files::rollout_spec::Mode::Shadow), "shadow"),
+        ("paired = false\n", Some(baton_core::files::rollout_spec::Mode::Ab), "pairs no copies"),
         ("twin_max_mb = 0\n", None, "twin_max_mb = 0"),
     ] {
         let m = model(&section("10", 600_000, extra, ""), &[(1, &[("ballast", "64")]), (2, &[])]);

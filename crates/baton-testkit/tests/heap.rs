@@ -1,6 +1,6 @@
 //! Each version is built on a thread of its own, which stays parked while
 //! the version lives, so that the allocator arena holding the version's
-//! memory is never handed to the next load (see `baton_core::heap`). The
+//! memory is never handed to the next load (see `baton_core::threads::heap`). The
 //! thread must end once the version is freed, or a server that swaps all
 //! day would pile up threads and arenas; and a load that fails must not
 //! leave one behind.

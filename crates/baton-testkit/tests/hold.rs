@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use baton_core::events::{Event, EventKind};
-use baton_core::pipeline::RolloutStart;
 use baton_core::registry::RegistryConfig;
+use baton_core::registry::events::{Event, EventKind};
+use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::control::{By, Decision, Phase};
 use baton_core::rollout::metric::MetricSource;
 use baton_testkit::onnx::Mlp;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::registry_with;
 use baton_testkit::repo::TestRepo;

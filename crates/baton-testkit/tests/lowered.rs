@@ -3,16 +3,16 @@
 //! applies at serving priority. Checked over whole cycles of loads, swaps,
 //! a rollback, a retire, a failed load, an unload and the frees they cause,
 //! with the fake backend and with ONNX Runtime, and over swaps under the
-//! resource policy and memory budgets (a failed candidate loaded back): no `baton_core::sync::Lock`
+//! resource policy and memory budgets (a failed candidate loaded back): no `baton_core::threads::sync::Lock`
 //! is taken by a lowered thread (debug builds record each time), and no
 //! event is logged on one (a tracing layer of this test records each).
 
 use std::sync::{Arc, Mutex, Once};
 
-use baton_core::events::State;
 use baton_core::registry::Registry;
-use baton_core::routing::Routing;
-use baton_core::tensor::Tensor;
+use baton_core::registry::events::State;
+use baton_core::registry::routing::Routing;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
@@ -31,7 +31,7 @@ struct LoweredEvents;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LoweredEvents {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if baton_core::sys::current_thread_lowered() {
+        if baton_core::threads::sys::current_thread_lowered() {
             let thread = std::thread::current().name().unwrap_or("unnamed").to_owned();
             let meta = event.metadata();
             let seen = format!("{thread}: {} {}, {}", meta.level(), meta.target(), meta.name());
@@ -49,7 +49,7 @@ fn watch_lowered_threads() {
         std::thread::Builder::new()
             .name(PROBE.into())
             .spawn(|| {
-                let _ = baton_core::sys::lower_current_thread(19, true);
+                let _ = baton_core::threads::sys::lower_current_thread(19, true);
                 tracing::debug!("A lowered thread logs, as loading threads must not.");
             })
             .unwrap()
@@ -66,7 +66,7 @@ fn lowered_events(probe: bool) -> Vec<String> {
 
 /// Fails if any lowered thread so far took a serving lock or logged.
 fn assert_lowered_threads_kept_to_themselves() {
-    let misuses = baton_core::sync::misuses();
+    let misuses = baton_core::threads::sync::misuses();
     assert!(misuses.is_empty(), "locks taken by the wrong kind of thread: {misuses:#?}");
     let events = lowered_events(false);
     assert!(events.is_empty(), "events logged on lowered threads: {events:#?}");
@@ -122,7 +122,10 @@ fn a_cycle_with_the_fake_backend_takes_no_serving_lock_on_lowered_threads() {
         let x = Tensor::from_f32("x", vec![1, 4], &[1.0; 4]);
         snapshot.infer("f", None, &[x]).expect("the fake answers").version
     });
-    assert_eq!(registry.status("f").unwrap().failed_versions[&4].stage, Some(baton_core::events::Stage::Load));
+    assert_eq!(
+        registry.status("f").unwrap().failed_versions[&4].stage,
+        Some(baton_core::registry::events::Stage::Load)
+    );
     assert_lowered_threads_kept_to_themselves();
 }
 
@@ -199,7 +202,7 @@ fn a_loads_drain_thread_runs_at_serving_priority() {
         let drains = priorities_of("baton-drain");
         (!drains.is_empty()).then_some(drains)
     });
-    let own = (i64::from(baton_core::sys::current_thread_nice().unwrap()), 0); // SCHED_OTHER
+    let own = (i64::from(baton_core::threads::sys::current_thread_nice().unwrap()), 0); // SCHED_OTHER
     assert!(priorities_of("baton-build").iter().any(|p| p.1 == 5), "the build threads run under SCHED_IDLE");
     assert!(drains.iter().all(|p| *p == own), "drain threads at {drains:?}, serving at {own:?}");
     drop(pinned);

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::budget::{Basis, Scope};
-use baton_core::error::LoadError;
-use baton_core::events::{EventKind, Stage};
+use baton_core::registry::budget::{Basis, Scope};
+use baton_core::registry::error::LoadError;
+use baton_core::registry::events::{EventKind, Stage};
 use baton_core::registry::{Registry, RegistryConfig};
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::onnx::{Mlp, sample_input};
@@ -31,7 +31,7 @@ fn publish_fake(repo: &TestRepo, model: &str, version: u64, ballast_mib: u64) {
 
 /// The budget error of a refused load, after checking what every refused
 /// load must say.
-fn refused(registry: &Registry, model: &str, version: u64) -> baton_core::budget::BudgetError {
+fn refused(registry: &Registry, model: &str, version: u64) -> baton_core::registry::budget::BudgetError {
     let mut events = registry.subscribe();
     let error = registry.load(model, Some(version)).unwrap().wait().unwrap_err();
     assert_eq!(error.kind(), "memory_budget_exceeded", "{error}");
@@ -48,7 +48,7 @@ fn refused(registry: &Registry, model: &str, version: u64) -> baton_core::budget
 
 #[test]
 fn loads_beyond_a_budget_are_refused_with_the_numbers_and_the_old_version_serves() {
-    baton_core::sys::keep_large_allocations_mapped();
+    baton_core::threads::sys::keep_large_allocations_mapped();
     let repo = TestRepo::new();
 
     // By estimate: the candidate's files alone do not fit the model's budget.
@@ -95,7 +95,7 @@ fn loads_beyond_a_budget_are_refused_with_the_numbers_and_the_old_version_serves
         registry.unload(model).unwrap().wait().unwrap();
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let all_freed = |records: &[baton_core::UnloadRecord]| {
+    let all_freed = |records: &[baton_core::registry::UnloadRecord]| {
         [("m", 1), ("m", 2), ("f", 1), ("f", 3)]
             .iter()
             .all(|&(model, version)| records.iter().any(|r| r.model == model && r.version == version))

@@ -25,7 +25,7 @@ fn after_1_10_and_100_whole_updates_the_process_holds_one_versions_weights() {
     // threshold once a large block is freed, and later versions' matrices
     // come from heaps that stay resident (3.1 times the file after 10
     // updates here, against 1.07 with it).
-    baton_core::sys::keep_large_allocations_mapped();
+    baton_core::threads::sys::keep_large_allocations_mapped();
     let repo = TestRepo::new();
     let (a, b) = (Mlp::new(&SIZES, 1), Mlp::new(&SIZES, 2));
     let toml = "[policy]\nkeep_previous = 0\n[warmup]\nbatch_sizes = [1]\n[engine]\nsessions = 1\n";
@@ -33,7 +33,7 @@ fn after_1_10_and_100_whole_updates_the_process_holds_one_versions_weights() {
     let file = std::fs::metadata(repo.publish_mlp("m", 1, &a).join("model.onnx")).unwrap().len();
     repo.publish_mlp("m", 2, &b);
     let registry = registry(repo.root());
-    let before = baton_core::sys::trimmed_rss().unwrap();
+    let before = baton_core::threads::sys::trimmed_rss().unwrap();
     let mut held = Vec::new();
     for update in 0..=100u64 {
         let version = 1 + update % 2;
@@ -45,7 +45,7 @@ fn after_1_10_and_100_whole_updates_the_process_holds_one_versions_weights() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         if [1, 10, 100].contains(&update) {
-            let grown = baton_core::sys::trimmed_rss().unwrap().saturating_sub(before);
+            let grown = baton_core::threads::sys::trimmed_rss().unwrap().saturating_sub(before);
             held.push((update, grown as f64 / file as f64));
         }
     }

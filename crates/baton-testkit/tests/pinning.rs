@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use baton_core::events::{EventKind, State};
+use baton_core::registry::events::{EventKind, State};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::{infer_mlp, max_diff, registry, wait_for_event};

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use baton_core::UnloadRecord;
+use baton_core::registry::UnloadRecord;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_testkit::registry_with;
 use baton_testkit::repo::TestRepo;
@@ -20,7 +20,7 @@ const SWAPS: u64 = 6;
 /// each load frees the one before) and returns the unload records.
 fn swap_through(leak: bool) -> Vec<UnloadRecord> {
     // As `baton serve` does first: large blocks go back to the kernel when freed.
-    baton_core::sys::keep_large_allocations_mapped();
+    baton_core::threads::sys::keep_large_allocations_mapped();
     let repo = TestRepo::new();
     repo.add_model("m", &format!("{FAKE_TOML}[policy]\nkeep_previous = 0\n"));
     let ballast = BALLAST_MIB.to_string();

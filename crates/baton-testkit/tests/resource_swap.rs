@@ -4,10 +4,10 @@
 //! version, a candidate refused by verify pauses nothing, and one that
 //! fails after the pause brings the old version back.
 
-use baton_core::error::LoadError;
-use baton_core::events::{Event, EventKind, Stage, State};
 use baton_core::registry::Registry;
-use baton_core::tensor::Tensor;
+use baton_core::registry::error::LoadError;
+use baton_core::registry::events::{Event, EventKind, Stage, State};
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{Damage, TestRepo, mlp_toml};
@@ -22,7 +22,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Runs one fake inference the way a server does: waits while the model is
 /// paused, then serves on the snapshot it gets.
-fn fake_request(registry: &Registry) -> Result<u64, baton_core::error::InferError> {
+fn fake_request(registry: &Registry) -> Result<u64, baton_core::run::error::InferError> {
     let snapshot = runtime().block_on(registry.snapshot_serving("f"));
     let x = Tensor::from_f32("x", vec![1, 4], &[1.0, 2.0, 3.0, 4.0]);
     snapshot.infer("f", None, &[x]).map(|answer| answer.version)

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::error::LoadError;
-use baton_core::events::{EventKind, Stage};
 use baton_core::registry::Operation;
+use baton_core::registry::error::LoadError;
+use baton_core::registry::events::{EventKind, Stage};
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::{infer_mlp, max_diff, registry, wait_for_event};

@@ -10,14 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use baton_core::events::{Event, EventKind};
-use baton_core::pipeline::RolloutStart;
 use baton_core::registry::Registry;
+use baton_core::registry::events::{Event, EventKind};
+use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::control::{Action, Decision, Phase};
 use baton_core::rollout::guard::Outcome;
 use baton_core::rollout::plan::Overrides;
 use baton_core::rollout::{Role, assign};
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::{registry, wait_for_event};
@@ -303,8 +303,10 @@ fn a_shadow_never_answers_and_its_drift_rolls_it_back() {
     assert!(verdict.checks.iter().any(|c| c.guard.starts_with("rel_l2") && c.outcome == Outcome::Fail), "{verdict:?}");
     let status = registry.rollout("m").unwrap();
     assert!(status.totals.candidate.requests >= 20, "the shadow ran copies: {:?}", status.totals.candidate);
-    let misused: Vec<_> =
-        baton_core::sync::misuses().into_iter().filter(|m| m.thread.as_deref() == Some("baton-shadow")).collect();
+    let misused: Vec<_> = baton_core::threads::sync::misuses()
+        .into_iter()
+        .filter(|m| m.thread.as_deref() == Some("baton-shadow"))
+        .collect();
     assert!(misused.is_empty(), "the lowered shadow runner took a serving lock: {misused:?}");
 }
 

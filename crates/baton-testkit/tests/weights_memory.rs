@@ -13,7 +13,7 @@ fn weights_of(mlp: &Mlp) -> u64 {
     mlp.layers.iter().map(|l| (l.weight.len() + l.bias.len()) as u64 * 4).sum()
 }
 
-fn stages(report: &baton_core::events::LoadReport) -> String {
+fn stages(report: &baton_core::registry::events::LoadReport) -> String {
     report
         .stages
         .iter()
@@ -71,7 +71,7 @@ fn load_twice(registry: &baton_core::registry::Registry, what: &str) {
         let to_commit: f64 = report
             .stages
             .iter()
-            .take_while(|s| s.stage != baton_core::events::Stage::Drain)
+            .take_while(|s| s.stage != baton_core::registry::events::Stage::Drain)
             .map(|s| s.duration.as_secs_f64())
             .sum();
         println!(
@@ -104,7 +104,7 @@ fn a_gigabyte_as_one_onnx_file_loads() {
 /// file's plain SHA-256, which one core hashes.
 fn manifest_format_from_env(dir: &std::path::Path) {
     if std::env::var("MANIFEST_FORMAT").is_ok_and(|v| v == "1") {
-        baton_core::manifest::write_as(dir, baton_core::manifest::Format::Whole).unwrap();
+        baton_core::files::manifest::write_as(dir, baton_core::files::manifest::Format::Whole).unwrap();
         println!("figure: (MANIFEST format 1)");
     }
 }

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use baton_core::backend::UpdateKind;
-use baton_core::events::Stage;
-use baton_core::source::{FetchError, Fetched, LocalRepository, Presence, Source};
-use baton_core::spec::ModelSpec;
+use baton_core::files::source::{FetchError, Fetched, LocalRepository, Presence, Source};
+use baton_core::files::spec::ModelSpec;
+use baton_core::registry::events::Stage;
+use baton_core::run::backend::UpdateKind;
 use baton_onnx::mlp::mlp_safetensors;
 use baton_onnx::proto::elem;
 use baton_onnx::safetensors;
@@ -224,14 +224,14 @@ fn a_rollouts_twin_of_a_staged_stable_version_holds_weights_of_its_own() {
     publish_staged(&repo, 2, &candidate);
     let registry = registry(repo.root());
     registry.load("m", Some(1)).unwrap().wait().unwrap();
-    let start = baton_core::pipeline::RolloutStart { version: Some(2), ..Default::default() };
+    let start = baton_core::registry::load::RolloutStart { version: Some(2), ..Default::default() };
     registry.start_rollout("m", start).unwrap().wait().unwrap();
     let status = registry.status("m").unwrap();
     let twin = status.live.iter().find(|v| v.twin).expect("a twin of version 1");
     assert_eq!(twin.version, 1);
     assert!(twin.memory.weights > 0, "the twin's weights are staged and mapped: {twin:?}");
     assert_eq!(twin.memory.shared, 0, "the twin took none of the stable version's tensors: {twin:?}");
-    let input = [baton_core::tensor::Tensor::from_f32("input", vec![2, 16], &sample_input(SIZES[0], 2, 5))];
+    let input = [baton_core::tensors::tensor::Tensor::from_f32("input", vec![2, 16], &sample_input(SIZES[0], 2, 5))];
     let snapshot = registry.snapshot();
     let route = snapshot.model("m").unwrap();
     let twin_answer = route.rollout.as_ref().unwrap().twin.as_ref().unwrap().infer(&input).unwrap();
@@ -299,16 +299,16 @@ impl Source for Sealing {
     fn fetch(&self, model: &str, version: u64) -> Result<Fetched, FetchError> {
         let from = self.local.fetch(model, version)?.dir;
         let dir = self.cache.path().join(model).join(version.to_string());
-        let text = std::fs::read_to_string(from.join(baton_core::manifest::MANIFEST)).unwrap();
-        let listed = baton_core::manifest::parse(&text).unwrap();
-        let mut seal = baton_core::seal::Seal::new();
+        let text = std::fs::read_to_string(from.join(baton_core::files::manifest::MANIFEST)).unwrap();
+        let listed = baton_core::files::manifest::parse(&text).unwrap();
+        let mut seal = baton_core::files::seal::Seal::new();
         for entry in &listed.entries {
             let to = dir.join(&entry.path);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(from.join(&entry.path), &to).unwrap();
             seal.record(&entry.path, &std::fs::File::open(&to).unwrap(), &entry.sha256).unwrap();
         }
-        std::fs::write(dir.join(baton_core::manifest::MANIFEST), text).unwrap();
+        std::fs::write(dir.join(baton_core::files::manifest::MANIFEST), text).unwrap();
         Ok(Fetched { dir, seal: Some(seal) })
     }
 }
@@ -326,8 +326,8 @@ fn a_weights_file_baton_wrote_itself_is_mapped_where_it_is_and_serves_what_a_cop
     let source = Sealing { local: LocalRepository::new(repo.root()), cache };
     let cached = source.cache.path().join("m/2").join(safetensors::WEIGHTS_FILE).display().to_string();
     let onnx = baton_onnx::OnnxBackend::new().unwrap();
-    baton_core::executor::start_spawner();
-    let backends: Vec<Arc<dyn baton_core::backend::Backend>> = vec![Arc::new(onnx)];
+    baton_core::run::executor::start_spawner();
+    let backends: Vec<Arc<dyn baton_core::run::backend::Backend>> = vec![Arc::new(onnx)];
     let registry = baton_core::registry::Registry::new(Arc::new(source), backends, Default::default());
     let input = sample_input(SIZES[0], 3, 9);
     registry.load("m", Some(2)).unwrap().wait().unwrap();
@@ -369,8 +369,8 @@ fn without_packing_the_engine_computes_from_the_mapped_weights_and_with_packing_
         let cached = cache.path().join("m/1").join(safetensors::WEIGHTS_FILE);
         let source = Sealing { local: LocalRepository::new(repo.root()), cache };
         let onnx = baton_onnx::OnnxBackend::new().unwrap();
-        baton_core::executor::start_spawner();
-        let backends: Vec<Arc<dyn baton_core::backend::Backend>> = vec![Arc::new(onnx)];
+        baton_core::run::executor::start_spawner();
+        let backends: Vec<Arc<dyn baton_core::run::backend::Backend>> = vec![Arc::new(onnx)];
         let registry = baton_core::registry::Registry::new(Arc::new(source), backends, Default::default());
         registry.load("m", Some(1)).unwrap().wait().unwrap();
         let input = sample_input(SIZES[0], 2, 9);

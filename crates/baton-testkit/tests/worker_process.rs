@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use baton_core::backend::{Backend, WeightsError};
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
-use baton_core::verified::Verified;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
+use baton_core::run::backend::{Backend, WeightsError};
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend};
 use baton_worker::process::ProcessBackend;
 
@@ -37,7 +37,7 @@ fn worker() {
 
 /// The fake engine, run in worker processes of this test binary.
 fn backend() -> ProcessBackend {
-    baton_core::executor::start_spawner();
+    baton_core::run::executor::start_spawner();
     let args = ["--exact", "worker", "--nocapture", "--test-threads", "1", "--quiet"];
     let program = std::env::current_exe().unwrap();
     ProcessBackend::new(Arc::new(FakeBackend::new()), program, args.map(str::to_owned).to_vec())
@@ -50,8 +50,8 @@ fn version(files: &[(&str, &str)]) -> (tempfile::TempDir, Verified) {
     for (name, text) in files {
         std::fs::write(dir.path().join(name), text).unwrap();
     }
-    baton_core::manifest::write(dir.path()).unwrap();
-    let verified = baton_core::manifest::verify(dir.path()).unwrap();
+    baton_core::files::manifest::write(dir.path()).unwrap();
+    let verified = baton_core::files::manifest::verify(dir.path()).unwrap();
     (dir, verified)
 }
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use baton_core::backend::MemoryLimit;
+use baton_core::run::backend::MemoryLimit;
 
 /// What a worker group's directory is called: the server's pid, then a
 /// number, so that a later server can tell groups whose server is gone.

@@ -20,7 +20,7 @@
 //! ([`read`]); a worker reads the server's inputs where they lie
 //! ([`views`]).
 
-use baton_core::tensor::{DataType, Tensor, TensorData, TensorView, ViewData, element_count};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, TensorView, ViewData, element_count};
 use serde::{Deserialize, Serialize};
 
 use crate::region::PeerRegion;

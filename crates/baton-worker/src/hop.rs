@@ -33,8 +33,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use baton_core::executor::timing;
-use baton_core::tensor::{Tensor, TensorView};
+use baton_core::run::executor::timing;
+use baton_core::tensors::tensor::{Tensor, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::channel::Channel;
@@ -153,7 +153,7 @@ enum Answer {
     /// message read to its answer, less that thread's waits for a CPU
     /// meanwhile (absent where the kernel does not count them). The
     /// server's latency sample counts it in place of its wait for the
-    /// answer, at most that wait (`baton_core::executor::timing`); a value
+    /// answer, at most that wait (`baton_core::run::executor::timing`); a value
     /// that is not a whole number of nanoseconds is read as absent.
     Done {
         outputs: Placed,
@@ -761,9 +761,9 @@ mod tests {
         // 2.8 MB once copied out.
         let empties = Tensor {
             name: "s".into(),
-            datatype: baton_core::tensor::DataType::Bytes,
+            datatype: baton_core::tensors::tensor::DataType::Bytes,
             shape: vec![100_000],
-            data: baton_core::tensor::TensorData::Bytes(vec![Vec::new(); 100_000]),
+            data: baton_core::tensors::tensor::TensorData::Bytes(vec![Vec::new(); 100_000]),
         };
         outputs.push(&empties.view());
         let (kind, message) = outputs.error.clone().expect("refused");

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use baton_core::backend::{MemoryLimit, ProcessInfo};
+use baton_core::run::backend::{MemoryLimit, ProcessInfo};
 use rustix::process::{WaitId, WaitIdOptions, waitid};
 
 use crate::cgroup::Group;

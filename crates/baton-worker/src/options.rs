@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use baton_core::backend::{BackendError, UpdateReason};
-use baton_core::spec::ModelSpec;
+use baton_core::files::spec::ModelSpec;
+use baton_core::run::backend::{BackendError, UpdateReason};
 
 use crate::hop::{REGION_DEFAULT, SPIN_DEFAULT};
 

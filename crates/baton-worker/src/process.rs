@@ -13,12 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use baton_core::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightsError, WeightsInfo};
-use baton_core::manifest;
-use baton_core::signature::Signature;
-use baton_core::spec::ModelSpec;
-use baton_core::tensor::Tensor;
-use baton_core::verified::Verified;
+use baton_core::files::manifest;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::Verified;
+use baton_core::run::backend::{Backend, BackendError, Model, ProcessInfo, Weight, WeightsError, WeightsInfo};
+use baton_core::tensors::signature::Signature;
+use baton_core::tensors::tensor::Tensor;
 
 use crate::cgroup::Group;
 use crate::channel::{Channel, MAX_FDS, hand_to_child};
@@ -168,7 +168,7 @@ static STARTER: OnceLock<Mutex<Option<mpsc::Sender<Start>>>> = OnceLock::new();
 fn start_process(command: Command) -> std::io::Result<Child> {
     let starter = STARTER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Start>();
-        let started = baton_core::executor::spawn_at_serving_priority(move || {
+        let started = baton_core::run::executor::spawn_at_serving_priority(move || {
             for (mut command, reply) in rx {
                 let child = command.spawn();
                 // The command holds the worker's ends: closed here first.

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::backend::{Backend, BackendError, Model, WeightRole};
-use baton_core::manifest;
-use baton_core::spec::ModelSpec;
-use baton_core::verified::{HandedFile, Verified};
+use baton_core::files::manifest;
+use baton_core::files::spec::ModelSpec;
+use baton_core::files::verified::{HandedFile, Verified};
+use baton_core::run::backend::{Backend, BackendError, Model, WeightRole};
 
 use crate::channel::{Channel, MAX_MESSAGE, take_handed};
 use crate::hop::{Answering, REGION_DEFAULT, page_floor};
@@ -45,7 +45,7 @@ pub fn serve(make: MakeBackend) -> Result<(), String> {
     let how = answering()?;
     let setup = channels.remove(0);
     answer_heartbeats(channels.remove(0))?;
-    baton_core::executor::start_spawner();
+    baton_core::run::executor::start_spawner();
     let Some(model) = receive_and_load(&setup, make)? else { return Ok(()) };
     let model: Arc<dyn Model> = Arc::from(model);
     let weights = Arc::clone(&model);
@@ -232,7 +232,7 @@ fn load_lowered(
 ) -> Result<Box<dyn Model>, BackendError> {
     std::thread::scope(|scope| {
         let load = scope.spawn(|| -> Result<Box<dyn Model>, BackendError> {
-            let _ = baton_core::sys::lower_current_thread(19, true);
+            let _ = baton_core::threads::sys::lower_current_thread(19, true);
             let invalid = |e: String| BackendError::new("model_invalid", e);
             let manifest = manifest::parse(manifest).map_err(|e| invalid(e.to_string()))?;
             let version = Verified::handed_over(dir, manifest, handed).map_err(|e| invalid(e.to_string()))?;

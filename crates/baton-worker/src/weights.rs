@@ -13,7 +13,7 @@
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use baton_core::backend::{Weight, WeightRole, WeightsError};
+use baton_core::run::backend::{Weight, WeightRole, WeightsError};
 
 use crate::channel::Channel;
 use crate::options::TIMEOUT;
@@ -163,7 +163,7 @@ impl Pass<'_> {
 mod tests {
     use std::os::fd::AsFd;
 
-    use baton_core::tensor::DataType;
+    use baton_core::tensors::tensor::DataType;
     use memfd::{FileSeal, MemfdOptions};
 
     use super::*;

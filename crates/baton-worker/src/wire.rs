@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use baton_core::backend::UpdateKind;
-use baton_core::signature::Signature;
-use baton_core::tensor::DataType;
+use baton_core::run::backend::UpdateKind;
+use baton_core::tensors::signature::Signature;
+use baton_core::tensors::tensor::DataType;
 use serde::{Deserialize, Serialize};
 
 /// The name of the region a worker streams its weights through for

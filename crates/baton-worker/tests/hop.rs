@@ -8,7 +8,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_core::tensor::{DataType, Tensor, TensorData, TensorView};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData, TensorView};
 use std::os::fd::OwnedFd;
 
 use baton_worker::channel::{Channel, hand_to_child, take_handed};

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use baton_core::executor::timing::{Stopwatch, own_run_delay, trimmed_reports};
-use baton_core::tensor::Tensor;
+use baton_core::run::executor::timing::{Stopwatch, own_run_delay, trimmed_reports};
+use baton_core::tensors::tensor::Tensor;
 use baton_worker::channel::Channel;
 use baton_worker::hop::{self, Answering, Caller};
 
@@ -14,8 +14,8 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// `for_cpu` of this thread's CPU, however long the wait for it.
 fn work(for_cpu: Duration) {
-    let cpu = baton_core::sys::thread_cpu_time().unwrap();
-    while baton_core::sys::thread_cpu_time().unwrap() - cpu < for_cpu {
+    let cpu = baton_core::threads::sys::thread_cpu_time().unwrap();
+    while baton_core::threads::sys::thread_cpu_time().unwrap() - cpu < for_cpu {
         std::hint::spin_loop();
     }
 }
@@ -23,13 +23,13 @@ fn work(for_cpu: Duration) {
 /// Calls a worker side, on a thread of this process, whose run works 5 ms
 /// on its CPU for an input named `work` and sleeps 5 ms for one named
 /// `sleep`; each call's readings on the calling thread.
-fn readings(names: &[&str]) -> Vec<baton_core::executor::timing::Reading> {
+fn readings(names: &[&str]) -> Vec<baton_core::run::executor::timing::Reading> {
     readings_after(names, || {})
 }
 
 /// [`readings`], `caller` run on the calling thread once the worker's
 /// thread is started.
-fn readings_after(names: &[&str], caller: impl FnOnce()) -> Vec<baton_core::executor::timing::Reading> {
+fn readings_after(names: &[&str], caller: impl FnOnce()) -> Vec<baton_core::run::executor::timing::Reading> {
     let (ours, theirs) = Channel::pair().unwrap();
     let worker = std::thread::spawn(move || {
         let how = Answering { spin: Duration::ZERO, most: hop::REGION_DEFAULT };
@@ -85,11 +85,12 @@ fn a_worker_that_runs_before_its_caller_waits_is_still_timed_whole() {
     // (as the shadow runner is): the worker's thread, woken by the call,
     // runs it at once, before the caller gets its CPU back. Its part must
     // still fall within the caller's wait, and be counted whole.
-    let Some(&cpu) = baton_core::sys::allowed_cpus().first() else { return };
+    let Some(&cpu) = baton_core::threads::sys::allowed_cpus().first() else { return };
     let got = std::thread::spawn(move || {
-        baton_core::sys::pin_current_thread(cpu).unwrap();
+        baton_core::threads::sys::pin_current_thread(cpu).unwrap();
         let trimmed = trimmed_reports();
-        let got = readings_after(&["work", "work", "work"], || baton_core::sys::set_current_thread_idle().unwrap());
+        let got =
+            readings_after(&["work", "work", "work"], || baton_core::threads::sys::set_current_thread_idle().unwrap());
         (got, trimmed_reports() - trimmed)
     })
     .join()

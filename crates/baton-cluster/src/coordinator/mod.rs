@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use baton_core::rollout::guard::{self, Outcome};
 use baton_core::rollout::window::Sums;
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 
 use crate::error::ClusterError;
 use crate::health::Health;

@@ -22,7 +22,7 @@ mod watch;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;

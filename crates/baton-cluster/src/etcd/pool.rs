@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::{CALL_TIMEOUT, Client, KEEP_ALIVE_INTERVAL, Token, describe_transport};

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 
 use crate::backoff::Backoff;
 use crate::error::ClusterError;

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use baton_core::rollout::window::Sums;
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 
 use crate::records::{Ack, Desired, FleetPhase, RolloutRecord, Serving, now_us};
 

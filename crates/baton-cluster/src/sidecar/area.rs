@@ -20,7 +20,7 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use baton_core::manifest::{self, MANIFEST, Verified, VerifyOptions};
+use baton_core::files::manifest::{self, MANIFEST, Verified, VerifyOptions};
 
 use super::layout::TargetLayout;
 use crate::node::Refusal;

@@ -17,7 +17,7 @@ use baton_cluster::records::{Ack, Desired, FleetPlan, ReplicaRecord, RolloutReco
 use baton_cluster::{Health, Participant, RegistryNode, ReplicaConfig, Store, StoreConfig, coordinator};
 use baton_core::registry::Registry;
 use baton_core::rollout::window::Sums;
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 use baton_testkit::etcd::Etcd;
 use baton_testkit::fake::{FAKE_TOML, FakeBackend, Gate};
 use baton_testkit::repo::TestRepo;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 
 /// A running proxy; dropping it stops it and closes what it relays.
 pub struct Proxy {

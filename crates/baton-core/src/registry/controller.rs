@@ -8,9 +8,9 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::{Busy, Inner};
-use crate::error::LoadError;
-use crate::events::EventKind;
-use crate::pipeline;
+use crate::registry::error::LoadError;
+use crate::registry::events::EventKind;
+use crate::registry::load;
 use crate::rollout::control::{Action, By, Decision, Effect, Phase};
 use crate::rollout::metric;
 use crate::rollout::window::{MetricReading, Observations};
@@ -95,30 +95,30 @@ impl Inner {
             let applied = match effect {
                 Effect::None | Effect::Weight(_) => {
                     if let Effect::Weight(weight) = effect {
-                        pipeline::rollout::set_weight(self, &model, weight);
+                        load::rollout::set_weight(self, &model, weight);
                     }
                     self.emit(&model, Some(decision.candidate), EventKind::rollout(decision));
                     Ok(())
                 }
                 Effect::Promote => {
                     self.file_ended(&model);
-                    pipeline::rollout::promote(Arc::clone(self), busy, tx, None, decision)
+                    load::rollout::promote(Arc::clone(self), busy, tx, None, decision)
                 }
                 Effect::Watch => {
                     let observations = self.start_watch(&model);
-                    pipeline::rollout::promote(Arc::clone(self), busy, tx, Some(observations), decision)
+                    load::rollout::promote(Arc::clone(self), busy, tx, Some(observations), decision)
                 }
                 Effect::RollBack => {
                     self.file_ended(&model);
-                    pipeline::rollout::remove(Arc::clone(self), busy, tx, decision)
+                    load::rollout::remove(Arc::clone(self), busy, tx, decision)
                 }
                 Effect::Restore => {
                     self.file_ended(&model);
-                    pipeline::rollout::restore(Arc::clone(self), busy, tx, decision)
+                    load::rollout::restore(Arc::clone(self), busy, tx, decision)
                 }
                 Effect::EndWatch => {
                     self.file_ended(&model);
-                    pipeline::rollout::end_watch(Arc::clone(self), busy, tx, decision)
+                    load::rollout::end_watch(Arc::clone(self), busy, tx, decision)
                 }
             };
             if let Err(error) = applied {

@@ -32,10 +32,10 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::{Ending, Inner, Job, Registry};
-use crate::error::LoadError;
-use crate::events::EventKind;
+use crate::registry::error::LoadError;
+use crate::registry::events::EventKind;
 use crate::rollout::control::{By, Phase, TwinStatus};
-use crate::version::Version;
+use crate::run::version::Version;
 
 /// How long to wait before trying again when another operation holds the model.
 const BUSY_RETRY: Duration = Duration::from_millis(100);
@@ -60,7 +60,7 @@ pub(crate) struct Exit {
 /// Starts the thread that takes exits; versions built from now on report
 /// theirs to it. It hands each to a thread of its own (which inherits its
 /// serving priority); exits of one model are acted on one at a time.
-pub(super) fn start(inner: &Arc<Inner>, jobs: crate::sync::Sender<Job>) {
+pub(super) fn start(inner: &Arc<Inner>, jobs: crate::threads::sync::Sender<Job>) {
     let (tx, rx) = mpsc::channel::<Exit>();
     if inner.exits.set(tx).is_err() {
         return;

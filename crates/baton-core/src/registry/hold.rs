@@ -13,7 +13,7 @@
 
 use std::sync::{Condvar, MutexGuard, PoisonError};
 
-use crate::sync::Lock;
+use crate::threads::sync::Lock;
 
 /// The hold and the judgements in flight.
 #[derive(Debug, Default)]

@@ -2,15 +2,28 @@
 //! the loader thread and the event stream. Front ends (REST, gRPC, the
 //! repository watcher) talk to baton through it.
 //!
+//! The top room of the core, with what only the registry uses: the
+//! routing table ([`routing`]), the load transaction and the shorter
+//! operations built from its stages ([`load`]), the memory budget
+//! ([`budget`]) and accounting (`memory`), the gate of a resource swap
+//! ([`pause`]) and the event stream ([`events`]).
+//!
 //! Its state is changed at serving priority only: by the operations its
 //! callers start (taking a model's busy flag, a rollback's commit), and by
-//! its agent ([`crate::agent`]), which applies what the lowered loading and
+//! its agent ([`crate::threads::agent`]), which applies what the lowered loading and
 //! freeing threads send it, in order. A load's handle resolves only once
 //! the agent has applied the load's last state.
 
+pub mod budget;
 mod controller;
+pub mod error;
+pub mod events;
 pub(crate) mod exits;
 mod hold;
+pub mod load;
+pub(crate) mod memory;
+pub mod pause;
+pub mod routing;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,22 +33,24 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 
-use crate::agent::Agent;
-use crate::backend::Backend;
-use crate::error::LoadError;
-use crate::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
-pub use crate::events::{LoadReport, Operation};
-use crate::memory::{LiveVersion, Memory, Releaser, UnloadRecord};
-use crate::pause::Pause;
-use crate::pipeline::{self, RolloutStart};
+use crate::files::source::Source;
+use crate::registry::error::LoadError;
+use crate::registry::events::{Event, EventKind, EventReceiver, EventSender, Stage, StageTiming, State};
+pub use crate::registry::events::{LoadReport, Operation};
+use crate::registry::load::RolloutStart;
+use crate::registry::memory::Memory;
+pub use crate::registry::memory::{LiveVersion, UnloadRecord};
+use crate::registry::pause::Pause;
+use crate::registry::routing::{ModelRoute, Routing, Snapshot};
 use crate::rollout::control::{Action, By, Ending, Phase, Progress, RolloutStatus};
 use crate::rollout::metric::MetricSource;
 use crate::rollout::outcome::{self, OutcomeKey, PostError, Posted};
 use crate::rollout::window::Sums;
-use crate::routing::{ModelRoute, Routing, Snapshot};
-use crate::source::Source;
-use crate::step_aside::StepAside;
-use crate::sync::{self, Lock};
+use crate::run::backend::Backend;
+use crate::run::release::Releaser;
+use crate::threads::agent::Agent;
+use crate::threads::step_aside::StepAside;
+use crate::threads::sync::{self, Lock};
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -57,7 +72,7 @@ pub struct RegistryConfig {
     pub event_capacity: usize,
     /// The most memory every model's live versions may hold together, in
     /// bytes; a load that would go beyond it is refused
-    /// ([`crate::budget`]). None by default.
+    /// ([`crate::registry::budget`]). None by default.
     pub memory_budget: Option<u64>,
     /// Where the rollouts' metric guards are read (the operator's
     /// Prometheus). None by default: a rollout with metric guards is then
@@ -99,7 +114,7 @@ pub struct Failure {
     /// The full message.
     pub message: String,
     /// When it failed, in seconds since the Unix epoch.
-    #[serde(serialize_with = "crate::events::ser_time")]
+    #[serde(serialize_with = "crate::registry::events::ser_time")]
     pub at: SystemTime,
 }
 
@@ -241,14 +256,14 @@ impl Registry {
     /// and release threads at `config.loader_nice`, and the agent at the
     /// calling thread's priority: call it at serving priority.
     pub fn new(source: Arc<dyn Source>, backends: Vec<Arc<dyn Backend>>, config: RegistryConfig) -> Registry {
-        crate::scratch::remove_stale(&std::env::temp_dir(), crate::copied::PREFIX);
+        crate::files::scratch::remove_stale(&std::env::temp_dir(), crate::files::copied::PREFIX);
         let agent = Agent::start();
         let (events, _) = broadcast::channel(config.event_capacity.max(1));
         let (memory, releaser) = Memory::start(events.clone(), agent.clone(), config.loader_nice, config.loader_idle);
         let (nice, idle) = (config.loader_nice, config.loader_idle);
         let loader_agent = agent.clone();
         let jobs = sync::spawn_receiver::<Job>("baton-loader", move |jobs| {
-            crate::agent::lower_current_thread(&loader_agent, nice, idle);
+            crate::threads::agent::lower_current_thread(&loader_agent, nice, idle);
             drop(loader_agent);
             while let Some(job) = jobs.recv() {
                 job();
@@ -368,20 +383,20 @@ impl Registry {
     pub fn load(&self, model: &str, version: Option<u64>) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
         self.refuse_during_rollout(model)?;
-        self.build(move |inner, tx, heap| pipeline::load(inner, busy, version, tx, heap))
+        self.build(move |inner, tx, heap| load::load(inner, busy, version, tx, heap))
     }
 
     /// Queues `build` on the loader thread, on a heap of its own, and
     /// returns the handle its reply resolves.
     fn build(
         &self,
-        build: impl FnOnce(Arc<Inner>, Reply, crate::heap::HeapLease) + Send + 'static,
+        build: impl FnOnce(Arc<Inner>, Reply, crate::threads::heap::HeapLease) + Send + 'static,
     ) -> Result<LoadHandle, LoadError> {
         let (tx, rx) = oneshot::channel();
         let inner = Arc::clone(&self.inner);
         let job: Job = Box::new(move || {
             let step_aside = inner.step_aside;
-            crate::heap::build_on_own_heap(step_aside, move |heap| build(inner, tx, heap))
+            crate::threads::heap::build_on_own_heap(step_aside, move |heap| build(inner, tx, heap))
         });
         self.jobs.send(job).map_err(|_| LoadError::ShuttingDown)?;
         Ok(LoadHandle { rx })
@@ -396,7 +411,7 @@ impl Registry {
         if self.inner.current().model(model).is_none() {
             return Err(LoadError::NotLoaded { model: model.to_owned() });
         }
-        self.build(move |inner, tx, heap| pipeline::keep(inner, busy, version, tx, heap))
+        self.build(move |inner, tx, heap| load::keep(inner, busy, version, tx, heap))
     }
 
     /// Makes the newest previous version stable again: one pointer store, no
@@ -406,7 +421,7 @@ impl Registry {
         let busy = Busy::take(&self.inner, model)?;
         self.refuse_during_rollout(model)?;
         let (tx, rx) = oneshot::channel();
-        pipeline::rollback(Arc::clone(&self.inner), busy, tx)?;
+        load::rollback(Arc::clone(&self.inner), busy, tx)?;
         Ok(LoadHandle { rx })
     }
 
@@ -416,7 +431,7 @@ impl Registry {
         let busy = Busy::take(&self.inner, model)?;
         self.refuse_during_rollout(model)?;
         let (tx, rx) = oneshot::channel();
-        pipeline::unload(Arc::clone(&self.inner), busy, tx)?;
+        load::unload(Arc::clone(&self.inner), busy, tx)?;
         Ok(LoadHandle { rx })
     }
 
@@ -426,7 +441,7 @@ impl Registry {
     pub fn retire(&self, model: &str, version: u64) -> Result<LoadHandle, LoadError> {
         let busy = Busy::take(&self.inner, model)?;
         let (tx, rx) = oneshot::channel();
-        pipeline::retire(Arc::clone(&self.inner), busy, version, tx)?;
+        load::retire(Arc::clone(&self.inner), busy, version, tx)?;
         Ok(LoadHandle { rx })
     }
 
@@ -479,12 +494,12 @@ impl Registry {
         match self.inner.current().model(model) {
             None => return Err(LoadError::NotLoaded { model: model.to_owned() }),
             Some(route) if !route.stable.alive() => {
-                let reason = pipeline::rollout::no_worker(route.stable.number());
+                let reason = load::rollout::no_worker(route.stable.number());
                 return Err(LoadError::RolloutRefused { model: model.to_owned(), reason });
             }
             Some(_) => {}
         }
-        self.build(move |inner, tx, heap| pipeline::rollout::start(inner, busy, start, tx, heap))
+        self.build(move |inner, tx, heap| load::rollout::start(inner, busy, start, tx, heap))
     }
 
     /// The rollout of `model` in progress, or the last one that ended.
@@ -563,16 +578,16 @@ impl Registry {
             // anything else goes back to the version it replaced.
             (Ending::Promote, true) => {
                 let decision = inner.end_rollout(model, Action::Watched, Phase::Promoted, by)?;
-                pipeline::rollout::end_watch(inner, busy, tx, decision)?;
+                load::rollout::end_watch(inner, busy, tx, decision)?;
             }
             (Ending::RollBack | Ending::Abort, true) => {
                 let action = if ending == Ending::RollBack { Action::RolledBack } else { Action::Aborted };
                 let decision = inner.end_rollout(model, action, Phase::RolledBack, by)?;
-                pipeline::rollout::restore(inner, busy, tx, decision)?;
+                load::rollout::restore(inner, busy, tx, decision)?;
             }
             (Ending::Promote, false) => {
                 let (decision, watch) = inner.promotion(model, by)?;
-                pipeline::rollout::promote(inner, busy, tx, watch, decision)?;
+                load::rollout::promote(inner, busy, tx, watch, decision)?;
             }
             (Ending::RollBack | Ending::Abort, false) => {
                 let (action, phase) = match ending {
@@ -580,7 +595,7 @@ impl Registry {
                     _ => (Action::Aborted, Phase::Aborted),
                 };
                 let decision = inner.end_rollout(model, action, phase, by)?;
-                pipeline::rollout::remove(inner, busy, tx, decision)?;
+                load::rollout::remove(inner, busy, tx, decision)?;
             }
         }
         Ok(LoadHandle { rx })
@@ -617,7 +632,7 @@ impl Registry {
             (moved, progress.status(model))
         };
         if let Some((weight, decision)) = moved {
-            pipeline::rollout::set_weight(&self.inner, model, weight);
+            load::rollout::set_weight(&self.inner, model, weight);
             tracing::info!(model, candidate = decision.candidate, step, "{}", decision.message);
             self.inner.emit(model, Some(decision.candidate), EventKind::rollout(decision));
         }
@@ -703,7 +718,7 @@ impl Drop for Busy {
             inner.freed.send_modify(|n| *n = n.wrapping_add(1));
         };
         // Dropped on a lowered thread only when its run was cut short.
-        if crate::sys::current_thread_lowered() { self.inner.agent.send(release) } else { release() }
+        if crate::threads::sys::current_thread_lowered() { self.inner.agent.send(release) } else { release() }
     }
 }
 

@@ -22,7 +22,7 @@
 //! mismatch is the worst drift there is, and counts as such: infinite max
 //! difference and relative L2, cosine −1, and no agreeing row.
 
-use crate::tensor::{DataType, Tensor, TensorData, element_count, f16_to_f32};
+use crate::tensors::tensor::{DataType, Tensor, TensorData, element_count, f16_to_f32};
 
 /// How one output of one request compares.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -13,10 +13,11 @@ use std::time::{Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::FULL;
 use super::guard::{self, Outcome, Verdict};
 use super::plan::Plan;
 use super::window::{Baseline, Observations, Window};
-use super::{FULL, Mode};
+use crate::files::rollout_spec::Mode;
 
 /// Decisions kept per rollout for its status.
 const KEPT_DECISIONS: usize = 32;
@@ -602,7 +603,8 @@ fn describe(model: &str, p: &Progress, action: Action, by: By, verdict: Option<&
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::plan::{Overrides, RolloutPolicy};
+    use crate::files::rollout_spec::RolloutPolicy;
+    use crate::rollout::plan::Overrides;
 
     #[test]
     fn a_start_names_its_mode_with_the_right_article() {

@@ -4,53 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::window::{OutputDrift, Window};
-
-/// Thresholds a candidate's window is held to, against the stable version
-/// in the same window. A guard set to `None` is not checked.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Guards {
-    /// Requests each side must have in a window (comparisons, for the drift
-    /// guards) before the window can pass or fail.
-    pub min_samples: u64,
-    /// The candidate's error rate may exceed the stable version's by at
-    /// most this much (0.01 = one percentage point).
-    pub max_error_rate_increase: Option<f64>,
-    /// The candidate's p99 latency over the stable version's.
-    pub max_p99_ratio: Option<f64>,
-    /// The largest absolute difference of any output element.
-    pub max_abs_diff: Option<f64>,
-    /// The mean relative L2 distance of an output.
-    pub max_rel_l2: Option<f64>,
-    /// The mean cosine similarity of an output.
-    pub min_cosine: Option<f64>,
-    /// The share of rows of a class-score output with the same top class.
-    pub min_top1_agreement: Option<f64>,
-    /// The candidate's outcome value per answer over the stable version's
-    /// (posted outcomes: clicks, conversions, order values), at least.
-    pub min_outcome_ratio: Option<f64>,
-    /// Queries to the operator's Prometheus, read for both sides at the
-    /// end of each window.
-    pub metrics: Vec<MetricGuard>,
-}
-
-/// A guard on a number the operator's Prometheus holds: a PromQL query
-/// with `{{model}}`, `{{version}}` and `{{window}}` in it, read once per
-/// side, and the bounds of the candidate's value over the stable one's.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MetricGuard {
-    /// The guard's name in checks, events and metrics (`metric:<name>`).
-    pub name: String,
-    /// The query; it must give exactly one number.
-    pub query: String,
-    /// The candidate's value over the stable one's, at least.
-    #[serde(default)]
-    pub min_ratio: Option<f64>,
-    /// The candidate's value over the stable one's, at most.
-    #[serde(default)]
-    pub max_ratio: Option<f64>,
-}
+use crate::files::rollout_spec::{Guards, MetricGuard};
 
 impl MetricGuard {
     /// The query for one side: `{{model}}` replaced by the model's name,
@@ -61,22 +15,6 @@ impl MetricGuard {
     /// could change the query's shape (refused when the rollout starts).
     pub fn query_for(&self, model: &str, version: u64, window_ms: u64) -> Result<String, String> {
         super::promql::fill(&self.query, model, version, window_ms)
-    }
-}
-
-impl Default for Guards {
-    fn default() -> Self {
-        Guards {
-            min_samples: 100,
-            max_error_rate_increase: Some(0.01),
-            max_p99_ratio: Some(1.5),
-            max_abs_diff: None,
-            max_rel_l2: None,
-            min_cosine: None,
-            min_top1_agreement: None,
-            min_outcome_ratio: None,
-            metrics: Vec::new(),
-        }
     }
 }
 

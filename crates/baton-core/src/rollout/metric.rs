@@ -3,8 +3,8 @@
 //! knows no protocol. Read at the end of each window, one query per guard
 //! and side, all at once, each bounded by the source's own timeout.
 
-use super::guard::Guards;
 use super::window::MetricReading;
+use crate::files::rollout_spec::Guards;
 
 /// Answers a metric guard's query with one number.
 pub trait MetricSource: Send + Sync + std::fmt::Debug {
@@ -33,7 +33,7 @@ pub struct Sides<'a> {
 /// parallel so that the window waits for one timeout at most. Without a
 /// source, each reading says that none is configured.
 pub fn read(source: Option<&dyn MetricSource>, guards: &Guards, sides: Sides<'_>) -> Vec<MetricReading> {
-    let query = |guard: &super::guard::MetricGuard, version: u64| -> Result<f64, String> {
+    let query = |guard: &crate::files::rollout_spec::MetricGuard, version: u64| -> Result<f64, String> {
         let Some(source) = source else {
             return Err("this server has no Prometheus to ask (start it with --prometheus-url)".to_owned());
         };

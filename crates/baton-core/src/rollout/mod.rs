@@ -4,7 +4,7 @@
 //!
 //! What a request needs to pick its version (the candidate, the mode, the
 //! weight) lives in the routing table, in the one snapshot the request
-//! takes ([`Rollout`] in [`crate::routing::ModelRoute`]); a change of
+//! takes ([`Rollout`] in [`crate::registry::routing::ModelRoute`]); a change of
 //! weight is one store. What the controller needs to decide (the plan, the
 //! step reached, the decisions so far) lives beside it, in the registry
 //! ([`control`]). What requests observe (latency, errors, the comparison of
@@ -28,56 +28,11 @@ use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::InferError;
-use crate::executor::Pending;
-use crate::tensor::Tensor;
-use crate::version::Version;
-
-/// How a candidate takes part in traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// The candidate answers a share of requests that moves through steps;
-    /// after the last step passes, it is promoted.
-    Canary,
-    /// The candidate answers a fixed share of requests until someone
-    /// decides.
-    Ab,
-    /// The candidate gets a copy of a share of the stable traffic, off the
-    /// response path; its answers are compared, never returned.
-    Shadow,
-}
-
-impl Mode {
-    /// The name used in configuration, responses and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Canary => "canary",
-            Mode::Ab => "ab",
-            Mode::Shadow => "shadow",
-        }
-    }
-
-    /// The mode in a sentence, with its article: "a canary", "an A/B",
-    /// "a shadow" (rollout).
-    pub fn in_words(self) -> &'static str {
-        match self {
-            Mode::Canary => "a canary",
-            Mode::Ab => "an A/B",
-            Mode::Shadow => "a shadow",
-        }
-    }
-
-    /// Parses a name written by [`Mode::as_str`].
-    pub fn parse(text: &str) -> Option<Mode> {
-        match text {
-            "canary" => Some(Mode::Canary),
-            "ab" => Some(Mode::Ab),
-            "shadow" => Some(Mode::Shadow),
-            _ => None,
-        }
-    }
-}
+use crate::files::rollout_spec::Mode;
+use crate::run::error::InferError;
+use crate::run::executor::Pending;
+use crate::run::version::Version;
+use crate::tensors::tensor::Tensor;
 
 /// The part a version plays for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -356,9 +311,9 @@ pub(crate) fn record_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BackendError, Model, Weight, WeightsError};
-    use crate::signature::Signature;
-    use crate::version::VersionParts;
+    use crate::run::backend::{BackendError, Model, Weight, WeightsError};
+    use crate::run::version::VersionParts;
+    use crate::tensors::signature::Signature;
 
     /// An engine that runs nothing and is alive throughout: the twin a
     /// copy ran on, in the moment after its worker was told to end.
@@ -385,10 +340,10 @@ mod tests {
         let parts = VersionParts {
             model: "m".to_owned(),
             number: 1,
-            spec: Arc::new(crate::spec::ModelSpec::parse("").unwrap()),
-            manifest: crate::manifest::Manifest::default(),
+            spec: Arc::new(crate::files::spec::ModelSpec::parse("").unwrap()),
+            manifest: crate::files::manifest::Manifest::default(),
             warmup: Vec::new(),
-            warmed: crate::pipeline::warmup::Warmed::default(),
+            warmed: crate::run::warmed::Warmed::default(),
             bytes_held: 0,
             engine: Box::new(Alive::default()),
             twin: true,

@@ -33,7 +33,7 @@ use sha2::Sha256;
 
 use super::Role;
 use super::assign::{mix, seed};
-use crate::sync::Lock;
+use crate::threads::sync::Lock;
 
 type HmacSha256 = Hmac<Sha256>;
 

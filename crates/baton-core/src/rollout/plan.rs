@@ -26,80 +26,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::guard::Guards;
-use super::{FULL, Mode};
-
-/// `model.toml`'s `[rollout]` section.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RolloutPolicy {
-    /// Whether a newly published version starts a rollout rather than a
-    /// full swap (the repository watcher's choice; an explicit load still
-    /// swaps).
-    pub auto: bool,
-    /// The mode a rollout starts in unless told otherwise.
-    pub mode: Mode,
-    /// The candidate's share at each step, in percent.
-    pub steps: Vec<f64>,
-    /// The length of a window; a window is judged at its end.
-    pub interval_ms: u64,
-    /// Failed windows that roll the candidate back.
-    pub failure_limit: u32,
-    /// Inconclusive windows in a row after which the rollout pauses.
-    pub max_inconclusive: u32,
-    /// In canary and A/B modes, whether requests the candidate answers are
-    /// also run on the stable version, off the response path, so that the
-    /// drift guards have pairs to compare.
-    pub paired: bool,
-    /// Comparison copies that may wait; a copy beyond it is dropped and
-    /// counted, never waited for.
-    pub queue: usize,
-    /// How long after promotion the new stable version is still judged
-    /// against the old one, kept loaded as previous; a failed window in
-    /// that time rolls back to it. 0: no watch.
-    pub watch_ms: u64,
-    /// Paired copies run on a twin of the stable version, loaded for the
-    /// rollout with weights of its own, when the stable version holds at
-    /// most this many MiB (and the memory budgets admit a second one);
-    /// otherwise on the stable version itself. 0: never. See
-    /// [`super::Rollout::twin`] for why.
-    pub twin_max_mb: u64,
-    /// What each window is held to.
-    pub guards: Guards,
-}
-
-/// The largest stable version a rollout loads a twin of by default. A
-/// twin costs what the stable version holds, for as long as the rollout
-/// runs. The warmth it evens out is that of weights a CPU's caches hold
-/// (a few MiB to a few hundred); a model much larger runs about as cold
-/// on either side, and a second copy of it would cost more memory than
-/// the bias it removes is worth.
-pub const DEFAULT_TWIN_MAX_MB: u64 = 256;
-
-/// The watch after promotion by default: five minutes, long enough for a
-/// regression that needs traffic (a cache that warms, a feature that comes
-/// into play) to show in error rate, latency and drift, and for business
-/// signals that lag their requests by a minute or two; short next to the
-/// hours a previous version may stay loaded anyway.
-pub const DEFAULT_WATCH_MS: u64 = 300_000;
-
-impl Default for RolloutPolicy {
-    fn default() -> Self {
-        RolloutPolicy {
-            auto: false,
-            mode: Mode::Canary,
-            steps: vec![1.0, 5.0, 25.0, 50.0, 100.0],
-            interval_ms: 30_000,
-            failure_limit: 1,
-            max_inconclusive: 10,
-            paired: true,
-            queue: 64,
-            watch_ms: DEFAULT_WATCH_MS,
-            twin_max_mb: DEFAULT_TWIN_MAX_MB,
-            guards: Guards::default(),
-        }
-    }
-}
+use super::FULL;
+use crate::files::rollout_spec::{Guards, Mode, RolloutPolicy};
 
 /// What an operator may override when starting a rollout; unset fields
 /// come from the model's `[rollout]` section.

@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::window::Observations;
 use super::{Role, Slot, record_copy};
-use crate::agent::Agent;
-use crate::sync::Sender;
-use crate::tensor::Tensor;
-use crate::version::Version;
+use crate::run::version::Version;
+use crate::tensors::tensor::Tensor;
+use crate::threads::agent::Agent;
+use crate::threads::sync::Sender;
 
 /// One copy for the runner: the request's inputs, the answer stable gave
 /// (`None` when it failed), and its room in the rollout's gate.
@@ -61,8 +61,8 @@ impl Shadow {
     ) -> std::io::Result<Shadow> {
         let stopped = Arc::new(AtomicBool::new(false));
         let seen = Arc::clone(&stopped);
-        let tx = crate::sync::spawn_receiver::<Job>("baton-shadow", move |jobs| {
-            crate::agent::lower_current_thread(&agent, nice, idle);
+        let tx = crate::threads::sync::spawn_receiver::<Job>("baton-shadow", move |jobs| {
+            crate::threads::agent::lower_current_thread(&agent, nice, idle);
             while let Some(job) = jobs.recv() {
                 if seen.load(Ordering::Acquire) {
                     // The rollout ended: dropped unrun.

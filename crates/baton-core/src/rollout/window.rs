@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::Role;
 use super::compare::{Comparison, Top1, compare_outputs};
-use crate::sync::Lock;
-use crate::tensor::Tensor;
+use crate::tensors::tensor::Tensor;
+use crate::threads::sync::Lock;
 
 /// Shared by the requests of one rollout and its controller.
 #[derive(Debug, Default)]
@@ -44,7 +44,7 @@ impl Observations {
     }
 
     /// Counts one request `role` answered (or failed), with the time its
-    /// engine run took when it ran ([`crate::executor::timing`]) (see [`super::compare`]'s callers: every
+    /// engine run took when it ran ([`crate::run::executor::timing`]) (see [`super::compare`]'s callers: every
     /// sample of either side is that same measure). Requests to
     /// [`Role::Previous`] are not counted.
     pub fn record(&self, role: Role, latency: Option<Duration>, failed: bool) {

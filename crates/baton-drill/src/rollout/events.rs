@@ -6,7 +6,7 @@ use std::io::BufRead;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_core::sync::Lock;
+use baton_core::threads::sync::Lock;
 use serde_json::Value;
 
 use crate::record::Live;

@@ -227,7 +227,7 @@ impl Driver {
         record: &mut RolloutRecord,
         live: &Live,
         phase: &Phase,
-        stream: &baton_core::sync::Lock<events::Stream>,
+        stream: &baton_core::threads::sync::Lock<events::Stream>,
         unix_t0: u64,
     ) {
         let limit = record.trigger + self.bound.as_nanos() as u64;

@@ -190,7 +190,7 @@ fn version_numbers(model_dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
 /// The newest version directory with a complete MANIFEST.
 pub fn newest_version(model_dir: &Path) -> anyhow::Result<PathBuf> {
     let versions = version_numbers(model_dir)?;
-    match versions.into_iter().rev().find(|(_, dir)| baton_core::manifest::is_complete(dir)) {
+    match versions.into_iter().rev().find(|(_, dir)| baton_core::files::manifest::is_complete(dir)) {
         Some((_, dir)) => Ok(dir),
         None => bail!("{} has no complete version to use as the template; give --template", model_dir.display()),
     }
@@ -203,7 +203,8 @@ pub fn publish(model_dir: &Path, template: &Path) -> anyhow::Result<u64> {
     let dest = model_dir.join(next.to_string());
     std::fs::create_dir(&dest).with_context(|| format!("creating {}", dest.display()))?;
     copy_tree(template, &dest, true)?;
-    baton_core::manifest::write(&dest).map_err(|e| anyhow::anyhow!("writing {}/MANIFEST: {e}", dest.display()))?;
+    baton_core::files::manifest::write(&dest)
+        .map_err(|e| anyhow::anyhow!("writing {}/MANIFEST: {e}", dest.display()))?;
     Ok(next)
 }
 
@@ -212,7 +213,7 @@ fn copy_tree(from: &Path, to: &Path, top: bool) -> anyhow::Result<()> {
         let entry = entry?;
         let name = entry.file_name();
         let name_text = name.to_string_lossy();
-        if top && (name_text == baton_core::manifest::MANIFEST || name_text.starts_with(".MANIFEST")) {
+        if top && (name_text == baton_core::files::manifest::MANIFEST || name_text.starts_with(".MANIFEST")) {
             continue;
         }
         let (source, target) = (entry.path(), to.join(&name));
@@ -237,12 +238,12 @@ mod tests {
         std::fs::create_dir_all(model.join("3/warmup")).unwrap();
         std::fs::write(model.join("3/model.onnx"), b"weights").unwrap();
         std::fs::write(model.join("3/warmup/a.json"), b"{}").unwrap();
-        baton_core::manifest::write(&model.join("3")).unwrap();
+        baton_core::files::manifest::write(&model.join("3")).unwrap();
         std::fs::create_dir_all(model.join("1")).unwrap();
         let template = newest_version(&model).unwrap();
         assert_eq!(template, model.join("3"));
         assert_eq!(publish(&model, &template).unwrap(), 4);
-        assert!(baton_core::manifest::verify(&model.join("4")).is_ok());
+        assert!(baton_core::files::manifest::verify(&model.join("4")).is_ok());
         assert_eq!(std::fs::read(model.join("4/warmup/a.json")).unwrap(), b"{}");
         assert_eq!(publish(&model, &template).unwrap(), 5);
     }

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use baton_core::backend::{InputRange, ValueRange};
+use baton_core::run::backend::{InputRange, ValueRange};
 
 use super::{Graph, moves_values};
 use crate::proto::{Node, OnnxModel, elem};

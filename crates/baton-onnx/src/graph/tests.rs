@@ -1,7 +1,7 @@
 //! Roles and ranges read from the encoder's graph and from small graphs
 //! built for one case each.
 
-use baton_core::backend::{InputRange, ValueRange, WeightRole};
+use baton_core::run::backend::{InputRange, ValueRange, WeightRole};
 
 use super::Graph;
 use crate::encoder::Encoder;

@@ -120,8 +120,8 @@ impl Scan<'_> {
         }
         let to = &mut self.out[self.pos..self.pos + n];
         // In pieces: a long field in one read would hold the loading
-        // thread's CPU (baton_core::short_reads).
-        baton_core::short_reads::read_exact(&mut self.file, to)
+        // thread's CPU (baton_core::files::short_reads).
+        baton_core::files::short_reads::read_exact(&mut self.file, to)
             .map_err(|source| ProtoError::Read { what: String::new(), source })?;
         self.pos += n;
         Ok(())

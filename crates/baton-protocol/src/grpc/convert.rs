@@ -8,8 +8,10 @@
 //! between. Every error names the tensor and says what was expected and
 //! what was found, like the REST codec's.
 
-use baton_core::signature::{InputError, Signature};
-use baton_core::tensor::{DataType, Tensor, TensorData, append_framed, element_count, framed_items, framed_size};
+use baton_core::tensors::signature::{InputError, Signature};
+use baton_core::tensors::tensor::{
+    DataType, Tensor, TensorData, append_framed, element_count, framed_items, framed_size,
+};
 
 use super::pb::model_infer_request::InferInputTensor;
 use super::pb::model_infer_response::InferOutputTensor;
@@ -470,7 +472,7 @@ fn to_contents(datatype: DataType, data: TensorData) -> InferTensorContents {
 
 #[cfg(test)]
 mod tests {
-    use baton_core::signature::TensorSpec;
+    use baton_core::tensors::signature::TensorSpec;
 
     use super::*;
     use crate::grpc::pb::model_infer_request::InferRequestedOutputTensor;

@@ -2,8 +2,8 @@
 
 #![allow(dead_code)]
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
-use baton_core::tensor_json::f32_to_f16;
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor_json::f32_to_f16;
 
 /// A [2, 3] tensor of `datatype` holding that type's awkward values:
 /// extremes, negative zero, subnormals, big integers JSON doubles cannot
@@ -50,7 +50,7 @@ pub fn with_binary(json: &str, binary: &[u8]) -> (Vec<u8>, Option<usize>) {
 pub fn bytes_binary(items: &[&[u8]]) -> Vec<u8> {
     let items: Vec<Vec<u8>> = items.iter().map(|i| i.to_vec()).collect();
     let mut out = Vec::new();
-    baton_core::tensor::append_framed(&items, &mut out);
+    baton_core::tensors::tensor::append_framed(&items, &mut out);
     out
 }
 

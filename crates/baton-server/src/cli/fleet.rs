@@ -14,7 +14,7 @@ use anyhow::Context;
 use baton_cluster::ops::{self, Request};
 use baton_cluster::records::{Ack, Desired, FleetPhase, FleetPlan, ReplicaRecord, RolloutRecord};
 use baton_cluster::{ClusterError, Health, Store, coordinator};
-use baton_core::rollout::guard::Guards;
+use baton_core::files::rollout_spec::Guards;
 
 use super::render_fleet::Fleet;
 use super::rollout::GuardFlags;

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use baton_core::events::EventKind;
+use baton_core::registry::events::EventKind;
 use baton_core::rollout::control::Phase;
 
 use super::{Change, Decision, Kind, RolloutRecord, StateError, now};
@@ -88,7 +88,7 @@ pub fn record_now(app: &App, model: &str) -> Result<(), StateError> {
 /// arrives (the file is written on the blocking pool), until the events
 /// end. A burst that overflows the event buffer is caught up by writing
 /// every rollout in progress.
-pub async fn follow(app: Arc<App>, mut events: baton_core::events::EventReceiver) {
+pub async fn follow(app: Arc<App>, mut events: baton_core::registry::events::EventReceiver) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         let models: Vec<String> = match events.recv().await {

@@ -19,9 +19,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use baton_core::events::EventKind;
 use baton_core::registry::Registry;
-use baton_core::sync::Lock;
+use baton_core::registry::events::EventKind;
+use baton_core::threads::sync::Lock;
 pub use file::{Decision, Kind, RolloutRecord, StateError};
 use serde_json::{Value, json};
 

@@ -13,9 +13,9 @@
 
 use std::sync::Arc;
 
-use baton_core::error::LoadError;
-use baton_core::events::LoadReport;
-use baton_core::source::FetchError;
+use baton_core::files::source::FetchError;
+use baton_core::registry::error::LoadError;
+use baton_core::registry::events::LoadReport;
 use serde_json::{Value, json};
 
 use super::{Change, Decision, Kind, StateError, Working, now, view};

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use baton_core::pipeline::RolloutStart;
+use baton_core::registry::load::RolloutStart;
 use baton_core::rollout::plan::Overrides;
 use serde_json::{Value, json};
 

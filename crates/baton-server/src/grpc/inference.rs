@@ -106,7 +106,7 @@ async fn receive(
     arrival: &Arrival<'_>,
     ticket: &mut Ticket,
     message: &mut MessageRoom<'_>,
-) -> Result<(baton_core::routing::Snapshot, serving::Target, convert::Decoded), ServeError> {
+) -> Result<(baton_core::registry::routing::Snapshot, serving::Target, convert::Decoded), ServeError> {
     let rejected = |e: ServeError| {
         app.metrics.rejected(model, e.kind);
         e
@@ -249,7 +249,7 @@ fn arrival_of<T>(request: &Request<T>) -> (Instant, Option<Instant>, Option<Fram
     (at, call_deadline, request.extensions().get::<Frames>().cloned())
 }
 
-fn tensor_metadata(specs: &[baton_core::signature::TensorSpec]) -> Vec<TensorMetadata> {
+fn tensor_metadata(specs: &[baton_core::tensors::signature::TensorSpec]) -> Vec<TensorMetadata> {
     specs
         .iter()
         .map(|s| TensorMetadata {

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use baton_core::events::{Event as CoreEvent, LoadReport};
+use baton_core::registry::events::{Event as CoreEvent, LoadReport};
 use serde_json::{Value, json};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::{BroadcastStream, WatchStream};

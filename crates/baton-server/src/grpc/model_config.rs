@@ -90,8 +90,8 @@ pub fn from_json(config: &Value) -> Result<ModelConfig, ServeError> {
 
 #[cfg(test)]
 mod tests {
-    use baton_core::signature::{Signature, TensorSpec};
-    use baton_core::tensor::DataType as Dt;
+    use baton_core::tensors::signature::{Signature, TensorSpec};
+    use baton_core::tensors::tensor::DataType as Dt;
 
     use super::*;
 

@@ -48,7 +48,7 @@ pub async fn load(
     app: &std::sync::Arc<App>,
     model: &str,
     version: Option<u64>,
-) -> Result<baton_core::events::LoadReport, ServeError> {
+) -> Result<baton_core::registry::events::LoadReport, ServeError> {
     crate::decisions::operate::load(app, model, version).await
 }
 

@@ -16,9 +16,9 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use baton_core::routing::Routing;
-use baton_core::signature::InputShape;
-use baton_core::version::Version;
+use baton_core::registry::routing::Routing;
+use baton_core::run::version::Version;
+use baton_core::tensors::signature::InputShape;
 use baton_protocol::{InferRequest, encode_response_with, parse_request};
 
 use super::body;

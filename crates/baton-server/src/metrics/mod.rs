@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use baton_core::events::{Event, EventKind, Operation, Stage};
 use baton_core::registry::Registry;
+use baton_core::registry::events::{Event, EventKind, Operation, Stage};
 use baton_core::rollout::Role;
 
 use crate::budget::Budget;
@@ -189,7 +189,7 @@ pub(crate) fn help(out: &mut String, name: &str, kind: &str, text: &str) {
 
 /// A remote repository's metrics: whether its store answers, how, and
 /// what was fetched from it.
-pub fn render_store(out: &mut String, answer: &baton_core::source::StoreAnswer) {
+pub fn render_store(out: &mut String, answer: &baton_core::files::source::StoreAnswer) {
     help(out, "baton_store_up", "gauge", "1 while the model store's last listing succeeded.");
     let _ = writeln!(out, "baton_store_up {}", u8::from(answer.ok));
     help(out, "baton_store_answer", "gauge", "1 for what the model store last answered: ok, or the failure's kind.");
@@ -555,7 +555,7 @@ impl Metrics {
         let _ = writeln!(out, "baton_events_missed_total {}", loads.events_missed);
         drop(loads);
 
-        let stepped = baton_core::step_aside::counts();
+        let stepped = baton_core::threads::step_aside::counts();
         help(
             &mut out,
             "baton_loader_step_asides_total",
@@ -571,7 +571,7 @@ impl Metrics {
             "counter",
             &format!(
                 "Times the thread would have stepped aside again but had stepped aside {} times its CPU time already, and kept running.",
-                baton_core::step_aside::MAX_PAUSED_PER_CPU
+                baton_core::threads::step_aside::MAX_PAUSED_PER_CPU
             ),
         );
         let _ = writeln!(out, "baton_loader_step_asides_declined_total {}", stepped.declined);
@@ -581,7 +581,11 @@ impl Metrics {
             "counter",
             "A worker's timings of its calls that claimed longer than the server waited for the answer, and were cut down to that wait in the rollout's latency sample.",
         );
-        let _ = writeln!(out, "baton_worker_timings_trimmed_total {}", baton_core::executor::timing::trimmed_reports());
+        let _ = writeln!(
+            out,
+            "baton_worker_timings_trimmed_total {}",
+            baton_core::run::executor::timing::trimmed_reports()
+        );
 
         help(&mut out, "baton_model_active_version", "gauge", "The version serving requests that name none.");
         for s in statuses.iter() {

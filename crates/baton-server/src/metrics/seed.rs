@@ -3,9 +3,9 @@
 //! load, rollback, update or rollout decision as a step from 0, where a
 //! series that appeared at 1 would read as no change.
 
-use baton_core::backend::UpdateReason;
-use baton_core::events::Stage;
+use baton_core::registry::events::Stage;
 use baton_core::rollout::control::Action;
+use baton_core::run::backend::UpdateReason;
 
 use super::LoadMetrics;
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use baton_core::step_aside::StepAside;
+use baton_core::threads::step_aside::StepAside;
 
 use crate::access::{Exposed, Listener, ModelControl};
 use crate::app::ServerLimits;
@@ -241,7 +241,7 @@ impl Control {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeout(pub Option<Duration>);
 
-pub use baton_core::bytes::parse as parse_bytes;
+pub use baton_core::human::bytes::parse as parse_bytes;
 pub use baton_drill::args::parse_duration;
 
 /// [`parse_bytes`], for a size held in a `usize`.

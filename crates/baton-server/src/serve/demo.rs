@@ -49,9 +49,9 @@ pub fn prepare(base: &Path) -> anyhow::Result<PathBuf> {
         std::fs::write(model_dir.join("model.toml"), MODEL_TOML)?;
     }
     let v1 = model_dir.join("1");
-    if !baton_core::manifest::is_complete(&v1) {
+    if !baton_core::files::manifest::is_complete(&v1) {
         write_version(&v1, 1)?;
-        baton_core::manifest::write(&v1)?;
+        baton_core::files::manifest::write(&v1)?;
     }
     let next = base.join("next").join("2");
     if !next.join("model.onnx").exists() {

@@ -18,8 +18,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use anyhow::Context;
-use baton_core::backend::Backend;
 use baton_core::registry::{Registry, RegistryConfig};
+use baton_core::run::backend::Backend;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::access::{Access, Front, Listener, Token};
@@ -66,8 +66,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         // Read again: the state file is the old server's until it exits.
         decisions = self::decisions(&args, &repo.state_root)?;
     }
-    baton_core::sys::keep_large_allocations_mapped();
-    match baton_core::sys::raise_open_files_limit() {
+    baton_core::threads::sys::keep_large_allocations_mapped();
+    match baton_core::threads::sys::raise_open_files_limit() {
         Ok(limit) => tracing::debug!(limit, "Open files limit."),
         Err(error) => tracing::warn!(%error, "Could not raise the limit on open files."),
     }
@@ -123,7 +123,7 @@ impl Checked {
         let decisions = decisions(args, &repo.state_root)?;
         let guards = Guards::read(args)?;
         // Session threads are started from here, at serving priority.
-        baton_core::executor::start_spawner();
+        baton_core::run::executor::start_spawner();
         // ONNX Runtime is started here, on the main thread, at serving priority.
         let onnx = baton_onnx::OnnxBackend::new().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(Checked { control, access, repo, decisions, guards, onnx })
@@ -320,7 +320,7 @@ impl InProcess {
         check_repository(&repo, &control)?;
         let decisions = decisions(&args, &repo.state_root)?;
         let guards = Guards::read(&args)?;
-        baton_core::executor::start_spawner();
+        baton_core::run::executor::start_spawner();
         let app = app(&repo, &args, backends, decisions, guards);
         let _ = app.operations_held.set(access.holder());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -576,7 +576,7 @@ async fn serve_grpc(app: Arc<App>, listener: conn::Bounded, access: Arc<Access>,
     crate::grpc::serve(app, listener, access, role).await.context("serving gRPC")
 }
 
-async fn feed_metrics(app: Arc<App>, mut events: baton_core::events::EventReceiver) {
+async fn feed_metrics(app: Arc<App>, mut events: baton_core::registry::events::EventReceiver) {
     loop {
         match events.recv().await {
             Ok(event) => app.metrics.on_event(&event),
@@ -590,7 +590,7 @@ async fn feed_metrics(app: Arc<App>, mut events: baton_core::events::EventReceiv
 mod tests {
     use std::time::Duration;
 
-    use baton_core::step_aside::StepAside;
+    use baton_core::threads::step_aside::StepAside;
     use clap::Parser;
 
     use super::{Control, ServeArgs};

@@ -6,8 +6,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use anyhow::Context;
-use baton_core::events::EventKind;
-use baton_core::source::{LocalRepository, Source};
+use baton_core::files::source::{LocalRepository, Source};
+use baton_core::registry::events::EventKind;
 use baton_store::{Options, StoreSource};
 
 use super::{ServeArgs, demo};

@@ -49,12 +49,12 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
-use baton_core::error::LoadError;
-use baton_core::events::EventKind;
-use baton_core::source::{BareVersion, FetchError, Presence};
+use baton_core::files::source::{BareVersion, FetchError, Presence};
+use baton_core::registry::error::LoadError;
+use baton_core::registry::events::EventKind;
 
 use crate::app::App;
-use baton_core::pipeline::RolloutStart;
+use baton_core::registry::load::RolloutStart;
 
 use crate::decisions::{Change, Decision, Kind, now};
 use crate::readiness::{CannotServe, Unpackaged};
@@ -105,7 +105,7 @@ struct Retry {
 /// Anything else (a store or file system that failed to answer, a full
 /// memory budget, a panic, shutdown) is of the moment.
 fn refuses_the_files(error: &LoadError) -> bool {
-    use baton_core::pipeline::warmup::WarmupError;
+    use baton_core::registry::load::warmup::WarmupError;
     match error {
         LoadError::Config(_) | LoadError::Verify(_) | LoadError::Validate(_) | LoadError::Load(_) => true,
         LoadError::Warmup(error) => !matches!(error, WarmupError::TooSlow { .. } | WarmupError::Failed { .. }),
@@ -155,7 +155,7 @@ pub struct Watcher {
     app: Arc<App>,
     missing_polls: u32,
     /// Versions seen, with their MANIFEST's stamp (see
-    /// [`baton_core::source::Source::version_stamp`]).
+    /// [`baton_core::files::source::Source::version_stamp`]).
     seen: BTreeMap<(String, u64), Option<String>>,
     warned: BTreeSet<(String, u64)>,
     /// Polls in a row each model or kept version was found missing.

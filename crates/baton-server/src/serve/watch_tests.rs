@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 
+use baton_core::files::source::{BareVersion, FetchError, Fetched, LocalRepository, Presence, Source};
+use baton_core::files::spec::ModelSpec;
 use baton_core::registry::{Registry, RegistryConfig};
-use baton_core::source::{BareVersion, FetchError, Fetched, LocalRepository, Presence, Source};
-use baton_core::spec::ModelSpec;
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{TestRepo, mlp_toml};
 

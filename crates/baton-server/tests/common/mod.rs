@@ -10,7 +10,7 @@ pub mod upgrade;
 
 use std::path::Path;
 
-use baton_core::tensor::Tensor;
+use baton_core::tensors::tensor::Tensor;
 use baton_testkit::onnx::Mlp;
 use baton_testkit::repo::{TestRepo, mlp_toml};
 use baton_testkit::server::{Answer, Server};

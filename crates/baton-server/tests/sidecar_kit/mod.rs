@@ -18,7 +18,7 @@ use baton_cluster::records::{Desired, FleetPlan, ReplicaRecord, RolloutRecord};
 use baton_cluster::{
     Health, Participant, ReplicaConfig, SidecarConfig, SidecarNode, Store, StoreConfig, TargetLayout, coordinator,
 };
-use baton_core::source::{LocalRepository, Source};
+use baton_core::files::source::{LocalRepository, Source};
 use baton_testkit::etcd::Etcd;
 use baton_testkit::onnx::{Mlp, sample_input};
 use baton_testkit::repo::{TestRepo, mlp_toml};

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use baton_core::manifest::{self, Entry, Manifest};
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::files::manifest::{self, Entry, Manifest};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_onnx::mlp::{Mlp, OnnxOptions, encode_identity, encode_mlp};
 use baton_onnx::proto::elem;
 use baton_onnx::writer::{Attr, Dim, GraphWriter};
