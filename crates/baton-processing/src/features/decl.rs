@@ -4,31 +4,72 @@
 
 use baton_core::tensor::DataType;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
-/// One `[[feature]]` table.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One `[[feature]]` table, read key by key so that every error names
+/// its key.
+#[derive(Debug)]
 pub(crate) struct FeatureDecl {
     pub name: String,
     pub datatype: DataType,
     pub graph_input: String,
-    #[serde(default)]
     pub default: Option<DefaultDecl>,
-    #[serde(default)]
     pub clip: Option<ClipDecl>,
-    #[serde(default)]
     pub scale_to_z_score: Option<ZScoreDecl>,
-    #[serde(default)]
     pub scale_by_min_max: Option<MinMaxDecl>,
-    #[serde(default)]
     pub bucketize: Option<BucketizeDecl>,
-    #[serde(default)]
     pub hash_strings: Option<HashDecl>,
+}
+
+/// The keys a `[[feature]]` table takes.
+const FEATURE_KEYS: [&str; 9] = [
+    "name",
+    "datatype",
+    "graph_input",
+    "default",
+    "clip",
+    "scale_to_z_score",
+    "scale_by_min_max",
+    "bucketize",
+    "hash_strings",
+];
+
+impl FeatureDecl {
+    /// Reads one `[[feature]]` table; the error names the key.
+    pub fn from_table(table: &toml::Table) -> Result<FeatureDecl, String> {
+        if let Some(key) = table.keys().find(|k| !FEATURE_KEYS.contains(&k.as_str())) {
+            return Err(format!("unknown key '{key}'; a feature takes {}", FEATURE_KEYS.join(", ")));
+        }
+        Ok(FeatureDecl {
+            name: required(table, "name")?,
+            datatype: required(table, "datatype")?,
+            graph_input: required(table, "graph_input")?,
+            default: optional(table, "default")?,
+            clip: optional(table, "clip")?,
+            scale_to_z_score: optional(table, "scale_to_z_score")?,
+            scale_by_min_max: optional(table, "scale_by_min_max")?,
+            bucketize: optional(table, "bucketize")?,
+            hash_strings: optional(table, "hash_strings")?,
+        })
+    }
+}
+
+/// The value of `key`, or an error naming it.
+fn optional<T: DeserializeOwned>(table: &toml::Table, key: &str) -> Result<Option<T>, String> {
+    table
+        .get(key)
+        .map(|v| v.clone().try_into().map_err(|e: toml::de::Error| format!("{key}: {}", e.message())))
+        .transpose()
+}
+
+/// The value of `key`, which must be there.
+fn required<T: DeserializeOwned>(table: &toml::Table, key: &str) -> Result<T, String> {
+    optional(table, key)?.ok_or_else(|| format!("{key} is required"))
 }
 
 /// A default: a number for a numeric feature, text for a categorical one.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a number (numeric feature) or a string (categorical feature)")]
 pub(crate) enum DefaultDecl {
     Number(f64),
     Text(String),

@@ -17,7 +17,7 @@ const MAX_HASH_BUCKETS: u64 = 1 << 32;
 
 /// Parses and validates the text of a `features.toml`.
 pub(crate) fn parse(text: &str) -> Result<FeatureSpec, FeatureError> {
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| FeatureError::invalid("file", e.message()))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| syntax(text, &e))?;
     for key in table.keys() {
         if key != "feature" && key != "graph_input" {
             return Err(FeatureError::invalid(
@@ -40,8 +40,8 @@ pub(crate) fn parse(text: &str) -> Result<FeatureSpec, FeatureError> {
             Some(name) => format!("feature '{name}'"),
             None => format!("feature #{}", i + 1),
         };
-        let decl: FeatureDecl =
-            item.clone().try_into().map_err(|e: toml::de::Error| FeatureError::invalid(&at, e.message()))?;
+        let table = item.as_table().ok_or_else(|| FeatureError::invalid(&at, "must be a table ([[feature]])"))?;
+        let decl = FeatureDecl::from_table(table).map_err(|message| FeatureError::invalid(&at, message))?;
         if decl.name.is_empty() {
             return Err(FeatureError::invalid(&at, "name must not be empty"));
         }
@@ -122,13 +122,12 @@ fn graph_input(
             format!("datatype {datatype}: its features give {what}, which go to {} or {}", allowed[0], allowed[1]),
         ));
     }
-    if datatype == DataType::Int32 {
-        if let Some(f) = fed.iter().map(|&f| &features[f]).find(|f| f.kind.largest_id() > i64::from(i32::MAX)) {
-            return Err(FeatureError::invalid(
-                &at,
-                format!("datatype INT32: feature '{}' gives ids up to {}, beyond INT32", f.name, f.kind.largest_id()),
-            ));
-        }
+    let too_large = |f: &&Feature| f.kind.largest_id() > i64::from(i32::MAX);
+    if let Some(f) = fed.iter().map(|&f| &features[f]).find(too_large).filter(|_| datatype == DataType::Int32) {
+        return Err(FeatureError::invalid(
+            &at,
+            format!("datatype INT32: feature '{}' gives ids up to {}, beyond INT32", f.name, f.kind.largest_id()),
+        ));
     }
     let rank = layout.rank.unwrap_or(2);
     match rank {
@@ -262,6 +261,18 @@ fn numeric(decl: &FeatureDecl) -> Result<Kind, String> {
         NumericOp::Identity
     };
     Ok(Kind::Numeric { default, clip, op })
+}
+
+/// A TOML syntax error, on one line, with the line it is on.
+fn syntax(text: &str, e: &toml::de::Error) -> FeatureError {
+    let message = e.message().trim().replace('\n', "; ");
+    match e.span() {
+        Some(span) => {
+            let line = text.get(..span.start).map_or(0, |before| before.matches('\n').count()) + 1;
+            FeatureError::invalid(format!("line {line}"), message)
+        }
+        None => FeatureError::invalid("file", message),
+    }
 }
 
 /// `value`, or why a parameter must be finite.
