@@ -18,8 +18,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 TRITONCLIENT_VERSION=2.51.0  # the newest whose perf_analyzer runs on Debian 12
 SEAWEEDFS_VERSION=4.48
-venv=.baton/venv
 MMH3_VERSION=5.2.0
+venv=.baton/venv
 stamp="$venv/.baton-clients-$TRITONCLIENT_VERSION-seaweedfs-$SEAWEEDFS_VERSION-mmh3-$MMH3_VERSION"
 
 if [ ! -f "$stamp" ]; then
