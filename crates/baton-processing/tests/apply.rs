@@ -33,6 +33,10 @@ fn the_worked_example_gives_the_graph_inputs() {
         [z(30.0), 0.25, -0.625, z(38.0), 1.0, -0.625]
     );
 
+    let bytes: usize = out.iter().map(Tensor::data_bytes).sum();
+    assert_eq!((ctr().output_bytes(2), bytes), (2 * (3 * 4 + 8 + 2 * 8), 2 * (3 * 4 + 8 + 2 * 8)));
+    assert_eq!(ctr().output_bytes(usize::MAX), usize::MAX);
+
     // 12 equals a boundary: the bucket above it.
     assert_eq!((out[1].shape.as_slice(), ids(&out[1])), (&[2][..], vec![0, 2]));
 

@@ -30,6 +30,17 @@ impl FeatureSpec {
             .collect()
     }
 
+    /// The bytes of the graph inputs `apply` gives for `rows` rows
+    /// (saturating): what a server counts against its memory budget before
+    /// it transforms a request, since a feature left to its default costs
+    /// nothing in the request and `width` elements per row in the output.
+    pub fn output_bytes(&self, rows: usize) -> usize {
+        self.graph_inputs
+            .iter()
+            .map(|g| rows.saturating_mul(g.features.len()).saturating_mul(g.datatype.size().unwrap_or(0)))
+            .fold(0, usize::saturating_add)
+    }
+
     /// Checks at load that the transforms give exactly the graph's inputs:
     /// every graph input given, nothing else, each with the graph's
     /// datatype, rank and width (a graph dimension of -1 takes any size).
