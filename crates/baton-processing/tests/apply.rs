@@ -80,6 +80,11 @@ fn an_unknown_feature_is_refused_by_name() {
     assert_eq!(e.kind(), "unknown_feature");
     assert!(e.is_client_error());
     assert!(e.to_string().starts_with("unknown feature 'agee'; the version takes 'age', 'price'"), "{e}");
+    // A name the client chose is cut short in the message.
+    let long = "x".repeat(1 << 20);
+    let e = ctr().apply(&[f32s(&long, &[1.0])]).unwrap_err();
+    assert_eq!(e.kind(), "unknown_feature");
+    assert!(e.to_string().starts_with(&format!("unknown feature '{}…'; the version takes", &long[..64])), "{e}");
 }
 
 #[test]

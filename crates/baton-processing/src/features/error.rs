@@ -1,6 +1,14 @@
 //! Why a feature spec cannot be loaded, or a request's raw features cannot
 //! be turned into the graph's inputs.
 
+use baton_core::signature::names;
+
+/// A name the client chose, quoted and cut short as lists of names are:
+/// an error message does not echo a megabyte back.
+fn shown(name: &str) -> String {
+    names(&[name.to_owned()])
+}
+
 /// A feature-transform failure. Load-time kinds (`feature_spec_invalid`,
 /// `feature_spec_mismatch`) refuse a version; the others are the client's
 /// mistake in one request. Every message names the feature or graph input.
@@ -18,7 +26,7 @@ pub enum FeatureError {
     #[error("features.toml does not fit the graph: {0}")]
     Mismatch(String),
     /// The request sends a feature the version does not declare.
-    #[error("unknown feature '{name}'; the version takes {}", baton_core::signature::names(.expected))]
+    #[error("unknown feature {}; the version takes {}", shown(.name), names(.expected))]
     UnknownFeature {
         /// The request's feature.
         name: String,
@@ -58,7 +66,7 @@ pub enum FeatureError {
         message: String,
     },
     /// The request sends a feature twice.
-    #[error("feature '{name}' given more than once")]
+    #[error("feature {} given more than once", shown(.name))]
     Duplicate {
         /// The feature.
         name: String,
