@@ -88,7 +88,10 @@ fn column(feature: &Feature, tensor: Option<&Tensor>, rows: usize) -> Result<Vec
         Kind::Categorical { default, op } => match (tensor.map(|t| &t.data), default) {
             (Some(TensorData::Bytes(items)), _) => Ok(items.iter().map(|item| op.apply(item)).collect()),
             // Checked before: a BYTES tensor holds byte strings.
-            (Some(TensorData::Raw(_)), _) => Err(missing(None)),
+            (Some(TensorData::Raw(_)), _) => Err(FeatureError::FeatureShape {
+                name: feature.name.clone(),
+                message: "BYTES data given as fixed-size elements".into(),
+            }),
             (None, Some(default)) => Ok(vec![op.apply(default); rows]),
             (None, None) => Err(missing(None)),
         },
