@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_processing::features::FeatureSpec;
 use criterion::{Criterion, criterion_group, criterion_main};
 

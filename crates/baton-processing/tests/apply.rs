@@ -3,7 +3,7 @@
 
 mod common;
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use common::{ctr, f32s, f64s, i64s, ids, texts};
 
 /// The features of two rows, `site` and `past_clicks` left to their

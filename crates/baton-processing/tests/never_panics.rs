@@ -3,8 +3,8 @@
 
 mod common;
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use common::ctr;
 use proptest::prelude::*;
 

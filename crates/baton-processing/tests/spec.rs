@@ -4,8 +4,8 @@
 
 mod common;
 
-use baton_core::signature::{Signature, TensorSpec};
-use baton_core::tensor::DataType;
+use baton_core::tensors::signature::{Signature, TensorSpec};
+use baton_core::tensors::tensor::DataType;
 use baton_processing::features::{FeatureError, FeatureSpec};
 use common::{CTR, ctr};
 

@@ -1,7 +1,7 @@
 //! From the features' columns to the graph's input tensors: the features
 //! of one graph input side by side, in file order, one row per request row.
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 
 use super::transform::Value;
 use super::{FeatureSpec, GraphInput};

@@ -3,7 +3,7 @@
 //! value per row, one row count for all), missing values defaulted, then
 //! clipped and transformed.
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 
 use super::error::FeatureError;
 use super::transform::Value;

@@ -2,7 +2,7 @@
 //! refusing keys it does not know. Meaning and bounds are checked after,
 //! in `validate`.
 
-use baton_core::tensor::DataType;
+use baton_core::tensors::tensor::DataType;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 

@@ -1,7 +1,7 @@
 //! Why a feature spec cannot be loaded, or a request's raw features cannot
 //! be turned into the graph's inputs.
 
-use baton_core::signature::names;
+use baton_core::tensors::signature::names;
 
 /// A name the client chose, quoted and cut short as lists of names are:
 /// an error message does not echo a megabyte back.

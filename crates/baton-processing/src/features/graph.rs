@@ -1,7 +1,7 @@
 //! The spec's two faces: the raw inputs a client sends, and the graph
 //! inputs the transforms give, checked against the graph at load.
 
-use baton_core::signature::{Signature, TensorSpec};
+use baton_core::tensors::signature::{Signature, TensorSpec};
 
 use super::FeatureSpec;
 use super::error::FeatureError;
@@ -60,7 +60,7 @@ impl FeatureSpec {
                 return Err(FeatureError::Mismatch(format!(
                     "graph_input '{}': the graph has no such input; it takes {}",
                     given.name,
-                    baton_core::signature::names(&names)
+                    baton_core::tensors::signature::names(&names)
                 )));
             };
             if want.datatype != given.datatype {
@@ -92,6 +92,6 @@ impl FeatureSpec {
             .filter(|g| g.name == input)
             .flat_map(|g| g.features.iter().map(|&f| self.features[f].name.clone()))
             .collect();
-        format!("features {}", baton_core::signature::names(&names))
+        format!("features {}", baton_core::tensors::signature::names(&names))
     }
 }

@@ -40,7 +40,7 @@ mod validate;
 
 use std::path::Path;
 
-use baton_core::tensor::{DataType, Tensor};
+use baton_core::tensors::tensor::{DataType, Tensor};
 
 pub use error::FeatureError;
 use transform::{Clip, HashOp, NumericOp};

@@ -4,7 +4,7 @@
 //! mix floats and ids. Each refusal names the feature (or graph input) and
 //! the key.
 
-use baton_core::tensor::DataType;
+use baton_core::tensors::tensor::DataType;
 
 use super::decl::{DefaultDecl, FeatureDecl, GraphInputDecl};
 use super::error::FeatureError;

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use baton_processing::features::FeatureSpec;
 
 /// The worked example of docs/features.md.
