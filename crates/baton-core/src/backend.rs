@@ -229,15 +229,19 @@ pub enum UpdateKind {
     /// cannot change inside the server's process (another runtime library)
     /// or because the operator asked for one.
     Runtime,
+    /// The graph and weights of the version before it, with other
+    /// processing around them (a tokenizer, post-processing).
+    Processing,
 }
 
 impl UpdateKind {
-    /// `weights`, `graph` or `runtime`.
+    /// `weights`, `graph`, `runtime` or `processing`.
     pub fn as_str(self) -> &'static str {
         match self {
             UpdateKind::Weights => "weights",
             UpdateKind::Graph => "graph",
             UpdateKind::Runtime => "runtime",
+            UpdateKind::Processing => "processing",
         }
     }
 }
@@ -256,17 +260,21 @@ pub enum UpdateReason {
     RuntimeLibrary,
     /// Its `[engine] isolation = "process"` asks for a process of its own.
     OperatorChoice,
+    /// Its graph and weights are those of the version loaded before it;
+    /// only the processing files around them changed.
+    ProcessingOnly,
 }
 
 impl UpdateReason {
-    /// The stable code: `weights_only`, `new_graph`, `runtime_library` or
-    /// `operator_choice`.
+    /// The stable code: `weights_only`, `new_graph`, `runtime_library`,
+    /// `operator_choice` or `processing_only`.
     pub fn as_str(self) -> &'static str {
         match self {
             UpdateReason::WeightsOnly => "weights_only",
             UpdateReason::NewGraph => "new_graph",
             UpdateReason::RuntimeLibrary => "runtime_library",
             UpdateReason::OperatorChoice => "operator_choice",
+            UpdateReason::ProcessingOnly => "processing_only",
         }
     }
 
@@ -276,6 +284,7 @@ impl UpdateReason {
             UpdateReason::WeightsOnly => UpdateKind::Weights,
             UpdateReason::NewGraph => UpdateKind::Graph,
             UpdateReason::RuntimeLibrary | UpdateReason::OperatorChoice => UpdateKind::Runtime,
+            UpdateReason::ProcessingOnly => UpdateKind::Processing,
         }
     }
 
@@ -286,6 +295,7 @@ impl UpdateReason {
             UpdateKind::Weights => UpdateReason::WeightsOnly,
             UpdateKind::Graph => UpdateReason::NewGraph,
             UpdateKind::Runtime => UpdateReason::OperatorChoice,
+            UpdateKind::Processing => UpdateReason::ProcessingOnly,
         }
     }
 }

@@ -1,0 +1,36 @@
+//! What a version is made of, split in two: its processing files and the
+//! rest (the graph and its weights), each a digest of the manifest's
+//! entries. A version whose rest equals its predecessor's and whose
+//! processing does not is a processing update.
+
+use baton_core::manifest::Manifest;
+use sha2::{Digest, Sha256};
+
+/// The two digests of a version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    graph: [u8; 32],
+    processing: [u8; 32],
+}
+
+impl Identity {
+    /// The identity of a version of `manifest`, whose processing reads
+    /// `processing` (paths relative to the version).
+    pub fn of(manifest: &Manifest, processing: &[String]) -> Identity {
+        let (mut graph, mut own) = (Sha256::new(), Sha256::new());
+        // Digests of different formats never compare equal.
+        let format = format!("{:?}\n", manifest.format);
+        graph.update(format.as_bytes());
+        own.update(format.as_bytes());
+        for entry in &manifest.entries {
+            let line = format!("{}\0{}\0{}\n", entry.path, entry.size, entry.sha256);
+            if processing.contains(&entry.path) { own.update(line.as_bytes()) } else { graph.update(line.as_bytes()) }
+        }
+        Identity { graph: graph.finalize().into(), processing: own.finalize().into() }
+    }
+
+    /// Whether only the processing changed since `previous`.
+    pub fn processing_only_since(&self, previous: &Identity) -> bool {
+        self.graph == previous.graph && self.processing != previous.processing
+    }
+}
