@@ -223,26 +223,9 @@ fn token_inputs(graph: &Signature) -> Result<Vec<&'static str>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use baton_testkit::text::word_level;
 
-    /// A word-level tokenizer.json: words split on whitespace and
-    /// punctuation, `[UNK]` 1, words from 2 on; truncation as given.
-    pub(crate) fn word_level(words: &[&str], truncation: Option<usize>) -> Vec<u8> {
-        let mut vocab = serde_json::Map::new();
-        vocab.insert("[PAD]".into(), 0.into());
-        vocab.insert("[UNK]".into(), 1.into());
-        for (i, w) in words.iter().enumerate() {
-            vocab.insert((*w).into(), (i + 2).into());
-        }
-        let truncation =
-            truncation.map(|n| serde_json::json!({"max_length": n, "strategy": "LongestFirst", "stride": 0}));
-        serde_json::to_vec(&serde_json::json!({
-            "version": "1.0", "truncation": truncation, "padding": null, "added_tokens": [],
-            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-        }))
-        .unwrap()
-    }
+    use super::*;
 
     fn graph(inputs: &[&str]) -> Signature {
         let spec = |name: &&str| TensorSpec { name: (*name).into(), datatype: DataType::Int64, shape: vec![-1, -1] };

@@ -1,0 +1,117 @@
+//! Versions that carry their processing, black box: texts in, through the
+//! version's own tokenizer and post-processing around its graph; bad text
+//! answered with a 400 naming the problem; a version that changes only its
+//! processing is a `processing` update.
+
+mod common;
+
+use baton_core::tensor::{DataType, Tensor, TensorData};
+use baton_testkit::encoder::Encoder;
+use baton_testkit::repo::TestRepo;
+use baton_testkit::server::Server;
+use baton_testkit::text::word_level;
+use common::{assert_no_panic, binary_request, output_f32, start};
+use serde_json::{Value, json};
+
+const WORDS: [&str; 8] = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"];
+
+/// A processing.toml: a tokenizer of at most `max_length` tokens that cuts
+/// longer texts or refuses them, mean-pooled and normalized.
+fn processing(max_length: usize, truncation: bool) -> String {
+    format!(
+        "[tokenizer]\nmax_length = {max_length}\ntruncation = {truncation}\n\
+         [output]\nname = \"embedding\"\nsteps = [\"mean_pool\", \"l2_normalize\"]\n"
+    )
+}
+
+/// Publishes a text version: the encoder of `seed`, a word-level
+/// tokenizer of `words`, and `processing`.
+fn publish(repo: &TestRepo, version: u64, seed: u64, words: &[&str], processing: &str) {
+    let model = Encoder::new(seed).encode();
+    let tokenizer = word_level(words, None);
+    let files: [(&str, &[u8]); 3] =
+        [("model.onnx", &model), ("tokenizer.json", &tokenizer), ("processing.toml", processing.as_bytes())];
+    repo.write_files("t", version, &files);
+    repo.seal("t", version);
+}
+
+fn texts_request(texts: &[&str]) -> Value {
+    json!({ "inputs": [{ "name": "text", "datatype": "BYTES", "shape": [texts.len()], "data": texts }] })
+}
+
+fn embed(server: &Server, texts: &[&str]) -> (u64, Vec<f32>) {
+    let answer = server.post_json("/v2/models/t/infer", &texts_request(texts));
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    let body = answer.json();
+    (common::version_of(&body), output_f32(&body, "embedding"))
+}
+
+#[test]
+fn bad_text_is_a_400_naming_the_problem_and_good_text_still_answers() {
+    let repo = TestRepo::new();
+    repo.add_model("t", "backend = \"onnx\"\n");
+    publish(&repo, 1, 3, &WORDS, &processing(6, false));
+    let server = start(&repo, &[]);
+    server.wait_ready();
+    server.wait_serving("t", 1);
+
+    let (_, before) = embed(&server, &["the cat sat", "a dog"]);
+    assert_eq!(before.len(), 2 * 32, "two embeddings of the encoder's width");
+
+    // Text that is not UTF-8 only a binary tensor can carry.
+    let text = Tensor {
+        name: "text".into(),
+        datatype: DataType::Bytes,
+        shape: vec![2],
+        data: TensorData::Bytes(vec![b"the cat".to_vec(), b"the \xff cat".to_vec()]),
+    };
+    let (body, length) = binary_request(&[text], &[]);
+    let answer = server.post_raw("/v2/models/t/infer", &body, &[("inference-header-content-length", &length)]);
+    assert_eq!(answer.status, 400, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(answer.json()["kind"], "text_not_utf8", "{}", answer.json());
+    assert!(answer.error().contains("text 1") && answer.error().contains("UTF-8"), "{}", answer.error());
+
+    let answer = server.post_json("/v2/models/t/infer", &texts_request(&["the cat sat on the mat and ran"]));
+    assert_eq!(answer.status, 400, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(answer.json()["kind"], "text_too_long", "{}", answer.json());
+    assert!(answer.error().contains("8 tokens") && answer.error().contains("at most 6"), "{}", answer.error());
+
+    let (_, after) = embed(&server, &["the cat sat", "a dog"]);
+    assert_eq!(before, after, "bad requests change nothing");
+    assert_eq!(server.get("/v2/health/ready").status, 200);
+    assert_no_panic(&server);
+}
+
+#[test]
+fn a_version_that_changes_only_its_processing_is_a_processing_update() {
+    let repo = TestRepo::new();
+    repo.add_model("t", "backend = \"onnx\"\n");
+    publish(&repo, 1, 3, &WORDS, &processing(6, true));
+    let server = start(&repo, &["--model-control", "explicit", "--load-model", "t"]);
+    server.wait_serving("t", 1);
+    let (_, one) = embed(&server, &["the cat sat on the mat and ran"]);
+
+    // The same graph, texts cut at 3 tokens instead of 6.
+    publish(&repo, 2, 3, &WORDS, &processing(3, true));
+    let loaded = server.post_json("/baton/v1/models/t/load", &json!({ "version": 2 }));
+    assert_eq!(loaded.status, 200, "{}", String::from_utf8_lossy(&loaded.body));
+    assert_eq!(loaded.json()["update"], "processing", "{}", loaded.json());
+    let (version, two) = embed(&server, &["the cat sat on the mat and ran"]);
+    assert_eq!(version, 2);
+    assert_ne!(one, two, "the new truncation changes the answer");
+    let (_, short) = embed(&server, &["the cat sat"]);
+    assert_eq!(two, short, "cut at 3 tokens");
+
+    // Another graph with the same processing is a graph update.
+    publish(&repo, 3, 4, &WORDS, &processing(3, true));
+    let loaded = server.post_json("/baton/v1/models/t/load", &json!({ "version": 3 }));
+    assert_eq!(loaded.json()["update"], "graph", "{}", loaded.json());
+
+    let status = server.status("t");
+    let live = status["live"].as_array().unwrap();
+    let two = live.iter().find(|v| v["version"] == 2).expect("version 2 is kept");
+    assert_eq!((two["update"].as_str(), two["update_reason"].as_str()), (Some("processing"), Some("processing_only")));
+    let series = r#"baton_updates_total{model="t",update="processing",reason="processing_only"}"#;
+    assert_eq!(baton_testkit::server::metric(&server.metrics(), series), Some(1.0), "{series} in the metrics");
+    assert_no_panic(&server);
+}
