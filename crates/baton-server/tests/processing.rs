@@ -115,3 +115,60 @@ fn a_version_that_changes_only_its_processing_is_a_processing_update() {
     assert_eq!(baton_testkit::server::metric(&server.metrics(), series), Some(1.0), "{series} in the metrics");
     assert_no_panic(&server);
 }
+
+#[test]
+fn a_swap_under_load_that_changes_the_tokenizer_and_the_graph_never_mixes_them() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let repo = TestRepo::new();
+    repo.add_model("t", "backend = \"onnx\"\n");
+    publish(&repo, 1, 3, &WORDS, &processing(6, true));
+    let server = start(&repo, &["--model-control", "explicit", "--load-model", "t"]);
+    server.wait_serving("t", 1);
+    let text = ["the cat sat on the mat and the dog ran"];
+    let (_, first) = embed(&server, &text);
+
+    // Version 2: another graph, the vocabulary reversed, texts cut at 4.
+    let reversed: Vec<&str> = WORDS.iter().rev().copied().collect();
+    publish(&repo, 2, 5, &reversed, &processing(4, true));
+    let stop = AtomicBool::new(false);
+    let from_two = AtomicUsize::new(0);
+    let answers = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    let client = server.client();
+                    let mut seen = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let answer = client.post_json("/v2/models/t/infer", &texts_request(&text));
+                        assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+                        let body = answer.json();
+                        let version = common::version_of(&body);
+                        if version == 2 {
+                            from_two.fetch_add(1, Ordering::Relaxed);
+                        }
+                        seen.push((version, output_f32(&body, "embedding")));
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let loaded = server.post_json("/baton/v1/models/t/load", &json!({ "version": 2 }));
+        assert_eq!(loaded.status, 200, "{}", String::from_utf8_lossy(&loaded.body));
+        baton_testkit::server::eventually("the clients' answers from version 2", || {
+            (from_two.load(Ordering::Relaxed) >= 20).then_some(())
+        });
+        stop.store(true, Ordering::Relaxed);
+        clients.into_iter().flat_map(|c| c.join().unwrap()).collect::<Vec<_>>()
+    });
+    let (_, second) = embed(&server, &text);
+    assert_ne!(first, second, "the versions answer apart");
+    let mut counts = [0usize; 2];
+    for (version, answer) in &answers {
+        let expected = if *version == 1 { &first } else { &second };
+        assert_eq!(answer, expected, "version {version} answered with its own tokenizer and graph");
+        counts[(*version - 1) as usize] += 1;
+    }
+    assert!(counts[0] > 0 && counts[1] >= 20, "answers from each version under load: {counts:?}");
+    assert_no_panic(&server);
+}
