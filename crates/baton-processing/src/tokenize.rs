@@ -89,7 +89,7 @@ impl TextTokenizer {
         tokenizer.with_padding(None);
         let padding = declared_padding
             .unwrap_or_else(|| PaddingParams { strategy: PaddingStrategy::BatchLongest, ..PaddingParams::default() });
-        let wanted = token_inputs(graph).map_err(|why| invalid(why))?;
+        let wanted = token_inputs(graph).map_err(invalid)?;
         let fixed_by_graph = graph.input("input_ids").and_then(|s| s.shape.get(1)).filter(|d| **d > 0);
         let pad_to = match (spec.padding, &padding.strategy) {
             (Some(Padding::Fixed), _) => {
