@@ -172,3 +172,38 @@ fn a_swap_under_load_that_changes_the_tokenizer_and_the_graph_never_mixes_them()
     assert!(counts[0] > 0 && counts[1] >= 20, "answers from each version under load: {counts:?}");
     assert_no_panic(&server);
 }
+
+#[test]
+fn golden_sets_and_warmup_see_the_version_as_clients_do() {
+    let repo = TestRepo::new();
+    repo.add_model("t", "backend = \"onnx\"\n[warmup]\nbatch_sizes = [1, 4]\n");
+    publish(&repo, 1, 3, &WORDS, &processing(6, false));
+    let server = start(&repo, &["--model-control", "explicit", "--load-model", "t"]);
+    // Loaded past a warmup of generated texts, on a version that refuses
+    // texts longer than 6 tokens: the generated text is valid and short.
+    server.wait_serving("t", 1);
+    let (_, embedding) = embed(&server, &["the cat sat"]);
+
+    // A golden sample is a text and its embedding.
+    let golden = |values: &[f32]| {
+        let sample = json!({
+            "inputs": [{ "name": "text", "datatype": "BYTES", "shape": [1], "data": ["the cat sat"] }],
+            "outputs": [{ "name": "embedding", "datatype": "FP32", "shape": [1, values.len()], "data": values }],
+        });
+        serde_json::to_vec(&sample).unwrap()
+    };
+    let flipped: Vec<f32> = embedding.iter().map(|v| -v).collect();
+    for (version, expected) in [(2, &embedding), (3, &flipped)] {
+        publish(&repo, version, 3, &WORDS, &processing(6, false));
+        repo.write_files("t", version, &[("golden/a.json", &golden(expected))]);
+        repo.seal("t", version);
+    }
+    let load = |version: u64| server.post_json("/baton/v1/models/t/load", &json!({ "version": version }));
+    let passed = load(2);
+    assert_eq!(passed.status, 200, "{}", passed.error());
+    let refused = load(3);
+    assert_eq!(refused.status, 422, "{}", String::from_utf8_lossy(&refused.body));
+    assert!(refused.error().contains("golden"), "{}", refused.error());
+    assert_eq!(embed(&server, &["the cat sat"]), (2, embedding));
+    assert_no_panic(&server);
+}
