@@ -207,3 +207,39 @@ fn golden_sets_and_warmup_see_the_version_as_clients_do() {
     assert_eq!(embed(&server, &["the cat sat"]), (2, embedding));
     assert_no_panic(&server);
 }
+
+#[test]
+fn tritonclient_sends_texts_over_http_and_grpc() {
+    let repo = TestRepo::new();
+    repo.add_model("t", "backend = \"onnx\"\n");
+    publish(&repo, 1, 3, &WORDS, &processing(6, true));
+    let server = start(&repo, &[]);
+    server.wait_ready();
+    server.wait_serving("t", 1);
+    let texts = ["the cat sat", "a dog ran on the mat"];
+    let (_, expected) = embed(&server, &texts);
+
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/texts.py");
+    let http = server.base().trim_start_matches("http://").to_owned();
+    let out = std::process::Command::new(common::client_python())
+        .arg(script)
+        .args([http.as_str(), server.grpc_address(), "t", &serde_json::to_string(&texts).unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for way in ["http", "grpc"] {
+        let got: Vec<f32> = result[way]["embeddings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32))
+            .collect();
+        assert_eq!(got, expected, "{way}: the embeddings REST answers");
+        let refused = &result[way]["refused"];
+        assert!(refused["message"].as_str().is_some_and(|m| m.contains("UTF-8")), "{way}: {refused}");
+    }
+    assert_eq!(result["http"]["refused"]["status"], "400", "{result}");
+    assert_eq!(result["grpc"]["refused"]["status"], "StatusCode.INVALID_ARGUMENT", "{result}");
+    assert_no_panic(&server);
+}
