@@ -73,6 +73,15 @@ pub trait Model: Send + Sync + 'static {
     /// Runs one inference on any free instance.
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
 
+    /// Whether a cheap request may run inline, on the thread that submits
+    /// it (`[admission] inline_us`), rather than on a session thread. False
+    /// for a model whose run does work its past runs cannot bound, such as
+    /// tokenizing texts of any length, which must never hold an async
+    /// worker. True by default.
+    fn runs_inline(&self) -> bool {
+        true
+    }
+
     /// How many independent instances serve requests (sessions in a pool).
     fn instances(&self) -> usize {
         1

@@ -171,6 +171,11 @@ impl Model for Processed {
         self.run(None, inputs)
     }
 
+    fn runs_inline(&self) -> bool {
+        // Processing runs on a session thread, never on an async worker.
+        false
+    }
+
     fn instances(&self) -> usize {
         self.inner.instances()
     }
