@@ -243,3 +243,36 @@ fn tritonclient_sends_texts_over_http_and_grpc() {
     assert_eq!(result["grpc"]["refused"]["status"], "StatusCode.INVALID_ARGUMENT", "{result}");
     assert_no_panic(&server);
 }
+
+#[test]
+fn processing_runs_in_the_server_around_a_graph_in_a_worker_process() {
+    let repo = TestRepo::new();
+    repo.add_model("t", "backend = \"onnx\"\n");
+    repo.add_model("w", "backend = \"onnx\"\n[engine]\nisolation = \"process\"\n");
+    publish(&repo, 1, 3, &WORDS, &processing(6, true));
+    let files: Vec<(String, Vec<u8>)> = ["model.onnx", "tokenizer.json", "processing.toml"]
+        .iter()
+        .map(|f| ((*f).to_owned(), std::fs::read(repo.version_dir("t", 1).join(f)).unwrap()))
+        .collect();
+    let files: Vec<(&str, &[u8])> = files.iter().map(|(f, b)| (f.as_str(), b.as_slice())).collect();
+    repo.write_files("w", 1, &files);
+    repo.seal("w", 1);
+    let server = start(&repo, &[]);
+    server.wait_ready();
+    server.wait_serving("t", 1);
+    server.wait_serving("w", 1);
+
+    let texts = ["the cat sat", "a dog ran on the mat"];
+    let (_, here) = embed(&server, &texts);
+    let answer = server.post_json("/v2/models/w/infer", &texts_request(&texts));
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(output_f32(&answer.json(), "embedding"), here, "the same version answers alike in a worker");
+    let status = server.status("w");
+    let live = &status["live"][0];
+    assert!(live["worker"]["pid"].is_u64(), "the graph runs in a worker: {live}");
+    assert_eq!(live["update"], "runtime", "{live}");
+
+    let answer = server.post_json("/v2/models/w/infer", &texts_request(&["the cat sat on the mat and ran"]));
+    assert_eq!(answer.status, 200, "cut at 6 tokens in the server, before the worker");
+    assert_no_panic(&server);
+}
