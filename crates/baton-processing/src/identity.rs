@@ -34,3 +34,31 @@ impl Identity {
         self.graph == previous.graph && self.processing != previous.processing
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use baton_core::manifest::Entry;
+
+    use super::*;
+
+    fn manifest(files: &[(&str, &str)]) -> Manifest {
+        let entries = files
+            .iter()
+            .map(|(path, sha256)| Entry { path: (*path).into(), size: 1, sha256: (*sha256).into() })
+            .collect();
+        Manifest { entries, ..Manifest::default() }
+    }
+
+    #[test]
+    fn only_a_changed_processing_file_is_a_processing_update() {
+        let processing = vec!["tokenizer.json".to_owned()];
+        let of = |graph: &str, tokenizer: &str| {
+            Identity::of(&manifest(&[("model.onnx", graph), ("tokenizer.json", tokenizer)]), &processing)
+        };
+        let first = of("g1", "t1");
+        assert!(of("g1", "t2").processing_only_since(&first));
+        assert!(!of("g2", "t2").processing_only_since(&first), "a new graph too");
+        assert!(!of("g2", "t1").processing_only_since(&first), "a new graph alone");
+        assert!(!of("g1", "t1").processing_only_since(&first), "nothing changed");
+    }
+}

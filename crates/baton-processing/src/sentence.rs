@@ -128,3 +128,68 @@ fn pooling_step(config: &PoolingConfig) -> Result<Step, String> {
         _ => Err("several pooling modes at once (concatenated) are not run by baton".into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::declaration::Declaration;
+
+    /// A sentence-transformers directory of these files, verified.
+    fn verified(files: &[(&str, &str)]) -> (tempfile::TempDir, Verified) {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        baton_core::manifest::write(dir.path()).unwrap();
+        let version = baton_core::manifest::verify(dir.path()).unwrap();
+        (dir, version)
+    }
+
+    const MODULES: &str = r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]"#;
+
+    #[test]
+    fn a_directory_says_its_truncation_pooling_and_normalization() {
+        let (_dir, version) = verified(&[
+            ("modules.json", MODULES),
+            ("sentence_bert_config.json", r#"{"max_seq_length": 256, "do_lower_case": false}"#),
+            ("1_Pooling/config.json", r#"{"word_embedding_dimension": 384, "pooling_mode_cls_token": true}"#),
+            ("tokenizer.json", "{}"),
+            ("vocab.txt", "a\n"),
+        ]);
+        let d = Declaration::read(&version).unwrap().expect("a declaration");
+        let Some(PreSpec::Tokenizer(t)) = &d.pre else { panic!("a tokenizer: {d:?}") };
+        assert_eq!((t.max_length, t.truncation, t.padding), (Some(256), Some(true), Some(Padding::Longest)));
+        let output = d.output.expect("an output");
+        assert_eq!((output.name.as_str(), output.steps), (OUTPUT, vec![Step::ClsPool, Step::L2Normalize]));
+        let files =
+            ["1_Pooling/config.json", "modules.json", "sentence_bert_config.json", "tokenizer.json", "vocab.txt"];
+        assert_eq!(d.files, files);
+    }
+
+    #[test]
+    fn modules_and_pooling_modes_baton_does_not_run_are_refused_naming_them() {
+        let dense = MODULES.replace("models.Normalize", "models.Dense");
+        let sqrt = r#"{"pooling_mode_mean_sqrt_len_tokens": true}"#;
+        for (modules, pooling, needle) in [
+            (dense.as_str(), r#"{"pooling_mode_mean_tokens": true}"#, "Dense"),
+            (MODULES, sqrt, "mean_sqrt_len_tokens"),
+            (MODULES, r#"{"pooling_mode_mean_tokens": true, "pooling_mode_max_tokens": true}"#, "several"),
+        ] {
+            let (_dir, version) =
+                verified(&[("modules.json", modules), ("1_Pooling/config.json", pooling), ("tokenizer.json", "{}")]);
+            let refused = Declaration::read(&version).err().expect("refused");
+            assert_eq!(refused.kind, crate::error::PROCESSING_INVALID);
+            assert!(refused.message.contains(needle), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_version_without_modules_or_processing_declares_nothing() {
+        let (_dir, version) = verified(&[("model.onnx", "graph")]);
+        assert_eq!(Declaration::read(&version).unwrap(), None);
+    }
+}
