@@ -181,7 +181,7 @@ mod tests {
         ] {
             let (_dir, version) =
                 verified(&[("modules.json", modules), ("1_Pooling/config.json", pooling), ("tokenizer.json", "{}")]);
-            let refused = Declaration::read(&version).err().expect("refused");
+            let refused = Declaration::read(&version).expect_err("refused");
             assert_eq!(refused.kind, crate::error::PROCESSING_INVALID);
             assert!(refused.message.contains(needle), "{refused}");
         }
