@@ -276,3 +276,32 @@ fn processing_runs_in_the_server_around_a_graph_in_a_worker_process() {
     assert_eq!(answer.status, 200, "cut at 6 tokens in the server, before the worker");
     assert_no_panic(&server);
 }
+
+#[test]
+fn with_dynamic_batching_each_client_gets_its_own_embedding() {
+    let repo = TestRepo::new();
+    let toml = "backend = \"onnx\"\n[batching]\nenabled = true\nmax_batch = 8\nmax_queue_delay_us = 5000\n";
+    repo.add_model("t", toml);
+    publish(&repo, 1, 3, &WORDS, &processing(6, true));
+    let server = start(&repo, &[]);
+    server.wait_ready();
+    server.wait_serving("t", 1);
+    // Texts of different lengths: a joined batch is padded to its longest.
+    let texts = ["the", "the cat sat", "a dog ran on the mat", "cat"];
+    let alone: Vec<Vec<f32>> = texts.iter().map(|t| embed(&server, &[t]).1).collect();
+    std::thread::scope(|scope| {
+        for (text, expected) in texts.iter().zip(&alone) {
+            let client = server.client();
+            scope.spawn(move || {
+                for _ in 0..20 {
+                    let answer = client.post_json("/v2/models/t/infer", &texts_request(&[text]));
+                    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+                    let got = output_f32(&answer.json(), "embedding");
+                    let worst = got.iter().zip(expected).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                    assert!(got.len() == expected.len() && worst <= 1e-5, "{text:?}: {worst}");
+                }
+            });
+        }
+    });
+    assert_no_panic(&server);
+}
