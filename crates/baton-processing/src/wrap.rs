@@ -39,12 +39,24 @@ impl ProcessingBackend {
     }
 
     fn wrap(&self, version: &Verified, model: Box<dyn Model>) -> Result<Box<dyn Model>, BackendError> {
-        let Some(declaration) = Declaration::read(version)? else { return Ok(model) };
-        let identity = Identity::of(version.manifest(), &declaration.files);
+        let declaration = Declaration::read(version)?;
+        let files = declaration.as_ref().map_or(&[][..], |d| &d.files[..]);
+        let identity = Identity::of(version.manifest(), files);
         let model_dir = version.dir().parent().map(PathBuf::from).unwrap_or_default();
-        let previous = self.last.lock().unwrap_or_else(PoisonError::into_inner).insert(model_dir, identity.clone());
+        let previous = self.last.lock().unwrap_or_else(PoisonError::into_inner).get(&model_dir).cloned();
         let processing_only = previous.is_some_and(|p| identity.processing_only_since(&p));
+        // A version that declares nothing is the engine's model as it is,
+        // unless it only dropped the processing of the version before it.
+        let Some(declaration) = declaration else {
+            self.remember(model_dir, identity);
+            if processing_only {
+                let signature = model.signature().clone();
+                return Ok(Box::new(Processed { inner: model, pre: None, post: None, signature, processing_only }));
+            }
+            return Ok(model);
+        };
         let processed = Processed::load(version, &declaration, model, processing_only)?;
+        self.remember(model_dir, identity);
         tracing::info!(
             dir = %version.dir().display(),
             inputs = ?processed.signature.inputs.iter().map(|s| &s.name).collect::<Vec<_>>(),
@@ -53,6 +65,11 @@ impl ProcessingBackend {
             "The version runs its own processing around its graph."
         );
         Ok(Box::new(processed))
+    }
+
+    /// Records the identity of the version of a model loaded last.
+    fn remember(&self, model_dir: PathBuf, identity: Identity) {
+        self.last.lock().unwrap_or_else(PoisonError::into_inner).insert(model_dir, identity);
     }
 }
 
@@ -173,7 +190,7 @@ impl Model for Processed {
 
     fn runs_inline(&self) -> bool {
         // Processing runs on a session thread, never on an async worker.
-        false
+        self.pre.is_none() && self.post.is_none()
     }
 
     fn instances(&self) -> usize {

@@ -104,15 +104,29 @@ fn a_version_that_changes_only_its_processing_is_a_processing_update() {
 
     // Another graph with the same processing is a graph update.
     publish(&repo, 3, 4, &WORDS, &processing(3, true));
-    let loaded = server.post_json("/baton/v1/models/t/load", &json!({ "version": 3 }));
-    assert_eq!(loaded.json()["update"], "graph", "{}", loaded.json());
+    let load = |version: u64| {
+        let loaded = server.post_json("/baton/v1/models/t/load", &json!({ "version": version }));
+        assert_eq!(loaded.status, 200, "{}", String::from_utf8_lossy(&loaded.body));
+        loaded.json()
+    };
+    assert_eq!(load(3)["update"], "graph");
+
+    // The processing dropped from that graph, then added back to it.
+    repo.write_files("t", 4, &[("model.onnx", &Encoder::new(4).encode())]);
+    repo.seal("t", 4);
+    assert_eq!(load(4)["update"], "processing");
+    publish(&repo, 5, 4, &WORDS, &processing(3, true));
+    assert_eq!(load(5)["update"], "processing");
 
     let status = server.status("t");
     let live = status["live"].as_array().unwrap();
-    let two = live.iter().find(|v| v["version"] == 2).expect("version 2 is kept");
-    assert_eq!((two["update"].as_str(), two["update_reason"].as_str()), (Some("processing"), Some("processing_only")));
+    let five = live.iter().find(|v| v["version"] == 5).expect("version 5 serves");
+    assert_eq!(
+        (five["update"].as_str(), five["update_reason"].as_str()),
+        (Some("processing"), Some("processing_only"))
+    );
     let series = r#"baton_updates_total{model="t",update="processing",reason="processing_only"}"#;
-    assert_eq!(baton_testkit::server::metric(&server.metrics(), series), Some(1.0), "{series} in the metrics");
+    assert_eq!(baton_testkit::server::metric(&server.metrics(), series), Some(3.0), "{series} in the metrics");
     assert_no_panic(&server);
 }
 
