@@ -33,8 +33,9 @@ pub const PROCESSING_FILE: &str = "processing.toml";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 const TEXT_INPUT: &str = "text";
 
-/// What runs before the graph. The feature transforms (`features.toml`)
-/// join here as a second kind.
+/// What runs before the graph. The feature transforms (`features.toml`,
+/// read with `FeatureSpec::read`) join here as a second kind; a version
+/// declares one or the other, so [`Declaration::read`] refuses both.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PreSpec {
     /// Texts to token ids.

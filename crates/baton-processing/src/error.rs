@@ -21,7 +21,8 @@ pub const TOKENIZER_FAILED: &str = "tokenizer_failed";
 pub const OUTPUT_MISMATCH: &str = "processing_output_mismatch";
 
 /// The kinds of error a request's own inputs cause: a front end answers
-/// them as a bad request.
+/// them as a bad request. The feature transforms' client kinds
+/// (`FeatureError::kind`) belong here too.
 pub const CLIENT_KINDS: &[&str] = &[TEXT_NOT_UTF8, TEXT_TOO_LONG];
 
 /// A processing failure, with a stable kind (see the constants above).

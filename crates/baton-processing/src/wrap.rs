@@ -93,7 +93,11 @@ impl Backend for ProcessingBackend {
     }
 }
 
-/// What runs before the graph, loaded. The feature transforms join here.
+/// What runs before the graph, loaded. The feature transforms join here as
+/// `Features(FeatureSpec)`: loaded from `PreSpec::Features` in
+/// [`Processed::load`] (`spec.check_against(&graph)`, and the client's
+/// inputs become `spec.inputs()`), run in [`Processed::run`] as
+/// `spec.apply(inputs)` with no attention mask.
 enum Pre {
     Tokenizer(TextTokenizer),
 }
