@@ -34,8 +34,8 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 const TEXT_INPUT: &str = "text";
 
 /// What runs before the graph. The feature transforms (`features.toml`,
-/// read with `FeatureSpec::read`) join here as a second kind; a version
-/// declares one or the other, so [`Declaration::read`] refuses both.
+/// read with `FeatureSpec::read`) join here as a second kind: a version
+/// takes texts or features, and one that declares both is to be refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PreSpec {
     /// Texts to token ids.
