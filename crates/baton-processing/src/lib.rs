@@ -5,7 +5,8 @@
 //! [`ProcessingBackend`] wraps an engine's backend. A version that declares
 //! processing (a `processing.toml`, or a sentence-transformers directory:
 //! see [`declaration`] and [`sentence`]) is served with a signature of its
-//! own: texts in (a Hugging Face tokenizer, [`tokenize`]), pooled,
+//! own: texts in (a Hugging Face tokenizer, [`tokenize`]) or raw named
+//! features ([`features`]), pooled,
 //! normalized or scored outputs out ([`post`]). The processing runs in the
 //! server's process on the calling session thread, the graph wherever its
 //! engine runs it. A version that declares nothing is the engine's model as
@@ -14,6 +15,7 @@
 
 pub mod declaration;
 pub mod error;
+pub mod features;
 mod identity;
 pub mod post;
 pub mod sentence;
