@@ -1,7 +1,8 @@
 //! What a version declares about its processing, read from its own files:
 //! `processing.toml` when there is one, else a sentence-transformers
 //! directory's `modules.json` and the configs it leads to
-//! ([`crate::sentence`]), else nothing (the graph is served as it is).
+//! ([`crate::sentence`]), and `features.toml` for raw features
+//! ([`crate::features`]); else nothing (the graph is served as it is).
 //!
 //! ```toml
 //! [tokenizer]                  # texts in: a BYTES input of one text a row
@@ -23,6 +24,7 @@ use baton_core::verified::Verified;
 use serde::Deserialize;
 
 use crate::error::ProcessingError;
+use crate::features::{self, FeatureSpec};
 use crate::post::{OutputSpec, Step};
 use crate::tokenize::{Padding, TokenizerSpec};
 
@@ -33,17 +35,18 @@ pub const PROCESSING_FILE: &str = "processing.toml";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 const TEXT_INPUT: &str = "text";
 
-/// What runs before the graph. The feature transforms (`features.toml`,
-/// read with `FeatureSpec::read`) join here as a second kind: a version
-/// takes texts or features, and one that declares both is to be refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What runs before the graph: a version takes texts or raw features, and
+/// one that declares both is refused.
+#[derive(Clone, Debug, PartialEq)]
 pub enum PreSpec {
     /// Texts to token ids.
     Tokenizer(TokenizerSpec),
+    /// Raw named features to the graph's tensors (`features.toml`).
+    Features(FeatureSpec),
 }
 
 /// A version's processing.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Declaration {
     /// Before the graph, if anything.
     pub pre: Option<PreSpec>,
@@ -105,11 +108,23 @@ impl Declaration {
     /// Reads the version's declaration, or `None` when it declares no
     /// processing.
     pub fn read(version: &Verified) -> Result<Option<Declaration>, ProcessingError> {
-        let declaration = if let Some(text) = read_text(version, PROCESSING_FILE)? {
+        let mut declaration = if let Some(text) = read_text(version, PROCESSING_FILE)? {
             Some(Declaration::parse(&text)?)
         } else {
             crate::sentence::read(version)?
         };
+        if let Some(text) = read_text(version, features::FILE)? {
+            let spec = FeatureSpec::parse(&text)?;
+            let declared = declaration.get_or_insert_with(Declaration::default);
+            if declared.pre.is_some() {
+                return Err(ProcessingError::invalid(format!(
+                    "the version declares both a tokenizer and {}: it takes texts or features, not both",
+                    features::FILE
+                )));
+            }
+            declared.pre = Some(PreSpec::Features(spec));
+            declared.files.push(features::FILE.to_owned());
+        }
         Ok(declaration.map(|mut d| {
             d.files.extend(TOKENIZER_SIDE_FILES.iter().filter(|f| version.file(f).is_some()).map(|f| (*f).to_owned()));
             d.files.sort();

@@ -21,9 +21,17 @@ pub const TOKENIZER_FAILED: &str = "tokenizer_failed";
 pub const OUTPUT_MISMATCH: &str = "processing_output_mismatch";
 
 /// The kinds of error a request's own inputs cause: a front end answers
-/// them as a bad request. The feature transforms' client kinds
-/// (`FeatureError::kind`) belong here too.
-pub const CLIENT_KINDS: &[&str] = &[TEXT_NOT_UTF8, TEXT_TOO_LONG];
+/// them as a bad request. The feature transforms' are those
+/// [`crate::features::FeatureError::is_client_error`] says are.
+pub const CLIENT_KINDS: &[&str] = &[
+    TEXT_NOT_UTF8,
+    TEXT_TOO_LONG,
+    "unknown_feature",
+    "missing_feature",
+    "feature_type",
+    "feature_shape",
+    "duplicate_feature",
+];
 
 /// A processing failure, with a stable kind (see the constants above).
 #[derive(Debug, Error)]
@@ -55,5 +63,28 @@ impl ProcessingError {
 impl From<ProcessingError> for BackendError {
     fn from(error: ProcessingError) -> BackendError {
         BackendError::new(error.kind, error.message)
+    }
+}
+
+impl From<crate::features::FeatureError> for ProcessingError {
+    fn from(error: crate::features::FeatureError) -> ProcessingError {
+        ProcessingError::new(error.kind(), error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::features::FeatureSpec;
+
+    /// Every client error of the feature transforms is answered as one.
+    #[test]
+    fn the_feature_transforms_client_kinds_are_client_kinds() {
+        let spec =
+            FeatureSpec::parse("[[feature]]\nname = \"age\"\ndatatype = \"FP32\"\ngraph_input = \"dense\"\n").unwrap();
+        let unknown = baton_core::tensor::Tensor::from_f32("height", vec![1], &[1.0]);
+        for raw in [vec![], vec![unknown]] {
+            let error = super::ProcessingError::from(spec.apply(&raw).unwrap_err());
+            assert!(error.is_client_error(), "{}: {}", error.kind, error.message);
+        }
     }
 }

@@ -17,6 +17,7 @@ use baton_core::verified::Verified;
 
 use crate::declaration::{Declaration, PreSpec, read_file, read_text};
 use crate::error::ProcessingError;
+use crate::features::FeatureSpec;
 use crate::identity::Identity;
 use crate::post::Post;
 use crate::tokenize::TextTokenizer;
@@ -93,13 +94,11 @@ impl Backend for ProcessingBackend {
     }
 }
 
-/// What runs before the graph, loaded. The feature transforms join here as
-/// `Features(FeatureSpec)`: loaded from `PreSpec::Features` in
-/// [`Processed::load`] (`spec.check_against(&graph)`, and the client's
-/// inputs become `spec.inputs()`), run in [`Processed::run`] as
-/// `spec.apply(inputs)` with no attention mask.
+/// What runs before the graph, loaded.
 enum Pre {
-    Tokenizer(TextTokenizer),
+    Tokenizer(Box<TextTokenizer>),
+    /// Raw named features to the graph's inputs, with no attention mask.
+    Features(FeatureSpec),
 }
 
 /// A graph with its processing around it.
@@ -127,7 +126,12 @@ impl Processed {
                     .ok_or_else(|| ProcessingError::invalid(format!("{}: the version has no such file", spec.file)))?;
                 let tokenizer = TextTokenizer::load(&json, spec, &graph)?;
                 signature.inputs = vec![tokenizer.client_input()];
-                Some(Pre::Tokenizer(tokenizer))
+                Some(Pre::Tokenizer(Box::new(tokenizer)))
+            }
+            Some(PreSpec::Features(spec)) => {
+                spec.check_against(&graph)?;
+                signature.inputs = spec.inputs();
+                Some(Pre::Features(spec.clone()))
             }
         };
         let post = match &declaration.output {
@@ -158,6 +162,7 @@ impl Processed {
                 let tokens = tokenizer.run(inputs)?;
                 (Some(tokens.inputs), Some(tokens.mask))
             }
+            Some(Pre::Features(spec)) => (Some(spec.apply(inputs).map_err(ProcessingError::from)?), None),
         };
         let graph_inputs = graph_inputs.as_deref().unwrap_or(inputs);
         let outputs = match instance {
@@ -181,9 +186,10 @@ impl Model for Processed {
     }
 
     fn input_ranges(&self) -> Vec<InputRange> {
-        // Texts have no integer range; other inputs pass to the graph as they are.
+        // Texts and raw features have no integer range; other inputs pass
+        // to the graph as they are.
         match self.pre {
-            Some(Pre::Tokenizer(_)) => Vec::new(),
+            Some(Pre::Tokenizer(_) | Pre::Features(_)) => Vec::new(),
             None => self.inner.input_ranges(),
         }
     }
