@@ -3,12 +3,13 @@
 //! with its own parameters. Two versions that differ only in their
 //! normalization are swapped, then rolled out, under load, and every answer
 //! equals exactly the reference of the version that gave it. Bad features
-//! are a 400 naming the problem.
+//! are a 400 naming the problem, and change nothing.
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use baton_core::tensor::Tensor;
 use baton_testkit::onnx::{OnnxOptions, encode_mlp};
 use baton_testkit::repo::TestRepo;
 use baton_testkit::server::{Server, eventually};
@@ -187,16 +188,26 @@ fn bad_features_are_a_400_naming_the_problem_and_nothing_changes() {
     missing["inputs"].as_array_mut().unwrap().remove(3);
     let mut wrong_type = good.clone();
     wrong_type["inputs"][2] = json!({ "name": "f2", "datatype": "BYTES", "shape": [1], "data": ["tall"] });
-    for (body, kind, named) in
-        [(unknown, "unknown_feature", "height"), (missing, "missing_feature", "f3"), (wrong_type, "feature_type", "f2")]
-    {
+    // Every declared feature is an input of the version's signature: an
+    // unknown, missing or mistyped one is refused before the transforms,
+    // naming it.
+    for (body, named) in [(unknown, "'height'"), (missing, "missing input 'f3'"), (wrong_type, "input 'f2'")] {
         let answer = server.post_json("/v2/models/ctr/infer", &body);
-        assert_eq!(answer.status, 400, "{kind}: {}", String::from_utf8_lossy(&answer.body));
-        let error = answer.json();
-        eprintln!("KIND {kind}: {error}");
-        assert!(error["kind"] == kind || error["kind"] == "invalid_input", "{kind}: {error}");
-        assert!(answer.error().contains(named), "{kind}: {}", answer.error());
+        assert_eq!(answer.status, 400, "{named}: {}", String::from_utf8_lossy(&answer.body));
+        assert_eq!(answer.json()["kind"], "invalid_input", "{named}: {}", answer.json());
+        assert!(answer.error().contains(named), "{named}: {}", answer.error());
     }
+    // A value that is missing (NaN) of a feature with no default: the
+    // transforms refuse it, naming the feature.
+    let mut values = raw(1);
+    values[5] = f32::NAN;
+    let tensors: Vec<Tensor> =
+        values.iter().enumerate().map(|(i, v)| Tensor::from_f32(&format!("f{i}"), vec![1], &[*v])).collect();
+    let (body, length) = common::binary_request(&tensors, &[]);
+    let answer = server.post_raw("/v2/models/ctr/infer", &body, &[("inference-header-content-length", &length)]);
+    assert_eq!(answer.status, 400, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(answer.json()["kind"], "missing_feature", "{}", answer.json());
+    assert!(answer.error().contains("f5"), "{}", answer.error());
     let after = server.post_json("/v2/models/ctr/infer", &good).json();
     assert_eq!(before["outputs"], after["outputs"], "bad requests change nothing");
     assert!(close(&output_f32(&after, "output"), &reference(1, &raw(1))));
