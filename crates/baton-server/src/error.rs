@@ -113,6 +113,9 @@ impl From<InferError> for ServeError {
             InferError::Backend(b) if b.kind == "invalid_input" || b.kind == "unsupported_datatype" => {
                 Class::BadRequest
             }
+            // Inputs a version's processing refuses (text that is not
+            // UTF-8, or longer than it takes).
+            InferError::Backend(b) if baton_processing::CLIENT_KINDS.contains(&b.kind) => Class::BadRequest,
             // A worker process that is gone, hung, full, or being replaced
             // because its hop broke: the version cannot answer now; a
             // client may retry, and another replica can.

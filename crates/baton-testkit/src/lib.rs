@@ -20,6 +20,7 @@ pub mod repo;
 pub mod s3;
 pub mod server;
 pub mod signals;
+pub mod text;
 
 /// The ONNX model generator, re-exported for tests.
 pub use baton_onnx::mlp as onnx;

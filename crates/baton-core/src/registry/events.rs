@@ -188,11 +188,11 @@ pub struct LoadReport {
     pub total: Duration,
     /// Memory the new version holds (measured RSS growth across its load).
     pub bytes_held: u64,
-    /// Which kind of update the loaded version was (`weights`, `graph` or
-    /// `runtime`), when the operation loaded one.
+    /// Which kind of update the loaded version was (`weights`, `graph`,
+    /// `runtime` or `processing`), when the operation loaded one.
     pub update: Option<UpdateKind>,
     /// Why it was that kind (`weights_only`, `new_graph`,
-    /// `runtime_library` or `operator_choice`).
+    /// `runtime_library`, `operator_choice` or `processing_only`).
     pub update_reason: Option<UpdateReason>,
     /// Requests still pinned to the old routing table when the drain gave up.
     pub stragglers: usize,

@@ -73,6 +73,15 @@ pub trait Model: Send + Sync + 'static {
     /// Runs one inference on any free instance.
     fn infer(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
 
+    /// Whether a cheap request may run inline, on the thread that submits
+    /// it (`[admission] inline_us`), rather than on a session thread. False
+    /// for a model whose run does work its past runs cannot bound, such as
+    /// tokenizing texts of any length, which must never hold an async
+    /// worker. True by default.
+    fn runs_inline(&self) -> bool {
+        true
+    }
+
     /// How many independent instances serve requests (sessions in a pool).
     fn instances(&self) -> usize {
         1
@@ -229,15 +238,19 @@ pub enum UpdateKind {
     /// cannot change inside the server's process (another runtime library)
     /// or because the operator asked for one.
     Runtime,
+    /// The graph and weights of the version before it, with other
+    /// processing around them (a tokenizer, post-processing).
+    Processing,
 }
 
 impl UpdateKind {
-    /// `weights`, `graph` or `runtime`.
+    /// `weights`, `graph`, `runtime` or `processing`.
     pub fn as_str(self) -> &'static str {
         match self {
             UpdateKind::Weights => "weights",
             UpdateKind::Graph => "graph",
             UpdateKind::Runtime => "runtime",
+            UpdateKind::Processing => "processing",
         }
     }
 }
@@ -256,17 +269,21 @@ pub enum UpdateReason {
     RuntimeLibrary,
     /// Its `[engine] isolation = "process"` asks for a process of its own.
     OperatorChoice,
+    /// Its graph and weights are those of the version loaded before it;
+    /// only the processing files around them changed.
+    ProcessingOnly,
 }
 
 impl UpdateReason {
-    /// The stable code: `weights_only`, `new_graph`, `runtime_library` or
-    /// `operator_choice`.
+    /// The stable code: `weights_only`, `new_graph`, `runtime_library`,
+    /// `operator_choice` or `processing_only`.
     pub fn as_str(self) -> &'static str {
         match self {
             UpdateReason::WeightsOnly => "weights_only",
             UpdateReason::NewGraph => "new_graph",
             UpdateReason::RuntimeLibrary => "runtime_library",
             UpdateReason::OperatorChoice => "operator_choice",
+            UpdateReason::ProcessingOnly => "processing_only",
         }
     }
 
@@ -276,6 +293,7 @@ impl UpdateReason {
             UpdateReason::WeightsOnly => UpdateKind::Weights,
             UpdateReason::NewGraph => UpdateKind::Graph,
             UpdateReason::RuntimeLibrary | UpdateReason::OperatorChoice => UpdateKind::Runtime,
+            UpdateReason::ProcessingOnly => UpdateKind::Processing,
         }
     }
 
@@ -286,6 +304,7 @@ impl UpdateReason {
             UpdateKind::Weights => UpdateReason::WeightsOnly,
             UpdateKind::Graph => UpdateReason::NewGraph,
             UpdateKind::Runtime => UpdateReason::OperatorChoice,
+            UpdateKind::Processing => UpdateReason::ProcessingOnly,
         }
     }
 }

@@ -252,11 +252,12 @@ impl Version {
     /// the version's runs, starting from its fastest warmup run, and scaled
     /// up for more rows than its runs average) is at most
     /// `[admission] inline_us`. Never with dynamic batching, whose window a
-    /// request alone must wait out.
+    /// request alone must wait out, nor for an engine that asks not to
+    /// ([`crate::run::backend::Model::runs_inline`]).
     fn cheap(&self, inputs: &[Tensor]) -> bool {
         let limit = Duration::from_micros(self.spec.admission.inline_us.unwrap_or(crate::run::admission::INLINE_US));
         let rows = if self.signature().is_batched() { crate::run::batcher::rows_of(inputs) } else { 1 };
-        !limit.is_zero() && !self.batches() && self.executor().estimate(rows) <= limit
+        !limit.is_zero() && !self.batches() && self.engine().runs_inline() && self.executor().estimate(rows) <= limit
     }
 
     /// Runs one inference on the calling thread, on whichever of the

@@ -35,8 +35,13 @@ const SEEDED_DECISIONS: [Action; 9] = [
     Action::Aborted,
     Action::Watched,
 ];
-const SEEDED_UPDATES: [UpdateReason; 4] =
-    [UpdateReason::WeightsOnly, UpdateReason::NewGraph, UpdateReason::RuntimeLibrary, UpdateReason::OperatorChoice];
+const SEEDED_UPDATES: [UpdateReason; 5] = [
+    UpdateReason::WeightsOnly,
+    UpdateReason::NewGraph,
+    UpdateReason::RuntimeLibrary,
+    UpdateReason::OperatorChoice,
+    UpdateReason::ProcessingOnly,
+];
 
 impl LoadMetrics {
     /// Writes the model's event counters at 0 the first time the model is
@@ -79,6 +84,7 @@ mod tests {
         assert_eq!(loads.rollout_decisions.len(), SEEDED_DECISIONS.len());
         assert!(loads.updates.contains_key(&("m".to_owned(), "weights", "weights_only")));
         assert!(loads.updates.contains_key(&("m".to_owned(), "runtime", "operator_choice")));
+        assert!(loads.updates.contains_key(&("m".to_owned(), "processing", "processing_only")));
         assert!(loads.failures.values().chain(loads.rollout_decisions.values()).all(|n| *n == 0));
     }
 }

@@ -76,6 +76,9 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let program = std::env::current_exe().context("finding baton's own executable for worker processes")?;
     let onnx = baton_worker::process::ProcessBackend::new(Arc::new(onnx), program, vec!["worker".into()])
         .with_runtime_env("ORT_DYLIB_PATH");
+    // A version that carries its processing (a tokenizer, pooling) runs it
+    // here, in the server's process, around its graph wherever that runs.
+    let onnx = baton_processing::ProcessingBackend::new(Arc::new(onnx));
     let app = app(&repo, &args, vec![Arc::new(onnx)], decisions, guards);
     let _ = app.operations_held.set(access.holder());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
