@@ -135,7 +135,7 @@ impl Bounded {
                     // The semaphore is never closed.
                     Err(_) => std::future::pending().await,
                 },
-                () = tokio::time::sleep_until(look_again.unwrap_or_else(far)), if look_again.is_some() => {}
+                () = tokio::time::sleep_until(look_again) => {}
             }
         }
     }
@@ -145,9 +145,9 @@ impl Bounded {
     /// when to look again: soon after an ask, in case the connection had a
     /// request arrive meanwhile; soon while a connection may make room
     /// but no client waits; else when the first connection that waits for
-    /// a request may make room. `None`: every connection has a request in
-    /// flight.
-    fn make_room(&mut self) -> Option<tokio::time::Instant> {
+    /// a request may make room, or sooner, since a request's body may turn
+    /// slow.
+    fn make_room(&mut self) -> tokio::time::Instant {
         let now = tokio::time::Instant::now();
         self.accepted.retain(|c| c.strong_count() > 0);
         let mut soonest: Option<tokio::time::Instant> = None;
@@ -170,14 +170,17 @@ impl Bounded {
             let stalled = self.accepted.iter().filter_map(Weak::upgrade).filter_map(|c| Some((c.stalled_since()?, c)));
             oldest = stalled.min_by_key(|(since, _)| *since).map(|(_, conn)| conn);
         }
-        let Some(oldest) = oldest else { return soonest };
+        // A body may turn slow at any moment, the clock alone deciding:
+        // with requests in flight, look again soon.
+        let in_flight_soon = now + ASK_AGAIN_AFTER;
+        let Some(oldest) = oldest else { return soonest.map_or(in_flight_soon, |s| s.min(in_flight_soon)) };
         if !self.client_waits() {
-            return Some(now + LOOK_FOR_CLIENTS_EVERY);
+            return now + LOOK_FOR_CLIENTS_EVERY;
         }
         // It stays among the connections: if a request arrives on it
         // before it closes, it may make room again once idle.
         oldest.evict();
-        Some(now + ASK_AGAIN_AFTER)
+        now + ASK_AGAIN_AFTER
     }
 
     /// Whether a client waits in the listening socket's accept queue,
@@ -222,11 +225,6 @@ impl Bounded {
             Some((Ok(connection), listener))
         })
     }
-}
-
-/// An instant no wait reaches.
-fn far() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
 impl axum::serve::Listener for Bounded {

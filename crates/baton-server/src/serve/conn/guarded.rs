@@ -166,9 +166,12 @@ impl<IO> Guarded<IO> {
 
     /// Notes bytes read: a head that begins, a handshake that advances.
     /// Bytes that arrive also cancel a request to make room: they may be
-    /// a request, which is served rather than dropped.
+    /// a request, which is served rather than dropped. Not while a body is
+    /// too slow: its bytes are that body's, whose pace alone decides.
     fn read(&mut self, bytes: &[u8]) {
-        self.conn.evict.store(false, Ordering::Release);
+        if self.conn.stalled.load(Ordering::Acquire) == 0 {
+            self.conn.evict.store(false, Ordering::Release);
+        }
         match self.protocol {
             Protocol::Http1 => {
                 let begun = self.conn.begun.load(Ordering::Acquire);
