@@ -13,6 +13,8 @@ pub const TEXT_NOT_UTF8: &str = "text_not_utf8";
 /// The request's text is longer than the version allows, and the version
 /// does not truncate.
 pub const TEXT_TOO_LONG: &str = "text_too_long";
+/// The request's texts pad to more tokens than one request may take.
+pub const TEXT_BATCH_TOO_LARGE: &str = "text_batch_too_large";
 /// The version's processing files cannot be read or contradict its graph.
 pub const PROCESSING_INVALID: &str = "processing_invalid";
 /// The tokenizer failed on a request's text for another reason.
@@ -26,6 +28,7 @@ pub const OUTPUT_MISMATCH: &str = "processing_output_mismatch";
 pub const CLIENT_KINDS: &[&str] = &[
     TEXT_NOT_UTF8,
     TEXT_TOO_LONG,
+    TEXT_BATCH_TOO_LARGE,
     "unknown_feature",
     "missing_feature",
     "feature_type",

@@ -7,7 +7,19 @@ use baton_core::tensors::tensor::{DataType, Tensor, TensorData};
 use tokenizers::utils::padding::{PaddingDirection, PaddingParams, PaddingStrategy};
 use tokenizers::utils::truncation::TruncationParams;
 
-use crate::error::{ProcessingError, TEXT_NOT_UTF8, TEXT_TOO_LONG, TOKENIZER_FAILED};
+use crate::error::{ProcessingError, TEXT_BATCH_TOO_LARGE, TEXT_NOT_UTF8, TEXT_TOO_LONG, TOKENIZER_FAILED};
+
+/// Bytes of text tokenized for each token a version takes: far more than
+/// any tokenizer's tokens average, so that the tokens kept are those of the
+/// whole text.
+pub const BYTES_PER_TOKEN: usize = 64;
+
+/// The fewest bytes of a text tokenized, however few tokens a version takes.
+pub const MIN_TEXT_BYTES: usize = 4096;
+
+/// The most tokens one request's texts may take once padded (rows times
+/// the padded length): one long text beside many empty ones pads them all.
+pub const MAX_BATCH_TOKENS: usize = 32_768;
 
 /// The token inputs a text graph may take, in the order they are produced.
 pub const TOKEN_INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
@@ -72,11 +84,25 @@ impl TextTokenizer {
         let mut tokenizer = tokenizers::Tokenizer::from_bytes(json).map_err(|e| invalid(e.to_string()))?;
         let declared_truncation = tokenizer.get_truncation().cloned();
         let declared_padding = tokenizer.get_padding().cloned();
-        let max_length = spec.max_length.or(declared_truncation.as_ref().map(|t| t.max_length));
-        let truncate = spec.truncation.unwrap_or(declared_truncation.is_some());
-        if truncate && max_length.is_none() {
-            return Err(invalid("truncation asks for a max_length".into()));
+        let fixed_by_graph = graph.input("input_ids").and_then(|s| s.shape.get(1)).filter(|d| **d > 0);
+        let fixed_by_graph = fixed_by_graph.map(|d| *d as usize);
+        // Every text must have a bound on its tokens: without one, a single
+        // long text would be tokenized, padded and run whole.
+        let max_length = spec.max_length.or(declared_truncation.as_ref().map(|t| t.max_length)).or(fixed_by_graph);
+        let Some(max_length) = max_length else {
+            return Err(invalid(
+                "no bound on a text's tokens: set max_length in processing.toml's [tokenizer] (or truncation in \
+                 tokenizer.json, or max_seq_length in sentence_bert_config.json)"
+                    .into(),
+            ));
+        };
+        if let Some(fixed) = fixed_by_graph.filter(|fixed| max_length > *fixed) {
+            return Err(invalid(format!(
+                "max_length {max_length} is longer than the {fixed} tokens the graph's input_ids take"
+            )));
         }
+        let max_length = Some(max_length);
+        let truncate = spec.truncation.unwrap_or(declared_truncation.is_some());
         // Truncation is the tokenizer's own (it knows pairs and strides);
         // padding is done here, across the batch.
         let truncation = match (truncate, max_length) {
@@ -90,7 +116,6 @@ impl TextTokenizer {
         let padding = declared_padding
             .unwrap_or_else(|| PaddingParams { strategy: PaddingStrategy::BatchLongest, ..PaddingParams::default() });
         let wanted = token_inputs(graph).map_err(invalid)?;
-        let fixed_by_graph = graph.input("input_ids").and_then(|s| s.shape.get(1)).filter(|d| **d > 0);
         let pad_to = match (spec.padding, &padding.strategy) {
             (Some(Padding::Fixed), _) => {
                 Some(max_length.ok_or_else(|| invalid("fixed padding asks for a max_length".into()))?)
@@ -99,7 +124,7 @@ impl TextTokenizer {
             (None, PaddingStrategy::Fixed(n)) => Some(*n),
         };
         // A graph of a fixed sequence length takes rows of that length.
-        let pad_to = pad_to.or(fixed_by_graph.map(|d| *d as usize));
+        let pad_to = pad_to.or(fixed_by_graph);
         Ok(TextTokenizer {
             tokenizer,
             input: spec.input.clone(),
@@ -131,6 +156,7 @@ impl TextTokenizer {
             let text = std::str::from_utf8(bytes).map_err(|e| {
                 ProcessingError::new(TEXT_NOT_UTF8, format!("input '{}' text {i} is not valid UTF-8: {e}", self.input))
             })?;
+            let text = self.bounded(i, text)?;
             let encoding = self
                 .tokenizer
                 .encode(text, true)
@@ -155,6 +181,16 @@ impl TextTokenizer {
             sequence = sequence.div_ceil(multiple) * multiple;
         }
         let count = rows.len() * sequence;
+        if count > MAX_BATCH_TOKENS {
+            return Err(ProcessingError::new(
+                TEXT_BATCH_TOO_LARGE,
+                format!(
+                    "the batch pads to {} texts of {sequence} tokens, {count} in all, more than the \
+                     {MAX_BATCH_TOKENS} one request may take: send fewer or shorter texts in each request",
+                    rows.len()
+                ),
+            ));
+        }
         let (mut ids, mut mask, mut types) =
             (Vec::with_capacity(count), Vec::with_capacity(count), Vec::with_capacity(count));
         for row in &rows {
@@ -186,6 +222,44 @@ impl TextTokenizer {
             })
             .collect();
         Ok(Tokens { inputs, mask, shape: [rows.len(), sequence] })
+    }
+}
+
+impl TextTokenizer {
+    /// The most bytes of a text tokenized: [`BYTES_PER_TOKEN`] for each
+    /// token the version takes, at least [`MIN_TEXT_BYTES`].
+    fn max_text_bytes(&self) -> usize {
+        self.max_length.unwrap_or(0).saturating_mul(BYTES_PER_TOKEN).max(MIN_TEXT_BYTES)
+    }
+
+    /// Text `i`, bounded before it is tokenized (the tokenizer would build
+    /// the whole encoding first, at some 150 bytes of memory for each byte
+    /// of text, and only then cut it): cut at a space or a character
+    /// boundary when the version truncates, refused when it does not.
+    fn bounded<'t>(&self, i: usize, text: &'t str) -> Result<&'t str, ProcessingError> {
+        let most = self.max_text_bytes();
+        if text.len() <= most {
+            return Ok(text);
+        }
+        if !self.truncate {
+            return Err(ProcessingError::new(
+                TEXT_TOO_LONG,
+                format!(
+                    "input '{}' text {i} is {} bytes long; this version takes at most {most} bytes ({} tokens) \
+                     and does not truncate",
+                    self.input,
+                    text.len(),
+                    self.max_length.unwrap_or(0)
+                ),
+            ));
+        }
+        let mut end = most;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = &text[..end];
+        // At the last space, so that no word is cut in two.
+        Ok(cut.rfind(char::is_whitespace).map_or(cut, |space| &cut[..space]))
     }
 }
 
@@ -276,7 +350,7 @@ mod tests {
 
     #[test]
     fn text_that_is_not_utf8_is_refused_naming_it() {
-        let t = TextTokenizer::load(&word_level(&["a"], None), &spec(), &graph(&["input_ids"])).unwrap();
+        let t = TextTokenizer::load(&word_level(&["a"], Some(8)), &spec(), &graph(&["input_ids"])).unwrap();
         let refused = t.run(&texts(&[b"a", b"\xff\xfe"])).err().unwrap();
         assert_eq!(refused.kind, TEXT_NOT_UTF8);
         assert!(refused.message.contains("text 1"), "{refused}");
@@ -293,5 +367,50 @@ mod tests {
     fn a_graph_input_no_tokenizer_makes_is_refused_at_load() {
         let refused = TextTokenizer::load(&word_level(&["a"], None), &spec(), &graph(&["input_ids", "pixels"]));
         assert_eq!(refused.err().map(|e| e.kind), Some(crate::error::PROCESSING_INVALID));
+    }
+
+    #[test]
+    fn a_version_with_no_bound_on_a_texts_tokens_is_refused_at_load() {
+        let unbounded = TextTokenizer::load(&word_level(&["a"], None), &spec(), &graph(&["input_ids"]));
+        let refused = unbounded.err().expect("refused");
+        assert_eq!(refused.kind, crate::error::PROCESSING_INVALID);
+        assert!(refused.message.contains("max_length"), "{refused}");
+        // A graph of a fixed sequence length bounds it; a longer max_length
+        // than it takes is refused.
+        let mut fixed = graph(&["input_ids"]);
+        fixed.inputs[0].shape = vec![-1, 4];
+        let t = TextTokenizer::load(&word_level(&["a"], None), &spec(), &fixed).unwrap();
+        assert_eq!(t.run(&texts(&[b"a"])).unwrap().shape, [1, 4]);
+        let longer = TokenizerSpec { max_length: Some(8), ..spec() };
+        assert!(TextTokenizer::load(&word_level(&["a"], None), &longer, &fixed).is_err());
+    }
+
+    #[test]
+    fn a_text_far_longer_than_the_version_takes_is_cut_before_it_is_tokenized_or_refused() {
+        let json = word_level(&["a", "b"], Some(4));
+        let t = TextTokenizer::load(&json, &spec(), &graph(&["input_ids"])).unwrap();
+        let huge = "b a ".repeat(2_500_000);
+        let tokens = t.run(&texts(&[huge.as_bytes()])).unwrap();
+        assert_eq!(tokens.shape, [1, 4]);
+        let short = t.run(&texts(&[b"b a b a"])).unwrap();
+        assert_eq!(ints(&tokens.inputs[0]), ints(&short.inputs[0]), "the first tokens are the whole text's");
+        let strict = TokenizerSpec { truncation: Some(false), ..spec() };
+        let strict = TextTokenizer::load(&json, &strict, &graph(&["input_ids"])).unwrap();
+        let refused = strict.run(&texts(&[huge.as_bytes()])).err().unwrap();
+        assert_eq!(refused.kind, TEXT_TOO_LONG, "{refused}");
+        assert!(refused.message.contains("bytes"), "{refused}");
+    }
+
+    #[test]
+    fn one_long_text_beside_many_empty_ones_is_refused_before_it_is_padded() {
+        let json = word_level(&["a"], Some(256));
+        let t = TextTokenizer::load(&json, &spec(), &graph(&["input_ids"])).unwrap();
+        let long = "a ".repeat(256);
+        let mut batch: Vec<&[u8]> = vec![long.as_bytes()];
+        batch.extend(std::iter::repeat_n(&b""[..], 1023));
+        let refused = t.run(&texts(&batch)).err().unwrap();
+        assert_eq!(refused.kind, TEXT_BATCH_TOO_LARGE, "{refused}");
+        assert!(refused.message.contains("1024 texts of 256 tokens"), "{refused}");
+        assert!(t.run(&texts(&batch[..64])).is_ok(), "64 texts of 256 tokens fit");
     }
 }
