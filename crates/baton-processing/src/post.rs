@@ -110,6 +110,12 @@ impl Post {
         }
         let top_k = if spec.steps.contains(&Step::TopK) {
             let k = spec.k.filter(|k| *k > 0).ok_or_else(|| invalid("top_k asks for k, at least 1".into()))?;
+            if let Some(&width) = shape.last()
+                && width > 0
+                && k > width as usize
+            {
+                return Err(invalid(format!("top_k asks for {k} of {width} classes")));
+            }
             let labels: Option<Vec<String>> = labels.map(|text| text.lines().map(str::to_owned).collect());
             if let (Some(labels), Some(&width)) = (&labels, shape.last())
                 && width > 0
@@ -313,5 +319,7 @@ mod tests {
         assert_eq!(refused(&[Step::MeanPool], vec![-1, -1, 4], false), Some(crate::error::PROCESSING_INVALID));
         assert_eq!(refused(&[Step::TopK, Step::Sigmoid], vec![-1, 4], false), Some(crate::error::PROCESSING_INVALID));
         assert_eq!(refused(&[Step::Sigmoid], vec![-1, 4], false), None);
+        // top_k's k of 2 from an output of one class.
+        assert_eq!(refused(&[Step::TopK], vec![-1, 1], false), Some(crate::error::PROCESSING_INVALID));
     }
 }
