@@ -1,0 +1,124 @@
+"""A minimal Python text-embedding service speaking KServe V2 JSON over
+HTTP/1.1, the peer bench/text-embedding.sh measures baton against: what a
+user runs when the tokenizer and pooling live beside the model in Python.
+
+Per request: Python's `tokenizers` (the version's tokenizer.json, cut to
+sentence_bert_config.json's max_seq_length, the request's texts padded to
+the longest), onnxruntime on model.onnx (one session shared by every
+thread; intra_op_num_threads as baton's sessions have it, 1 by default),
+mean pooling with the attention mask and L2 normalization in numpy.
+http.server's ThreadingHTTPServer: a thread per connection, keep-alive.
+The tokenizer's own thread pool is off (TOKENIZERS_PARALLELISM=false), as
+baton tokenizes on the thread that runs the request.
+
+Usage: text_embedding_server.py VERSION_DIR PORT [--model NAME] [--threads N]
+
+Routes: GET /v2/health/ready, GET /v2/models/NAME/ready, POST
+/v2/models/NAME/infer with one BYTES input (a text a row, as JSON strings);
+answers sentence_embedding FP32 [n, 384]. Binds 127.0.0.1 only.
+"""
+import argparse
+import json
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+import numpy as np  # noqa: E402
+import onnxruntime  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+
+class Embedder:
+    """The sentence-transformers steps around one shared onnxruntime session."""
+
+    def __init__(self, version_dir, threads):
+        version_dir = Path(version_dir)
+        max_length = json.loads((version_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
+        self.tokenizer = Tokenizer.from_file(str(version_dir / "tokenizer.json"))
+        self.tokenizer.enable_truncation(max_length)
+        self.tokenizer.enable_padding()
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = onnxruntime.InferenceSession(
+            str(version_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def embed(self, texts):
+        encodings = self.tokenizer.encode_batch(texts)
+        feeds = {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+        }
+        feeds = {k: v for k, v in feeds.items() if k in self.inputs}
+        (hidden,) = self.session.run(["last_hidden_state"], feeds)
+        mask = feeds["attention_mask"][:, :, None].astype(np.float32)
+        pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+        return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+
+
+def handler(model, embedder):
+    infer_path = f"/v2/models/{model}/infer"
+    ready_paths = {"/v2/health/ready", "/v2/health/live", f"/v2/models/{model}/ready"}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def answer(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path in ready_paths:
+                self.answer(200, {})
+            else:
+                self.answer(404, {"error": f"no route {self.path}"})
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path != infer_path:
+                self.answer(404, {"error": f"no route {self.path}"})
+                return
+            try:
+                request = json.loads(body)
+                (tensor,) = request["inputs"]
+                if tensor["datatype"] != "BYTES":
+                    raise ValueError("the input is BYTES, one text a row")
+                texts = [str(t) for t in tensor["data"]]
+            except (ValueError, KeyError, TypeError) as e:
+                self.answer(400, {"error": f"bad request: {e}"})
+                return
+            embeddings = embedder.embed(texts)
+            self.answer(200, {"model_name": model, "outputs": [{
+                "name": "sentence_embedding", "datatype": "FP32", "shape": list(embeddings.shape),
+                "data": embeddings.ravel().tolist()}]})
+
+    return Handler
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("version_dir")
+    parser.add_argument("port", type=int)
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    args = parser.parse_args()
+    embedder = Embedder(args.version_dir, args.threads)
+    embedder.embed(["warmup"])
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(args.model, embedder))
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
