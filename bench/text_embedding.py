@@ -13,8 +13,8 @@ input named `text`, the answer's first output read as the embedding.
       thread from its own offset) until S seconds or N requests in all;
       prints one JSON line: requests, errors, throughput, p50, p99, load.
   text_embedding.py compare --texts FILE --reference NAME=URL NAME=URL...
-                            [--model M] [--batch B]
-      each text alone, then in requests of B texts, on every server; prints
+                            [--batch B]
+      (URL: the model's, http://HOST:PORT/v2/models/M) each text alone, then in requests of B texts, on every server; prints
       the largest absolute difference of each from the reference's
       embeddings (JSON lines), and fails if a server errs.
   text_embedding.py report RESULTS [--baseline baton]
@@ -164,13 +164,14 @@ def load(args):
     }), flush=True)
 
 
-def embeddings(url, model, texts, batch):
+def embeddings(url, texts, batch):
     import numpy as np
 
     conn = connect(url)
+    path = urlsplit(url).path.rstrip("/") + "/infer"
     rows = []
     for k in range(0, len(texts), batch):
-        status, answer = post(conn, f"/v2/models/{model}/infer", body(texts[k:k + batch]).encode())
+        status, answer = post(conn, path, body(texts[k:k + batch]).encode())
         if status != 200:
             raise RuntimeError(f"{url}: {status} {answer[:300]!r}")
         output = json.loads(answer)["outputs"][0]
@@ -184,7 +185,7 @@ def compare(args):
         texts = json.load(f)
     servers = [s.split("=", 1) for s in [args.reference, *args.servers]]
     for batch in (1, args.batch):
-        got = {name: embeddings(url, args.model, texts, batch) for name, url in servers}
+        got = {name: embeddings(url, texts, batch) for name, url in servers}
         want = got[servers[0][0]]
         for name, _ in servers[1:]:
             diff = abs(got[name] - want).max(axis=1)
@@ -241,7 +242,6 @@ def main():
     p.add_argument("--max-requests", type=int, default=100_000)
     p = sub.add_parser("compare")
     p.add_argument("--texts", required=True)
-    p.add_argument("--model", default="minilm")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--reference", required=True)
     p.add_argument("servers", nargs="+")

@@ -30,34 +30,53 @@ import onnxruntime  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 
+def load_tokenizer(version_dir):
+    """The version's tokenizer, cut to max_seq_length, padding to the longest."""
+    version_dir = Path(version_dir)
+    max_length = json.loads((version_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
+    tokenizer = Tokenizer.from_file(str(version_dir / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length)
+    tokenizer.enable_padding()
+    return tokenizer
+
+
+def load_session(version_dir, threads):
+    """An onnxruntime session of the version's model.onnx."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(
+        str(Path(version_dir) / "model.onnx"), options, providers=["CPUExecutionProvider"])
+
+
+def tokenize(tokenizer, texts):
+    """The graph's three INT64 [batch, sequence] inputs for texts."""
+    encodings = tokenizer.encode_batch(texts)
+    return {
+        "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+        "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+        "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+    }
+
+
+def pool(hidden, attention_mask):
+    """Mean over the tokens the mask keeps, then each row over its L2 norm."""
+    mask = attention_mask[:, :, None].astype(np.float32)
+    pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+    return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+
+
 class Embedder:
     """The sentence-transformers steps around one shared onnxruntime session."""
 
     def __init__(self, version_dir, threads):
-        version_dir = Path(version_dir)
-        max_length = json.loads((version_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
-        self.tokenizer = Tokenizer.from_file(str(version_dir / "tokenizer.json"))
-        self.tokenizer.enable_truncation(max_length)
-        self.tokenizer.enable_padding()
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = onnxruntime.InferenceSession(
-            str(version_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.tokenizer = load_tokenizer(version_dir)
+        self.session = load_session(version_dir, threads)
 
     def embed(self, texts):
-        encodings = self.tokenizer.encode_batch(texts)
-        feeds = {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
-        }
-        feeds = {k: v for k, v in feeds.items() if k in self.inputs}
+        feeds = tokenize(self.tokenizer, texts)
         (hidden,) = self.session.run(["last_hidden_state"], feeds)
-        mask = feeds["attention_mask"][:, :, None].astype(np.float32)
-        pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
-        return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        return pool(hidden, feeds["attention_mask"])
 
 
 def handler(model, embedder):
