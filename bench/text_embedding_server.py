@@ -85,6 +85,9 @@ def handler(model, embedder):
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # The head and the body go out in two writes: with Nagle's algorithm
+        # the body waits for the client's delayed ACK (40 ms a request).
+        disable_nagle_algorithm = True
 
         def log_message(self, *args):
             pass
