@@ -137,6 +137,9 @@ def main():
     args = parser.parse_args()
     embedder = Embedder(args.version_dir, args.threads)
     embedder.embed(["warmup"])
+    # socketserver's listen backlog is 5: 16 clients connecting at once
+    # would see resets.
+    ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(args.model, embedder))
     server.daemon_threads = True
     server.serve_forever()
