@@ -84,6 +84,7 @@ sessions=$(($(nproc) < 4 ? $(nproc) : 4))
 declare -A url
 start_baton() {
   local run="$out/run-baton"
+  rm -rf "$run"  # launch reads the pid file the server writes
   mkdir -p "$run"
   pids+=("$(launch text-embedding "$run" 8600 "$root/$baton" serve --repo "$repo" \
     --http 127.0.0.1:8600 --grpc 127.0.0.1:8601 --no-poll)")
@@ -92,6 +93,7 @@ start_baton() {
 
 start_python() {
   local run="$out/run-python"
+  rm -rf "$run"  # launch reads the pid file the server writes
   mkdir -p "$run"
   pids+=("$(launch text-embedding "$run" 8610 "$root/$py" "$root/bench/text_embedding_server.py" \
     "$version" 8610 --threads 1)")
