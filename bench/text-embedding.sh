@@ -16,14 +16,16 @@
 #            session, each with its own onnxruntime session. The wheel's
 #            tritonserver has the python backend only, no onnxruntime
 #            backend, so the graph cannot be an ONNX model of its own in an
-#            ensemble: it runs in the python backend's onnxruntime
+#            ensemble: it runs in the python backend's onnxruntime. Triton's
+#            venv needs tokenizers (setup-triton.sh installs it); lacking
+#            it, the stubs take BENCH_PYTHON's
 #   triton-ensemble  the same Triton, the layout a Triton user would build:
 #            an ensemble of three python-backend models, tokenize -> graph
 #            (onnxruntime) -> pool, each with one instance per baton session
 #
 #   bash bench/text-embedding.sh [SERVER...]   (default: baton python triton triton-ensemble)
 #
-# All three are started, then measured in turn, alternating: for each round,
+# The servers named are all started, then measured in turn, alternating: for each round,
 # each concurrency, each server (the order rotating each round), a
 # closed-loop run of bench/text_embedding.py load: CONCURRENCY threads,
 # each with a keep-alive connection, one text a request as a BYTES input
