@@ -11,7 +11,6 @@
 #                    the stub processes
 #   numpy 1.x        the stub is built against numpy 1.x (and nvidia-pytriton
 #                    requires numpy<2); onnxruntime 1.32.0 works with it
-#   tokenizers       run by bench/text-embedding.sh's model inside the stubs
 #
 # Then wires the stub: copies python_backend_stubs/X.Y (X.Y = the venv's
 # Python) to backends/python/triton_python_backend_stub, where the python
@@ -41,7 +40,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTRITON_VERSION=0.7.0       # tritonserver 2.51.0
 ONNXRUNTIME_VERSION=1.32.0
 NUMPY_VERSION=1.26.4         # the last numpy 1.x
-TOKENIZERS_VERSION=0.23.3
 
 if [ -n "${PYTHON:-}" ]; then
   PY="$PYTHON"
@@ -53,7 +51,7 @@ fi
 
 venv=.baton/bench-venv-triton
 lock=bench/requirements/triton.lock
-pkgs="nvidia-pytriton==$PYTRITON_VERSION onnxruntime==$ONNXRUNTIME_VERSION numpy==$NUMPY_VERSION tokenizers==$TOKENIZERS_VERSION"
+pkgs="nvidia-pytriton==$PYTRITON_VERSION onnxruntime==$ONNXRUNTIME_VERSION numpy==$NUMPY_VERSION"
 constraints=()
 if [ -z "${BENCH_UNLOCKED:-}" ] && [ -f "$lock" ]; then
   constraints=(-c "$lock")
@@ -96,6 +94,6 @@ import platform
 import sys
 from importlib.metadata import version
 print(f"Triton ready (.baton/bench-venv-triton), Python {platform.python_version()}:")
-print("  " + "  ".join(f"{n} {version(n)}" for n in ("nvidia-pytriton", "onnxruntime", "numpy", "tokenizers")))
+print("  " + "  ".join(f"{n} {version(n)}" for n in ("nvidia-pytriton", "onnxruntime", "numpy")))
 print(f"  stub: backends/python/triton_python_backend_stub (Python {sys.version_info[0]}.{sys.version_info[1]}), libpython {sys.argv[1]}")
 PY

@@ -17,8 +17,8 @@
 #            tritonserver has the python backend only, no onnxruntime
 #            backend, so the graph cannot be an ONNX model of its own in an
 #            ensemble: it runs in the python backend's onnxruntime. Triton's
-#            venv needs tokenizers (setup-triton.sh installs it); lacking
-#            it, the stubs take BENCH_PYTHON's
+#            venv has no tokenizers (the test suite sets it up, and keeps it
+#            lean), so the stubs take BENCH_PYTHON's
 #   triton-ensemble  the same Triton, the layout a Triton user would build:
 #            an ensemble of three python-backend models, tokenize -> graph
 #            (onnxruntime) -> pool, each with one instance per baton session
