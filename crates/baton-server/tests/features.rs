@@ -213,3 +213,29 @@ fn bad_features_are_a_400_naming_the_problem_and_nothing_changes() {
     assert!(close(&output_f32(&after, "output"), &reference(1, &raw(1))));
     assert_no_panic(&server);
 }
+
+/// A version takes texts or features: one that declares both a tokenizer
+/// and feature transforms is refused at load, saying so, and the version
+/// before it serves on.
+#[test]
+fn a_version_that_declares_both_a_tokenizer_and_features_is_refused() {
+    let (repo, server) = serving(&[1]);
+    let (model, _) = encode_mlp(&mlp(1), &OnnxOptions::default());
+    let tokenizer = baton_testkit::text::word_level(&["a"], Some(8));
+    let spec = features(mean(2));
+    let processing = "[tokenizer]\n";
+    let files: [(&str, &[u8]); 4] = [
+        ("model.onnx", &model),
+        ("features.toml", spec.as_bytes()),
+        ("tokenizer.json", &tokenizer),
+        ("processing.toml", processing.as_bytes()),
+    ];
+    repo.write_files("ctr", 2, &files);
+    repo.seal("ctr", 2);
+    let refused = server.post_json("/baton/v1/models/ctr/load", &json!({ "version": 2 }));
+    assert_eq!(refused.status, 422, "{}", String::from_utf8_lossy(&refused.body));
+    assert!(refused.error().contains("both a tokenizer and features.toml"), "{}", refused.error());
+    let answer = server.post_json("/v2/models/ctr/infer", &request(&raw(2))).json();
+    assert_eq!(common::version_of(&answer), 1, "{answer}");
+    assert_no_panic(&server);
+}
