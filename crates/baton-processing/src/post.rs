@@ -171,12 +171,7 @@ impl Post {
                     row.iter_mut().for_each(|v| *v /= norm);
                 }),
                 Step::Sigmoid => values.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
-                Step::Softmax => rows(&mut values, &shape, |row| {
-                    let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    row.iter_mut().for_each(|v| *v = (*v - top).exp());
-                    let sum: f32 = row.iter().sum();
-                    row.iter_mut().for_each(|v| *v /= sum);
-                }),
+                Step::Softmax => rows(&mut values, &shape, softmax),
                 Step::TopK => return self.top_k(&values, &shape),
             }
         }
@@ -187,6 +182,17 @@ impl Post {
     fn top_k(&self, values: &[f32], shape: &[usize]) -> Result<Vec<Tensor>, ProcessingError> {
         let Some((k, labels)) = &self.top_k else { return Ok(Vec::new()) };
         let width = shape.last().copied().unwrap_or(0);
+        // A graph whose width the signature leaves open answers its classes
+        // only now: more of them than labels is the version's fault, not an
+        // empty label for a client.
+        if let Some(labels) = labels
+            && width > labels.len()
+        {
+            return Err(ProcessingError::new(
+                crate::error::OUTPUT_MISMATCH,
+                format!("output '{}' has {width} classes and the labels file {} labels", self.from, labels.len()),
+            ));
+        }
         let k = (*k).min(width);
         let (mut scores, mut picked) = (Vec::new(), Vec::new());
         for row in values.chunks(width.max(1)) {
@@ -220,6 +226,21 @@ impl Post {
         };
         Ok(vec![Tensor::from_f32(self.name.clone(), out_shape, &scores), second])
     }
+}
+
+/// A row's softmax. Infinite scores take the whole mass, shared among
+/// them; a row of -inf alone spreads it evenly (rather than answer NaN).
+fn softmax(row: &mut [f32]) {
+    let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if top.is_infinite() {
+        // +inf: the infinite scores share it; -inf everywhere: all share it.
+        let winners = row.iter().filter(|v| **v == top).count().max(1) as f32;
+        row.iter_mut().for_each(|v| *v = if *v == top { 1.0 / winners } else { 0.0 });
+        return;
+    }
+    row.iter_mut().for_each(|v| *v = (*v - top).exp());
+    let sum: f32 = row.iter().sum();
+    row.iter_mut().for_each(|v| *v /= sum);
 }
 
 /// Runs `f` on each row along the last axis.
@@ -301,6 +322,27 @@ mod tests {
         let scores = out[0].to_f32().unwrap();
         let sum = 1.0 + 2.0f32.exp() + 1.0f32.exp();
         assert!((scores[0] - 2.0f32.exp() / sum).abs() < 1e-6, "{scores:?}");
+    }
+
+    #[test]
+    fn softmax_of_infinite_scores_is_never_nan() {
+        let post = Post::load(&spec(&[Step::Softmax]), &graph(vec![-1, 3]), None, false).unwrap();
+        let y = Tensor::from_f32(
+            "y",
+            vec![2, 3],
+            &[f32::INFINITY, 0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY],
+        );
+        let out = post.run(vec![y], None).unwrap()[0].to_f32().unwrap();
+        let third = 1.0 / 3.0;
+        assert_eq!(out, vec![0.5, 0.0, 0.5, third, third, third]);
+    }
+
+    #[test]
+    fn more_classes_than_labels_at_run_time_is_the_versions_error_not_an_empty_label() {
+        let post = Post::load(&spec(&[Step::TopK]), &graph(vec![-1, -1]), Some("cat\ndog\n"), false).unwrap();
+        let y = Tensor::from_f32("y", vec![1, 3], &[0.0, 1.0, 2.0]);
+        let refused = post.run(vec![y], None).expect_err("refused");
+        assert_eq!(refused.kind, crate::error::OUTPUT_MISMATCH, "{refused}");
     }
 
     #[test]
