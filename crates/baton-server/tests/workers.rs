@@ -555,8 +555,12 @@ fn a_model_retried_with_backoff_holds_up_no_other_model_s_restart() {
     wait_until("m's first restart fails", || server.status("m")["workers"]["restarts"].as_u64() >= Some(2));
     kill(n);
     let input = sample_input(SIZES[0], 1, 9);
+    // A kill takes effect a moment after it is sent: until the server sees
+    // the worker gone, the old one may still answer.
+    let serving_pid = |model: &str| server.status(model)["live"][0]["worker"]["pid"].as_u64();
     wait_until("n serves again in a new worker", || {
-        server.post_json("/v2/models/n/infer", &common::request(&input, 1)).status == 200
+        serving_pid("n").is_some_and(|pid| pid != u64::from(n))
+            && server.post_json("/v2/models/n/infer", &common::request(&input, 1)).status == 200
     });
     // m is still being retried: it has not given up.
     let m_exits = exits(&server, "m");
