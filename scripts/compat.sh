@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup-clients.sh
-cargo build --quiet --locked -p baton-server -p baton-testkit --example compat_repo --example mlp_repo
+cargo build --quiet --locked -p baton-server -p baton-testkit --example compat_repo --example mlp_repo --example minilm_repo
 
 work=$(mktemp -d)
 pid=""
@@ -23,6 +23,8 @@ trap cleanup EXIT
 target/debug/examples/compat_repo "$work/repo" > "$work/expected.json"
 # docs/clients.md's examples use the demo's ranker: 8 features in, one score out.
 target/debug/examples/mlp_repo "$work/repo" ranker 8,32,16,1 2 > /dev/null
+# ... and the real all-MiniLM-L6-v2, which takes texts (docs/processing.md).
+target/debug/examples/minilm_repo "$work/repo" > /dev/null
 target/debug/baton serve --repo "$work/repo" --http 127.0.0.1:0 --grpc 127.0.0.1:0 --no-poll \
   > "$work/stdout" 2> "$work/baton.log" &
 pid=$!
