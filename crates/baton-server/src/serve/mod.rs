@@ -9,6 +9,7 @@ pub mod demo;
 pub mod listeners;
 pub(crate) mod notify;
 pub mod repo;
+mod retry;
 pub mod shutdown;
 pub mod watch;
 
